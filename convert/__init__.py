@@ -1,0 +1,1 @@
+"""Model conversion: Hugging Face Llama -> GGUF (hf), GGUF retyping and edited copies (retype)."""

@@ -1,0 +1,215 @@
+"""Hugging Face Llama checkpoint -> GGUF (llama architecture), readable by upstream llama.cpp.
+
+Keys, tensor names and the Q/K row permutation follow llama.cpp's convert_hf_to_gguf.py (LlamaModel).
+Tokenizer metadata is not written yet.
+
+    python -m specee.convert.hf MODEL_DIR -o OUT.gguf --outtype f16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import gguf
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from specee import constants as C
+
+OUTTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
+
+# Hugging Face name -> GGUF name ("{bid}" / "%d": block index)
+TENSOR_MAP = {
+    "model.embed_tokens.weight": C.TOKEN_EMBD,
+    "model.norm.weight": C.OUTPUT_NORM,
+    "lm_head.weight": C.OUTPUT,
+    "model.layers.{bid}.input_layernorm.weight": C.ATTN_NORM,
+    "model.layers.{bid}.self_attn.q_proj.weight": C.ATTN_Q,
+    "model.layers.{bid}.self_attn.k_proj.weight": C.ATTN_K,
+    "model.layers.{bid}.self_attn.v_proj.weight": C.ATTN_V,
+    "model.layers.{bid}.self_attn.o_proj.weight": C.ATTN_OUTPUT,
+    "model.layers.{bid}.post_attention_layernorm.weight": C.FFN_NORM,
+    "model.layers.{bid}.mlp.gate_proj.weight": C.FFN_GATE,
+    "model.layers.{bid}.mlp.up_proj.weight": C.FFN_UP,
+    "model.layers.{bid}.mlp.down_proj.weight": C.FFN_DOWN,
+}
+IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+@dataclass
+class LlamaConfig:
+    n_vocab: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ctx_train: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+
+
+def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir}: no config.json (not a Hugging Face model folder)")
+    hp = json.loads(path.read_text(encoding="utf-8"))
+    if hp.get("model_type") != "llama":
+        raise ValueError(f"{path}: model_type {hp.get('model_type')!r} is not supported (only 'llama')")
+    # transformers 5 keeps rope_theta and the scaling in rope_parameters, older versions at the top level
+    rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+    n_head = hp["num_attention_heads"]
+    return LlamaConfig(
+        n_vocab=hp["vocab_size"],
+        n_embd=hp["hidden_size"],
+        n_ff=hp["intermediate_size"],
+        n_layer=hp["num_hidden_layers"],
+        n_head=n_head,
+        n_head_kv=hp.get("num_key_value_heads") or n_head,
+        head_dim=hp.get("head_dim") or hp["hidden_size"] // n_head,
+        n_ctx_train=hp.get("max_position_embeddings", 2048),
+        rope_theta=float(hp.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rms_norm_eps=float(hp.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(hp.get("tie_word_embeddings", False)),
+        rope_scaling=rope,
+    )
+
+
+def read_tensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
+    """All tensors of a checkpoint: *.safetensors (single or sharded), else pytorch_model*.bin."""
+    folder = Path(model_dir)
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        for f in files:
+            with safe_open(f, framework="pt") as st:
+                for name in st.keys():
+                    yield name, st.get_tensor(name)
+        return
+    files = sorted(folder.glob("pytorch_model*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors or pytorch_model*.bin weights")
+    for f in files:
+        yield from torch.load(f, map_location="cpu", weights_only=True).items()
+
+
+def permute(w: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
+    """HF's rotate-half Q/K row order -> GGML's interleaved (rope pairs adjacent), as llama.cpp does."""
+    if n_head_kv != n_head:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf_name: str) -> tuple[str, int | None]:
+    m = re.match(r"model\.layers\.(\d+)\.(.*)$", hf_name)
+    key, bid = (f"model.layers.{{bid}}.{m.group(2)}", int(m.group(1))) if m else (hf_name, None)
+    if key not in TENSOR_MAP:
+        raise ValueError(f"unexpected tensor {hf_name!r} in a llama checkpoint")
+    return (TENSOR_MAP[key] % bid if bid is not None else TENSOR_MAP[key]), bid
+
+
+def llama3_rope_factors(cfg: LlamaConfig) -> np.ndarray | None:
+    """rope_freqs.weight for rope_type 'llama3', computed as llama.cpp's converter does."""
+    rs = cfg.rope_scaling
+    if rs.get("rope_type", rs.get("type", "")).lower() != "llama3":
+        return None
+    dim = cfg.head_dim
+    freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    factor, lo, hi = rs.get("factor", 8.0), rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+    old_ctx = rs.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / hi:
+            out.append(1.0)
+        elif wavelen > old_ctx / lo:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: gguf.LlamaFileType) -> None:
+    writer.add_name(name)
+    writer.add_context_length(cfg.n_ctx_train)
+    writer.add_embedding_length(cfg.n_embd)
+    writer.add_feed_forward_length(cfg.n_ff)
+    writer.add_block_count(cfg.n_layer)
+    writer.add_head_count(cfg.n_head)
+    writer.add_head_count_kv(cfg.n_head_kv)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_file_type(ftype)
+    writer.add_vocab_size(cfg.n_vocab)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    rs = cfg.rope_scaling
+    if rs.get("rope_type", rs.get("type")) == "linear" and "factor" in rs:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rs["factor"])
+
+
+def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: str = "f32") -> None:
+    """Write a llama GGUF from a Hugging Face Llama folder (config.json + weights)."""
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, not {outtype!r}")
+    cfg = load_config(model_dir)
+    out = Path(out_path)
+    tmp = out.with_name(out.name + ".tmp")
+    writer = gguf.GGUFWriter(tmp, C.ARCH)
+    write_hparams(writer, cfg, Path(model_dir).resolve().name, OUTTYPES[outtype])
+    seen = set()
+    for hf_name, t in read_tensors(model_dir):
+        if IGNORED.match(hf_name) or (hf_name == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue
+        name, bid = gguf_name(hf_name)
+        if bid is not None and bid >= cfg.n_layer:
+            raise ValueError(f"tensor {hf_name!r} is past num_hidden_layers={cfg.n_layer}")
+        if bid is not None and name == C.ATTN_Q % bid:
+            t = permute(t, cfg.n_head, cfg.n_head)
+        elif bid is not None and name == C.ATTN_K % bid:
+            t = permute(t, cfg.n_head, cfg.n_head_kv)
+        data = t.to(torch.float32).numpy()
+        if outtype == "f16" and data.ndim > 1:
+            data = data.astype(np.float16)
+        writer.add_tensor(name, data)
+        seen.add(name)
+    factors = llama3_rope_factors(cfg)
+    if factors is not None:
+        writer.add_tensor(C.ROPE_FREQS, factors)
+    if C.TOKEN_EMBD not in seen:
+        raise ValueError(f"{model_dir}: no model.embed_tokens.weight in the checkpoint")
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Convert a Hugging Face Llama folder to a llama GGUF")
+    ap.add_argument("model_dir", help="folder with config.json and *.safetensors or pytorch_model*.bin")
+    ap.add_argument("-o", "--out", required=True, help="output .gguf path")
+    ap.add_argument("--outtype", choices=sorted(OUTTYPES), default="f16")
+    args = ap.parse_args()
+    convert_hf_to_gguf(args.model_dir, args.out, args.outtype)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

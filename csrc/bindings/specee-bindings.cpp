@@ -1,0 +1,192 @@
+// specee-bindings.cpp: the _core Python module, a thin layer over specee.h
+#include "specee.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+using i32_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using u8_array  = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+using i8_array  = py::array_t<int8_t, py::array::c_style | py::array::forcecast>;
+
+static PyObject * g_error = nullptr;
+
+[[noreturn]] static void raise_last() {
+    PyErr_SetString(g_error, specee_last_error());
+    throw py::error_already_set();
+}
+
+struct Model {
+    specee_model * ptr = nullptr;
+
+    Model(const std::string & path, bool use_mmap) {
+        specee_model_params p = specee_model_default_params();
+        p.use_mmap            = use_mmap;
+        {
+            py::gil_scoped_release release;
+            ptr = specee_model_load(path.c_str(), p);
+        }
+        if (!ptr) {
+            raise_last();
+        }
+    }
+    ~Model() { specee_model_free(ptr); }
+
+    py::dict metadata() const {
+        py::dict d;
+        for (int32_t i = 0; i < specee_model_meta_count(ptr); ++i) {
+            d[py::str(specee_model_meta_key(ptr, i))] =
+                py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(specee_model_meta_value(ptr, i),
+                    (Py_ssize_t) strlen(specee_model_meta_value(ptr, i)), "replace"));
+        }
+        return d;
+    }
+};
+
+struct Context {
+    py::object       model_ref; // keeps the model alive
+    specee_model *   model = nullptr;
+    specee_context * ptr   = nullptr;
+
+    Context(py::object model_obj, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads, int32_t n_threads_batch)
+        : model_ref(model_obj) {
+        model                  = model_obj.cast<Model &>().ptr;
+        specee_context_params p = specee_context_default_params();
+        p.n_ctx                 = n_ctx;
+        p.n_batch               = n_batch;
+        p.n_threads             = n_threads;
+        p.n_threads_batch       = n_threads_batch;
+        ptr                     = specee_context_init(model, p);
+        if (!ptr) {
+            raise_last();
+        }
+    }
+    ~Context() { specee_context_free(ptr); }
+
+    py::array_t<float> logits() const {
+        const int32_t n_out   = specee_n_outputs(ptr);
+        const int32_t n_vocab = specee_model_n_vocab(model);
+        py::array_t<float> out({n_out, n_vocab});
+        if (n_out > 0) {
+            memcpy(out.mutable_data(), specee_get_logits(ptr), sizeof(float) * n_out * n_vocab);
+        }
+        return out;
+    }
+
+    py::array_t<float> run(const i32_array & tokens, const std::optional<i32_array> & pos,
+                           const std::optional<u8_array> & tree_mask, const std::optional<i8_array> & output,
+                           int32_t l0, int32_t l1, uint32_t flags, bool all_layers) {
+        const int32_t n = (int32_t) tokens.size();
+        if (pos && (int32_t) pos->size() != n) {
+            throw py::value_error("pos must have one entry per token");
+        }
+        if (tree_mask && (int32_t) tree_mask->size() != n * n) {
+            throw py::value_error("tree_mask must be [n_tokens, n_tokens]");
+        }
+        if (output && (int32_t) output->size() != n) {
+            throw py::value_error("output must have one entry per token");
+        }
+        specee_batch b = {n, tokens.data(), pos ? pos->data() : nullptr, tree_mask ? tree_mask->data() : nullptr,
+                          output ? output->data() : nullptr};
+        int32_t      rc;
+        {
+            py::gil_scoped_release release;
+            rc = all_layers ? specee_eval(ptr, &b) : specee_eval_layers(ptr, &b, l0, l1, flags);
+        }
+        if (rc != 0) {
+            raise_last();
+        }
+        return logits();
+    }
+
+    py::array_t<float> hidden_copy(const float * data) const {
+        if (!data) {
+            raise_last();
+        }
+        const int32_t n      = specee_last_n_tokens(ptr);
+        const int32_t n_embd = specee_model_n_embd(model);
+        py::array_t<float> out({n, n_embd});
+        memcpy(out.mutable_data(), data, sizeof(float) * n * n_embd);
+        return out;
+    }
+};
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "SpecEE native runtime (see csrc/specee.h)";
+    specee_log_set_verbose(false);
+
+    static py::exception<std::runtime_error> error(m, "SpecEEError", PyExc_RuntimeError);
+    g_error = error.ptr();
+
+    m.attr("EVAL_HIDDEN_ALL") = (int) SPECEE_EVAL_HIDDEN_ALL;
+    m.attr("EVAL_NO_LOGITS")  = (int) SPECEE_EVAL_NO_LOGITS;
+
+    m.def("set_verbose", &specee_log_set_verbose);
+    m.def("arch_tensor_names", [] {
+        std::vector<std::string> names;
+        for (int32_t i = 0; specee_arch_tensor_name(i); ++i) {
+            names.emplace_back(specee_arch_tensor_name(i));
+        }
+        return names;
+    });
+
+    py::class_<Model>(m, "Model")
+        .def(py::init<const std::string &, bool>(), py::arg("path"), py::arg("use_mmap") = true)
+        .def_property_readonly("n_layer", [](const Model & s) { return specee_model_n_layer(s.ptr); })
+        .def_property_readonly("n_embd", [](const Model & s) { return specee_model_n_embd(s.ptr); })
+        .def_property_readonly("n_ff", [](const Model & s) { return specee_model_n_ff(s.ptr); })
+        .def_property_readonly("n_head", [](const Model & s) { return specee_model_n_head(s.ptr); })
+        .def_property_readonly("n_head_kv", [](const Model & s) { return specee_model_n_head_kv(s.ptr); })
+        .def_property_readonly("n_vocab", [](const Model & s) { return specee_model_n_vocab(s.ptr); })
+        .def_property_readonly("n_ctx_train", [](const Model & s) { return specee_model_n_ctx_train(s.ptr); })
+        .def_property_readonly("n_params", [](const Model & s) { return specee_model_n_params(s.ptr); })
+        .def_property_readonly("size", [](const Model & s) { return specee_model_size(s.ptr); })
+        .def_property_readonly("desc", [](const Model & s) { return std::string(specee_model_desc(s.ptr)); })
+        .def("metadata", &Model::metadata);
+
+    py::class_<Context>(m, "Context")
+        .def(py::init<py::object, uint32_t, uint32_t, int32_t, int32_t>(), py::arg("model"), py::arg("n_ctx") = 0,
+             py::arg("n_batch") = 512, py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0)
+        .def_property_readonly("n_ctx", [](const Context & s) { return specee_n_ctx(s.ptr); })
+        .def("eval",
+             [](Context & s, const i32_array & tokens, const std::optional<i32_array> & pos,
+                const std::optional<u8_array> & tree_mask, const std::optional<i8_array> & output) {
+                 return s.run(tokens, pos, tree_mask, output, 0, 0, 0, true);
+             },
+             py::arg("tokens"), py::arg("pos") = py::none(), py::arg("tree_mask") = py::none(),
+             py::arg("output") = py::none())
+        .def("eval_layers", &Context::run, py::arg("tokens"), py::arg("pos"), py::arg("tree_mask"),
+             py::arg("output"), py::arg("layer_begin"), py::arg("layer_end"), py::arg("flags") = 0,
+             py::arg("all_layers") = false)
+        .def("logits", &Context::logits)
+        .def("hidden", [](const Context & s, int32_t il) { return s.hidden_copy(specee_get_hidden(s.ptr, il)); },
+             py::arg("layer") = -1)
+        .def("norm", [](const Context & s) { return s.hidden_copy(specee_get_norm(s.ptr)); })
+        .def("kv_clear", [](Context & s) { specee_kv_clear(s.ptr); })
+        .def("kv_remove", [](Context & s, int32_t p0, int32_t p1) { return specee_kv_remove(s.ptr, p0, p1); },
+             py::arg("p0"), py::arg("p1") = -1)
+        .def("kv_remove_cells",
+             [](Context & s, const i32_array & cells) {
+                 return specee_kv_remove_cells(s.ptr, cells.data(), (int32_t) cells.size());
+             })
+        .def("kv_batch_cells",
+             [](const Context & s) {
+                 const int32_t      n = specee_last_n_tokens(s.ptr);
+                 py::array_t<int32_t> out(n);
+                 if (n > 0) {
+                     memcpy(out.mutable_data(), specee_kv_batch_cells(s.ptr), sizeof(int32_t) * n);
+                 }
+                 return out;
+             })
+        .def("kv_pos_max", [](const Context & s) { return specee_kv_pos_max(s.ptr); })
+        .def("kv_n_used", [](const Context & s) { return specee_kv_n_used(s.ptr); })
+        .def("kv_cell_pos", [](const Context & s, int32_t c) { return specee_kv_cell_pos(s.ptr, c); })
+        .def("kv_cell_valid",
+             [](const Context & s, int32_t c, int32_t il) { return specee_kv_cell_valid(s.ptr, c, il); });
+}

@@ -1,0 +1,168 @@
+// specee-graph.cpp: the llama forward pass as a plain loop over a range of layers, every
+// intermediate named "<name>-<layer>" so tools can read it
+#include "specee-graph.h"
+
+#include "specee-kv-cache.h"
+#include "specee-model.h"
+
+#include <cmath>
+
+static void name_il(ggml_tensor * t, const char * name, int il) {
+    if (il >= 0) {
+        ggml_format_name(t, "%s-%d", name, il);
+    } else {
+        ggml_set_name(t, name);
+    }
+}
+
+static ggml_tensor * build_norm(ggml_context * ctx0, ggml_tensor * x, ggml_tensor * w, float eps) {
+    return ggml_mul(ctx0, ggml_rms_norm(ctx0, x, eps), w);
+}
+
+// self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv)
+static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
+                                const specee_kv_cache & kv, const specee_graph_params & gp, specee_graph_io & io,
+                                ggml_tensor * cur, ggml_tensor * mask, int il) {
+    const specee_hparams & hp       = model.hparams;
+    const specee_layer &   layer    = model.layers[il];
+    const int64_t          n_tokens = gp.n_tokens;
+    const int64_t          head_k   = hp.n_embd_head_k;
+    const int64_t          head_v   = hp.n_embd_head_v;
+
+    ggml_tensor * Qcur = ggml_mul_mat(ctx0, layer.wq, cur); // [head_k * n_head, n_tokens]
+    name_il(Qcur, "Qcur", il);
+    ggml_tensor * Kcur = ggml_mul_mat(ctx0, layer.wk, cur); // [n_embd_k_gqa, n_tokens]
+    name_il(Kcur, "Kcur", il);
+    ggml_tensor * Vcur = ggml_mul_mat(ctx0, layer.wv, cur); // [n_embd_v_gqa, n_tokens]
+    name_il(Vcur, "Vcur", il);
+
+    Qcur = ggml_reshape_3d(ctx0, Qcur, head_k, hp.n_head, n_tokens);
+    Kcur = ggml_reshape_3d(ctx0, Kcur, head_k, hp.n_head_kv, n_tokens);
+    Qcur = ggml_rope_ext(ctx0, Qcur, io.inp_pos, model.rope_freqs, hp.n_rot, GGML_ROPE_TYPE_NORMAL, hp.n_ctx_orig,
+                         hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
+    name_il(Qcur, "Qcur_rope", il);
+    Kcur = ggml_rope_ext(ctx0, Kcur, io.inp_pos, model.rope_freqs, hp.n_rot, GGML_ROPE_TYPE_NORMAL, hp.n_ctx_orig,
+                         hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
+    name_il(Kcur, "Kcur_rope", il);
+
+    // store K and V in the cells of this batch
+    ggml_tensor * k_cache = kv.k[il]; // [n_embd_k_gqa, kv_size]
+    ggml_tensor * v_cache = kv.v[il]; // [n_embd_v_gqa, kv_size]
+    ggml_tensor * k_store = ggml_set_rows(ctx0, k_cache, ggml_reshape_2d(ctx0, Kcur, hp.n_embd_k_gqa(), n_tokens),
+                                          io.inp_kv_idxs);
+    name_il(k_store, "k_store", il);
+    ggml_tensor * v_store = ggml_set_rows(ctx0, v_cache, Vcur, io.inp_kv_idxs);
+    name_il(v_store, "v_store", il);
+    ggml_build_forward_expand(gf, k_store);
+    ggml_build_forward_expand(gf, v_store);
+
+    // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv]
+    ggml_tensor * q = ggml_permute(ctx0, Qcur, 0, 2, 1, 3); // [head_k, n_tokens, n_head]
+    ggml_tensor * k = ggml_view_3d(ctx0, k_cache, head_k, gp.n_kv, hp.n_head_kv, k_cache->nb[1],
+                                   ggml_row_size(k_cache->type, head_k), 0);
+    ggml_tensor * v = ggml_view_3d(ctx0, v_cache, head_v, gp.n_kv, hp.n_head_kv, v_cache->nb[1],
+                                   ggml_row_size(v_cache->type, head_v), 0);
+    ggml_tensor * kqv = ggml_flash_attn_ext(ctx0, q, k, v, mask, 1.0f / sqrtf((float) head_k), 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(kqv, GGML_PREC_F32);
+    name_il(kqv, "kqv", il);                                          // [head_v, n_head, n_tokens]
+    cur = ggml_reshape_2d(ctx0, kqv, head_v * hp.n_head, n_tokens); // [head_v * n_head, n_tokens]
+
+    cur = ggml_mul_mat(ctx0, layer.wo, cur); // [n_embd, n_tokens]
+    name_il(cur, "attn_out", il);
+    return cur;
+}
+
+ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                 const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size) {
+    const specee_hparams & hp = model.hparams;
+    ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
+
+    // ---- inputs
+    ggml_tensor * inpL;
+    if (gp.layer_begin == 0) {
+        io.inp_tokens = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
+        ggml_set_name(io.inp_tokens, "inp_tokens");
+        ggml_set_input(io.inp_tokens);
+        inpL = ggml_get_rows(ctx0, model.tok_embd, io.inp_tokens); // [n_embd, n_tokens]
+        ggml_set_name(inpL, "inp_embd");
+    } else {
+        io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, gp.n_tokens);
+        ggml_set_name(io.inp_embd, "inp_hidden");
+        ggml_set_input(io.inp_embd);
+        inpL = io.inp_embd;
+    }
+    io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
+    ggml_set_name(io.inp_pos, "inp_pos");
+    ggml_set_input(io.inp_pos);
+    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, gp.n_tokens);
+    ggml_set_name(io.inp_kv_idxs, "inp_kv_idxs");
+    ggml_set_input(io.inp_kv_idxs);
+    io.inp_masks.resize(gp.n_masks);
+    for (int i = 0; i < gp.n_masks; ++i) {
+        io.inp_masks[i] = ggml_new_tensor_2d(ctx0, GGML_TYPE_F16, gp.n_kv, gp.n_tokens);
+        ggml_format_name(io.inp_masks[i], "kq_mask-%d", i);
+        ggml_set_input(io.inp_masks[i]);
+    }
+
+    // ---- layers
+    io.l_out.clear();
+    for (int il = gp.layer_begin; il < gp.layer_end; ++il) {
+        const specee_layer & layer = model.layers[il];
+        ggml_tensor *        inpSA = inpL;
+
+        ggml_tensor * cur = build_norm(ctx0, inpL, layer.attn_norm, hp.f_norm_rms_eps);
+        name_il(cur, "attn_norm", il);
+
+        ggml_tensor * mask = io.inp_masks[gp.mask_of_layer[il - gp.layer_begin]];
+        cur                = build_attn(ctx0, gf, model, kv, gp, io, cur, mask, il);
+
+        ggml_tensor * ffn_inp = ggml_add(ctx0, cur, inpSA);
+        name_il(ffn_inp, "ffn_inp", il);
+
+        cur = build_norm(ctx0, ffn_inp, layer.ffn_norm, hp.f_norm_rms_eps);
+        name_il(cur, "ffn_norm", il);
+
+        ggml_tensor * gate = ggml_mul_mat(ctx0, layer.ffn_gate, cur); // [n_ff, n_tokens]
+        name_il(gate, "ffn_gate", il);
+        ggml_tensor * up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [n_ff, n_tokens]
+        name_il(up, "ffn_up", il);
+        cur = ggml_swiglu_split(ctx0, gate, up);
+        name_il(cur, "ffn_swiglu", il);
+        cur = ggml_mul_mat(ctx0, layer.ffn_down, cur); // [n_embd, n_tokens]
+        name_il(cur, "ffn_out", il);
+
+        cur = ggml_add(ctx0, cur, ffn_inp);
+        name_il(cur, "l_out", il);
+        if (gp.hidden_all || il == gp.layer_end - 1) {
+            ggml_set_output(cur);
+            io.l_out.push_back(cur);
+        }
+        inpL = cur;
+    }
+
+    // ---- final norm and lm_head
+    ggml_tensor * cur = inpL;
+    if (gp.final_norm) {
+        cur = build_norm(ctx0, cur, model.output_norm, hp.f_norm_rms_eps); // [n_embd, n_tokens]
+        ggml_set_name(cur, "result_norm");
+        ggml_set_output(cur);
+        io.result_norm = cur;
+        if (gp.n_outputs > 0) {
+            if (gp.n_outputs < gp.n_tokens) {
+                io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
+                ggml_set_name(io.inp_out_ids, "inp_out_ids");
+                ggml_set_input(io.inp_out_ids);
+                cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
+            }
+            cur = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, n_outputs]
+            ggml_set_name(cur, "result_output");
+            ggml_set_output(cur);
+            io.result_output = cur;
+        }
+    }
+    ggml_build_forward_expand(gf, cur);
+    for (ggml_tensor * t : io.l_out) {
+        ggml_build_forward_expand(gf, t);
+    }
+    return gf;
+}

