@@ -3,8 +3,10 @@
 
 #include "specee-arch.h"
 #include "specee-impl.h"
+#include "specee-vocab.h"
 #include "specee.h"
 
+#include "ggml-alloc.h"
 #include "ggml-cpu.h"
 
 #include <cinttypes>
@@ -177,6 +179,13 @@ static std::string value_str(const gguf_context * g, int64_t id) {
 // ---- loading -------------------------------------------------------------------------------------
 
 specee_model::~specee_model() {
+    specee_vocab_free(vocab);
+    for (ggml_backend_buffer_t b : buf_repack) {
+        ggml_backend_buffer_free(b);
+    }
+    for (ggml_context * c : ctx_repack) {
+        ggml_free(c);
+    }
     if (buf) {
         ggml_backend_buffer_free(buf);
     }
@@ -315,6 +324,82 @@ static void map_file(specee_model & m, bool use_mmap) {
     close(fd);
 }
 
+// The CPU backend's extra buffer types hold some quantized matrices in a repacked, interleaved layout
+// that its matmul kernels run faster on (e.g. Q4_0 as 8x8 blocks on AVX2), as upstream llama.cpp does by
+// default. Weights that one of them supports for their mul_mat are copied (and repacked) out of the
+// mapping; everything else stays mapped.
+static void repack_weights(specee_model & m) {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev) {
+        return;
+    }
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+    if (!get_extra || getenv("SPECEE_NO_REPACK")) {
+        return;
+    }
+
+    std::vector<ggml_tensor **> cands;
+    for (specee_layer & l : m.layers) {
+        for (ggml_tensor ** w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+            cands.push_back(w);
+        }
+    }
+    if (m.output != m.tok_embd) {
+        cands.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
+    }
+
+    ggml_init_params ip = {(cands.size() * 3 + 8) * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> probe(ggml_init(ip), ggml_free);
+    std::vector<ggml_backend_buffer_type_t> chosen(cands.size(), nullptr);
+    for (ggml_backend_buffer_type_t * buft = get_extra(dev); buft && *buft; ++buft) {
+        ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*buft, 0);
+        for (size_t i = 0; i < cands.size(); ++i) {
+            if (chosen[i]) {
+                continue;
+            }
+            ggml_tensor * w = ggml_dup_tensor(probe.get(), *cands[i]);
+            w->buffer       = dummy;
+            ggml_tensor * x = ggml_new_tensor_2d(probe.get(), GGML_TYPE_F32, w->ne[0], 512);
+            if (ggml_backend_dev_supports_op(dev, ggml_mul_mat(probe.get(), w, x))) {
+                chosen[i] = *buft;
+            }
+            w->buffer = nullptr;
+        }
+        ggml_backend_buffer_free(dummy);
+        probe.reset(ggml_init(ip));
+
+        std::vector<size_t> idx;
+        for (size_t i = 0; i < cands.size(); ++i) {
+            if (chosen[i] == *buft) {
+                idx.push_back(i);
+            }
+        }
+        if (idx.empty()) {
+            continue;
+        }
+        ggml_init_params rp = {idx.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+        ggml_context *   rctx = ggml_init(rp);
+        m.ctx_repack.push_back(rctx);
+        std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
+        for (size_t i : idx) {
+            ggml_tensor * src = *cands[i];
+            ggml_tensor * dst = ggml_dup_tensor(rctx, src);
+            ggml_set_name(dst, ggml_get_name(src));
+            pairs.emplace_back(src, dst);
+            *cands[i] = dst;
+        }
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, *buft);
+        if (!buf) {
+            specee_fail("cannot allocate %s for repacked weights", ggml_backend_buft_name(*buft));
+        }
+        m.buf_repack.push_back(buf);
+        for (auto & p : pairs) {
+            ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
+        }
+    }
+}
+
 specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     if (!path || !*path) {
         specee_fail("no model path given");
@@ -350,6 +435,7 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
         specee_fail("unsupported architecture '%s' in %s (this runtime runs 'llama' models)", arch.c_str(), path);
     }
     load_hparams(m, arch);
+    m.vocab = specee_vocab_load(m.gguf);
 
     // ---- weights
     specee_hparams & hp         = m.hparams;
@@ -418,6 +504,8 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
             specee_fail("cannot place tensor '%s'", ggml_get_name(t));
         }
     }
+
+    repack_weights(m);
 
     ggml_type main_type = GGML_TYPE_F32;
     uint64_t  best      = 0;

@@ -45,6 +45,8 @@ struct specee_layer {
     ggml_tensor * ffn_down  = nullptr; // [n_ff, n_embd]
 };
 
+struct specee_vocab;
+
 struct specee_model {
     std::string    path;
     specee_hparams hparams;
@@ -55,6 +57,8 @@ struct specee_model {
     ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
     std::vector<specee_layer> layers;
 
+    specee_vocab * vocab = nullptr; // tokenizer, from tokenizer.ggml.* (specee-vocab.cpp)
+
     // GGUF metadata as printable strings
     std::vector<std::pair<std::string, std::string>> meta;
     std::string desc;
@@ -64,6 +68,8 @@ struct specee_model {
     gguf_context *        gguf     = nullptr;
     ggml_context *        ctx_meta = nullptr; // tensor metadata; data points into the mapping
     ggml_backend_buffer_t buf      = nullptr;
+    std::vector<ggml_context *>        ctx_repack; // weights copied into the CPU's repacking buffer types
+    std::vector<ggml_backend_buffer_t> buf_repack;
     void *                addr     = nullptr; // mapping (or owned copy) of the whole file
     size_t                size     = 0;
     bool                  mapped   = false;

@@ -52,6 +52,32 @@ const char * specee_model_meta_value(const specee_model * model, int32_t i);
 // the GGUF tensor-name formats this runtime reads ("blk.%d.attn_q.weight", ...), NULL past the end
 const char * specee_arch_tensor_name(int32_t i);
 
+// ---- vocabulary (tokenizer.ggml.* metadata) ---------------------------------------------------
+
+// token ids of special tokens, -1 when the model has none
+int32_t specee_token_bos(const specee_model * model);
+int32_t specee_token_eos(const specee_model * model);
+int32_t specee_token_eot(const specee_model * model);
+// end of generation (eos, eot, and other tokens marked as such)
+bool    specee_token_is_eog(const specee_model * model, int32_t token);
+// the token's text as stored in the vocabulary
+const char * specee_token_text(const specee_model * model, int32_t token);
+
+// Text to token ids. Writes at most n_max ids and returns their count, or -(count needed) when n_max is
+// too small, or INT32_MIN on error (specee_last_error). add_special: BOS/EOS as the vocabulary asks;
+// parse_special: "<|im_start|>"-like text becomes the special token instead of plain text.
+int32_t specee_tokenize(const specee_model * model, const char * text, int32_t text_len, int32_t * tokens,
+                        int32_t n_max, bool add_special, bool parse_special);
+
+// The bytes of one token (may be a partial UTF-8 sequence: callers streaming text keep the tail until it
+// completes). Returns the length, or -(length needed) when len is too small. special: render control
+// tokens as their text.
+int32_t specee_token_to_piece(const specee_model * model, int32_t token, char * buf, int32_t len, bool special);
+
+// Token ids to text (with SentencePiece's leading-space handling). Same return convention.
+int32_t specee_detokenize(const specee_model * model, const int32_t * tokens, int32_t n_tokens, char * text,
+                          int32_t text_len_max, bool remove_special, bool unparse_special);
+
 // ---- context and evaluation --------------------------------------------------------------------
 
 struct specee_context_params {

@@ -130,7 +130,7 @@ class Model:
             flags |= _core.EVAL_HIDDEN_ALL
         if not logits:
             flags |= _core.EVAL_NO_LOGITS
-        if layers is None and tree_mask is None and not hidden_all:
+        if flags == 0 and layers is None and tree_mask is None:
             return self._ctx.eval(tok, pos_arr, mask_arr, out_arr)
         return self._ctx.eval_layers(tok, pos_arr, mask_arr, out_arr, begin, end, flags)
 
