@@ -170,7 +170,7 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
     tmp = out.with_name(out.name + ".tmp")
     writer = gguf.GGUFWriter(tmp, C.ARCH)
     write_hparams(writer, cfg, Path(model_dir).resolve().name, OUTTYPES[outtype])
-    seen = set()
+    seen: set[str] = set()
     for hf_name, t in read_tensors(model_dir):
         if IGNORED.match(hf_name) or (hf_name == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
@@ -189,8 +189,11 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
     factors = llama3_rope_factors(cfg)
     if factors is not None:
         writer.add_tensor(C.ROPE_FREQS, factors)
-    if C.TOKEN_EMBD not in seen:
-        raise ValueError(f"{model_dir}: no model.embed_tokens.weight in the checkpoint")
+    want = {C.TOKEN_EMBD, C.OUTPUT_NORM, *(n % b for n in C.TENSOR_NAMES if "%d" in n for b in range(cfg.n_layer))}
+    if not cfg.tie_word_embeddings:
+        want.add(C.OUTPUT)
+    if missing := sorted(want - seen):
+        raise ValueError(f"{model_dir}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -207,7 +210,10 @@ def main() -> None:
     ap.add_argument("-o", "--out", required=True, help="output .gguf path")
     ap.add_argument("--outtype", choices=sorted(OUTTYPES), default="f16")
     args = ap.parse_args()
-    convert_hf_to_gguf(args.model_dir, args.out, args.outtype)
+    try:
+        convert_hf_to_gguf(args.model_dir, args.out, args.outtype)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
     print(f"wrote {args.out}")
 
 

@@ -48,7 +48,9 @@ void specee_fail(const char * fmt, ...) {
 }
 
 static void log_callback(ggml_log_level level, const char * text, void *) {
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
+    // errors reach the caller through specee_last_error(); ggml's own lines only when verbose
+    (void) level;
+    if (g_verbose) {
         fputs(text, stderr);
     }
 }
@@ -237,7 +239,10 @@ static std::string size_label(uint64_t n_params) {
     if (n_params >= 1000000000ull) {
         return specee_format("%.1fB", n_params / 1e9);
     }
-    return specee_format("%.0fM", n_params / 1e6);
+    if (n_params >= 1000000ull) {
+        return specee_format("%.0fM", n_params / 1e6);
+    }
+    return specee_format("%.0fK", n_params / 1e3);
 }
 
 static void load_hparams(specee_model & m, const std::string & arch) {
@@ -417,6 +422,9 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     char magic[4] = {0};
     const size_t got = fread(magic, 1, 4, f);
     fclose(f);
+    if (got == 0) {
+        specee_fail("'%s' is an empty file, not a GGUF model", path);
+    }
     if (got < 4 || memcmp(magic, "GGUF", 4) != 0) {
         specee_fail("'%s' is not a GGUF file (bad magic)", path);
     }

@@ -1,9 +1,602 @@
 // specee-vocab.cpp: tokenizers (SentencePiece-style and GPT-2 byte-level BPE), special tokens, detokenizing
 #include "specee-vocab.h"
 
-struct specee_vocab {
+#include "specee-impl.h"
+#include "specee-model.h"
+#include "specee-unicode.h"
+#include "specee.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <queue>
+#include <string_view>
+#include <unordered_map>
+
+// ---- vocabulary --------------------------------------------------------------------------------
+
+// tokenizer.ggml.token_type, as llama.cpp's converter writes it
+enum token_type {
+    TOKEN_NORMAL       = 1,
+    TOKEN_UNKNOWN      = 2,
+    TOKEN_CONTROL      = 3,
+    TOKEN_USER_DEFINED = 4,
+    TOKEN_UNUSED       = 5,
+    TOKEN_BYTE         = 6,
 };
 
-specee_vocab * specee_vocab_load(const gguf_context *) { return nullptr; }
+struct specee_token_data {
+    std::string text;  // as stored in the vocabulary
+    std::string piece; // the bytes it stands for (control tokens: their text)
+    float       score = 0.0f;
+    int32_t     type  = TOKEN_NORMAL;
+};
+
+struct specee_vocab {
+    bool          spm           = false; // SentencePiece-style ("llama"); else byte-level BPE ("gpt2")
+    specee_pretok pretok        = SPECEE_PRETOK_DEFAULT;
+    bool          ignore_merges = false; // Llama 3: a word that is a token is taken whole
+    bool          add_bos = false, add_eos = false, add_space_prefix = false;
+    int32_t       bos = -1, eos = -1, eot = -1, unk = -1, pad = -1;
+
+    std::vector<specee_token_data>           tokens;
+    std::unordered_map<std::string, int32_t> ids;      // token text -> id
+    std::unordered_map<std::string, int32_t> ranks;    // BPE merge "left right" -> rank
+    std::vector<int32_t>                     specials; // control, user-defined, unknown: longest text first
+    std::vector<int32_t>                     eog;
+    int32_t                                  byte_ids[256];  // SPM: the <0xNN> tokens, -1 when missing
+    std::string                              byte_text[256]; // BPE: each byte as its GPT-2 character
+};
+
+// hidden in text unless asked for ("special")
+static bool is_hidden(const specee_token_data & t) {
+    return t.type == TOKEN_CONTROL || t.type == TOKEN_UNKNOWN || t.type == TOKEN_UNUSED;
+}
+
+static const std::string k_spm_space = "\xE2\x96\x81"; // U+2581, SentencePiece's visible space
+
+static std::string replace_all(const std::string & s, const std::string & from, const std::string & to) {
+    std::string out;
+    size_t      pos = 0;
+    for (size_t m; (m = s.find(from, pos)) != std::string::npos; pos = m + from.size()) {
+        out.append(s, pos, m - pos);
+        out += to;
+    }
+    out.append(s, pos, std::string::npos);
+    return out;
+}
+
+// ---- loading -----------------------------------------------------------------------------------
+
+static int64_t find_key(const gguf_context * g, const char * key, gguf_type type, gguf_type elem = GGUF_TYPE_COUNT) {
+    const int64_t id = gguf_find_key(g, key);
+    if (id >= 0 && (gguf_get_kv_type(g, id) != type || (type == GGUF_TYPE_ARRAY && gguf_get_arr_type(g, id) != elem))) {
+        specee_fail("metadata key '%s' has the wrong type", key);
+    }
+    return id;
+}
+
+static std::string get_string(const gguf_context * g, const char * key) {
+    const int64_t id = find_key(g, key, GGUF_TYPE_STRING);
+    return id < 0 ? "" : gguf_get_val_str(g, id);
+}
+
+static void get_bool(const gguf_context * g, const char * key, bool & out) {
+    const int64_t id = find_key(g, key, GGUF_TYPE_BOOL);
+    if (id >= 0) {
+        out = gguf_get_val_bool(g, id);
+    }
+}
+
+// a token id key; ids outside the vocabulary are ignored
+static void get_token_id(const gguf_context * g, const char * key, size_t n_tokens, int32_t & out) {
+    const int64_t id = gguf_find_key(g, key);
+    if (id < 0) {
+        return;
+    }
+    int64_t v;
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_UINT32: v = gguf_get_val_u32(g, id); break;
+        case GGUF_TYPE_INT32:  v = gguf_get_val_i32(g, id); break;
+        default: specee_fail("metadata key '%s' is not a token id", key);
+    }
+    if (v >= 0 && (size_t) v < n_tokens) {
+        out = (int32_t) v;
+    } else if (specee_verbose()) {
+        fprintf(stderr, "specee: %s = %lld is not a token id, ignored\n", key, (long long) v);
+    }
+}
+
+// the bytes a token stands for when detokenizing
+static std::string token_piece(const specee_vocab & v, const specee_token_data & t) {
+    if (t.type == TOKEN_BYTE) {
+        unsigned int b = 0;
+        return sscanf(t.text.c_str(), "<0x%02X>", &b) == 1 ? std::string(1, (char) b) : t.text;
+    }
+    if (t.type != TOKEN_NORMAL) {
+        return t.text;
+    }
+    if (v.spm) {
+        return replace_all(t.text, k_spm_space, " ");
+    }
+    std::string out; // GPT-2 characters back to bytes
+    for (size_t off = 0; off < t.text.size();) {
+        uint32_t     cpt;
+        const size_t len  = specee_utf8_decode(t.text.data() + off, t.text.size() - off, cpt);
+        const int    byte = specee_cpt_to_byte(cpt);
+        if (byte >= 0) {
+            out += (char) byte;
+        } else {
+            out.append(t.text, off, len);
+        }
+        off += len;
+    }
+    return out;
+}
+
+specee_vocab * specee_vocab_load(const gguf_context * g) {
+    const std::string model = get_string(g, "tokenizer.ggml.model");
+    if (model.empty() || model == "none" || model == "no_vocab") {
+        return nullptr;
+    }
+    if (model != "llama" && model != "gpt2") {
+        specee_fail("unsupported tokenizer '%s' (tokenizer.ggml.model): this runtime reads 'llama' (SentencePiece) "
+                    "and 'gpt2' (byte-level BPE) vocabularies", model.c_str());
+    }
+    auto           owned = std::make_unique<specee_vocab>();
+    specee_vocab & v     = *owned;
+    v.spm                = model == "llama";
+
+    const int64_t kt = find_key(g, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY, GGUF_TYPE_STRING);
+    if (kt < 0) {
+        specee_fail("the tokenizer has no token list (tokenizer.ggml.tokens)");
+    }
+    const size_t  n  = gguf_get_arr_n(g, kt);
+    const int64_t ks = find_key(g, "tokenizer.ggml.scores", GGUF_TYPE_ARRAY, GGUF_TYPE_FLOAT32);
+    const int64_t ky = find_key(g, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY, GGUF_TYPE_INT32);
+    if ((ks >= 0 && gguf_get_arr_n(g, ks) != n) || (ky >= 0 && gguf_get_arr_n(g, ky) != n)) {
+        specee_fail("tokenizer.ggml.scores or token_type does not have one entry per token (%zu)", n);
+    }
+    const float *   scores = ks >= 0 ? (const float *) gguf_get_arr_data(g, ks) : nullptr;
+    const int32_t * types  = ky >= 0 ? (const int32_t *) gguf_get_arr_data(g, ky) : nullptr;
+    v.tokens.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        specee_token_data & t = v.tokens[i];
+        t.text                = gguf_get_arr_str(g, kt, i);
+        t.score               = scores ? scores[i] : 0.0f;
+        t.type                = types ? types[i] : TOKEN_NORMAL;
+        v.ids.emplace(t.text, (int32_t) i); // the first of duplicate texts wins
+    }
+
+    if (v.spm) {
+        v.bos = 1, v.eos = 2, v.unk = 0; // SentencePiece's defaults
+        v.add_bos = v.add_space_prefix = true;
+    } else {
+        const int64_t km = find_key(g, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY, GGUF_TYPE_STRING);
+        if (km < 0) {
+            specee_fail("the BPE tokenizer has no merges (tokenizer.ggml.merges)");
+        }
+        for (size_t i = 0; i < gguf_get_arr_n(g, km); ++i) {
+            v.ranks.emplace(gguf_get_arr_str(g, km, i), (int32_t) i);
+        }
+        const std::string pre = get_string(g, "tokenizer.ggml.pre");
+        if (pre.empty() || pre == "default") {
+            v.pretok = SPECEE_PRETOK_DEFAULT;
+        } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe") {
+            v.pretok        = SPECEE_PRETOK_LLAMA3;
+            v.ignore_merges = v.add_bos = true;
+        } else if (pre == "smollm") {
+            v.pretok = SPECEE_PRETOK_SMOLLM;
+        } else {
+            if (pre != "gpt2" && specee_verbose()) {
+                fprintf(stderr, "specee: unknown pre-tokenizer '%s' (tokenizer.ggml.pre), using 'gpt2'\n", pre.c_str());
+            }
+            v.pretok = SPECEE_PRETOK_GPT2;
+        }
+    }
+    get_token_id(g, "tokenizer.ggml.bos_token_id", n, v.bos);
+    get_token_id(g, "tokenizer.ggml.eos_token_id", n, v.eos);
+    get_token_id(g, "tokenizer.ggml.eot_token_id", n, v.eot);
+    get_token_id(g, "tokenizer.ggml.unknown_token_id", n, v.unk);
+    get_token_id(g, "tokenizer.ggml.padding_token_id", n, v.pad);
+    v.bos = v.bos < (int32_t) n ? v.bos : -1;
+    v.eos = v.eos < (int32_t) n ? v.eos : -1;
+    v.unk = v.unk < (int32_t) n ? v.unk : -1;
+    get_bool(g, "tokenizer.ggml.add_bos_token", v.add_bos);
+    get_bool(g, "tokenizer.ggml.add_eos_token", v.add_eos);
+    get_bool(g, "tokenizer.ggml.add_space_prefix", v.add_space_prefix);
+
+    // end of generation: eos, eot, and the end-of-turn tokens of common chat formats (the first found
+    // in this order is the eot when the file names none)
+    static const char * eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                       "<|eom_id|>", "</s>"};
+    for (const char * text : eog_texts) {
+        auto it = v.ids.find(text);
+        if (it == v.ids.end()) {
+            continue;
+        }
+        if (v.eot < 0 && strcmp(text, "<|eom_id|>") != 0 && strcmp(text, "</s>") != 0) {
+            v.eot = it->second;
+        }
+        v.eog.push_back(it->second);
+    }
+    for (int32_t id : {v.eos, v.eot}) {
+        if (id >= 0 && std::find(v.eog.begin(), v.eog.end(), id) == v.eog.end()) {
+            v.eog.push_back(id);
+        }
+    }
+
+    for (int32_t i = 0; i < (int32_t) n; ++i) {
+        const int32_t type = v.tokens[i].type;
+        if ((type == TOKEN_CONTROL || type == TOKEN_USER_DEFINED || type == TOKEN_UNKNOWN) && !v.tokens[i].text.empty()) {
+            v.specials.push_back(i);
+        }
+    }
+    std::stable_sort(v.specials.begin(), v.specials.end(),
+                     [&](int32_t a, int32_t b) { return v.tokens[a].text.size() > v.tokens[b].text.size(); });
+
+    for (int b = 0; b < 256; ++b) {
+        char hex[8];
+        snprintf(hex, sizeof(hex), "<0x%02X>", b);
+        auto it        = v.ids.find(hex);
+        v.byte_ids[b]  = it != v.ids.end() ? it->second : -1;
+        v.byte_text[b] = specee_utf8_encode(specee_byte_to_cpt((uint8_t) b));
+    }
+    for (specee_token_data & t : v.tokens) {
+        t.piece = token_piece(v, t);
+    }
+    return owned.release();
+}
 
 void specee_vocab_free(specee_vocab * vocab) { delete vocab; }
+
+// ---- SentencePiece-style tokenizer -------------------------------------------------------------
+// Start from the UTF-8 characters and keep merging the adjacent pair whose concatenation is the
+// vocabulary token with the highest score (leftmost first on ties). Characters that end up in no
+// token become their <0xNN> byte tokens.
+
+struct symbol {
+    int    prev, next; // neighbours in the list, -1 at the ends
+    size_t off, len;   // bytes of the text; len 0 once merged into the left neighbour
+};
+
+struct spm_bigram {
+    int    left, right;
+    float  score;
+    size_t len;
+};
+
+struct spm_bigram_order {
+    bool operator()(const spm_bigram & a, const spm_bigram & b) const {
+        return a.score < b.score || (a.score == b.score && a.left > b.left);
+    }
+};
+
+static std::vector<symbol> split_chars(const std::string & text) {
+    std::vector<symbol> syms;
+    for (size_t off = 0; off < text.size();) {
+        uint32_t     cpt;
+        const size_t len = specee_utf8_decode(text.data() + off, text.size() - off, cpt);
+        const int    i   = (int) syms.size();
+        syms.push_back({i - 1, off + len < text.size() ? i + 1 : -1, off, len});
+        off += len;
+    }
+    return syms;
+}
+
+// merge the right symbol into the left one
+static void merge_symbols(std::vector<symbol> & syms, int left, int right) {
+    syms[left].len += syms[right].len;
+    syms[right].len = 0;
+    syms[left].next = syms[right].next;
+    if (syms[right].next >= 0) {
+        syms[syms[right].next].prev = left;
+    }
+}
+
+static void tokenize_spm(const specee_vocab & v, const std::string & text, std::vector<int32_t> & out) {
+    std::vector<symbol> syms = split_chars(text);
+    std::priority_queue<spm_bigram, std::vector<spm_bigram>, spm_bigram_order> queue;
+
+    auto try_pair = [&](int left, int right) {
+        if (left < 0 || right < 0) {
+            return;
+        }
+        const size_t len = syms[left].len + syms[right].len;
+        auto         it  = v.ids.find(text.substr(syms[left].off, len));
+        if (it == v.ids.end()) {
+            return;
+        }
+        const specee_token_data & t = v.tokens[it->second];
+        if (t.type == TOKEN_NORMAL || t.type == TOKEN_USER_DEFINED) {
+            queue.push({left, right, t.score, len});
+        }
+    };
+    for (int i = 1; i < (int) syms.size(); ++i) {
+        try_pair(i - 1, i);
+    }
+    while (!queue.empty()) {
+        const spm_bigram b = queue.top();
+        queue.pop();
+        // stale: a side was merged away or has grown since the pair was queued
+        if (syms[b.left].len == 0 || syms[b.right].len == 0 || syms[b.left].len + syms[b.right].len != b.len) {
+            continue;
+        }
+        merge_symbols(syms, b.left, b.right);
+        try_pair(syms[b.left].prev, b.left);
+        try_pair(b.left, syms[b.left].next);
+    }
+
+    for (int i = syms.empty() ? -1 : 0; i >= 0; i = syms[i].next) {
+        auto it = v.ids.find(text.substr(syms[i].off, syms[i].len));
+        if (it != v.ids.end()) {
+            out.push_back(it->second);
+            continue;
+        }
+        for (size_t k = 0; k < syms[i].len; ++k) {
+            const int32_t id = v.byte_ids[(uint8_t) text[syms[i].off + k]];
+            if (id >= 0 || v.unk >= 0) {
+                out.push_back(id >= 0 ? id : v.unk);
+            }
+        }
+    }
+}
+
+// ---- byte-level BPE tokenizer ------------------------------------------------------------------
+// The pre-tokenizer splits the text into words; each word's bytes become GPT-2 characters, and the
+// adjacent pair with the lowest merge rank is merged until no listed merge applies.
+
+struct bpe_bigram {
+    int    left, right;
+    int    rank;
+    size_t len;
+};
+
+struct bpe_bigram_order {
+    bool operator()(const bpe_bigram & a, const bpe_bigram & b) const {
+        return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+    }
+};
+
+static void tokenize_bpe_word(const specee_vocab & v, const std::string & word, std::vector<int32_t> & out) {
+    if (v.ignore_merges) {
+        auto it = v.ids.find(word);
+        if (it != v.ids.end()) {
+            out.push_back(it->second);
+            return;
+        }
+    }
+    std::vector<symbol> syms = split_chars(word);
+    std::priority_queue<bpe_bigram, std::vector<bpe_bigram>, bpe_bigram_order> queue;
+
+    std::string key;
+    auto        try_pair = [&](int left, int right) {
+        if (left < 0 || right < 0) {
+            return;
+        }
+        key.assign(word, syms[left].off, syms[left].len);
+        key += ' ';
+        key.append(word, syms[right].off, syms[right].len);
+        auto it = v.ranks.find(key);
+        if (it != v.ranks.end()) {
+            queue.push({left, right, it->second, syms[left].len + syms[right].len});
+        }
+    };
+    for (int i = 1; i < (int) syms.size(); ++i) {
+        try_pair(i - 1, i);
+    }
+    while (!queue.empty()) {
+        const bpe_bigram b = queue.top();
+        queue.pop();
+        if (syms[b.left].len == 0 || syms[b.right].len == 0 || syms[b.left].len + syms[b.right].len != b.len) {
+            continue;
+        }
+        merge_symbols(syms, b.left, b.right);
+        try_pair(syms[b.left].prev, b.left);
+        try_pair(b.left, syms[b.left].next);
+    }
+
+    for (int i = syms.empty() ? -1 : 0; i >= 0; i = syms[i].next) {
+        const std::string text = word.substr(syms[i].off, syms[i].len);
+        auto              it   = v.ids.find(text);
+        if (it != v.ids.end()) {
+            out.push_back(it->second);
+            continue;
+        }
+        // not a token (an incomplete vocabulary): its characters one by one, skipping unknown ones
+        for (const symbol & c : split_chars(text)) {
+            auto ic = v.ids.find(text.substr(c.off, c.len));
+            if (ic != v.ids.end()) {
+                out.push_back(ic->second);
+            }
+        }
+    }
+}
+
+static void tokenize_bpe(const specee_vocab & v, const std::string & text, std::vector<int32_t> & out) {
+    std::string word;
+    for (const std::string & raw : specee_pretokenize(text, v.pretok)) {
+        word.clear();
+        for (char c : raw) {
+            word += v.byte_text[(uint8_t) c];
+        }
+        tokenize_bpe_word(v, word, out);
+    }
+}
+
+// ---- tokenizing --------------------------------------------------------------------------------
+
+struct fragment {
+    int32_t token; // a special token, or -1 for the text [off, off + len)
+    size_t  off, len;
+};
+
+// Split out the special tokens' texts, longest token first. User-defined tokens always split; control
+// and unknown tokens only when parse_special (otherwise they are read as plain text).
+static std::vector<fragment> split_specials(const specee_vocab & v, const std::string & text, bool parse_special) {
+    std::vector<fragment> frags;
+    if (!text.empty()) {
+        frags.push_back({-1, 0, text.size()});
+    }
+    for (int32_t id : v.specials) {
+        const std::string & s = v.tokens[id].text;
+        if (!parse_special && v.tokens[id].type != TOKEN_USER_DEFINED) {
+            continue;
+        }
+        std::vector<fragment> next;
+        for (const fragment & f : frags) {
+            if (f.token >= 0) {
+                next.push_back(f);
+                continue;
+            }
+            const std::string_view view(text.data(), f.off + f.len);
+            size_t                 pos = f.off;
+            for (size_t m; (m = view.find(s, pos)) != std::string_view::npos; pos = m + s.size()) {
+                if (m > pos) {
+                    next.push_back({-1, pos, m - pos});
+                }
+                next.push_back({id, m, s.size()});
+            }
+            if (pos < f.off + f.len) {
+                next.push_back({-1, pos, f.off + f.len - pos});
+            }
+        }
+        frags.swap(next);
+    }
+    return frags;
+}
+
+static std::vector<int32_t> tokenize(const specee_vocab & v, const std::string & text, bool add_special,
+                                     bool parse_special) {
+    std::vector<int32_t> out;
+    if (add_special && v.add_bos) {
+        if (v.bos < 0) {
+            specee_fail("the vocabulary asks for a BOS token but has none");
+        }
+        out.push_back(v.bos);
+    }
+    bool after_special = true; // SentencePiece: a space prefix at the start and after special tokens
+    for (const fragment & f : split_specials(v, text, parse_special)) {
+        if (f.token >= 0) {
+            out.push_back(f.token);
+            after_special = true;
+            continue;
+        }
+        std::string s = text.substr(f.off, f.len);
+        if (v.spm) {
+            s = replace_all((v.add_space_prefix && after_special ? " " : "") + s, " ", k_spm_space);
+            tokenize_spm(v, s, out);
+        } else {
+            tokenize_bpe(v, s, out);
+        }
+        after_special = false;
+    }
+    if (add_special && v.add_eos) {
+        if (v.eos < 0) {
+            specee_fail("the vocabulary asks for an EOS token but has none");
+        }
+        out.push_back(v.eos);
+    }
+    return out;
+}
+
+// ---- C API -------------------------------------------------------------------------------------
+
+static const specee_vocab & vocab_of(const specee_model * model) {
+    if (!model || !model->vocab) {
+        specee_fail("the model file has no tokenizer (no tokenizer.ggml.* metadata)");
+    }
+    return *model->vocab;
+}
+
+static const specee_token_data & token_of(const specee_vocab & v, int32_t token) {
+    if (token < 0 || (size_t) token >= v.tokens.size()) {
+        specee_fail("token id %d is out of range [0, %zu)", token, v.tokens.size());
+    }
+    return v.tokens[token];
+}
+
+// the whole string, or -(its length) when it does not fit
+static int32_t copy_out(const std::string & s, char * buf, int32_t len) {
+    if (s.size() > (size_t) INT32_MAX) {
+        specee_fail("the text is too long (%zu bytes)", s.size());
+    }
+    if ((int32_t) s.size() > len) {
+        return -(int32_t) s.size();
+    }
+    if (!s.empty()) {
+        memcpy(buf, s.data(), s.size());
+    }
+    return (int32_t) s.size();
+}
+
+extern "C" int32_t specee_token_bos(const specee_model * m) { return m && m->vocab ? m->vocab->bos : -1; }
+extern "C" int32_t specee_token_eos(const specee_model * m) { return m && m->vocab ? m->vocab->eos : -1; }
+extern "C" int32_t specee_token_eot(const specee_model * m) { return m && m->vocab ? m->vocab->eot : -1; }
+
+extern "C" bool specee_token_is_eog(const specee_model * m, int32_t token) {
+    return m && m->vocab && token >= 0 && std::find(m->vocab->eog.begin(), m->vocab->eog.end(), token) != m->vocab->eog.end();
+}
+
+extern "C" const char * specee_token_text(const specee_model * m, int32_t token) {
+    return specee_guard<const char *>(nullptr, [&] { return token_of(vocab_of(m), token).text.c_str(); });
+}
+
+extern "C" int32_t specee_tokenize(const specee_model * m, const char * text, int32_t text_len, int32_t * tokens,
+                                   int32_t n_max, bool add_special, bool parse_special) {
+    return specee_guard<int32_t>(INT32_MIN, [&] {
+        const specee_vocab & v = vocab_of(m);
+        if (!text || n_max < 0 || (n_max > 0 && !tokens)) {
+            specee_fail("specee_tokenize: no text or no room for the tokens");
+        }
+        const std::string          s(text, text_len < 0 ? strlen(text) : (size_t) text_len);
+        const std::vector<int32_t> ids = tokenize(v, s, add_special, parse_special);
+        if (ids.size() > (size_t) INT32_MAX) {
+            specee_fail("the text gives too many tokens (%zu)", ids.size());
+        }
+        if ((int32_t) ids.size() > n_max) {
+            return -(int32_t) ids.size();
+        }
+        std::copy(ids.begin(), ids.end(), tokens);
+        return (int32_t) ids.size();
+    });
+}
+
+extern "C" int32_t specee_token_to_piece(const specee_model * m, int32_t token, char * buf, int32_t len,
+                                         bool special) {
+    return specee_guard<int32_t>(INT32_MIN, [&] {
+        const specee_token_data & t = token_of(vocab_of(m), token);
+        return copy_out(!special && is_hidden(t) ? std::string() : t.piece, buf, len);
+    });
+}
+
+extern "C" int32_t specee_detokenize(const specee_model * m, const int32_t * tokens, int32_t n_tokens, char * text,
+                                     int32_t text_len_max, bool remove_special, bool unparse_special) {
+    return specee_guard<int32_t>(INT32_MIN, [&] {
+        const specee_vocab & v = vocab_of(m);
+        if (n_tokens < 0 || (n_tokens > 0 && !tokens)) {
+            specee_fail("specee_detokenize: bad token list");
+        }
+        int32_t i0 = 0, i1 = n_tokens;
+        if (remove_special && v.add_bos && i1 > i0 && tokens[i0] == v.bos) {
+            i0++;
+        }
+        if (remove_special && v.add_eos && i1 > i0 && tokens[i1 - 1] == v.eos) {
+            i1--;
+        }
+        std::string out;
+        bool        strip = v.add_space_prefix; // the space SentencePiece put in front of the text
+        for (int32_t i = i0; i < i1; ++i) {
+            const specee_token_data & t = token_of(v, tokens[i]);
+            if (!unparse_special && is_hidden(t)) {
+                continue;
+            }
+            const bool skip = strip && t.type == TOKEN_NORMAL && !t.piece.empty() && t.piece[0] == ' ';
+            out.append(t.piece, skip ? 1 : 0, std::string::npos);
+            strip = strip && t.piece.empty();
+        }
+        return copy_out(out, text, text_len_max);
+    });
+}

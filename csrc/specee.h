@@ -145,6 +145,46 @@ int32_t specee_kv_cell_pos(const specee_context * ctx, int32_t cell);
 // whether a cell holds real K/V in layer il
 bool    specee_kv_cell_valid(const specee_context * ctx, int32_t cell, int32_t il);
 
+// ---- sampling ----------------------------------------------------------------------------------
+
+typedef struct specee_sampler specee_sampler;
+
+struct specee_sampler_params {
+    float    temp;           // <= 0: greedy
+    int32_t  top_k;          // <= 0: off
+    float    top_p;          // >= 1: off
+    float    min_p;          // <= 0: off
+    float    repeat_penalty; // 1: off
+    int32_t  repeat_last_n;  // tokens of history the penalty looks at (0: off, -1: the context)
+    uint32_t seed;           // SPECEE_DEFAULT_SEED: random
+};
+
+#define SPECEE_DEFAULT_SEED 0xFFFFFFFFu
+
+struct specee_sampler_params specee_sampler_default_params(void);
+specee_sampler * specee_sampler_init(struct specee_sampler_params params);
+void             specee_sampler_free(specee_sampler * smpl);
+// pick a token from one row of logits [n_vocab] (penalties use the accepted history)
+int32_t specee_sampler_sample(specee_sampler * smpl, const float * logits, int32_t n_vocab);
+// add a token to the history (prompt tokens too, for the repetition penalty)
+void    specee_sampler_accept(specee_sampler * smpl, int32_t token);
+void    specee_sampler_reset(specee_sampler * smpl);
+
+// ---- chat templates ------------------------------------------------------------------------------
+
+struct specee_chat_message {
+    const char * role;    // "system", "user", "assistant"
+    const char * content;
+};
+
+// Template name for a GGUF's tokenizer.chat_template text (or a name given by the user): "chatml",
+// "llama2", "vicuna", ...; NULL when not recognised.
+const char * specee_chat_template_detect(const char * tmpl);
+// Renders messages with a named template (see specee_chat_template_detect); add_ass: end with the
+// assistant's prefix. Returns the length, or -(length needed) when len is too small, or INT32_MIN on error.
+int32_t specee_chat_apply_template(const char * name, const struct specee_chat_message * msgs, int32_t n_msgs,
+                                   bool add_ass, char * buf, int32_t len);
+
 #ifdef __cplusplus
 }
 #endif

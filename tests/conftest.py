@@ -137,7 +137,8 @@ def llama_forward_masked(
             x = x + o @ att.o_proj.weight.T
             h = rms_norm(x, layer.post_attention_layernorm.weight, eps)
             mlp = layer.mlp
-            x = x + (torch.nn.functional.silu(h @ mlp.gate_proj.weight.T) * (h @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+            ffn = torch.nn.functional.silu(h @ mlp.gate_proj.weight.T) * (h @ mlp.up_proj.weight.T)
+            x = x + ffn @ mlp.down_proj.weight.T
             hiddens.append(x.numpy().copy())
         logits = rms_norm(x, model.model.norm.weight, eps) @ model.lm_head.weight.T
     return logits.numpy(), hiddens

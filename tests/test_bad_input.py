@@ -37,21 +37,21 @@ def test_truncated_tensor_data(tiny_gguf: Path, tmp_path: Path, keep: float) -> 
 def test_truncated_header(tiny_gguf: Path, tmp_path: Path, size: int) -> None:
     path = tmp_path / "cut.bin"  # no "gguf" in the name: the message itself must say what is wrong
     path.write_bytes(tiny_gguf.read_bytes()[:size])
-    with pytest.raises(specee.SpecEEError, match=r"(?i)truncated|gguf|empty"):
+    with pytest.raises(specee.SpecEEError, match=r"truncated|not a GGUF"):
         load(path)
 
 
 def test_garbage_file(tmp_path: Path) -> None:
     path = tmp_path / "garbage.bin"
     path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
-    with pytest.raises(specee.SpecEEError, match=r"(?i)gguf|magic"):
+    with pytest.raises(specee.SpecEEError, match=r"not a GGUF|magic"):
         load(path)
 
 
 def test_bad_magic(tiny_gguf: Path, tmp_path: Path) -> None:
     path = tmp_path / "magic.bin"
     path.write_bytes(b"GGML" + tiny_gguf.read_bytes()[4:])
-    with pytest.raises(specee.SpecEEError, match=r"(?i)gguf|magic"):
+    with pytest.raises(specee.SpecEEError, match=r"not a GGUF|magic"):
         load(path)
 
 
@@ -118,7 +118,8 @@ def test_context_overflow_across_batches_leaves_cache(tiny: specee.Model) -> Non
     assert tiny.kv_n_used == first and tiny.kv_pos_max == first - 1
     got = tiny.eval(tokens[first:])  # exactly fills the cache
     tiny.kv_clear()
-    np.testing.assert_allclose(got, tiny.eval(tokens), atol=1e-3)
+    # one batch of 64 takes ggml's tiled flash-attention path, 52 + 12 the F16-accumulating one: measured 0.007
+    np.testing.assert_allclose(got, tiny.eval(tokens), atol=0.02)
 
 
 def test_empty_batch(tiny: specee.Model) -> None:

@@ -12,17 +12,24 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import specee
 
 TOKENS = np.random.default_rng(3).integers(0, 256, 40).tolist()  # smallest top-1 margin 0.049
-# Tiny random model, F32 weights, F16 KV cache. Measured max abs error: TODO (logit std ~1.2).
-TINY_ATOL = 5e-3
+# Tiny random model, F32 weights. The runtime keeps K/V in F16 and ggml's CPU flash attention rounds Q
+# to F16 and, below 64 query rows, accumulates V in F16; that bounds the agreement. Measured max abs
+# error 0.0138 (all positions) and 0.0136 (decode), logit std ~1.2, smallest reference top-1 margin 0.049.
+TINY_ATOL = 0.03
 
 
 def assert_logits_close(got: np.ndarray, ref: np.ndarray, atol: float) -> None:
+    """Max abs error under atol, and the same top-1 token at every position. Where the reference's
+    top two logits are closer than atol (a near-tie, which rounding may order either way), the
+    runtime's top-1 must be one of the reference's near-tied tokens."""
     assert got.shape == ref.shape
     err = np.abs(got - ref).max(axis=-1)
     assert err.max() < atol, f"max abs error {err.max():.3g} at position {err.argmax()} (atol {atol})"
-    top_got, top_ref = got.argmax(-1), ref.argmax(-1)
-    bad = np.flatnonzero(top_got != top_ref)
-    assert bad.size == 0, f"top-1 differs at positions {bad.tolist()}"
+    rows = np.arange(len(ref))
+    top_got = got.argmax(-1)
+    shortfall = ref.max(-1) - ref[rows, top_got]  # 0 where the top-1 tokens agree
+    bad = np.flatnonzero(shortfall >= atol)
+    assert bad.size == 0, f"top-1 differs at positions {bad.tolist()} (reference shortfall {shortfall[bad]})"
 
 
 def test_tiny_model_facts(tiny_gguf: Path) -> None:
@@ -38,7 +45,7 @@ def test_tiny_logits_all_positions(tiny_gguf: Path, tiny_hf, hf_forward) -> None
     assert got.dtype == np.float32
     assert_logits_close(got, hf_forward(tiny_hf, TOKENS), TINY_ATOL)
     last = specee.Model(tiny_gguf, n_ctx=128, n_threads=2).eval(TOKENS)
-    np.testing.assert_array_equal(last, got[-1:])
+    np.testing.assert_allclose(last, got[-1:], atol=1e-5)  # lm_head over 1 row vs 40: f32 rounding only
 
 
 def test_tiny_decode_one_token_at_a_time(tiny_gguf: Path, tiny_hf, hf_forward) -> None:
@@ -70,12 +77,14 @@ SMOL_TEXT = (
     "larger input, and they write down what changed. A number without its conditions is only a rumour; "
     "a number with its conditions, its code and its data is a fact that anyone can check tomorrow."
 )
-# Measured max abs error: TODO (logits up to ~30).
-SMOL_ATOL = 5e-2
+# Measured on the 301 tokens below: max abs error 0.016; top-1 equal at every position, although the
+# smallest reference top-1 margin is 0.0032 (a near-tie: assert_logits_close accepts either token there).
+SMOL_ATOL = 0.05
 
 
 @pytest.mark.slow
 def test_smollm2_logits_match_transformers(smollm2_f32: Path) -> None:
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load GGUF files")
     hf = AutoModelForCausalLM.from_pretrained(
         smollm2_f32.parent, gguf_file=smollm2_f32.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()

@@ -148,7 +148,63 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("n_params", [](const Model & s) { return specee_model_n_params(s.ptr); })
         .def_property_readonly("size", [](const Model & s) { return specee_model_size(s.ptr); })
         .def_property_readonly("desc", [](const Model & s) { return std::string(specee_model_desc(s.ptr)); })
-        .def("metadata", &Model::metadata);
+        .def("metadata", &Model::metadata)
+        .def("tokenize",
+             [](const Model & s, const std::string & text, bool add_special, bool parse_special) {
+                 std::vector<int32_t> ids(text.size() + 2);
+                 int32_t              n;
+                 {
+                     py::gil_scoped_release release;
+                     n = specee_tokenize(s.ptr, text.data(), (int32_t) text.size(), ids.data(), (int32_t) ids.size(),
+                                         add_special, parse_special);
+                     if (n < 0 && n != INT32_MIN) {
+                         ids.resize(-n);
+                         n = specee_tokenize(s.ptr, text.data(), (int32_t) text.size(), ids.data(),
+                                             (int32_t) ids.size(), add_special, parse_special);
+                     }
+                 }
+                 if (n < 0) {
+                     raise_last();
+                 }
+                 ids.resize(n);
+                 return ids;
+             },
+             py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = false)
+        .def("detokenize",
+             [](const Model & s, const std::vector<int32_t> & tokens, bool remove_special, bool unparse_special) {
+                 std::string text(tokens.size() * 8 + 16, '\0');
+                 int32_t     n = specee_detokenize(s.ptr, tokens.data(), (int32_t) tokens.size(), text.data(),
+                                                   (int32_t) text.size(), remove_special, unparse_special);
+                 if (n < 0 && n != INT32_MIN) {
+                     text.resize(-n);
+                     n = specee_detokenize(s.ptr, tokens.data(), (int32_t) tokens.size(), text.data(),
+                                           (int32_t) text.size(), remove_special, unparse_special);
+                 }
+                 if (n < 0) {
+                     raise_last();
+                 }
+                 return py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(text.data(), n, "replace"));
+             },
+             py::arg("tokens"), py::arg("remove_special") = false, py::arg("unparse_special") = false)
+        .def("token_to_piece",
+             [](const Model & s, int32_t token, bool special) {
+                 char    buf[64];
+                 int32_t n = specee_token_to_piece(s.ptr, token, buf, sizeof(buf), special);
+                 if (n == INT32_MIN) {
+                     raise_last();
+                 }
+                 if (n < 0) {
+                     std::string big(-n, '\0');
+                     specee_token_to_piece(s.ptr, token, big.data(), -n, special);
+                     return py::bytes(big);
+                 }
+                 return py::bytes(buf, n);
+             },
+             py::arg("token"), py::arg("special") = false)
+        .def_property_readonly("token_bos", [](const Model & s) { return specee_token_bos(s.ptr); })
+        .def_property_readonly("token_eos", [](const Model & s) { return specee_token_eos(s.ptr); })
+        .def_property_readonly("token_eot", [](const Model & s) { return specee_token_eot(s.ptr); })
+        .def("token_is_eog", [](const Model & s, int32_t t) { return specee_token_is_eog(s.ptr, t); });
 
     py::class_<Context>(m, "Context")
         .def(py::init<py::object, uint32_t, uint32_t, int32_t, int32_t>(), py::arg("model"), py::arg("n_ctx") = 0,

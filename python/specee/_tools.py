@@ -4,7 +4,10 @@ import os
 import sys
 from pathlib import Path
 
+from specee.paths import default_model_path
+
 BIN_DIR = Path(__file__).resolve().parent / "bin"
+DEFAULT_MODEL_ENV = "SPECEE_DEFAULT_MODEL"
 
 
 def tool_path(name: str) -> Path:
@@ -16,8 +19,19 @@ def tool_path(name: str) -> Path:
 
 def _exec(name: str) -> None:
     path = tool_path(name)
-    os.execv(path, [name, *sys.argv[1:]])
+    args = sys.argv[1:]
+    if "-m" not in args and "--model" not in args and not os.environ.get(DEFAULT_MODEL_ENV):
+        # without -m the tools read the model from the environment: the embedded SmolLM2 when installed
+        try:
+            os.environ[DEFAULT_MODEL_ENV] = default_model_path()
+        except FileNotFoundError:
+            pass  # the tool itself reports that no model was given
+    os.execv(path, [name, *args])
 
 
 def bench() -> None:
     _exec("specee-bench")
+
+
+def cli() -> None:
+    _exec("llama-cli")

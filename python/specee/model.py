@@ -171,3 +171,35 @@ class Model:
 
     def kv_cell_valid(self, cell: int, layer: int) -> bool:
         return self._ctx.kv_cell_valid(cell, layer)
+
+    # ---- text
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`. add_special: BOS/EOS as the vocabulary asks; parse_special: the text of
+        special tokens ("<|im_start|>") becomes those tokens instead of plain text."""
+        return self._model.tokenize(text, add_special, parse_special)
+
+    def detokenize(
+        self, tokens: Sequence[int] | np.ndarray, remove_special: bool = False, unparse_special: bool = False
+    ) -> str:
+        """Text of token ids (invalid UTF-8 becomes U+FFFD). remove_special: drop the BOS/EOS the vocabulary
+        adds; unparse_special: render control tokens as their text."""
+        return self._model.detokenize([int(t) for t in tokens], remove_special, unparse_special)
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (possibly part of a UTF-8 sequence); control tokens give b"" unless special."""
+        return self._model.token_to_piece(token, special)
+
+    @property
+    def bos(self) -> int:
+        """The BOS token id, -1 when the vocabulary has none."""
+        return self._model.token_bos
+
+    @property
+    def eos(self) -> int:
+        """The EOS token id, -1 when the vocabulary has none."""
+        return self._model.token_eos
+
+    def is_eog(self, token: int) -> bool:
+        """Whether the token ends generation (eos, eot, <|im_end|>-like tokens)."""
+        return self._model.token_is_eog(token)

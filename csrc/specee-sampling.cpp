@@ -1,0 +1,278 @@
+// specee-sampling.cpp: picking the next token from a row of logits
+//
+// The chain is llama.cpp's common default, minus the samplers that default to off there:
+//
+//   repetition penalty -> top-k -> top-p -> min-p -> temperature -> softmax -> seeded draw
+//
+// temp <= 0 is greedy: the argmax of the penalised logits (every filter of the chain keeps the
+// most likely token, so this is the same token the full chain would give at temperature 0).
+// The draw uses std::mt19937 and a 53-bit uniform built from its raw output, so a seed gives the
+// same tokens on every platform.
+#include "specee-impl.h"
+#include "specee.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <unordered_set>
+#include <vector>
+
+struct specee_candidate {
+    int32_t id;
+    float   logit;
+    float   p;
+};
+
+struct specee_sampler {
+    specee_sampler_params params{};
+    uint32_t              seed_cur = 0; // the seed in use (params.seed, or a random one)
+    std::mt19937          rng;
+    std::vector<int32_t>  history;      // accepted tokens, oldest first (trimmed lazily)
+    std::vector<specee_candidate> cur;  // scratch: the candidates of the current draw
+};
+
+// larger logit first; equal logits by lower id, so that every sort below is deterministic
+static bool candidate_before(const specee_candidate & a, const specee_candidate & b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+static uint32_t resolve_seed(uint32_t seed) {
+    if (seed != SPECEE_DEFAULT_SEED) {
+        return seed;
+    }
+    std::random_device rd;
+    return rd();
+}
+
+// ---- the chain's steps -------------------------------------------------------------------------
+
+// for tokens seen in the window: positive logits are divided by the penalty, the others multiplied
+// (each distinct token once, however often it occurs)
+static void apply_repeat_penalty(const specee_sampler & s, std::vector<specee_candidate> & cur) {
+    const float penalty = s.params.repeat_penalty;
+    const int32_t last_n = s.params.repeat_last_n;
+    if (penalty == 1.0f || last_n == 0 || s.history.empty()) {
+        return;
+    }
+    const size_t n     = last_n < 0 ? s.history.size() : std::min(s.history.size(), (size_t) last_n);
+    const size_t begin = s.history.size() - n;
+    std::unordered_set<int32_t> seen;
+    for (size_t i = begin; i < s.history.size(); ++i) {
+        const int32_t id = s.history[i];
+        if (id < 0 || id >= (int32_t) cur.size() || !seen.insert(id).second) {
+            continue;
+        }
+        float & logit = cur[id].logit; // cur is still indexed by token id here
+        logit         = logit > 0.0f ? logit / penalty : logit * penalty;
+    }
+}
+
+// keep the k most likely; leaves cur sorted
+static void apply_top_k(std::vector<specee_candidate> & cur, int32_t k, bool & sorted) {
+    if (k <= 0 || k >= (int32_t) cur.size()) {
+        return;
+    }
+    std::partial_sort(cur.begin(), cur.begin() + k, cur.end(), candidate_before);
+    cur.resize(k);
+    sorted = true;
+}
+
+// p of every candidate from its logit (softmax over the candidates left)
+static void compute_probs(std::vector<specee_candidate> & cur) {
+    float max_logit = -INFINITY;
+    for (const auto & c : cur) {
+        max_logit = std::max(max_logit, c.logit);
+    }
+    double sum = 0.0;
+    for (auto & c : cur) {
+        c.p = std::exp(c.logit - max_logit);
+        sum += c.p;
+    }
+    for (auto & c : cur) {
+        c.p = (float) (c.p / sum);
+    }
+}
+
+// keep the smallest set of most likely tokens whose probabilities add up to at least p; leaves cur sorted
+static void apply_top_p(std::vector<specee_candidate> & cur, float p, bool & sorted) {
+    if (p >= 1.0f) {
+        return;
+    }
+    compute_probs(cur);
+    // over a large vocabulary the nucleus is nearly always among the first few hundred tokens:
+    // sort those first and the rest only when they do not reach p
+    size_t n_sorted = cur.size();
+    if (!sorted) {
+        n_sorted = std::min<size_t>(cur.size(), 256);
+        std::partial_sort(cur.begin(), cur.begin() + n_sorted, cur.end(), candidate_before);
+    }
+    double cum = 0.0;
+    for (size_t i = 0; i < cur.size(); ++i) {
+        if (i == n_sorted) {
+            std::sort(cur.begin() + i, cur.end(), candidate_before);
+            n_sorted = cur.size();
+        }
+        cum += cur[i].p;
+        if (cum >= p) {
+            cur.resize(i + 1);
+            break;
+        }
+    }
+    sorted = true;
+}
+
+// keep the tokens whose probability is at least p times the largest one (order kept)
+static void apply_min_p(std::vector<specee_candidate> & cur, float p) {
+    if (p <= 0.0f || cur.empty()) {
+        return;
+    }
+    float max_logit = -INFINITY;
+    for (const auto & c : cur) {
+        max_logit = std::max(max_logit, c.logit);
+    }
+    const float min_logit = max_logit + std::log(p);
+    size_t      n         = 0;
+    for (const auto & c : cur) {
+        if (c.logit >= min_logit) {
+            cur[n++] = c;
+        }
+    }
+    cur.resize(n);
+}
+
+// a uniform double in [0, 1) with 53 random bits
+static double uniform_01(std::mt19937 & rng) {
+    const uint64_t a = rng() >> 5; // 27 bits
+    const uint64_t b = rng() >> 6; // 26 bits
+    return (double) ((a << 26) | b) / 9007199254740992.0; // 2^53
+}
+
+static int32_t draw(std::vector<specee_candidate> & cur, std::mt19937 & rng) {
+    compute_probs(cur);
+    const double u   = uniform_01(rng);
+    double       cum = 0.0;
+    for (const auto & c : cur) {
+        cum += c.p;
+        if (u < cum) {
+            return c.id;
+        }
+    }
+    // rounding left u above the total: the last candidate with any probability
+    for (size_t i = cur.size(); i-- > 0;) {
+        if (cur[i].p > 0.0f) {
+            return cur[i].id;
+        }
+    }
+    return cur.front().id;
+}
+
+// ---- API ---------------------------------------------------------------------------------------
+
+extern "C" struct specee_sampler_params specee_sampler_default_params(void) {
+    specee_sampler_params p;
+    p.temp           = 0.8f;
+    p.top_k          = 40;
+    p.top_p          = 0.95f;
+    p.min_p          = 0.05f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n  = 64;
+    p.seed           = SPECEE_DEFAULT_SEED;
+    return p;
+}
+
+static specee_sampler * sampler_init_impl(const specee_sampler_params & params) {
+    if (std::isnan(params.temp)) {
+        specee_fail("temp must be a number (<= 0 means greedy)");
+    }
+    if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+        specee_fail("top_p must be in (0, 1] (1 turns it off), got %g", (double) params.top_p);
+    }
+    if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+        specee_fail("min_p must be in [0, 1] (0 turns it off), got %g", (double) params.min_p);
+    }
+    if (!(params.repeat_penalty > 0.0f && std::isfinite(params.repeat_penalty))) {
+        specee_fail("repeat_penalty must be finite and greater than 0 (1 turns it off), got %g",
+                    (double) params.repeat_penalty);
+    }
+    if (params.repeat_last_n < -1) {
+        specee_fail("repeat_last_n must be >= -1 (-1: the whole history, 0: off), got %d", params.repeat_last_n);
+    }
+    auto * s     = new specee_sampler;
+    s->params    = params;
+    s->seed_cur  = resolve_seed(params.seed);
+    s->rng.seed(s->seed_cur);
+    return s;
+}
+
+extern "C" specee_sampler * specee_sampler_init(struct specee_sampler_params params) {
+    return specee_guard<specee_sampler *>(nullptr, [&] { return sampler_init_impl(params); });
+}
+
+extern "C" void specee_sampler_free(specee_sampler * smpl) { delete smpl; }
+
+static int32_t sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab) {
+    if (!logits || n_vocab <= 0) {
+        specee_fail("no logits to sample from (n_vocab = %d)", n_vocab);
+    }
+    auto & cur = s.cur;
+    cur.resize(n_vocab);
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (std::isnan(logits[i])) {
+            specee_fail("logit %d is NaN", i);
+        }
+        cur[i] = {i, logits[i], 0.0f};
+    }
+    apply_repeat_penalty(s, cur);
+
+    if (s.params.temp <= 0.0f) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab; ++i) {
+            if (cur[i].logit > cur[best].logit) {
+                best = i;
+            }
+        }
+        return best;
+    }
+
+    float max_logit = -INFINITY;
+    for (const auto & c : cur) {
+        max_logit = std::max(max_logit, c.logit);
+    }
+    if (max_logit == -INFINITY) {
+        specee_fail("every logit is -inf: nothing to sample");
+    }
+    bool sorted = false;
+    apply_top_k(cur, s.params.top_k, sorted);
+    apply_top_p(cur, s.params.top_p, sorted);
+    apply_min_p(cur, s.params.min_p);
+    for (auto & c : cur) {
+        c.logit /= s.params.temp;
+    }
+    return draw(cur, s.rng);
+}
+
+extern "C" int32_t specee_sampler_sample(specee_sampler * smpl, const float * logits, int32_t n_vocab) {
+    return specee_guard<int32_t>(-1, [&] {
+        if (!smpl) {
+            specee_fail("no sampler");
+        }
+        return sampler_sample_impl(*smpl, logits, n_vocab);
+    });
+}
+
+extern "C" void specee_sampler_accept(specee_sampler * smpl, int32_t token) {
+    auto &        h      = smpl->history;
+    const int32_t last_n = smpl->params.repeat_last_n;
+    h.push_back(token);
+    // keep at most 2 * last_n tokens, trimming to last_n now and then (the window is the tail)
+    if (last_n >= 0 && h.size() > 2 * (size_t) std::max(last_n, 32)) {
+        h.erase(h.begin(), h.end() - std::max(last_n, 32));
+    }
+}
+
+extern "C" void specee_sampler_reset(specee_sampler * smpl) {
+    smpl->history.clear();
+    smpl->seed_cur = resolve_seed(smpl->params.seed);
+    smpl->rng.seed(smpl->seed_cur);
+}
