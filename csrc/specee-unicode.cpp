@@ -2,6 +2,7 @@
 #include "specee-unicode.h"
 
 #include <algorithm>
+#include <cstring>
 
 // ---- code points -------------------------------------------------------------------------------
 
@@ -45,22 +46,15 @@ size_t specee_utf8_decode(const char * s, size_t n, uint32_t & cpt) {
 }
 
 std::string specee_utf8_encode(uint32_t cpt) {
-    std::string s;
     if (cpt < 0x80) {
-        s += (char) cpt;
-    } else if (cpt < 0x800) {
-        s += (char) (0xC0 | (cpt >> 6));
-        s += (char) (0x80 | (cpt & 0x3F));
-    } else if (cpt < 0x10000) {
-        s += (char) (0xE0 | (cpt >> 12));
-        s += (char) (0x80 | ((cpt >> 6) & 0x3F));
-        s += (char) (0x80 | (cpt & 0x3F));
-    } else {
-        s += (char) (0xF0 | (cpt >> 18));
-        s += (char) (0x80 | ((cpt >> 12) & 0x3F));
-        s += (char) (0x80 | ((cpt >> 6) & 0x3F));
-        s += (char) (0x80 | (cpt & 0x3F));
+        return std::string(1, (char) cpt);
     }
+    const int   n = cpt < 0x800 ? 2 : cpt < 0x10000 ? 3 : 4; // bytes; the first carries n high bits
+    std::string s(n, '\0');
+    for (int i = n - 1; i > 0; --i, cpt >>= 6) {
+        s[i] = (char) (0x80 | (cpt & 0x3F));
+    }
+    s[0] = (char) ((0xF00 >> n) | cpt);
     return s;
 }
 
@@ -215,20 +209,10 @@ static size_t match_each_number(const utext & t, size_t pos, size_t end) {
     return pos;
 }
 
-// \p{N}+ and the runs between
-static size_t match_number_runs(const utext & t, size_t pos, size_t end) {
-    const bool num = is_number(t.flags[pos]);
-    while (pos < end && is_number(t.flags[pos]) == num) {
-        pos++;
-    }
-    return pos;
-}
-
-// [\p{P}\$\+<=>\^~\|]+ and the runs between
+// llama.cpp's "default" regexes [\p{P}\$\+<=>\^~\|]+ and \p{N}+: a run of the class, or of the text between
 static bool is_default_punct(const utext & t, size_t i) {
     const uint32_t c = t.cpt[i];
-    return (t.flags[i] & SPECEE_UFLAG_PUNCTUATION) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' ||
-           c == '^' || c == '~' || c == '|';
+    return (t.flags[i] & SPECEE_UFLAG_PUNCTUATION) || (c > 0 && c < 0x80 && strchr("$+<=>^~|", (int) c));
 }
 
 static size_t match_punct_runs(const utext & t, size_t pos, size_t end) {
@@ -239,15 +223,18 @@ static size_t match_punct_runs(const utext & t, size_t pos, size_t end) {
     return pos;
 }
 
-// [0-9][0-9][0-9] and the text between
+static size_t match_number_runs(const utext & t, size_t pos, size_t end) {
+    const bool num = is_number(t.flags[pos]);
+    while (pos < end && is_number(t.flags[pos]) == num) {
+        pos++;
+    }
+    return pos;
+}
+
+// [0-9][0-9][0-9], or the text up to the next such triple
 static size_t match_digit_triples(const utext & t, size_t pos, size_t end) {
     auto triple = [&](size_t i) {
-        for (size_t k = i; k < i + 3; ++k) {
-            if (k >= end || t.cpt[k] < '0' || t.cpt[k] > '9') {
-                return false;
-            }
-        }
-        return true;
+        return i + 3 <= end && std::all_of(&t.cpt[i], &t.cpt[i] + 3, [](uint32_t c) { return c >= '0' && c <= '9'; });
     };
     if (triple(pos)) {
         return pos + 3;

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <queue>
 #include <string_view>
@@ -18,14 +19,7 @@
 // ---- vocabulary --------------------------------------------------------------------------------
 
 // tokenizer.ggml.token_type, as llama.cpp's converter writes it
-enum token_type {
-    TOKEN_NORMAL       = 1,
-    TOKEN_UNKNOWN      = 2,
-    TOKEN_CONTROL      = 3,
-    TOKEN_USER_DEFINED = 4,
-    TOKEN_UNUSED       = 5,
-    TOKEN_BYTE         = 6,
-};
+enum token_type { TOKEN_NORMAL = 1, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE };
 
 struct specee_token_data {
     std::string text;  // as stored in the vocabulary
@@ -34,21 +28,27 @@ struct specee_token_data {
     int32_t     type  = TOKEN_NORMAL;
 };
 
+struct bpe_merge {
+    int32_t rank, merged;
+};
+
 struct specee_vocab {
     bool          spm           = false; // SentencePiece-style ("llama"); else byte-level BPE ("gpt2")
     specee_pretok pretok        = SPECEE_PRETOK_DEFAULT;
-    bool          ignore_merges = false; // Llama 3: a word that is a token is taken whole
+    bool          ignore_merges = false; // Llama 3: a word that is a token is not merged
     bool          add_bos = false, add_eos = false, add_space_prefix = false;
-    int32_t       bos = -1, eos = -1, eot = -1, unk = -1, pad = -1;
+    int32_t       bos = -1, eos = -1, eot = -1, unk = -1;
 
     std::vector<specee_token_data>           tokens;
     std::unordered_map<std::string, int32_t> ids;      // token text -> id
-    std::unordered_map<std::string, int32_t> ranks;    // BPE merge "left right" -> rank
+    std::unordered_map<uint64_t, bpe_merge>  merges;   // BPE: (left, right) token ids -> rank, merged token
     std::vector<int32_t>                     specials; // control, user-defined, unknown: longest text first
     std::vector<int32_t>                     eog;
-    int32_t                                  byte_ids[256];  // SPM: the <0xNN> tokens, -1 when missing
-    std::string                              byte_text[256]; // BPE: each byte as its GPT-2 character
+    int32_t     byte_ids[256];  // the token of each byte (SPM: <0xNN>, BPE: its GPT-2 character), -1 if none
+    std::string byte_text[256]; // BPE: each byte as its GPT-2 character
 };
+
+static uint64_t pair_key(int32_t left, int32_t right) { return ((uint64_t) (uint32_t) left << 32) | (uint32_t) right; }
 
 // hidden in text unless asked for ("special")
 static bool is_hidden(const specee_token_data & t) {
@@ -96,12 +96,11 @@ static void get_token_id(const gguf_context * g, const char * key, size_t n_toke
     if (id < 0) {
         return;
     }
-    int64_t v;
-    switch (gguf_get_kv_type(g, id)) {
-        case GGUF_TYPE_UINT32: v = gguf_get_val_u32(g, id); break;
-        case GGUF_TYPE_INT32:  v = gguf_get_val_i32(g, id); break;
-        default: specee_fail("metadata key '%s' is not a token id", key);
+    const gguf_type type = gguf_get_kv_type(g, id);
+    if (type != GGUF_TYPE_UINT32 && type != GGUF_TYPE_INT32) {
+        specee_fail("metadata key '%s' is not a token id", key);
     }
+    const int64_t v = type == GGUF_TYPE_UINT32 ? (int64_t) gguf_get_val_u32(g, id) : gguf_get_val_i32(g, id);
     if (v >= 0 && (size_t) v < n_tokens) {
         out = (int32_t) v;
     } else if (specee_verbose()) {
@@ -178,8 +177,18 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
         if (km < 0) {
             specee_fail("the BPE tokenizer has no merges (tokenizer.ggml.merges)");
         }
+        // "left right" -> (left id, right id): rank and merged token; merges of non-tokens never apply
         for (size_t i = 0; i < gguf_get_arr_n(g, km); ++i) {
-            v.ranks.emplace(gguf_get_arr_str(g, km, i), (int32_t) i);
+            const std::string merge = gguf_get_arr_str(g, km, i);
+            const size_t      sp    = merge.find(' ', 1);
+            if (sp == std::string::npos) {
+                continue;
+            }
+            auto a = v.ids.find(merge.substr(0, sp)), b = v.ids.find(merge.substr(sp + 1));
+            auto m = v.ids.find(merge.substr(0, sp) + merge.substr(sp + 1));
+            if (a != v.ids.end() && b != v.ids.end() && m != v.ids.end()) {
+                v.merges.emplace(pair_key(a->second, b->second), bpe_merge{(int32_t) i, m->second});
+            }
         }
         const std::string pre = get_string(g, "tokenizer.ggml.pre");
         if (pre.empty() || pre == "default") {
@@ -200,7 +209,6 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
     get_token_id(g, "tokenizer.ggml.eos_token_id", n, v.eos);
     get_token_id(g, "tokenizer.ggml.eot_token_id", n, v.eot);
     get_token_id(g, "tokenizer.ggml.unknown_token_id", n, v.unk);
-    get_token_id(g, "tokenizer.ggml.padding_token_id", n, v.pad);
     v.bos = v.bos < (int32_t) n ? v.bos : -1;
     v.eos = v.eos < (int32_t) n ? v.eos : -1;
     v.unk = v.unk < (int32_t) n ? v.unk : -1;
@@ -210,17 +218,15 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
 
     // end of generation: eos, eot, and the end-of-turn tokens of common chat formats (the first found
     // in this order is the eot when the file names none)
-    static const char * eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                       "<|eom_id|>", "</s>"};
-    for (const char * text : eog_texts) {
-        auto it = v.ids.find(text);
-        if (it == v.ids.end()) {
-            continue;
+    static const char * eog_texts[] = {"<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                       "<|endoftext|>", "<|eom_id|>", "</s>"};
+    const size_t        n_eot_texts = 5; // the ones that can be the eot
+    for (size_t k = 0; k < std::size(eog_texts); ++k) {
+        auto it = v.ids.find(eog_texts[k]);
+        if (it != v.ids.end()) {
+            v.eot = v.eot < 0 && k < n_eot_texts ? it->second : v.eot;
+            v.eog.push_back(it->second);
         }
-        if (v.eot < 0 && strcmp(text, "<|eom_id|>") != 0 && strcmp(text, "</s>") != 0) {
-            v.eot = it->second;
-        }
-        v.eog.push_back(it->second);
     }
     for (int32_t id : {v.eos, v.eot}) {
         if (id >= 0 && std::find(v.eog.begin(), v.eog.end(), id) == v.eog.end()) {
@@ -230,7 +236,8 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
 
     for (int32_t i = 0; i < (int32_t) n; ++i) {
         const int32_t type = v.tokens[i].type;
-        if ((type == TOKEN_CONTROL || type == TOKEN_USER_DEFINED || type == TOKEN_UNKNOWN) && !v.tokens[i].text.empty()) {
+        const bool    special = type == TOKEN_CONTROL || type == TOKEN_USER_DEFINED || type == TOKEN_UNKNOWN;
+        if (special && !v.tokens[i].text.empty()) {
             v.specials.push_back(i);
         }
     }
@@ -240,9 +247,9 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
     for (int b = 0; b < 256; ++b) {
         char hex[8];
         snprintf(hex, sizeof(hex), "<0x%02X>", b);
-        auto it        = v.ids.find(hex);
-        v.byte_ids[b]  = it != v.ids.end() ? it->second : -1;
         v.byte_text[b] = specee_utf8_encode(specee_byte_to_cpt((uint8_t) b));
+        auto it        = v.ids.find(v.spm ? std::string(hex) : v.byte_text[b]);
+        v.byte_ids[b]  = it != v.ids.end() ? it->second : -1;
     }
     for (specee_token_data & t : v.tokens) {
         t.piece = token_piece(v, t);
@@ -252,87 +259,91 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
 
 void specee_vocab_free(specee_vocab * vocab) { delete vocab; }
 
-// ---- SentencePiece-style tokenizer -------------------------------------------------------------
-// Start from the UTF-8 characters and keep merging the adjacent pair whose concatenation is the
-// vocabulary token with the highest score (leftmost first on ties). Characters that end up in no
-// token become their <0xNN> byte tokens.
+// ---- merging -----------------------------------------------------------------------------------
+// Both tokenizers start from small symbols and keep merging the adjacent pair that costs least, the
+// leftmost one on ties. SentencePiece: UTF-8 characters; a pair merges when its concatenation is a
+// token, the higher the token's score the cheaper; characters left in no token become <0xNN> byte
+// tokens. Byte-level BPE: the bytes of one pre-tokenizer word as their GPT-2 characters' tokens; a
+// pair merges when it is listed in the merges, the lower the rank the cheaper; bytes without a token
+// are dropped.
 
 struct symbol {
-    int    prev, next; // neighbours in the list, -1 at the ends
-    size_t off, len;   // bytes of the text; len 0 once merged into the left neighbour
+    int     prev, next; // neighbours in the list, -1 at the ends
+    size_t  off, len;   // bytes of the text; len 0 once merged into the left neighbour
+    int32_t id;         // its token, -1 when none
 };
 
-struct spm_bigram {
-    int    left, right;
-    float  score;
-    size_t len;
+struct bigram {
+    int     left, right;
+    float   cost;
+    size_t  len; // of both symbols when queued: if a side has grown since, the pair is stale
+    int32_t merged;
 };
 
-struct spm_bigram_order {
-    bool operator()(const spm_bigram & a, const spm_bigram & b) const {
-        return a.score < b.score || (a.score == b.score && a.left > b.left);
+struct bigram_order {
+    bool operator()(const bigram & a, const bigram & b) const {
+        return a.cost > b.cost || (a.cost == b.cost && a.left > b.left);
     }
 };
 
-static std::vector<symbol> split_chars(const std::string & text) {
-    std::vector<symbol> syms;
-    for (size_t off = 0; off < text.size();) {
-        uint32_t     cpt;
-        const size_t len = specee_utf8_decode(text.data() + off, text.size() - off, cpt);
-        const int    i   = (int) syms.size();
-        syms.push_back({i - 1, off + len < text.size() ? i + 1 : -1, off, len});
-        off += len;
-    }
-    return syms;
-}
-
-// merge the right symbol into the left one
-static void merge_symbols(std::vector<symbol> & syms, int left, int right) {
-    syms[left].len += syms[right].len;
-    syms[right].len = 0;
-    syms[left].next = syms[right].next;
-    if (syms[right].next >= 0) {
-        syms[syms[right].next].prev = left;
-    }
-}
-
-static void tokenize_spm(const specee_vocab & v, const std::string & text, std::vector<int32_t> & out) {
-    std::vector<symbol> syms = split_chars(text);
-    std::priority_queue<spm_bigram, std::vector<spm_bigram>, spm_bigram_order> queue;
+static void merge_symbols(const specee_vocab & v, const std::string & text, std::vector<symbol> & syms) {
+    std::priority_queue<bigram, std::vector<bigram>, bigram_order> queue;
 
     auto try_pair = [&](int left, int right) {
         if (left < 0 || right < 0) {
             return;
         }
         const size_t len = syms[left].len + syms[right].len;
-        auto         it  = v.ids.find(text.substr(syms[left].off, len));
-        if (it == v.ids.end()) {
-            return;
-        }
-        const specee_token_data & t = v.tokens[it->second];
-        if (t.type == TOKEN_NORMAL || t.type == TOKEN_USER_DEFINED) {
-            queue.push({left, right, t.score, len});
+        if (v.spm) {
+            auto it = v.ids.find(text.substr(syms[left].off, len));
+            if (it != v.ids.end() && (v.tokens[it->second].type == TOKEN_NORMAL ||
+                                      v.tokens[it->second].type == TOKEN_USER_DEFINED)) {
+                queue.push({left, right, -v.tokens[it->second].score, len, it->second});
+            }
+        } else if (syms[left].id >= 0 && syms[right].id >= 0) {
+            auto it = v.merges.find(pair_key(syms[left].id, syms[right].id));
+            if (it != v.merges.end()) {
+                queue.push({left, right, (float) it->second.rank, len, it->second.merged});
+            }
         }
     };
     for (int i = 1; i < (int) syms.size(); ++i) {
         try_pair(i - 1, i);
     }
     while (!queue.empty()) {
-        const spm_bigram b = queue.top();
+        const bigram b = queue.top();
         queue.pop();
-        // stale: a side was merged away or has grown since the pair was queued
-        if (syms[b.left].len == 0 || syms[b.right].len == 0 || syms[b.left].len + syms[b.right].len != b.len) {
+        symbol & left  = syms[b.left];
+        symbol & right = syms[b.right];
+        if (left.len == 0 || right.len == 0 || left.len + right.len != b.len) {
             continue;
         }
-        merge_symbols(syms, b.left, b.right);
-        try_pair(syms[b.left].prev, b.left);
-        try_pair(b.left, syms[b.left].next);
+        left.len += right.len;
+        left.id   = b.merged;
+        right.len = 0;
+        left.next = right.next;
+        if (right.next >= 0) {
+            syms[right.next].prev = b.left;
+        }
+        try_pair(left.prev, b.left);
+        try_pair(b.left, left.next);
     }
+}
 
+static void tokenize_spm(const specee_vocab & v, const std::string & text, std::vector<int32_t> & out) {
+    std::vector<symbol> syms;
+    for (size_t off = 0; off < text.size();) {
+        uint32_t     cpt;
+        const size_t len = specee_utf8_decode(text.data() + off, text.size() - off, cpt);
+        const int    i   = (int) syms.size();
+        auto         it  = v.ids.find(text.substr(off, len));
+        syms.push_back({i - 1, off + len < text.size() ? i + 1 : -1, off, len, it != v.ids.end() ? it->second : -1});
+        off += len;
+    }
+    merge_symbols(v, text, syms);
     for (int i = syms.empty() ? -1 : 0; i >= 0; i = syms[i].next) {
-        auto it = v.ids.find(text.substr(syms[i].off, syms[i].len));
-        if (it != v.ids.end()) {
-            out.push_back(it->second);
+        if (syms[i].id >= 0) {
+            out.push_back(syms[i].id);
             continue;
         }
         for (size_t k = 0; k < syms[i].len; ++k) {
@@ -344,85 +355,31 @@ static void tokenize_spm(const specee_vocab & v, const std::string & text, std::
     }
 }
 
-// ---- byte-level BPE tokenizer ------------------------------------------------------------------
-// The pre-tokenizer splits the text into words; each word's bytes become GPT-2 characters, and the
-// adjacent pair with the lowest merge rank is merged until no listed merge applies.
-
-struct bpe_bigram {
-    int    left, right;
-    int    rank;
-    size_t len;
-};
-
-struct bpe_bigram_order {
-    bool operator()(const bpe_bigram & a, const bpe_bigram & b) const {
-        return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-    }
-};
-
-static void tokenize_bpe_word(const specee_vocab & v, const std::string & word, std::vector<int32_t> & out) {
-    if (v.ignore_merges) {
-        auto it = v.ids.find(word);
-        if (it != v.ids.end()) {
-            out.push_back(it->second);
-            return;
-        }
-    }
-    std::vector<symbol> syms = split_chars(word);
-    std::priority_queue<bpe_bigram, std::vector<bpe_bigram>, bpe_bigram_order> queue;
-
-    std::string key;
-    auto        try_pair = [&](int left, int right) {
-        if (left < 0 || right < 0) {
-            return;
-        }
-        key.assign(word, syms[left].off, syms[left].len);
-        key += ' ';
-        key.append(word, syms[right].off, syms[right].len);
-        auto it = v.ranks.find(key);
-        if (it != v.ranks.end()) {
-            queue.push({left, right, it->second, syms[left].len + syms[right].len});
-        }
-    };
-    for (int i = 1; i < (int) syms.size(); ++i) {
-        try_pair(i - 1, i);
-    }
-    while (!queue.empty()) {
-        const bpe_bigram b = queue.top();
-        queue.pop();
-        if (syms[b.left].len == 0 || syms[b.right].len == 0 || syms[b.left].len + syms[b.right].len != b.len) {
-            continue;
-        }
-        merge_symbols(syms, b.left, b.right);
-        try_pair(syms[b.left].prev, b.left);
-        try_pair(b.left, syms[b.left].next);
-    }
-
-    for (int i = syms.empty() ? -1 : 0; i >= 0; i = syms[i].next) {
-        const std::string text = word.substr(syms[i].off, syms[i].len);
-        auto              it   = v.ids.find(text);
-        if (it != v.ids.end()) {
-            out.push_back(it->second);
-            continue;
-        }
-        // not a token (an incomplete vocabulary): its characters one by one, skipping unknown ones
-        for (const symbol & c : split_chars(text)) {
-            auto ic = v.ids.find(text.substr(c.off, c.len));
-            if (ic != v.ids.end()) {
-                out.push_back(ic->second);
+static void tokenize_bpe(const specee_vocab & v, const std::string & text, std::vector<int32_t> & out) {
+    std::vector<symbol> syms;
+    for (const std::string & word : specee_pretokenize(text, v.pretok)) {
+        if (v.ignore_merges) { // Llama 3: a word that is a token is taken whole
+            std::string chars;
+            for (char c : word) {
+                chars += v.byte_text[(uint8_t) c];
+            }
+            auto it = v.ids.find(chars);
+            if (it != v.ids.end()) {
+                out.push_back(it->second);
+                continue;
             }
         }
-    }
-}
-
-static void tokenize_bpe(const specee_vocab & v, const std::string & text, std::vector<int32_t> & out) {
-    std::string word;
-    for (const std::string & raw : specee_pretokenize(text, v.pretok)) {
-        word.clear();
-        for (char c : raw) {
-            word += v.byte_text[(uint8_t) c];
+        const int n = (int) word.size();
+        syms.resize(n);
+        for (int i = 0; i < n; ++i) {
+            syms[i] = {i - 1, i + 1 < n ? i + 1 : -1, (size_t) i, 1, v.byte_ids[(uint8_t) word[i]]};
         }
-        tokenize_bpe_word(v, word, out);
+        merge_symbols(v, word, syms);
+        for (int i = n > 0 ? 0 : -1; i >= 0; i = syms[i].next) {
+            if (syms[i].id >= 0) {
+                out.push_back(syms[i].id);
+            }
+        }
     }
 }
 
@@ -537,7 +494,11 @@ extern "C" int32_t specee_token_eos(const specee_model * m) { return m && m->voc
 extern "C" int32_t specee_token_eot(const specee_model * m) { return m && m->vocab ? m->vocab->eot : -1; }
 
 extern "C" bool specee_token_is_eog(const specee_model * m, int32_t token) {
-    return m && m->vocab && token >= 0 && std::find(m->vocab->eog.begin(), m->vocab->eog.end(), token) != m->vocab->eog.end();
+    if (!m || !m->vocab) {
+        return false;
+    }
+    const std::vector<int32_t> & eog = m->vocab->eog;
+    return std::find(eog.begin(), eog.end(), token) != eog.end();
 }
 
 extern "C" const char * specee_token_text(const specee_model * m, int32_t token) {

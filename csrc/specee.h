@@ -66,12 +66,13 @@ const char * specee_token_text(const specee_model * model, int32_t token);
 // Text to token ids. Writes at most n_max ids and returns their count, or -(count needed) when n_max is
 // too small, or INT32_MIN on error (specee_last_error). add_special: BOS/EOS as the vocabulary asks;
 // parse_special: "<|im_start|>"-like text becomes the special token instead of plain text.
+// text_len < 0: text is NUL-terminated.
 int32_t specee_tokenize(const specee_model * model, const char * text, int32_t text_len, int32_t * tokens,
                         int32_t n_max, bool add_special, bool parse_special);
 
 // The bytes of one token (may be a partial UTF-8 sequence: callers streaming text keep the tail until it
 // completes). Returns the length, or -(length needed) when len is too small. special: render control
-// tokens as their text.
+// tokens as their text. INT32_MIN on error (bad id, no vocabulary).
 int32_t specee_token_to_piece(const specee_model * model, int32_t token, char * buf, int32_t len, bool special);
 
 // Token ids to text (with SentencePiece's leading-space handling). Same return convention.
