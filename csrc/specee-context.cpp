@@ -348,6 +348,7 @@ extern "C" specee_context * specee_context_init(specee_model * model, struct spe
 extern "C" void specee_context_free(specee_context * ctx) { delete ctx; }
 
 extern "C" uint32_t specee_n_ctx(const specee_context * ctx) { return ctx->cparams.n_ctx; }
+extern "C" uint32_t specee_n_batch(const specee_context * ctx) { return ctx->cparams.n_batch; }
 
 extern "C" int32_t specee_eval_layers(specee_context * ctx, const struct specee_batch * batch, int32_t layer_begin,
                                       int32_t layer_end, uint32_t flags) {

@@ -358,6 +358,12 @@ static void repack_weights(specee_model & m) {
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> probe(ggml_init(ip), ggml_free);
     std::vector<ggml_backend_buffer_type_t> chosen(cands.size(), nullptr);
     for (ggml_backend_buffer_type_t * buft = get_extra(dev); buft && *buft; ++buft) {
+        // ggml built with -march=native on a CPU that reports AMX compiles its AMX tile kernels in, but
+        // some VMs do not enable the tile state and the first tile instruction dies with SIGILL; they are
+        // opt-in (SPECEE_AMX=1)
+        if (strstr(ggml_backend_buft_name(*buft), "AMX") && !getenv("SPECEE_AMX")) {
+            continue;
+        }
         ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*buft, 0);
         for (size_t i = 0; i < cands.size(); ++i) {
             if (chosen[i]) {

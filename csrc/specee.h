@@ -94,6 +94,7 @@ specee_context * specee_context_init(specee_model * model, struct specee_context
 void             specee_context_free(specee_context * ctx);
 
 uint32_t specee_n_ctx(const specee_context * ctx);
+uint32_t specee_n_batch(const specee_context * ctx);
 
 struct specee_batch {
     int32_t         n_tokens;
@@ -153,7 +154,7 @@ typedef struct specee_sampler specee_sampler;
 struct specee_sampler_params {
     float    temp;           // <= 0: greedy
     int32_t  top_k;          // <= 0: off
-    float    top_p;          // >= 1: off
+    float    top_p;          // in (0, 1]; 1: off
     float    min_p;          // <= 0: off
     float    repeat_penalty; // 1: off
     int32_t  repeat_last_n;  // tokens of history the penalty looks at (0: off, -1: the context)

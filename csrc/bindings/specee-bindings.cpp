@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <climits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -117,6 +119,42 @@ struct Context {
     }
 };
 
+using f32_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+struct Sampler {
+    specee_sampler * ptr = nullptr;
+
+    Sampler(float temp, int32_t top_k, float top_p, float min_p, float repeat_penalty, int32_t repeat_last_n,
+            std::optional<uint32_t> seed) {
+        specee_sampler_params p = specee_sampler_default_params();
+        p.temp                  = temp;
+        p.top_k                 = top_k;
+        p.top_p                 = top_p;
+        p.min_p                 = min_p;
+        p.repeat_penalty        = repeat_penalty;
+        p.repeat_last_n         = repeat_last_n;
+        p.seed                  = seed ? *seed : SPECEE_DEFAULT_SEED;
+        ptr                     = specee_sampler_init(p);
+        if (!ptr) {
+            raise_last();
+        }
+    }
+    Sampler(const Sampler &)             = delete;
+    Sampler & operator=(const Sampler &) = delete;
+    ~Sampler() { specee_sampler_free(ptr); }
+
+    int32_t sample(const f32_array & logits) {
+        if (logits.ndim() != 1) {
+            throw py::value_error("logits must be a 1-D array [n_vocab]");
+        }
+        const int32_t id = specee_sampler_sample(ptr, logits.data(), (int32_t) logits.size());
+        if (id < 0) {
+            raise_last();
+        }
+        return id;
+    }
+};
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "SpecEE native runtime (see csrc/specee.h)";
     specee_log_set_verbose(false);
@@ -210,6 +248,7 @@ PYBIND11_MODULE(_core, m) {
         .def(py::init<py::object, uint32_t, uint32_t, int32_t, int32_t>(), py::arg("model"), py::arg("n_ctx") = 0,
              py::arg("n_batch") = 512, py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0)
         .def_property_readonly("n_ctx", [](const Context & s) { return specee_n_ctx(s.ptr); })
+        .def_property_readonly("n_batch", [](const Context & s) { return specee_n_batch(s.ptr); })
         .def("eval",
              [](Context & s, const i32_array & tokens, const std::optional<i32_array> & pos,
                 const std::optional<u8_array> & tree_mask, const std::optional<i8_array> & output) {
@@ -245,4 +284,45 @@ PYBIND11_MODULE(_core, m) {
         .def("kv_cell_pos", [](const Context & s, int32_t c) { return specee_kv_cell_pos(s.ptr, c); })
         .def("kv_cell_valid",
              [](const Context & s, int32_t c, int32_t il) { return specee_kv_cell_valid(s.ptr, c, il); });
+
+    const specee_sampler_params sd = specee_sampler_default_params();
+    py::class_<Sampler>(m, "Sampler")
+        .def(py::init<float, int32_t, float, float, float, int32_t, std::optional<uint32_t>>(),
+             py::arg("temp") = sd.temp, py::arg("top_k") = sd.top_k, py::arg("top_p") = sd.top_p,
+             py::arg("min_p") = sd.min_p, py::arg("repeat_penalty") = sd.repeat_penalty,
+             py::arg("repeat_last_n") = sd.repeat_last_n, py::arg("seed") = py::none())
+        .def("sample", &Sampler::sample, py::arg("logits"))
+        .def("accept", [](Sampler & s, int32_t token) { specee_sampler_accept(s.ptr, token); }, py::arg("token"))
+        .def("reset", [](Sampler & s) { specee_sampler_reset(s.ptr); });
+
+    m.def("chat_template_detect",
+          [](const std::string & text) -> std::optional<std::string> {
+              const char * name = specee_chat_template_detect(text.c_str());
+              return name ? std::optional<std::string>(name) : std::nullopt;
+          },
+          py::arg("text"));
+    m.def("chat_apply_template",
+          [](const std::string & name, const std::vector<std::map<std::string, std::string>> & messages,
+             bool add_ass) {
+              std::vector<specee_chat_message> msgs;
+              for (const auto & msg : messages) {
+                  const auto role = msg.find("role"), content = msg.find("content");
+                  if (role == msg.end() || content == msg.end()) {
+                      throw py::value_error("each message needs a 'role' and a 'content'");
+                  }
+                  msgs.push_back({role->second.c_str(), content->second.c_str()});
+              }
+              const int32_t n = specee_chat_apply_template(name.c_str(), msgs.data(), (int32_t) msgs.size(), add_ass,
+                                                           nullptr, 0);
+              if (n == INT32_MIN) {
+                  raise_last();
+              }
+              std::string out(n < 0 ? -n : n, '\0');
+              if (specee_chat_apply_template(name.c_str(), msgs.data(), (int32_t) msgs.size(), add_ass, &out[0],
+                                             (int32_t) out.size()) == INT32_MIN) {
+                  raise_last();
+              }
+              return out;
+          },
+          py::arg("name"), py::arg("messages"), py::arg("add_ass") = true);
 }

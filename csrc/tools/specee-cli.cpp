@@ -73,8 +73,8 @@ static void print_usage(const char * argv0) {
     printf("  -p,    --prompt PROMPT           prompt to start generation with; for a system message use -sys\n");
     printf("  -f,    --file FNAME              a file containing the prompt (one trailing newline dropped)\n");
     printf("  -sys,  --system-prompt PROMPT    system message for conversation mode\n");
-    printf("  -e,    --escape                  process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xNN) in the prompt\n");
-    printf("                                   and in conversation input (default: on)\n");
+    printf("  -e,    --escape                  process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xNN) in the\n");
+    printf("                                   prompt and in conversation input (default: on)\n");
     printf("         --no-escape               do not process escapes\n");
     printf("  -n,    --n-predict N             tokens to predict (default: %d, -1 = until end of generation or\n",
            d.n_predict);
@@ -137,21 +137,20 @@ static bool parse_float(const std::string & s, float & out) {
     return true;
 }
 
+// a 32-bit seed; -1 (as upstream, which reads it with stoul) is the "random" seed 0xFFFFFFFF
 static bool parse_seed(const std::string & s, uint32_t & out) {
-    // upstream reads the seed with stoul: -1 wraps to the "random" seed 0xFFFFFFFF
-    int         i;
-    errno       = 0;
-    char * end  = nullptr;
-    unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-    if (!s.empty() && *end == '\0' && errno == 0 && s[0] != '-' && v <= UINT32_MAX) {
-        out = (uint32_t) v;
-        return true;
-    }
-    if (parse_int(s, i) && i == -1) {
+    if (s == "-1") {
         out = SPECEE_DEFAULT_SEED;
         return true;
     }
-    return false;
+    errno                      = 0;
+    char *                   end = nullptr;
+    const unsigned long long v   = std::strtoull(s.c_str(), &end, 10);
+    if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE || v > UINT32_MAX) {
+        return false;
+    }
+    out = (uint32_t) v;
+    return true;
 }
 
 static bool read_text_file(const std::string & path, std::string & out) {
@@ -414,14 +413,21 @@ struct perf_counters {
     int                    n_sample    = 0;
 };
 
+// same fields, widths and precision as upstream (0 tokens print nan/inf there too)
 static void perf_print(const perf_counters & pc) {
     const double t_total_ms = ms_since(pc.t_start);
-    fprintf(stderr, "llama_perf_sampler_print:    sampling time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
+    fprintf(stderr,
+            "llama_perf_sampler_print:    sampling time = %10.2f ms / %5d runs   "
+            "(%8.2f ms per token, %8.2f tokens per second)\n",
             pc.t_sample_ms, pc.n_sample, pc.t_sample_ms / pc.n_sample, 1e3 / pc.t_sample_ms * pc.n_sample);
     fprintf(stderr, "llama_perf_context_print:        load time = %10.2f ms\n", pc.t_load_ms);
-    fprintf(stderr, "llama_perf_context_print: prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
+    fprintf(stderr,
+            "llama_perf_context_print: prompt eval time = %10.2f ms / %5d tokens "
+            "(%8.2f ms per token, %8.2f tokens per second)\n",
             pc.t_p_eval_ms, pc.n_p_eval, pc.t_p_eval_ms / pc.n_p_eval, 1e3 / pc.t_p_eval_ms * pc.n_p_eval);
-    fprintf(stderr, "llama_perf_context_print:        eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
+    fprintf(stderr,
+            "llama_perf_context_print:        eval time = %10.2f ms / %5d runs   "
+            "(%8.2f ms per token, %8.2f tokens per second)\n",
             pc.t_eval_ms, pc.n_eval, pc.t_eval_ms / pc.n_eval, 1e3 / pc.t_eval_ms * pc.n_eval);
     fprintf(stderr, "llama_perf_context_print:       total time = %10.2f ms / %5d tokens\n", t_total_ms,
             pc.n_p_eval + pc.n_eval);
@@ -524,7 +530,8 @@ static void print_prompt_tokens(const session & s, const std::string & prompt, c
 }
 
 // tokens of the first input: BOS as the vocabulary asks, unless the text already starts with BOS's text
-static bool tokenize_first(const session & s, const std::string & text, bool parse_special, std::vector<int32_t> & out) {
+static bool tokenize_first(const session & s, const std::string & text, bool parse_special,
+                           std::vector<int32_t> & out) {
     bool          add_special = true;
     const int32_t bos         = specee_token_bos(s.model);
     if (parse_special && bos >= 0) {

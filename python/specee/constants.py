@@ -44,3 +44,44 @@ KEY_ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
 KEY_ROPE_FREQ_BASE = "{arch}.rope.freq_base"
 KEY_ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
 KEY_ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
+
+# ---- SpecEE parts (SpecEE's published GGUF names, so its `eauto` files load too): the EAGLE draft head
+# and the per-layer exit predictors. Not part of TENSOR_NAMES above, which mirrors the base-model table.
+
+EAGLE_TOKEN_EMBD = "eagle.token_embd.weight"  # optional: the base model's token_embd is used without it
+EAGLE_FC = "eagle.fc.weight"  # [n_embd, 2 n_embd]: input concat(embedding, feature)
+EAGLE_FC_BIAS = "eagle.fc.bias"
+EAGLE_ATTN_Q = "eagle.attn_q.weight"  # q and k rows in GGML's RoPE order, as blk.N.attn_q/k
+EAGLE_ATTN_K = "eagle.attn_k.weight"
+EAGLE_ATTN_V = "eagle.attn_v.weight"
+EAGLE_ATTN_OUTPUT = "eagle.attn_output.weight"
+EAGLE_FFN_NORM = "eagle.ffn_norm.weight"
+EAGLE_FFN_GATE = "eagle.ffn_gate.weight"
+EAGLE_FFN_UP = "eagle.ffn_up.weight"
+EAGLE_FFN_DOWN = "eagle.ffn_down.weight"
+EAGLE_OUTPUT = "eagle.output.weight"  # optional: lm_head over a reduced draft vocabulary (specee.eagle.draft_vocab)
+
+EAGLE_TENSOR_NAMES = (
+    EAGLE_TOKEN_EMBD, EAGLE_FC, EAGLE_FC_BIAS, EAGLE_ATTN_Q, EAGLE_ATTN_K, EAGLE_ATTN_V, EAGLE_ATTN_OUTPUT,
+    EAGLE_FFN_NORM, EAGLE_FFN_GATE, EAGLE_FFN_UP, EAGLE_FFN_DOWN, EAGLE_OUTPUT,
+)
+EAGLE_OPTIONAL = (EAGLE_TOKEN_EMBD, EAGLE_OUTPUT)
+
+PRED_UP = "blk.%d.pred.up.weight"  # [512, 3 n_candidates]: features [logits, softmax, softmax - previous]
+PRED_UP_BIAS = "blk.%d.pred.up.bias"
+PRED_DOWN = "blk.%d.pred.down.weight"  # [1, 512], then sigmoid
+PRED_DOWN_BIAS = "blk.%d.pred.down.bias"
+
+PRED_TENSOR_NAMES = (PRED_UP, PRED_UP_BIAS, PRED_DOWN, PRED_DOWN_BIAS)
+
+# ---- SpecEE metadata keys (merged files; see the README's GGUF schema)
+
+KEY_EAGLE_VERSION = "specee.eagle.version"  # 1: EAGLE-1 head (fc + one decoder layer without input norm)
+KEY_EAGLE_FEED_FORWARD_LENGTH = "specee.eagle.feed_forward_length"
+KEY_EAGLE_DRAFT_VOCAB = "specee.eagle.draft_vocab"  # int32 target ids of eagle.output's rows, when present
+KEY_EXIT_LAYERS = "specee.exit.layers"  # int32 array: the static set of layers whose predictor is checked
+KEY_EXIT_THRESHOLD = "specee.exit.threshold"  # float32: a predictor fires above this (SpecEE: 0.5)
+KEY_EXIT_N_CANDIDATES = "specee.exit.n_candidates"  # uint32: EAGLE top-k candidates per token (SpecEE: 4)
+
+# SpecEE's own merged files: architecture "eauto", the llama keys under "eauto.*"
+EAUTO_ARCH = "eauto"

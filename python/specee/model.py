@@ -9,11 +9,12 @@ KV-cache operations that speculative decoding and early exit build on. The text-
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from specee import _core
+from specee.generate import GenerationStats, Prompt, SamplingParams, embed, prompt_tokens, stream_tokens
 from specee.paths import default_model_path
 
 
@@ -38,6 +39,7 @@ class Model:
         threads = n_threads or _default_threads()
         self._model = _core.Model(self.path, use_mmap)
         self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads)
+        self.last_stats = GenerationStats()
 
     # ---- model facts
 
@@ -72,6 +74,11 @@ class Model:
     @property
     def n_ctx(self) -> int:
         return self._ctx.n_ctx
+
+    @property
+    def n_batch(self) -> int:
+        """Most tokens evaluated in one graph (longer plain batches are split by eval)."""
+        return self._ctx.n_batch
 
     @property
     def n_params(self) -> int:
@@ -203,3 +210,37 @@ class Model:
     def is_eog(self, token: int) -> bool:
         """Whether the token ends generation (eos, eot, <|im_end|>-like tokens)."""
         return self._model.token_is_eog(token)
+
+    # ---- generation
+
+    def stream(
+        self,
+        prompt: Prompt,
+        max_tokens: int = 256,
+        *,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        chat_template: str | None = None,
+    ) -> Iterator[str]:
+        """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
+
+        Starts from an empty cache. temperature <= 0 is greedy; `stop` strings end generation (not included).
+        Statistics of the call are in `last_stats` once the iterator is exhausted.
+        """
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        self.last_stats = GenerationStats()
+        tokens = prompt_tokens(self, prompt, chat_template)
+        return stream_tokens(self, tokens, max_tokens, params, stop, self.last_stats)
+
+    def generate(self, prompt: Prompt, max_tokens: int = 256, **kwargs) -> str:
+        """The whole text `stream` would yield (same arguments)."""
+        return "".join(self.stream(prompt, max_tokens, **kwargs))
+
+    def embed(self, text: str, normalize: bool = True) -> np.ndarray:
+        """Pooled embedding [n_embd]: the mean final-norm hidden state over the text's tokens."""
+        return embed(self, text, normalize)

@@ -1,0 +1,170 @@
+"""Text generation over the token-level runtime: prompts and chat messages in, text out, streamed.
+
+Free functions on a `specee.Model`; the model's `generate`, `stream` and `embed` methods call these.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence, Union
+
+import numpy as np
+
+from specee import _core
+
+if TYPE_CHECKING:
+    from specee.model import Model
+
+Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+Prompt = Union[str, Sequence[Message]]
+
+
+@dataclass
+class SamplingParams:
+    """llama.cpp's defaults; temperature <= 0 is greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+
+@dataclass
+class GenerationStats:
+    """What the last generate/stream call did."""
+
+    n_prompt_tokens: int = 0
+    n_generated: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    stop_reason: str = ""  # "eog", "stop", "length", "context"
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.n_prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        # the first generated token comes from the prompt's logits: decode time covers the rest
+        n = self.n_generated - 1
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+
+def chat_template_name(model: Model, chat_template: str | None = None) -> str:
+    """The template to render messages with: a name given by the caller, else the GGUF's own template."""
+    if chat_template:
+        name = _core.chat_template_detect(chat_template)
+        if name is None:
+            raise ValueError(f"unknown chat template {chat_template!r} (known: chatml, llama2, vicuna, llama3, zephyr)")
+        return name
+    text = model.metadata.get("tokenizer.chat_template", "")
+    name = _core.chat_template_detect(text) if text else None
+    if name is None:
+        raise ValueError("the model has no recognised chat template; pass chat_template= (e.g. 'chatml')")
+    return name
+
+
+def prompt_tokens(model: Model, prompt: Prompt, chat_template: str | None = None) -> list[int]:
+    """Token ids of a plain prompt, or of chat messages rendered with the chat template."""
+    if isinstance(prompt, str):
+        return model.tokenize(prompt, add_special=True, parse_special=False)
+    messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+    text = _core.chat_apply_template(chat_template_name(model, chat_template), messages, True)
+    return model.tokenize(text, add_special=True, parse_special=True)
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """Characters at the end of text that could be the start of a stop string."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return hold
+
+
+def stream_tokens(
+    model: Model,
+    tokens: list[int],
+    max_tokens: int,
+    params: SamplingParams,
+    stop: Sequence[str] = (),
+    stats: GenerationStats | None = None,
+) -> Iterator[str]:
+    """Prefill `tokens` into an empty cache, then sample up to max_tokens, yielding text as it completes."""
+    stats = stats if stats is not None else GenerationStats()
+    if not tokens:
+        raise ValueError("empty prompt")
+    if len(tokens) >= model.n_ctx:
+        raise ValueError(f"the prompt has {len(tokens)} tokens, which does not fit the context of {model.n_ctx}")
+    sampler = _core.Sampler(
+        params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.repeat_last_n,
+        params.seed,
+    )
+    for t in tokens:
+        sampler.accept(t)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    model.kv_clear()
+    stats.n_prompt_tokens = len(tokens)
+
+    t0 = time.perf_counter()
+    logits = model.eval(tokens)[-1]
+    stats.prompt_seconds = time.perf_counter() - t0
+
+    text, sent = "", 0
+    t1 = time.perf_counter()
+    stats.stop_reason = "length"
+    while stats.n_generated < max_tokens:
+        tok = sampler.sample(logits)
+        sampler.accept(tok)
+        if model.is_eog(tok):
+            stats.stop_reason = "eog"
+            break
+        stats.n_generated += 1
+        stats.tokens.append(tok)
+        text += decoder.decode(model.token_to_piece(tok))
+        hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
+        if hit >= 0:
+            if hit > sent:
+                yield text[sent:hit]
+            stats.stop_reason = "stop"
+            break
+        ready = len(text) - _held_back(text, stop)
+        if ready > sent:
+            yield text[sent:ready]
+            sent = ready
+        if stats.n_generated >= max_tokens:
+            break
+        if model.kv_n_used >= model.n_ctx:
+            stats.stop_reason = "context"
+            break
+        logits = model.eval([tok])[-1]
+    stats.decode_seconds = time.perf_counter() - t1
+    if stats.stop_reason in ("length", "context", "eog"):
+        text += decoder.decode(b"", final=True)
+        if len(text) > sent:
+            yield text[sent:]
+
+
+def embed(model: Model, text: str, normalize: bool = True) -> np.ndarray:
+    """Mean of the final-norm hidden states over the text's tokens (unit length when normalize)."""
+    tokens = model.tokenize(text, add_special=True)
+    if not tokens:
+        raise ValueError("cannot embed empty text")
+    model.kv_clear()
+    states = []
+    for i in range(0, len(tokens), model.n_batch):
+        model.eval(tokens[i : i + model.n_batch], logits=False)
+        states.append(model.norm())
+    model.kv_clear()
+    vec = np.concatenate(states).mean(axis=0)
+    if normalize:
+        vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
+    return vec.astype(np.float32)

@@ -1,0 +1,391 @@
+"""llama-cli (csrc/tools/specee-cli.cpp), the drop-in for upstream llama.cpp's llama-cli: every flag, the errors,
+the timing lines that evaluation scripts parse, and conversation mode in a terminal (tmux).
+
+Generation needs a real vocabulary, so those tests run SmolLM2 (marked slow); the tiny fixture model has none
+and checks the error for that case."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from specee._tools import tool_path
+
+# the lines SpecEE's evaluation scripts parse (its eval_on_*_dataset.py use the total-time one)
+TOTAL_RE = re.compile(r"llama_perf_context_print:\s*total time\s*=\s*(\d+\.?\d*)\s*ms\s*/\s*(\d+)\s*tokens")
+PROMPT_RE = re.compile(r"llama_perf_context_print: prompt eval time =\s+(\d+\.\d{2}) ms /\s+(\d+) tokens "
+                       r"\(\s*(\S+) ms per token,\s+(\S+) tokens per second\)")
+EVAL_RE = re.compile(r"llama_perf_context_print:        eval time =\s+(\d+\.\d{2}) ms /\s+(\d+) runs   "
+                     r"\(\s*(\S+) ms per token,\s+(\S+) tokens per second\)")
+LOAD_RE = re.compile(r"llama_perf_context_print:        load time =\s+(\d+\.\d{2}) ms\n")
+
+FAST = ["-c", "256", "-t", "2"]  # small context, fixed threads: quick runs
+
+
+@pytest.fixture(scope="module")
+def cli() -> str:
+    return str(tool_path("llama-cli"))
+
+
+def run(cli: str, *args: str, stdin: str | None = None, env: dict | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs llama-cli with stdin not a terminal (so conversation mode stays off unless asked for)."""
+    full_env = dict(os.environ)
+    full_env.pop("SPECEE_DEFAULT_MODEL", None)
+    full_env.update(env or {})
+    # a run cut short by -n may end inside a UTF-8 sequence, printed as it is
+    return subprocess.run([cli, *args], input=stdin if stdin is not None else "", capture_output=True,
+                          encoding="utf-8", errors="replace", env=full_env, timeout=timeout)
+
+
+def perf(stderr: str) -> dict:
+    """The numbers of the timing lines; fails when one is missing or malformed."""
+    load, prompt, evals, total = (r.search(stderr) for r in (LOAD_RE, PROMPT_RE, EVAL_RE, TOTAL_RE))
+    assert load and prompt and evals and total, f"timing lines missing from stderr:\n{stderr}"
+    return dict(load_ms=float(load.group(1)), prompt_ms=float(prompt.group(1)), n_prompt=int(prompt.group(2)),
+                eval_ms=float(evals.group(1)), n_eval=int(evals.group(2)), total_ms=float(total.group(1)),
+                n_total=int(total.group(2)))
+
+
+# ---- command line: help, unknown and malformed flags, files (no model loaded)
+
+
+def help_flags(text: str) -> list[tuple[str, bool]]:
+    """(flag, takes a value) for every flag the help lists: lines that start with flags, then an upper-case
+    placeholder (FNAME, N, ...) when the flags take a value."""
+    flags = []
+    for line in text.splitlines():
+        names, takes_value = [], False
+        for word in line.split():
+            if re.fullmatch(r"-{1,2}[a-zA-Z][\w-]*,?", word):
+                names.append(word.rstrip(","))
+            elif re.fullmatch(r"[A-Z]+", word) and names:
+                takes_value = True
+                break
+            else:
+                break
+        flags += [(name, takes_value) for name in names]
+    return flags
+
+
+def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
+    res = run(cli, "--help")
+    assert res.returncode == 0
+    flags = dict(help_flags(res.stdout))
+    expected = ["-m", "--model", "-p", "--prompt", "-f", "--file", "-n", "--n-predict", "-c", "--ctx-size", "-b",
+                "--batch-size", "-ub", "--ubatch-size", "-t", "--threads", "-s", "--seed", "--temp", "--top-k",
+                "--top_k", "--top-p", "--top_p", "--min-p", "--min_p", "--repeat-penalty", "--repeat-last-n", "-e",
+                "--escape", "--no-escape", "-ngl", "--n-gpu-layers", "--gpu-layers", "-cnv", "--conversation",
+                "-no-cnv", "--no-conversation", "-st", "--single-turn", "-sys", "--system-prompt",
+                "--chat-template", "--verbose-prompt", "--no-display-prompt", "-sp", "--special", "-h", "--help"]
+    assert sorted(flags) == sorted(expected)
+    assert run(cli, "-h").stdout == res.stdout
+    # every listed flag is accepted: the run gets as far as opening the (missing) model
+    values = {"-f": str(tmp_path / "prompt.txt"), "--file": str(tmp_path / "prompt.txt"), "--chat-template": "chatml",
+              "--top-p": "0.5", "--top_p": "0.5", "--min-p": "0.1", "--min_p": "0.1", "--repeat-penalty": "1.1"}
+    (tmp_path / "prompt.txt").write_text("hello\n")
+    missing = str(tmp_path / "missing.gguf")
+    for flag, takes_value in flags.items():
+        if flag in ("-h", "--help", "-m", "--model"):
+            continue
+        args = [flag, values.get(flag, "1")] if takes_value else [flag]
+        res = run(cli, *args, "-m", missing)
+        assert res.returncode == 1 and "cannot open the model file" in res.stderr, (flag, res.stderr)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--bogus"], "unknown argument: --bogus"),
+    (["-x", "1"], "unknown argument: -x"),
+    (["positional"], "unknown argument: positional"),
+    (["-p"], "-p needs a value"),
+    (["-m", "m.gguf", "-n"], "-n needs a value"),
+    (["-n", "ten"], "invalid value for -n: 'ten'"),
+    (["-n", "-3"], "invalid value for -n"),
+    (["-c", "1.5"], "invalid value for -c"),
+    (["-c", "-1"], "invalid value for -c"),
+    (["-b", "0"], "invalid value for -b"),
+    (["-ub", "x"], "invalid value for -ub"),
+    (["-t", ""], "invalid value for -t"),
+    (["-s", "abc"], "invalid value for -s"),
+    (["-s", "4294967296"], "invalid value for -s"),
+    (["--temp", "hot"], "invalid value for --temp"),
+    (["--top-k", "2.5"], "invalid value for --top-k"),
+    (["--top-p", "0"], "invalid value for --top-p"),
+    (["--top_p", "1.5"], "invalid value for --top_p"),
+    (["--min-p", "-0.1"], "invalid value for --min-p"),
+    (["--repeat-penalty", "0"], "invalid value for --repeat-penalty"),
+    (["--repeat-penalty", "inf"], "invalid value for --repeat-penalty"),
+    (["--repeat-last-n", "-2"], "invalid value for --repeat-last-n"),
+    (["-ngl", "all"], "invalid value for -ngl"),
+    (["--chat-template", "alpaca", "-m", "m.gguf"], "unknown chat template 'alpaca'"),
+])
+def test_bad_flags(cli: str, args: list[str], message: str) -> None:
+    res = run(cli, *args)
+    assert res.returncode == 1
+    assert message in res.stderr
+    assert "llama_perf" not in res.stderr
+
+
+def test_missing_model_file(cli: str, tmp_path: Path) -> None:
+    res = run(cli, "-m", str(tmp_path / "nope.gguf"), "-p", "hi")
+    assert res.returncode == 1
+    assert f"cannot open the model file '{tmp_path / 'nope.gguf'}'" in res.stderr
+
+
+def test_no_model(cli: str) -> None:
+    res = run(cli, "-p", "hi")
+    assert res.returncode == 1
+    assert "no model given" in res.stderr and "SPECEE_DEFAULT_MODEL" in res.stderr
+
+
+def test_not_a_model(cli: str, tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a model at all\n" * 10)
+    res = run(cli, "-m", str(path), "-p", "hi")
+    assert res.returncode == 1
+    assert "failed to load the model" in res.stderr
+
+
+def test_missing_prompt_file(cli: str, tmp_path: Path) -> None:
+    res = run(cli, "-f", str(tmp_path / "none.txt"))
+    assert res.returncode == 1
+    assert "cannot read the prompt file" in res.stderr
+
+
+def test_model_without_vocabulary(cli: str, tiny_gguf: Path) -> None:
+    """The tiny fixture GGUF has token ids only: a clear error, not a crash."""
+    res = run(cli, "-m", str(tiny_gguf), "-p", "hello", "-n", "4", "-ngl", "0", *FAST)
+    assert res.returncode == 1
+    assert "error:" in res.stderr and "tokenize" in res.stderr
+
+
+# ---- generation with SmolLM2
+
+
+@pytest.mark.slow
+def test_completion_and_timings(cli: str, smollm2_path: Path) -> None:
+    prompt = "The capital of France is"
+    res = run(cli, "-m", str(smollm2_path), "-p", prompt, "-n", "12", "--temp", "0", "--top-k", "0", "-s", "8",
+              "-e", "-ub", "1024", *FAST)  # the flags of SpecEE's own evaluation scripts
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(prompt)
+    assert len(res.stdout) > len(prompt) + 4
+    p = perf(res.stderr)
+    assert p["n_prompt"] == 5  # "The capital of France is" in SmolLM2's vocabulary, no BOS (add_bos_token false)
+    assert p["n_eval"] == 11  # the 12th token is sampled but not evaluated
+    assert p["n_total"] == p["n_prompt"] + p["n_eval"]
+    assert p["total_ms"] >= p["prompt_ms"] + p["eval_ms"]
+    assert p["load_ms"] > 0
+    assert TOTAL_RE.search(res.stderr)
+    assert re.search(r"llama_perf_sampler_print:    sampling time =\s+\d+\.\d{2} ms /\s+12 runs", res.stderr)
+
+
+@pytest.mark.slow
+def test_greedy_is_deterministic_and_batching_agnostic(cli: str, smollm2_path: Path) -> None:
+    """Same output with the prompt prefilled in one graph or in chunks of 2 tokens (-b, -ub)."""
+    args = ["-m", str(smollm2_path), "-p", "Here is a list of fruits: apple, banana,", "-n", "10", "--temp", "0"]
+    a = run(cli, *args, *FAST)
+    b = run(cli, *args, "--ctx-size", "256", "--threads", "2", "--batch-size", "3", "--ubatch-size", "2")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout
+    pa, pb = perf(a.stderr), perf(b.stderr)
+    assert pa["n_total"] == pb["n_total"]
+
+
+@pytest.mark.slow
+def test_seeded_sampling_reproducible(cli: str, smollm2_path: Path) -> None:
+    base = ["--model", str(smollm2_path), "--prompt", "Once upon a time", "--n-predict", "16", "--temp", "1.0",
+            "--repeat-penalty", "1.1", "--repeat-last-n", "32", *FAST]
+    a = run(cli, *base, "--seed", "42", "--top-k", "30", "--top-p", "0.9", "--min-p", "0.02")
+    b = run(cli, *base, "-s", "42", "--top_k", "30", "--top_p", "0.9", "--min_p", "0.02")  # underscore spellings
+    c = run(cli, *base, "-s", "43", "--top_k", "30", "--top_p", "0.9", "--min_p", "0.02")
+    assert a.returncode == 0 and b.returncode == 0 and c.returncode == 0, a.stderr
+    assert a.stdout == b.stdout
+    assert a.stdout != c.stdout
+    assert "sampler seed: 42" in a.stderr
+
+
+@pytest.mark.slow
+def test_escapes_prompt_file_and_display(cli: str, smollm2_path: Path, tmp_path: Path) -> None:
+    m = ["-m", str(smollm2_path), "-n", "1", "--temp", "0", *FAST]
+    escaped = run(cli, *m, "-p", r"line one\nline two\t\\x", "--escape")
+    assert escaped.returncode == 0
+    assert escaped.stdout.startswith("line one\nline two\t\\x")
+    raw = run(cli, *m, "-p", r"line one\nline two", "--no-escape")
+    assert raw.stdout.startswith(r"line one\nline two")
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("A prompt from a file\n")
+    from_file = run(cli, *m, "-f", str(prompt), "--verbose-prompt")
+    assert from_file.returncode == 0
+    assert from_file.stdout.startswith("A prompt from a file")
+    assert not from_file.stdout.startswith("A prompt from a file\n")  # one trailing newline dropped
+    assert "main: prompt: 'A prompt from a file'" in from_file.stderr
+    assert re.search(r"number of tokens in prompt = \d+\n\s+\d+ -> 'A'", from_file.stderr)
+
+    hidden = run(cli, *m, "--file", str(prompt), "--no-display-prompt")
+    assert hidden.returncode == 0
+    assert "A prompt from a file" not in hidden.stdout
+
+
+@pytest.mark.slow
+def test_gpu_layers_ignored_with_warning(cli: str, smollm2_path: Path) -> None:
+    for flag in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
+        res = run(cli, "-m", str(smollm2_path), "-p", "Hi", "-n", "1", flag, "16", *FAST)
+        assert res.returncode == 0
+        assert res.stderr.count("warning: -ngl 16 is ignored") == 1
+
+
+@pytest.mark.slow
+def test_until_context_full(cli: str, smollm2_path: Path) -> None:
+    """-n -1 stops at an end-of-generation token or when the context is full."""
+    res = run(cli, "-m", str(smollm2_path), "-p", "Count: 1 2 3", "-n", "-1", "--temp", "0", "-c", "24", "-t", "2")
+    assert res.returncode == 0
+    p = perf(res.stderr)
+    assert p["n_total"] <= 24
+    assert "context full" in res.stderr or "[end of text]" in res.stdout
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context(cli: str, smollm2_path: Path) -> None:
+    res = run(cli, "-m", str(smollm2_path), "-p", "word " * 100, "-c", "32", "-n", "4")
+    assert res.returncode == 1
+    assert re.search(r"prompt is too long \(\d+ tokens, max 28\)", res.stderr)
+    assert "llama_perf" not in res.stderr
+
+
+@pytest.mark.slow
+def test_default_model_from_environment(cli: str, smollm2_path: Path) -> None:
+    res = run(cli, "-p", "Hi", "-n", "2", *FAST, env={"SPECEE_DEFAULT_MODEL": str(smollm2_path)})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Hi")
+
+
+@pytest.mark.slow
+def test_console_script_sets_default_model(smollm2_path: Path) -> None:
+    script = shutil.which("specee-cli")
+    if script is None:
+        pytest.skip("the specee-cli console script is not on PATH")
+    env = {k: v for k, v in os.environ.items() if k != "SPECEE_DEFAULT_MODEL"}
+    res = subprocess.run([script, "-p", "Hi", "-n", "2", *FAST], input="", capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Hi")
+    assert TOTAL_RE.search(res.stderr)
+
+
+@pytest.mark.slow
+def test_conversation_from_stdin(cli: str, smollm2_path: Path) -> None:
+    """-cnv reads user lines from stdin (here a pipe), answers each, and ends at end of input. The second turn
+    evaluates only what the cache lacks: the end-of-turn token the reply stopped at and the new user turn."""
+    res = run(cli, "-m", str(smollm2_path), "-cnv", "-sys", "Answer in one short sentence.", "-n", "24", "--temp",
+              "0", "--verbose-prompt", *FAST, stdin="What is the capital of France?\nAnd of Italy?\n")
+    assert res.returncode == 0, res.stderr
+    turns = res.stdout.split("\n> ")
+    assert len(turns) == 4, res.stdout  # banner, two answers, then end of input
+    assert "Paris" in turns[1] and "Rome" in turns[2]
+    assert turns[3].startswith("EOF by user")
+    assert "chat template: smollm2" in res.stderr
+    sizes = [int(n) for n in re.findall(r"number of tokens in prompt = (\d+)", res.stderr)]
+    assert len(sizes) == 2
+    second = res.stderr.split("main: prompt: 'And of Italy?'")[1]
+    assert re.match(r"\nmain: number of tokens in prompt = 15\n\s+2 -> '<\|im_end\|>'\n\s+198 -> '\n'\n\s+1 -> "
+                    r"'<\|im_start\|>'\n\s+4093 -> 'user'", second), second
+    assert perf(res.stderr)["n_prompt"] == sum(sizes)
+
+
+@pytest.mark.slow
+def test_conversation_prompt_single_turn(cli: str, smollm2_path: Path) -> None:
+    """-p pre-starts the conversation; -st answers it and exits without reading stdin."""
+    res = run(cli, "-m", str(smollm2_path), "--conversation", "--single-turn", "-p", "Say hello.", "-n", "16",
+              "--temp", "0", *FAST, stdin="this line is never read\n")
+    assert res.returncode == 0, res.stderr
+    assert "\n> " not in res.stdout
+    # the echoed prompt is the rendered template with special tokens hidden, as upstream prints it
+    assert res.stdout.startswith("system\nYou are a helpful AI assistant named SmolLM")
+    assert "user\nSay hello.\nassistant\n" in res.stdout
+
+
+@pytest.mark.slow
+def test_single_turn_from_stdin_and_chat_template(cli: str, smollm2_path: Path) -> None:
+    res = run(cli, "-m", str(smollm2_path), "-cnv", "-st", "--chat-template", "chatml", "-n", "16", "--temp", "0",
+              *FAST, stdin="Hi!\nsecond line is not read\n")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("\n> ") == 1
+    assert "EOF by user" not in res.stdout
+    assert "chat template: chatml" in res.stderr
+
+
+@pytest.mark.slow
+def test_special_tokens_shown(cli: str, smollm2_path: Path) -> None:
+    args = ["-m", str(smollm2_path), "-cnv", "-st", "--chat-template", "chatml", "-p", "Hi!", "-n", "1", "--temp", "0",
+            *FAST]
+    shown = run(cli, *args, "--special")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n")
+    hidden = run(cli, *args)
+    assert hidden.stdout.startswith("user\nHi!\nassistant\n")
+
+
+@pytest.mark.slow
+def test_no_conversation(cli: str, smollm2_path: Path) -> None:
+    res = run(cli, "-m", str(smollm2_path), "-no-cnv", "--no-conversation", "-p", "Hi", "-n", "2", *FAST)
+    assert res.returncode == 0
+    assert res.stdout.startswith("Hi")
+    assert "conversation mode" not in res.stderr
+
+
+# ---- conversation in a terminal
+
+
+def tmux(socket: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, check=True).stdout
+
+
+def wait_for(socket: str, predicate, timeout: float) -> str:
+    deadline = time.time() + timeout
+    while True:
+        screen = tmux(socket, "capture-pane", "-p", "-J", "-S", "-200", "-t", "cli")
+        if predicate(screen) or time.time() > deadline:
+            return screen
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_conversation_in_terminal(cli: str, smollm2_path: Path, tmp_path: Path) -> None:
+    """In a terminal, with a model that has a chat template, conversation mode is on by default: a '> ' prompt,
+    a reply to what the user types, a second turn on the same cache, and Ctrl-D ends it with the timings."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install -y tmux)")
+    socket = f"specee-test-{uuid.uuid4().hex[:8]}"
+    err = tmp_path / "stderr.txt"
+    cmd = (f"{shlex.quote(cli)} -m {shlex.quote(str(smollm2_path))} -n 32 --temp 0 -c 512 -t 2 "
+           f"2>{shlex.quote(str(err))}; echo EXIT=$?; sleep 600")
+    tmux(socket, "new-session", "-d", "-s", "cli", "-x", "160", "-y", "50", cmd)
+    try:
+        screen = wait_for(socket, lambda s: s.rstrip().endswith(">"), 120)
+        assert screen.rstrip().endswith(">"), screen
+        tmux(socket, "send-keys", "-t", "cli", "What is the capital of France?", "Enter")
+        screen = wait_for(socket, lambda s: s.count("\n> ") >= 2 and s.rstrip().endswith(">"), 300)
+        reply = screen.split("What is the capital of France?", 1)[1].rsplit("\n> ", 1)[0]
+        assert "Paris" in reply, screen
+        tmux(socket, "send-keys", "-t", "cli", "And of Germany?", "Enter")
+        screen = wait_for(socket, lambda s: s.count("\n> ") >= 3 and s.rstrip().endswith(">"), 300)
+        reply = screen.split("And of Germany?", 1)[1].rsplit("\n> ", 1)[0]
+        assert "Berlin" in reply, screen
+        tmux(socket, "send-keys", "-t", "cli", "C-d")
+        screen = wait_for(socket, lambda s: "EXIT=" in s, 60)
+        assert "EOF by user" in screen and "EXIT=0" in screen, screen
+        stderr = err.read_text()
+        assert "enabling conversation mode" in stderr
+        assert perf(stderr)["n_prompt"] > 0
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
