@@ -1,9 +1,14 @@
 """Hugging Face Llama checkpoint -> GGUF (llama architecture), readable by upstream llama.cpp.
 
-Keys, tensor names and the Q/K row permutation follow llama.cpp's convert_hf_to_gguf.py (LlamaModel).
-Tokenizer metadata is not written yet.
+Keys, tensor names and the Q/K row permutation follow llama.cpp's convert_hf_to_gguf.py (LlamaModel);
+tokenizer metadata is described in vocab.py. Tensors are read and written one at a time (safetensors
+and zip-format .bin files are memory-mapped), so a 7B model converts within a few GiB of RAM.
 
-    python -m specee.convert.hf MODEL_DIR -o OUT.gguf --outtype f16
+Output types: f32, f16, bf16, q8_0, q4_0. As in llama.cpp's converter, 1-D tensors and norms stay F32,
+and a matrix whose rows are not a whole number of quantization blocks falls back to F16. q4_0 is
+"pure" (every matrix Q4_0, as `llama-quantize --pure`).
+
+    python -m specee.convert hf MODEL_DIR -o OUT.gguf --outtype f16
 """
 
 from __future__ import annotations
@@ -13,18 +18,33 @@ import json
 import math
 import os
 import re
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
 import gguf
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from specee import constants as C
+from specee.convert.checkpoint import SourceTensor, open_checkpoint, weight_files
+from specee.convert.output import OutTensor, write_gguf
+from specee.convert.retype import Field
+from specee.convert.vocab import add_vocab, load_vocab
 
-OUTTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
+DESCRIPTION = "Convert a Hugging Face Llama folder to a llama GGUF that upstream llama.cpp also loads"
+
+Q = gguf.GGMLQuantizationType
+FT = gguf.LlamaFileType
+# outtype -> (tensor type of the matrices, general.file_type)
+OUTTYPES = {
+    "f32": (Q.F32, FT.ALL_F32),
+    "f16": (Q.F16, FT.MOSTLY_F16),
+    "bf16": (Q.BF16, FT.MOSTLY_BF16),
+    "q8_0": (Q.Q8_0, FT.MOSTLY_Q8_0),
+    "q4_0": (Q.Q4_0, FT.MOSTLY_Q4_0),
+}
 
 # Hugging Face name -> GGUF name ("{bid}" / "%d": block index)
 TENSOR_MAP = {
@@ -86,21 +106,12 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
     )
 
 
-def read_tensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
-    """All tensors of a checkpoint: *.safetensors (single or sharded), else pytorch_model*.bin."""
-    folder = Path(model_dir)
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        for f in files:
-            with safe_open(f, framework="pt") as st:
-                for name in st.keys():
-                    yield name, st.get_tensor(name)
-        return
-    files = sorted(folder.glob("pytorch_model*.bin"))
+def index_tensors(model_dir: str | os.PathLike, stack: ExitStack) -> list[SourceTensor]:
+    """All tensors of a checkpoint (*.safetensors, single or sharded, else pytorch_model*.bin), not loaded yet."""
+    files = weight_files(model_dir)
     if not files:
         raise FileNotFoundError(f"{model_dir}: no *.safetensors or pytorch_model*.bin weights")
-    for f in files:
-        yield from torch.load(f, map_location="cpu", weights_only=True).items()
+    return [t for f in files for t in open_checkpoint(f, stack)]
 
 
 def permute(w: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
@@ -141,6 +152,7 @@ def llama3_rope_factors(cfg: LlamaConfig) -> np.ndarray | None:
 
 
 def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: gguf.LlamaFileType) -> None:
+    writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
     writer.add_context_length(cfg.n_ctx_train)
     writer.add_embedding_length(cfg.n_embd)
@@ -161,60 +173,106 @@ def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: g
         writer.add_rope_scaling_factor(rs["factor"])
 
 
-def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: str = "f32") -> None:
-    """Write a llama GGUF from a Hugging Face Llama folder (config.json + weights)."""
-    if outtype not in OUTTYPES:
-        raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, not {outtype!r}")
-    cfg = load_config(model_dir)
-    out = Path(out_path)
-    tmp = out.with_name(out.name + ".tmp")
-    writer = gguf.GGUFWriter(tmp, C.ARCH)
-    write_hparams(writer, cfg, Path(model_dir).resolve().name, OUTTYPES[outtype])
-    seen: set[str] = set()
-    for hf_name, t in read_tensors(model_dir):
-        if IGNORED.match(hf_name) or (hf_name == "lm_head.weight" and cfg.tie_word_embeddings):
+def tensor_type(name: str, shape: tuple[int, ...], outtype: str) -> gguf.GGMLQuantizationType:
+    """1-D tensors and norms F32; matrices the outtype, or F16 when a row is not whole blocks of it."""
+    qtype = OUTTYPES[outtype][0]
+    if len(shape) <= 1 or name.endswith("_norm.weight"):
+        return Q.F32
+    if shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        return Q.F16
+    return qtype
+
+
+def tensor_loader(
+    src: Callable[[], torch.Tensor], qtype: gguf.GGMLQuantizationType, heads: tuple[int, int] | None = None
+) -> Callable[[], np.ndarray]:
+    """Load, permute Q/K rows when `heads` = (n_head, n_head_kv) is given, and convert to `qtype`."""
+
+    def load() -> np.ndarray:
+        t = src()
+        if heads is not None:
+            t = permute(t, *heads)
+        return gguf.quants.quantize(t.to(torch.float32).numpy(), qtype)
+
+    return load
+
+
+def plan_tensors(cfg: LlamaConfig, sources: list[SourceTensor], outtype: str, model_dir: str) -> list[OutTensor]:
+    """The output tensors (names, shapes, types, loaders) of a checkpoint, checked complete."""
+    out = []
+    for src in sources:
+        if IGNORED.match(src.name) or (src.name == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
-        name, bid = gguf_name(hf_name)
+        name, bid = gguf_name(src.name)
         if bid is not None and bid >= cfg.n_layer:
-            raise ValueError(f"tensor {hf_name!r} is past num_hidden_layers={cfg.n_layer}")
+            raise ValueError(f"tensor {src.name!r} is past num_hidden_layers={cfg.n_layer}")
+        heads = None
         if bid is not None and name == C.ATTN_Q % bid:
-            t = permute(t, cfg.n_head, cfg.n_head)
+            heads = (cfg.n_head, cfg.n_head)
         elif bid is not None and name == C.ATTN_K % bid:
-            t = permute(t, cfg.n_head, cfg.n_head_kv)
-        data = t.to(torch.float32).numpy()
-        if outtype == "f16" and data.ndim > 1:
-            data = data.astype(np.float16)
-        writer.add_tensor(name, data)
-        seen.add(name)
+            heads = (cfg.n_head, cfg.n_head_kv)
+        qtype = tensor_type(name, src.shape, outtype)
+        out.append(OutTensor(name, src.shape, qtype, tensor_loader(src.load, qtype, heads)))
     factors = llama3_rope_factors(cfg)
     if factors is not None:
-        writer.add_tensor(C.ROPE_FREQS, factors)
+        out.append(OutTensor(C.ROPE_FREQS, factors.shape, Q.F32, lambda: factors))
     want = {C.TOKEN_EMBD, C.OUTPUT_NORM, *(n % b for n in C.TENSOR_NAMES if "%d" in n for b in range(cfg.n_layer))}
     if not cfg.tie_word_embeddings:
         want.add(C.OUTPUT)
-    if missing := sorted(want - seen):
+    if missing := sorted(want - {t.name for t in out}):
         raise ValueError(f"{model_dir}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    return out
+
+
+def fields_of(writer: gguf.GGUFWriter) -> dict[str, Field]:
+    """The metadata gathered in a GGUFWriter (used here only to collect keys through its add_* helpers)."""
+    return {k: Field(v.value, v.type, v.sub_type) for k, v in writer.kv_data[0].items()}
+
+
+def convert_hf_to_gguf(
+    model_dir: str | os.PathLike,
+    out_path: str | os.PathLike,
+    outtype: str = "f32",
+    *,
+    vocab_pre: str | None = None,
+    progress: bool = True,
+) -> None:
+    """Write a llama GGUF from a Hugging Face Llama folder (config.json, weights, tokenizer files)."""
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, not {outtype!r}")
+    cfg = load_config(model_dir)
+    meta = gguf.GGUFWriter(None, C.ARCH)
+    write_hparams(meta, cfg, Path(model_dir).resolve().name, OUTTYPES[outtype][1])
+    vocab = load_vocab(model_dir, cfg.n_vocab, vocab_pre)
+    if vocab is not None:
+        add_vocab(meta, vocab, model_dir)
+    meta.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    with ExitStack() as stack:
+        tensors = plan_tensors(cfg, index_tensors(model_dir, stack), outtype, str(model_dir))
+        write_gguf(out_path, C.ARCH, fields_of(meta), tensors, desc=f"converting to {outtype}", progress=progress)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("model_dir", help="folder with config.json, *.safetensors or pytorch_model*.bin, tokenizer files")
+    ap.add_argument("-o", "--out", required=True, help="output .gguf path")
+    ap.add_argument("--outtype", type=str.lower, choices=list(OUTTYPES), default="f16",
+                    help="type of the matrices (default f16)")
+    ap.add_argument("--vocab-pre", help="tokenizer.ggml.pre to write for a BPE tokenizer whose pre-tokenizer "
+                    "is not recognised (a name llama.cpp knows, e.g. gpt-2, llama-bpe, smollm)")
+
+
+def run(args: argparse.Namespace) -> None:
+    convert_hf_to_gguf(args.model_dir, args.out, args.outtype, vocab_pre=args.vocab_pre)
+    print(f"wrote {args.out}")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Convert a Hugging Face Llama folder to a llama GGUF")
-    ap.add_argument("model_dir", help="folder with config.json and *.safetensors or pytorch_model*.bin")
-    ap.add_argument("-o", "--out", required=True, help="output .gguf path")
-    ap.add_argument("--outtype", choices=sorted(OUTTYPES), default="f16")
-    args = ap.parse_args()
+    ap = argparse.ArgumentParser(prog="python -m specee.convert hf", description=DESCRIPTION)
+    add_arguments(ap)
     try:
-        convert_hf_to_gguf(args.model_dir, args.out, args.outtype)
-    except (FileNotFoundError, ValueError) as e:
+        run(ap.parse_args())
+    except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}")
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

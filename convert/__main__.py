@@ -1,0 +1,31 @@
+"""python -m specee.convert {hf,merge,import-specee,inspect,quantize} ... (see --help of each)."""
+
+from __future__ import annotations
+
+import argparse
+
+from specee.convert import eauto, hf, inspect, merge, quantize
+
+COMMANDS = {"hf": hf, "merge": merge, "import-specee": eauto, "inspect": inspect, "quantize": quantize}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m specee.convert",
+        description="GGUF conversion for SpecEE: Hugging Face -> GGUF, merging EAGLE heads and exit predictors, "
+        "importing SpecEE's eauto files, inspecting and retyping GGUF files",
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, module in COMMANDS.items():
+        module.add_arguments(sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION))
+    args = ap.parse_args()
+    try:
+        COMMANDS[args.command].run(args)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: no output written")
+
+
+if __name__ == "__main__":
+    main()

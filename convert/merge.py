@@ -1,0 +1,173 @@
+"""Merge an EAGLE-1 head and exit predictors into a base GGUF: one file for the SpecEE runtime.
+
+The base model's metadata and tensors are copied unchanged (any type, quantized included); the EAGLE
+tensors are added as F16 (matrices; --eagle-type f32 keeps F32) and F32 (vectors), the predictors as
+F32, and the settings as specee.* keys (see the README's GGUF schema and specee.constants). Parts the
+base file carries already are replaced when new ones are given and kept otherwise. Layouts of the
+inputs: see parts.py.
+
+    python -m specee.convert merge BASE.gguf -o OUT.gguf --eagle EAGLE_DIR --predictors preds.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+import gguf
+import numpy as np
+
+from specee import constants as C
+from specee.convert.output import OutTensor, copy_tensor, read_fields, uint32_field, write_gguf
+from specee.convert.parts import (
+    DEFAULT_THRESHOLD,
+    EagleHead,
+    Predictors,
+    base_model,
+    check_exit_layers,
+    default_exit_layers,
+    load_eagle,
+    load_predictors,
+)
+from specee.convert.retype import Field
+
+DESCRIPTION = "Merge an EAGLE-1 head and exit predictors into a base GGUF (one file with specee.* metadata)"
+
+Q = gguf.GGMLQuantizationType
+V = gguf.GGUFValueType
+EAGLE_TYPES = {"f16": Q.F16, "f32": Q.F32}
+PRED_RE = re.compile(r"blk\.\d+\.pred\.")
+
+
+def array_field(values: list[int]) -> Field:
+    return Field([int(v) for v in values], V.ARRAY, V.INT32)
+
+
+def eagle_tensors(head: EagleHead, qtype: Q, embd: bool) -> list[OutTensor]:
+    out = []
+    for name in C.EAGLE_TENSOR_NAMES:
+        if name not in head.tensors or (name == C.EAGLE_TOKEN_EMBD and not embd):
+            continue
+        data = head.tensors[name]
+        t = Q.F32 if data.ndim == 1 else qtype
+        out.append(OutTensor(name, data.shape, t, lambda d=data, t=t: gguf.quants.quantize(d, t)))
+    return out
+
+
+def predictor_tensors(preds: Predictors) -> list[OutTensor]:
+    out = []
+    for layer in preds.layers:
+        for fmt in C.PRED_TENSOR_NAMES:
+            data = preds.tensors[fmt % layer].astype(np.float32)
+            out.append(OutTensor(fmt % layer, data.shape, Q.F32, lambda d=data: d))
+    return out
+
+
+def resolve_exit_settings(
+    preds: Predictors, n_layer: int, exit_layers: list[int] | None, threshold: float | None
+) -> tuple[list[int], float]:
+    """Command line first, then the predictors' settings file, then the defaults."""
+    layers = exit_layers or preds.exit_layers or default_exit_layers(preds.layers, n_layer)
+    layers = check_exit_layers(layers, preds.layers, n_layer)
+    if not layers:
+        raise ValueError(f"no exit layers: predictors exist only for layers {preds.layers} of {n_layer}")
+    thr = threshold if threshold is not None else preds.threshold if preds.threshold is not None else DEFAULT_THRESHOLD
+    if not 0.0 <= thr <= 1.0:
+        raise ValueError(f"the exit threshold must lie in [0, 1], not {thr}")
+    return layers, float(thr)
+
+
+def merge_gguf(
+    base_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    eagle: str | os.PathLike | None = None,
+    predictors: str | os.PathLike | None = None,
+    exit_layers: list[int] | None = None,
+    threshold: float | None = None,
+    eagle_type: str = "f16",
+    eagle_embd: bool = True,
+    progress: bool = True,
+) -> None:
+    if eagle is None and predictors is None:
+        raise ValueError("nothing to merge: give an EAGLE head (--eagle), predictors (--predictors) or both")
+    if eagle_type not in EAGLE_TYPES:
+        raise ValueError(f"eagle_type must be one of {list(EAGLE_TYPES)}, not {eagle_type!r}")
+    if not os.path.isfile(base_path):
+        raise FileNotFoundError(f"{base_path}: no such base model file")
+    reader = gguf.GGUFReader(base_path)
+    fields = read_fields(reader)
+    base = base_model(fields, reader, base_path)
+    if base.arch == C.EAUTO_ARCH:
+        raise ValueError(f"{base_path} is a SpecEE eauto file: rewrite it with `import-specee` first")
+    if base.arch != C.ARCH:
+        raise ValueError(f"{base_path}: architecture {base.arch!r} is not supported (only {C.ARCH!r})")
+    head = load_eagle(eagle, base) if eagle is not None else None
+    preds = load_predictors(predictors, base) if predictors is not None else None
+
+    def replaced(name: str) -> bool:
+        return (head is not None and name.startswith("eagle.")) or (preds is not None and bool(PRED_RE.match(name)))
+
+    tensors = [copy_tensor(t) for t in reader.tensors if not replaced(t.name)]
+    if head is not None:
+        for key in [k for k in fields if k.startswith("specee.eagle.")]:
+            del fields[key]
+        fields[C.KEY_EAGLE_VERSION] = uint32_field(head.version)
+        fields[C.KEY_EAGLE_FEED_FORWARD_LENGTH] = uint32_field(head.n_ff)
+        if head.draft_vocab is not None:
+            fields[C.KEY_EAGLE_DRAFT_VOCAB] = array_field(head.draft_vocab)
+        tensors += eagle_tensors(head, EAGLE_TYPES[eagle_type], eagle_embd)
+    if preds is not None:
+        layers, thr = resolve_exit_settings(preds, base.n_layer, exit_layers, threshold)
+        for key in [k for k in fields if k.startswith("specee.exit.")]:
+            del fields[key]
+        fields[C.KEY_EXIT_LAYERS] = array_field(layers)
+        fields[C.KEY_EXIT_THRESHOLD] = Field(thr, V.FLOAT32)
+        fields[C.KEY_EXIT_N_CANDIDATES] = uint32_field(preds.n_candidates)
+        tensors += predictor_tensors(preds)
+    write_gguf(out_path, C.ARCH, fields, tensors, desc="merging", progress=progress)
+
+
+def parse_layers(text: str) -> list[int]:
+    """"15,16,17" or "15-17,19" -> [15, 16, 17(, 19)]."""
+    layers = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        layers += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return layers
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("base", help="base model .gguf (llama architecture, any tensor types)")
+    ap.add_argument("-o", "--out", required=True, help="output .gguf path")
+    ap.add_argument("--eagle", help="EAGLE-1 head: a published folder (config.json + pytorch_model.bin or "
+                    "model.safetensors) or NAME.safetensors with NAME.json (this project's layout)")
+    ap.add_argument("--predictors", help="exit predictors: a safetensors file (SpecEE's model.layers.N.pred.* or "
+                    "this project's blk.N.pred.* names, optional NAME.json with settings)")
+    ap.add_argument("--exit-layers", type=parse_layers,
+                    help="static exit layer set, e.g. 15,16,17 or 15-17,19 (default: the predictors' settings, "
+                    "else SpecEE's set for a 32-layer model, else every predictor layer but the last layer)")
+    ap.add_argument("--exit-threshold", type=float, help=f"predictor threshold (default {DEFAULT_THRESHOLD})")
+    ap.add_argument("--eagle-type", choices=list(EAGLE_TYPES), default="f16", help="type of the EAGLE matrices")
+    ap.add_argument("--no-eagle-embd", action="store_true",
+                    help="leave out the head's own token embedding (the runtime then uses the base model's)")
+
+
+def run(args: argparse.Namespace) -> None:
+    merge_gguf(args.base, args.out, eagle=args.eagle, predictors=args.predictors, exit_layers=args.exit_layers,
+               threshold=args.exit_threshold, eagle_type=args.eagle_type, eagle_embd=not args.no_eagle_embd)
+    print(f"wrote {args.out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m specee.convert merge", description=DESCRIPTION)
+    add_arguments(ap)
+    try:
+        run(ap.parse_args())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

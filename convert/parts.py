@@ -1,0 +1,331 @@
+"""The SpecEE parts merged into a base GGUF: an EAGLE-1 draft head and per-layer exit predictors, read
+from their published layouts and from this project's own, and checked against the base model.
+
+EAGLE-1 head, published layout (`yuhuili/EAGLE-*`): a folder with config.json and pytorch_model.bin or
+model.safetensors holding fc.weight [H, 2H], fc.bias [H], layers.0.self_attn.{q,k,v,o}_proj.weight,
+layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm.weight and optionally
+embed_tokens.weight [V, H].
+
+EAGLE-1 head, own layout: NAME.safetensors with the tensors under their GGUF names (eagle.fc.weight,
+eagle.attn_q.weight, ...; see specee.constants), q and k rows in Hugging Face's order (merge permutes
+them), plus NAME.json: {"format": "specee-eagle", "eagle_version": 1} and, with a reduced draft
+vocabulary (eagle.output.weight [V_draft, H]), "draft_vocab": [target token id of each row].
+
+Exit predictors, SpecEE's layout: one safetensors file with model.layers.{i}.pred.up.weight [512, 12],
+.pred.up.bias [512], .pred.down.weight [1, 512], .pred.down.bias [1] for some layers i.
+
+Exit predictors, own layout: NAME.safetensors with blk.{i}.pred.{up,down}.{weight,bias}, plus an
+optional NAME.json: {"format": "specee-predictors", "exit_layers": [...], "threshold": 0.5,
+"n_candidates": 4}.
+
+EAGLE's q/k rows are permuted exactly as the base model's attn_q/attn_k (llama.cpp's converter, and
+SpecEE's for its eauto files, do the same), because the head uses the base model's RoPE (GGML's
+NORM mode, adjacent pairs) in this runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from specee import constants as C
+from specee.convert.checkpoint import SourceTensor, open_checkpoint
+from specee.convert.hf import permute
+from specee.convert.output import field_value
+from specee.convert.retype import Field
+
+# SpecEE's static exit layer set, hard-coded in its llama.cpp fork for Llama-2-7B (32 layers)
+SPECEE_LLAMA2_7B_EXIT_LAYERS = (15, 16, 17, 19, 21, 24, 26, 28)
+DEFAULT_THRESHOLD = 0.5
+DEFAULT_N_CANDIDATES = 4
+
+EAGLE_PUBLISHED = {
+    "embed_tokens.weight": C.EAGLE_TOKEN_EMBD,
+    "fc.weight": C.EAGLE_FC,
+    "fc.bias": C.EAGLE_FC_BIAS,
+    "layers.0.self_attn.q_proj.weight": C.EAGLE_ATTN_Q,
+    "layers.0.self_attn.k_proj.weight": C.EAGLE_ATTN_K,
+    "layers.0.self_attn.v_proj.weight": C.EAGLE_ATTN_V,
+    "layers.0.self_attn.o_proj.weight": C.EAGLE_ATTN_OUTPUT,
+    "layers.0.post_attention_layernorm.weight": C.EAGLE_FFN_NORM,
+    "layers.0.mlp.gate_proj.weight": C.EAGLE_FFN_GATE,
+    "layers.0.mlp.up_proj.weight": C.EAGLE_FFN_UP,
+    "layers.0.mlp.down_proj.weight": C.EAGLE_FFN_DOWN,
+}
+EAGLE_IGNORED = ("rotary_emb.inv_freq",)
+PRED_PARTS = {"up.weight": C.PRED_UP, "up.bias": C.PRED_UP_BIAS, "down.weight": C.PRED_DOWN,
+              "down.bias": C.PRED_DOWN_BIAS}
+PRED_SPECEE_RE = re.compile(r"model\.layers\.(\d+)\.pred\.(up|down)\.(weight|bias)$")
+PRED_OWN_RE = re.compile(r"blk\.(\d+)\.pred\.(up|down)\.(weight|bias)$")
+
+
+# ---- the base model
+
+
+@dataclass
+class BaseModel:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+
+    def describe(self) -> str:
+        return (f"{self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, n_ff {self.n_ff}, "
+                f"{self.n_head} heads / {self.n_head_kv} KV heads, vocab {self.n_vocab}")
+
+
+def base_model(fields: dict[str, Field], reader: gguf.GGUFReader, path: str | os.PathLike) -> BaseModel:
+    """The hyperparameters of a llama (or eauto) GGUF, for shape checks."""
+    arch = str(field_value(fields[gguf.Keys.General.ARCHITECTURE]))
+
+    def get(key: str, default: int | None = None) -> int:
+        f = fields.get(key.format(arch=arch))
+        if f is None and default is None:
+            raise ValueError(f"{path}: metadata key {key.format(arch=arch)} is missing")
+        return int(f.value) if f is not None else int(default)
+
+    n_embd, n_head = get(C.KEY_EMBEDDING_LENGTH), get(C.KEY_HEAD_COUNT)
+    embd = next((t for t in reader.tensors if t.name == C.TOKEN_EMBD), None)
+    n_vocab = int(embd.shape[1]) if embd is not None else get(C.KEY_VOCAB_SIZE)
+    return BaseModel(
+        arch=arch,
+        n_layer=get(C.KEY_BLOCK_COUNT),
+        n_embd=n_embd,
+        n_ff=get(C.KEY_FEED_FORWARD_LENGTH),
+        n_head=n_head,
+        n_head_kv=get(C.KEY_HEAD_COUNT_KV, n_head),
+        head_dim=get(C.KEY_KEY_LENGTH, n_embd // n_head),
+        n_vocab=n_vocab,
+    )
+
+
+# ---- EAGLE head
+
+
+@dataclass
+class EagleHead:
+    tensors: dict[str, np.ndarray]  # GGUF name -> float32 data (numpy order), q/k rows permuted for GGML
+    version: int = 1
+    n_ff: int = 0
+    draft_vocab: list[int] | None = None
+    source: str = ""
+
+
+def eagle_layout(path: Path) -> str:
+    """'published' (a folder or weight file with config.json) or 'own' (NAME.safetensors + NAME.json)."""
+    if path.is_dir() and (path / "config.json").is_file():
+        return "published"
+    if path.is_file() and path.suffix == ".safetensors" and path.with_suffix(".json").is_file():
+        return "own"
+    if path.is_file() and (path.parent / "config.json").is_file():
+        return "published"
+    raise FileNotFoundError(
+        f"{path}: not an EAGLE head: expected a folder with config.json and pytorch_model.bin or "
+        "model.safetensors (the published layout), or NAME.safetensors with NAME.json (this project's layout)"
+    )
+
+
+def published_weights(path: Path) -> Path:
+    if path.is_file():
+        return path
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin in the EAGLE head folder")
+
+
+def check_config(config: dict, base: BaseModel, path: Path) -> None:
+    """A published head's config.json is its base model's config: it must describe this base model."""
+    pairs = [
+        ("hidden_size", base.n_embd, "embedding_length"),
+        ("num_attention_heads", base.n_head, "attention.head_count"),
+        ("num_key_value_heads", base.n_head_kv, "attention.head_count_kv"),
+        ("intermediate_size", base.n_ff, "feed_forward_length"),
+        ("vocab_size", base.n_vocab, "vocab_size"),
+    ]
+    for key, want, gguf_key in pairs:
+        got = config.get(key)
+        if got is not None and int(got) != want:
+            raise ValueError(
+                f"the EAGLE head does not fit the base model: {key} is {got} in {path / 'config.json'} "
+                f"but the base model's {base.arch}.{gguf_key} is {want} (a head trained for another model?)"
+            )
+
+
+def load_eagle(path: str | os.PathLike, base: BaseModel) -> EagleHead:
+    """An EAGLE-1 head in either layout, with its shapes checked against `base`."""
+    path = Path(path)
+    layout = eagle_layout(path)
+    with ExitStack() as stack:
+        if layout == "published":
+            folder = path if path.is_dir() else path.parent
+            check_config(json.loads((folder / "config.json").read_text(encoding="utf-8")), base, folder)
+            sources = open_checkpoint(published_weights(path), stack)
+            settings: dict = {}
+            names = {}
+            for src in sources:
+                if src.name.endswith(EAGLE_IGNORED):
+                    continue
+                if src.name not in EAGLE_PUBLISHED:
+                    raise ValueError(f"{path}: unexpected tensor {src.name!r} for an EAGLE-1 head")
+                names[src.name] = EAGLE_PUBLISHED[src.name]
+        else:
+            settings = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+            if settings.get("format") != "specee-eagle":
+                raise ValueError(f"{path.with_suffix('.json')}: \"format\" must be \"specee-eagle\"")
+            sources = open_checkpoint(path, stack)
+            names = {src.name: src.name for src in sources}
+            if unknown := sorted(set(names) - set(C.EAGLE_TENSOR_NAMES)):
+                raise ValueError(f"{path}: unexpected tensors {unknown} (expected {list(C.EAGLE_TENSOR_NAMES)})")
+        tensors = {names[s.name]: eagle_tensor(s, names[s.name], base) for s in sources if s.name in names}
+    head = EagleHead(tensors, int(settings.get("eagle_version", 1)), source=f"{layout} layout: {path}")
+    if head.version != 1:
+        raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
+    head.draft_vocab = settings.get("draft_vocab")
+    head.n_ff = check_eagle_shapes(head, base, path)
+    return head
+
+
+def eagle_tensor(src: SourceTensor, name: str, base: BaseModel) -> np.ndarray:
+    t = src.load()
+    if name == C.EAGLE_ATTN_Q:
+        t = permute(t, base.n_head, base.n_head)
+    elif name == C.EAGLE_ATTN_K:
+        t = permute(t, base.n_head, base.n_head_kv)
+    return t.to(torch.float32).numpy()
+
+
+def check_eagle_shapes(head: EagleHead, base: BaseModel, path: Path) -> int:
+    """Check every tensor's shape against the base model; return the head's FFN length."""
+    t = head.tensors
+    if missing := [n for n in C.EAGLE_TENSOR_NAMES if n not in t and n not in C.EAGLE_OPTIONAL]:
+        raise ValueError(f"{path}: the EAGLE head lacks {missing}")
+    h = base.n_embd
+    if t[C.EAGLE_FC].shape[0] != h or t[C.EAGLE_FC].ndim != 2:
+        raise ValueError(
+            f"the EAGLE head does not fit the base model: its hidden size is {t[C.EAGLE_FC].shape[0]} "
+            f"(fc.weight {list(t[C.EAGLE_FC].shape)}) but the base model's {base.arch}.embedding_length is {h} "
+            f"(a head trained for another model?)"
+        )
+    n_ff = t[C.EAGLE_FFN_GATE].shape[0]
+    want = {
+        C.EAGLE_FC: (h, 2 * h),
+        C.EAGLE_FC_BIAS: (h,),
+        C.EAGLE_ATTN_Q: (base.n_head * base.head_dim, h),
+        C.EAGLE_ATTN_K: (base.n_head_kv * base.head_dim, h),
+        C.EAGLE_ATTN_V: (base.n_head_kv * base.head_dim, h),
+        C.EAGLE_ATTN_OUTPUT: (h, base.n_head * base.head_dim),
+        C.EAGLE_FFN_NORM: (h,),
+        C.EAGLE_FFN_GATE: (n_ff, h),
+        C.EAGLE_FFN_UP: (n_ff, h),
+        C.EAGLE_FFN_DOWN: (h, n_ff),
+        C.EAGLE_TOKEN_EMBD: (base.n_vocab, h),
+    }
+    if C.EAGLE_OUTPUT in t:
+        if head.draft_vocab is None:
+            raise ValueError(f"{path}: eagle.output.weight needs \"draft_vocab\" (its rows' target token ids)")
+        want[C.EAGLE_OUTPUT] = (len(head.draft_vocab), h)
+        if not all(0 <= int(i) < base.n_vocab for i in head.draft_vocab):
+            raise ValueError(f"{path}: draft_vocab holds token ids outside the base vocabulary (0..{base.n_vocab - 1})")
+    elif head.draft_vocab is not None:
+        raise ValueError(f"{path}: \"draft_vocab\" is given but there is no eagle.output.weight")
+    for name, shape in want.items():
+        if name in t and tuple(t[name].shape) != shape:
+            raise ValueError(
+                f"the EAGLE head does not fit the base model ({base.describe()}): {name} has shape "
+                f"{list(t[name].shape)}, expected {list(shape)}"
+            )
+    return int(n_ff)
+
+
+# ---- exit predictors
+
+
+@dataclass
+class Predictors:
+    tensors: dict[str, np.ndarray]  # blk.{i}.pred.* -> float32 data (numpy order)
+    layers: list[int]
+    n_candidates: int
+    exit_layers: list[int] | None = None  # from the settings file, if any
+    threshold: float | None = None
+    source: str = ""
+
+
+def load_predictors(path: str | os.PathLike, base: BaseModel) -> Predictors:
+    """Exit predictors in SpecEE's layout or this project's, checked against `base`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such predictor file")
+    settings_path = path.with_suffix(".json")
+    settings = json.loads(settings_path.read_text(encoding="utf-8")) if settings_path.is_file() else {}
+    if settings and settings.get("format") != "specee-predictors":
+        raise ValueError(f"{settings_path}: \"format\" must be \"specee-predictors\"")
+    tensors: dict[str, np.ndarray] = {}
+    layout = "own"
+    with ExitStack() as stack:
+        for src in open_checkpoint(path, stack):
+            if PRED_SPECEE_RE.match(src.name):
+                layout = "SpecEE"
+            m = PRED_SPECEE_RE.match(src.name) or PRED_OWN_RE.match(src.name)
+            if not m:
+                raise ValueError(f"{path}: unexpected tensor {src.name!r} in a predictor file")
+            layer, part = int(m.group(1)), f"{m.group(2)}.{m.group(3)}"
+            tensors[PRED_PARTS[part] % layer] = src.load().to(torch.float32).numpy()
+    layers = sorted({int(n.split(".")[1]) for n in tensors})
+    if not layers:
+        raise ValueError(f"{path}: no predictor tensors")
+    if bad := [i for i in layers if i >= base.n_layer]:
+        raise ValueError(
+            f"the predictors do not fit the base model: layers {bad} but the base model has {base.n_layer} layers"
+        )
+    first = tensors.get(C.PRED_UP % layers[0])
+    if first is None or first.ndim != 2 or first.shape[1] % 3:
+        raise ValueError(f"{path}: blk.{layers[0]}.pred.up.weight must be [hidden, 3 * n_candidates]")
+    hidden, n_cand = first.shape[0], first.shape[1] // 3
+    want = {C.PRED_UP: (hidden, 3 * n_cand), C.PRED_UP_BIAS: (hidden,), C.PRED_DOWN: (1, hidden),
+            C.PRED_DOWN_BIAS: (1,)}
+    for i in layers:
+        for fmt, shape in want.items():
+            name = fmt % i
+            if name not in tensors:
+                raise ValueError(f"{path}: layer {i} lacks its {name}")
+            if tuple(tensors[name].shape) != shape:
+                raise ValueError(f"{path}: {name} has shape {list(tensors[name].shape)}, expected {list(shape)}")
+    if "n_candidates" in settings and int(settings["n_candidates"]) != n_cand:
+        raise ValueError(f"{settings_path}: n_candidates {settings['n_candidates']} but the predictors take "
+                         f"{3 * n_cand} features (n_candidates {n_cand})")
+    return Predictors(
+        tensors, layers, n_cand,
+        exit_layers=[int(i) for i in settings["exit_layers"]] if "exit_layers" in settings else None,
+        threshold=float(settings["threshold"]) if "threshold" in settings else None,
+        source=f"{layout} layout: {path}",
+    )
+
+
+def default_exit_layers(pred_layers: list[int], n_layer: int) -> list[int]:
+    """SpecEE's own set for a 32-layer model with predictors there (what its fork runs), else every
+    predictor layer but the last layer (exiting there saves nothing)."""
+    if n_layer == 32 and set(SPECEE_LLAMA2_7B_EXIT_LAYERS) <= set(pred_layers):
+        return list(SPECEE_LLAMA2_7B_EXIT_LAYERS)
+    return [i for i in pred_layers if i < n_layer - 1]
+
+
+def check_exit_layers(exit_layers: list[int], pred_layers: list[int], n_layer: int) -> list[int]:
+    layers = sorted(set(exit_layers))
+    if bad := [i for i in layers if i not in pred_layers]:
+        raise ValueError(f"exit layers {bad} have no predictor (predictors exist for layers {pred_layers})")
+    if bad := [i for i in layers if i >= n_layer - 1]:
+        raise ValueError(f"exit layers {bad}: the last layer is {n_layer - 1}, exiting there or later saves nothing")
+    return layers

@@ -1,0 +1,142 @@
+"""Retype the tensors of a GGUF: dequantize (Q4_1 -> F16) or quantize (F16 -> Q8_0 / Q4_0).
+
+Follows `llama-quantize` so that its output can be compared byte for byte (the F16 output for
+SmolLM2 Q4_1 is identical; see tests/test_convert_cli.py):
+- a tensor is converted when it has 2 or more dimensions (trailing 1s not counted), its name ends in
+  "weight" and it is not a norm; every other tensor is copied unchanged;
+- tensors are written in llama.cpp's order (by block number, then name; non-block tensors first);
+- the metadata is copied in order, then general.quantization_version and general.file_type are set
+  (moved to the end), and the split.* keys are dropped;
+- converting an already quantized tensor needs allow_requantize (--allow-requantize), also when the
+  target is a float type;
+- a matrix whose rows are not a whole number of blocks of the target type becomes F16.
+Differences, on purpose: the quantized targets are "pure" (every matrix gets the target type, as
+`llama-quantize --pure`; the gguf package has no K-quant quantizer for llama-quantize's mixtures),
+EAGLE head matrices stay float (the target when it is a float type, else F16) and the exit predictors
+stay F32.
+
+    python -m specee.convert quantize IN.gguf OUT.gguf f16 --allow-requantize
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from typing import Callable
+
+import gguf
+import numpy as np
+
+from specee.convert.output import OutTensor, copy_tensor, field_value, read_fields, uint32_field, write_gguf
+
+DESCRIPTION = "Retype a GGUF's tensors (dequantize or quantize), as llama-quantize does"
+
+Q = gguf.GGMLQuantizationType
+FT = gguf.LlamaFileType
+# outtype -> (tensor type, general.file_type)
+OUTTYPES = {
+    "f32": (Q.F32, FT.ALL_F32),
+    "f16": (Q.F16, FT.MOSTLY_F16),
+    "bf16": (Q.BF16, FT.MOSTLY_BF16),
+    "q8_0": (Q.Q8_0, FT.MOSTLY_Q8_0),
+    "q4_0": (Q.Q4_0, FT.MOSTLY_Q4_0),
+}
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+KEY_QUANT_VERSION = gguf.Keys.General.QUANTIZATION_VERSION
+KEY_FILE_TYPE = gguf.Keys.General.FILE_TYPE
+SPLIT_KEYS = (gguf.Keys.Split.LLM_KV_SPLIT_NO, gguf.Keys.Split.LLM_KV_SPLIT_COUNT,
+              gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
+PRED_RE = re.compile(r"blk\.\d+\.pred\.")
+
+
+def llama_order(name: str) -> tuple[int, str]:
+    """llama.cpp's tensor order: block number (-1 outside blocks), then name."""
+    m = re.match(r"blk\.(\d+)\.", name)
+    return (int(m.group(1)) if m else -1, name)
+
+
+def n_dims(ne: np.ndarray) -> int:
+    """Dimensions up to the last one larger than 1 (ggml_n_dims)."""
+    sizes = [int(n) for n in ne]
+    while len(sizes) > 1 and sizes[-1] == 1:
+        sizes.pop()
+    return len(sizes)
+
+
+def target_type(name: str, ne: np.ndarray, current: Q, qtype: Q) -> Q:
+    """The type `name` (GGML shape `ne`, now `current`) gets when the file is retyped to `qtype`."""
+    if PRED_RE.match(name):
+        return Q.F32
+    if n_dims(ne) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+        return current
+    if name.startswith("eagle.") and qtype not in FLOAT_TYPES:
+        qtype = Q.F16
+    if int(ne[0]) % gguf.GGML_QUANT_SIZES[qtype][0]:
+        return Q.F16
+    return qtype
+
+
+def converter(t: gguf.ReaderTensor, qtype: Q) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        return gguf.quants.quantize(np.asarray(data, dtype=np.float32), qtype)
+
+    return load
+
+
+def quantize_gguf(
+    src: str | os.PathLike, dst: str | os.PathLike, outtype: str, *, allow_requantize: bool = False,
+    progress: bool = True,
+) -> None:
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype must be one of {list(OUTTYPES)}, not {outtype!r}")
+    if not os.path.isfile(src):
+        raise FileNotFoundError(f"{src}: no such file")
+    qtype, ftype = OUTTYPES[outtype]
+    reader = gguf.GGUFReader(src)
+    fields = read_fields(reader)
+    for key in (KEY_QUANT_VERSION, KEY_FILE_TYPE, *SPLIT_KEYS):
+        fields.pop(key, None)
+    fields[KEY_QUANT_VERSION] = uint32_field(gguf.GGML_QUANT_VERSION)
+    fields[KEY_FILE_TYPE] = uint32_field(int(ftype))
+    tensors = []
+    for t in sorted(reader.tensors, key=lambda t: llama_order(t.name)):
+        new = target_type(t.name, t.shape, t.tensor_type, qtype)
+        if new == t.tensor_type:
+            tensors.append(copy_tensor(t))
+            continue
+        if t.tensor_type not in FLOAT_TYPES and not allow_requantize:
+            raise ValueError(
+                f"{src}: tensor {t.name} is {t.tensor_type.name} already; converting quantized tensors is "
+                "disabled unless --allow-requantize is given (quantizing them again loses quality)"
+            )
+        tensors.append(OutTensor(t.name, tuple(int(n) for n in reversed(t.shape)), new, converter(t, new)))
+    arch = field_value(fields[gguf.Keys.General.ARCHITECTURE])
+    write_gguf(dst, str(arch), fields, tensors, desc=f"quantizing to {outtype}", progress=progress)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("src", help="input .gguf")
+    ap.add_argument("dst", help="output .gguf")
+    ap.add_argument("outtype", type=str.lower, choices=list(OUTTYPES), help="target type of the matrices")
+    ap.add_argument("--allow-requantize", action="store_true",
+                    help="allow converting tensors that are quantized already (as llama-quantize)")
+
+
+def run(args: argparse.Namespace) -> None:
+    quantize_gguf(args.src, args.dst, args.outtype, allow_requantize=args.allow_requantize)
+    print(f"wrote {args.dst}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m specee.convert quantize", description=DESCRIPTION)
+    add_arguments(ap)
+    try:
+        run(ap.parse_args())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
