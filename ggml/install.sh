@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs ggml (the PyPI package libggml-python, pinned below) the way this project needs it.
 #
-#   ggml/install.sh            native: built from the sdist for this CPU with llamafile sgemm (default;
+#   ggml/install.sh            native: built from the sdist for this CPU with llamafile sgemm and ggml's own
+#                              threadpool instead of OpenMP (as upstream llama.cpp builds here; decode of F16
+#                              models measured 37 vs 48 tokens/s with OpenMP) (default;
 #                              ~30 s; matmul speed on par with upstream llama.cpp's own build)
 #   ggml/install.sh prebuilt   the prebuilt wheel (AVX2 only, no llamafile sgemm: prefill 2-3x slower)
 #   ggml/install.sh cuda       built from the sdist with CUDA (needs nvcc and cuBLAS)
@@ -14,8 +16,8 @@ mode="${1:-native}"
 py="${PYTHON:-python3}"
 
 case "$mode" in
-    native)   cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON" ;;
-    cuda)     cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_CUDA=ON" ;;
+    native)   cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF" ;;
+    cuda)     cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF -DGGML_CUDA=ON" ;;
     prebuilt) cmake_args="" ;;
     *) echo "usage: $0 [native|prebuilt|cuda]" >&2; exit 2 ;;
 esac
