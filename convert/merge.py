@@ -4,9 +4,11 @@ The base model's metadata and tensors are copied unchanged (any type, quantized 
 tensors are added as F16 (matrices; --eagle-type f32 keeps F32) and F32 (vectors), the predictors as
 F32, and the settings as specee.* keys (see the README's GGUF schema and specee.constants). Parts the
 base file carries already are replaced when new ones are given and kept otherwise. Layouts of the
-inputs: see parts.py.
+inputs: see parts.py. With --head-only the output holds only the EAGLE head (eagle.* tensors and
+specee.eagle.* keys, checked against the base model), to be loaded next to an unmodified base file.
 
     python -m specee.convert merge BASE.gguf -o OUT.gguf --eagle EAGLE_DIR --predictors preds.safetensors
+    python -m specee.convert merge BASE.gguf -o HEAD.gguf --eagle HEAD.safetensors --head-only
 """
 
 from __future__ import annotations
@@ -88,10 +90,13 @@ def merge_gguf(
     threshold: float | None = None,
     eagle_type: str = "f16",
     eagle_embd: bool = True,
+    head_only: bool = False,
     progress: bool = True,
 ) -> None:
     if eagle is None and predictors is None:
         raise ValueError("nothing to merge: give an EAGLE head (--eagle), predictors (--predictors) or both")
+    if head_only and (eagle is None or predictors is not None):
+        raise ValueError("--head-only writes an EAGLE head alone: give --eagle and no --predictors")
     if eagle_type not in EAGLE_TYPES:
         raise ValueError(f"eagle_type must be one of {list(EAGLE_TYPES)}, not {eagle_type!r}")
     if not os.path.isfile(base_path):
@@ -110,6 +115,9 @@ def merge_gguf(
         return (head is not None and name.startswith("eagle.")) or (preds is not None and bool(PRED_RE.match(name)))
 
     tensors = [copy_tensor(t) for t in reader.tensors if not replaced(t.name)]
+    if head_only:
+        fields = {k: f for k, f in fields.items() if k.startswith("specee.eagle.")}
+        tensors = []
     if head is not None:
         for key in [k for k in fields if k.startswith("specee.eagle.")]:
             del fields[key]
@@ -152,11 +160,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--eagle-type", choices=list(EAGLE_TYPES), default="f16", help="type of the EAGLE matrices")
     ap.add_argument("--no-eagle-embd", action="store_true",
                     help="leave out the head's own token embedding (the runtime then uses the base model's)")
+    ap.add_argument("--head-only", action="store_true",
+                    help="write only the EAGLE head (eagle.* tensors, specee.eagle.* keys; shapes checked against "
+                    "the base model), for loading next to the unmodified base file")
 
 
 def run(args: argparse.Namespace) -> None:
     merge_gguf(args.base, args.out, eagle=args.eagle, predictors=args.predictors, exit_layers=args.exit_layers,
-               threshold=args.exit_threshold, eagle_type=args.eagle_type, eagle_embd=not args.no_eagle_embd)
+               threshold=args.exit_threshold, eagle_type=args.eagle_type, eagle_embd=not args.no_eagle_embd,
+               head_only=args.head_only)
     print(f"wrote {args.out}")
 
 

@@ -16,6 +16,18 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* FFN_GATE    */ "blk.%d.ffn_gate.weight",
     /* FFN_UP      */ "blk.%d.ffn_up.weight",
     /* FFN_DOWN    */ "blk.%d.ffn_down.weight",
+    /* EAGLE_TOKEN_EMBD */ "eagle.token_embd.weight",
+    /* EAGLE_FC         */ "eagle.fc.weight",
+    /* EAGLE_FC_BIAS    */ "eagle.fc.bias",
+    /* EAGLE_ATTN_Q     */ "eagle.attn_q.weight",
+    /* EAGLE_ATTN_K     */ "eagle.attn_k.weight",
+    /* EAGLE_ATTN_V     */ "eagle.attn_v.weight",
+    /* EAGLE_ATTN_OUT   */ "eagle.attn_output.weight",
+    /* EAGLE_FFN_NORM   */ "eagle.ffn_norm.weight",
+    /* EAGLE_FFN_GATE   */ "eagle.ffn_gate.weight",
+    /* EAGLE_FFN_UP     */ "eagle.ffn_up.weight",
+    /* EAGLE_FFN_DOWN   */ "eagle.ffn_down.weight",
+    /* EAGLE_OUTPUT     */ "eagle.output.weight",
 };
 
 const char * specee_tensor_format(specee_tensor t) {

@@ -17,8 +17,23 @@ enum specee_tensor {
     SPECEE_TENSOR_FFN_GATE,
     SPECEE_TENSOR_FFN_UP,
     SPECEE_TENSOR_FFN_DOWN,
+    // the EAGLE-1 draft head of a merged file (SpecEE's names), in python/specee/constants.py's order
+    SPECEE_TENSOR_EAGLE_TOKEN_EMBD,
+    SPECEE_TENSOR_EAGLE_FC,
+    SPECEE_TENSOR_EAGLE_FC_BIAS,
+    SPECEE_TENSOR_EAGLE_ATTN_Q,
+    SPECEE_TENSOR_EAGLE_ATTN_K,
+    SPECEE_TENSOR_EAGLE_ATTN_V,
+    SPECEE_TENSOR_EAGLE_ATTN_OUT,
+    SPECEE_TENSOR_EAGLE_FFN_NORM,
+    SPECEE_TENSOR_EAGLE_FFN_GATE,
+    SPECEE_TENSOR_EAGLE_FFN_UP,
+    SPECEE_TENSOR_EAGLE_FFN_DOWN,
+    SPECEE_TENSOR_EAGLE_OUTPUT,
     SPECEE_TENSOR_COUNT,
 };
+
+#define SPECEE_TENSOR_EAGLE_FIRST SPECEE_TENSOR_EAGLE_TOKEN_EMBD
 
 // format string of a tensor's name ("blk.%d.attn_q.weight")
 const char * specee_tensor_format(specee_tensor t);
@@ -45,3 +60,8 @@ std::string specee_tensor_name(specee_tensor t, int il = -1);
 #define SPECEE_KEY_ROPE_SCALE_LINEAR "%s.rope.scale_linear"
 #define SPECEE_KEY_ROPE_ORIG_CTX     "%s.rope.scaling.original_context_length"
 #define SPECEE_KEY_VOCAB_SIZE        "%s.vocab_size"
+
+// SpecEE's keys of a merged file
+#define SPECEE_KEY_EAGLE_VERSION      "specee.eagle.version"
+#define SPECEE_KEY_EAGLE_FEED_FORWARD "specee.eagle.feed_forward_length"
+#define SPECEE_KEY_EAGLE_DRAFT_VOCAB  "specee.eagle.draft_vocab"

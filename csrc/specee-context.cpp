@@ -1,4 +1,5 @@
 // specee-context.cpp: a context over a model: backends, scheduler, KV cache, batch evaluation by layer ranges
+#include "specee-context.h"
 #include "specee-graph.h"
 #include "specee-impl.h"
 #include "specee-kv-cache.h"
@@ -61,6 +62,14 @@ struct specee_context {
 // Fill one [n_tokens][n_kv] F16 mask per group of layers with the same cell validity.
 // Token i sees a cached cell when it is valid in the layer and pos[cell] <= pos[i]; it sees batch
 // token j by the tree mask (or pos[j] <= pos[i] when causal).
+// One token decodes on the n_threads pool, a batch on the n_threads_batch pool; the CPU backend plans the graph
+// for its own thread count, so that must follow the pool (otherwise work is split for the wrong count).
+static void specee_context_use_threads(specee_context & ctx, int32_t n_tokens) {
+    const bool batch = n_tokens > 1 && ctx.threadpool_batch;
+    ggml_backend_cpu_set_threadpool(ctx.backend_cpu, batch ? ctx.threadpool_batch : ctx.threadpool);
+    ggml_backend_cpu_set_n_threads(ctx.backend_cpu, batch ? ctx.cparams.n_threads_batch : ctx.cparams.n_threads);
+}
+
 static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, int32_t l1,
                         std::vector<std::vector<ggml_fp16_t>> & masks, std::vector<int32_t> & mask_of_layer) {
     const specee_kv_cache & kv = ctx.kv;
@@ -216,8 +225,7 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
         ggml_backend_tensor_set(io.inp_out_ids, ctx.out_ids.data(), 0, ctx.out_ids.size() * sizeof(int32_t));
     }
 
-    ggml_backend_cpu_set_threadpool(ctx.backend_cpu,
-                                    n == 1 || !ctx.threadpool_batch ? ctx.threadpool : ctx.threadpool_batch);
+    specee_context_use_threads(ctx, n);
     if (ggml_backend_sched_graph_compute(ctx.sched, gf) != GGML_STATUS_SUCCESS) {
         specee_fail("graph computation failed");
     }
@@ -292,6 +300,7 @@ extern "C" struct specee_context_params specee_context_default_params(void) {
     p.n_batch         = 512;
     p.n_threads       = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     p.n_threads_batch = p.n_threads;
+    p.type_v          = SPECEE_KV_F16;
     return p;
 }
 
@@ -327,8 +336,13 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
         ctx->threadpool_batch      = ggml_threadpool_new(&tpb);
     }
     ggml_backend_cpu_set_threadpool(ctx->backend_cpu, ctx->threadpool);
+    ggml_backend_cpu_set_n_threads(ctx->backend_cpu, params.n_threads);
 
-    ctx->kv.init(model->hparams, params.n_ctx, ggml_backend_get_default_buffer_type(ctx->backend_cpu));
+    if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
+        specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
+    }
+    ctx->kv.init(model->hparams, params.n_ctx, ggml_backend_get_default_buffer_type(ctx->backend_cpu),
+                 params.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16);
 
     ctx->graph_size = std::max<int32_t>(2048, (int32_t) model->hparams.n_layer * 48 + 64);
     ctx->graph_meta.resize(ggml_tensor_overhead() * ctx->graph_size +
@@ -461,3 +475,24 @@ extern "C" bool specee_kv_cell_valid(const specee_context * ctx, int32_t cell, i
     return cell >= 0 && (uint32_t) cell < ctx->kv.size && il >= 0 && (uint32_t) il < ctx->kv.n_layer &&
            ctx->kv.pos[cell] >= 0 && ctx->kv.is_valid(cell, il);
 }
+
+// ---- internals (specee-context.h) -------------------------------------------------------------------
+
+ggml_backend_sched_t specee_context_sched(specee_context & ctx) { return ctx.sched; }
+
+ggml_backend_buffer_type_t specee_context_buft(specee_context & ctx) {
+    return ggml_backend_get_default_buffer_type(ctx.backend_cpu);
+}
+
+int32_t specee_context_graph_size(const specee_context & ctx) { return ctx.graph_size; }
+
+void specee_context_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_tokens) {
+    specee_context_use_threads(ctx, n_tokens);
+    if (ggml_backend_sched_graph_compute(ctx.sched, gf) != GGML_STATUS_SUCCESS) {
+        specee_fail("graph computation failed");
+    }
+}
+
+specee_kv_cache & specee_context_kv(specee_context & ctx) { return ctx.kv; }
+
+const specee_model * specee_context_model(const specee_context & ctx) { return ctx.model; }

@@ -10,6 +10,8 @@
 static void name_il(ggml_tensor * t, const char * name, int il) {
     if (il >= 0) {
         ggml_format_name(t, "%s-%d", name, il);
+    } else if (il == SPECEE_IL_EAGLE) {
+        ggml_format_name(t, "eagle_%s", name);
     } else {
         ggml_set_name(t, name);
     }
@@ -21,10 +23,10 @@ static ggml_tensor * build_norm(ggml_context * ctx0, ggml_tensor * x, ggml_tenso
 
 // self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv)
 static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
-                                const specee_kv_cache & kv, const specee_graph_params & gp, specee_graph_io & io,
-                                ggml_tensor * cur, ggml_tensor * mask, int il) {
+                                const specee_layer & layer, ggml_tensor * k_cache, ggml_tensor * v_cache,
+                                const specee_graph_params & gp, specee_graph_io & io, ggml_tensor * cur,
+                                ggml_tensor * mask, int il) {
     const specee_hparams & hp       = model.hparams;
-    const specee_layer &   layer    = model.layers[il];
     const int64_t          n_tokens = gp.n_tokens;
     const int64_t          head_k   = hp.n_embd_head_k;
     const int64_t          head_v   = hp.n_embd_head_v;
@@ -45,9 +47,7 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
                          hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
     name_il(Kcur, "Kcur_rope", il);
 
-    // store K and V in the cells of this batch
-    ggml_tensor * k_cache = kv.k[il]; // [n_embd_k_gqa, kv_size]
-    ggml_tensor * v_cache = kv.v[il]; // [n_embd_v_gqa, kv_size]
+    // store K and V in the cells of this batch (caches [n_embd_k_gqa / n_embd_v_gqa, kv_size])
     ggml_tensor * k_store = ggml_set_rows(ctx0, k_cache, ggml_reshape_2d(ctx0, Kcur, hp.n_embd_k_gqa(), n_tokens),
                                           io.inp_kv_idxs);
     name_il(k_store, "k_store", il);
@@ -69,6 +69,19 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
 
     cur = ggml_mul_mat(ctx0, layer.wo, cur); // [n_embd, n_tokens]
     name_il(cur, "attn_out", il);
+    return cur;
+}
+
+// SwiGLU feed-forward of a normed input [n_embd, n_tokens]
+static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_layer & layer, ggml_tensor * cur, int il) {
+    ggml_tensor * gate = ggml_mul_mat(ctx0, layer.ffn_gate, cur); // [n_ff, n_tokens]
+    name_il(gate, "ffn_gate", il);
+    ggml_tensor * up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [n_ff, n_tokens]
+    name_il(up, "ffn_up", il);
+    cur = ggml_swiglu_split(ctx0, gate, up);
+    name_il(cur, "ffn_swiglu", il);
+    cur = ggml_mul_mat(ctx0, layer.ffn_down, cur); // [n_embd, n_tokens]
+    name_il(cur, "ffn_out", il);
     return cur;
 }
 
@@ -114,7 +127,7 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         name_il(cur, "attn_norm", il);
 
         ggml_tensor * mask = io.inp_masks[gp.mask_of_layer[il - gp.layer_begin]];
-        cur                = build_attn(ctx0, gf, model, kv, gp, io, cur, mask, il);
+        cur = build_attn(ctx0, gf, model, layer, kv.k[il], kv.v[il], gp, io, cur, mask, il);
 
         ggml_tensor * ffn_inp = ggml_add(ctx0, cur, inpSA);
         name_il(ffn_inp, "ffn_inp", il);
@@ -122,14 +135,7 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         cur = build_norm(ctx0, ffn_inp, layer.ffn_norm, hp.f_norm_rms_eps);
         name_il(cur, "ffn_norm", il);
 
-        ggml_tensor * gate = ggml_mul_mat(ctx0, layer.ffn_gate, cur); // [n_ff, n_tokens]
-        name_il(gate, "ffn_gate", il);
-        ggml_tensor * up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [n_ff, n_tokens]
-        name_il(up, "ffn_up", il);
-        cur = ggml_swiglu_split(ctx0, gate, up);
-        name_il(cur, "ffn_swiglu", il);
-        cur = ggml_mul_mat(ctx0, layer.ffn_down, cur); // [n_embd, n_tokens]
-        name_il(cur, "ffn_out", il);
+        cur = build_ffn(ctx0, layer, cur, il);
 
         cur = ggml_add(ctx0, cur, ffn_inp);
         name_il(cur, "l_out", il);
@@ -164,5 +170,69 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
     for (ggml_tensor * t : io.l_out) {
         ggml_build_forward_expand(gf, t);
     }
+    return gf;
+}
+
+// ---- EAGLE-1 draft head ------------------------------------------------------------------------------
+
+ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                       const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size) {
+    const specee_hparams & hp    = model.hparams;
+    const specee_eagle &   eagle = model.eagle;
+    const int              il    = SPECEE_IL_EAGLE;
+    ggml_cgraph *          gf    = ggml_new_graph_custom(ctx0, graph_size, false);
+
+    // ---- inputs: token t_{i+1} and the target's feature f_i (final-norm output) of each pair
+    io.inp_tokens = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
+    ggml_set_name(io.inp_tokens, "eagle_inp_tokens");
+    ggml_set_input(io.inp_tokens);
+    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, gp.n_tokens);
+    ggml_set_name(io.inp_embd, "eagle_inp_feature");
+    ggml_set_input(io.inp_embd);
+    io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
+    ggml_set_name(io.inp_pos, "eagle_inp_pos");
+    ggml_set_input(io.inp_pos);
+    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, gp.n_tokens);
+    ggml_set_name(io.inp_kv_idxs, "eagle_inp_kv_idxs");
+    ggml_set_input(io.inp_kv_idxs);
+    io.inp_masks.assign(1, ggml_new_tensor_2d(ctx0, GGML_TYPE_F16, gp.n_kv, gp.n_tokens));
+    ggml_set_name(io.inp_masks[0], "eagle_kq_mask");
+    ggml_set_input(io.inp_masks[0]);
+
+    ggml_tensor * embd = ggml_get_rows(ctx0, eagle.tok_embd ? eagle.tok_embd : model.tok_embd, io.inp_tokens);
+    name_il(embd, "inp_embd", il);                                  // [n_embd, n_tokens]
+    ggml_tensor * cur = ggml_concat(ctx0, embd, io.inp_embd, 0);    // [2 n_embd, n_tokens]
+    name_il(cur, "inp_concat", il);
+    cur = ggml_add(ctx0, ggml_mul_mat(ctx0, eagle.fc, cur), eagle.fc_b); // [n_embd, n_tokens]
+    name_il(cur, "fc", il);
+
+    // one decoder layer without its input norm
+    ggml_tensor * inpSA = cur;
+    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], il);
+    ggml_tensor * ffn_inp = ggml_add(ctx0, cur, inpSA);
+    name_il(ffn_inp, "ffn_inp", il);
+    cur = build_norm(ctx0, ffn_inp, eagle.layer.ffn_norm, hp.f_norm_rms_eps);
+    name_il(cur, "ffn_norm", il);
+    cur = build_ffn(ctx0, eagle.layer, cur, il);
+    cur = ggml_add(ctx0, cur, ffn_inp); // [n_embd, n_tokens]: the next feature of the draft
+    name_il(cur, "out", il);
+    ggml_set_output(cur);
+    io.l_out.assign(1, cur);
+
+    // logits of the output tokens, no final norm
+    if (gp.n_outputs > 0) {
+        if (gp.n_outputs < gp.n_tokens) {
+            io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
+            ggml_set_name(io.inp_out_ids, "eagle_inp_out_ids");
+            ggml_set_input(io.inp_out_ids);
+            cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
+        }
+        cur = ggml_mul_mat(ctx0, eagle.output ? eagle.output : model.output, cur); // [n_draft_vocab, n_outputs]
+        name_il(cur, "logits", il);
+        ggml_set_output(cur);
+        io.result_output = cur;
+    }
+    ggml_build_forward_expand(gf, io.l_out[0]);
+    ggml_build_forward_expand(gf, cur);
     return gf;
 }

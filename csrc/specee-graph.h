@@ -1,4 +1,4 @@
-// specee-graph.h: ggml graph builders for the target model's layers
+// specee-graph.h: ggml graph builders for the target model's layers and the EAGLE draft head
 #pragma once
 
 #include "ggml.h"
@@ -38,5 +38,15 @@ struct specee_graph_io {
     ggml_tensor *              result_output = nullptr; // [n_vocab, n_outputs]
 };
 
+// layer index that names a graph's intermediates "eagle_<name>" (the draft head's layer)
+#define SPECEE_IL_EAGLE (-2)
+
 ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                  const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);
+
+// The EAGLE-1 draft head over a batch of (token, feature) pairs: io.inp_tokens, io.inp_embd (the features
+// [n_embd, n_tokens]), io.inp_pos, io.inp_kv_idxs, io.inp_masks[0] over the head's one-layer cache `kv`;
+// io.l_out[0] is the head's output feature (eagle_out), io.result_output its logits for the n_outputs
+// tokens of io.inp_out_ids (over the draft vocabulary when the head has its own).
+ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                       const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);

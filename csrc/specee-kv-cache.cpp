@@ -15,7 +15,8 @@ specee_kv_cache::~specee_kv_cache() {
     }
 }
 
-void specee_kv_cache::init(const specee_hparams & hp, uint32_t n_ctx, ggml_backend_buffer_type_t buft) {
+void specee_kv_cache::init(const specee_hparams & hp, uint32_t n_ctx, ggml_backend_buffer_type_t buft,
+                           ggml_type type_v) {
     size    = n_ctx;
     n_layer = hp.n_layer;
     pos.assign(size, -1);
@@ -29,7 +30,7 @@ void specee_kv_cache::init(const specee_hparams & hp, uint32_t n_ctx, ggml_backe
     v.resize(n_layer);
     for (uint32_t il = 0; il < n_layer; ++il) {
         k[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, hp.n_embd_k_gqa(), size);
-        v[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, hp.n_embd_v_gqa(), size);
+        v[il] = ggml_new_tensor_2d(ctx, type_v, hp.n_embd_v_gqa(), size);
         ggml_format_name(k[il], "cache_k_l%u", il);
         ggml_format_name(v[il], "cache_v_l%u", il);
     }
@@ -94,4 +95,26 @@ void specee_kv_cache::clear() {
     std::fill(pos.begin(), pos.end(), -1);
     std::fill(valid.begin(), valid.end(), 0);
     used = 0;
+}
+
+void specee_kv_cache::move_cell(int32_t src, int32_t dst) {
+    if (src == dst) {
+        return;
+    }
+    if (pos[src] < 0 || pos[dst] >= 0) {
+        specee_fail("cannot move KV cell %d to %d: the source must be used and the destination free", src, dst);
+    }
+    std::vector<uint8_t> row;
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        for (ggml_tensor * t : {k[il], v[il]}) {
+            const size_t nb = t->nb[1];
+            row.resize(nb);
+            ggml_backend_tensor_get(t, row.data(), (size_t) src * nb, nb);
+            ggml_backend_tensor_set(t, row.data(), (size_t) dst * nb, nb);
+        }
+    }
+    occupy(dst, pos[src]);
+    std::copy(valid.begin() + (size_t) src * n_layer, valid.begin() + (size_t) (src + 1) * n_layer,
+              valid.begin() + (size_t) dst * n_layer);
+    free_cell(src);
 }

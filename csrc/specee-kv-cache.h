@@ -18,14 +18,15 @@ struct specee_kv_cache {
     uint32_t             used = 0;
 
     std::vector<ggml_tensor *> k; // per layer [n_embd_k_gqa, size] F16
-    std::vector<ggml_tensor *> v; // per layer [n_embd_v_gqa, size] F16 (not transposed: flash attention)
+    std::vector<ggml_tensor *> v; // per layer [n_embd_v_gqa, size] F16 or F32 (not transposed: flash attention)
 
     ggml_context *        ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;
 
     ~specee_kv_cache();
 
-    void init(const specee_hparams & hp, uint32_t n_ctx, ggml_backend_buffer_type_t buft);
+    void init(const specee_hparams & hp, uint32_t n_ctx, ggml_backend_buffer_type_t buft,
+              ggml_type type_v = GGML_TYPE_F16);
 
     // lowest free cells for n tokens; throws "context overflow" when there are too few
     std::vector<int32_t> find_slots(uint32_t n) const;
@@ -38,4 +39,6 @@ struct specee_kv_cache {
     void occupy(int32_t cell, int32_t p);
     void free_cell(int32_t cell);
     void clear();
+    // move a used cell's K/V (every layer), position and validity into the free cell dst
+    void move_cell(int32_t src, int32_t dst);
 };

@@ -214,13 +214,13 @@ static std::string shape_str(const int64_t * ne, int n) {
     return s + "]";
 }
 
-static ggml_tensor * get_tensor(specee_model & m, specee_tensor which, int il, std::vector<int64_t> shape,
-                                bool required = true) {
+static ggml_tensor * get_tensor_in(ggml_context * cm, const std::string & path, specee_tensor which, int il,
+                                   std::vector<int64_t> shape, bool required = true) {
     const std::string name = specee_tensor_name(which, il);
-    ggml_tensor *     t    = ggml_get_tensor(m.ctx_meta, name.c_str());
+    ggml_tensor *     t    = ggml_get_tensor(cm, name.c_str());
     if (!t) {
         if (required) {
-            specee_fail("missing tensor '%s' in %s", name.c_str(), m.path.c_str());
+            specee_fail("missing tensor '%s' in %s", name.c_str(), path.c_str());
         }
         return nullptr;
     }
@@ -233,6 +233,11 @@ static ggml_tensor * get_tensor(specee_model & m, specee_tensor which, int il, s
                     shape_str(shape.data(), (int) shape.size()).c_str(), shape_str(t->ne, ggml_n_dims(t)).c_str());
     }
     return t;
+}
+
+static ggml_tensor * get_tensor(specee_model & m, specee_tensor which, int il, std::vector<int64_t> shape,
+                                bool required = true) {
+    return get_tensor_in(m.ctx_meta, m.path, which, il, std::move(shape), required);
 }
 
 static std::string size_label(uint64_t n_params) {
@@ -294,40 +299,42 @@ static void load_hparams(specee_model & m, const std::string & arch) {
     get_u32(g, key_of(SPECEE_KEY_ROPE_ORIG_CTX, arch), hp.n_ctx_orig, false);
 }
 
-static void map_file(specee_model & m, bool use_mmap) {
-    const int fd = open(m.path.c_str(), O_RDONLY);
+static void map_path(const std::string & path, bool use_mmap, void *& addr, size_t & size, bool & mapped) {
+    const int fd = open(path.c_str(), O_RDONLY);
     if (fd < 0) {
-        specee_fail("cannot open model file '%s': %s", m.path.c_str(), strerror(errno));
+        specee_fail("cannot open model file '%s': %s", path.c_str(), strerror(errno));
     }
     struct stat st;
     fstat(fd, &st);
-    m.size = (size_t) st.st_size;
+    size = (size_t) st.st_size;
     if (use_mmap) {
-        void * p = mmap(nullptr, m.size, PROT_READ, MAP_SHARED, fd, 0);
+        void * p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
         close(fd);
         if (p == MAP_FAILED) {
-            specee_fail("cannot mmap '%s': %s", m.path.c_str(), strerror(errno));
+            specee_fail("cannot mmap '%s': %s", path.c_str(), strerror(errno));
         }
-        m.addr   = p;
-        m.mapped = true;
+        addr   = p;
+        mapped = true;
         return;
     }
-    m.addr = aligned_alloc(4096, (m.size + 4095) / 4096 * 4096);
-    if (!m.addr) {
+    addr = aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+    if (!addr) {
         close(fd);
-        specee_fail("out of memory reading '%s' (%zu bytes)", m.path.c_str(), m.size);
+        specee_fail("out of memory reading '%s' (%zu bytes)", path.c_str(), size);
     }
     size_t done = 0;
-    while (done < m.size) {
-        const ssize_t r = read(fd, (char *) m.addr + done, m.size - done);
+    while (done < size) {
+        const ssize_t r = read(fd, (char *) addr + done, size - done);
         if (r <= 0) {
             close(fd);
-            specee_fail("error reading '%s'", m.path.c_str());
+            specee_fail("error reading '%s'", path.c_str());
         }
         done += (size_t) r;
     }
     close(fd);
 }
+
+static void map_file(specee_model & m, bool use_mmap) { map_path(m.path, use_mmap, m.addr, m.size, m.mapped); }
 
 // The CPU backend's extra buffer types hold some quantized matrices in a repacked, interleaved layout
 // that its matmul kernels run faster on (e.g. Q4_0 as 8x8 blocks on AVX2), as upstream llama.cpp does by
@@ -358,9 +365,9 @@ static void repack_weights(specee_model & m) {
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> probe(ggml_init(ip), ggml_free);
     std::vector<ggml_backend_buffer_type_t> chosen(cands.size(), nullptr);
     for (ggml_backend_buffer_type_t * buft = get_extra(dev); buft && *buft; ++buft) {
-        // ggml built with -march=native on a CPU that reports AMX compiles its AMX tile kernels in, but
-        // some VMs do not enable the tile state and the first tile instruction dies with SIGILL; they are
-        // opt-in (SPECEE_AMX=1)
+        // ggml's AMX tile kernels as GCC 12 compiles them with -march=native die with SIGILL on the Sapphire
+        // Rapids machines this was developed on (the tile state is enabled; the fault is in the generated
+        // code). ggml/install.sh builds ggml without AMX; a ggml built with it is used only on SPECEE_AMX=1
         if (strstr(ggml_backend_buft_name(*buft), "AMX") && !getenv("SPECEE_AMX")) {
             continue;
         }
@@ -409,6 +416,147 @@ static void repack_weights(specee_model & m) {
             ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
         }
     }
+}
+
+// ---- EAGLE draft head ----------------------------------------------------------------------------
+
+specee_weights_file::~specee_weights_file() {
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+    if (ctx_meta) {
+        ggml_free(ctx_meta);
+    }
+    if (gguf) {
+        gguf_free(gguf);
+    }
+    if (addr) {
+        if (mapped) {
+            munmap(addr, size);
+        } else {
+            free(addr);
+        }
+    }
+}
+
+static bool has_eagle_tensors(ggml_context * cm) {
+    for (ggml_tensor * t = ggml_get_first_tensor(cm); t; t = ggml_get_next_tensor(cm, t)) {
+        if (strncmp(ggml_get_name(t), "eagle.", 6) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// The head's tensors in cm (metadata in g), shapes checked against the base model's hyperparameters.
+static specee_eagle read_eagle(const specee_model & m, ggml_context * cm, const gguf_context * g,
+                               const std::string & path) {
+    const specee_hparams & hp = m.hparams;
+    specee_eagle           e;
+    e.source = path;
+    e.version = 1;
+    get_u32(g, SPECEE_KEY_EAGLE_VERSION, e.version, false);
+    if (e.version != 1) {
+        specee_fail("the EAGLE head in %s is version %u; this runtime runs EAGLE-1 heads (%s = 1)", path.c_str(),
+                    e.version, SPECEE_KEY_EAGLE_VERSION);
+    }
+    const int64_t n_embd = hp.n_embd;
+    const int64_t n_q    = (int64_t) hp.n_embd_head_k * hp.n_head;
+    const int64_t n_out  = (int64_t) hp.n_embd_head_v * hp.n_head;
+    try {
+        ggml_tensor * gate = ggml_get_tensor(cm, specee_tensor_name(SPECEE_TENSOR_EAGLE_FFN_GATE).c_str());
+        e.n_ff             = gate ? (uint32_t) gate->ne[1] : 0;
+        get_u32(g, SPECEE_KEY_EAGLE_FEED_FORWARD, e.n_ff, false);
+        const int64_t n_ff = e.n_ff;
+
+        specee_layer & l = e.layer;
+        e.tok_embd = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_TOKEN_EMBD, -1, {n_embd, (int64_t) hp.n_vocab}, false);
+        e.fc       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FC, -1, {2 * n_embd, n_embd});
+        e.fc_b     = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FC_BIAS, -1, {n_embd});
+        l.wq       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_Q, -1, {n_embd, n_q});
+        l.wk       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_K, -1, {n_embd, (int64_t) hp.n_embd_k_gqa()});
+        l.wv       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_V, -1, {n_embd, (int64_t) hp.n_embd_v_gqa()});
+        l.wo       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_OUT, -1, {n_out, n_embd});
+        l.ffn_norm = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FFN_NORM, -1, {n_embd});
+        l.ffn_gate = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FFN_GATE, -1, {n_embd, n_ff});
+        l.ffn_up   = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FFN_UP, -1, {n_embd, n_ff});
+        l.ffn_down = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FFN_DOWN, -1, {n_ff, n_embd});
+        ggml_tensor * out = ggml_get_tensor(cm, specee_tensor_name(SPECEE_TENSOR_EAGLE_OUTPUT).c_str());
+        e.output = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_OUTPUT, -1, {n_embd, out ? out->ne[1] : 0}, false);
+    } catch (const specee_error & err) {
+        specee_fail("the EAGLE head in %s does not fit the model (n_embd %u, %u heads / %u KV heads, vocab %u): %s",
+                    path.c_str(), hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_vocab, err.what());
+    }
+
+    // a reduced draft vocabulary: eagle.output's rows are the target tokens listed in draft_vocab
+    const int64_t id = gguf_find_key(g, SPECEE_KEY_EAGLE_DRAFT_VOCAB);
+    if (e.output) {
+        if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_ARRAY ||
+            (gguf_get_arr_type(g, id) != GGUF_TYPE_INT32 && gguf_get_arr_type(g, id) != GGUF_TYPE_UINT32)) {
+            specee_fail("the EAGLE head in %s has eagle.output.weight but no int32 array %s (its rows' target ids)",
+                        path.c_str(), SPECEE_KEY_EAGLE_DRAFT_VOCAB);
+        }
+        const size_t    n   = gguf_get_arr_n(g, id);
+        const int32_t * ids = (const int32_t *) gguf_get_arr_data(g, id);
+        if ((int64_t) n != e.output->ne[1]) {
+            specee_fail("the EAGLE head in %s: %s lists %zu tokens but eagle.output.weight has %lld rows", path.c_str(),
+                        SPECEE_KEY_EAGLE_DRAFT_VOCAB, n, (long long) e.output->ne[1]);
+        }
+        e.draft_vocab.assign(ids, ids + n);
+        for (int32_t t : e.draft_vocab) {
+            if (t < 0 || t >= (int32_t) hp.n_vocab) {
+                specee_fail("the EAGLE head in %s: %s holds token id %d outside the vocabulary [0, %u)", path.c_str(),
+                            SPECEE_KEY_EAGLE_DRAFT_VOCAB, t, hp.n_vocab);
+            }
+        }
+    } else if (id >= 0) {
+        specee_fail("the EAGLE head in %s has %s but no eagle.output.weight", path.c_str(), SPECEE_KEY_EAGLE_DRAFT_VOCAB);
+    }
+    return e;
+}
+
+// A head from its own GGUF (eagle.* tensors, specee.* keys; other tensors are ignored), replacing the
+// model's head if it has one.
+static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) {
+    if (!path || !*path) {
+        specee_fail("no EAGLE head path given");
+    }
+    auto f = std::make_unique<specee_weights_file>();
+    FILE * fp = fopen(path, "rb");
+    if (!fp) {
+        specee_fail("cannot open the EAGLE head file '%s': %s", path, strerror(errno));
+    }
+    fclose(fp);
+    gguf_init_params gp = {/*no_alloc =*/true, /*ctx =*/&f->ctx_meta};
+    f->gguf             = gguf_init_from_file(path, gp);
+    if (!f->gguf) {
+        specee_fail("'%s' is not a GGUF file, or a corrupt or truncated one", path);
+    }
+    if (!has_eagle_tensors(f->ctx_meta)) {
+        specee_fail("'%s' holds no EAGLE head (no eagle.* tensors)", path);
+    }
+    specee_eagle e = read_eagle(m, f->ctx_meta, f->gguf, path);
+
+    map_path(path, use_mmap, f->addr, f->size, f->mapped);
+    const size_t data_offset = gguf_get_data_offset(f->gguf);
+    f->buf                   = ggml_backend_cpu_buffer_from_ptr(f->addr, f->size);
+    if (!f->buf) {
+        specee_fail("cannot create a backend buffer over '%s'", path);
+    }
+    for (int64_t i = 0; i < gguf_get_n_tensors(f->gguf); ++i) {
+        const char *  name = gguf_get_tensor_name(f->gguf, i);
+        ggml_tensor * t    = ggml_get_tensor(f->ctx_meta, name);
+        const size_t  off  = data_offset + gguf_get_tensor_offset(f->gguf, i);
+        if (off + ggml_nbytes(t) > f->size) {
+            specee_fail("'%s' is truncated: tensor '%s' needs bytes up to %zu but the file has %zu", path, name,
+                        off + ggml_nbytes(t), f->size);
+        }
+        if (ggml_backend_tensor_alloc(f->buf, t, (char *) f->addr + off) != GGML_STATUS_SUCCESS) {
+            specee_fail("cannot place tensor '%s'", name);
+        }
+    }
+    m.eagle      = std::move(e);
+    m.eagle_file = std::move(f);
 }
 
 specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
@@ -488,6 +636,9 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
         l.ffn_up         = get_tensor(m, SPECEE_TENSOR_FFN_UP, il, {n_embd, (int64_t) hp.n_ff});
         l.ffn_down       = get_tensor(m, SPECEE_TENSOR_FFN_DOWN, il, {(int64_t) hp.n_ff, n_embd});
     }
+    if (has_eagle_tensors(m.ctx_meta)) {
+        m.eagle = read_eagle(m, m.ctx_meta, m.gguf, m.path);
+    }
 
     // ---- check every tensor lies inside the file, then point the tensors into the mapping
     map_file(m, use_mmap);
@@ -500,6 +651,9 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
         if (off + ggml_nbytes(t) > m.size) {
             specee_fail("'%s' is truncated: tensor '%s' needs bytes up to %zu but the file has %zu", path, name,
                         off + ggml_nbytes(t), m.size);
+        }
+        if (strncmp(name, "eagle.", 6) == 0) {
+            continue; // the draft head is not counted in the model's size
         }
         m.n_params += (uint64_t) ggml_nelements(t);
         m.n_bytes += ggml_nbytes(t);
@@ -573,5 +727,33 @@ extern "C" const char * specee_model_meta_value(const specee_model * m, int32_t 
 }
 
 extern "C" const char * specee_arch_tensor_name(int32_t i) {
-    return (i >= 0 && i < SPECEE_TENSOR_COUNT) ? specee_tensor_format((specee_tensor) i) : nullptr;
+    return (i >= 0 && i < SPECEE_TENSOR_EAGLE_FIRST) ? specee_tensor_format((specee_tensor) i) : nullptr;
+}
+
+extern "C" const char * specee_arch_eagle_tensor_name(int32_t i) {
+    const int32_t t = SPECEE_TENSOR_EAGLE_FIRST + i;
+    return (i >= 0 && t < SPECEE_TENSOR_COUNT) ? specee_tensor_format((specee_tensor) t) : nullptr;
+}
+
+extern "C" int32_t specee_model_load_eagle(specee_model * model, const char * path) {
+    return specee_guard<int32_t>(-1, [&] {
+        if (!model) {
+            specee_fail("no model");
+        }
+        load_eagle_file(*model, path, model->mapped || !model->addr);
+        return 0;
+    });
+}
+
+extern "C" bool specee_model_has_eagle(const specee_model * model) { return model && model->eagle.version > 0; }
+
+extern "C" const int32_t * specee_model_eagle_draft_vocab(const specee_model * model) {
+    return specee_model_has_eagle(model) && model->eagle.output ? model->eagle.draft_vocab.data() : nullptr;
+}
+
+extern "C" int32_t specee_model_eagle_n_vocab(const specee_model * model) {
+    if (!specee_model_has_eagle(model)) {
+        return 0;
+    }
+    return model->eagle.output ? (int32_t) model->eagle.draft_vocab.size() : (int32_t) model->hparams.n_vocab;
 }

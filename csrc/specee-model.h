@@ -6,6 +6,7 @@
 #include "gguf.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +46,33 @@ struct specee_layer {
     ggml_tensor * ffn_down  = nullptr; // [n_ff, n_embd]
 };
 
+// EAGLE-1 draft head: x = fc(concat(embed(t), f)) + fc_b, then one decoder layer without its input norm
+// (layer.attn_norm is unused), no final norm; logits through the base lm_head or, with a reduced draft
+// vocabulary, through `output` whose rows are the target tokens draft_vocab[i]
+struct specee_eagle {
+    uint32_t      version  = 0; // 0: the model has no head
+    uint32_t      n_ff     = 0;
+    ggml_tensor * tok_embd = nullptr; // [n_embd, n_vocab] or NULL: the base model's token_embd
+    ggml_tensor * fc       = nullptr; // [2 * n_embd, n_embd] (input: embedding first, then feature)
+    ggml_tensor * fc_b     = nullptr; // [n_embd]
+    specee_layer  layer;              // wq, wk, wv, wo, ffn_norm, ffn_gate/up/down (n_ff)
+    ggml_tensor * output   = nullptr; // [n_embd, n_draft_vocab] or NULL: the base model's output
+    std::vector<int32_t> draft_vocab; // target id of each row of output
+    std::string   source;             // the file it was read from
+};
+
+// a GGUF file whose tensors point into its mapping (a separately loaded head)
+struct specee_weights_file {
+    gguf_context *        gguf     = nullptr;
+    ggml_context *        ctx_meta = nullptr;
+    ggml_backend_buffer_t buf      = nullptr;
+    void *                addr     = nullptr;
+    size_t                size     = 0;
+    bool                  mapped   = false;
+
+    ~specee_weights_file();
+};
+
 struct specee_vocab;
 
 struct specee_model {
@@ -56,6 +84,7 @@ struct specee_model {
     ggml_tensor * output      = nullptr; // [n_embd, n_vocab] (tok_embd when tied)
     ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
     std::vector<specee_layer> layers;
+    specee_eagle              eagle; // draft head, from the model file or specee_model_load_eagle
 
     specee_vocab * vocab = nullptr; // tokenizer, from tokenizer.ggml.* (specee-vocab.cpp)
 
@@ -73,6 +102,7 @@ struct specee_model {
     void *                addr     = nullptr; // mapping (or owned copy) of the whole file
     size_t                size     = 0;
     bool                  mapped   = false;
+    std::unique_ptr<specee_weights_file> eagle_file; // a head loaded from its own file
 
     ~specee_model();
 };

@@ -9,6 +9,7 @@
 // The draw uses std::mt19937 and a 53-bit uniform built from its raw output, so a seed gives the
 // same tokens on every platform.
 #include "specee-impl.h"
+#include "specee-sampling.h"
 #include "specee.h"
 
 #include <algorithm>
@@ -211,7 +212,9 @@ extern "C" specee_sampler * specee_sampler_init(struct specee_sampler_params par
 
 extern "C" void specee_sampler_free(specee_sampler * smpl) { delete smpl; }
 
-static int32_t sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab) {
+// The chain up to the draw. Greedy: returns the argmax of the (penalised) logits. Otherwise leaves in s.cur
+// the candidates the draw picks from, with their tempered logits, and returns -1.
+static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_vocab, bool penalty) {
     if (!logits || n_vocab <= 0) {
         specee_fail("no logits to sample from (n_vocab = %d)", n_vocab);
     }
@@ -223,7 +226,9 @@ static int32_t sampler_sample_impl(specee_sampler & s, const float * logits, int
         }
         cur[i] = {i, logits[i], 0.0f};
     }
-    apply_repeat_penalty(s, cur);
+    if (penalty) {
+        apply_repeat_penalty(s, cur);
+    }
 
     if (s.params.temp <= 0.0f) {
         int32_t best = 0;
@@ -249,7 +254,47 @@ static int32_t sampler_sample_impl(specee_sampler & s, const float * logits, int
     for (auto & c : cur) {
         c.logit /= s.params.temp;
     }
-    return draw(cur, s.rng);
+    return -1;
+}
+
+static int32_t sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab) {
+    const int32_t best = run_chain(s, logits, n_vocab, true);
+    return best >= 0 ? best : draw(s.cur, s.rng);
+}
+
+void specee_sampler_dist(specee_sampler & s, const float * logits, int32_t n_vocab, bool penalty,
+                         std::vector<std::pair<int32_t, float>> & out) {
+    out.clear();
+    const int32_t best = run_chain(s, logits, n_vocab, penalty);
+    if (best >= 0) {
+        out.emplace_back(best, 1.0f);
+        return;
+    }
+    compute_probs(s.cur);
+    for (const auto & c : s.cur) {
+        if (c.p > 0.0f) {
+            out.emplace_back(c.id, c.p);
+        }
+    }
+}
+
+double specee_sampler_uniform(specee_sampler & s) { return uniform_01(s.rng); }
+
+bool specee_sampler_greedy(const specee_sampler & s) { return s.params.temp <= 0.0f; }
+
+extern "C" int32_t specee_sampler_probs(specee_sampler * smpl, const float * logits, int32_t n_vocab, float * probs) {
+    return specee_guard<int32_t>(-1, [&] {
+        if (!smpl || !probs) {
+            specee_fail("no sampler or no output array");
+        }
+        std::vector<std::pair<int32_t, float>> dist;
+        specee_sampler_dist(*smpl, logits, n_vocab, true, dist);
+        std::fill(probs, probs + n_vocab, 0.0f);
+        for (const auto & d : dist) {
+            probs[d.first] = d.second;
+        }
+        return 0;
+    });
 }
 
 extern "C" int32_t specee_sampler_sample(specee_sampler * smpl, const float * logits, int32_t n_vocab) {

@@ -51,6 +51,20 @@ const char * specee_model_meta_value(const specee_model * model, int32_t i);
 
 // the GGUF tensor-name formats this runtime reads ("blk.%d.attn_q.weight", ...), NULL past the end
 const char * specee_arch_tensor_name(int32_t i);
+// the same for the EAGLE draft head's tensors ("eagle.fc.weight", ...)
+const char * specee_arch_eagle_tensor_name(int32_t i);
+
+// EAGLE-1 draft head: read from the model file when it has eagle.* tensors (a merged file), or from a file
+// of its own (eagle.* tensors and specee.eagle.* keys, e.g. `python -m specee.convert merge --head-only`),
+// which replaces the model's head. Shapes are checked against the model. Not while a speculative decoder
+// (specee_spec) uses the model. Returns 0, or -1 with specee_last_error().
+int32_t specee_model_load_eagle(specee_model * model, const char * path);
+bool    specee_model_has_eagle(const specee_model * model);
+// rows of the head's lm_head: the model's vocabulary, or its reduced draft vocabulary; 0 without a head
+int32_t specee_model_eagle_n_vocab(const specee_model * model);
+// the target token of each row of a reduced draft vocabulary [specee_model_eagle_n_vocab], NULL when the head
+// uses the model's lm_head
+const int32_t * specee_model_eagle_draft_vocab(const specee_model * model);
 
 // ---- vocabulary (tokenizer.ggml.* metadata) ---------------------------------------------------
 
@@ -86,6 +100,14 @@ struct specee_context_params {
     uint32_t n_batch;         // most tokens in one graph; longer plain batches are split
     int32_t  n_threads;       // threads for single-token decode
     int32_t  n_threads_batch; // threads for batches of more than one token
+    int32_t  type_v;          // V cache: SPECEE_KV_F16 (default) or SPECEE_KV_F32, with which attention
+                              // accumulates in F32 on one kernel path for every batch shape, so a token's
+                              // logits do not depend on the batch it is in (speculative == plain, bit for bit)
+};
+
+enum specee_kv_type {
+    SPECEE_KV_F16 = 0,
+    SPECEE_KV_F32 = 1,
 };
 
 struct specee_context_params specee_context_default_params(void);
@@ -171,6 +193,65 @@ int32_t specee_sampler_sample(specee_sampler * smpl, const float * logits, int32
 // add a token to the history (prompt tokens too, for the repetition penalty)
 void    specee_sampler_accept(specee_sampler * smpl, int32_t token);
 void    specee_sampler_reset(specee_sampler * smpl);
+// the distribution specee_sampler_sample draws from for these logits (penalties from the history, top-k,
+// top-p, min-p, temperature; greedy: 1 at the argmax), written to probs [n_vocab]; 0, or -1 on error
+int32_t specee_sampler_probs(specee_sampler * smpl, const float * logits, int32_t n_vocab, float * probs);
+
+// ---- speculative decoding with the EAGLE head (lossless) -------------------------------------------
+//
+// Each step drafts a tree of tokens with the model's EAGLE head, verifies it with one batched pass of the
+// model, and returns the accepted tokens plus one from the model's own distribution. Greedy output is the
+// plain greedy output; with sampling every token keeps the sampler's distribution (see
+// specee-speculative.cpp). The decoder owns the context's KV cache while it runs: start with
+// specee_spec_prefill, then call specee_spec_step; the last returned token is not in the cache yet (as
+// after plain sampling). Both add the tokens they return to the sampler's history (the caller adds the
+// prompt's, as in plain decoding).
+
+enum specee_spec_tree {
+    SPECEE_SPEC_TREE_STATIC  = 0, // EAGLE-1: a fixed tree from a choices list
+    SPECEE_SPEC_TREE_DYNAMIC = 1, // EAGLE-2: the best total_tokens of a tree grown top_k by top_k, depth deep
+};
+
+struct specee_spec_params {
+    int32_t      tree;         // enum specee_spec_tree
+    const char * choices;      // static: "[[0], [1], [0, 0], ...]" (child ranks along each path, TensorRT-LLM's
+                               // --eagle_choices) or the preset "mc_sim_7b_63"; NULL: mc_sim_7b_63
+    int32_t      total_tokens; // dynamic: draft tokens verified per step
+    int32_t      depth;        // dynamic: most draft tokens on one path
+    int32_t      top_k;        // dynamic: children per expanded node, and nodes expanded per depth
+};
+
+struct specee_spec_stats {
+    int32_t n_steps;     // draft-and-verify steps
+    int32_t n_drafted;   // draft tokens verified
+    int32_t n_accepted;  // draft tokens accepted
+    int32_t n_tokens;    // tokens returned by the steps (accepted + one per step, fewer when cut short)
+    double  t_draft_ms;  // in the draft head, tree building included
+    double  t_verify_ms; // in the model's verification passes
+    double  t_accept_ms; // acceptance and cache bookkeeping
+};
+// mean accepted tokens per step (EAGLE's acceptance length): n_tokens / n_steps
+
+typedef struct specee_spec specee_spec;
+
+struct specee_spec_params specee_spec_default_params(void);
+// NULL with specee_last_error() when the model has no head or the parameters are bad
+specee_spec * specee_spec_init(specee_context * ctx, struct specee_spec_params params);
+void          specee_spec_free(specee_spec * spec);
+// evaluate tokens after the cached ones (an empty cache starts a new sequence; in a conversation the next
+// turn's tokens, starting with the last returned token), then sample the first token; returns it or -1
+int32_t specee_spec_prefill(specee_spec * spec, specee_sampler * smpl, const int32_t * tokens, int32_t n_tokens);
+// one step: writes 1..n_max tokens (it stops after an end-of-generation token); returns their count or -1
+int32_t specee_spec_step(specee_spec * spec, specee_sampler * smpl, int32_t * tokens, int32_t n_max);
+struct specee_spec_stats specee_spec_get_stats(const specee_spec * spec);
+void                     specee_spec_reset_stats(specee_spec * spec);
+// number of draft tokens of a choices list or preset, or -1 with the reason in specee_last_error()
+int32_t                  specee_spec_check_choices(const char * choices);
+// The head alone over n pairs (tokens[i], features[i] [n_embd]) at positions 0..n-1, causal: logits
+// [n][specee_model_eagle_n_vocab] (NULL: not needed) and the head's output features [n][n_embd] (eagle_out,
+// NULL: not needed). For tests and acceptance estimates; it clears the decoder's state (prefill again).
+int32_t specee_spec_eval_head(specee_spec * spec, const int32_t * tokens, const float * features, int32_t n,
+                              float * logits, float * out);
 
 // ---- chat templates ------------------------------------------------------------------------------
 

@@ -21,7 +21,20 @@ case "$mode" in
     prebuilt) cmake_args="" ;;
     *) echo "usage: $0 [native|prebuilt|cuda]" >&2; exit 2 ;;
 esac
-want="$mode $GGML_VERSION $cmake_args"
+# From-source builds leave out two instruction sets that -march=native would turn on here:
+#  - AVX512-FP16: ggml 0.20.2's F16 dot product then accumulates in FP16 with a 128-wide step and a scalar tail
+#    (n_embd 576, head size 64); F16 decode measured 0.78x upstream llama.cpp with it, 0.99x without;
+#  - AMX: its tile kernels as GCC 12 builds them die with SIGILL on the Sapphire Rapids machines used here.
+cflags=""
+if [ "$mode" != prebuilt ]; then
+    for f in -mno-avx512fp16 -mno-amx-tile -mno-amx-int8 -mno-amx-bf16; do
+        if echo 'int main(void){return 0;}' | "${CC:-cc}" "$f" -x c -o /dev/null - 2>/dev/null; then
+            cflags="$cflags $f"
+        fi
+    done
+    cflags="${cflags# }"
+fi
+want="$mode $GGML_VERSION $cmake_args $cflags"
 
 marker() {
     "$py" - <<'PY' 2>/dev/null || true
@@ -42,8 +55,8 @@ fi
 if [ "$mode" = prebuilt ]; then
     "$py" -m pip install --force-reinstall --no-deps "libggml-python==$GGML_VERSION"
 else
-    echo "ggml: building libggml-python $GGML_VERSION from source ($cmake_args)"
-    CMAKE_ARGS="$cmake_args" "$py" -m pip install --force-reinstall --no-deps --no-cache-dir \
+    echo "ggml: building libggml-python $GGML_VERSION from source ($cmake_args; CFLAGS=$cflags)"
+    CFLAGS="${CFLAGS:-} $cflags" CXXFLAGS="${CXXFLAGS:-} $cflags" CMAKE_ARGS="$cmake_args" "$py" -m pip install --force-reinstall --no-deps --no-cache-dir \
         --no-binary libggml-python "libggml-python==$GGML_VERSION"
 fi
 m="$(marker)"

@@ -7,6 +7,10 @@ def test_tensor_names_mirror_the_core_table() -> None:
     assert list(constants.TENSOR_NAMES) == list(_core.arch_tensor_names())
 
 
+def test_eagle_tensor_names_mirror_the_core_table() -> None:
+    assert list(constants.EAGLE_TENSOR_NAMES) == list(_core.arch_eagle_tensor_names())
+
+
 def test_key_names_are_the_llama_keys() -> None:
     assert constants.KEY_BLOCK_COUNT.format(arch=constants.ARCH) == "llama.block_count"
     assert constants.KEY_LAYER_NORM_RMS_EPS.format(arch="llama") == "llama.attention.layer_norm_rms_epsilon"

@@ -56,7 +56,8 @@ struct Context {
     specee_model *   model = nullptr;
     specee_context * ptr   = nullptr;
 
-    Context(py::object model_obj, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads, int32_t n_threads_batch)
+    Context(py::object model_obj, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads, int32_t n_threads_batch,
+            int32_t type_v)
         : model_ref(model_obj) {
         model                  = model_obj.cast<Model &>().ptr;
         specee_context_params p = specee_context_default_params();
@@ -64,6 +65,7 @@ struct Context {
         p.n_batch               = n_batch;
         p.n_threads             = n_threads;
         p.n_threads_batch       = n_threads_batch;
+        p.type_v                = type_v;
         ptr                     = specee_context_init(model, p);
         if (!ptr) {
             raise_last();
@@ -153,6 +155,99 @@ struct Sampler {
         }
         return id;
     }
+
+    py::array_t<float> probs(const f32_array & logits) {
+        if (logits.ndim() != 1) {
+            throw py::value_error("logits must be a 1-D array [n_vocab]");
+        }
+        py::array_t<float> out(logits.size());
+        if (specee_sampler_probs(ptr, logits.data(), (int32_t) logits.size(), out.mutable_data()) != 0) {
+            raise_last();
+        }
+        return out;
+    }
+};
+
+struct Spec {
+    py::object    ctx_ref; // keeps the context (and its model) alive
+    specee_spec * ptr = nullptr;
+
+    Spec(py::object ctx_obj, int32_t tree, std::optional<std::string> choices, int32_t total_tokens, int32_t depth,
+         int32_t top_k)
+        : ctx_ref(ctx_obj) {
+        specee_spec_params p = specee_spec_default_params();
+        p.tree               = tree;
+        p.choices            = choices ? choices->c_str() : nullptr;
+        p.total_tokens       = total_tokens;
+        p.depth              = depth;
+        p.top_k              = top_k;
+        ptr                  = specee_spec_init(ctx_obj.cast<Context &>().ptr, p);
+        if (!ptr) {
+            raise_last();
+        }
+    }
+    Spec(const Spec &)             = delete;
+    Spec & operator=(const Spec &) = delete;
+    ~Spec() { specee_spec_free(ptr); }
+
+    int32_t prefill(Sampler & smpl, const i32_array & tokens) {
+        int32_t t;
+        {
+            py::gil_scoped_release release;
+            t = specee_spec_prefill(ptr, smpl.ptr, tokens.data(), (int32_t) tokens.size());
+        }
+        if (t < 0) {
+            raise_last();
+        }
+        return t;
+    }
+
+    std::vector<int32_t> step(Sampler & smpl, int32_t n_max) {
+        std::vector<int32_t> out(std::max(n_max, 1));
+        int32_t              n;
+        {
+            py::gil_scoped_release release;
+            n = specee_spec_step(ptr, smpl.ptr, out.data(), n_max);
+        }
+        if (n < 0) {
+            raise_last();
+        }
+        out.resize(n);
+        return out;
+    }
+
+    py::tuple eval_head(const i32_array & tokens, const f32_array & features) {
+        const int32_t n      = (int32_t) tokens.size();
+        const Context & ctx  = ctx_ref.cast<const Context &>();
+        const int32_t n_embd = specee_model_n_embd(ctx.model);
+        if (features.ndim() != 2 || features.shape(0) != n || features.shape(1) != n_embd) {
+            throw py::value_error("features must be [n_tokens, n_embd]");
+        }
+        py::array_t<float> logits({n, specee_model_eagle_n_vocab(ctx.model)});
+        py::array_t<float> out({n, n_embd});
+        int32_t            rc;
+        {
+            py::gil_scoped_release release;
+            rc = specee_spec_eval_head(ptr, tokens.data(), features.data(), n, logits.mutable_data(), out.mutable_data());
+        }
+        if (rc != 0) {
+            raise_last();
+        }
+        return py::make_tuple(logits, out);
+    }
+
+    py::dict stats() const {
+        const specee_spec_stats st = specee_spec_get_stats(ptr);
+        py::dict                d;
+        d["n_steps"]     = st.n_steps;
+        d["n_drafted"]   = st.n_drafted;
+        d["n_accepted"]  = st.n_accepted;
+        d["n_tokens"]    = st.n_tokens;
+        d["t_draft_ms"]  = st.t_draft_ms;
+        d["t_verify_ms"] = st.t_verify_ms;
+        d["t_accept_ms"] = st.t_accept_ms;
+        return d;
+    }
 };
 
 PYBIND11_MODULE(_core, m) {
@@ -165,7 +260,35 @@ PYBIND11_MODULE(_core, m) {
     m.attr("EVAL_HIDDEN_ALL") = (int) SPECEE_EVAL_HIDDEN_ALL;
     m.attr("EVAL_NO_LOGITS")  = (int) SPECEE_EVAL_NO_LOGITS;
 
+    m.attr("SPEC_TREE_STATIC")  = (int) SPECEE_SPEC_TREE_STATIC;
+    m.attr("SPEC_TREE_DYNAMIC") = (int) SPECEE_SPEC_TREE_DYNAMIC;
+
     m.def("set_verbose", &specee_log_set_verbose);
+    m.def("arch_eagle_tensor_names", [] {
+        std::vector<std::string> names;
+        for (int32_t i = 0; specee_arch_eagle_tensor_name(i); ++i) {
+            names.emplace_back(specee_arch_eagle_tensor_name(i));
+        }
+        return names;
+    });
+    m.def("spec_check_choices",
+          [](const std::string & choices) {
+              const int32_t n = specee_spec_check_choices(choices.c_str());
+              if (n < 0) {
+                  raise_last();
+              }
+              return n;
+          },
+          py::arg("choices"));
+    m.def("spec_default_params", [] {
+        const specee_spec_params p = specee_spec_default_params();
+        py::dict                 d;
+        d["tree"]         = p.tree;
+        d["total_tokens"] = p.total_tokens;
+        d["depth"]        = p.depth;
+        d["top_k"]        = p.top_k;
+        return d;
+    });
     m.def("arch_tensor_names", [] {
         std::vector<std::string> names;
         for (int32_t i = 0; specee_arch_tensor_name(i); ++i) {
@@ -242,11 +365,29 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("token_bos", [](const Model & s) { return specee_token_bos(s.ptr); })
         .def_property_readonly("token_eos", [](const Model & s) { return specee_token_eos(s.ptr); })
         .def_property_readonly("token_eot", [](const Model & s) { return specee_token_eot(s.ptr); })
-        .def("token_is_eog", [](const Model & s, int32_t t) { return specee_token_is_eog(s.ptr, t); });
+        .def("token_is_eog", [](const Model & s, int32_t t) { return specee_token_is_eog(s.ptr, t); })
+        .def_property_readonly("has_eagle", [](const Model & s) { return specee_model_has_eagle(s.ptr); })
+        .def_property_readonly("eagle_n_vocab", [](const Model & s) { return specee_model_eagle_n_vocab(s.ptr); })
+        .def_property_readonly("eagle_draft_vocab",
+                               [](const Model & s) -> std::optional<std::vector<int32_t>> {
+                                   const int32_t * ids = specee_model_eagle_draft_vocab(s.ptr);
+                                   if (!ids) {
+                                       return std::nullopt;
+                                   }
+                                   return std::vector<int32_t>(ids, ids + specee_model_eagle_n_vocab(s.ptr));
+                               })
+        .def("load_eagle",
+             [](Model & s, const std::string & path) {
+                 if (specee_model_load_eagle(s.ptr, path.c_str()) != 0) {
+                     raise_last();
+                 }
+             },
+             py::arg("path"));
 
     py::class_<Context>(m, "Context")
-        .def(py::init<py::object, uint32_t, uint32_t, int32_t, int32_t>(), py::arg("model"), py::arg("n_ctx") = 0,
-             py::arg("n_batch") = 512, py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0)
+        .def(py::init<py::object, uint32_t, uint32_t, int32_t, int32_t, int32_t>(), py::arg("model"),
+             py::arg("n_ctx") = 0, py::arg("n_batch") = 512, py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0,
+             py::arg("type_v") = (int) SPECEE_KV_F16)
         .def_property_readonly("n_ctx", [](const Context & s) { return specee_n_ctx(s.ptr); })
         .def_property_readonly("n_batch", [](const Context & s) { return specee_n_batch(s.ptr); })
         .def("eval",
@@ -292,8 +433,20 @@ PYBIND11_MODULE(_core, m) {
              py::arg("min_p") = sd.min_p, py::arg("repeat_penalty") = sd.repeat_penalty,
              py::arg("repeat_last_n") = sd.repeat_last_n, py::arg("seed") = py::none())
         .def("sample", &Sampler::sample, py::arg("logits"))
+        .def("probs", &Sampler::probs, py::arg("logits"))
         .def("accept", [](Sampler & s, int32_t token) { specee_sampler_accept(s.ptr, token); }, py::arg("token"))
         .def("reset", [](Sampler & s) { specee_sampler_reset(s.ptr); });
+
+    const specee_spec_params spd = specee_spec_default_params();
+    py::class_<Spec>(m, "Spec")
+        .def(py::init<py::object, int32_t, std::optional<std::string>, int32_t, int32_t, int32_t>(), py::arg("context"),
+             py::arg("tree") = spd.tree, py::arg("choices") = py::none(), py::arg("total_tokens") = spd.total_tokens,
+             py::arg("depth") = spd.depth, py::arg("top_k") = spd.top_k)
+        .def("prefill", &Spec::prefill, py::arg("sampler"), py::arg("tokens"))
+        .def("step", &Spec::step, py::arg("sampler"), py::arg("n_max"))
+        .def("eval_head", &Spec::eval_head, py::arg("tokens"), py::arg("features"))
+        .def("stats", &Spec::stats)
+        .def("reset_stats", [](Spec & s) { specee_spec_reset_stats(s.ptr); });
 
     m.def("chat_template_detect",
           [](const std::string & text) -> std::optional<std::string> {

@@ -58,6 +58,14 @@ struct cli_params {
     bool        single_turn    = false;
     bool        verbose_prompt = false;
     bool        display_prompt = true;
+    std::string cache_type_v   = "f16";
+    // speculative decoding with the EAGLE head
+    std::string spec           = "auto"; // auto: eagle2 when the model has a head (or --draft-head), else none
+    std::string draft_head;
+    std::string eagle_choices;           // static tree (implies eagle under auto)
+    int         eagle_total_tokens = -1; // dynamic tree settings, -1: the runtime's defaults
+    int         eagle_depth        = -1;
+    int         eagle_topk         = -1;
 };
 
 static void print_usage(const char * argv0) {
@@ -113,6 +121,27 @@ static void print_usage(const char * argv0) {
     printf("  -sp,   --special                 print special tokens of the output as text\n");
     printf("         --verbose-prompt          print the prompt's tokens to stderr before generating\n");
     printf("         --no-display-prompt       do not echo the prompt\n");
+    printf("  -ctv,  --cache-type-v TYPE       V cache type: f16 (default) or f32; with f32 a token's logits do not\n");
+    printf("                                   depend on the batch it is evaluated in, so speculative output is\n");
+    printf("                                   bit-identical to plain output (with f16 a near-tie can flip)\n");
+    printf("\nspeculative decoding (EAGLE draft head, lossless: greedy output = plain output, sampling keeps the\n");
+    printf("distribution; the perf lines add the mean accepted tokens per step):\n");
+    printf("         --spec MODE               none, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree) or\n");
+    printf("                                   auto (default): eagle2 when the model has a head or --draft-head is\n");
+    printf("                                   given (eagle when only --eagle-choices is), else none\n");
+    printf("         --draft-head FNAME        EAGLE head GGUF of its own (eagle.* tensors, e.g. from `python -m\n");
+    printf("                                   specee.convert merge --head-only`), used instead of the model's\n");
+    printf("         --eagle-choices, --eagle_choices CHOICES\n");
+    printf("                                   EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset\n");
+    printf("                                   mc_sim_7b_63 (default)\n");
+    printf("         --eagle-total-tokens N    EAGLE-2: draft tokens verified per step (default: %d)\n",
+           specee_spec_default_params().total_tokens);
+    printf("         --eagle-depth N           EAGLE-2: most draft tokens on one path (default: %d)\n",
+           specee_spec_default_params().depth);
+    printf("         --eagle-topk, --eagle_dynamic_tree_max_top_k N\n");
+    printf("                                   EAGLE-2: children per expanded node and nodes expanded per depth\n");
+    printf("                                   (default: %d)\n", specee_spec_default_params().top_k);
+    printf("         --eagle_use_dynamic_tree  TensorRT-LLM's spelling of --spec eagle2\n");
 }
 
 static bool parse_int(const std::string & s, int & out) {
@@ -188,13 +217,17 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
             p.verbose_prompt = true;
         } else if (arg == "--no-display-prompt") {
             p.display_prompt = false;
+        } else if (arg == "--eagle_use_dynamic_tree" || arg == "--eagle-use-dynamic-tree") {
+            p.spec = "eagle2";
         } else {
             // flags with a value
             static const char * const with_value[] = {
                 "-m", "--model", "-p", "--prompt", "-f", "--file", "-sys", "--system-prompt", "-n", "--n-predict",
                 "-c", "--ctx-size", "-b", "--batch-size", "-ub", "--ubatch-size", "-t", "--threads", "-s", "--seed",
                 "--temp", "--top-k", "--top_k", "--top-p", "--top_p", "--min-p", "--min_p", "--repeat-penalty",
-                "--repeat-last-n", "-ngl", "--gpu-layers", "--n-gpu-layers", "--chat-template"};
+                "--repeat-last-n", "-ngl", "--gpu-layers", "--n-gpu-layers", "--chat-template", "-ctv",
+                "--cache-type-v", "--spec", "--draft-head", "--eagle-choices", "--eagle_choices",
+                "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k"};
             bool known = false;
             for (const char * f : with_value) {
                 known = known || arg == f;
@@ -226,6 +259,33 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
                 p.system_prompt = val;
             } else if (arg == "--chat-template") {
                 p.chat_template = val;
+            } else if (arg == "-ctv" || arg == "--cache-type-v") {
+                what = "f16 or f32";
+                ok   = val == "f16" || val == "f32";
+                p.cache_type_v = val;
+            } else if (arg == "--spec") {
+                what = "none, eagle, eagle2 or auto";
+                ok   = val == "none" || val == "eagle" || val == "eagle2" || val == "auto";
+                p.spec = val;
+            } else if (arg == "--draft-head") {
+                p.draft_head = val;
+            } else if (arg == "--eagle-choices" || arg == "--eagle_choices") {
+                what = "a choices list like [[0], [1], [0, 0]] or the preset mc_sim_7b_63";
+                ok   = specee_spec_check_choices(val.c_str()) >= 0;
+                if (!ok) {
+                    fprintf(stderr, "error: %s\n", specee_last_error());
+                    return false;
+                }
+                p.eagle_choices = val;
+            } else if (arg == "--eagle-total-tokens") {
+                what = "an integer >= 1";
+                ok   = parse_int(val, p.eagle_total_tokens) && p.eagle_total_tokens >= 1;
+            } else if (arg == "--eagle-depth") {
+                what = "an integer >= 1";
+                ok   = parse_int(val, p.eagle_depth) && p.eagle_depth >= 1;
+            } else if (arg == "--eagle-topk" || arg == "--eagle_dynamic_tree_max_top_k") {
+                what = "an integer >= 1";
+                ok   = parse_int(val, p.eagle_topk) && p.eagle_topk >= 1;
             } else if (arg == "-n" || arg == "--n-predict") {
                 what = "an integer >= -2";
                 ok   = parse_int(val, p.n_predict) && p.n_predict >= -2;
@@ -411,6 +471,7 @@ struct perf_counters {
     int                    n_eval      = 0;
     double                 t_sample_ms = 0.0;
     int                    n_sample    = 0;
+    const specee_spec *    spec        = nullptr; // speculative decoding: its statistics are printed too
 };
 
 // same fields, widths and precision as upstream (0 tokens print nan/inf there too)
@@ -431,6 +492,15 @@ static void perf_print(const perf_counters & pc) {
             pc.t_eval_ms, pc.n_eval, pc.t_eval_ms / pc.n_eval, 1e3 / pc.t_eval_ms * pc.n_eval);
     fprintf(stderr, "llama_perf_context_print:       total time = %10.2f ms / %5d tokens\n", t_total_ms,
             pc.n_p_eval + pc.n_eval);
+    if (pc.spec) {
+        // eval time above counts one run per draft-and-verify step
+        const specee_spec_stats st = specee_spec_get_stats(pc.spec);
+        fprintf(stderr,
+                "llama_perf_context_print:      speculative = %5d steps, %6.2f mean accepted tokens per step "
+                "(%d of %d draft tokens accepted; draft %.2f ms, verify %.2f ms)\n",
+                st.n_steps, st.n_steps > 0 ? (double) st.n_tokens / st.n_steps : 0.0, st.n_accepted, st.n_drafted,
+                st.t_draft_ms, st.t_verify_ms);
+    }
 }
 
 // ---- generation --------------------------------------------------------------------------------
@@ -445,6 +515,8 @@ struct session {
     int32_t            n_past  = 0; // tokens in the KV cache
     perf_counters      perf;
     text_stream        out;
+    specee_spec *        spec = nullptr; // speculative decoding
+    std::vector<int32_t> spec_input;     // tokens fed but not evaluated yet: the decoder prefills them
 
     explicit session(const cli_params & p) : params(p) {}
 };
@@ -455,6 +527,10 @@ static bool feed(session & s, const std::vector<int32_t> & tokens) {
         fprintf(stderr, "\nerror: the input does not fit in the context (%d + %zu tokens > n_ctx = %d)\n", s.n_past,
                 tokens.size(), s.n_ctx);
         return false;
+    }
+    if (s.spec) {
+        s.spec_input.insert(s.spec_input.end(), tokens.begin(), tokens.end());
+        return true;
     }
     for (size_t i = 0; i < tokens.size(); i += (size_t) s.params.n_batch) {
         const int32_t n  = (int32_t) std::min(tokens.size() - i, (size_t) s.params.n_batch);
@@ -490,10 +566,76 @@ static int32_t sample(session & s) {
 
 enum gen_stop { STOP_EOG, STOP_LIMIT, STOP_CONTEXT, STOP_ERROR };
 
+// prints a generated token; true when it ends generation
+static bool emit(session & s, int32_t token, std::string & text) {
+    const bool eog = specee_token_is_eog(s.model, token);
+    s.out.write(token_piece(s.model, token, s.params.special));
+    if (!eog) {
+        text += token_piece(s.model, token, false);
+    }
+    return eog;
+}
+
+// Speculative generate(): the decoder prefills the fed tokens and samples the first token, then each step
+// returns the accepted draft tokens and one more. Eval time counts one run per step.
+static gen_stop generate_spec(session & s, int n_predict, int32_t & last, std::string & text) {
+    last = -1;
+    if (n_predict == 0) {
+        return STOP_LIMIT;
+    }
+    const auto    t0 = clock_type::now();
+    const int32_t first =
+        specee_spec_prefill(s.spec, s.smpl, s.spec_input.data(), (int32_t) s.spec_input.size());
+    if (first < 0) {
+        fprintf(stderr, "\nerror: evaluation failed: %s\n", specee_last_error());
+        return STOP_ERROR;
+    }
+    s.perf.t_p_eval_ms += ms_since(t0);
+    s.perf.n_p_eval += (int) s.spec_input.size();
+    s.n_past += (int32_t) s.spec_input.size();
+    s.spec_input.clear();
+
+    std::vector<int32_t> queue = {first}, buf(256);
+    size_t               qi    = 0;
+    for (int n = 0; n_predict < 0 || n < n_predict; ++n) {
+        if (qi == queue.size()) {
+            if (s.n_past + 1 > s.n_ctx) {
+                fprintf(stderr, "\n\nllama-cli: context full (n_ctx = %d) => stopping\n", s.n_ctx);
+                return STOP_CONTEXT;
+            }
+            const int32_t n_max   = n_predict < 0 ? (int32_t) buf.size() : std::min((int32_t) buf.size(), n_predict - n);
+            const double  t_acc   = specee_spec_get_stats(s.spec).t_accept_ms;
+            const auto    t1      = clock_type::now();
+            const int32_t k       = specee_spec_step(s.spec, s.smpl, buf.data(), n_max);
+            const double  dt      = ms_since(t1);
+            if (k < 0) {
+                fprintf(stderr, "\nerror: speculative step failed: %s\n", specee_last_error());
+                return STOP_ERROR;
+            }
+            const double dt_acc = specee_spec_get_stats(s.spec).t_accept_ms - t_acc; // sampling and bookkeeping
+            s.perf.t_eval_ms += dt - dt_acc;
+            s.perf.t_sample_ms += dt_acc;
+            s.perf.n_eval += 1;
+            s.n_past = specee_kv_n_used(s.ctx);
+            queue.assign(buf.begin(), buf.begin() + k);
+            qi = 0;
+        }
+        last = queue[qi++];
+        s.perf.n_sample += 1;
+        if (emit(s, last, text)) {
+            return STOP_EOG;
+        }
+    }
+    return STOP_LIMIT;
+}
+
 // Samples from the logits of the last evaluation and keeps decoding, printing each piece.
 // The token that ends generation (end of generation, or the last of -n) is not evaluated: it is left in
 // `last` for the caller. `text` collects the generated text (without special tokens).
 static gen_stop generate(session & s, int n_predict, int32_t & last, std::string & text) {
+    if (s.spec) {
+        return generate_spec(s, n_predict, last, text);
+    }
     last = -1;
     for (int n = 0; n_predict < 0 || n < n_predict; ++n) {
         if (last >= 0) {
@@ -510,12 +652,9 @@ static gen_stop generate(session & s, int n_predict, int32_t & last, std::string
             fprintf(stderr, "\nerror: sampling failed: %s\n", specee_last_error());
             return STOP_ERROR;
         }
-        const bool eog = specee_token_is_eog(s.model, last);
-        s.out.write(token_piece(s.model, last, s.params.special));
-        if (eog) {
+        if (emit(s, last, text)) {
             return STOP_EOG;
         }
-        text += token_piece(s.model, last, false);
     }
     return STOP_LIMIT;
 }
@@ -814,6 +953,12 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "error: failed to load the model '%s': %s\n", params.model.c_str(), specee_last_error());
         return 1;
     }
+    if (!params.draft_head.empty() && specee_model_load_eagle(s.model, params.draft_head.c_str()) != 0) {
+        fprintf(stderr, "error: failed to load the draft head '%s': %s\n", params.draft_head.c_str(),
+                specee_last_error());
+        specee_model_free(s.model);
+        return 1;
+    }
     s.perf.t_load_ms = ms_since(t_load);
 
     specee_context_params cp = specee_context_default_params();
@@ -821,6 +966,7 @@ int main(int argc, char ** argv) {
     cp.n_batch               = (uint32_t) std::min(params.n_batch, params.n_ubatch);
     cp.n_threads             = params.n_threads;
     cp.n_threads_batch       = params.n_threads;
+    cp.type_v                = params.cache_type_v == "f32" ? SPECEE_KV_F32 : SPECEE_KV_F16;
     s.ctx                    = specee_context_init(s.model, cp);
     if (!s.ctx) {
         fprintf(stderr, "error: cannot create the context: %s\n", specee_last_error());
@@ -844,6 +990,57 @@ int main(int argc, char ** argv) {
         specee_context_free(s.ctx);
         specee_model_free(s.model);
         return 1;
+    }
+
+    // speculative decoding: auto is eagle2 with a head (eagle when only a choices list is given)
+    const bool  dyn_set = params.eagle_total_tokens > 0 || params.eagle_depth > 0 || params.eagle_topk > 0;
+    std::string spec    = params.spec;
+    if (spec == "auto") {
+        spec = !specee_model_has_eagle(s.model)             ? "none"
+               : !params.eagle_choices.empty() && !dyn_set ? "eagle"
+                                                            : "eagle2";
+    }
+    const char * spec_err = nullptr;
+    if (spec != "none" && !specee_model_has_eagle(s.model)) {
+        spec_err = "speculative decoding needs an EAGLE head: the model has none (give one with --draft-head)";
+    } else if (spec == "none" && (!params.eagle_choices.empty() || dyn_set)) {
+        spec_err = specee_model_has_eagle(s.model) ? "--eagle-* settings given with --spec none"
+                                                   : "--eagle-* settings given but the model has no EAGLE head "
+                                                     "(give one with --draft-head)";
+    } else if (spec == "eagle" && dyn_set) {
+        spec_err = "--eagle-total-tokens, --eagle-depth and --eagle-topk set the EAGLE-2 tree (--spec eagle2)";
+    } else if (spec == "eagle2" && !params.eagle_choices.empty()) {
+        spec_err = "--eagle-choices sets the EAGLE-1 tree (--spec eagle), not the dynamic EAGLE-2 tree";
+    }
+    if (spec_err) {
+        fprintf(stderr, "error: %s\n", spec_err);
+        specee_sampler_free(s.smpl);
+        specee_context_free(s.ctx);
+        specee_model_free(s.model);
+        return 1;
+    }
+    specee_spec_params spp = specee_spec_default_params();
+    if (spec != "none") {
+        spp.tree    = spec == "eagle" ? SPECEE_SPEC_TREE_STATIC : SPECEE_SPEC_TREE_DYNAMIC;
+        spp.choices = params.eagle_choices.empty() ? nullptr : params.eagle_choices.c_str();
+        if (params.eagle_total_tokens > 0) {
+            spp.total_tokens = params.eagle_total_tokens;
+        }
+        if (params.eagle_depth > 0) {
+            spp.depth = params.eagle_depth;
+        }
+        if (params.eagle_topk > 0) {
+            spp.top_k = params.eagle_topk;
+        }
+        s.spec = specee_spec_init(s.ctx, spp);
+        if (!s.spec) {
+            fprintf(stderr, "error: cannot start speculative decoding: %s\n", specee_last_error());
+            specee_sampler_free(s.smpl);
+            specee_context_free(s.ctx);
+            specee_model_free(s.model);
+            return 1;
+        }
+        s.perf.spec = s.spec;
     }
 
     // conversation mode: on by default when there is a chat template and a person at a terminal
@@ -873,6 +1070,13 @@ int main(int argc, char ** argv) {
                     "min_p = %.3f, temp = %.3f\n",
             sp.repeat_last_n, (double) sp.repeat_penalty, sp.top_k, (double) sp.top_p, (double) sp.min_p,
             (double) sp.temp);
+    if (spec == "eagle") {
+        fprintf(stderr, "speculative: EAGLE-1 tree of %d draft tokens (%s)\n", specee_spec_check_choices(spp.choices),
+                spp.choices ? (strlen(spp.choices) > 40 ? "custom choices" : spp.choices) : "mc_sim_7b_63");
+    } else if (spec == "eagle2") {
+        fprintf(stderr, "speculative: EAGLE-2 tree, total_tokens = %d, depth = %d, top_k = %d\n", spp.total_tokens,
+                spp.depth, spp.top_k);
+    }
     fprintf(stderr, "generate: n_ctx = %d, n_batch = %d, n_predict = %d, n_keep = 0\n\n", s.n_ctx, params.n_batch,
             params.n_predict);
     if (cnv) {
@@ -889,6 +1093,7 @@ int main(int argc, char ** argv) {
         perf_print(s.perf);
     }
 
+    specee_spec_free(s.spec);
     specee_sampler_free(s.smpl);
     specee_context_free(s.ctx);
     specee_model_free(s.model);

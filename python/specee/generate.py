@@ -35,6 +35,36 @@ class SamplingParams:
 
 
 @dataclass
+class SpeculativeParams:
+    """EAGLE speculative decoding (lossless). mode "eagle": the static EAGLE-1 tree of `choices` (a list of
+    child-rank paths, "[[0], [1], [0, 0]]", or the preset "mc_sim_7b_63"); "eagle2": the dynamic EAGLE-2
+    tree (the best total_tokens of a tree grown top_k by top_k, depth deep). None: the runtime's defaults."""
+
+    mode: str = "eagle2"
+    choices: str | None = None
+    total_tokens: int | None = None
+    depth: int | None = None
+    top_k: int | None = None
+
+    def make(self, model: Model) -> _core.Spec:
+        if self.mode not in ("eagle", "eagle2"):
+            raise ValueError(f"speculative must be None, 'eagle' or 'eagle2', not {self.mode!r}")
+        if self.mode == "eagle" and any(v is not None for v in (self.total_tokens, self.depth, self.top_k)):
+            raise ValueError("eagle_total_tokens, eagle_depth and eagle_topk set the EAGLE-2 tree "
+                             "(speculative='eagle2'); the EAGLE-1 tree comes from eagle_choices")
+        if self.mode == "eagle2" and self.choices is not None:
+            raise ValueError("eagle_choices sets the static EAGLE-1 tree (speculative='eagle'), not the dynamic one")
+        d = _core.spec_default_params()
+        tree = _core.SPEC_TREE_STATIC if self.mode == "eagle" else _core.SPEC_TREE_DYNAMIC
+        return _core.Spec(
+            model._ctx, tree, self.choices,
+            d["total_tokens"] if self.total_tokens is None else self.total_tokens,
+            d["depth"] if self.depth is None else self.depth,
+            d["top_k"] if self.top_k is None else self.top_k,
+        )
+
+
+@dataclass
 class GenerationStats:
     """What the last generate/stream call did."""
 
@@ -44,6 +74,20 @@ class GenerationStats:
     decode_seconds: float = 0.0
     stop_reason: str = ""  # "eog", "stop", "length", "context"
     tokens: list[int] = field(default_factory=list)
+    # speculative decoding: draft-and-verify steps, draft tokens verified and accepted, the tokens the steps
+    # returned, and where their time went (draft head, verification passes)
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_step_tokens: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens per speculative step, the accepted draft tokens plus the target's own (EAGLE's acceptance
+        length; 1.0 means no draft token was accepted). 0 without speculative decoding."""
+        return self.n_step_tokens / self.n_steps if self.n_steps else 0.0
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -90,6 +134,76 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
+def generate_tokens(
+    model: Model,
+    tokens: Sequence[int],
+    max_tokens: int,
+    params: SamplingParams,
+    stats: GenerationStats | None = None,
+    speculative: SpeculativeParams | None = None,
+) -> Iterator[int]:
+    """Prefill `tokens` into an empty cache, then yield up to max_tokens sampled token ids (an end-of-generation
+    token ends the run and is not yielded). With `speculative`, the EAGLE head drafts and the model verifies
+    several tokens per step: the same tokens when greedy, the same distribution when sampling."""
+    stats = stats if stats is not None else GenerationStats()
+    tokens = [int(t) for t in tokens]
+    if not tokens:
+        raise ValueError("empty prompt")
+    if len(tokens) >= model.n_ctx:
+        raise ValueError(f"the prompt has {len(tokens)} tokens, which does not fit the context of {model.n_ctx}")
+    spec = speculative.make(model) if speculative is not None else None
+    sampler = _core.Sampler(
+        params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.repeat_last_n,
+        params.seed,
+    )
+    for t in tokens:
+        sampler.accept(t)
+    model.kv_clear()
+    stats.n_prompt_tokens = len(tokens)
+
+    t0 = time.perf_counter()
+    if spec is None:
+        logits = model.eval(tokens)[-1]
+        queue: list[int] = []
+    else:
+        queue = [spec.prefill(sampler, tokens)]  # the runtime adds the tokens it returns to the sampler's history
+    stats.prompt_seconds = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    stats.stop_reason = "length"
+    try:
+        while stats.n_generated < max_tokens:
+            if not queue:
+                if spec is None:
+                    queue = [sampler.sample(logits)]
+                    sampler.accept(queue[0])
+                else:
+                    queue = spec.step(sampler, max_tokens - stats.n_generated)
+            tok = queue.pop(0)
+            if model.is_eog(tok):
+                stats.stop_reason = "eog"
+                break
+            stats.n_generated += 1
+            stats.tokens.append(tok)
+            yield tok
+            if stats.n_generated >= max_tokens:
+                break
+            if queue:
+                continue
+            if model.kv_n_used >= model.n_ctx:
+                stats.stop_reason = "context"
+                break
+            if spec is None:
+                logits = model.eval([tok])[-1]
+    finally:
+        stats.decode_seconds = time.perf_counter() - t1
+        if spec is not None:
+            st = spec.stats()
+            stats.n_steps, stats.n_drafted, stats.n_accepted = st["n_steps"], st["n_drafted"], st["n_accepted"]
+            stats.n_step_tokens = st["n_tokens"]
+            stats.draft_seconds, stats.verify_seconds = st["t_draft_ms"] / 1e3, st["t_verify_ms"] / 1e3
+
+
 def stream_tokens(
     model: Model,
     tokens: list[int],
@@ -97,56 +211,28 @@ def stream_tokens(
     params: SamplingParams,
     stop: Sequence[str] = (),
     stats: GenerationStats | None = None,
+    speculative: SpeculativeParams | None = None,
 ) -> Iterator[str]:
-    """Prefill `tokens` into an empty cache, then sample up to max_tokens, yielding text as it completes."""
+    """generate_tokens as text, yielded as it completes; `stop` strings end generation (not included)."""
     stats = stats if stats is not None else GenerationStats()
-    if not tokens:
-        raise ValueError("empty prompt")
-    if len(tokens) >= model.n_ctx:
-        raise ValueError(f"the prompt has {len(tokens)} tokens, which does not fit the context of {model.n_ctx}")
-    sampler = _core.Sampler(
-        params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.repeat_last_n,
-        params.seed,
-    )
-    for t in tokens:
-        sampler.accept(t)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    model.kv_clear()
-    stats.n_prompt_tokens = len(tokens)
-
-    t0 = time.perf_counter()
-    logits = model.eval(tokens)[-1]
-    stats.prompt_seconds = time.perf_counter() - t0
-
     text, sent = "", 0
-    t1 = time.perf_counter()
-    stats.stop_reason = "length"
-    while stats.n_generated < max_tokens:
-        tok = sampler.sample(logits)
-        sampler.accept(tok)
-        if model.is_eog(tok):
-            stats.stop_reason = "eog"
-            break
-        stats.n_generated += 1
-        stats.tokens.append(tok)
-        text += decoder.decode(model.token_to_piece(tok))
-        hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
-        if hit >= 0:
-            if hit > sent:
-                yield text[sent:hit]
-            stats.stop_reason = "stop"
-            break
-        ready = len(text) - _held_back(text, stop)
-        if ready > sent:
-            yield text[sent:ready]
-            sent = ready
-        if stats.n_generated >= max_tokens:
-            break
-        if model.kv_n_used >= model.n_ctx:
-            stats.stop_reason = "context"
-            break
-        logits = model.eval([tok])[-1]
-    stats.decode_seconds = time.perf_counter() - t1
+    ids = generate_tokens(model, tokens, max_tokens, params, stats, speculative)
+    try:
+        for tok in ids:
+            text += decoder.decode(model.token_to_piece(tok))
+            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
+            if hit >= 0:
+                if hit > sent:
+                    yield text[sent:hit]
+                stats.stop_reason = "stop"
+                break
+            ready = len(text) - _held_back(text, stop)
+            if ready > sent:
+                yield text[sent:ready]
+                sent = ready
+    finally:
+        ids.close()
     if stats.stop_reason in ("length", "context", "eog"):
         text += decoder.decode(b"", final=True)
         if len(text) > sent:

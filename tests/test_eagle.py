@@ -1,0 +1,431 @@
+"""The EAGLE draft head and lossless tree speculative decoding (csrc/specee-speculative.cpp) on the tiny model:
+the native head against a PyTorch implementation of the same head, greedy speculative output against plain
+greedy output (both tree kinds; a random head and a quickly trained one), the sampling distribution
+(chi-square), a head in its own file, a reduced draft vocabulary, and bad input. SmolLM2 runs are marked slow."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import specee
+from conftest import rms_norm, rope
+from specee import _core
+from specee.convert.merge import merge_gguf
+from specee._tools import tool_path
+from test_convert_cli import eagle_state
+from test_sampling import chi2_critical
+
+# head logits against PyTorch: the runtime keeps the head's K/V in F16 (measured max abs error 0.004)
+ATOL = 0.03
+THETA = 10000.0
+N_CTX = 512
+PROMPTS = [np.random.default_rng(s).integers(0, 256, 6 + s).tolist() for s in range(3)]
+TREES = [("eagle", {}), ("eagle", {"eagle_choices": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}),
+         ("eagle2", {}), ("eagle2", {"eagle_total_tokens": 40, "eagle_depth": 6, "eagle_topk": 5})]
+TREE_IDS = ["mc_sim_7b_63", "small-choices", "eagle2-default", "eagle2-40"]
+
+
+# ---- a PyTorch EAGLE-1 head (the reference, and trainable)
+
+
+class EagleHead(torch.nn.Module):
+    """fc(concat(embed(t), f)) + bias, one Llama decoder layer without input norm (rotate-half RoPE, Hugging
+    Face's q/k row order), no final norm, logits through `lm_head` (the base model's, or a reduced one)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], cfg: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+        super().__init__()
+        self.names = {k.replace(".", "_"): k for k in state}  # ParameterDict keys cannot hold dots
+        self.w = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(v.float().clone())
+                                         for k, v in state.items()})
+        self.cfg = cfg
+        self.register_buffer("base_embed", embed.float())
+        self.register_buffer("lm_head", lm_head.float())
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The weights under their published names."""
+        return {self.names[k]: v.detach().clone() for k, v in self.w.items()}
+
+    def forward(self, tokens: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c, w = self.cfg, self.w
+        n, h = len(tokens), c["hidden_size"]
+        n_head, n_kv = c["num_attention_heads"], c["num_key_value_heads"]
+        hd = h // n_head
+        embed = w["embed_tokens_weight"] if "embed_tokens_weight" in w else self.base_embed
+        x = torch.cat([embed[tokens], feats], -1) @ w["fc_weight"].T + w["fc_bias"]
+        pos = torch.arange(n)
+        q = rope((x @ w["layers_0_self_attn_q_proj_weight"].T).view(n, n_head, hd).transpose(0, 1), pos, THETA)
+        k = rope((x @ w["layers_0_self_attn_k_proj_weight"].T).view(n, n_kv, hd).transpose(0, 1), pos, THETA)
+        v = (x @ w["layers_0_self_attn_v_proj_weight"].T).view(n, n_kv, hd).transpose(0, 1)
+        k, v = k.repeat_interleave(n_head // n_kv, 0), v.repeat_interleave(n_head // n_kv, 0)
+        s = (q @ k.transpose(1, 2)) / math.sqrt(hd)
+        s = s.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf"))
+        o = (s.softmax(-1) @ v).transpose(0, 1).reshape(n, n_head * hd)
+        x = x + o @ w["layers_0_self_attn_o_proj_weight"].T
+        y = rms_norm(x, w["layers_0_post_attention_layernorm_weight"], c["rms_norm_eps"])
+        ffn = torch.nn.functional.silu(y @ w["layers_0_mlp_gate_proj_weight"].T) * (y @ w["layers_0_mlp_up_proj_weight"].T)
+        x = x + ffn @ w["layers_0_mlp_down_proj_weight"].T
+        return x @ self.lm_head.T, x
+
+
+# ---- fixtures
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_hf_dir: Path) -> dict:
+    return json.loads((tiny_hf_dir / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def base_weights(tiny_hf) -> tuple[torch.Tensor, torch.Tensor]:
+    return tiny_hf.model.embed_tokens.weight.detach(), tiny_hf.lm_head.weight.detach()
+
+
+def save_published(state: dict[str, torch.Tensor], cfg: dict, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    torch.save(state, folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def random_state(cfg: dict) -> dict[str, torch.Tensor]:
+    return eagle_state(cfg, seed=3)
+
+
+@pytest.fixture(scope="module")
+def random_gguf(tiny_gguf: Path, cfg: dict, random_state: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = save_published(random_state, cfg, tmp_path_factory.mktemp("eagle_random"))
+    out = folder / "tiny-eagle.gguf"
+    merge_gguf(tiny_gguf, out, eagle=folder, eagle_type="f32", progress=False)
+    return out
+
+
+def training_pairs(tiny_gguf: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Greedy continuations of PROMPTS with the target's features (final-norm outputs)."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+    seqs = []
+    for prompt in PROMPTS + [np.random.default_rng(10 + s).integers(0, 256, 8).tolist() for s in range(5)]:
+        toks = prompt + m.generate_tokens(prompt, 56, temperature=0)
+        m.kv_clear()
+        m.eval(toks, logits=False)
+        seqs.append((torch.tensor(toks), torch.tensor(m.norm())))
+    return seqs
+
+
+@pytest.fixture(scope="module")
+def trained_gguf(tiny_gguf: Path, cfg: dict, random_state: dict, base_weights,
+                 tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A head trained for a few seconds on the tiny model's own greedy text: it predicts those continuations,
+    so steps accept long paths."""
+    torch.manual_seed(0)
+    head = EagleHead(random_state, cfg, *base_weights)
+    opt = torch.optim.Adam(head.parameters(), 1e-2)
+    seqs = training_pairs(tiny_gguf)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(60):
+            loss = 0.0
+            for t, f in seqs:  # EAGLE's loss: the next feature (smooth L1) and 0.1 x the next token
+                logits, out = head(t[1:-1], f[:-2])
+                loss = loss + torch.nn.functional.smooth_l1_loss(out, f[1:-1]) + \
+                    0.1 * torch.nn.functional.cross_entropy(logits, t[2:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    folder = save_published(head.state(), cfg, tmp_path_factory.mktemp("eagle_trained"))
+    out = folder / "tiny-eagle-trained.gguf"
+    merge_gguf(tiny_gguf, out, eagle=folder, eagle_type="f32", progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reduced_head(tiny_gguf: Path, cfg: dict, random_state: dict, tmp_path_factory: pytest.TempPathFactory):
+    """A head with its own lm_head over 96 of the 256 tokens (own layout: GGUF names, q/k in HF order),
+    written as a head-only GGUF; returns (path, state, draft vocabulary, its lm_head)."""
+    folder = tmp_path_factory.mktemp("eagle_reduced")
+    vocab = sorted(np.random.default_rng(1).choice(256, 96, replace=False).tolist())
+    lm = 0.3 * torch.randn(96, cfg["hidden_size"], generator=torch.Generator().manual_seed(2))
+    names = {"fc.weight": "eagle.fc.weight", "fc.bias": "eagle.fc.bias",
+             "layers.0.self_attn.q_proj.weight": "eagle.attn_q.weight",
+             "layers.0.self_attn.k_proj.weight": "eagle.attn_k.weight",
+             "layers.0.self_attn.v_proj.weight": "eagle.attn_v.weight",
+             "layers.0.self_attn.o_proj.weight": "eagle.attn_output.weight",
+             "layers.0.post_attention_layernorm.weight": "eagle.ffn_norm.weight",
+             "layers.0.mlp.gate_proj.weight": "eagle.ffn_gate.weight",
+             "layers.0.mlp.up_proj.weight": "eagle.ffn_up.weight",
+             "layers.0.mlp.down_proj.weight": "eagle.ffn_down.weight"}
+    tensors = {gg: random_state[hf].contiguous() for hf, gg in names.items()}
+    tensors["eagle.output.weight"] = lm
+    save_file(tensors, folder / "head.safetensors")
+    (folder / "head.json").write_text(json.dumps({"format": "specee-eagle", "eagle_version": 1, "draft_vocab": vocab}))
+    out = folder / "head-reduced.gguf"
+    merge_gguf(tiny_gguf, out, eagle=folder / "head.safetensors", eagle_type="f32", head_only=True, progress=False)
+    state = {k: v for k, v in random_state.items() if k != "embed_tokens.weight"}
+    return out, state, vocab, lm
+
+
+def plain_and_spec(model: specee.Model, prompt: list[int], n: int, mode: str, **kw) -> tuple[list[int], list[int]]:
+    plain = model.generate_tokens(prompt, n, temperature=0, **{k: v for k, v in kw.items() if not k.startswith("eagle")})
+    spec = model.generate_tokens(prompt, n, temperature=0, speculative=mode, **kw)
+    return plain, spec
+
+
+# ---- loading
+
+
+def test_head_is_found_in_merged_and_separate_files(tiny_gguf: Path, random_gguf: Path, reduced_head) -> None:
+    assert not specee.Model(tiny_gguf, n_ctx=64).has_eagle
+    m = specee.Model(random_gguf, n_ctx=64)
+    assert m.has_eagle and m._model.eagle_n_vocab == 256 and m._model.eagle_draft_vocab is None
+    assert m.desc == specee.Model(tiny_gguf, n_ctx=64).desc  # the head is not counted in the model's size
+    r = specee.Model(tiny_gguf, n_ctx=64, draft_head=reduced_head[0])
+    assert r.has_eagle and r._model.eagle_n_vocab == 96 and r._model.eagle_draft_vocab == reduced_head[2]
+
+
+# ---- the draft graph against PyTorch
+
+
+def head_inputs(cfg: dict, n: int = 20) -> tuple[list[int], np.ndarray]:
+    rng = np.random.default_rng(7)
+    feats = rng.standard_normal((n, cfg["hidden_size"])).astype(np.float32)
+    return rng.integers(0, 256, n).tolist(), feats
+
+
+def test_draft_head_matches_pytorch(random_gguf: Path, cfg: dict, random_state: dict, base_weights) -> None:
+    m = specee.Model(random_gguf, n_ctx=N_CTX, n_threads=1)
+    tokens, feats = head_inputs(cfg)
+    logits, out = _core.Spec(m._ctx).eval_head(tokens, feats)
+    with torch.no_grad():
+        want_logits, want_out = EagleHead(random_state, cfg, *base_weights)(torch.tensor(tokens), torch.tensor(feats))
+    assert np.abs(out - want_out.numpy()).max() < ATOL
+    err = np.abs(logits - want_logits.numpy()).max()
+    assert err < ATOL, f"max abs error {err:.3g} (logit std {want_logits.std():.2f})"
+
+
+def test_reduced_draft_vocabulary_matches_pytorch(tiny_gguf: Path, reduced_head, cfg: dict, base_weights) -> None:
+    path, state, vocab, lm = reduced_head
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, draft_head=path)
+    tokens, feats = head_inputs(cfg)
+    logits, _ = _core.Spec(m._ctx).eval_head(tokens, feats)
+    with torch.no_grad():
+        want, _ = EagleHead(state, cfg, base_weights[0], lm)(torch.tensor(tokens), torch.tensor(feats))
+    assert logits.shape == (len(tokens), len(vocab))
+    assert np.abs(logits - want.numpy()).max() < ATOL
+
+
+def test_head_in_its_own_file_equals_the_merged_one(tiny_gguf: Path, random_gguf: Path, cfg: dict,
+                                                    tmp_path: Path) -> None:
+    head_only = tmp_path / "head.gguf"
+    merge_gguf(tiny_gguf, head_only, eagle=random_gguf.parent, eagle_type="f32", head_only=True, progress=False)
+    assert head_only.stat().st_size < tiny_gguf.stat().st_size
+    tokens, feats = head_inputs(cfg)
+    merged = _core.Spec(specee.Model(random_gguf, n_ctx=64, n_threads=1)._ctx).eval_head(tokens, feats)
+    separate = _core.Spec(specee.Model(tiny_gguf, n_ctx=64, n_threads=1, draft_head=head_only)._ctx).eval_head(
+        tokens, feats)
+    np.testing.assert_array_equal(merged[0], separate[0])
+
+
+# ---- greedy: speculative output == plain output
+
+
+@pytest.mark.parametrize("mode,kw", TREES, ids=TREE_IDS)
+@pytest.mark.parametrize("head", ["random", "trained"])
+def test_greedy_speculative_equals_plain(mode: str, kw: dict, head: str, request: pytest.FixtureRequest) -> None:
+    """Any head is lossless. With an F32 V cache a token's logits do not depend on the batch it is in, so the
+    outputs are equal token for token (and the tree's K/V are kept in position order, in the first cells)."""
+    path = request.getfixturevalue(f"{head}_gguf")
+    m = specee.Model(path, n_ctx=N_CTX, n_threads=1, type_v="f32")
+    steps = tokens = 0
+    for prompt in PROMPTS:
+        plain, spec = plain_and_spec(m, prompt, 48, mode, **kw)
+        assert spec == plain
+        steps += m.last_stats.n_steps
+        tokens += m.last_stats.n_step_tokens
+        st = m.last_stats  # each step returns its accepted drafts and one token of the target's own
+        assert st.n_step_tokens - st.n_steps <= st.n_accepted <= st.n_step_tokens - st.n_steps + 1  # (or a cut)
+    if head == "trained":  # the trained head predicts these continuations: long accepted paths
+        assert tokens / steps > 2.0
+
+
+def test_greedy_with_cut_steps_and_repeat_penalty(trained_gguf: Path) -> None:
+    """max_tokens ending inside a step, and a repetition penalty (judged with each accepted token in the
+    history, as plain decoding does)."""
+    m = specee.Model(trained_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32")
+    for n in (1, 2, 7, 23):
+        assert m.generate_tokens(PROMPTS[0], n, temperature=0, speculative="eagle2") == \
+            m.generate_tokens(PROMPTS[0], n, temperature=0)
+    plain, spec = plain_and_spec(m, PROMPTS[1], 48, "eagle", repeat_penalty=1.5)
+    assert spec == plain
+
+
+def test_context_fills_up(trained_gguf: Path) -> None:
+    """Near the end of the context the tree shrinks to the free cells; generation stops when it is full."""
+    m = specee.Model(trained_gguf, n_ctx=40, n_threads=1, type_v="f32")
+    plain, spec = plain_and_spec(m, PROMPTS[2], 100, "eagle", eagle_choices=TREES[1][1]["eagle_choices"])
+    assert spec == plain and m.last_stats.stop_reason == "context"
+
+
+# ---- sampling: the target's distribution
+
+
+def target_probs(m: specee.Model, tokens: list[int], sampler: _core.Sampler) -> np.ndarray:
+    m.kv_clear()
+    return sampler.probs(m.eval(tokens)[-1]).astype(np.float64)
+
+
+def chi2_stat(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
+    keep = probs > 0
+    assert counts[~keep].sum() == 0, "drew a token the target gives probability 0"
+    expected = probs[keep] * counts.sum()
+    return float(((counts[keep] - expected) ** 2 / expected).sum()), int(keep.sum()) - 1
+
+
+@pytest.mark.parametrize("mode", ["eagle", "eagle2"])
+def test_sampling_keeps_the_target_distribution(mode: str, trained_gguf: Path) -> None:
+    """The first two tokens of a speculative step over many seeds against the target's distributions (after
+    the sampler's top-k and temperature): the first token's, and the second's given the most frequent first
+    one. The trained head's q is sharper than p, so drafts are both accepted and rejected."""
+    m = specee.Model(trained_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32")
+    tree = _core.SPEC_TREE_STATIC if mode == "eagle" else _core.SPEC_TREE_DYNAMIC
+    spec = _core.Spec(m._ctx, tree, "[[0], [1], [2], [0, 0], [0, 1], [1, 0]]" if mode == "eagle" else None, 8, 3, 3)
+    greedy = _core.Sampler(0.0)
+    prompt = PROMPTS[0]
+    n_runs, top_k, temp = 2500, 6, 1.5
+    first = []
+    pairs: dict[int, list[int]] = {}
+    for seed in range(n_runs):
+        m.kv_clear()
+        root = spec.prefill(greedy, prompt)  # the first token: the same every run
+        out = spec.step(_core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, seed), 2)
+        first.append(out[0])
+        if len(out) == 2:
+            pairs.setdefault(out[0], []).append(out[1])
+    st = spec.stats()
+    assert 0 < st["n_accepted"] < n_runs  # both outcomes happen
+
+    sampler = _core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, 0)
+    p1 = target_probs(m, prompt + [root], sampler)
+    stat, dof = chi2_stat(np.bincount(first, minlength=256), p1)
+    assert stat < chi2_critical(dof), f"first token: chi2 {stat:.1f} with {dof} dof"
+
+    x, seconds = max(pairs.items(), key=lambda kv: len(kv[1]))
+    assert len(seconds) > 200
+    p2 = target_probs(m, prompt + [root, x], sampler)
+    stat, dof = chi2_stat(np.bincount(seconds, minlength=256), p2)
+    assert stat < chi2_critical(dof), f"second token after {x}: chi2 {stat:.1f} with {dof} dof"
+
+
+def test_sampler_probs_is_the_sampled_distribution() -> None:
+    logits = np.array([2.0, 1.6, 1.2, 0.9, 0.5, 0.2, -0.1, -0.6], dtype=np.float32)
+    p = _core.Sampler(0.7, 4, 1.0, 0.0, 1.0, 64, 0).probs(logits)
+    e = np.exp((logits[:4] - logits[0]) / 0.7)
+    np.testing.assert_allclose(p, np.concatenate([e / e.sum(), np.zeros(4)]), rtol=1e-6)
+    greedy = _core.Sampler(0.0).probs(logits)
+    assert greedy[0] == 1.0 and greedy.sum() == 1.0
+
+
+# ---- bad input
+
+
+@pytest.mark.parametrize("choices,msg", [
+    ("[[0], [1]", "expected ',' or ']'"),
+    ("[[0], [x]]", "expected a child rank"),
+    ("[]", "no paths"),
+    ("[[0], []]", "empty path"),
+    ("[[0], [0, 0], [1, 0]]", "has no parent [1]"),
+    ("[[0], [2]]", "needs its earlier sibling [1]"),
+    ("[[0], [0]]", "listed twice"),
+    ("mc_sim_7b_64", "expected '['"),
+])
+def test_bad_choices_are_refused(choices: str, msg: str, random_gguf: Path) -> None:
+    with pytest.raises(specee.SpecEEError, match="bad EAGLE choices") as e:
+        _core.spec_check_choices(choices)
+    assert msg in str(e.value)
+    m = specee.Model(random_gguf, n_ctx=64)
+    with pytest.raises(specee.SpecEEError, match="bad EAGLE choices"):
+        m.generate_tokens(PROMPTS[0], 4, temperature=0, speculative="eagle", eagle_choices=choices)
+
+
+def test_presets_and_sizes() -> None:
+    assert _core.spec_check_choices("mc_sim_7b_63") == 63
+    assert _core.spec_check_choices(" [[0],[1] ,[0,0]] ") == 3
+
+
+def test_bad_settings_are_refused(tiny_gguf: Path, random_gguf: Path, tmp_path: Path) -> None:
+    m = specee.Model(random_gguf, n_ctx=64)
+    with pytest.raises(ValueError, match="speculative must be"):
+        m.generate_tokens(PROMPTS[0], 4, speculative="eagle3")
+    with pytest.raises(ValueError, match="need speculative="):
+        m.generate_tokens(PROMPTS[0], 4, eagle_topk=4)
+    with pytest.raises(ValueError, match="static EAGLE-1 tree"):
+        m.generate_tokens(PROMPTS[0], 4, speculative="eagle2", eagle_choices="[[0]]")
+    with pytest.raises(specee.SpecEEError, match="top_k .* must be >= 1"):
+        m.generate_tokens(PROMPTS[0], 4, speculative="eagle2", eagle_topk=0)
+    with pytest.raises(specee.SpecEEError, match="more than fit in one verification batch"):
+        specee.Model(random_gguf, n_ctx=64, n_batch=32).generate_tokens(PROMPTS[0], 4, speculative="eagle")
+    with pytest.raises(specee.SpecEEError, match="needs an EAGLE head"):
+        specee.Model(tiny_gguf, n_ctx=64).generate_tokens(PROMPTS[0], 4, speculative="eagle2")
+    with pytest.raises(specee.SpecEEError, match="holds no EAGLE head"):
+        specee.Model(tiny_gguf, n_ctx=64, draft_head=tiny_gguf)
+    with pytest.raises(ValueError, match="type_v"):
+        specee.Model(tiny_gguf, type_v="q8_0")
+
+
+def test_head_for_another_model_is_refused(tiny_gguf: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "head128.gguf"
+    w = gguf.GGUFWriter(bad, "llama")
+    w.add_uint32("specee.eagle.version", 1)
+    for name, shape in [("eagle.fc.weight", (128, 256)), ("eagle.fc.bias", (128,))]:
+        w.add_tensor(name, np.zeros(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(specee.SpecEEError, match="does not fit the model .*'eagle.fc.weight' has the wrong shape"):
+        specee.Model(tiny_gguf, n_ctx=64, draft_head=bad)
+
+
+def test_cli_refuses_bad_choices() -> None:
+    r = subprocess.run([str(tool_path("llama-cli")), "--eagle-choices", "[[0], [2]]"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "needs its earlier sibling [1]" in r.stderr
+
+
+# ---- SmolLM2 with a random head (slow)
+
+
+@pytest.fixture(scope="module")
+def smollm2_head(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+               vocab_size=49152)
+    state = {k: v for k, v in eagle_state(cfg, seed=1).items() if k != "embed_tokens.weight"}
+    folder = save_published(state, cfg, tmp_path_factory.mktemp("smollm2_head"))
+    out = folder / "head.gguf"
+    merge_gguf(smollm2_path, out, eagle=folder, head_only=True, progress=False)
+    return out
+
+
+@pytest.mark.slow
+def test_cli_speculative_equals_plain_on_smollm2(smollm2_path: Path, smollm2_head: Path) -> None:
+    cli = str(tool_path("llama-cli"))
+    common = ["-m", str(smollm2_path), "-p", "The capital of France is", "-n", "24", "--temp", "0", "-no-cnv",
+              "-c", "256", "-t", "2", "-ctv", "f32"]
+    plain = subprocess.run([cli, *common, "--spec", "none"], capture_output=True, text=True, timeout=300)
+    for mode in ("eagle", "eagle2"):
+        spec = subprocess.run([cli, *common, "--draft-head", str(smollm2_head), "--spec", mode], capture_output=True,
+                              text=True, timeout=300)
+        assert spec.returncode == 0, spec.stderr
+        assert spec.stdout == plain.stdout
+        assert "mean accepted tokens per step" in spec.stderr
