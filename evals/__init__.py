@@ -1,0 +1,1 @@
+"""specee.eval: dataset evaluations of speed and quality (python -m specee.eval)."""

@@ -1,0 +1,192 @@
+"""End-to-end decode speed of this runtime's llama-cli and upstream llama.cpp's, side by side in one run.
+
+Both CLIs get the same GGUF, prompt, -n, threads and greedy sampling (--temp 0, no conversation mode); the
+timing lines each prints at the end (llama_perf_context_print / common_perf_print: "prompt eval time" and
+"eval time") are parsed, and a markdown table gives decode and prompt tokens/s per prompt and overall, with
+ratios (specee / llama.cpp) and whether the two continuations were identical.
+
+    python -m specee.bench_cli -m model.gguf --llama-cli path/to/llama-completion -n 128 -t 2 --rounds 3
+
+Upstream's non-interactive completion tool is `llama-completion` in recent llama.cpp (`llama-cli` there is
+conversation-only and needs the server build); either works here. Flash attention is passed to upstream
+explicitly (-fa on), as this runtime always uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TOOLS = ("llama.cpp", "specee")
+
+# completion-style openings (no chat template in -no-cnv mode), which an instruct model continues for a while
+DEFAULT_PROMPTS = [
+    "Once upon a time, in a small village by the sea, there lived",
+    "The main differences between Python lists and tuples are",
+    "Here is a step-by-step explanation of how a hash table works. First,",
+    "The history of the printing press begins in",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The three most important things to know about photosynthesis are",
+]
+
+# "... prompt eval time =     12.34 ms /    17 tokens (..." and "...        eval time =    99.9 ms /   127 runs   (..."
+PERF_RE = re.compile(r"(prompt eval|\beval) time =\s*([0-9.]+) ms /\s*([0-9]+) (tokens|runs)")
+
+
+@dataclass
+class Sample:
+    tool: str
+    prompt: int
+    prompt_ms: float
+    prompt_tokens: int
+    eval_ms: float
+    eval_runs: int
+    text: str
+
+    @property
+    def decode_ts(self) -> float:
+        return self.eval_runs / self.eval_ms * 1e3 if self.eval_ms > 0 else float("nan")
+
+
+@dataclass
+class Result:
+    samples: list[Sample] = field(default_factory=list)
+
+    def of(self, tool: str, prompt: int | None = None) -> list[Sample]:
+        return [s for s in self.samples if s.tool == tool and (prompt is None or s.prompt == prompt)]
+
+
+def parse_perf(stderr: str) -> tuple[float, int, float, int]:
+    """(prompt ms, prompt tokens, eval ms, eval runs) from a CLI's timing lines."""
+    found: dict[str, tuple[float, int]] = {}
+    for kind, ms, n, _ in PERF_RE.findall(stderr):
+        found[kind.strip()] = (float(ms), int(n))
+    if "eval" not in found or "prompt eval" not in found:
+        raise ValueError("no 'prompt eval time' / 'eval time' lines in the output")
+    return (*found["prompt eval"], *found["eval"])
+
+
+def cli_argv(tool: str, exe: str, prompt: str, args: argparse.Namespace) -> list[str]:
+    argv = [exe, "-m", args.model, "-p", prompt, "-n", str(args.n_predict), "-t", str(args.threads),
+            "-c", str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt"]
+    if tool == "llama.cpp":
+        argv += ["-fa", "on", *shlex.split(args.llama_cli_args)]
+    return argv
+
+
+def run_one(tool: str, exe: str, prompt_i: int, prompt: str, args: argparse.Namespace) -> Sample:
+    argv = cli_argv(tool, exe, prompt, args)
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_cli: {shlex.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    try:
+        p_ms, p_n, e_ms, e_n = parse_perf(proc.stderr)
+    except ValueError as e:
+        raise SystemExit(f"bench_cli: {exe}: {e}\n{proc.stderr[-2000:]}")
+    return Sample(tool, prompt_i, p_ms, p_n, e_ms, e_n, proc.stdout)
+
+
+def find_tools(args: argparse.Namespace) -> dict[str, str]:
+    up = args.llama_cli or shutil.which("llama-completion") or shutil.which("llama-cli")
+    if not up:
+        raise SystemExit("bench_cli: upstream llama-completion/llama-cli not found; pass --llama-cli PATH")
+    ours = args.specee_cli
+    if ours is None:
+        from specee._tools import tool_path
+
+        ours = str(tool_path("llama-cli"))
+    for exe in (up, ours):
+        if not Path(exe).is_file():
+            raise SystemExit(f"bench_cli: not found: {exe}")
+    return {"llama.cpp": up, "specee": ours}
+
+
+def run_all(args: argparse.Namespace, exes: dict[str, str], prompts: list[str]) -> Result:
+    res = Result()
+    flip = False
+    for r in range(args.rounds):
+        for i, prompt in enumerate(prompts):
+            for tool in (TOOLS[::-1] if flip else TOOLS):  # alternate who goes first
+                print(f"bench_cli: round {r + 1}/{args.rounds} prompt {i + 1}/{len(prompts)} {tool}",
+                      file=sys.stderr, flush=True)
+                res.samples.append(run_one(tool, exes[tool], i, prompt, args))
+            flip = not flip
+    return res
+
+
+def overall_ts(samples: list[Sample], prompt: bool) -> float:
+    if prompt:
+        return sum(s.prompt_tokens for s in samples) / sum(s.prompt_ms for s in samples) * 1e3
+    return sum(s.eval_runs for s in samples) / sum(s.eval_ms for s in samples) * 1e3
+
+
+def format_table(res: Result, prompts: list[str]) -> str:
+    rows = ["| prompt | tokens | llama.cpp decode t/s | specee decode t/s | ratio | same text |",
+            "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for i, prompt in enumerate(prompts):
+        up, ours = res.of("llama.cpp", i), res.of("specee", i)
+        tu = [s.decode_ts for s in up]
+        to = [s.decode_ts for s in ours]
+        same = "yes" if up[0].text == ours[0].text else "no"
+        name = prompt.replace("\n", "\\n").replace("|", "\\|")
+        name = name if len(name) <= 40 else name[:37] + "..."
+        rows.append(f"| {name} | {ours[0].eval_runs} | {statistics.fmean(tu):.2f} ± {pstd(tu):.2f} | "
+                    f"{statistics.fmean(to):.2f} ± {pstd(to):.2f} | {statistics.fmean(to) / statistics.fmean(tu):.3f} "
+                    f"| {same} |")
+    up, ours = res.of("llama.cpp"), res.of("specee")
+    dec = overall_ts(ours, False) / overall_ts(up, False)
+    rows.append(f"| **all (decode)** | {sum(s.eval_runs for s in ours)} | {overall_ts(up, False):.2f} | "
+                f"{overall_ts(ours, False):.2f} | **{dec:.3f}** | |")
+    pre = overall_ts(ours, True) / overall_ts(up, True)
+    rows.append(f"| all (prompt eval) | {sum(s.prompt_tokens for s in ours)} | {overall_ts(up, True):.2f} | "
+                f"{overall_ts(ours, True):.2f} | {pre:.3f} | |")
+    return "\n".join(rows)
+
+
+def pstd(xs: list[float]) -> float:
+    return statistics.stdev(xs) if len(xs) > 1 and all(x == x for x in xs) else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specee.bench_cli", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--llama-cli", help="upstream llama-completion or llama-cli (default: from PATH)")
+    ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the one installed with specee)")
+    ap.add_argument("-p", "--prompt", action="append", help="prompt, repeatable (default: four built-in ones)")
+    ap.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default: 128)")
+    ap.add_argument("-t", "--threads", type=int, default=2, help="threads for both (default: 2)")
+    ap.add_argument("-c", "--ctx-size", type=int, default=2048, help="context size for both (default: 2048)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every prompt per tool (default: 3)")
+    ap.add_argument("--llama-cli-args", default="", help="extra arguments for upstream only")
+    ap.add_argument("--json", metavar="OUT", help="also save every sample as JSON")
+    args = ap.parse_args(argv)
+    if args.n_predict < 2 or args.rounds < 1 or args.threads < 1:
+        ap.error("-n must be >= 2, --rounds and -t >= 1")
+    if args.model is None:
+        from specee.paths import default_model_path
+
+        args.model = str(default_model_path())
+    if not Path(args.model).is_file():
+        ap.error(f"model file not found: {args.model}")
+    prompts = args.prompt or DEFAULT_PROMPTS
+    exes = find_tools(args)
+    res = run_all(args, exes, prompts)
+    print(f"llama.cpp: {exes['llama.cpp']}\nspecee:    {exes['specee']}")
+    print(f"model {Path(args.model).name}, -n {args.n_predict}, -t {args.threads}, --temp 0, {args.rounds} round(s); "
+          f"decode t/s = eval runs / eval time from each CLI's timing lines; ratio = specee / llama.cpp\n")
+    print(format_table(res, prompts))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(s) for s in res.samples], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
