@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specee.paths import default_model_path
 
-BIN_DIR = Path(__file__).resolve().parent / "bin"
+BIN_DIR = Path(os.path.abspath(__file__)).parent / "bin"
 DEFAULT_MODEL_ENV = "SPECEE_DEFAULT_MODEL"
 
 

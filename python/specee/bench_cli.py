@@ -9,7 +9,7 @@ ratios (specee / llama.cpp) and whether the two continuations were identical.
 
 Upstream's non-interactive completion tool is `llama-completion` in recent llama.cpp (`llama-cli` there is
 conversation-only and needs the server build); either works here. Flash attention is passed to upstream
-explicitly (-fa on), as this runtime always uses it.
+explicitly (-fa on, the default of --llama-cli-args), as this runtime always uses it.
 """
 
 from __future__ import annotations
@@ -64,6 +64,50 @@ class Result:
         return [s for s in self.samples if s.tool == tool and (prompt is None or s.prompt == prompt)]
 
 
+def read_prompts(path: str, limit: int) -> list[str]:
+    """Prompts from a file: JSONL in the MT-Bench question format (first turn of each) or one prompt per line."""
+    if not Path(path).is_file():
+        raise SystemExit(f"bench_cli: prompts file not found: {path}")
+    text = Path(path).read_text(encoding="utf-8")
+    prompts = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.endswith((".jsonl", ".json")):
+            try:
+                prompts.append(json.loads(line)["turns"][0])
+            except (ValueError, KeyError, IndexError, TypeError) as e:
+                raise SystemExit(f"bench_cli: {path}:{i}: not an MT-Bench question line ({e})")
+        else:
+            prompts.append(line.replace("\\n", "\n"))
+    if not prompts:
+        raise SystemExit(f"bench_cli: no prompts in {path}")
+    return prompts[:limit] if limit > 0 else prompts
+
+
+def explain(model_path: str, prompt: str, up_text: str, n_predict: int, n_threads: int) -> tuple[int, str, float]:
+    """Greedy decode with this runtime until its text leaves upstream's: (token index, our piece there, our
+    top-1 minus top-2 logit at that step). A small margin says the two differ by a floating-point near-tie."""
+    import numpy as np
+
+    from specee import Model
+
+    m = Model(model_path, n_ctx=2048, n_threads=n_threads)
+    logits = m.eval(m.tokenize(prompt))
+    text = b""
+    for i in range(n_predict):
+        row = logits[-1]
+        top2 = np.argpartition(row, -2)[-2:]
+        tok = int(top2[np.argmax(row[top2])])
+        margin = float(abs(row[top2[0]] - row[top2[1]]))
+        piece = m.token_to_piece(tok)
+        text += piece
+        if m.is_eog(tok) or not up_text.encode().startswith(text):
+            return i, piece.decode(errors="replace"), margin
+        logits = m.eval([tok])
+    return -1, "", 0.0
+
+
 def parse_perf(stderr: str) -> tuple[float, int, float, int]:
     """(prompt ms, prompt tokens, eval ms, eval runs) from a CLI's timing lines."""
     found: dict[str, tuple[float, int]] = {}
@@ -78,7 +122,7 @@ def cli_argv(tool: str, exe: str, prompt: str, args: argparse.Namespace) -> list
     argv = [exe, "-m", args.model, "-p", prompt, "-n", str(args.n_predict), "-t", str(args.threads),
             "-c", str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt"]
     if tool == "llama.cpp":
-        argv += ["-fa", "on", *shlex.split(args.llama_cli_args)]
+        argv += shlex.split(args.llama_cli_args)
     return argv
 
 
@@ -161,11 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-cli", help="upstream llama-completion or llama-cli (default: from PATH)")
     ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the one installed with specee)")
     ap.add_argument("-p", "--prompt", action="append", help="prompt, repeatable (default: four built-in ones)")
+    ap.add_argument("-f", "--prompts-file", help="prompts: MT-Bench question JSONL (first turns) or one per line")
+    ap.add_argument("--limit", type=int, default=0, help="first N prompts of --prompts-file (default: all)")
+    ap.add_argument("--explain", action="store_true",
+                    help="for every prompt whose texts differ, find the first differing token and this runtime's "
+                         "top-2 logit margin there")
     ap.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default: 128)")
     ap.add_argument("-t", "--threads", type=int, default=2, help="threads for both (default: 2)")
     ap.add_argument("-c", "--ctx-size", type=int, default=2048, help="context size for both (default: 2048)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every prompt per tool (default: 3)")
-    ap.add_argument("--llama-cli-args", default="", help="extra arguments for upstream only")
+    ap.add_argument("--llama-cli-args", default="-fa on",
+                    help="extra arguments for upstream only (default: '-fa on', as this runtime always uses flash "
+                         "attention)")
     ap.add_argument("--json", metavar="OUT", help="also save every sample as JSON")
     args = ap.parse_args(argv)
     if args.n_predict < 2 or args.rounds < 1 or args.threads < 1:
@@ -176,13 +227,23 @@ def main(argv: list[str] | None = None) -> int:
         args.model = str(default_model_path())
     if not Path(args.model).is_file():
         ap.error(f"model file not found: {args.model}")
-    prompts = args.prompt or DEFAULT_PROMPTS
+    prompts = args.prompt or (read_prompts(args.prompts_file, args.limit) if args.prompts_file else DEFAULT_PROMPTS)
     exes = find_tools(args)
     res = run_all(args, exes, prompts)
     print(f"llama.cpp: {exes['llama.cpp']}\nspecee:    {exes['specee']}")
     print(f"model {Path(args.model).name}, -n {args.n_predict}, -t {args.threads}, --temp 0, {args.rounds} round(s); "
           f"decode t/s = eval runs / eval time from each CLI's timing lines; ratio = specee / llama.cpp\n")
     print(format_table(res, prompts))
+    if args.explain:
+        print(f"\n| prompt | first differing token | specee token there | specee top-2 margin |\n| --- | ---: | --- | ---: |")
+        for i, prompt in enumerate(prompts):
+            up, ours = res.of("llama.cpp", i)[0], res.of("specee", i)[0]
+            if up.text != ours.text:
+                k, piece, margin = explain(args.model, prompt, up.text, args.n_predict, args.threads)
+                name = prompt.replace("\n", "\\n").replace("|", "\\|")[:40]
+                print(f"| {name} | {k} | {piece!r} | {margin:.4f} |")
+        n_same = sum(res.of("llama.cpp", i)[0].text == res.of("specee", i)[0].text for i in range(len(prompts)))
+        print(f"\n{n_same} of {len(prompts)} continuations identical")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(s) for s in res.samples], indent=1))
     return 0
