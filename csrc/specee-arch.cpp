@@ -28,6 +28,10 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* EAGLE_FFN_UP     */ "eagle.ffn_up.weight",
     /* EAGLE_FFN_DOWN   */ "eagle.ffn_down.weight",
     /* EAGLE_OUTPUT     */ "eagle.output.weight",
+    /* PRED_UP          */ "blk.%d.pred.up.weight",
+    /* PRED_UP_BIAS     */ "blk.%d.pred.up.bias",
+    /* PRED_DOWN        */ "blk.%d.pred.down.weight",
+    /* PRED_DOWN_BIAS   */ "blk.%d.pred.down.bias",
 };
 
 const char * specee_tensor_format(specee_tensor t) {

@@ -30,10 +30,16 @@ enum specee_tensor {
     SPECEE_TENSOR_EAGLE_FFN_UP,
     SPECEE_TENSOR_EAGLE_FFN_DOWN,
     SPECEE_TENSOR_EAGLE_OUTPUT,
+    // SpecEE's per-layer exit predictors, in python/specee/constants.py's order
+    SPECEE_TENSOR_PRED_UP,
+    SPECEE_TENSOR_PRED_UP_BIAS,
+    SPECEE_TENSOR_PRED_DOWN,
+    SPECEE_TENSOR_PRED_DOWN_BIAS,
     SPECEE_TENSOR_COUNT,
 };
 
 #define SPECEE_TENSOR_EAGLE_FIRST SPECEE_TENSOR_EAGLE_TOKEN_EMBD
+#define SPECEE_TENSOR_PRED_FIRST  SPECEE_TENSOR_PRED_UP
 
 // format string of a tensor's name ("blk.%d.attn_q.weight")
 const char * specee_tensor_format(specee_tensor t);
@@ -65,3 +71,6 @@ std::string specee_tensor_name(specee_tensor t, int il = -1);
 #define SPECEE_KEY_EAGLE_VERSION      "specee.eagle.version"
 #define SPECEE_KEY_EAGLE_FEED_FORWARD "specee.eagle.feed_forward_length"
 #define SPECEE_KEY_EAGLE_DRAFT_VOCAB  "specee.eagle.draft_vocab"
+#define SPECEE_KEY_EXIT_LAYERS        "specee.exit.layers"
+#define SPECEE_KEY_EXIT_THRESHOLD     "specee.exit.threshold"
+#define SPECEE_KEY_EXIT_N_CANDIDATES  "specee.exit.n_candidates"

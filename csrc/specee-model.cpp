@@ -559,6 +559,53 @@ static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) 
     m.eagle_file = std::move(f);
 }
 
+// SpecEE's exit predictors (blk.N.pred.*, any subset of the layers) and the specee.exit.* settings
+static void read_exit(specee_model & m) {
+    specee_exit_cfg & x = m.exit;
+    x.pred.resize(m.hparams.n_layer);
+    uint32_t n_cand = 4;
+    get_u32(m.gguf, SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, false);
+    if (n_cand < 1 || n_cand > 64) {
+        specee_fail("%s = %u in %s: expected 1..64 candidates", SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, m.path.c_str());
+    }
+    x.n_cand = n_cand;
+    for (uint32_t il = 0; il < m.hparams.n_layer; ++il) {
+        specee_predictor & p = x.pred[il];
+        const ggml_tensor * probe =
+            ggml_get_tensor(m.ctx_meta, specee_tensor_name(SPECEE_TENSOR_PRED_UP, (int) il).c_str());
+        if (!probe) {
+            continue;
+        }
+        const int64_t n_hidden = probe->ne[1];
+        p.up   = get_tensor(m, SPECEE_TENSOR_PRED_UP, il, {3 * (int64_t) n_cand, n_hidden});
+        p.up_b = get_tensor(m, SPECEE_TENSOR_PRED_UP_BIAS, il, {n_hidden});
+        p.down = get_tensor(m, SPECEE_TENSOR_PRED_DOWN, il, {n_hidden, 1});
+        p.down_b = get_tensor(m, SPECEE_TENSOR_PRED_DOWN_BIAS, il, {1});
+        x.n_pred += 1;
+    }
+    const int64_t kid = gguf_find_key(m.gguf, SPECEE_KEY_EXIT_LAYERS);
+    if (kid >= 0) {
+        if (gguf_get_kv_type(m.gguf, kid) != GGUF_TYPE_ARRAY || gguf_get_arr_type(m.gguf, kid) != GGUF_TYPE_INT32) {
+            specee_fail("%s in %s is not an int32 array", SPECEE_KEY_EXIT_LAYERS, m.path.c_str());
+        }
+        const auto * v = (const int32_t *) gguf_get_arr_data(m.gguf, kid);
+        for (size_t i = 0; i < gguf_get_arr_n(m.gguf, kid); ++i) {
+            if (v[i] < 0 || v[i] >= (int32_t) m.hparams.n_layer || !x.pred[v[i]].up) {
+                specee_fail("%s in %s lists layer %d, which has no predictor (blk.%d.pred.*)", SPECEE_KEY_EXIT_LAYERS,
+                            m.path.c_str(), v[i], v[i]);
+            }
+            x.layers.push_back(v[i]);
+        }
+    }
+    const int64_t tid = gguf_find_key(m.gguf, SPECEE_KEY_EXIT_THRESHOLD);
+    if (tid >= 0) {
+        if (gguf_get_kv_type(m.gguf, tid) != GGUF_TYPE_FLOAT32) {
+            specee_fail("%s in %s is not a float32", SPECEE_KEY_EXIT_THRESHOLD, m.path.c_str());
+        }
+        x.threshold = gguf_get_val_f32(m.gguf, tid);
+    }
+}
+
 specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     if (!path || !*path) {
         specee_fail("no model path given");
@@ -639,6 +686,7 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     if (has_eagle_tensors(m.ctx_meta)) {
         m.eagle = read_eagle(m, m.ctx_meta, m.gguf, m.path);
     }
+    read_exit(m);
 
     // ---- check every tensor lies inside the file, then point the tensors into the mapping
     map_file(m, use_mmap);
@@ -652,8 +700,8 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
             specee_fail("'%s' is truncated: tensor '%s' needs bytes up to %zu but the file has %zu", path, name,
                         off + ggml_nbytes(t), m.size);
         }
-        if (strncmp(name, "eagle.", 6) == 0) {
-            continue; // the draft head is not counted in the model's size
+        if (strncmp(name, "eagle.", 6) == 0 || strstr(name, ".pred.")) {
+            continue; // the draft head and the exit predictors are not counted in the model's size
         }
         m.n_params += (uint64_t) ggml_nelements(t);
         m.n_bytes += ggml_nbytes(t);
@@ -732,6 +780,11 @@ extern "C" const char * specee_arch_tensor_name(int32_t i) {
 
 extern "C" const char * specee_arch_eagle_tensor_name(int32_t i) {
     const int32_t t = SPECEE_TENSOR_EAGLE_FIRST + i;
+    return (i >= 0 && t < SPECEE_TENSOR_PRED_FIRST) ? specee_tensor_format((specee_tensor) t) : nullptr;
+}
+
+extern "C" const char * specee_arch_pred_tensor_name(int32_t i) {
+    const int32_t t = SPECEE_TENSOR_PRED_FIRST + i;
     return (i >= 0 && t < SPECEE_TENSOR_COUNT) ? specee_tensor_format((specee_tensor) t) : nullptr;
 }
 

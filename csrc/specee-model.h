@@ -61,6 +61,22 @@ struct specee_eagle {
     std::string   source;             // the file it was read from
 };
 
+// SpecEE exit predictor of one layer: p = sigmoid(down . relu(up . features + up_b) + down_b)
+struct specee_predictor {
+    ggml_tensor * up     = nullptr; // [3 * n_cand, n_hidden] (features: logits, softmax, softmax - previous)
+    ggml_tensor * up_b   = nullptr; // [n_hidden]
+    ggml_tensor * down   = nullptr; // [n_hidden, 1]
+    ggml_tensor * down_b = nullptr; // [1]
+};
+
+struct specee_exit_cfg {
+    std::vector<specee_predictor> pred;   // [n_layer]; up == NULL where a layer has none
+    int32_t              n_pred    = 0;   // layers with a predictor
+    uint32_t             n_cand    = 4;   // EAGLE candidates per token (specee.exit.n_candidates)
+    float                threshold = 0.5f; // a predictor fires above this (specee.exit.threshold)
+    std::vector<int32_t> layers;          // the static set of checked layers (specee.exit.layers)
+};
+
 // a GGUF file whose tensors point into its mapping (a separately loaded head)
 struct specee_weights_file {
     gguf_context *        gguf     = nullptr;
@@ -85,6 +101,7 @@ struct specee_model {
     ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
     std::vector<specee_layer> layers;
     specee_eagle              eagle; // draft head, from the model file or specee_model_load_eagle
+    specee_exit_cfg           exit;  // exit predictors and settings (specee-early-exit.cpp)
 
     specee_vocab * vocab = nullptr; // tokenizer, from tokenizer.ggml.* (specee-vocab.cpp)
 

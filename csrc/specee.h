@@ -253,6 +253,27 @@ int32_t                  specee_spec_check_choices(const char * choices);
 int32_t specee_spec_eval_head(specee_spec * spec, const int32_t * tokens, const float * features, int32_t n,
                               float * logits, float * out);
 
+// ---- SpecEE early exit: exit predictors (blk.N.pred.*) and specee.exit.* settings ------------------------
+//
+// At a checked layer the features of the layer's output h [n_embd] for the EAGLE head's candidates cand
+// [n_cand] are c = lm_head[cand] . final_norm(h), p = softmax(c) and p - p_prev (p_prev: p at the previously
+// checked layer, NULL at the first: zeros), in that order; the layer's predictor maps them to a probability
+// (Linear(3 n_cand, hidden), ReLU, Linear(hidden, 1), sigmoid) and fires above the threshold.
+
+// the names of the predictor tensors ("blk.%d.pred.up.weight", ...), NULL past the end
+const char * specee_arch_pred_tensor_name(int32_t i);
+int32_t      specee_model_exit_n_pred(const specee_model * model); // layers with a predictor
+bool         specee_model_exit_has_pred(const specee_model * model, int32_t layer);
+// the file's static set of checked layers (specee.exit.layers) into out [n_max]; returns its size
+int32_t      specee_model_exit_layers(const specee_model * model, int32_t * out, int32_t n_max);
+float        specee_model_exit_threshold(const specee_model * model);   // specee.exit.threshold (0.5)
+int32_t      specee_model_exit_n_candidates(const specee_model * model); // specee.exit.n_candidates (4)
+// features [3 n_cand] of h; p_out [n_cand] (NULL: not needed) receives p; 0, or -1 with specee_last_error()
+int32_t specee_exit_features(const specee_model * model, const float * h, const int32_t * cand, const float * p_prev,
+                             float * feat, float * p_out);
+// the layer's predictor on feat [3 n_cand]: a probability, or -1 with specee_last_error()
+float   specee_exit_predict(const specee_model * model, int32_t layer, const float * feat);
+
 // ---- chat templates ------------------------------------------------------------------------------
 
 struct specee_chat_message {

@@ -271,6 +271,13 @@ PYBIND11_MODULE(_core, m) {
         }
         return names;
     });
+    m.def("arch_pred_tensor_names", [] {
+        std::vector<std::string> names;
+        for (int32_t i = 0; specee_arch_pred_tensor_name(i); ++i) {
+            names.emplace_back(specee_arch_pred_tensor_name(i));
+        }
+        return names;
+    });
     m.def("spec_check_choices",
           [](const std::string & choices) {
               const int32_t n = specee_spec_check_choices(choices.c_str());
@@ -376,6 +383,46 @@ PYBIND11_MODULE(_core, m) {
                                    }
                                    return std::vector<int32_t>(ids, ids + specee_model_eagle_n_vocab(s.ptr));
                                })
+        .def_property_readonly("exit_n_pred", [](const Model & s) { return specee_model_exit_n_pred(s.ptr); })
+        .def("exit_has_pred", [](const Model & s, int32_t il) { return specee_model_exit_has_pred(s.ptr, il); })
+        .def_property_readonly("exit_layers",
+                               [](const Model & s) {
+                                   std::vector<int32_t> v(specee_model_exit_layers(s.ptr, nullptr, 0));
+                                   specee_model_exit_layers(s.ptr, v.data(), (int32_t) v.size());
+                                   return v;
+                               })
+        .def_property_readonly("exit_threshold", [](const Model & s) { return specee_model_exit_threshold(s.ptr); })
+        .def_property_readonly("exit_n_candidates",
+                               [](const Model & s) { return specee_model_exit_n_candidates(s.ptr); })
+        .def("exit_features",
+             [](const Model & s, py::array_t<float, py::array::c_style | py::array::forcecast> h,
+                py::array_t<int32_t, py::array::c_style | py::array::forcecast> cand,
+                std::optional<py::array_t<float, py::array::c_style | py::array::forcecast>> p_prev) {
+                 const int32_t n_cand = specee_model_exit_n_candidates(s.ptr);
+                 if (h.size() != specee_model_n_embd(s.ptr) || cand.size() != n_cand ||
+                     (p_prev && p_prev->size() != n_cand)) {
+                     throw py::value_error("exit_features: h must have n_embd values, cand and p_prev n_candidates");
+                 }
+                 py::array_t<float> feat(3 * n_cand), p(n_cand);
+                 if (specee_exit_features(s.ptr, h.data(), cand.data(), p_prev ? p_prev->data() : nullptr,
+                                          feat.mutable_data(), p.mutable_data()) != 0) {
+                     raise_last();
+                 }
+                 return py::make_tuple(feat, p);
+             },
+             py::arg("h"), py::arg("cand"), py::arg("p_prev") = py::none())
+        .def("exit_predict",
+             [](const Model & s, int32_t layer, py::array_t<float, py::array::c_style | py::array::forcecast> feat) {
+                 if (feat.size() != 3 * specee_model_exit_n_candidates(s.ptr)) {
+                     throw py::value_error("exit_predict: feat must have 3 * n_candidates values");
+                 }
+                 const float p = specee_exit_predict(s.ptr, layer, feat.data());
+                 if (p < 0.0f) {
+                     raise_last();
+                 }
+                 return p;
+             },
+             py::arg("layer"), py::arg("feat"))
         .def("load_eagle",
              [](Model & s, const std::string & path) {
                  if (specee_model_load_eagle(s.ptr, path.c_str()) != 0) {

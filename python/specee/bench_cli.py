@@ -85,6 +85,15 @@ def read_prompts(path: str, limit: int) -> list[str]:
     return prompts[:limit] if limit > 0 else prompts
 
 
+def chat_prompts(model_path: str, prompts: list[str]) -> list[str]:
+    """Each prompt as the text of a one-turn chat in the model's own template (special tokens as text)."""
+    from specee import Model, _core
+    from specee.generate import chat_template_name
+
+    name = chat_template_name(Model(model_path, n_ctx=64, n_threads=1))
+    return [_core.chat_apply_template(name, [{"role": "user", "content": p}], True) for p in prompts]
+
+
 def explain(model_path: str, prompt: str, up_text: str, n_predict: int, n_threads: int) -> tuple[int, str, float]:
     """Greedy decode with this runtime until its text leaves upstream's: (token index, our piece there, our
     top-1 minus top-2 logit at that step). A small margin says the two differ by a floating-point near-tie."""
@@ -93,7 +102,7 @@ def explain(model_path: str, prompt: str, up_text: str, n_predict: int, n_thread
     from specee import Model
 
     m = Model(model_path, n_ctx=2048, n_threads=n_threads)
-    logits = m.eval(m.tokenize(prompt))
+    logits = m.eval(m.tokenize(prompt, add_special=True, parse_special=True))
     text = b""
     for i in range(n_predict):
         row = logits[-1]
@@ -206,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the one installed with specee)")
     ap.add_argument("-p", "--prompt", action="append", help="prompt, repeatable (default: four built-in ones)")
     ap.add_argument("-f", "--prompts-file", help="prompts: MT-Bench question JSONL (first turns) or one per line")
+    ap.add_argument("--chat", action="store_true",
+                    help="wrap every prompt in the model's chat template (one user turn, assistant prompt), so "
+                         "instruct models answer instead of ending at once; both CLIs get the same text")
     ap.add_argument("--limit", type=int, default=0, help="first N prompts of --prompts-file (default: all)")
     ap.add_argument("--explain", action="store_true",
                     help="for every prompt whose texts differ, find the first differing token and this runtime's "
@@ -228,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.model).is_file():
         ap.error(f"model file not found: {args.model}")
     prompts = args.prompt or (read_prompts(args.prompts_file, args.limit) if args.prompts_file else DEFAULT_PROMPTS)
+    if args.chat:
+        prompts = chat_prompts(args.model, prompts)
     exes = find_tools(args)
     res = run_all(args, exes, prompts)
     print(f"llama.cpp: {exes['llama.cpp']}\nspecee:    {exes['specee']}")
