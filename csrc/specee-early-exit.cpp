@@ -4,22 +4,30 @@
 //   hn   = final_norm(h_l)                      the model's output norm applied to the layer's output
 //   c_j  = lm_head[cand_j] . hn                 n_cand logits
 //   p    = softmax(c)
-//   feat = [c, p, p - p_prev]                   p_prev: p at the previously checked layer (zeros at the first)
+//   feat = [c, p, p - p_prev]                   p_prev: p at the previously checked layer; at the first
+//                                               check the third group is p itself (SpecEE's prob_gap)
 //   prob = sigmoid(down . relu(up . feat + up_b) + down_b)
 // The predictor fires when prob > threshold. Everything here is a few thousand multiply-adds per check, so it
 // runs on the host from the weights' file mapping (the lm_head rows are read from the original, not the
 // repacked, copy of the tensor).
 
 #include "specee-arch.h"
+#include "specee-context.h"
+#include "specee-graph.h"
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-sampling.h"
+#include "specee-speculative.h"
 #include "specee.h"
 
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 // one row of a 2-D tensor of the file mapping as floats
@@ -50,7 +58,7 @@ static const ggml_tensor * lm_head_in_file(const specee_model & m) {
     return t ? t : ggml_get_tensor(m.ctx_meta, specee_tensor_name(SPECEE_TENSOR_TOKEN_EMBD).c_str());
 }
 
-void specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
+static void specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
                                float * feat, float * p_out) {
     const specee_hparams & hp     = m.hparams;
     const int32_t          n_cand = (int32_t) m.exit.n_cand;
@@ -92,14 +100,14 @@ void specee_exit_features_impl(const specee_model & m, const float * h, const in
         p[j] = (float) (p[j] / sum);
         feat[j]              = c[j];
         feat[n_cand + j]     = p[j];
-        feat[2 * n_cand + j] = p_prev ? p[j] - p_prev[j] : 0.0f;
+        feat[2 * n_cand + j] = p_prev ? p[j] - p_prev[j] : p[j]; // SpecEE's code: the gap is p at the first check
         if (p_out) {
             p_out[j] = p[j];
         }
     }
 }
 
-float specee_exit_predict_impl(const specee_model & m, int32_t layer, const float * feat) {
+static float specee_exit_predict_impl(const specee_model & m, int32_t layer, const float * feat) {
     if (layer < 0 || layer >= (int32_t) m.hparams.n_layer || !m.exit.pred[layer].up) {
         specee_fail("layer %d has no exit predictor", layer);
     }
@@ -119,6 +127,196 @@ float specee_exit_predict_impl(const specee_model & m, int32_t layer, const floa
         z += (double) down[k] * std::max(a, 0.0);
     }
     return (float) (1.0 / (1.0 + std::exp(-z)));
+}
+
+// ---- the decode step ------------------------------------------------------------------------------
+
+using exit_clock = std::chrono::steady_clock;
+
+static double ms_since(exit_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(exit_clock::now() - t0).count();
+}
+
+// the layers checked for this token: the static set, plus e-2, e, e+2 around each of the last 5 exits;
+// only layers with a predictor, before the last layer (exiting there saves nothing)
+static std::vector<int32_t> exit_schedule(const specee_spec & sp, const specee_exit_params & ep) {
+    const specee_model & m       = *sp.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    std::vector<int32_t> layers;
+    if (ep.layers) {
+        layers.assign(ep.layers, ep.layers + ep.n_layers);
+    } else {
+        layers = m.exit.layers;
+    }
+    if (ep.dynamic) {
+        for (int32_t e : sp.recent_exits) {
+            for (int32_t d : {-2, 0, 2}) {
+                layers.push_back(e + d);
+            }
+        }
+    }
+    std::vector<int32_t> out;
+    for (int32_t il : layers) {
+        if (il >= 0 && il < n_layer - 1 && m.exit.pred[il].up) {
+            out.push_back(il);
+        }
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
+// the norm and full logits of one hidden state at an exit layer
+static void exit_logits(specee_spec & sp, const float * h, std::vector<float> & norm, std::vector<float> & logits) {
+    const specee_model & m = *sp.model;
+    if (sp.exit_graph_meta.empty()) {
+        sp.exit_graph_meta.resize(ggml_tensor_overhead() * 16 + ggml_graph_overhead_custom(16, false));
+    }
+    ggml_init_params ip   = {sp.exit_graph_meta.size(), sp.exit_graph_meta.data(), /*no_alloc =*/true};
+    ggml_context *   ctx0 = ggml_init(ip);
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> guard(ctx0, ggml_free);
+    specee_graph_io io;
+    ggml_cgraph *   gf = specee_build_exit_graph(ctx0, m, io, 16);
+
+    ggml_backend_sched_t sched = specee_context_sched(*sp.ctx);
+    ggml_backend_sched_reset(sched);
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+        specee_fail("cannot allocate the exit layer's lm_head graph");
+    }
+    ggml_backend_tensor_set(io.inp_embd, h, 0, (size_t) sp.n_embd * sizeof(float));
+    specee_context_compute(*sp.ctx, gf, 1);
+    norm.resize(sp.n_embd);
+    logits.resize(sp.n_vocab);
+    ggml_backend_tensor_get(io.result_norm, norm.data(), 0, norm.size() * sizeof(float));
+    ggml_backend_tensor_get(io.result_output, logits.data(), 0, logits.size() * sizeof(float));
+}
+
+static int32_t step_exit_impl(specee_spec & sp, specee_sampler & smpl, const specee_exit_params & ep,
+                              int32_t * exit_layer) {
+    if (sp.root < 0) {
+        specee_fail("early exit: call specee_spec_prefill before specee_spec_step_exit");
+    }
+    if (!specee_sampler_greedy(smpl)) {
+        specee_fail("early exit decodes greedily (the exit layer's argmax); use a greedy sampler (temperature 0)");
+    }
+    const specee_model & m       = *sp.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    const int32_t        n_cand  = (int32_t) m.exit.n_cand;
+    if (ep.force_exit_layer >= n_layer) {
+        specee_fail("forced exit layer %d: the model has %d layers", ep.force_exit_layer, n_layer);
+    }
+    if (m.exit.n_pred == 0 && ep.force_exit_layer < 0 && ep.threshold < 1.0f) {
+        specee_fail("early exit needs exit predictors (blk.N.pred.*): merge them into the model with "
+                    "python -m specee.convert merge --predictors");
+    }
+    specee_context & ctx   = *sp.ctx;
+    const int32_t    n_ctx = (int32_t) specee_n_ctx(&ctx);
+    if (specee_kv_n_used(&ctx) >= n_ctx) {
+        specee_fail("context full: no KV cell left for the next token (n_ctx = %d)", n_ctx);
+    }
+    specee_exit_stats & st = sp.exit_stats;
+
+    // ---- candidates: the head's top n_cand after the pending pairs
+    auto t0 = exit_clock::now();
+    specee_draft_commit(sp);
+    std::vector<int32_t> cand(std::min(n_cand, sp.n_dvocab));
+    {
+        std::vector<int32_t> idx(sp.n_dvocab);
+        for (int32_t i = 0; i < sp.n_dvocab; ++i) {
+            idx[i] = i;
+        }
+        const float * lg = sp.d_logits.data();
+        std::partial_sort(idx.begin(), idx.begin() + cand.size(), idx.end(),
+                          [&](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); });
+        const std::vector<int32_t> & dvocab = m.eagle.draft_vocab;
+        for (size_t j = 0; j < cand.size(); ++j) {
+            cand[j] = dvocab.empty() ? idx[j] : dvocab[idx[j]];
+        }
+    }
+    st.t_head_ms += ms_since(t0);
+
+    // ---- the token's layers, checked at the scheduled ones
+    int32_t       tok = sp.root, pos = sp.root_pos;
+    specee_batch  b   = {1, &tok, &pos, nullptr, nullptr};
+    int32_t       l   = 0, exited = -1, next = -1;
+    std::vector<float> feat(3 * n_cand), p(n_cand), p_prev, norm, logits;
+    const std::vector<int32_t> sched =
+        ep.force_exit_layer >= 0 ? std::vector<int32_t>{ep.force_exit_layer} : exit_schedule(sp, ep);
+    for (int32_t s : sched) {
+        t0 = exit_clock::now();
+        if (specee_eval_layers(&ctx, &b, l, s + 1, SPECEE_EVAL_NO_LOGITS) != 0) {
+            specee_fail("%s", specee_last_error());
+        }
+        st.t_layers_ms += ms_since(t0);
+        l = s + 1;
+        const float * h = specee_get_hidden(&ctx, -1);
+
+        bool fire = ep.force_exit_layer >= 0;
+        if (!fire) {
+            t0 = exit_clock::now();
+            if ((int32_t) cand.size() == n_cand) {
+                specee_exit_features_impl(m, h, cand.data(), p_prev.empty() ? nullptr : p_prev.data(), feat.data(),
+                                          p.data());
+                fire = specee_exit_predict_impl(m, s, feat.data()) > ep.threshold;
+                p_prev = p;
+            }
+            st.n_checks += 1;
+            st.n_fired += fire;
+            st.t_check_ms += ms_since(t0);
+        }
+        if (!fire) {
+            continue;
+        }
+        t0 = exit_clock::now();
+        exit_logits(sp, h, norm, logits);
+        const int32_t t = specee_sampler_sample(&smpl, logits.data(), sp.n_vocab);
+        st.t_exit_ms += ms_since(t0);
+        if (t < 0) {
+            specee_fail("%s", specee_last_error());
+        }
+        if (ep.force_exit_layer >= 0 || std::find(cand.begin(), cand.end(), t) != cand.end()) {
+            exited = s;
+            next   = t;
+            break;
+        }
+        st.n_rejected += 1;
+    }
+    if (exited < 0) {
+        t0 = exit_clock::now();
+        if (specee_eval_layers(&ctx, &b, l, n_layer, 0) != 0) {
+            specee_fail("%s", specee_last_error());
+        }
+        st.t_layers_ms += ms_since(t0);
+        next = specee_sampler_sample(&smpl, specee_get_logits(&ctx), sp.n_vocab);
+        if (next < 0) {
+            specee_fail("%s", specee_last_error());
+        }
+        const float * nm = specee_get_norm(&ctx);
+        norm.assign(nm, nm + sp.n_embd);
+    }
+    specee_sampler_accept(&smpl, next);
+
+    // ---- the pair (this token's feature, the next token) for the head; the next token becomes the root
+    sp.pend_feat.insert(sp.pend_feat.end(), norm.begin(), norm.end());
+    sp.pend_tok.push_back(next);
+    sp.pend_pos.push_back(sp.root_pos);
+    sp.root = next;
+    sp.root_pos += 1;
+
+    const int32_t layer = exited >= 0 ? exited : n_layer - 1;
+    st.n_tokens += 1;
+    st.n_exits += exited >= 0;
+    st.sum_layers += layer + 1;
+    if (exited >= 0) {
+        sp.recent_exits.push_back(exited);
+        if (sp.recent_exits.size() > 5) {
+            sp.recent_exits.erase(sp.recent_exits.begin());
+        }
+    }
+    if (exit_layer) {
+        *exit_layer = layer;
+    }
+    return next;
 }
 
 // ---- C API ---------------------------------------------------------------------------------------
@@ -161,4 +359,38 @@ extern "C" float specee_exit_predict(const specee_model * model, int32_t layer, 
         }
         return specee_exit_predict_impl(*model, layer, feat);
     });
+}
+
+extern "C" struct specee_exit_params specee_exit_default_params(void) {
+    specee_exit_params p;
+    p.threshold        = -1.0f; // the model's specee.exit.threshold
+    p.layers           = nullptr;
+    p.n_layers         = 0;
+    p.dynamic          = true;
+    p.force_exit_layer = -1;
+    return p;
+}
+
+extern "C" int32_t specee_spec_step_exit(specee_spec * spec, specee_sampler * smpl, const specee_exit_params * params,
+                                         int32_t * exit_layer) {
+    return specee_guard<int32_t>(-1, [&] {
+        if (!spec || !smpl) {
+            specee_fail("specee_spec_step_exit: no decoder or sampler");
+        }
+        specee_exit_params ep = params ? *params : specee_exit_default_params();
+        if (ep.threshold < 0.0f) {
+            ep.threshold = spec->model->exit.threshold;
+        }
+        return step_exit_impl(*spec, *smpl, ep, exit_layer);
+    });
+}
+
+extern "C" struct specee_exit_stats specee_spec_get_exit_stats(const specee_spec * spec) {
+    return spec ? spec->exit_stats : specee_exit_stats{};
+}
+
+extern "C" void specee_spec_reset_exit_stats(specee_spec * spec) {
+    if (spec) {
+        spec->exit_stats = specee_exit_stats{};
+    }
 }

@@ -236,3 +236,24 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
     ggml_build_forward_expand(gf, cur);
     return gf;
 }
+
+ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, specee_graph_io & io,
+                                      int32_t graph_size) {
+    const specee_hparams & hp = model.hparams;
+    ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
+
+    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, 1); // a layer's output [n_embd, 1]
+    ggml_set_name(io.inp_embd, "inp_embd");
+    ggml_set_input(io.inp_embd);
+
+    ggml_tensor * cur = build_norm(ctx0, io.inp_embd, model.output_norm, hp.f_norm_rms_eps); // [n_embd, 1]
+    ggml_set_name(cur, "result_norm");
+    ggml_set_output(cur);
+    io.result_norm = cur;
+    cur            = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, 1]
+    ggml_set_name(cur, "result_output");
+    ggml_set_output(cur);
+    io.result_output = cur;
+    ggml_build_forward_expand(gf, cur);
+    return gf;
+}

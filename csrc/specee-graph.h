@@ -50,3 +50,8 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
 // tokens of io.inp_out_ids (over the draft vocabulary when the head has its own).
 ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                        const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);
+
+// SpecEE's exit at a layer: the final norm and the lm_head on one token's hidden state after that layer
+// (io.inp_embd [n_embd, 1]); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]
+ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, specee_graph_io & io,
+                                      int32_t graph_size);

@@ -21,6 +21,7 @@
 #include "specee-kv-cache.h"
 #include "specee-model.h"
 #include "specee-sampling.h"
+#include "specee-speculative.h"
 #include "specee.h"
 
 #include <algorithm>
@@ -55,11 +56,6 @@ static const char * const DEFAULT_CHOICES = "mc_sim_7b_63";
 
 // the nodes of a static tree in breadth-first order (node 0 is the root): any prefix is itself a tree
 // whose siblings are a prefix of their ranks
-struct tree_shape {
-    std::vector<int32_t> parent;     // -1 for the root
-    std::vector<int32_t> n_children; // children ranks 0 .. n_children - 1
-};
-
 static const char * resolve_choices(const char * choices) {
     const std::string name = choices && *choices ? choices : DEFAULT_CHOICES;
     for (const choices_preset & p : CHOICES_PRESETS) {
@@ -191,49 +187,6 @@ static double ms_since(spec_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(spec_clock::now() - t0).count();
 }
 
-using sparse_dist = std::vector<std::pair<int32_t, float>>; // (target token, p > 0)
-
-// a drafted node; node 0 of a step is the root (the last emitted token)
-struct draft_node {
-    int32_t     token  = -1;
-    int32_t     parent = -1;
-    int32_t     depth  = 0;
-    int32_t     shape  = 0;    // static tree: the node of tree_shape it drafts
-    float       score  = 0.0f; // cumulative log-probability of the path under the draft (ranking)
-    int32_t     dcell  = -1;   // draft KV cell, once expanded (the root's is committed)
-    int32_t     row    = -1;   // row in the verification batch, -1 when not verified
-    std::vector<int32_t> children; // in the order they were drawn
-    std::vector<float>   h;        // the head's output feature for this node (expanded nodes)
-    sparse_dist          q;        // the distribution its children were drawn from (sampling)
-};
-
-struct specee_spec {
-    specee_context *       ctx   = nullptr;
-    const specee_model *   model = nullptr;
-    specee_spec_params     params{};
-    tree_shape             shape; // static tree
-    int32_t                max_nodes = 0; // draft tokens per step at most
-    int32_t                n_embd = 0, n_vocab = 0, n_dvocab = 0;
-
-    specee_kv_cache        dkv;      // the head's one-layer cache
-    std::vector<uint8_t>   dkv_tree; // [dkv.size] cell holds a node of the current tree (dropped after the step)
-    std::vector<uint8_t>   graph_meta;
-    int32_t                graph_size = 256;
-
-    // pairs (feature, token) whose draft K/V is not cached yet, at positions pend_pos
-    std::vector<int32_t> pend_tok, pend_pos;
-    std::vector<float>   pend_feat;
-    std::vector<float>   dangling; // feature of the last cached target token whose next token is unknown
-    int32_t              root     = -1; // last emitted token (not in the target's cache), -1 before prefill
-    int32_t              root_pos = -1; // its position
-
-    // the current step
-    std::vector<draft_node> nodes;
-    std::vector<float>      d_out;    // head output features of the last draft batch [n][n_embd]
-    std::vector<float>      d_logits; // its logits [n_out][n_dvocab]
-
-    specee_spec_stats stats{};
-};
 
 // Evaluates pairs in the draft head. tree: the pairs are tree nodes, which see the committed cells, their
 // ancestors' cells (anc) and themselves; otherwise the pairs are committed and causal. Output rows `out`
@@ -968,3 +921,5 @@ extern "C" int32_t specee_spec_eval_head(specee_spec * spec, const int32_t * tok
 extern "C" int32_t specee_spec_check_choices(const char * choices) {
     return specee_guard<int32_t>(-1, [&] { return (int32_t) parse_choices(choices).parent.size() - 1; });
 }
+
+void specee_draft_commit(specee_spec & sp) { draft_commit_pending(sp); }

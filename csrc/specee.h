@@ -257,7 +257,8 @@ int32_t specee_spec_eval_head(specee_spec * spec, const int32_t * tokens, const 
 //
 // At a checked layer the features of the layer's output h [n_embd] for the EAGLE head's candidates cand
 // [n_cand] are c = lm_head[cand] . final_norm(h), p = softmax(c) and p - p_prev (p_prev: p at the previously
-// checked layer, NULL at the first: zeros), in that order; the layer's predictor maps them to a probability
+// checked layer; NULL at the first check, where the third group is p itself, as SpecEE's code has it), in
+// that order; the layer's predictor maps them to a probability
 // (Linear(3 n_cand, hidden), ReLU, Linear(hidden, 1), sigmoid) and fires above the threshold.
 
 // the names of the predictor tensors ("blk.%d.pred.up.weight", ...), NULL past the end
@@ -273,6 +274,42 @@ int32_t specee_exit_features(const specee_model * model, const float * h, const 
                              float * feat, float * p_out);
 // the layer's predictor on feat [3 n_cand]: a probability, or -1 with specee_last_error()
 float   specee_exit_predict(const specee_model * model, int32_t layer, const float * feat);
+
+// Early-exit decoding (SpecEE) with a speculative decoder's EAGLE head (specee_spec_init, any tree kind;
+// start with specee_spec_prefill): each step evaluates the last returned token layer by layer; at every
+// scheduled layer the predictor is checked on the head's top n_cand candidates, and when it fires the full
+// lm_head at that layer gives the token, taken if it is one of the candidates. Layers after the exit are
+// not evaluated for the token: their KV cells stay invalid for it and later tokens do not attend to them
+// there (SpecEE's policy). Greedy only: the token is the (penalised) argmax of the sampler.
+struct specee_exit_params {
+    float           threshold;        // a predictor fires above this; >= 1: never (plain decoding); < 0: the
+                                      // model's specee.exit.threshold
+    const int32_t * layers;           // the static schedule (checked layers); NULL: the model's specee.exit.layers
+    int32_t         n_layers;
+    bool            dynamic;          // also check e-2, e, e+2 around each of the last 5 exit layers
+    int32_t         force_exit_layer; // tests and replays: exit at this layer whatever the predictors say; -1: off
+};
+
+struct specee_exit_stats {
+    int32_t n_tokens;   // tokens produced by specee_spec_step_exit
+    int32_t n_exits;    // of which exited before the last layer
+    int64_t sum_layers; // sum over tokens of the layers evaluated (exit layer + 1, or n_layer)
+    int32_t n_checks;   // predictor checks
+    int32_t n_fired;    // checks whose predictor fired
+    int32_t n_rejected; // fired, but the exit layer's argmax was not a candidate
+    double  t_layers_ms; // in the model's layers
+    double  t_check_ms;  // features + predictors
+    double  t_exit_ms;   // norm + full lm_head at fired layers
+    double  t_head_ms;   // the EAGLE head (candidates)
+};
+
+struct specee_exit_params specee_exit_default_params(void);
+// one token; *exit_layer (may be NULL) receives the layer it exited after, or n_layer - 1 when it ran all
+// layers; returns the token, or -1 with specee_last_error()
+int32_t specee_spec_step_exit(specee_spec * spec, specee_sampler * smpl, const struct specee_exit_params * params,
+                              int32_t * exit_layer);
+struct specee_exit_stats specee_spec_get_exit_stats(const specee_spec * spec);
+void                     specee_spec_reset_exit_stats(specee_spec * spec);
 
 // ---- chat templates ------------------------------------------------------------------------------
 

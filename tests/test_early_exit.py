@@ -1,5 +1,7 @@
-"""SpecEE exit predictors in the runtime: loading from a merged GGUF, and the native features and predictor
-against a PyTorch reference on the same weights and hidden states."""
+"""SpecEE early exit in the runtime (csrc/specee-early-exit.cpp) on the tiny model: predictors loaded from a
+merged GGUF, the native features and predictor against a PyTorch reference on the same weights and hidden
+states, the decode loop (never exiting equals plain decoding; every exit's token and the KV masking of the
+skipped layers against an explicit masked forward)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import specee
 from specee import _core
 from specee import constants as C
 from specee.convert.merge import merge_gguf
+from test_convert_cli import eagle_state
+from test_eagle import save_published
 
 N_CAND = 4
 HIDDEN = 512
@@ -35,6 +39,20 @@ def predictors() -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
+def with_head(tiny_gguf: Path, tiny_hf_dir: Path, predictors: dict[str, torch.Tensor],
+              tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a random EAGLE head and the predictors, static exit layers 0-2."""
+    cfg = json.loads((tiny_hf_dir / "config.json").read_text())
+    d = tmp_path_factory.mktemp("exit_head")
+    folder = save_published(eagle_state(cfg, seed=3), cfg, d / "head")
+    save_file(predictors, d / "pred.safetensors")
+    (d / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": PRED_LAYERS}))
+    out = d / "tiny-eagle-exit.gguf"
+    merge_gguf(tiny_gguf, out, eagle=folder, eagle_type="f32", predictors=d / "pred.safetensors", progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
 def merged(tiny_gguf: Path, predictors: dict[str, torch.Tensor], tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("exit")
     save_file(predictors, d / "pred.safetensors")
@@ -47,12 +65,13 @@ def merged(tiny_gguf: Path, predictors: dict[str, torch.Tensor], tmp_path_factor
 
 def reference_features(h: torch.Tensor, norm_w: torch.Tensor, lm_head: torch.Tensor, eps: float,
                        cand: list[int], p_prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """SpecEE's 12 features of one layer's output h: [c, softmax(c), softmax(c) - p_prev]."""
+    """SpecEE's 12 features of one layer's output h: [c, softmax(c), softmax(c) - p_prev]. (An independent
+    re-statement; autoee/exit_features.py is the training side's version, compared in the next test.)"""
     h = h.double()
     hn = h * torch.rsqrt(h.pow(2).mean() + eps) * norm_w.double()
     c = lm_head.double()[cand] @ hn
     p = torch.softmax(c, dim=0)
-    d = torch.zeros_like(p) if p_prev is None else p - p_prev.double()
+    d = p if p_prev is None else p - p_prev.double()  # SpecEE's prob_gap: p itself at the first check
     return torch.cat([c, p, d]), p
 
 
@@ -110,6 +129,20 @@ def test_features_and_predictor_match_pytorch(merged: Path, predictors: dict[str
     assert worst_feat < 1e-4
     assert worst_prob < 1e-5
 
+    # the training side's reference (autoee/exit_features.py) on the same hidden states
+    from specee.autoee.exit_features import ExitPredictor, read_lm_head, scheduled_features
+
+    hidden = torch.from_numpy(np.stack([m.hidden(il)[-1:] for il in range(m.n_layer)]))  # [L, 1, n_embd]
+    ref = scheduled_features(hidden, read_lm_head(merged), torch.tensor([cand]), PRED_LAYERS)[:, 0]
+    p_prev_native = None
+    for i, il in enumerate(PRED_LAYERS):
+        feat, p_prev_native = core.exit_features(m.hidden(il)[-1], np.array(cand, dtype=np.int32), p_prev_native)
+        np.testing.assert_allclose(feat, ref[i].numpy(), atol=1e-4)
+        pred = ExitPredictor()
+        pred.load_state_dict({k.split(".pred.")[1]: v for k, v in predictors.items() if k.startswith(f"blk.{il}.")})
+        with torch.no_grad():
+            assert core.exit_predict(il, feat) == pytest.approx(float(pred(ref[i])), abs=1e-5)
+
 
 def test_bad_calls_are_refused(merged: Path) -> None:
     m = specee.Model(str(merged), n_ctx=64)
@@ -152,3 +185,107 @@ def test_exit_layers_without_a_predictor_are_refused(merged: Path, tmp_path: Pat
     w.close()
     with pytest.raises(specee.SpecEEError, match="lists layer 3, which has no predictor"):
         specee.Model(str(tmp_path / "bad.gguf"), n_ctx=64)
+
+
+# ---- the decode loop
+
+PROMPTS = [np.random.default_rng(s).integers(0, 256, 5 + 2 * s).tolist() for s in range(3)]
+
+
+def exit_decode(model: specee.Model, prompt: list[int], n: int, **kw) -> tuple[list[int], list[int], dict]:
+    """Greedy early-exit decoding through the core API: (tokens, exit layer of each evaluated token, stats).
+    kw may hold `schedule`, a forced exit layer per step (-1: none)."""
+    schedule = kw.pop("schedule", None)
+    model.kv_clear()
+    spec = _core.Spec(model._ctx, _core.SPEC_TREE_DYNAMIC)
+    sampler = _core.Sampler(0.0, 40, 1.0, 0.0, 1.0, 64, 0)
+    for t in prompt:
+        sampler.accept(t)
+    out = [spec.prefill(sampler, prompt)]
+    layers = []
+    for i in range(n - 1):
+        force = schedule[i % len(schedule)] if schedule else -1
+        t, layer = spec.step_exit(sampler, force_exit_layer=force, **kw)
+        out.append(t)
+        layers.append(layer)
+    return out, layers, spec.exit_stats()
+
+
+def check_against_masked_forward(tiny_hf, prompt: list[int], out: list[int], layers: list[int],
+                                 llama_forward) -> int:
+    """Every emitted token is the argmax at its producer's exit layer of a forward whose masks hide layer il
+    of every token that exited before il (its K/V there was never computed). Returns the exits checked."""
+    n_layer = tiny_hf.config.num_hidden_layers
+    seq = prompt + out[:-1]  # the evaluated tokens; out[k + 1] comes from evaluating out[k]
+    exit_of = [n_layer - 1] * len(prompt) + layers
+    n = len(seq)
+    masks = []
+    for il in range(n_layer):
+        m = np.tril(np.ones((n, n), dtype=bool))
+        for j in range(n):
+            if exit_of[j] < il:
+                m[:, j] = False
+                m[j, j] = True
+        masks.append(m)
+    _, hiddens = llama_forward(tiny_hf, seq, masks=masks)
+    eps = tiny_hf.config.rms_norm_eps
+    norm_w, lm_head = tiny_hf.model.norm.weight.detach(), tiny_hf.lm_head.weight.detach()
+    for k, layer in enumerate(layers):
+        q = len(prompt) + k
+        h = torch.from_numpy(hiddens[layer][q])
+        logits = (h * torch.rsqrt(h.pow(2).mean() + eps) * norm_w) @ lm_head.T
+        want = int(torch.argmax(logits))
+        got = out[k + 1]
+        # equal, or a floating-point near-tie between the runtime (F32 weights, F16 K cache) and PyTorch
+        assert got == want or float(logits[want] - logits[got]) < 0.02, (k, layer, got, want)
+    return sum(layer < n_layer - 1 for layer in layers)
+
+
+def test_never_exiting_equals_plain_decoding(with_head: Path) -> None:
+    m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    for prompt in PROMPTS:
+        plain = [int(t) for t in m.generate_tokens(prompt, 24, temperature=0)]
+        ee, layers, st = exit_decode(m, prompt, 24, threshold=1.0)
+        assert ee == plain
+        assert layers == [m.n_layer - 1] * 23
+        assert st["n_exits"] == 0 and st["n_checks"] == 23 * len(PRED_LAYERS) and st["n_fired"] == 0
+
+
+def test_forced_exits_mask_the_skipped_layers(with_head: Path, tiny_hf, llama_forward) -> None:
+    m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    schedule = [0, -1, 1, 2, -1, 0, 0, 2]
+    for prompt in PROMPTS:
+        out, layers, st = exit_decode(m, prompt, 20, threshold=1.0, schedule=schedule)
+        want = [(schedule[i % len(schedule)] if schedule[i % len(schedule)] >= 0 else m.n_layer - 1) for i in range(19)]
+        assert layers == want
+        assert st["n_exits"] == sum(layer < m.n_layer - 1 for layer in want)
+        # the cache: each generated token's cell is valid exactly up to its exit layer
+        cells = {m.kv_cell_pos(c): c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0}
+        for k, layer in enumerate(want):
+            cell = cells[len(prompt) + k]
+            assert [m.kv_cell_valid(cell, il) for il in range(m.n_layer)] == [il <= layer for il in range(m.n_layer)]
+        assert check_against_masked_forward(tiny_hf, prompt, out, layers, llama_forward) == st["n_exits"]
+
+
+def test_predictor_exits_match_the_masked_forward(with_head: Path, tiny_hf, llama_forward) -> None:
+    """Threshold 0: every check fires; a token exits where the layer's argmax is one of the candidates."""
+    m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    for prompt in PROMPTS:
+        out, layers, st = exit_decode(m, prompt, 24, threshold=0.0)
+        assert st["n_fired"] == st["n_checks"] > 0
+        assert st["n_exits"] + st["n_rejected"] >= 1
+        check_against_masked_forward(tiny_hf, prompt, out, layers, llama_forward)
+
+
+def test_exit_decoding_refuses_bad_use(with_head: Path, tiny_gguf: Path) -> None:
+    m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    spec = _core.Spec(m._ctx, _core.SPEC_TREE_DYNAMIC)
+    greedy = _core.Sampler(0.0, 40, 1.0, 0.0, 1.0, 64, 0)
+    with pytest.raises(specee.SpecEEError, match="call specee_spec_prefill"):
+        spec.step_exit(greedy)
+    spec.prefill(greedy, [1, 2, 3])
+    with pytest.raises(specee.SpecEEError, match="forced exit layer 9"):
+        spec.step_exit(greedy, force_exit_layer=9)
+    hot = _core.Sampler(0.8, 40, 1.0, 0.0, 1.0, 64, 0)
+    with pytest.raises(specee.SpecEEError, match="greedily"):
+        spec.step_exit(hot)

@@ -236,6 +236,42 @@ struct Spec {
         return py::make_tuple(logits, out);
     }
 
+    // one early-exit token: (token, exit layer)
+    py::tuple step_exit(Sampler & smpl, float threshold, std::optional<std::vector<int32_t>> layers, bool dynamic,
+                        int32_t force_exit_layer) {
+        specee_exit_params ep = specee_exit_default_params();
+        ep.threshold          = threshold;
+        ep.layers             = layers ? layers->data() : nullptr;
+        ep.n_layers           = layers ? (int32_t) layers->size() : 0;
+        ep.dynamic            = dynamic;
+        ep.force_exit_layer   = force_exit_layer;
+        int32_t t, layer = -1;
+        {
+            py::gil_scoped_release release;
+            t = specee_spec_step_exit(ptr, smpl.ptr, &ep, &layer);
+        }
+        if (t < 0) {
+            raise_last();
+        }
+        return py::make_tuple(t, layer);
+    }
+
+    py::dict exit_stats() const {
+        const specee_exit_stats st = specee_spec_get_exit_stats(ptr);
+        py::dict                d;
+        d["n_tokens"]    = st.n_tokens;
+        d["n_exits"]     = st.n_exits;
+        d["sum_layers"]  = st.sum_layers;
+        d["n_checks"]    = st.n_checks;
+        d["n_fired"]     = st.n_fired;
+        d["n_rejected"]  = st.n_rejected;
+        d["t_layers_ms"] = st.t_layers_ms;
+        d["t_check_ms"]  = st.t_check_ms;
+        d["t_exit_ms"]   = st.t_exit_ms;
+        d["t_head_ms"]   = st.t_head_ms;
+        return d;
+    }
+
     py::dict stats() const {
         const specee_spec_stats st = specee_spec_get_stats(ptr);
         py::dict                d;
@@ -493,7 +529,11 @@ PYBIND11_MODULE(_core, m) {
         .def("step", &Spec::step, py::arg("sampler"), py::arg("n_max"))
         .def("eval_head", &Spec::eval_head, py::arg("tokens"), py::arg("features"))
         .def("stats", &Spec::stats)
-        .def("reset_stats", [](Spec & s) { specee_spec_reset_stats(s.ptr); });
+        .def("reset_stats", [](Spec & s) { specee_spec_reset_stats(s.ptr); })
+        .def("step_exit", &Spec::step_exit, py::arg("sampler"), py::arg("threshold") = -1.0f,
+             py::arg("layers") = py::none(), py::arg("dynamic") = true, py::arg("force_exit_layer") = -1)
+        .def("exit_stats", &Spec::exit_stats)
+        .def("reset_exit_stats", [](Spec & s) { specee_spec_reset_exit_stats(s.ptr); });
 
     m.def("chat_template_detect",
           [](const std::string & text) -> std::optional<std::string> {
