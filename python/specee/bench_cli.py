@@ -181,7 +181,7 @@ def overall_ts(samples: list[Sample], prompt: bool) -> float:
     return sum(s.eval_runs for s in samples) / sum(s.eval_ms for s in samples) * 1e3
 
 
-def format_table(res: Result, prompts: list[str]) -> str:
+def format_table(res: Result, prompts: list[str], names: list[str] | None = None) -> str:
     rows = ["| prompt | tokens | llama.cpp decode t/s | specee decode t/s | ratio | same text |",
             "| --- | ---: | ---: | ---: | ---: | --- |"]
     for i, prompt in enumerate(prompts):
@@ -189,7 +189,7 @@ def format_table(res: Result, prompts: list[str]) -> str:
         tu = [s.decode_ts for s in up]
         to = [s.decode_ts for s in ours]
         same = "yes" if up[0].text == ours[0].text else "no"
-        name = prompt.replace("\n", "\\n").replace("|", "\\|")
+        name = (names or prompts)[i].replace("\n", "\\n").replace("|", "\\|")
         name = name if len(name) <= 40 else name[:37] + "..."
         rows.append(f"| {name} | {ours[0].eval_runs} | {statistics.fmean(tu):.2f} ± {pstd(tu):.2f} | "
                     f"{statistics.fmean(to):.2f} ± {pstd(to):.2f} | {statistics.fmean(to) / statistics.fmean(tu):.3f} "
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.model).is_file():
         ap.error(f"model file not found: {args.model}")
     prompts = args.prompt or (read_prompts(args.prompts_file, args.limit) if args.prompts_file else DEFAULT_PROMPTS)
+    names = list(prompts)
     if args.chat:
         prompts = chat_prompts(args.model, prompts)
     exes = find_tools(args)
@@ -247,14 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"llama.cpp: {exes['llama.cpp']}\nspecee:    {exes['specee']}")
     print(f"model {Path(args.model).name}, -n {args.n_predict}, -t {args.threads}, --temp 0, {args.rounds} round(s); "
           f"decode t/s = eval runs / eval time from each CLI's timing lines; ratio = specee / llama.cpp\n")
-    print(format_table(res, prompts))
+    print(format_table(res, prompts, names))
     if args.explain:
         print(f"\n| prompt | first differing token | specee token there | specee top-2 margin |\n| --- | ---: | --- | ---: |")
         for i, prompt in enumerate(prompts):
             up, ours = res.of("llama.cpp", i)[0], res.of("specee", i)[0]
             if up.text != ours.text:
                 k, piece, margin = explain(args.model, prompt, up.text, args.n_predict, args.threads)
-                name = prompt.replace("\n", "\\n").replace("|", "\\|")[:40]
+                name = names[i].replace("\n", "\\n").replace("|", "\\|")[:40]
                 print(f"| {name} | {k} | {piece!r} | {margin:.4f} |")
         n_same = sum(res.of("llama.cpp", i)[0].text == res.of("specee", i)[0].text for i in range(len(prompts)))
         print(f"\n{n_same} of {len(prompts)} continuations identical")
