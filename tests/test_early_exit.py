@@ -289,3 +289,22 @@ def test_exit_decoding_refuses_bad_use(with_head: Path, tiny_gguf: Path) -> None
     hot = _core.Sampler(0.8, 40, 1.0, 0.0, 1.0, 64, 0)
     with pytest.raises(specee.SpecEEError, match="greedily"):
         spec.step_exit(hot)
+
+
+def test_python_api(with_head: Path, tiny_gguf: Path) -> None:
+    m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    prompt = PROMPTS[0]
+    plain = m.generate_tokens(prompt, 16, temperature=0)
+    assert m.generate_tokens(prompt, 16, temperature=0, early_exit=True, exit_threshold=1.0) == plain
+    st = m.last_stats
+    assert st.exit_layers == [m.n_layer - 1] * 15 and st.exit_ratio == 0.0 and st.mean_exit_layer == m.n_layer
+    out = m.generate_tokens(prompt, 16, temperature=0, early_exit=True, exit_threshold=0.0, exit_layers=[1])
+    ref, layers, _ = exit_decode(m, prompt, 16, threshold=0.0, layers=[1], dynamic=True)
+    assert out == ref and m.last_stats.exit_layers == layers
+    assert set(layers) <= {1, m.n_layer - 1}
+    with pytest.raises(ValueError, match="greedily"):
+        m.generate_tokens(prompt, 4, temperature=0.7, early_exit=True)
+    with pytest.raises(ValueError, match="need early_exit=True"):
+        m.generate_tokens(prompt, 4, temperature=0, exit_threshold=0.5)
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
+        specee.Model(str(tiny_gguf), n_ctx=64).generate_tokens(prompt, 4, temperature=0, early_exit=True)

@@ -65,6 +65,16 @@ class SpeculativeParams:
 
 
 @dataclass
+class ExitParams:
+    """SpecEE early exit (greedy, lossy by design): the EAGLE head's candidates are checked by the per-layer
+    predictors at the scheduled layers. None: the model file's settings (specee.exit.threshold/layers)."""
+
+    threshold: float | None = None  # a predictor fires above this; >= 1 never exits
+    layers: list[int] | None = None  # the static schedule
+    dynamic: bool = True  # also check e-2, e, e+2 around each of the last 5 exit layers
+
+
+@dataclass
 class GenerationStats:
     """What the last generate/stream call did."""
 
@@ -82,6 +92,23 @@ class GenerationStats:
     n_step_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    step_tokens: list[int] = field(default_factory=list)  # tokens each speculative step returned
+    # early exit: the layer each decoded token left the model after (n_layer - 1: it ran all layers); the
+    # first generated token comes from the prompt pass and has none
+    exit_layers: list[int] = field(default_factory=list)
+    n_layer: int = 0
+
+    @property
+    def exit_ratio(self) -> float:
+        """Share of early-exit decode steps that left before the last layer."""
+        n = len(self.exit_layers)
+        return sum(e < self.n_layer - 1 for e in self.exit_layers) / n if n else 0.0
+
+    @property
+    def mean_exit_layer(self) -> float:
+        """Mean over early-exit decode steps of the layer they left after, counted from 1 (SpecEE's figure;
+        n_layer when every token ran every layer)."""
+        return sum(e + 1 for e in self.exit_layers) / len(self.exit_layers) if self.exit_layers else 0.0
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -141,6 +168,7 @@ def generate_tokens(
     params: SamplingParams,
     stats: GenerationStats | None = None,
     speculative: SpeculativeParams | None = None,
+    early_exit: ExitParams | None = None,
 ) -> Iterator[int]:
     """Prefill `tokens` into an empty cache, then yield up to max_tokens sampled token ids (an end-of-generation
     token ends the run and is not yielded). With `speculative`, the EAGLE head drafts and the model verifies
@@ -151,7 +179,16 @@ def generate_tokens(
         raise ValueError("empty prompt")
     if len(tokens) >= model.n_ctx:
         raise ValueError(f"the prompt has {len(tokens)} tokens, which does not fit the context of {model.n_ctx}")
+    if early_exit is not None:
+        if speculative is not None:
+            raise ValueError("early exit and speculative decoding are separate modes: choose one")
+        if params.temperature > 0:
+            raise ValueError("early exit decodes greedily: use temperature=0")
+        if not model.has_eagle:
+            raise ValueError("early exit needs an EAGLE head for its candidates (merge one, or draft_head=)")
+        speculative = SpeculativeParams("eagle2")
     spec = speculative.make(model) if speculative is not None else None
+    stats.n_layer = model.n_layer
     sampler = _core.Sampler(
         params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.repeat_last_n,
         params.seed,
@@ -177,8 +214,15 @@ def generate_tokens(
                 if spec is None:
                     queue = [sampler.sample(logits)]
                     sampler.accept(queue[0])
+                elif early_exit is not None:
+                    tok, layer = spec.step_exit(
+                        sampler, -1.0 if early_exit.threshold is None else early_exit.threshold, early_exit.layers,
+                        early_exit.dynamic)
+                    queue = [tok]
+                    stats.exit_layers.append(layer)
                 else:
                     queue = spec.step(sampler, max_tokens - stats.n_generated)
+                    stats.step_tokens.append(len(queue))
             tok = queue.pop(0)
             if model.is_eog(tok):
                 stats.stop_reason = "eog"
@@ -197,7 +241,7 @@ def generate_tokens(
                 logits = model.eval([tok])[-1]
     finally:
         stats.decode_seconds = time.perf_counter() - t1
-        if spec is not None:
+        if spec is not None and early_exit is None:
             st = spec.stats()
             stats.n_steps, stats.n_drafted, stats.n_accepted = st["n_steps"], st["n_drafted"], st["n_accepted"]
             stats.n_step_tokens = st["n_tokens"]
@@ -212,12 +256,13 @@ def stream_tokens(
     stop: Sequence[str] = (),
     stats: GenerationStats | None = None,
     speculative: SpeculativeParams | None = None,
+    early_exit: ExitParams | None = None,
 ) -> Iterator[str]:
     """generate_tokens as text, yielded as it completes; `stop` strings end generation (not included)."""
     stats = stats if stats is not None else GenerationStats()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     text, sent = "", 0
-    ids = generate_tokens(model, tokens, max_tokens, params, stats, speculative)
+    ids = generate_tokens(model, tokens, max_tokens, params, stats, speculative, early_exit)
     try:
         for tok in ids:
             text += decoder.decode(model.token_to_piece(tok))

@@ -15,6 +15,7 @@ import numpy as np
 
 from specee import _core
 from specee.generate import (
+    ExitParams,
     GenerationStats,
     Prompt,
     SamplingParams,
@@ -47,6 +48,14 @@ def _speculative(
     return SpeculativeParams(mode, choices, total_tokens, depth, top_k)
 
 
+def _early_exit(on: bool, threshold: float | None, layers: Sequence[int] | None) -> ExitParams | None:
+    if not on:
+        if threshold is not None or layers is not None:
+            raise ValueError("exit_threshold and exit_layers need early_exit=True")
+        return None
+    return ExitParams(threshold, [int(i) for i in layers] if layers is not None else None)
+
+
 class Model:
     def __init__(
         self,
@@ -58,13 +67,14 @@ class Model:
         n_threads_batch: int | None = None,
         use_mmap: bool = True,
         draft_head: str | os.PathLike | None = None,
-        type_v: str = "f16",
+        type_v: str | None = None,
     ) -> None:
         """draft_head: an EAGLE head in a GGUF of its own (replaces the model file's head, if any).
         type_v: the V cache's type, "f16" or "f32" (attention then accumulates in F32 on one kernel path for
         every batch shape: a token's logits do not depend on the batch it is evaluated in, so speculative
-        greedy output equals plain greedy output bit for bit)."""
-        if type_v not in ("f16", "f32"):
+        greedy output equals plain greedy output bit for bit). None: "f32" when the model has an EAGLE head
+        (speculative decoding is then lossless by default), else "f16"."""
+        if type_v not in (None, "f16", "f32"):
             raise ValueError(f"type_v must be 'f16' or 'f32', not {type_v!r}")
         self.path = str(path) if path is not None else default_model_path()
         if not os.path.isfile(self.path):
@@ -73,6 +83,9 @@ class Model:
         self._model = _core.Model(self.path, use_mmap)
         if draft_head is not None:
             self._model.load_eagle(str(draft_head))
+        if type_v is None:
+            type_v = "f32" if self._model.has_eagle else "f16"
+        self.type_v = type_v
         self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads,
                                   1 if type_v == "f32" else 0)
         self.last_stats = GenerationStats()
@@ -272,6 +285,9 @@ class Model:
         eagle_total_tokens: int | None = None,
         eagle_depth: int | None = None,
         eagle_topk: int | None = None,
+        early_exit: bool = False,
+        exit_threshold: float | None = None,
+        exit_layers: Sequence[int] | None = None,
     ) -> Iterator[str]:
         """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
 
@@ -280,13 +296,18 @@ class Model:
         paths such as [[0], [1], [0, 0]] or the preset "mc_sim_7b_63") or "eagle2" (EAGLE-2 dynamic tree:
         eagle_total_tokens, eagle_depth, eagle_topk); needs an EAGLE head. Lossless: greedy output is the
         plain output, sampling keeps the distribution.
+        early_exit: SpecEE early exit (greedy; needs an EAGLE head and exit predictors in the file): the layer
+        predictors stop a token's pass early when the head's candidates agree; exit_threshold and exit_layers
+        override the file's settings. Lossy by design (see the README's early-exit numbers); the layer each
+        token left after is in last_stats.exit_layers.
         Statistics of the call are in `last_stats` once the iterator is exhausted.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
         self.last_stats = GenerationStats()
         tokens = prompt_tokens(self, prompt, chat_template)
-        return stream_tokens(self, tokens, max_tokens, params, stop, self.last_stats, spec)
+        ee = _early_exit(early_exit, exit_threshold, exit_layers)
+        return stream_tokens(self, tokens, max_tokens, params, stop, self.last_stats, spec, ee)
 
     def generate_tokens(
         self,
@@ -304,12 +325,16 @@ class Model:
         eagle_total_tokens: int | None = None,
         eagle_depth: int | None = None,
         eagle_topk: int | None = None,
+        early_exit: bool = False,
+        exit_threshold: float | None = None,
+        exit_layers: Sequence[int] | None = None,
     ) -> list[int]:
         """Token ids generated after the prompt's token ids (same settings as `stream`; no tokenizer needed)."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
         self.last_stats = GenerationStats()
-        return list(generate_tokens(self, tokens, max_tokens, params, self.last_stats, spec))
+        ee = _early_exit(early_exit, exit_threshold, exit_layers)
+        return list(generate_tokens(self, tokens, max_tokens, params, self.last_stats, spec, ee))
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, **kwargs) -> str:
         """The whole text `stream` would yield (same arguments)."""
