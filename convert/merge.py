@@ -5,10 +5,12 @@ tensors are added as F16 (matrices; --eagle-type f32 keeps F32) and F32 (vectors
 F32, and the settings as specee.* keys (see the README's GGUF schema and specee.constants). Parts the
 base file carries already are replaced when new ones are given and kept otherwise. Layouts of the
 inputs: see parts.py. With --head-only the output holds only the EAGLE head (eagle.* tensors and
-specee.eagle.* keys, checked against the base model), to be loaded next to an unmodified base file.
+specee.eagle.* keys, checked against the base model) and the predictors if given (blk.N.pred.*, specee.exit.*),
+to be loaded next to an unmodified base file (--draft-head, Model(draft_head=...)).
 
     python -m specee.convert merge BASE.gguf -o OUT.gguf --eagle EAGLE_DIR --predictors preds.safetensors
     python -m specee.convert merge BASE.gguf -o HEAD.gguf --eagle HEAD.safetensors --head-only
+    python -m specee.convert merge BASE.gguf -o PARTS.gguf --eagle HEAD.safetensors --predictors P.safetensors --head-only
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ def merge_gguf(
 ) -> None:
     if eagle is None and predictors is None:
         raise ValueError("nothing to merge: give an EAGLE head (--eagle), predictors (--predictors) or both")
-    if head_only and (eagle is None or predictors is not None):
-        raise ValueError("--head-only writes an EAGLE head alone: give --eagle and no --predictors")
+    if head_only and eagle is None:
+        raise ValueError("--head-only writes an EAGLE head (and predictors, if given) without the base model: "
+                         "give --eagle")
     if eagle_type not in EAGLE_TYPES:
         raise ValueError(f"eagle_type must be one of {list(EAGLE_TYPES)}, not {eagle_type!r}")
     if not os.path.isfile(base_path):
@@ -162,7 +165,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="leave out the head's own token embedding (the runtime then uses the base model's)")
     ap.add_argument("--head-only", action="store_true",
                     help="write only the EAGLE head (eagle.* tensors, specee.eagle.* keys; shapes checked against "
-                    "the base model), for loading next to the unmodified base file")
+                    "the base model) and the predictors if given, for loading next to the unmodified base file")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -515,8 +515,73 @@ static specee_eagle read_eagle(const specee_model & m, ggml_context * cm, const 
     return e;
 }
 
+static bool has_pred_tensors(ggml_context * cm) {
+    for (ggml_tensor * t = ggml_get_first_tensor(cm); t; t = ggml_get_next_tensor(cm, t)) {
+        if (strstr(ggml_get_name(t), ".pred.")) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// SpecEE's exit predictors (blk.N.pred.*, any subset of the layers) and the specee.exit.* settings of a file
+static specee_exit_cfg read_exit(const specee_model & m, ggml_context * cm, const gguf_context * g,
+                                 const std::string & path) {
+    specee_exit_cfg x;
+    x.pred.resize(m.hparams.n_layer);
+    uint32_t n_cand = 4;
+    get_u32(g, SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, false);
+    if (n_cand < 1 || n_cand > 64) {
+        specee_fail("%s = %u in %s: expected 1..64 candidates", SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, path.c_str());
+    }
+    x.n_cand = n_cand;
+    for (uint32_t il = 0; il < m.hparams.n_layer; ++il) {
+        specee_predictor &  p     = x.pred[il];
+        const ggml_tensor * probe = ggml_get_tensor(cm, specee_tensor_name(SPECEE_TENSOR_PRED_UP, (int) il).c_str());
+        if (!probe) {
+            continue;
+        }
+        const int64_t n_hidden = probe->ne[1];
+        p.up   = get_tensor_in(cm, path, SPECEE_TENSOR_PRED_UP, il, {3 * (int64_t) n_cand, n_hidden});
+        p.up_b = get_tensor_in(cm, path, SPECEE_TENSOR_PRED_UP_BIAS, il, {n_hidden});
+        p.down = get_tensor_in(cm, path, SPECEE_TENSOR_PRED_DOWN, il, {n_hidden, 1});
+        p.down_b = get_tensor_in(cm, path, SPECEE_TENSOR_PRED_DOWN_BIAS, il, {1});
+        x.n_pred += 1;
+    }
+    for (ggml_tensor * t = ggml_get_first_tensor(cm); t; t = ggml_get_next_tensor(cm, t)) {
+        int il = -1;
+        if (strstr(ggml_get_name(t), ".pred.") && sscanf(ggml_get_name(t), "blk.%d.", &il) == 1 &&
+            (il < 0 || il >= (int) m.hparams.n_layer)) {
+            specee_fail("'%s' has an exit predictor for layer %d but the model has %u layers", path.c_str(), il,
+                        m.hparams.n_layer);
+        }
+    }
+    const int64_t kid = gguf_find_key(g, SPECEE_KEY_EXIT_LAYERS);
+    if (kid >= 0) {
+        if (gguf_get_kv_type(g, kid) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g, kid) != GGUF_TYPE_INT32) {
+            specee_fail("%s in %s is not an int32 array", SPECEE_KEY_EXIT_LAYERS, path.c_str());
+        }
+        const auto * v = (const int32_t *) gguf_get_arr_data(g, kid);
+        for (size_t i = 0; i < gguf_get_arr_n(g, kid); ++i) {
+            if (v[i] < 0 || v[i] >= (int32_t) m.hparams.n_layer || !x.pred[v[i]].up) {
+                specee_fail("%s in %s lists layer %d, which has no predictor (blk.%d.pred.*)", SPECEE_KEY_EXIT_LAYERS,
+                            path.c_str(), v[i], v[i]);
+            }
+            x.layers.push_back(v[i]);
+        }
+    }
+    const int64_t tid = gguf_find_key(g, SPECEE_KEY_EXIT_THRESHOLD);
+    if (tid >= 0) {
+        if (gguf_get_kv_type(g, tid) != GGUF_TYPE_FLOAT32) {
+            specee_fail("%s in %s is not a float32", SPECEE_KEY_EXIT_THRESHOLD, path.c_str());
+        }
+        x.threshold = gguf_get_val_f32(g, tid);
+    }
+    return x;
+}
+
 // A head from its own GGUF (eagle.* tensors, specee.* keys; other tensors are ignored), replacing the
-// model's head if it has one.
+// model's head if it has one; exit predictors in the same file (blk.N.pred.*) replace the model's too.
 static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) {
     if (!path || !*path) {
         specee_fail("no EAGLE head path given");
@@ -536,6 +601,11 @@ static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) 
         specee_fail("'%s' holds no EAGLE head (no eagle.* tensors)", path);
     }
     specee_eagle e = read_eagle(m, f->ctx_meta, f->gguf, path);
+    const bool   with_exit = has_pred_tensors(f->ctx_meta);
+    specee_exit_cfg x;
+    if (with_exit) {
+        x = read_exit(m, f->ctx_meta, f->gguf, path);
+    }
 
     map_path(path, use_mmap, f->addr, f->size, f->mapped);
     const size_t data_offset = gguf_get_data_offset(f->gguf);
@@ -556,55 +626,12 @@ static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) 
         }
     }
     m.eagle      = std::move(e);
+    if (with_exit) {
+        m.exit = std::move(x); // the head's predictors replace the model file's
+    }
     m.eagle_file = std::move(f);
 }
 
-// SpecEE's exit predictors (blk.N.pred.*, any subset of the layers) and the specee.exit.* settings
-static void read_exit(specee_model & m) {
-    specee_exit_cfg & x = m.exit;
-    x.pred.resize(m.hparams.n_layer);
-    uint32_t n_cand = 4;
-    get_u32(m.gguf, SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, false);
-    if (n_cand < 1 || n_cand > 64) {
-        specee_fail("%s = %u in %s: expected 1..64 candidates", SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, m.path.c_str());
-    }
-    x.n_cand = n_cand;
-    for (uint32_t il = 0; il < m.hparams.n_layer; ++il) {
-        specee_predictor & p = x.pred[il];
-        const ggml_tensor * probe =
-            ggml_get_tensor(m.ctx_meta, specee_tensor_name(SPECEE_TENSOR_PRED_UP, (int) il).c_str());
-        if (!probe) {
-            continue;
-        }
-        const int64_t n_hidden = probe->ne[1];
-        p.up   = get_tensor(m, SPECEE_TENSOR_PRED_UP, il, {3 * (int64_t) n_cand, n_hidden});
-        p.up_b = get_tensor(m, SPECEE_TENSOR_PRED_UP_BIAS, il, {n_hidden});
-        p.down = get_tensor(m, SPECEE_TENSOR_PRED_DOWN, il, {n_hidden, 1});
-        p.down_b = get_tensor(m, SPECEE_TENSOR_PRED_DOWN_BIAS, il, {1});
-        x.n_pred += 1;
-    }
-    const int64_t kid = gguf_find_key(m.gguf, SPECEE_KEY_EXIT_LAYERS);
-    if (kid >= 0) {
-        if (gguf_get_kv_type(m.gguf, kid) != GGUF_TYPE_ARRAY || gguf_get_arr_type(m.gguf, kid) != GGUF_TYPE_INT32) {
-            specee_fail("%s in %s is not an int32 array", SPECEE_KEY_EXIT_LAYERS, m.path.c_str());
-        }
-        const auto * v = (const int32_t *) gguf_get_arr_data(m.gguf, kid);
-        for (size_t i = 0; i < gguf_get_arr_n(m.gguf, kid); ++i) {
-            if (v[i] < 0 || v[i] >= (int32_t) m.hparams.n_layer || !x.pred[v[i]].up) {
-                specee_fail("%s in %s lists layer %d, which has no predictor (blk.%d.pred.*)", SPECEE_KEY_EXIT_LAYERS,
-                            m.path.c_str(), v[i], v[i]);
-            }
-            x.layers.push_back(v[i]);
-        }
-    }
-    const int64_t tid = gguf_find_key(m.gguf, SPECEE_KEY_EXIT_THRESHOLD);
-    if (tid >= 0) {
-        if (gguf_get_kv_type(m.gguf, tid) != GGUF_TYPE_FLOAT32) {
-            specee_fail("%s in %s is not a float32", SPECEE_KEY_EXIT_THRESHOLD, m.path.c_str());
-        }
-        x.threshold = gguf_get_val_f32(m.gguf, tid);
-    }
-}
 
 specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     if (!path || !*path) {
@@ -686,7 +713,7 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     if (has_eagle_tensors(m.ctx_meta)) {
         m.eagle = read_eagle(m, m.ctx_meta, m.gguf, m.path);
     }
-    read_exit(m);
+    m.exit = read_exit(m, m.ctx_meta, m.gguf, m.path);
 
     // ---- check every tensor lies inside the file, then point the tensors into the mapping
     map_file(m, use_mmap);

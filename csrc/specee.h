@@ -56,8 +56,10 @@ const char * specee_arch_eagle_tensor_name(int32_t i);
 
 // EAGLE-1 draft head: read from the model file when it has eagle.* tensors (a merged file), or from a file
 // of its own (eagle.* tensors and specee.eagle.* keys, e.g. `python -m specee.convert merge --head-only`),
-// which replaces the model's head. Shapes are checked against the model. Not while a speculative decoder
-// (specee_spec) uses the model. Returns 0, or -1 with specee_last_error().
+// which replaces the model's head; exit predictors (blk.N.pred.*, specee.exit.* keys) in that file replace
+// the model's too (`merge --head-only --eagle ... --predictors ...` writes such a file). Shapes are checked
+// against the model. Not while a speculative decoder (specee_spec) uses the model. Returns 0, or -1 with
+// specee_last_error().
 int32_t specee_model_load_eagle(specee_model * model, const char * path);
 bool    specee_model_has_eagle(const specee_model * model);
 // rows of the head's lm_head: the model's vocabulary, or its reduced draft vocabulary; 0 without a head

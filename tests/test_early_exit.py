@@ -308,3 +308,21 @@ def test_python_api(with_head: Path, tiny_gguf: Path) -> None:
         m.generate_tokens(prompt, 4, temperature=0, exit_threshold=0.5)
     with pytest.raises(ValueError, match="needs an EAGLE head"):
         specee.Model(str(tiny_gguf), n_ctx=64).generate_tokens(prompt, 4, temperature=0, early_exit=True)
+
+
+def test_head_and_predictors_in_a_file_of_their_own(tiny_gguf: Path, tiny_hf_dir: Path, with_head: Path,
+                                                    predictors: dict[str, torch.Tensor], tmp_path: Path) -> None:
+    """merge --head-only with --predictors: loaded next to the plain base file, it behaves as the merged file."""
+    cfg = json.loads((tiny_hf_dir / "config.json").read_text())
+    folder = save_published(eagle_state(cfg, seed=3), cfg, tmp_path / "head")
+    save_file(predictors, tmp_path / "pred.safetensors")
+    (tmp_path / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": [0, 2]}))
+    parts = tmp_path / "parts.gguf"
+    merge_gguf(tiny_gguf, parts, eagle=folder, eagle_type="f32", predictors=tmp_path / "pred.safetensors",
+               head_only=True, progress=False)
+    alone = specee.Model(str(tiny_gguf), n_ctx=128, n_threads=1, draft_head=str(parts))
+    assert alone._model.exit_n_pred == len(PRED_LAYERS) and alone._model.exit_layers == [0, 2]
+    merged = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    kw = dict(temperature=0, early_exit=True, exit_threshold=0.0, exit_layers=[0, 2])
+    assert alone.generate_tokens(PROMPTS[1], 12, **kw) == merged.generate_tokens(PROMPTS[1], 12, **kw)
+    assert alone.last_stats.exit_layers == merged.last_stats.exit_layers
