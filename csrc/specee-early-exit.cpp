@@ -191,6 +191,35 @@ static void exit_logits(specee_spec & sp, const float * h, std::vector<float> & 
     ggml_backend_tensor_get(io.result_output, logits.data(), 0, logits.size() * sizeof(float));
 }
 
+// SPECEE_EXIT_KV_FILL: the token's K/V in layers (exited, n_layer) from the exit layer's output h
+static void fill_skipped_kv(specee_spec & sp, int32_t exited, const float * h, int32_t pos) {
+    const specee_model & m       = *sp.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    specee_kv_cache &    kv      = specee_context_kv(*sp.ctx);
+    const int64_t        cell    = specee_kv_batch_cells(sp.ctx)[0];
+
+    const int32_t graph_size = 16 * n_layer + 16;
+    std::vector<uint8_t> meta(ggml_tensor_overhead() * graph_size + ggml_graph_overhead_custom(graph_size, false));
+    ggml_init_params     ip   = {meta.size(), meta.data(), /*no_alloc =*/true};
+    ggml_context *       ctx0 = ggml_init(ip);
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> guard(ctx0, ggml_free);
+    specee_graph_io io;
+    ggml_cgraph *   gf = specee_build_kv_fill_graph(ctx0, m, kv, exited + 1, n_layer, io, graph_size);
+
+    ggml_backend_sched_t sched = specee_context_sched(*sp.ctx);
+    ggml_backend_sched_reset(sched);
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+        specee_fail("cannot allocate the graph that fills the skipped layers' K/V");
+    }
+    ggml_backend_tensor_set(io.inp_embd, h, 0, (size_t) sp.n_embd * sizeof(float));
+    ggml_backend_tensor_set(io.inp_pos, &pos, 0, sizeof(int32_t));
+    ggml_backend_tensor_set(io.inp_kv_idxs, &cell, 0, sizeof(int64_t));
+    specee_context_compute(*sp.ctx, gf, 1);
+    for (int32_t il = exited + 1; il < n_layer; ++il) {
+        kv.set_valid((int32_t) cell, il);
+    }
+}
+
 static int32_t step_exit_impl(specee_spec & sp, specee_sampler & smpl, const specee_exit_params & ep,
                               int32_t * exit_layer) {
     if (sp.root < 0) {
@@ -202,6 +231,9 @@ static int32_t step_exit_impl(specee_spec & sp, specee_sampler & smpl, const spe
     const specee_model & m       = *sp.model;
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
     const int32_t        n_cand  = (int32_t) m.exit.n_cand;
+    if (ep.kv_policy != SPECEE_EXIT_KV_MASK && ep.kv_policy != SPECEE_EXIT_KV_FILL) {
+        specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", ep.kv_policy);
+    }
     if (ep.force_exit_layer >= n_layer) {
         specee_fail("forced exit layer %d: the model has %d layers", ep.force_exit_layer, n_layer);
     }
@@ -277,6 +309,11 @@ static int32_t step_exit_impl(specee_spec & sp, specee_sampler & smpl, const spe
         if (ep.force_exit_layer >= 0 || std::find(cand.begin(), cand.end(), t) != cand.end()) {
             exited = s;
             next   = t;
+            if (ep.kv_policy == SPECEE_EXIT_KV_FILL) {
+                t0 = exit_clock::now();
+                fill_skipped_kv(sp, s, h, pos);
+                st.t_fill_ms += ms_since(t0);
+            }
             break;
         }
         st.n_rejected += 1;
@@ -368,6 +405,7 @@ extern "C" struct specee_exit_params specee_exit_default_params(void) {
     p.n_layers         = 0;
     p.dynamic          = true;
     p.force_exit_layer = -1;
+    p.kv_policy        = SPECEE_EXIT_KV_MASK;
     return p;
 }
 

@@ -21,6 +21,31 @@ static ggml_tensor * build_norm(ggml_context * ctx0, ggml_tensor * x, ggml_tenso
     return ggml_mul(ctx0, ggml_rms_norm(ctx0, x, eps), w);
 }
 
+// K and V of one layer for a normed input [n_embd, n_tokens], written into the batch's cache cells
+// (caches [n_embd_k_gqa / n_embd_v_gqa, kv_size])
+static void build_kv_store(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
+                           const specee_layer & layer, ggml_tensor * k_cache, ggml_tensor * v_cache,
+                           specee_graph_io & io, ggml_tensor * cur, int64_t n_tokens, int il) {
+    const specee_hparams & hp = model.hparams;
+
+    ggml_tensor * Kcur = ggml_mul_mat(ctx0, layer.wk, cur); // [n_embd_k_gqa, n_tokens]
+    name_il(Kcur, "Kcur", il);
+    ggml_tensor * Vcur = ggml_mul_mat(ctx0, layer.wv, cur); // [n_embd_v_gqa, n_tokens]
+    name_il(Vcur, "Vcur", il);
+    Kcur = ggml_reshape_3d(ctx0, Kcur, hp.n_embd_head_k, hp.n_head_kv, n_tokens);
+    Kcur = ggml_rope_ext(ctx0, Kcur, io.inp_pos, model.rope_freqs, hp.n_rot, GGML_ROPE_TYPE_NORMAL, hp.n_ctx_orig,
+                         hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
+    name_il(Kcur, "Kcur_rope", il);
+
+    ggml_tensor * k_store = ggml_set_rows(ctx0, k_cache, ggml_reshape_2d(ctx0, Kcur, hp.n_embd_k_gqa(), n_tokens),
+                                          io.inp_kv_idxs);
+    name_il(k_store, "k_store", il);
+    ggml_tensor * v_store = ggml_set_rows(ctx0, v_cache, Vcur, io.inp_kv_idxs);
+    name_il(v_store, "v_store", il);
+    ggml_build_forward_expand(gf, k_store);
+    ggml_build_forward_expand(gf, v_store);
+}
+
 // self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv)
 static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
                                 const specee_layer & layer, ggml_tensor * k_cache, ggml_tensor * v_cache,
@@ -33,28 +58,11 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
 
     ggml_tensor * Qcur = ggml_mul_mat(ctx0, layer.wq, cur); // [head_k * n_head, n_tokens]
     name_il(Qcur, "Qcur", il);
-    ggml_tensor * Kcur = ggml_mul_mat(ctx0, layer.wk, cur); // [n_embd_k_gqa, n_tokens]
-    name_il(Kcur, "Kcur", il);
-    ggml_tensor * Vcur = ggml_mul_mat(ctx0, layer.wv, cur); // [n_embd_v_gqa, n_tokens]
-    name_il(Vcur, "Vcur", il);
-
     Qcur = ggml_reshape_3d(ctx0, Qcur, head_k, hp.n_head, n_tokens);
-    Kcur = ggml_reshape_3d(ctx0, Kcur, head_k, hp.n_head_kv, n_tokens);
     Qcur = ggml_rope_ext(ctx0, Qcur, io.inp_pos, model.rope_freqs, hp.n_rot, GGML_ROPE_TYPE_NORMAL, hp.n_ctx_orig,
                          hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
     name_il(Qcur, "Qcur_rope", il);
-    Kcur = ggml_rope_ext(ctx0, Kcur, io.inp_pos, model.rope_freqs, hp.n_rot, GGML_ROPE_TYPE_NORMAL, hp.n_ctx_orig,
-                         hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
-    name_il(Kcur, "Kcur_rope", il);
-
-    // store K and V in the cells of this batch (caches [n_embd_k_gqa / n_embd_v_gqa, kv_size])
-    ggml_tensor * k_store = ggml_set_rows(ctx0, k_cache, ggml_reshape_2d(ctx0, Kcur, hp.n_embd_k_gqa(), n_tokens),
-                                          io.inp_kv_idxs);
-    name_il(k_store, "k_store", il);
-    ggml_tensor * v_store = ggml_set_rows(ctx0, v_cache, Vcur, io.inp_kv_idxs);
-    name_il(v_store, "v_store", il);
-    ggml_build_forward_expand(gf, k_store);
-    ggml_build_forward_expand(gf, v_store);
+    build_kv_store(ctx0, gf, model, layer, k_cache, v_cache, io, cur, n_tokens, il);
 
     // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv]
     ggml_tensor * q = ggml_permute(ctx0, Qcur, 0, 2, 1, 3); // [head_k, n_tokens, n_head]
@@ -255,5 +263,30 @@ ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & 
     ggml_set_output(cur);
     io.result_output = cur;
     ggml_build_forward_expand(gf, cur);
+    return gf;
+}
+
+ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                         int32_t layer_begin, int32_t layer_end, specee_graph_io & io,
+                                         int32_t graph_size) {
+    const specee_hparams & hp = model.hparams;
+    ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
+
+    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, 1); // the exit layer's output [n_embd, 1]
+    ggml_set_name(io.inp_embd, "inp_hidden");
+    ggml_set_input(io.inp_embd);
+    io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, 1);
+    ggml_set_name(io.inp_pos, "inp_pos");
+    ggml_set_input(io.inp_pos);
+    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, 1);
+    ggml_set_name(io.inp_kv_idxs, "inp_kv_idxs");
+    ggml_set_input(io.inp_kv_idxs);
+
+    for (int il = layer_begin; il < layer_end; ++il) {
+        const specee_layer & layer = model.layers[il];
+        ggml_tensor *        cur   = build_norm(ctx0, io.inp_embd, layer.attn_norm, hp.f_norm_rms_eps);
+        name_il(cur, "attn_norm", il);
+        build_kv_store(ctx0, gf, model, layer, kv.k[il], kv.v[il], io, cur, 1, il);
+    }
     return gf;
 }

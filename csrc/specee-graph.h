@@ -55,3 +55,10 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
 // (io.inp_embd [n_embd, 1]); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, specee_graph_io & io,
                                       int32_t graph_size);
+
+// SpecEE's other KV policy after an exit: the K/V of layers [layer_begin, layer_end) for one token computed
+// from the exit layer's output (io.inp_embd [n_embd, 1], each layer's attn_norm, K/V projections, RoPE at
+// io.inp_pos) into the token's cell io.inp_kv_idxs; nothing else of those layers runs
+ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                         int32_t layer_begin, int32_t layer_end, specee_graph_io & io,
+                                         int32_t graph_size);

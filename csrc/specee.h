@@ -281,8 +281,9 @@ float   specee_exit_predict(const specee_model * model, int32_t layer, const flo
 // start with specee_spec_prefill): each step evaluates the last returned token layer by layer; at every
 // scheduled layer the predictor is checked on the head's top n_cand candidates, and when it fires the full
 // lm_head at that layer gives the token, taken if it is one of the candidates. Layers after the exit are
-// not evaluated for the token: their KV cells stay invalid for it and later tokens do not attend to them
-// there (SpecEE's policy). Greedy only: the token is the (penalised) argmax of the sampler.
+// not evaluated for the token; their cache holds nothing for it (masked for later tokens, SpecEE's policy)
+// or K/V computed from the exit layer's output (kv_policy). Greedy only: the token is the (penalised)
+// argmax of the sampler.
 struct specee_exit_params {
     float           threshold;        // a predictor fires above this; >= 1: never (plain decoding); < 0: the
                                       // model's specee.exit.threshold
@@ -290,6 +291,12 @@ struct specee_exit_params {
     int32_t         n_layers;
     bool            dynamic;          // also check e-2, e, e+2 around each of the last 5 exit layers
     int32_t         force_exit_layer; // tests and replays: exit at this layer whatever the predictors say; -1: off
+    int32_t         kv_policy;        // enum specee_exit_kv: what the skipped layers' cache holds for the token
+};
+
+enum specee_exit_kv {
+    SPECEE_EXIT_KV_MASK = 0, // nothing: later tokens do not attend to the token in those layers (SpecEE's way)
+    SPECEE_EXIT_KV_FILL = 1, // K/V computed from the exit layer's output (each layer's norm, K/V projections)
 };
 
 struct specee_exit_stats {
@@ -303,6 +310,7 @@ struct specee_exit_stats {
     double  t_check_ms;  // features + predictors
     double  t_exit_ms;   // norm + full lm_head at fired layers
     double  t_head_ms;   // the EAGLE head (candidates)
+    double  t_fill_ms;   // K/V of the skipped layers (SPECEE_EXIT_KV_FILL)
 };
 
 struct specee_exit_params specee_exit_default_params(void);

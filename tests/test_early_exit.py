@@ -6,6 +6,7 @@ skipped layers against an explicit masked forward)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -326,3 +327,56 @@ def test_head_and_predictors_in_a_file_of_their_own(tiny_gguf: Path, tiny_hf_dir
     kw = dict(temperature=0, early_exit=True, exit_threshold=0.0, exit_layers=[0, 2])
     assert alone.generate_tokens(PROMPTS[1], 12, **kw) == merged.generate_tokens(PROMPTS[1], 12, **kw)
     assert alone.last_stats.exit_layers == merged.last_stats.exit_layers
+
+
+def forward_with_filled_kv(hf, tokens: list[int], exit_of: list[int]) -> list[np.ndarray]:
+    """A forward in which token j's K/V in every layer after its exit layer come from its output at the exit
+    layer (that layer's attn_norm and K/V projections); hidden states after each layer."""
+    from conftest import rms_norm, rope
+
+    cfg = hf.config
+    n, n_head, n_kv = len(tokens), cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = cfg.hidden_size // n_head
+    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or cfg.rope_theta
+    eps, pos = cfg.rms_norm_eps, torch.arange(n)
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    hiddens, frozen = [], [None] * n
+    with torch.no_grad():
+        x = hf.model.embed_tokens.weight[torch.as_tensor(tokens)]
+        for il, layer in enumerate(hf.model.layers):
+            att = layer.self_attn
+            src = torch.stack([frozen[j] if exit_of[j] < il else x[j] for j in range(n)])
+            h, hk = rms_norm(x, layer.input_layernorm.weight, eps), rms_norm(src, layer.input_layernorm.weight, eps)
+            q = rope((h @ att.q_proj.weight.T).view(n, n_head, hd).transpose(0, 1), pos, theta)
+            k = rope((hk @ att.k_proj.weight.T).view(n, n_kv, hd).transpose(0, 1), pos, theta)
+            v = (hk @ att.v_proj.weight.T).view(n, n_kv, hd).transpose(0, 1)
+            k, v = k.repeat_interleave(n_head // n_kv, 0), v.repeat_interleave(n_head // n_kv, 0)
+            s = (q @ k.transpose(1, 2) / math.sqrt(hd)).masked_fill(~causal[None], float("-inf"))
+            x = x + (s.softmax(-1) @ v).transpose(0, 1).reshape(n, -1) @ att.o_proj.weight.T
+            h = rms_norm(x, layer.post_attention_layernorm.weight, eps)
+            x = x + (torch.nn.functional.silu(h @ layer.mlp.gate_proj.weight.T) * (h @ layer.mlp.up_proj.weight.T)) \
+                @ layer.mlp.down_proj.weight.T
+            for j in range(n):
+                if exit_of[j] == il:
+                    frozen[j] = x[j].clone()
+            hiddens.append(x.numpy().copy())
+    return hiddens
+
+
+def test_filled_kv_matches_a_forward_with_filled_kv(with_head: Path, tiny_hf) -> None:
+    m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    schedule = [0, -1, 1, 2, -1, 0, 0, 2]
+    eps = tiny_hf.config.rms_norm_eps
+    norm_w, lm_head = tiny_hf.model.norm.weight.detach(), tiny_hf.lm_head.weight.detach()
+    for prompt in PROMPTS:
+        out, layers, st = exit_decode(m, prompt, 20, threshold=1.0, schedule=schedule, kv_policy=_core.EXIT_KV_FILL)
+        assert st["n_exits"] > 0 and st["t_fill_ms"] > 0
+        cells = [c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0]
+        assert all(m.kv_cell_valid(c, il) for c in cells for il in range(m.n_layer))  # nothing masked
+        seq = prompt + out[:-1]
+        hiddens = forward_with_filled_kv(tiny_hf, seq, [m.n_layer - 1] * len(prompt) + layers)
+        for k, layer in enumerate(layers):
+            h = torch.from_numpy(hiddens[layer][len(prompt) + k])
+            logits = (h * torch.rsqrt(h.pow(2).mean() + eps) * norm_w) @ lm_head.T
+            want, got = int(torch.argmax(logits)), out[k + 1]
+            assert got == want or float(logits[want] - logits[got]) < 0.02, (k, layer, got, want)

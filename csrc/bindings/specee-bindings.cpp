@@ -238,13 +238,14 @@ struct Spec {
 
     // one early-exit token: (token, exit layer)
     py::tuple step_exit(Sampler & smpl, float threshold, std::optional<std::vector<int32_t>> layers, bool dynamic,
-                        int32_t force_exit_layer) {
+                        int32_t force_exit_layer, int32_t kv_policy) {
         specee_exit_params ep = specee_exit_default_params();
         ep.threshold          = threshold;
         ep.layers             = layers ? layers->data() : nullptr;
         ep.n_layers           = layers ? (int32_t) layers->size() : 0;
         ep.dynamic            = dynamic;
         ep.force_exit_layer   = force_exit_layer;
+        ep.kv_policy          = kv_policy;
         int32_t t, layer = -1;
         {
             py::gil_scoped_release release;
@@ -269,6 +270,7 @@ struct Spec {
         d["t_check_ms"]  = st.t_check_ms;
         d["t_exit_ms"]   = st.t_exit_ms;
         d["t_head_ms"]   = st.t_head_ms;
+        d["t_fill_ms"]   = st.t_fill_ms;
         return d;
     }
 
@@ -298,6 +300,8 @@ PYBIND11_MODULE(_core, m) {
 
     m.attr("SPEC_TREE_STATIC")  = (int) SPECEE_SPEC_TREE_STATIC;
     m.attr("SPEC_TREE_DYNAMIC") = (int) SPECEE_SPEC_TREE_DYNAMIC;
+    m.attr("EXIT_KV_MASK")      = (int) SPECEE_EXIT_KV_MASK;
+    m.attr("EXIT_KV_FILL")      = (int) SPECEE_EXIT_KV_FILL;
 
     m.def("set_verbose", &specee_log_set_verbose);
     m.def("arch_eagle_tensor_names", [] {
@@ -531,7 +535,8 @@ PYBIND11_MODULE(_core, m) {
         .def("stats", &Spec::stats)
         .def("reset_stats", [](Spec & s) { specee_spec_reset_stats(s.ptr); })
         .def("step_exit", &Spec::step_exit, py::arg("sampler"), py::arg("threshold") = -1.0f,
-             py::arg("layers") = py::none(), py::arg("dynamic") = true, py::arg("force_exit_layer") = -1)
+             py::arg("layers") = py::none(), py::arg("dynamic") = true, py::arg("force_exit_layer") = -1,
+             py::arg("kv_policy") = (int) SPECEE_EXIT_KV_MASK)
         .def("exit_stats", &Spec::exit_stats)
         .def("reset_exit_stats", [](Spec & s) { specee_spec_reset_exit_stats(s.ptr); });
 

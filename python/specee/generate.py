@@ -72,6 +72,7 @@ class ExitParams:
     threshold: float | None = None  # a predictor fires above this; >= 1 never exits
     layers: list[int] | None = None  # the static schedule
     dynamic: bool = True  # also check e-2, e, e+2 around each of the last 5 exit layers
+    kv: str = "mask"  # the skipped layers' cache for an exited token: "mask" (SpecEE) or "fill" (K/V from the exit)
 
 
 @dataclass
@@ -180,6 +181,8 @@ def generate_tokens(
     if len(tokens) >= model.n_ctx:
         raise ValueError(f"the prompt has {len(tokens)} tokens, which does not fit the context of {model.n_ctx}")
     if early_exit is not None:
+        if early_exit.kv not in ("mask", "fill"):
+            raise ValueError(f"exit_kv must be 'mask' or 'fill', not {early_exit.kv!r}")
         if speculative is not None:
             raise ValueError("early exit and speculative decoding are separate modes: choose one")
         if params.temperature > 0:
@@ -217,7 +220,7 @@ def generate_tokens(
                 elif early_exit is not None:
                     tok, layer = spec.step_exit(
                         sampler, -1.0 if early_exit.threshold is None else early_exit.threshold, early_exit.layers,
-                        early_exit.dynamic)
+                        early_exit.dynamic, -1, _core.EXIT_KV_FILL if early_exit.kv == "fill" else _core.EXIT_KV_MASK)
                     queue = [tok]
                     stats.exit_layers.append(layer)
                 else:

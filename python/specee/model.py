@@ -48,12 +48,12 @@ def _speculative(
     return SpeculativeParams(mode, choices, total_tokens, depth, top_k)
 
 
-def _early_exit(on: bool, threshold: float | None, layers: Sequence[int] | None) -> ExitParams | None:
+def _early_exit(on: bool, threshold: float | None, layers: Sequence[int] | None, kv: str) -> ExitParams | None:
     if not on:
-        if threshold is not None or layers is not None:
-            raise ValueError("exit_threshold and exit_layers need early_exit=True")
+        if threshold is not None or layers is not None or kv != "mask":
+            raise ValueError("exit_threshold, exit_layers and exit_kv need early_exit=True")
         return None
-    return ExitParams(threshold, [int(i) for i in layers] if layers is not None else None)
+    return ExitParams(threshold, [int(i) for i in layers] if layers is not None else None, kv=kv)
 
 
 class Model:
@@ -288,6 +288,7 @@ class Model:
         early_exit: bool = False,
         exit_threshold: float | None = None,
         exit_layers: Sequence[int] | None = None,
+        exit_kv: str = "mask",
     ) -> Iterator[str]:
         """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
 
@@ -298,15 +299,17 @@ class Model:
         plain output, sampling keeps the distribution.
         early_exit: SpecEE early exit (greedy; needs an EAGLE head and exit predictors in the file): the layer
         predictors stop a token's pass early when the head's candidates agree; exit_threshold and exit_layers
-        override the file's settings. Lossy by design (see the README's early-exit numbers); the layer each
-        token left after is in last_stats.exit_layers.
+        override the file's settings; exit_kv is what the skipped layers' cache holds for an exited token
+        ("mask": nothing, later tokens do not see it there, SpecEE's way; "fill": K/V computed from the exit
+        layer's output). Lossy by design (see the README's early-exit numbers); the layer each token left
+        after is in last_stats.exit_layers.
         Statistics of the call are in `last_stats` once the iterator is exhausted.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
         self.last_stats = GenerationStats()
         tokens = prompt_tokens(self, prompt, chat_template)
-        ee = _early_exit(early_exit, exit_threshold, exit_layers)
+        ee = _early_exit(early_exit, exit_threshold, exit_layers, exit_kv)
         return stream_tokens(self, tokens, max_tokens, params, stop, self.last_stats, spec, ee)
 
     def generate_tokens(
@@ -328,12 +331,13 @@ class Model:
         early_exit: bool = False,
         exit_threshold: float | None = None,
         exit_layers: Sequence[int] | None = None,
+        exit_kv: str = "mask",
     ) -> list[int]:
         """Token ids generated after the prompt's token ids (same settings as `stream`; no tokenizer needed)."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
         self.last_stats = GenerationStats()
-        ee = _early_exit(early_exit, exit_threshold, exit_layers)
+        ee = _early_exit(early_exit, exit_threshold, exit_layers, exit_kv)
         return list(generate_tokens(self, tokens, max_tokens, params, self.last_stats, spec, ee))
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, **kwargs) -> str:
