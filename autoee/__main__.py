@@ -1,18 +1,20 @@
-"""python -m specee.autoee {train-eagle} ... (see --help of each)."""
+"""python -m specee.autoee {train-eagle,collect,train,select-layers,export} ... (see --help of each)."""
 
 from __future__ import annotations
 
 import argparse
 
-from specee.autoee import train_eagle
+from specee.autoee import exit_collect, exit_export, exit_select, exit_train, train_eagle
 
-COMMANDS = {"train-eagle": train_eagle}
+COMMANDS = {"train-eagle": train_eagle, "collect": exit_collect, "train": exit_train, "select-layers": exit_select,
+            "export": exit_export}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m specee.autoee",
-        description="Training for SpecEE: the EAGLE draft head (exit predictors come later)",
+        description="Training for SpecEE: the EAGLE draft head (train-eagle) and the exit predictors "
+                    "(collect, train, select-layers, export)",
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, module in COMMANDS.items():

@@ -2,11 +2,16 @@
 conversation, its id, the final-norm output f_i (the lm_head input; float16), the target's next-token
 argmax and whether the token belongs to an assistant turn (EAGLE trains on those).
 
+The responses are the data's own (ShareGPT's), or, with `regenerate`, the target's greedy reply to the
+conversation's first user turn (EAGLE's "regenerated data", Medusa's self-distillation): the head then learns
+the text it will draft for at run time, the target's own.
+
 Stored under a work directory as memory-mapped .npy arrays of a fixed capacity plus a state file, so an
 interrupted collection resumes where it stopped:
 
     tokens.npy [cap] int32, features.npy [cap, n_embd] float16, targets.npy [cap] int32,
-    assistant.npy [cap] uint8, state.json {"n_tokens", "n_done", "offsets": [start of each conversation]}
+    assistant.npy [cap] uint8, state.json {"n_tokens", "n_done", "offsets": [start of each conversation],
+    "generated": [indices of the conversations whose response the target generated]}
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specee import _core
+from specee.generate import SamplingParams, SpeculativeParams, generate_tokens, prompt_tokens
 from specee.model import Model
 
 from specee.autoee.sharegpt import Conversation
@@ -114,6 +120,23 @@ def render(model: Model, template: str, conv: Conversation, max_tokens: int) -> 
     return tokens[:max_tokens], flags[:max_tokens]
 
 
+def regenerate(model: Model, template: str, conv: Conversation, max_tokens: int, max_new: int, min_new: int = 32,
+               speculative: SpeculativeParams | None = None) -> tuple[list[int], list[int]]:
+    """The conversation's first user turn (after a system message, if any) rendered for a reply, and the
+    target's greedy reply (up to max_new tokens, its end-of-turn token included), with the assistant flags;
+    empty when the prompt leaves less than min_new tokens of max_tokens. Greedy speculative decoding gives
+    the same tokens faster."""
+    first = next(i for i, m in enumerate(conv.messages) if m["role"] == "user")
+    prompt = prompt_tokens(model, conv.messages[:first + 1], template)
+    n_new = min(max_new, max_tokens - len(prompt))
+    if n_new < min_new:
+        return [], []
+    reply = list(generate_tokens(model, prompt, n_new, SamplingParams(temperature=0.0), speculative=speculative))
+    if len(reply) < n_new and model.eos >= 0:
+        reply.append(model.eos)  # generation ended at an end-of-generation token, which is not yielded
+    return prompt + reply, [0] * len(prompt) + [1] * len(reply)
+
+
 # ---- the feature store
 
 
@@ -127,6 +150,7 @@ class FeatureStore:
     n_tokens: int = 0
     n_done: int = 0  # conversations of the source consumed (kept or skipped)
     offsets: list[int] = field(default_factory=list)  # start of each stored conversation
+    generated: list[int] = field(default_factory=list)  # conversations whose response the target generated
 
     @property
     def capacity(self) -> int:
@@ -145,7 +169,8 @@ class FeatureStore:
         for a in (self.tokens, self.features, self.targets, self.assistant):
             a.flush()
         tmp = self.root / (STATE + ".tmp")
-        tmp.write_text(json.dumps({"n_tokens": self.n_tokens, "n_done": self.n_done, "offsets": self.offsets}))
+        tmp.write_text(json.dumps({"n_tokens": self.n_tokens, "n_done": self.n_done, "offsets": self.offsets,
+                                   "generated": self.generated}))
         tmp.replace(self.root / STATE)
 
 
@@ -167,7 +192,8 @@ def open_store(root: Path, mode: str = "r") -> FeatureStore:
     """An existing store; mode "r+" to append."""
     state = json.loads((root / STATE).read_text())
     arrays = {name: np.load(root / f"{name}.npy", mmap_mode=mode) for name in ARRAYS}
-    return FeatureStore(root, **arrays, n_tokens=state["n_tokens"], n_done=state["n_done"], offsets=state["offsets"])
+    return FeatureStore(root, **arrays, n_tokens=state["n_tokens"], n_done=state["n_done"], offsets=state["offsets"],
+                        generated=state.get("generated", []))
 
 
 def extract(model: Model, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -193,9 +219,12 @@ def collect(
     save_every: int = 50,
     deadline: float | None = None,
     progress: bool = True,
+    regenerate_tokens: int = 0,
+    speculative: SpeculativeParams | None = None,
 ) -> FeatureStore:
     """Append conversations to `store` until it is full, the source ends or time.time() passes `deadline`
-    (skipping the conversations done before)."""
+    (skipping the conversations done before). regenerate_tokens > 0: the responses are the target's own
+    (see `regenerate`), up to that many tokens."""
     bar = tqdm(total=store.capacity, initial=store.n_tokens, unit="tok", desc="features", disable=not progress,
                smoothing=0.05)
     since_save = 0
@@ -207,7 +236,10 @@ def collect(
         store.n_done = index + 1
         if keep is not None and not keep.is_clean(conv):
             continue
-        tokens, flags = render(model, template, conv, max_len)
+        if regenerate_tokens > 0:
+            tokens, flags = regenerate(model, template, conv, max_len, regenerate_tokens, speculative=speculative)
+        else:
+            tokens, flags = render(model, template, conv, max_len)
         if len(tokens) < min_len:
             continue
         n = min(len(tokens), store.capacity - store.n_tokens)
@@ -221,6 +253,8 @@ def collect(
         store.features[a:b] = feats.astype(np.float16)
         store.targets[a:b] = argmax
         store.assistant[a:b] = flags
+        if regenerate_tokens > 0:
+            store.generated.append(len(store.offsets))
         store.offsets.append(a)
         store.n_tokens = b
         bar.update(n)

@@ -1,7 +1,8 @@
 """python -m specee.autoee train-eagle: an EAGLE-1 draft head for a GGUF model, end to end.
 
 1. features: ShareGPT conversations rendered with the model's chat template, run through the runtime; the
-   final-norm output of every token stored under --work-dir (resumable; see features.py);
+   final-norm output of every token stored under --work-dir (resumable; see features.py); with --regenerate
+   the responses are the target's own greedy replies to the first user turns;
 2. training: the head on those features, AdamW with warmup and cosine decay, checkpoints (--resume);
 3. validation on held-out conversations: regression loss, 1-step acceptance estimate (top-1 against the
    target's argmax) and the chain estimate for --chain-steps drafted tokens;
@@ -26,7 +27,7 @@ from specee.autoee.export import export_head
 from specee.autoee.features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
 from specee.autoee.sharegpt import read_sharegpt
 from specee.convert.merge import merge_gguf
-from specee.generate import chat_template_name
+from specee.generate import SpeculativeParams, chat_template_name
 from specee.model import Model
 from specee.paths import default_model_path
 
@@ -39,7 +40,8 @@ def default_work_dir(model_path: str) -> Path:
 
 
 def collect_features(args: argparse.Namespace, root: Path) -> None:
-    model = Model(args.model, n_ctx=args.max_len, n_batch=min(512, args.max_len), n_threads=args.threads)
+    model = Model(args.model, n_ctx=args.max_len, n_batch=min(512, args.max_len), n_threads=args.threads,
+                  draft_head=args.draft_head, type_v="f32" if args.draft_head else "f16")
     if (root / STATE).is_file():
         store = open_store(root, "r+")
         if store.n_embd != model.n_embd:
@@ -51,9 +53,10 @@ def collect_features(args: argparse.Namespace, root: Path) -> None:
     excludes = [Path(p) for p in args.exclude] + ([] if args.no_default_exclude else default_eval_files())
     deadline = time.time() + 60 * args.collect_minutes if args.collect_minutes > 0 else None
     collect(model, read_sharegpt(args.data), store, template=chat_template_name(model, args.chat_template),
-            max_len=args.max_len, keep=Decontaminator.from_files(excludes), deadline=deadline)
+            max_len=args.max_len, keep=Decontaminator.from_files(excludes), deadline=deadline,
+            regenerate_tokens=args.regenerate, speculative=SpeculativeParams() if args.draft_head else None)
     print(f"features: {store.n_tokens} tokens of {len(store.offsets)} conversations "
-          f"({store.n_done} read) in {root}")
+          f"({store.n_done} read, {len(store.generated)} with the target's own responses) in {root}")
 
 
 def train_config(args: argparse.Namespace) -> T.TrainConfig:
@@ -90,8 +93,8 @@ def run(args: argparse.Namespace) -> None:
 
     torch.manual_seed(cfg.seed)
     head_cfg, base = read_base(args.model)
-    vocab = state["draft_vocab"] if state else (
-        T.draft_vocabulary(store, train_spans, cfg.draft_vocab) if cfg.draft_vocab else None)
+    vocab = state["draft_vocab"] if state else T.load_checkpoint(Path(args.init_from))["draft_vocab"] \
+        if args.init_from else T.draft_vocabulary(store, train_spans, cfg.draft_vocab) if cfg.draft_vocab else None
     head = EagleHead(head_cfg, vocab, train_output=cfg.train_draft_lm_head)
     if vocab is not None:
         with torch.no_grad():
@@ -103,6 +106,12 @@ def run(args: argparse.Namespace) -> None:
         opt.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
         print(f"resuming at step {start} from {ckpt_path}")
+    elif args.init_from:
+        init = T.load_checkpoint(Path(args.init_from))
+        if init["draft_vocab"] != vocab:
+            raise ValueError(f"--init-from: {args.init_from} has another draft vocabulary")
+        head.load_state_dict(init["head"])
+        print(f"weights from {args.init_from} (step {init['step']}); a new schedule of {cfg.steps} steps")
     t0 = time.time()
     deadline = time.time() + 60 * args.max_minutes if args.max_minutes > 0 else None
     history = T.train(head, opt, base, store, train_spans, cfg, start_step=start, checkpoint=ckpt_path,
@@ -169,6 +178,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--exclude", action="append", default=[],
                    help="JSONL(.gz) of prompts kept out of training (repeatable; MT-Bench and HumanEval always)")
     g.add_argument("--no-default-exclude", action="store_true", help="do not exclude MT-Bench and HumanEval")
+    g.add_argument("--regenerate", type=int, default=0, metavar="N",
+                   help="responses: the target's greedy reply (up to N tokens) to each conversation's first user "
+                   "turn instead of the data's (0: the data's; default)")
+    g.add_argument("--draft-head", help="an EAGLE head GGUF that speeds up --regenerate (greedy speculative "
+                   "decoding: the same replies)")
     g.add_argument("--collect-only", action="store_true", help="stop after collecting features")
     g.add_argument("--skip-collect", action="store_true", help="train on the features already stored")
     g = ap.add_argument_group("training")
@@ -191,6 +205,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--val-percent", type=float, default=d.val_percent, help="held-out conversations, percent")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--resume", action="store_true", help="continue from the work dir's checkpoint")
+    g.add_argument("--init-from", help="start from the head weights of this checkpoint (a new optimizer and "
+                   "schedule; the same draft vocabulary)")
     g.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
     g.add_argument("--max-minutes", type=float, default=0,
                    help="stop training after this long (checkpointed; validation and export run on what is "

@@ -217,7 +217,7 @@ enum specee_spec_tree {
 struct specee_spec_params {
     int32_t      tree;         // enum specee_spec_tree
     const char * choices;      // static: "[[0], [1], [0, 0], ...]" (child ranks along each path, TensorRT-LLM's
-                               // --eagle_choices) or the preset "mc_sim_7b_63"; NULL: mc_sim_7b_63
+                               // --eagle_choices) or the preset "mc_sim_7b_63"; NULL: [[0]] (CPU default)
     int32_t      total_tokens; // dynamic: draft tokens verified per step
     int32_t      depth;        // dynamic: most draft tokens on one path
     int32_t      top_k;        // dynamic: children per expanded node, and nodes expanded per depth

