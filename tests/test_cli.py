@@ -88,14 +88,16 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--chat-template", "--verbose-prompt", "--no-display-prompt", "-sp", "--special", "-h", "--help",
                 "-ctv", "--cache-type-v", "--spec", "--draft-head", "--eagle-choices", "--eagle_choices",
                 "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
-                "--eagle_use_dynamic_tree"]
+                "--eagle_use_dynamic_tree", "--early-exit", "--no-early-exit", "--exit-threshold", "--exit-layers",
+                "--exit-kv"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
     values = {"-f": str(tmp_path / "prompt.txt"), "--file": str(tmp_path / "prompt.txt"), "--chat-template": "chatml",
               "--top-p": "0.5", "--top_p": "0.5", "--min-p": "0.1", "--min_p": "0.1", "--repeat-penalty": "1.1",
               "-ctv": "f32", "--cache-type-v": "auto", "--spec": "none", "--draft-head": str(tmp_path / "head.gguf"),
-              "--eagle-choices": "[[0]]", "--eagle_choices": "[[0], [1]]"}
+              "--eagle-choices": "[[0]]", "--eagle_choices": "[[0], [1]]", "--exit-threshold": "0.5",
+              "--exit-layers": "16,20", "--exit-kv": "fill"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():

@@ -380,3 +380,53 @@ def test_filled_kv_matches_a_forward_with_filled_kv(with_head: Path, tiny_hf) ->
             logits = (h * torch.rsqrt(h.pow(2).mean() + eps) * norm_w) @ lm_head.T
             want, got = int(torch.argmax(logits)), out[k + 1]
             assert got == want or float(logits[want] - logits[got]) < 0.02, (k, layer, got, want)
+
+
+# ---- the CLI on SmolLM2 with the shipped head and predictors
+
+
+@pytest.fixture(scope="module")
+def smollm2_parts(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from specee.paths import default_eagle_head_path
+
+    head = Path(default_eagle_head_path())
+    preds = head.parent / "smollm2-135m-exit.safetensors"
+    out = tmp_path_factory.mktemp("parts") / "smollm2-parts.gguf"
+    merge_gguf(smollm2_path, out, eagle=head, predictors=preds, head_only=True, progress=False)
+    return out
+
+
+def run_cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+
+    from specee._tools import tool_path
+
+    return subprocess.run([str(tool_path("llama-cli")), *args], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_cli_early_exit(smollm2_path: Path, smollm2_parts: Path) -> None:
+    base = ["-m", str(smollm2_path), "--draft-head", str(smollm2_parts), "-p", "The capital of France is", "-n", "24",
+            "-t", "1", "-no-cnv", "--temp", "0"]
+    on = run_cli(*base)  # auto: on (head + predictors, greedy)
+    assert on.returncode == 0, on.stderr
+    assert "early exit =    23 tokens" in on.stderr and "exit histogram = layer:tokens" in on.stderr
+    hist = on.stderr.split("exit histogram = layer:tokens")[1].splitlines()[0].split()
+    assert sum(int(h.split(":")[1]) for h in hist) == 23
+    off = run_cli(*base, "--no-early-exit", "--spec", "none")
+    assert off.returncode == 0 and "early exit" not in off.stderr
+    never = run_cli(*base, "--exit-threshold", "1", "--exit-kv", "fill", "--exit-layers", "16,20")
+    assert never.returncode == 0 and never.stdout == off.stdout  # never exiting is plain decoding
+    assert "exit ratio 0.000" in never.stderr
+    for bad, msg in [(["--exit-threshold", "2"], "expected a number in [0, 1]"),
+                     (["--exit-layers", "29"], "without an exit predictor"),
+                     (["--exit-layers", "3,x"], "comma-separated"),
+                     (["--exit-kv", "drop"], "mask or fill"),
+                     (["--early-exit", "--temp", "0.7"], "decodes greedily"),
+                     (["--early-exit", "--spec", "eagle"], "separate modes"),
+                     (["--no-early-exit", "--exit-threshold", "0.5"], "early exit is off")]:
+        r = run_cli(*base, *bad)
+        assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr[-300:])
+    plain_model = run_cli("-m", str(smollm2_path), "-p", "hi", "-n", "2", "--early-exit", "-no-cnv", "--temp", "0")
+    assert plain_model.returncode != 0 and "needs an EAGLE head and exit predictors" in plain_model.stderr

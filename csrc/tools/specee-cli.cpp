@@ -66,6 +66,11 @@ struct cli_params {
     int         eagle_total_tokens = -1; // dynamic tree settings, -1: the runtime's defaults
     int         eagle_depth        = -1;
     int         eagle_topk         = -1;
+    // SpecEE early exit
+    int         early_exit         = -1; // -1 auto: on when the model has a head and exit predictors and decoding is greedy
+    float       exit_threshold     = -1.0f; // < 0: the model's specee.exit.threshold
+    std::vector<int32_t> exit_layers;       // empty: the model's specee.exit.layers
+    std::string exit_kv            = "mask";
 };
 
 static void print_usage(const char * argv0) {
@@ -144,6 +149,16 @@ static void print_usage(const char * argv0) {
     printf("                                   EAGLE-2: children per expanded node and nodes expanded per depth\n");
     printf("                                   (default: %d)\n", specee_spec_default_params().top_k);
     printf("         --eagle_use_dynamic_tree  TensorRT-LLM's spelling of --spec eagle2\n");
+    printf("\nearly exit (SpecEE: per-layer predictors stop a token's pass early when the EAGLE head's candidates\n");
+    printf("agree; greedy only, lossy; the perf lines add the exit ratio, mean exit layer and a histogram):\n");
+    printf("         --early-exit              on (default: on when the model, or --draft-head, has exit predictors\n");
+    printf("                                   and an EAGLE head and --temp is 0)\n");
+    printf("         --no-early-exit           off (plain or speculative decoding)\n");
+    printf("         --exit-threshold F        a predictor fires above F (default: the file's, SpecEE's 0.5)\n");
+    printf("         --exit-layers LAYERS      the static set of checked layers, e.g. 16,20,24 (default: the file's)\n");
+    printf("         --exit-kv POLICY          the skipped layers' cache for an exited token: mask (nothing, later\n");
+    printf("                                   tokens do not see it there; SpecEE's; default) or fill (K/V from the\n");
+    printf("                                   exit layer's output)\n");
 }
 
 static bool parse_int(const std::string & s, int & out) {
@@ -221,6 +236,10 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
             p.display_prompt = false;
         } else if (arg == "--eagle_use_dynamic_tree" || arg == "--eagle-use-dynamic-tree") {
             p.spec = "eagle2";
+        } else if (arg == "--early-exit") {
+            p.early_exit = 1;
+        } else if (arg == "--no-early-exit") {
+            p.early_exit = 0;
         } else {
             // flags with a value
             static const char * const with_value[] = {
@@ -229,7 +248,8 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
                 "--temp", "--top-k", "--top_k", "--top-p", "--top_p", "--min-p", "--min_p", "--repeat-penalty",
                 "--repeat-last-n", "-ngl", "--gpu-layers", "--n-gpu-layers", "--chat-template", "-ctv",
                 "--cache-type-v", "--spec", "--draft-head", "--eagle-choices", "--eagle_choices",
-                "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k"};
+                "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
+                "--exit-threshold", "--exit-layers", "--exit-kv"};
             bool known = false;
             for (const char * f : with_value) {
                 known = known || arg == f;
@@ -271,6 +291,25 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
                 p.spec = val;
             } else if (arg == "--draft-head") {
                 p.draft_head = val;
+            } else if (arg == "--exit-threshold") {
+                what = "a number in [0, 1]";
+                ok   = parse_float(val, p.exit_threshold) && p.exit_threshold >= 0.0f && p.exit_threshold <= 1.0f;
+            } else if (arg == "--exit-layers") {
+                what = "comma-separated layer numbers like 16,20,24";
+                p.exit_layers.clear();
+                size_t i = 0;
+                ok       = !val.empty();
+                while (ok && i <= val.size()) {
+                    const size_t j = std::min(val.find(',', i), val.size());
+                    int          l = -1;
+                    ok             = parse_int(val.substr(i, j - i), l) && l >= 0;
+                    p.exit_layers.push_back(l);
+                    i = j + 1;
+                }
+            } else if (arg == "--exit-kv") {
+                what = "mask or fill";
+                ok   = val == "mask" || val == "fill";
+                p.exit_kv = val;
             } else if (arg == "--eagle-choices" || arg == "--eagle_choices") {
                 what = "a choices list like [[0], [1], [0, 0]] or the preset mc_sim_7b_63";
                 ok   = specee_spec_check_choices(val.c_str()) >= 0;
@@ -474,6 +513,8 @@ struct perf_counters {
     double                 t_sample_ms = 0.0;
     int                    n_sample    = 0;
     const specee_spec *    spec        = nullptr; // speculative decoding: its statistics are printed too
+    bool                   early_exit  = false;   // early exit: its statistics instead
+    std::vector<int32_t>   exit_hist;             // tokens per exit layer [n_layer]
 };
 
 // same fields, widths and precision as upstream (0 tokens print nan/inf there too)
@@ -494,7 +535,25 @@ static void perf_print(const perf_counters & pc) {
             pc.t_eval_ms, pc.n_eval, pc.t_eval_ms / pc.n_eval, 1e3 / pc.t_eval_ms * pc.n_eval);
     fprintf(stderr, "llama_perf_context_print:       total time = %10.2f ms / %5d tokens\n", t_total_ms,
             pc.n_p_eval + pc.n_eval);
-    if (pc.spec) {
+    if (pc.spec && pc.early_exit) {
+        const specee_exit_stats st = specee_spec_get_exit_stats(pc.spec);
+        const int32_t           L  = (int32_t) pc.exit_hist.size();
+        fprintf(stderr,
+                "llama_perf_context_print:       early exit = %5d tokens, exit ratio %.3f, mean exit layer %.2f of %d "
+                "(%d checks, %d fired, %d not a candidate; head %.2f ms, checks %.2f ms, exit lm_head %.2f ms)\n",
+                st.n_tokens, st.n_tokens > 0 ? (double) st.n_exits / st.n_tokens : 0.0,
+                st.n_tokens > 0 ? (double) st.sum_layers / st.n_tokens : 0.0, L, st.n_checks, st.n_fired,
+                st.n_rejected, st.t_head_ms, st.t_check_ms, st.t_exit_ms);
+        std::string hist;
+        for (int32_t il = 0; il < L; ++il) {
+            if (pc.exit_hist[il] > 0) {
+                char buf[32];
+                snprintf(buf, sizeof(buf), " %d:%d", il + 1, pc.exit_hist[il]);
+                hist += buf;
+            }
+        }
+        fprintf(stderr, "llama_perf_context_print: exit histogram = layer:tokens%s\n", hist.c_str());
+    } else if (pc.spec) {
         // eval time above counts one run per draft-and-verify step
         const specee_spec_stats st = specee_spec_get_stats(pc.spec);
         fprintf(stderr,
@@ -517,7 +576,8 @@ struct session {
     int32_t            n_past  = 0; // tokens in the KV cache
     perf_counters      perf;
     text_stream        out;
-    specee_spec *        spec = nullptr; // speculative decoding
+    specee_spec *        spec = nullptr; // speculative decoding (and early exit, which drives its head)
+    specee_exit_params   exit_params{};
     std::vector<int32_t> spec_input;     // tokens fed but not evaluated yet: the decoder prefills them
 
     explicit session(const cli_params & p) : params(p) {}
@@ -604,6 +664,27 @@ static gen_stop generate_spec(session & s, int n_predict, int32_t & last, std::s
             if (s.n_past + 1 > s.n_ctx) {
                 fprintf(stderr, "\n\nllama-cli: context full (n_ctx = %d) => stopping\n", s.n_ctx);
                 return STOP_CONTEXT;
+            }
+            if (s.perf.early_exit) {
+                const auto    t1    = clock_type::now();
+                int32_t       layer = -1;
+                const int32_t t     = specee_spec_step_exit(s.spec, s.smpl, &s.exit_params, &layer);
+                if (t < 0) {
+                    fprintf(stderr, "\nerror: early-exit step failed: %s\n", specee_last_error());
+                    return STOP_ERROR;
+                }
+                s.perf.t_eval_ms += ms_since(t1);
+                s.perf.n_eval += 1;
+                s.perf.exit_hist[layer] += 1;
+                s.n_past = specee_kv_n_used(s.ctx);
+                queue.assign(1, t);
+                qi = 0;
+                last = queue[qi++];
+                s.perf.n_sample += 1;
+                if (emit(s, last, text)) {
+                    return STOP_EOG;
+                }
+                continue;
             }
             const int32_t n_max   = n_predict < 0 ? (int32_t) buf.size() : std::min((int32_t) buf.size(), n_predict - n);
             const double  t_acc   = specee_spec_get_stats(s.spec).t_accept_ms;
@@ -963,6 +1044,32 @@ int main(int argc, char ** argv) {
     }
     s.perf.t_load_ms = ms_since(t_load);
 
+    // early exit: auto is on with a head and predictors when decoding greedily
+    const bool can_exit = specee_model_has_eagle(s.model) && specee_model_exit_n_pred(s.model) > 0;
+    const bool exit_opts = params.exit_threshold >= 0.0f || !params.exit_layers.empty() || params.exit_kv != "mask";
+    bool       early_exit = params.early_exit == 1 || (params.early_exit == -1 && can_exit && params.temp <= 0.0f);
+    const char * exit_err = nullptr;
+    if (early_exit && !can_exit) {
+        exit_err = "--early-exit needs an EAGLE head and exit predictors (blk.N.pred.*) in the model or --draft-head";
+    } else if (early_exit && params.temp > 0.0f) {
+        exit_err = "early exit decodes greedily: use --temp 0, or --no-early-exit";
+    } else if (early_exit && (params.spec == "eagle" || params.spec == "eagle2")) {
+        exit_err = "early exit and --spec eagle/eagle2 are separate modes: add --no-early-exit for a speculative tree";
+    } else if (!early_exit && exit_opts) {
+        exit_err = can_exit ? "--exit-* settings given but early exit is off (--temp 0, or --early-exit)"
+                            : "--exit-* settings given but the model has no exit predictors or EAGLE head";
+    }
+    for (int32_t l : params.exit_layers) {
+        if (!exit_err && (l >= specee_model_n_layer(s.model) - 1 || !specee_model_exit_has_pred(s.model, l))) {
+            exit_err = "--exit-layers lists a layer without an exit predictor (or the last layer)";
+        }
+    }
+    if (exit_err) {
+        fprintf(stderr, "error: %s\n", exit_err);
+        specee_model_free(s.model);
+        return 1;
+    }
+
     specee_context_params cp = specee_context_default_params();
     cp.n_ctx                 = params.n_ctx > 0 ? (uint32_t) std::max(params.n_ctx, 8) : 0;
     cp.n_batch               = (uint32_t) std::min(params.n_batch, params.n_ubatch);
@@ -970,8 +1077,8 @@ int main(int argc, char ** argv) {
     cp.n_threads_batch       = params.n_threads;
     // auto: F32 V when speculative decoding will run (the same rule as --spec auto below), so that a token's
     // logits in a verification batch equal those of plain decoding bit for bit
-    const bool spec_likely = params.spec == "eagle" || params.spec == "eagle2" ||
-                             (params.spec == "auto" && specee_model_has_eagle(s.model));
+    const bool spec_likely = !early_exit && (params.spec == "eagle" || params.spec == "eagle2" ||
+                                             (params.spec == "auto" && specee_model_has_eagle(s.model)));
     const bool v_f32 = params.cache_type_v == "f32" || (params.cache_type_v == "auto" && spec_likely);
     cp.type_v        = v_f32 ? SPECEE_KV_F32 : SPECEE_KV_F16;
     s.ctx                    = specee_context_init(s.model, cp);
@@ -1002,7 +1109,9 @@ int main(int argc, char ** argv) {
     // speculative decoding: auto is eagle2 with a head (eagle when only a choices list is given)
     const bool  dyn_set = params.eagle_total_tokens > 0 || params.eagle_depth > 0 || params.eagle_topk > 0;
     std::string spec    = params.spec;
-    if (spec == "auto") {
+    if (early_exit) {
+        spec = "eagle2"; // the decoder whose head gives the candidates; its tree is not used
+    } else if (spec == "auto") {
         spec = !specee_model_has_eagle(s.model)             ? "none"
                : !params.eagle_choices.empty() && !dyn_set ? "eagle"
                                                             : "eagle2";
@@ -1048,6 +1157,15 @@ int main(int argc, char ** argv) {
             return 1;
         }
         s.perf.spec = s.spec;
+    }
+    if (early_exit) {
+        s.exit_params           = specee_exit_default_params();
+        s.exit_params.threshold = params.exit_threshold;
+        s.exit_params.layers    = params.exit_layers.empty() ? nullptr : params.exit_layers.data();
+        s.exit_params.n_layers  = (int32_t) params.exit_layers.size();
+        s.exit_params.kv_policy = params.exit_kv == "fill" ? SPECEE_EXIT_KV_FILL : SPECEE_EXIT_KV_MASK;
+        s.perf.early_exit       = true;
+        s.perf.exit_hist.assign(specee_model_n_layer(s.model), 0);
     }
 
     // conversation mode: on by default when there is a chat template and a person at a terminal
