@@ -329,7 +329,7 @@ def test_the_shipped_head_fits_the_default_model(smollm2_path: Path, tmp_path: P
     path = Path(default_eagle_head_path())
     info = json.loads(path.with_suffix(".json").read_text())
     assert info["format"] == "specee-eagle" and info["base_model"] == smollm2_path.name
-    assert info["validation"]["all_tokens"]["top1_accuracy"] > 0.25
+    assert info["validation"]["top1_accuracy"] > 0.3 and info["validation"]["n_positions"] > 5000
     reader = gguf.GGUFReader(smollm2_path)
     load_eagle(path, base_model(read_fields(reader), reader, smollm2_path))
     head_gguf = path.with_suffix(".gguf")
