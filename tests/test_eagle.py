@@ -465,7 +465,8 @@ def test_greedy_identity_on_mt_bench_and_humaneval_subset(capsys: pytest.Capture
     # python -m specee.bench_spec identity
     from specee import bench_spec as B
 
-    assert B.main(["identity", "--mt-bench", "3", "--humaneval", "3", "-n", "48"]) == 0
+    # one thread: ggml's spinning thread pool stalls when the machine is shared
+    assert B.main(["identity", "--mt-bench", "3", "--humaneval", "3", "-n", "32", "-t", "1"]) == 0
     out = capsys.readouterr().out
     assert "eagle: 6 of 6 identical" in out and "eagle2: 6 of 6 identical" in out and "V cache f32" in out
     assert "eagle mc_sim_7b_63: 6 of 6 identical" in out and "eagle2 16/5/4: 6 of 6 identical" in out
