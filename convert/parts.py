@@ -18,6 +18,10 @@ Exit predictors, own layout: NAME.safetensors with blk.{i}.pred.{up,down}.{weigh
 optional NAME.json: {"format": "specee-predictors", "exit_layers": [...], "threshold": 0.5,
 "n_candidates": 4}.
 
+EAGLE-1 head, GGUF layout: a head-only NAME.gguf (what `merge --head-only` or `train-eagle --head-gguf`
+write): eagle.* tensors already in GGML's order, specee.eagle.* keys (the draft vocabulary among them). Its
+exit predictors, if any, are not read from it (give them with --predictors).
+
 EAGLE's q/k rows are permuted exactly as the base model's attn_q/attn_k (llama.cpp's converter, and
 SpecEE's for its eauto files, do the same), because the head uses the base model's RoPE (GGML's
 NORM mode, adjacent pairs) in this runtime.
@@ -124,7 +128,10 @@ class EagleHead:
 
 
 def eagle_layout(path: Path) -> str:
-    """'published' (a folder or weight file with config.json) or 'own' (NAME.safetensors + NAME.json)."""
+    """'published' (a folder or weight file with config.json), 'own' (NAME.safetensors + NAME.json) or 'gguf'
+    (a head-only GGUF)."""
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
     if path.is_dir() and (path / "config.json").is_file():
         return "published"
     if path.is_file() and path.suffix == ".safetensors" and path.with_suffix(".json").is_file():
@@ -133,7 +140,8 @@ def eagle_layout(path: Path) -> str:
         return "published"
     raise FileNotFoundError(
         f"{path}: not an EAGLE head: expected a folder with config.json and pytorch_model.bin or "
-        "model.safetensors (the published layout), or NAME.safetensors with NAME.json (this project's layout)"
+        "model.safetensors (the published layout), NAME.safetensors with NAME.json (this project's layout) "
+        "or a head-only NAME.gguf"
     )
 
 
@@ -168,6 +176,8 @@ def load_eagle(path: str | os.PathLike, base: BaseModel) -> EagleHead:
     """An EAGLE-1 head in either layout, with its shapes checked against `base`."""
     path = Path(path)
     layout = eagle_layout(path)
+    if layout == "gguf":
+        return load_eagle_gguf(path, base)
     with ExitStack() as stack:
         if layout == "published":
             folder = path if path.is_dir() else path.parent
@@ -194,6 +204,40 @@ def load_eagle(path: str | os.PathLike, base: BaseModel) -> EagleHead:
     if head.version != 1:
         raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
     head.draft_vocab = settings.get("draft_vocab")
+    head.n_ff = check_eagle_shapes(head, base, path)
+    return head
+
+
+def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
+    """A head-only GGUF's eagle.* tensors (q/k rows already in GGML's order) and specee.eagle.* keys."""
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
+    fields = {f.name: f for f in reader.fields.values()}
+
+    def key(name: str) -> object:
+        f = fields.get(name)
+        if f is None:
+            return None
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            return [int(f.parts[i][0]) for i in f.data]
+        return f.parts[f.data[0]][0].item()
+
+    tensors = {}
+    for t in reader.tensors:
+        if not t.name.startswith("eagle."):
+            continue
+        if t.name not in C.EAGLE_TENSOR_NAMES:
+            raise ValueError(f"{path}: unexpected tensor {t.name!r} (expected {list(C.EAGLE_TENSOR_NAMES)})")
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        tensors[t.name] = np.asarray(data, dtype=np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+    if not tensors:
+        raise ValueError(f"{path}: no eagle.* tensors: not an EAGLE head GGUF")
+    head = EagleHead(tensors, int(key(C.KEY_EAGLE_VERSION) or 1), source=f"gguf layout: {path}")
+    if head.version != 1:
+        raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
+    head.draft_vocab = key(C.KEY_EAGLE_DRAFT_VOCAB)
     head.n_ff = check_eagle_shapes(head, base, path)
     return head
 

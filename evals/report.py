@@ -107,9 +107,10 @@ def summarize_group(records: list[dict], plain: dict[tuple[str, str], dict], n_l
         row["identical_to_plain"] = sum(p[0] for p in pairs)
         row["compared_to_plain"] = len(pairs)
         row["mean_tokens_to_divergence"] = statistics.fmean(p[1] for p in pairs)
-    scores = [r["score"] for r in done if r.get("score") is not None]
-    if scores:
-        row["score_name"] = next(r["score_name"] for r in done if r.get("score") is not None)
+    scored = [r for r in done if r.get("score") is not None]
+    scores = [r["score"] for r in scored]
+    if scores and len({r["score_name"] for r in scored}) == 1:  # no mean over different metrics ("all" rows)
+        row["score_name"] = scored[0]["score_name"]
         row["score"] = statistics.fmean(scores)
         row["scored"] = len(scores)
     return row

@@ -41,6 +41,7 @@ def run(cli: str, *args: str, stdin: str | None = None, env: dict | None = None,
     """Runs llama-cli with stdin not a terminal (so conversation mode stays off unless asked for)."""
     full_env = dict(os.environ)
     full_env.pop("SPECEE_DEFAULT_MODEL", None)
+    full_env.pop("SPECEE_DEFAULT_DRAFT_HEAD", None)
     full_env.update(env or {})
     # a run cut short by -n may end inside a UTF-8 sequence, printed as it is
     return subprocess.run([cli, *args], input=stdin if stdin is not None else "", capture_output=True,
@@ -90,7 +91,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "-ctv", "--cache-type-v", "--spec", "--draft-head", "--eagle-choices", "--eagle_choices",
                 "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
                 "--eagle_use_dynamic_tree", "--early-exit", "--no-early-exit", "--exit-threshold", "--exit-layers",
-                "--exit-kv"]
+                "--exit-kv", "-fa", "--flash-attn"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
@@ -134,6 +135,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
     (["--repeat-last-n", "-2"], "invalid value for --repeat-last-n"),
     (["-ngl", "all"], "invalid value for -ngl"),
     (["--chat-template", "alpaca", "-m", "m.gguf"], "unknown chat template 'alpaca'"),
+    (["--draft-head", "default", "-m", "m.gguf"], "SPECEE_DEFAULT_DRAFT_HEAD is not set"),
 ])
 def test_bad_flags(cli: str, args: list[str], message: str) -> None:
     res = run(cli, *args)
@@ -288,6 +290,26 @@ def test_console_script_sets_default_model(smollm2_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("Hi")
     assert TOTAL_RE.search(res.stderr)
+
+
+@pytest.mark.slow
+def test_console_script_default_draft_head_and_flash_attn_flag(smollm2_path: Path) -> None:
+    """--draft-head default: the shipped head + exit predictors, so greedy decoding exits early (the perf
+    lines say so); -fa on/off is accepted like upstream's (off with a warning: attention is always flash)."""
+    script = shutil.which("specee-cli")
+    if script is None:
+        pytest.skip("the specee-cli console script is not on PATH")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECEE_DEFAULT")}
+    res = subprocess.run([script, "-p", "The capital of France is", "-n", "16", "--temp", "0", "--draft-head",
+                          "default", "-fa", "on", *FAST], input="", capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"early exit =\s+\d+ tokens, exit ratio [0-9.]+, mean exit layer [0-9.]+ of 30", res.stderr)
+    assert "exit histogram = layer:tokens" in res.stderr
+    plain = subprocess.run([script, "-p", "The capital of France is", "-n", "4", "--temp", "0", "-fa", "off", *FAST],
+                           input="", capture_output=True, text=True, env=env, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    assert "warning: -fa off is ignored" in plain.stderr and "early exit" not in plain.stderr
 
 
 @pytest.mark.slow

@@ -196,6 +196,22 @@ def test_head_is_found_in_merged_and_separate_files(tiny_gguf: Path, random_gguf
     assert r.has_eagle and r._model.eagle_n_vocab == 96 and r._model.eagle_draft_vocab == reduced_head[2]
 
 
+def test_a_head_only_gguf_merges_again(tiny_gguf: Path, reduced_head, tmp_path: Path) -> None:
+    """merge --eagle HEAD.gguf (how the shipped head + predictors file is made): the same tensors and keys."""
+    again = tmp_path / "again.gguf"
+    merge_gguf(tiny_gguf, again, eagle=reduced_head[0], eagle_type="f32", head_only=True, progress=False)
+    a, b = gguf.GGUFReader(reduced_head[0]), gguf.GGUFReader(again)
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    for x, y in zip(a.tensors, b.tensors):
+        assert x.tensor_type == y.tensor_type and np.array_equal(np.asarray(x.data), np.asarray(y.data)), x.name
+    vocab = b.fields["specee.eagle.draft_vocab"]
+    assert [int(vocab.parts[i][0]) for i in vocab.data] == reduced_head[2]
+    r = specee.Model(tiny_gguf, n_ctx=64, draft_head=again)
+    assert r.has_eagle and r._model.eagle_draft_vocab == reduced_head[2]
+    with pytest.raises(ValueError, match="no eagle"):
+        merge_gguf(tiny_gguf, tmp_path / "x.gguf", eagle=tiny_gguf, head_only=True, progress=False)
+
+
 # ---- the draft graph against PyTorch
 
 

@@ -605,3 +605,17 @@ def test_smollm2_with_the_shipped_head(smollm2_path: Path, small_data: Path, tmp
     row = json.loads((out / "summary.json").read_text())["rows"]["all"]["eagle2"]
     assert row["mean_accepted_tokens"] > 1.0 and row["compared_to_plain"] == 2
     assert records(out)[0]["turns"][0]["text"].strip()
+
+
+def test_summary_means_a_score_only_over_one_metric() -> None:
+    """A dataset's row averages its task score; the "all" row, mixing accuracy and pass@1, has none."""
+    from specee.eval.report import summarize
+
+    turn = {"text": "x", "tokens": [1], "n_prompt": 4, "prompt_seconds": 0.1, "n_decode": 1, "decode_seconds": 0.1}
+    recs = [{"dataset": ds_, "id": i, "mode": "plain", "turns": [turn], "score": sc, "score_name": name}
+            for ds_, name, scores in (("gsm8k", "accuracy", (1.0, 0.0)), ("humaneval", "pass@1", (1.0, 1.0)))
+            for i, sc in enumerate(scores)]
+    rows = summarize(recs, n_layer=30)["rows"]
+    assert rows["gsm8k"]["plain"]["score_name"] == "accuracy" and rows["gsm8k"]["plain"]["score"] == 0.5
+    assert rows["humaneval"]["plain"]["score"] == 1.0
+    assert "score" not in rows["all"]["plain"] and "score_name" not in rows["all"]["plain"]

@@ -113,6 +113,9 @@ static void print_usage(const char * argv0) {
     printf("  -ngl,  --gpu-layers, --n-gpu-layers N\n");
     printf("                                   accepted for compatibility; this runtime computes on the CPU,\n");
     printf("                                   so the value is ignored (with a warning)\n");
+    printf("  -fa,   --flash-attn [on|off|auto]\n");
+    printf("                                   accepted for compatibility; attention is always computed with\n");
+    printf("                                   ggml's flash attention here (off is ignored with a warning)\n");
     printf("  -cnv,  --conversation            conversation mode: the chat template formats each turn and\n");
     printf("                                   user lines are read from stdin after a '> ' prompt (default:\n");
     printf("                                   on when the model has a chat template and stdin and stdout\n");
@@ -136,7 +139,10 @@ static void print_usage(const char * argv0) {
     printf("                                   auto (default): eagle2 when the model has a head or --draft-head is\n");
     printf("                                   given (eagle when only --eagle-choices is), else none\n");
     printf("         --draft-head FNAME        EAGLE head GGUF of its own (eagle.* tensors, e.g. from `python -m\n");
-    printf("                                   specee.convert merge --head-only`), used instead of the model's\n");
+    printf("                                   specee.convert merge --head-only`), used instead of the model's;\n");
+    printf("                                   'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli\n");
+    printf("                                   console script sets to the shipped head + exit predictors for\n");
+    printf("                                   the embedded SmolLM2\n");
     printf("         --eagle-choices, --eagle_choices CHOICES\n");
     printf("                                   EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset\n");
     printf("                                   mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: [[0]], the\n");
@@ -234,6 +240,18 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
             p.verbose_prompt = true;
         } else if (arg == "--no-display-prompt") {
             p.display_prompt = false;
+        } else if (arg == "-fa" || arg == "--flash-attn") {
+            // upstream takes on/off/auto (older builds: no value); flash attention is the only path here
+            if (i + 1 < argc) {
+                const std::string v = argv[i + 1];
+                if (v == "on" || v == "off" || v == "auto" || v == "1" || v == "0") {
+                    ++i;
+                    if (v == "off" || v == "0") {
+                        fprintf(stderr, "warning: %s off is ignored: attention is always flash attention here\n",
+                                arg.c_str());
+                    }
+                }
+            }
         } else if (arg == "--eagle_use_dynamic_tree" || arg == "--eagle-use-dynamic-tree") {
             p.spec = "eagle2";
         } else if (arg == "--early-exit") {
@@ -999,6 +1017,15 @@ int main(int argc, char ** argv) {
             return 1;
         }
         params.model = def;
+    }
+    if (params.draft_head == "default") {
+        const char * def = std::getenv("SPECEE_DEFAULT_DRAFT_HEAD");
+        if (def == nullptr || *def == '\0') {
+            fprintf(stderr, "error: --draft-head default: SPECEE_DEFAULT_DRAFT_HEAD is not set (run the specee-cli "
+                            "console script, or give a head GGUF)\n");
+            return 1;
+        }
+        params.draft_head = def;
     }
     if (params.escape) {
         params.prompt        = process_escapes(params.prompt);

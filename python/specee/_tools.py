@@ -4,10 +4,11 @@ import os
 import sys
 from pathlib import Path
 
-from specee.paths import default_model_path
+from specee.paths import default_draft_head_path, default_model_path
 
 BIN_DIR = Path(os.path.abspath(__file__)).parent / "bin"
 DEFAULT_MODEL_ENV = "SPECEE_DEFAULT_MODEL"
+DEFAULT_DRAFT_HEAD_ENV = "SPECEE_DEFAULT_DRAFT_HEAD"  # what `--draft-head default` loads
 
 
 def tool_path(name: str) -> Path:
@@ -26,6 +27,11 @@ def _exec(name: str) -> None:
             os.environ[DEFAULT_MODEL_ENV] = default_model_path()
         except FileNotFoundError:
             pass  # the tool itself reports that no model was given
+    if not os.environ.get(DEFAULT_DRAFT_HEAD_ENV):
+        try:
+            os.environ[DEFAULT_DRAFT_HEAD_ENV] = default_draft_head_path()
+        except FileNotFoundError:
+            pass  # --draft-head default then reports that it is not set
     os.execv(path, [name, *args])
 
 

