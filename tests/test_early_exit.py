@@ -430,3 +430,20 @@ def test_cli_early_exit(smollm2_path: Path, smollm2_parts: Path) -> None:
         assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr[-300:])
     plain_model = run_cli("-m", str(smollm2_path), "-p", "hi", "-n", "2", "--early-exit", "-no-cnv", "--temp", "0")
     assert plain_model.returncode != 0 and "needs an EAGLE head and exit predictors" in plain_model.stderr
+
+
+def test_the_default_draft_head_is_the_shipped_head_and_predictors(smollm2_path: Path) -> None:
+    """draft_head="default" (the README's main run): the shipped head with its 8192-token draft vocabulary and
+    the shipped predictors, with the exit settings recorded beside them, and it decodes with early exit."""
+    import json
+
+    from specee.paths import default_draft_head_path
+
+    weights = Path(default_draft_head_path()).parent
+    settings = json.loads((weights / "smollm2-135m-exit.json").read_text())
+    m = specee.Model(smollm2_path, n_ctx=256, n_threads=1, draft_head="default")
+    assert m.has_eagle and m._model.eagle_n_vocab == 8192
+    assert m._model.exit_layers == settings["exit_layers"] and m._model.exit_n_pred == 29
+    out = m.generate("The capital of France is", max_tokens=8, temperature=0, early_exit=True)
+    assert out.strip() and m.last_stats.n_generated == 8
+    assert len(m.last_stats.exit_layers) == 7  # one per decode step (the first token comes from the prompt pass)
