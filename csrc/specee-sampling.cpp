@@ -31,6 +31,7 @@ struct specee_sampler {
     std::mt19937          rng;
     std::vector<int32_t>  history;      // accepted tokens, oldest first (trimmed lazily)
     std::vector<specee_candidate> cur;  // scratch: the candidates of the current draw
+    std::vector<std::pair<int32_t, float>> logit_bias; // (token, added to its logit) on target draws
 };
 
 // larger logit first; equal logits by lower id, so that every sort below is deterministic
@@ -226,7 +227,13 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
         }
         cur[i] = {i, logits[i], 0.0f};
     }
-    if (penalty) {
+    if (penalty) { // a draw from the target's logits (the draft's may be over a reduced vocabulary)
+        for (const auto & [token, bias] : s.logit_bias) {
+            if (token >= n_vocab) {
+                specee_fail("logit bias for token %d, but there are %d logits", token, n_vocab);
+            }
+            cur[token].logit += bias;
+        }
         apply_repeat_penalty(s, cur);
     }
 
@@ -293,6 +300,22 @@ extern "C" int32_t specee_sampler_probs(specee_sampler * smpl, const float * log
         for (const auto & d : dist) {
             probs[d.first] = d.second;
         }
+        return 0;
+    });
+}
+
+extern "C" int32_t specee_sampler_set_logit_bias(specee_sampler * smpl, int32_t token, float bias) {
+    return specee_guard<int32_t>(-1, [&] {
+        if (!smpl || token < 0 || std::isnan(bias)) {
+            specee_fail("no sampler, a negative token (%d) or a NaN bias", token);
+        }
+        for (auto & [t, b] : smpl->logit_bias) {
+            if (t == token) {
+                b = bias;
+                return 0;
+            }
+        }
+        smpl->logit_bias.emplace_back(token, bias);
         return 0;
     });
 }

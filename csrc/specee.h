@@ -192,6 +192,10 @@ specee_sampler * specee_sampler_init(struct specee_sampler_params params);
 void             specee_sampler_free(specee_sampler * smpl);
 // pick a token from one row of logits [n_vocab] (penalties use the accepted history)
 int32_t specee_sampler_sample(specee_sampler * smpl, const float * logits, int32_t n_vocab);
+// add `bias` to a token's logit before the chain, on every draw from the target's logits (plain, speculative
+// verification, early exit; not the draft head's proposals); -INFINITY bans the token (--ignore-eos).
+// Setting a token again replaces its bias. 0, or -1 on error (token < 0; a token beyond the logits fails the draw)
+int32_t specee_sampler_set_logit_bias(specee_sampler * smpl, int32_t token, float bias);
 // add a token to the history (prompt tokens too, for the repetition penalty)
 void    specee_sampler_accept(specee_sampler * smpl, int32_t token);
 void    specee_sampler_reset(specee_sampler * smpl);

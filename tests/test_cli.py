@@ -91,7 +91,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "-ctv", "--cache-type-v", "--spec", "--draft-head", "--eagle-choices", "--eagle_choices",
                 "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
                 "--eagle_use_dynamic_tree", "--early-exit", "--no-early-exit", "--exit-threshold", "--exit-layers",
-                "--exit-kv", "-fa", "--flash-attn"]
+                "--exit-kv", "-fa", "--flash-attn", "--ignore-eos"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
@@ -310,6 +310,23 @@ def test_console_script_default_draft_head_and_flash_attn_flag(smollm2_path: Pat
                            input="", capture_output=True, text=True, env=env, timeout=300)
     assert plain.returncode == 0, plain.stderr
     assert "warning: -fa off is ignored" in plain.stderr and "early exit" not in plain.stderr
+
+
+@pytest.mark.slow
+def test_ignore_eos_runs_to_n_with_and_without_speculation(cli: str, smollm2_path: Path) -> None:
+    """A reply that ends after ~23 tokens goes on to -n with --ignore-eos (as upstream: end-of-generation
+    tokens get a -inf logit); speculative greedy output with the same flag equals plain greedy output."""
+    from specee.bench_spec import default_head
+
+    base = ["-m", str(smollm2_path), "-p", "Say hi.", "-cnv", "-st", "--temp", "0", "-n", "40", "-ctv", "f32", *FAST]
+    ends = run(cli, *base)
+    assert ends.returncode == 0 and perf(ends.stderr)["n_eval"] < 39, ends.stderr
+    plain = run(cli, *base, "--ignore-eos")
+    assert plain.returncode == 0 and perf(plain.stderr)["n_eval"] == 39, plain.stderr
+    assert plain.stdout.startswith(ends.stdout.rstrip("\n")[:40])
+    for tree in (["--spec", "eagle2"], ["--spec", "eagle", "--eagle-choices", "[[0], [1], [0, 0]]"]):
+        spec = run(cli, *base, "--ignore-eos", "--draft-head", default_head(), *tree)
+        assert spec.returncode == 0 and spec.stdout == plain.stdout, (tree, spec.stderr[-500:])
 
 
 @pytest.mark.slow

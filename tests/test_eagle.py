@@ -486,3 +486,22 @@ def test_greedy_identity_on_mt_bench_and_humaneval_subset(capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "eagle: 6 of 6 identical" in out and "eagle2: 6 of 6 identical" in out and "V cache f32" in out
     assert "eagle mc_sim_7b_63: 6 of 6 identical" in out and "eagle2 16/5/4: 6 of 6 identical" in out
+
+
+@pytest.mark.slow
+def test_ignore_eos_with_and_without_speculation(smollm2_path: Path) -> None:
+    """ignore_eos=True: a reply that ends early goes on to max_tokens; speculative greedy output still equals
+    plain greedy output, and sampling with speculation never emits an end-of-generation token either."""
+    from specee.bench_spec import default_head
+
+    m = specee.Model(smollm2_path, n_ctx=256, n_threads=1, draft_head=default_head())
+    msgs = [{"role": "user", "content": "Say hi."}]
+    m.generate(msgs, 40, temperature=0)
+    assert m.last_stats.stop_reason == "eog" and m.last_stats.n_generated < 40
+    plain = m.generate_tokens(m.tokenize("Once upon a time"), 40, temperature=0, ignore_eos=True)
+    assert len(plain) == 40 and not any(m.is_eog(t) for t in plain)
+    text = m.generate(msgs, 40, temperature=0, ignore_eos=True)
+    assert m.last_stats.n_generated == 40 and m.last_stats.stop_reason == "length"
+    assert m.generate(msgs, 40, temperature=0, ignore_eos=True, speculative="eagle2") == text
+    m.generate(msgs, 40, temperature=0.8, seed=5, ignore_eos=True, speculative="eagle2")
+    assert m.last_stats.n_generated == 40 and not any(m.is_eog(t) for t in m.last_stats.tokens)

@@ -251,3 +251,28 @@ def test_bad_logits() -> None:
         s.sample(np.zeros(0, dtype=np.float32))
     with pytest.raises(ValueError):
         s.sample(np.zeros((2, 3), dtype=np.float32))
+
+
+def test_logit_bias_bans_and_boosts() -> None:
+    """--ignore-eos: a -inf bias takes a token out of greedy and sampled draws; a finite bias is added to the
+    logit before the chain; setting a token again replaces its bias."""
+    logits = np.array([1.0, 3.0, 2.0, 0.5], dtype=np.float32)
+    s = _core.Sampler(temp=0.0)
+    s.set_logit_bias(1, -math.inf)
+    assert s.sample(logits) == 2
+    s.set_logit_bias(3, 2.0)  # 0.5 + 2 > 2
+    assert s.sample(logits) == 3
+    s.set_logit_bias(1, 0.0)  # replaced: no longer banned
+    assert s.sample(logits) == 1
+    t = _core.Sampler(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    t.set_logit_bias(1, -math.inf)
+    p = np.asarray(t.probs(logits))
+    want = np.exp(logits - logits.max())
+    want[1] = 0.0
+    assert p[1] == 0.0 and np.allclose(p, want / want.sum(), atol=1e-6)
+    assert all(t.sample(logits) != 1 for _ in range(200))
+    t.set_logit_bias(7, -math.inf)  # beyond the logits: the draw fails with a message
+    with pytest.raises(Exception, match="logit bias for token 7"):
+        t.sample(logits)
+    with pytest.raises(Exception, match="negative token"):
+        t.set_logit_bias(-1, 1.0)

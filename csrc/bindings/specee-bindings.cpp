@@ -522,6 +522,14 @@ PYBIND11_MODULE(_core, m) {
         .def("sample", &Sampler::sample, py::arg("logits"))
         .def("probs", &Sampler::probs, py::arg("logits"))
         .def("accept", [](Sampler & s, int32_t token) { specee_sampler_accept(s.ptr, token); }, py::arg("token"))
+        .def(
+            "set_logit_bias",
+            [](Sampler & s, int32_t token, float bias) {
+                if (specee_sampler_set_logit_bias(s.ptr, token, bias) != 0) {
+                    raise_last();
+                }
+            },
+            py::arg("token"), py::arg("bias"))
         .def("reset", [](Sampler & s) { specee_sampler_reset(s.ptr); });
 
     const specee_spec_params spd = specee_spec_default_params();

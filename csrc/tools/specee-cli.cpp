@@ -58,6 +58,7 @@ struct cli_params {
     bool        single_turn    = false;
     bool        verbose_prompt = false;
     bool        display_prompt = true;
+    bool        ignore_eos     = false;
     std::string cache_type_v   = "auto"; // auto: f32 under speculative decoding (lossless), else f16
     // speculative decoding with the EAGLE head
     std::string spec           = "auto"; // auto: eagle2 when the model has a head (or --draft-head), else none
@@ -129,6 +130,8 @@ static void print_usage(const char * argv0) {
     printf("  -sp,   --special                 print special tokens of the output as text\n");
     printf("         --verbose-prompt          print the prompt's tokens to stderr before generating\n");
     printf("         --no-display-prompt       do not echo the prompt\n");
+    printf("         --ignore-eos              never generate an end-of-generation token (its logit is -inf), so\n");
+    printf("                                   a run goes on to -n tokens or a full context\n");
     printf("  -ctv,  --cache-type-v TYPE       V cache type: f16, f32 or auto (default: f32 under speculative\n");
     printf("                                   decoding, else f16); with f32 a token's logits do not depend on the\n");
     printf("                                   batch it is evaluated in, so speculative output is bit-identical to\n");
@@ -238,6 +241,8 @@ static bool parse_args(int argc, char ** argv, cli_params & p, bool & help) {
             p.special = true;
         } else if (arg == "--verbose-prompt") {
             p.verbose_prompt = true;
+        } else if (arg == "--ignore-eos") {
+            p.ignore_eos = true;
         } else if (arg == "--no-display-prompt") {
             p.display_prompt = false;
         } else if (arg == "-fa" || arg == "--flash-attn") {
@@ -1131,6 +1136,13 @@ int main(int argc, char ** argv) {
         specee_context_free(s.ctx);
         specee_model_free(s.model);
         return 1;
+    }
+    if (params.ignore_eos) {
+        for (int32_t t = 0; t < s.n_vocab; ++t) {
+            if (specee_token_is_eog(s.model, t)) {
+                specee_sampler_set_logit_bias(s.smpl, t, -INFINITY);
+            }
+        }
     }
 
     // speculative decoding: auto is eagle2 with a head (eagle when only a choices list is given)

@@ -6,6 +6,7 @@ Free functions on a `specee.Model`; the model's `generate`, `stream` and `embed`
 from __future__ import annotations
 
 import codecs
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence, Union
@@ -32,6 +33,7 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None
+    ignore_eos: bool = False  # end-of-generation tokens get a -inf logit: the run goes on to max_tokens
 
 
 @dataclass
@@ -197,6 +199,10 @@ def generate_tokens(
         params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.repeat_last_n,
         params.seed,
     )
+    if params.ignore_eos:
+        for t in range(model.n_vocab):
+            if model.is_eog(t):
+                sampler.set_logit_bias(t, -math.inf)
     for t in tokens:
         sampler.accept(t)
     model.kv_clear()

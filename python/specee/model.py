@@ -281,6 +281,7 @@ class Model:
         min_p: float = 0.05,
         repeat_penalty: float = 1.0,
         seed: int | None = None,
+        ignore_eos: bool = False,
         stop: Sequence[str] = (),
         chat_template: str | None = None,
         speculative: str | None = None,
@@ -295,7 +296,8 @@ class Model:
     ) -> Iterator[str]:
         """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
 
-        Starts from an empty cache. temperature <= 0 is greedy; `stop` strings end generation (not included).
+        Starts from an empty cache. temperature <= 0 is greedy; `stop` strings end generation (not included);
+        ignore_eos: end-of-generation tokens are never sampled (their logit is -inf), as llama.cpp's --ignore-eos.
         speculative: None (plain decoding), "eagle" (EAGLE-1 static tree: eagle_choices, a list of child-rank
         paths such as [[0], [1], [0, 0]] or the preset "mc_sim_7b_63") or "eagle2" (EAGLE-2 dynamic tree:
         eagle_total_tokens, eagle_depth, eagle_topk); needs an EAGLE head. Lossless: greedy output is the
@@ -308,7 +310,7 @@ class Model:
         after is in last_stats.exit_layers.
         Statistics of the call are in `last_stats` once the iterator is exhausted.
         """
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed, ignore_eos=ignore_eos)
         spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
         self.last_stats = GenerationStats()
         tokens = prompt_tokens(self, prompt, chat_template)
@@ -326,6 +328,7 @@ class Model:
         min_p: float = 0.05,
         repeat_penalty: float = 1.0,
         seed: int | None = None,
+        ignore_eos: bool = False,
         speculative: str | None = None,
         eagle_choices: str | Sequence[Sequence[int]] | None = None,
         eagle_total_tokens: int | None = None,
@@ -337,7 +340,7 @@ class Model:
         exit_kv: str = "mask",
     ) -> list[int]:
         """Token ids generated after the prompt's token ids (same settings as `stream`; no tokenizer needed)."""
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed, ignore_eos=ignore_eos)
         spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
         self.last_stats = GenerationStats()
         ee = _early_exit(early_exit, exit_threshold, exit_layers, exit_kv)
