@@ -80,7 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eagle-depth", type=int, help="EAGLE-2: longest draft path (default: the runtime's)")
     ap.add_argument("--eagle-topk", type=int, help="EAGLE-2: children per expanded node (default: the runtime's)")
     ap.add_argument("--exit-head", help="EAGLE head + exit predictors GGUF for mode specee (default: --draft-head "
-                                        "when given, else the model file's own)")
+                                        "when given, else the model file's own; for the default model the "
+                                        "shipped smollm2-135m-specee.gguf)")
     ap.add_argument("--exit-threshold", type=float, help="specee: predictor threshold (default: the file's)")
     ap.add_argument("--exit-layers", help="specee: comma-separated static exit layers (default: the file's)")
     ap.add_argument("--exit-kv", choices=("mask", "fill"), default="mask",
@@ -142,6 +143,24 @@ def default_head(args: argparse.Namespace, model_path: str) -> str | None:
     if is_default:
         head = Path(default_eagle_head_path()).with_name(DEFAULT_HEAD_FILE)
         return str(head) if head.is_file() else None
+    return None
+
+
+def default_exit_head(args: argparse.Namespace, model_path: str) -> str | None:
+    """--exit-head, else --draft-head, else the shipped head + predictors when the model is the default one
+    (else None: the model file's own)."""
+    if args.exit_head or args.draft_head:
+        path = Path(args.exit_head or args.draft_head).resolve()
+        if not path.is_file():
+            raise ModeError(f"exit head not found: {path}")
+        return str(path)
+    from specee.paths import default_draft_head_path, default_model_path
+
+    try:
+        if Path(model_path).resolve() == Path(default_model_path()).resolve():
+            return default_draft_head_path()
+    except FileNotFoundError:
+        pass
     return None
 
 
@@ -243,11 +262,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     if not Path(model_path).is_file():
         raise DataError(f"model file not found: {model_path}")
     head = default_head(args, model_path) if any(m.startswith("eagle") for m in modes) else None
-    exit_head = None
-    if "specee" in modes and (args.exit_head or args.draft_head):
-        exit_head = str(Path(args.exit_head or args.draft_head).resolve())
-        if not Path(exit_head).is_file():
-            raise ModeError(f"exit head not found: {exit_head}")
+    exit_head = default_exit_head(args, model_path) if "specee" in modes else None
     try:
         exit_layers = [int(x) for x in args.exit_layers.split(",")] if args.exit_layers else None
     except ValueError:
