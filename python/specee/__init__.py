@@ -1,7 +1,11 @@
 """SpecEE: Llama inference on ggml with speculative early exit and EAGLE speculative decoding."""
 
-from specee._core import SpecEEError
-from specee.model import Model
-from specee.paths import default_model_path
+from specee._ggml import preload_ggml
+
+preload_ggml()  # before the extension: it links libggml
+
+from specee._core import SpecEEError  # noqa: E402
+from specee.model import Model  # noqa: E402
+from specee.paths import default_model_path  # noqa: E402
 
 __all__ = ["Model", "SpecEEError", "default_model_path"]

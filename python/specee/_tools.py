@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+from specee._ggml import beside, ggml_lib_dir
 from specee.paths import default_draft_head_path, default_model_path
 
 BIN_DIR = Path(os.path.abspath(__file__)).parent / "bin"
@@ -32,6 +33,8 @@ def _exec(name: str) -> None:
             os.environ[DEFAULT_DRAFT_HEAD_ENV] = default_draft_head_path()
         except FileNotFoundError:
             pass  # --draft-head default then reports that it is not set
+    if not beside() and (lib_dir := ggml_lib_dir()) is not None:  # see specee._ggml
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir), os.environ.get("LD_LIBRARY_PATH")]))
     os.execv(path, [name, *args])
 
 
