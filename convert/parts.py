@@ -43,7 +43,7 @@ import torch
 from specee import constants as C
 from specee.convert.checkpoint import SourceTensor, open_checkpoint
 from specee.convert.hf import permute
-from specee.convert.output import field_value
+from specee.convert.output import field_value, read_fields
 from specee.convert.retype import Field
 
 # SpecEE's static exit layer set, hard-coded in its llama.cpp fork for Llama-2-7B (32 layers)
@@ -214,16 +214,7 @@ def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as e:
         raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
-    fields = {f.name: f for f in reader.fields.values()}
-
-    def key(name: str) -> object:
-        f = fields.get(name)
-        if f is None:
-            return None
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            return [int(f.parts[i][0]) for i in f.data]
-        return f.parts[f.data[0]][0].item()
-
+    fields = read_fields(reader)
     tensors = {}
     for t in reader.tensors:
         if not t.name.startswith("eagle."):
@@ -234,10 +225,12 @@ def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
         tensors[t.name] = np.asarray(data, dtype=np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
     if not tensors:
         raise ValueError(f"{path}: no eagle.* tensors: not an EAGLE head GGUF")
-    head = EagleHead(tensors, int(key(C.KEY_EAGLE_VERSION) or 1), source=f"gguf layout: {path}")
+    version = fields.get(C.KEY_EAGLE_VERSION)
+    head = EagleHead(tensors, int(field_value(version)) if version else 1, source=f"gguf layout: {path}")
     if head.version != 1:
         raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
-    head.draft_vocab = key(C.KEY_EAGLE_DRAFT_VOCAB)
+    vocab = fields.get(C.KEY_EAGLE_DRAFT_VOCAB)
+    head.draft_vocab = [int(i) for i in field_value(vocab)] if vocab else None
     head.n_ff = check_eagle_shapes(head, base, path)
     return head
 

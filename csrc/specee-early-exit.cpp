@@ -44,12 +44,17 @@ static void row_f32(const ggml_tensor * t, int64_t row, float * out) {
     tt->to_float(src, out, t->ne[0]);
 }
 
-static std::vector<float> tensor_f32(const ggml_tensor * t) {
-    std::vector<float> out((size_t) ggml_nelements(t));
-    for (int64_t r = 0; r < ggml_nrows(t); ++r) {
-        row_f32(t, r, out.data() + r * t->ne[0]);
+// a tensor of the file mapping as floats: its own data when it is F32 (the exported predictors are), else
+// converted into `scratch`
+static const float * tensor_f32(const ggml_tensor * t, std::vector<float> & scratch) {
+    if (t->type == GGML_TYPE_F32 && ggml_is_contiguous(t)) {
+        return (const float *) t->data;
     }
-    return out;
+    scratch.resize((size_t) ggml_nelements(t));
+    for (int64_t r = 0; r < ggml_nrows(t); ++r) {
+        row_f32(t, r, scratch.data() + r * t->ne[0]);
+    }
+    return scratch.data();
 }
 
 // the lm_head as the file holds it (the model's own tensor may be a repacked copy)
@@ -70,8 +75,8 @@ static void specee_exit_features_impl(const specee_model & m, const float * h, c
         ss += (double) h[i] * h[i];
     }
     const float        scale = 1.0f / sqrtf((float) (ss / n_embd) + hp.f_norm_rms_eps);
-    std::vector<float> w(n_embd), hn(n_embd), row(n_embd);
-    row_f32(m.output_norm, 0, w.data());
+    std::vector<float> s_w, hn(n_embd), row(n_embd);
+    const float *      w = tensor_f32(m.output_norm, s_w);
     for (int64_t i = 0; i < n_embd; ++i) {
         hn[i] = h[i] * scale * w[i];
     }
@@ -114,10 +119,11 @@ static float specee_exit_predict_impl(const specee_model & m, int32_t layer, con
     const specee_predictor & pr     = m.exit.pred[layer];
     const int64_t            n_in   = pr.up->ne[0];
     const int64_t            n_hid  = pr.up->ne[1];
-    const std::vector<float> up     = tensor_f32(pr.up);
-    const std::vector<float> up_b   = tensor_f32(pr.up_b);
-    const std::vector<float> down   = tensor_f32(pr.down);
-    const std::vector<float> down_b = tensor_f32(pr.down_b);
+    std::vector<float>       s_up, s_up_b, s_down, s_down_b;
+    const float *            up     = tensor_f32(pr.up, s_up);
+    const float *            up_b   = tensor_f32(pr.up_b, s_up_b);
+    const float *            down   = tensor_f32(pr.down, s_down);
+    const float *            down_b = tensor_f32(pr.down_b, s_down_b);
     double z = down_b[0];
     for (int64_t k = 0; k < n_hid; ++k) {
         double a = up_b[k];

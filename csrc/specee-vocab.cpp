@@ -501,6 +501,17 @@ extern "C" bool specee_token_is_eog(const specee_model * m, int32_t token) {
     return std::find(eog.begin(), eog.end(), token) != eog.end();
 }
 
+extern "C" int32_t specee_token_eog_ids(const specee_model * m, int32_t * out, int32_t n_max) {
+    if (!m || !m->vocab) {
+        return 0;
+    }
+    const std::vector<int32_t> & eog = m->vocab->eog;
+    for (int32_t i = 0; out && i < std::min(n_max, (int32_t) eog.size()); ++i) {
+        out[i] = eog[i];
+    }
+    return (int32_t) eog.size();
+}
+
 extern "C" const char * specee_token_text(const specee_model * m, int32_t token) {
     return specee_guard<const char *>(nullptr, [&] { return token_of(vocab_of(m), token).text.c_str(); });
 }

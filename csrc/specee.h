@@ -76,6 +76,8 @@ int32_t specee_token_eos(const specee_model * model);
 int32_t specee_token_eot(const specee_model * model);
 // end of generation (eos, eot, and other tokens marked as such)
 bool    specee_token_is_eog(const specee_model * model, int32_t token);
+// the end-of-generation token ids, up to n_max of them written to out; returns how many there are
+int32_t specee_token_eog_ids(const specee_model * model, int32_t * out, int32_t n_max);
 // the token's text as stored in the vocabulary
 const char * specee_token_text(const specee_model * model, int32_t token);
 

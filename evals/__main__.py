@@ -24,10 +24,9 @@ from specee.eval.metrics import SCORE_NAMES, task_score
 from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
                                 sample_rates, summarize)
 from specee.eval.runners import MODES, ModeError, RunConfig, Runner, make_runner
+from specee.paths import DEFAULT_DRAFT_HEAD, DEFAULT_EAGLE_HEAD_VOCAB8192, is_default_model, weights_path
 
 DEFAULT_MODES = ["plain", "eagle", "eagle2"]
-# the EAGLE head shipped for the default model (beside specee.paths.default_eagle_head_path())
-DEFAULT_HEAD_FILE = "smollm2-135m-eagle-vocab8192.gguf"
 # settings a resumed run must share with the records already in --out
 SETTINGS = ("model", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "threads", "n_ctx", "type_v",
             "draft_head", "eagle_choices", "eagle_total_tokens", "eagle_depth", "eagle_topk", "llama_cli",
@@ -54,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"comma-separated modes (default: {','.join(DEFAULT_MODES)}); see below")
     ap.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--draft-head", help="EAGLE head GGUF for the eagle modes (default: the model's own head; for "
-                                         f"the default model the shipped {DEFAULT_HEAD_FILE})")
+                                         f"the default model the shipped {DEFAULT_EAGLE_HEAD_VOCAB8192})")
     ap.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
                     help="data file (or folder holding question.jsonl) of a dataset; repeatable; NAME= may be "
                          "left out when one dataset is run")
@@ -81,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eagle-topk", type=int, help="EAGLE-2: children per expanded node (default: the runtime's)")
     ap.add_argument("--exit-head", help="EAGLE head + exit predictors GGUF for mode specee (default: --draft-head "
                                         "when given, else the model file's own; for the default model the "
-                                        "shipped smollm2-135m-specee.gguf)")
+                                        f"shipped {DEFAULT_DRAFT_HEAD})")
     ap.add_argument("--exit-threshold", type=float, help="specee: predictor threshold (default: the file's)")
     ap.add_argument("--exit-layers", help="specee: comma-separated static exit layers (default: the file's)")
     ap.add_argument("--exit-kv", choices=("mask", "fill"), default="mask",
@@ -128,40 +127,29 @@ def canonical_name_or_none(name: str) -> str | None:
         return None
 
 
+def head_file(given: str | None, what: str, model_path: str, shipped: str) -> str | None:
+    """`given` (checked), else the shipped weights file `shipped` when the model is the default one, else None
+    (the model file's own head is used)."""
+    if given:
+        if not Path(given).is_file():
+            raise ModeError(f"{what} not found: {given}")
+        return str(Path(given).resolve())
+    if not is_default_model(model_path):
+        return None
+    try:
+        return weights_path(shipped)
+    except FileNotFoundError:
+        return None
+
+
 def default_head(args: argparse.Namespace, model_path: str) -> str | None:
     """--draft-head, else the shipped head when the model is the default one (a merged head is found anyway)."""
-    if args.draft_head:
-        if not Path(args.draft_head).is_file():
-            raise ModeError(f"draft head not found: {args.draft_head}")
-        return str(Path(args.draft_head).resolve())
-    from specee.paths import default_eagle_head_path, default_model_path
-
-    try:
-        is_default = Path(model_path).resolve() == Path(default_model_path()).resolve()
-    except FileNotFoundError:
-        is_default = False
-    if is_default:
-        head = Path(default_eagle_head_path()).with_name(DEFAULT_HEAD_FILE)
-        return str(head) if head.is_file() else None
-    return None
+    return head_file(args.draft_head, "draft head", model_path, DEFAULT_EAGLE_HEAD_VOCAB8192)
 
 
 def default_exit_head(args: argparse.Namespace, model_path: str) -> str | None:
-    """--exit-head, else --draft-head, else the shipped head + predictors when the model is the default one
-    (else None: the model file's own)."""
-    if args.exit_head or args.draft_head:
-        path = Path(args.exit_head or args.draft_head).resolve()
-        if not path.is_file():
-            raise ModeError(f"exit head not found: {path}")
-        return str(path)
-    from specee.paths import default_draft_head_path, default_model_path
-
-    try:
-        if Path(model_path).resolve() == Path(default_model_path()).resolve():
-            return default_draft_head_path()
-    except FileNotFoundError:
-        pass
-    return None
+    """--exit-head, else --draft-head, else the shipped head + predictors when the model is the default one."""
+    return head_file(args.exit_head or args.draft_head, "exit head", model_path, DEFAULT_DRAFT_HEAD)
 
 
 def check_settings(out: Path, settings: dict, overwrite: bool) -> None:

@@ -173,6 +173,23 @@ def markdown_table(summary: dict, modes: list[str]) -> str:
 # ---- plots -------------------------------------------------------------------------------------
 
 
+def turn_values(records: list[dict], modes: list[str], key: str) -> dict[str, list]:
+    """Per mode, the values of a per-token list (`step_tokens`, `exit_layers`) over every turn of its
+    successful records; modes without any are left out."""
+    values = {m: [x for r in records if r["mode"] == m and not r.get("error") for t in r["turns"]
+                  for x in t.get(key, [])] for m in modes}
+    return {m: v for m, v in values.items() if v}
+
+
+def save(fig, written: list[Path], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+
+
 def plot_all(summary: dict, records: list[dict], modes: list[str], n_layer: int, out: Path) -> list[Path]:
     """speedup.png (decode speedup by dataset and mode), accepted_length.png (tokens per speculative step),
     exit_layer.png (layers evaluated per token, early exit); a plot without data is not written."""
@@ -199,14 +216,9 @@ def plot_all(summary: dict, records: list[dict], modes: list[str], n_layer: int,
             ax.set_ylabel(f"decode speedup vs {base}")
             ax.set_title(f"decode tokens/s relative to {base}", fontsize=9)
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        written.append(out / "speedup.png")
-        fig.savefig(written[-1], dpi=90)
-        plt.close(fig)
+        save(fig, written, out / "speedup.png")
 
-    steps = {m: [k for r in records if r["mode"] == m and not r.get("error") for t in r["turns"]
-                 for k in t.get("step_tokens", [])] for m in modes}
-    steps = {m: s for m, s in steps.items() if s}
+    steps = turn_values(records, modes, "step_tokens")
     if steps:
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
         top = max(max(s) for s in steps.values())
@@ -219,14 +231,9 @@ def plot_all(summary: dict, records: list[dict], modes: list[str], n_layer: int,
         ax.set_ylabel("fraction of steps")
         ax.set_xticks(range(1, top + 1))
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(out / "accepted_length.png")
-        fig.savefig(written[-1], dpi=90)
-        plt.close(fig)
+        save(fig, written, out / "accepted_length.png")
 
-    layers = {m: [x for r in records if r["mode"] == m and not r.get("error") for t in r["turns"]
-                  for x in t.get("exit_layers", [])] for m in modes}
-    layers = {m: v for m, v in layers.items() if v}
+    layers = turn_values(records, modes, "exit_layers")
     if layers:
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
         for m, v in layers.items():
@@ -234,8 +241,5 @@ def plot_all(summary: dict, records: list[dict], modes: list[str], n_layer: int,
         ax.set_xlabel(f"layers evaluated per token ({n_layer}: no exit)")
         ax.set_ylabel("tokens")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(out / "exit_layer.png")
-        fig.savefig(written[-1], dpi=90)
-        plt.close(fig)
+        save(fig, written, out / "exit_layer.png")
     return written

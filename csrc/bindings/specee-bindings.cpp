@@ -413,6 +413,12 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("token_eos", [](const Model & s) { return specee_token_eos(s.ptr); })
         .def_property_readonly("token_eot", [](const Model & s) { return specee_token_eot(s.ptr); })
         .def("token_is_eog", [](const Model & s, int32_t t) { return specee_token_is_eog(s.ptr, t); })
+        .def_property_readonly("eog_tokens",
+                               [](const Model & s) {
+                                   std::vector<int32_t> v(specee_token_eog_ids(s.ptr, nullptr, 0));
+                                   specee_token_eog_ids(s.ptr, v.data(), (int32_t) v.size());
+                                   return v;
+                               })
         .def_property_readonly("has_eagle", [](const Model & s) { return specee_model_has_eagle(s.ptr); })
         .def_property_readonly("eagle_n_vocab", [](const Model & s) { return specee_model_eagle_n_vocab(s.ptr); })
         .def_property_readonly("eagle_draft_vocab",

@@ -1138,10 +1138,10 @@ int main(int argc, char ** argv) {
         return 1;
     }
     if (params.ignore_eos) {
-        for (int32_t t = 0; t < s.n_vocab; ++t) {
-            if (specee_token_is_eog(s.model, t)) {
-                specee_sampler_set_logit_bias(s.smpl, t, -INFINITY);
-            }
+        std::vector<int32_t> eog(specee_token_eog_ids(s.model, nullptr, 0));
+        specee_token_eog_ids(s.model, eog.data(), (int32_t) eog.size());
+        for (int32_t t : eog) {
+            specee_sampler_set_logit_bias(s.smpl, t, -INFINITY);
         }
     }
 

@@ -34,7 +34,8 @@ def _exec(name: str) -> None:
         except FileNotFoundError:
             pass  # --draft-head default then reports that it is not set
     if not beside() and (lib_dir := ggml_lib_dir()) is not None:  # see specee._ggml
-        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir), os.environ.get("LD_LIBRARY_PATH")]))
+        paths = [str(lib_dir), os.environ.get("LD_LIBRARY_PATH")]
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in paths if p)
     os.execv(path, [name, *args])
 
 

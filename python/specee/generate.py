@@ -200,9 +200,8 @@ def generate_tokens(
         params.seed,
     )
     if params.ignore_eos:
-        for t in range(model.n_vocab):
-            if model.is_eog(t):
-                sampler.set_logit_bias(t, -math.inf)
+        for t in model.eog_tokens:
+            sampler.set_logit_bias(t, -math.inf)
     for t in tokens:
         sampler.accept(t)
     model.kv_clear()

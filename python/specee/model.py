@@ -268,6 +268,11 @@ class Model:
         """Whether the token ends generation (eos, eot, <|im_end|>-like tokens)."""
         return self._model.token_is_eog(token)
 
+    @property
+    def eog_tokens(self) -> list[int]:
+        """Every token id that ends generation."""
+        return self._model.eog_tokens
+
     # ---- generation
 
     def stream(

