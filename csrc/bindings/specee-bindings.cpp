@@ -24,6 +24,13 @@ static PyObject * g_error = nullptr;
     throw py::error_already_set();
 }
 
+// a list from a C call that returns its length and fills up to n_max entries of out
+static std::vector<int32_t> id_list(int32_t (*get)(const specee_model *, int32_t *, int32_t), const specee_model * m) {
+    std::vector<int32_t> v(get(m, nullptr, 0));
+    get(m, v.data(), (int32_t) v.size());
+    return v;
+}
+
 struct Model {
     specee_model * ptr = nullptr;
 
@@ -413,12 +420,7 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("token_eos", [](const Model & s) { return specee_token_eos(s.ptr); })
         .def_property_readonly("token_eot", [](const Model & s) { return specee_token_eot(s.ptr); })
         .def("token_is_eog", [](const Model & s, int32_t t) { return specee_token_is_eog(s.ptr, t); })
-        .def_property_readonly("eog_tokens",
-                               [](const Model & s) {
-                                   std::vector<int32_t> v(specee_token_eog_ids(s.ptr, nullptr, 0));
-                                   specee_token_eog_ids(s.ptr, v.data(), (int32_t) v.size());
-                                   return v;
-                               })
+        .def_property_readonly("eog_tokens", [](const Model & s) { return id_list(specee_token_eog_ids, s.ptr); })
         .def_property_readonly("has_eagle", [](const Model & s) { return specee_model_has_eagle(s.ptr); })
         .def_property_readonly("eagle_n_vocab", [](const Model & s) { return specee_model_eagle_n_vocab(s.ptr); })
         .def_property_readonly("eagle_draft_vocab",
@@ -431,12 +433,7 @@ PYBIND11_MODULE(_core, m) {
                                })
         .def_property_readonly("exit_n_pred", [](const Model & s) { return specee_model_exit_n_pred(s.ptr); })
         .def("exit_has_pred", [](const Model & s, int32_t il) { return specee_model_exit_has_pred(s.ptr, il); })
-        .def_property_readonly("exit_layers",
-                               [](const Model & s) {
-                                   std::vector<int32_t> v(specee_model_exit_layers(s.ptr, nullptr, 0));
-                                   specee_model_exit_layers(s.ptr, v.data(), (int32_t) v.size());
-                                   return v;
-                               })
+        .def_property_readonly("exit_layers", [](const Model & s) { return id_list(specee_model_exit_layers, s.ptr); })
         .def_property_readonly("exit_threshold", [](const Model & s) { return specee_model_exit_threshold(s.ptr); })
         .def_property_readonly("exit_n_candidates",
                                [](const Model & s) { return specee_model_exit_n_candidates(s.ptr); })
