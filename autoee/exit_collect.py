@@ -199,6 +199,25 @@ def jsonl_files(paths: list[str]) -> list[Path]:
     return out
 
 
+def read_question_files(paths: list[str], per_file: int = 0) -> Iterator[Conversation]:
+    """First turns of question files in SpecEE's / MT-Bench's format (JSONL records with "turns"; a folder:
+    its */question.jsonl), as one-turn conversations, in the order given (the first per_file of each if > 0)."""
+    files = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file or folder (--questions)")
+        files += sorted(p.glob("*/question.jsonl")) if p.is_dir() else [p]
+    for f in files:
+        lines = [line for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+        for i, line in enumerate(lines[:per_file] if per_file > 0 else lines):
+            if not line.strip():
+                continue
+            turns = json.loads(line).get("turns")
+            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+                raise ValueError(f"{f}:{i + 1}: no \"turns\" list (expected SpecEE's question format)")
+            yield Conversation(f"{f.parent.name}/{i}", [{"role": "user", "content": turns[0]}])
+
+
 def first_turn(conv: Conversation, keep: Decontaminator) -> list[dict] | None:
     """The conversation's first user message as a one-turn chat; None when it is empty or contaminated."""
     first = next((m for m in conv.messages if m["role"] == "user"), None)
@@ -283,6 +302,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-prompt", type=int, default=448, help="longer prompts are left out (default 448 tokens)")
     ap.add_argument("--max-tokens", type=int, default=1_000_000, help="stop after this many decode positions")
     ap.add_argument("--minutes", type=float, default=0, help="stop collecting after this long (0: no limit)")
+    ap.add_argument("--questions", action="append", default=[], metavar="PATH",
+                    help="collect on the first turns of question files (SpecEE's format; a folder: its "
+                    "*/question.jsonl) instead of ShareGPT: evaluation prompts, for `select-layers --oracle` "
+                    "only (train refuses such data; use its own --work-dir)")
+    ap.add_argument("--questions-per-file", type=int, default=0, metavar="N",
+                    help="the first N prompts of each question file (0: all)")
     ap.add_argument("--exclude", action="append", default=[],
                     help="JSONL(.gz) files or folders of evaluation prompts kept out (repeatable; MT-Bench and "
                     "HumanEval from their wheels always)")
@@ -294,17 +319,23 @@ def run(args: argparse.Namespace) -> None:
     head_path = head_gguf(args.head or default_eagle_head_path())
     model = Model(args.model, n_ctx=args.max_prompt + args.max_new + 16, n_batch=max(512, args.max_prompt),
                   n_threads=args.threads, draft_head=head_path)
-    excludes = jsonl_files(args.exclude) + default_eval_files()
-    keep = Decontaminator.from_files(excludes)
+    if args.questions:  # evaluation prompts, for analysis (select-layers --oracle); train refuses them
+        keep = Decontaminator.from_files([])
+        source = read_question_files(args.questions, args.questions_per_file)
+    else:
+        keep = Decontaminator.from_files(jsonl_files(args.exclude) + default_eval_files())
+        source = read_sharegpt(args.data)
     template = chat_template_name(model, args.chat_template)
-    config = CollectConfig(
+    config = asdict(CollectConfig(
         model=Path(args.model).name, model_sha256=file_sha256(args.model), head=head_path.name,
-        head_sha256=file_sha256(head_path), max_new=args.max_new, max_prompt=args.max_prompt, skip=args.skip,
-        chat_template=template, excluded_prompts=len(keep.keys))
-    store = open_store(root, asdict(config))
+        head_sha256=file_sha256(head_path), max_new=args.max_new, max_prompt=args.max_prompt,
+        skip=0 if args.questions else args.skip, chat_template=template, excluded_prompts=len(keep.keys)))
+    if args.questions:
+        config["questions"] = {"paths": [Path(q).name for q in args.questions], "per_file": args.questions_per_file}
+    store = open_store(root, config)
     spec = _core.Spec(model._ctx)
     deadline = time.time() + 60 * args.minutes if args.minutes > 0 else None
-    collect(model, spec, read_lm_head(args.model), store, read_sharegpt(args.data), keep, template,
+    collect(model, spec, read_lm_head(args.model), store, source, keep, template,
             max_tokens=args.max_tokens, deadline=deadline, draft_vocab=draft_vocab_of(head_path))
     print(f"exit data: {store.n_tokens} decode positions of {store.n_prompts} prompts "
           f"({store.n_done} conversations read, {store.seconds / 60:.1f} min) in {root}")

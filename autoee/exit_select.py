@@ -139,6 +139,26 @@ def select_layers(data: Data, preds: dict[int, ExitPredictor], costs: Costs, thr
     return chosen, steps
 
 
+def oracle_bounds(data: Data, costs: Costs) -> list[dict]:
+    """Upper bounds on early exit's speed from the data alone: every token exits, with its own token (precision
+    100 %), at the first layer whose full-vocabulary argmax already is the full model's token, with no check
+    cost. Three rows: only where that argmax is one of this head's candidates (perfect predictors); at that
+    layer whatever the candidates (a perfect head too); and with lm_head and head free (layers alone)."""
+    L = data.n_layer
+    rows = []
+    for name, can_exit, lm_head, draft in [
+            ("perfect predictors", data.labels & data.in_cand, costs.lm_head, costs.draft),
+            ("perfect predictors and candidates", data.labels, costs.lm_head, costs.draft),
+            ("layers only (lm_head and head free)", data.labels, 0.0, 0.0)]:
+        exits = can_exit[:, :L - 1].any(1)
+        layers_run = torch.where(can_exit.any(1), can_exit.float().argmax(1) + 1, torch.tensor(L)).float()
+        plain = L + lm_head
+        rows.append({"bound": name, "exit_ratio": round(exits.float().mean().item(), 4),
+                     "mean_layers": round(layers_run.mean().item(), 2),
+                     "speedup": round(plain / (layers_run.mean().item() + lm_head + draft), 4)})
+    return rows
+
+
 def summary(out: Outcome, costs: Costs) -> dict:
     return {**{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(out).items()},
             "speedup_no_draft": round(costs.plain / out.cost, 4),
@@ -155,11 +175,16 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="stop when a layer lowers the cost by no more than this share of the plain cost (0.002)")
     ap.add_argument("--check-cost", type=float, default=0.05, help="cost of one predictor check, in layers (0.05)")
     ap.add_argument("--layers", help="evaluate this comma-separated set instead of selecting one")
+    ap.add_argument("--oracle", action="store_true",
+                    help="print only the upper bounds on the speedup that the data allows (perfect predictors; "
+                    "all positions; no trained predictors needed)")
 
 
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     work = work_dir(args)
+    if args.oracle:
+        return print_oracle(work, args)
     ckpt = load_checkpoint(work / CHECKPOINT)
     threshold = args.threshold if args.threshold is not None else ckpt["threshold"]
     store = open_store(work / "data")
@@ -184,3 +209,20 @@ def run(args: argparse.Namespace) -> None:
             "costs": asdict(costs), "validation": out, "steps": steps}
         (work / SELECTION).write_text(json.dumps(sel, indent=1) + "\n")
         print(f"wrote {work / SELECTION}")
+
+
+def print_oracle(work: Path, args: argparse.Namespace) -> None:
+    store = open_store(work / "data")
+    arrays = store.load()
+    data = load_data(arrays, 0)
+    costs = model_costs(args.model, head_gguf(args.head or default_eagle_head_path()), args.check_cost)
+    L = data.n_layer
+    print(f"{len(data.labels)} decode positions of {store.n_prompts} prompts ({work}); per token in layers: "
+          f"lm_head {costs.lm_head:.2f}, draft head {costs.draft:.2f}, plain {costs.plain:.2f}")
+    print(f"the layer's argmax is the model's token from layer: "
+          + ", ".join(f"<= {l}: {data.labels[:, :l + 1].any(1).float().mean().item():.2f}" for l in range(3, L, 4)))
+    print(f"the candidates hold the model's token: "
+          f"{(arrays['cand'] == arrays['final'][:, None]).any(1).mean():.3f}")
+    print("| bound | exit ratio | mean layers run | speedup |\n| --- | ---: | ---: | ---: |")
+    for r in oracle_bounds(data, costs):
+        print(f"| {r['bound']} | {r['exit_ratio']:.3f} | {r['mean_layers']:.2f} / {L} | {r['speedup']:.3f}x |")

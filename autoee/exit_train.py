@@ -223,6 +223,9 @@ def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     work = work_dir(args)
     store = open_store(work / "data")
+    if store.config.get("questions"):
+        raise ValueError(f"{work}: collected on evaluation prompts ({store.config['questions']}) "
+                         "for analysis; train on ShareGPT data (another --work-dir)")
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch=args.batch, val_percent=args.val_percent, gap=args.gap,
                       seed=args.seed)
     data_info = {**store.config, "n_tokens": store.n_tokens, "n_prompts": store.n_prompts, "n_done": store.n_done}

@@ -5,6 +5,7 @@ collection's resume on SmolLM2 is marked slow."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -17,10 +18,11 @@ import specee
 from specee import _core
 from specee import constants as C
 from specee.autoee import exit_collect as X
+from specee.autoee import exit_train
 from specee.autoee.exit_export import export_predictors
 from specee.autoee.exit_features import (ExitPredictor, LmHead, layer_features, load_predictor_tensors,
                                          predictor_tensors, read_lm_head, scheduled_features)
-from specee.autoee.exit_select import Costs, select_layers, simulate
+from specee.autoee.exit_select import Costs, oracle_bounds, select_layers, simulate
 from specee.autoee.exit_train import Data, TrainConfig, fold_standardization, train
 from specee.autoee.sharegpt import read_sharegpt
 from specee.convert.merge import merge_gguf
@@ -206,6 +208,44 @@ def test_layer_selection_on_synthetic_statistics() -> None:
     data.labels[:, L - 1] = True
     layers, steps = select_layers(data, preds, costs, 0.5, max_error=0.02, min_gain=0.002)
     assert layers == [] and len(steps) == 1
+
+
+def test_oracle_bounds_on_hand_made_positions() -> None:
+    L = 4
+    # token 0: its argmax is right from layer 1 on, and a candidate; token 1: right from layer 0 on, never a
+    # candidate; token 2: right only at the last layer; token 3: never right (a near-tie at the end)
+    labels = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    in_cand = torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    data = Data(torch.zeros(4, L, 12), labels, in_cand, torch.ones(4, dtype=torch.bool))
+    rows = {r["bound"]: r for r in oracle_bounds(data, Costs(n_layer=L, lm_head=2.0, draft=1.0))}
+    perfect = rows["perfect predictors"]
+    assert perfect["mean_layers"] == pytest.approx((2 + 4 + 4 + 4) / 4) and perfect["exit_ratio"] == 0.25
+    assert perfect["speedup"] == pytest.approx(6 / (3.5 + 2 + 1), abs=1e-4)
+    both = rows["perfect predictors and candidates"]
+    assert both["mean_layers"] == pytest.approx((2 + 1 + 4 + 4) / 4) and both["exit_ratio"] == 0.5
+    free = rows["layers only (lm_head and head free)"]
+    assert free["speedup"] == pytest.approx(4 / 2.75, abs=1e-4)
+
+
+def test_question_files_and_that_training_refuses_them(tmp_path: Path) -> None:
+    d = tmp_path / "bench" / "qa"
+    d.mkdir(parents=True)
+    (d / "question.jsonl").write_text("\n".join(json.dumps({"question_id": i, "turns": [f"q{i}", "again"]})
+                                                for i in range(3)) + "\n\n")
+    convs = list(X.read_question_files([str(tmp_path / "bench")], per_file=2))
+    assert [c.messages for c in convs] == [[{"role": "user", "content": "q0"}], [{"role": "user", "content": "q1"}]]
+    assert len(list(X.read_question_files([str(d / "question.jsonl")]))) == 3
+    (d / "bad.jsonl").write_text(json.dumps({"question": "no turns"}) + "\n")
+    with pytest.raises(ValueError, match="turns"):
+        list(X.read_question_files([str(d / "bad.jsonl")]))
+    with pytest.raises(FileNotFoundError, match="--questions"):
+        list(X.read_question_files([str(tmp_path / "missing")]))
+    work = tmp_path / "work"
+    X.open_store(work / "data", {"n_candidates": K, "questions": {"paths": ["bench"], "per_file": 2}})
+    ap = argparse.ArgumentParser()
+    exit_train.add_arguments(ap)
+    with pytest.raises(ValueError, match="evaluation prompts"):
+        exit_train.run(ap.parse_args(["--work-dir", str(work)]))
 
 
 # ---- export -> merge
