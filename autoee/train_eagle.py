@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
         with torch.no_grad():
             head.output.weight.copy_(base.lm_head[vocab])
     opt = T.make_optimizer(head, cfg)
-    start, history = 0, []
+    start, history, init_from = 0, [], None
     if state is not None:
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> None:
         if init["draft_vocab"] != vocab:
             raise ValueError(f"--init-from: {args.init_from} has another draft vocabulary")
         head.load_state_dict(init["head"])
+        init_from = {"checkpoint": Path(args.init_from).name, "step": init["step"], "config": init["config"]}
         print(f"weights from {args.init_from} (step {init['step']}); a new schedule of {cfg.steps} steps")
     t0 = time.time()
     deadline = time.time() + 60 * args.max_minutes if args.max_minutes > 0 else None
@@ -134,7 +135,8 @@ def run(args: argparse.Namespace) -> None:
         "base_model": Path(args.model).name,
         "training": {**asdict(cfg), "train_conversations": len(train_spans), "train_tokens": n_train,
                      "val_conversations": len(val_spans), "val_tokens": n_val, "max_len": args.max_len,
-                     "train_seconds": round(train_seconds)},
+                     "regenerated_conversations": len(store.generated), "train_seconds": round(train_seconds),
+                     **({"init_from": init_from} if init_from else {})},
         "validation": report,
     }
     (work / "validation.json").write_text(json.dumps(info, indent=1) + "\n")
