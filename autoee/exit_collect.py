@@ -32,6 +32,7 @@ from specee import constants as C
 from specee.autoee.exit_features import N_CANDIDATES, LmHead, layer_argmax, layer_features, read_lm_head
 from specee.autoee.features import Decontaminator, default_eval_files
 from specee.autoee.sharegpt import Conversation, read_sharegpt
+from specee.eval.datasets import DataError, from_question_format, read_records
 from specee.generate import chat_template_name
 from specee.model import Model
 from specee.paths import default_eagle_head_path, default_model_path
@@ -186,7 +187,7 @@ def sequence_records(model: Model, spec: _core.Spec, head: LmHead, prompt: list[
 # ---- prompts
 
 
-def jsonl_files(paths: list[str]) -> list[Path]:
+def jsonl_files(paths: list[str], option: str = "--exclude") -> list[Path]:
     """Files, or the .jsonl / .jsonl.gz files under folders."""
     out = []
     for p in map(Path, paths):
@@ -195,27 +196,21 @@ def jsonl_files(paths: list[str]) -> list[Path]:
         elif p.is_file():
             out.append(p)
         else:
-            raise FileNotFoundError(f"{p}: no such file or folder (--exclude)")
+            raise FileNotFoundError(f"{p}: no such file or folder ({option})")
     return out
 
 
 def read_question_files(paths: list[str], per_file: int = 0) -> Iterator[Conversation]:
-    """First turns of question files in SpecEE's / MT-Bench's format (JSONL records with "turns"; a folder:
-    its */question.jsonl), as one-turn conversations, in the order given (the first per_file of each if > 0)."""
-    files = []
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"{p}: no such file or folder (--questions)")
-        files += sorted(p.glob("*/question.jsonl")) if p.is_dir() else [p]
-    for f in files:
-        lines = [line for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
-        for i, line in enumerate(lines[:per_file] if per_file > 0 else lines):
-            if not line.strip():
-                continue
-            turns = json.loads(line).get("turns")
-            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-                raise ValueError(f"{f}:{i + 1}: no \"turns\" list (expected SpecEE's question format)")
-            yield Conversation(f"{f.parent.name}/{i}", [{"role": "user", "content": turns[0]}])
+    """First turns of question files in SpecEE's / MT-Bench's format (read as specee.eval reads them; a folder:
+    its JSONL files), as one-turn conversations, in the order given (the first per_file of each if > 0)."""
+    for f in jsonl_files(paths, "--questions"):
+        records = read_records(f)
+        for i, r in enumerate(records[:per_file] if per_file > 0 else records):
+            try:
+                sample = from_question_format(f.parent.name, i, r)
+            except DataError as e:
+                raise DataError(f"{f}: {e} (expected SpecEE's question format)") from None
+            yield Conversation(f"{f.parent.name}/{sample.id}", [{"role": "user", "content": sample.turns[0]}])
 
 
 def first_turn(conv: Conversation, keep: Decontaminator) -> list[dict] | None:

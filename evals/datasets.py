@@ -48,7 +48,7 @@ SUMMARIZE_INSTRUCTION = "Summarize: "
 QA_INSTRUCTION = "Answer with the letter of the correct choice."
 
 
-class DataError(Exception):
+class DataError(ValueError):
     """A dataset that cannot be found or read; the message says what file is expected."""
 
 
