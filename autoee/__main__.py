@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from specee.autoee import exit_collect, exit_export, exit_select, exit_train, train_eagle
+from specee._optional import missing_package_exits
+
+with missing_package_exits("python -m specee.autoee"):
+    from specee.autoee import exit_collect, exit_export, exit_select, exit_train, train_eagle
 
 COMMANDS = {"train-eagle": train_eagle, "collect": exit_collect, "train": exit_train, "select-layers": exit_select,
             "export": exit_export}
@@ -21,7 +24,8 @@ def main() -> None:
         module.add_arguments(sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION))
     args = ap.parse_args()
     try:
-        COMMANDS[args.command].run(args)
+        with missing_package_exits(f"python -m specee.autoee {args.command}"):
+            COMMANDS[args.command].run(args)
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:

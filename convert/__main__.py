@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from specee.convert import eauto, hf, inspect, merge, quantize
+from specee._optional import missing_package_exits
+
+with missing_package_exits("python -m specee.convert"):
+    from specee.convert import eauto, hf, inspect, merge, quantize
 
 COMMANDS = {"hf": hf, "merge": merge, "import-specee": eauto, "inspect": inspect, "quantize": quantize}
 
@@ -20,7 +23,8 @@ def main() -> None:
         module.add_arguments(sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION))
     args = ap.parse_args()
     try:
-        COMMANDS[args.command].run(args)
+        with missing_package_exits(f"python -m specee.convert {args.command}"):
+            COMMANDS[args.command].run(args)
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:

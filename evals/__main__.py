@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from specee._optional import missing_package_exits
 from specee.eval.datasets import DATASETS, EXPECTED, DataError, Sample, canonical_name, find_data, load_dataset
 from specee.eval.metrics import SCORE_NAMES, task_score
 from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
@@ -315,4 +316,5 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with missing_package_exits("python -m specee.eval"):
+        sys.exit(main())

@@ -8,6 +8,9 @@
 #   ggml/install.sh prebuilt   the prebuilt wheel (AVX2 only, no llamafile sgemm: prefill 2-3x slower)
 #   ggml/install.sh cuda       built from the sdist with CUDA (needs nvcc and cuBLAS)
 #
+# Source builds include ggml's RPC backend (-DGGML_RPC=ON): layers on another process or machine (--rpc,
+# specee-rpc-server). The prebuilt wheel has no RPC backend.
+#
 # A marker file in the installed package records how it was built, so a second run is a no-op.
 set -euo pipefail
 
@@ -16,8 +19,8 @@ mode="${1:-native}"
 py="${PYTHON:-python3}"
 
 case "$mode" in
-    native)   cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF" ;;
-    cuda)     cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF -DGGML_CUDA=ON" ;;
+    native)   cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF -DGGML_RPC=ON" ;;
+    cuda)     cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF -DGGML_RPC=ON -DGGML_CUDA=ON" ;;
     prebuilt) cmake_args="" ;;
     *) echo "usage: $0 [native|prebuilt|cuda]" >&2; exit 2 ;;
 esac

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from specee._optional import missing_package_exits
 from specee import _core
 from specee.bench_cli import find_tools, parse_perf
 from specee.generate import SpeculativeParams
@@ -353,4 +354,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with missing_package_exits("python -m specee.bench_spec"):
+        sys.exit(main())
