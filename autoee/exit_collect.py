@@ -143,20 +143,21 @@ def draft_vocab_of(head_path: Path) -> np.ndarray | None:
     return None if f is None else np.asarray(f.contents(), dtype=np.int64)
 
 
-def candidates(spec: _core.Spec, seq: list[int], feats: np.ndarray, start: int, k: int,
+def candidates(model: Model, seq: list[int], feats: np.ndarray, start: int, k: int,
                draft_vocab: np.ndarray | None) -> np.ndarray:
     """Top-k candidates [len(seq) - start, k] of the positions start.. of seq: the head over the pairs
     (seq[i + 1], feats[i]) at positions i = 0.., whose output at pair j - 1 predicts the token after seq[j]."""
     tokens = np.asarray(seq[1:], dtype=np.int32)
-    logits, _ = spec.eval_head(tokens, np.ascontiguousarray(feats[:len(seq) - 1], dtype=np.float32))
+    logits, _ = model.draft_head_eval(tokens, feats[:len(seq) - 1])
     top = np.argsort(-logits[start - 1:], axis=-1, kind="stable")[:, :k]
     return (draft_vocab[top] if draft_vocab is not None else top).astype(np.int32)
 
 
-def sequence_records(model: Model, spec: _core.Spec, head: LmHead, prompt: list[int], max_new: int, k: int,
+def sequence_records(model: Model, head: LmHead, prompt: list[int], max_new: int, k: int,
                      draft_vocab: np.ndarray | None) -> dict[str, np.ndarray] | None:
     """Features and labels of the decode positions of one greedy generation (None: nothing to keep)."""
-    gen = model.generate_tokens(prompt, max_new, temperature=0.0)
+    model.kv_clear()
+    gen = model.generate_tokens(prompt, max_new, mode="plain", temp=0)
     if gen and model.is_eog(gen[-1]):
         gen = gen[:-1]  # decoding stops there: that token is never an input
     if not gen:
@@ -169,7 +170,7 @@ def sequence_records(model: Model, spec: _core.Spec, head: LmHead, prompt: list[
     hidden = torch.from_numpy(np.stack([model.hidden(il) for il in range(model.n_layer)]))  # [L, G, n_embd]
     f_gen = model.norm()
     seq = prompt + gen
-    cand = candidates(spec, seq, np.concatenate([f_prompt, f_gen]), P, k, draft_vocab)
+    cand = candidates(model, seq, np.concatenate([f_prompt, f_gen]), P, k, draft_vocab)
     feats = layer_features(hidden, head, torch.from_numpy(cand))  # [L, G, 3k]
     argmax = layer_argmax(hidden, head)  # [L, G]
     G = len(gen)
@@ -221,7 +222,7 @@ def first_turn(conv: Conversation, keep: Decontaminator) -> list[dict] | None:
     return [{"role": "user", "content": first["content"]}]
 
 
-def collect(model: Model, spec: _core.Spec, head: LmHead, store: ExitStore, source: Iterator[Conversation],
+def collect(model: Model, head: LmHead, store: ExitStore, source: Iterator[Conversation],
             keep: Decontaminator, template: str, *, max_tokens: int, deadline: float | None,
             draft_vocab: np.ndarray | None, save_every: int = 8, progress: bool = True) -> ExitStore:
     """Append decode positions of greedy generations to the store until max_tokens, the deadline or the end of
@@ -254,7 +255,7 @@ def collect(model: Model, spec: _core.Spec, head: LmHead, store: ExitStore, sour
             text = _core.chat_apply_template(template, messages, True)
             prompt = model.tokenize(text, add_special=True, parse_special=True)
             if len(prompt) <= cfg["max_prompt"]:
-                rec = sequence_records(model, spec, head, prompt, cfg["max_new"], cfg["n_candidates"], draft_vocab)
+                rec = sequence_records(model, head, prompt, cfg["max_new"], cfg["n_candidates"], draft_vocab)
                 if rec is not None:
                     rec["prompt"][:] = index
                     pending.append(rec)
@@ -328,9 +329,8 @@ def run(args: argparse.Namespace) -> None:
     if args.questions:
         config["questions"] = {"paths": [Path(q).name for q in args.questions], "per_file": args.questions_per_file}
     store = open_store(root, config)
-    spec = _core.Spec(model._ctx)
     deadline = time.time() + 60 * args.minutes if args.minutes > 0 else None
-    collect(model, spec, read_lm_head(args.model), store, source, keep, template,
+    collect(model, read_lm_head(args.model), store, source, keep, template,
             max_tokens=args.max_tokens, deadline=deadline, draft_vocab=draft_vocab_of(head_path))
     print(f"exit data: {store.n_tokens} decode positions of {store.n_prompts} prompts "
           f"({store.n_done} conversations read, {store.seconds / 60:.1f} min) in {root}")

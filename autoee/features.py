@@ -29,7 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specee import _core
-from specee.generate import SamplingParams, SpeculativeParams, generate_tokens, prompt_tokens
+from specee.generate import prompt_tokens
 from specee.model import Model
 
 from specee.autoee.sharegpt import Conversation
@@ -121,17 +121,18 @@ def render(model: Model, template: str, conv: Conversation, max_tokens: int) -> 
 
 
 def regenerate(model: Model, template: str, conv: Conversation, max_tokens: int, max_new: int, min_new: int = 32,
-               speculative: SpeculativeParams | None = None) -> tuple[list[int], list[int]]:
+               mode: str = "plain") -> tuple[list[int], list[int]]:
     """The conversation's first user turn (after a system message, if any) rendered for a reply, and the
     target's greedy reply (up to max_new tokens, its end-of-turn token included), with the assistant flags;
     empty when the prompt leaves less than min_new tokens of max_tokens. Greedy speculative decoding gives
-    the same tokens faster."""
+    (mode eagle2) gives the same tokens faster."""
     first = next(i for i, m in enumerate(conv.messages) if m["role"] == "user")
     prompt = prompt_tokens(model, conv.messages[:first + 1], template)
     n_new = min(max_new, max_tokens - len(prompt))
     if n_new < min_new:
         return [], []
-    reply = list(generate_tokens(model, prompt, n_new, SamplingParams(temperature=0.0), speculative=speculative))
+    model.kv_clear()
+    reply = model.generate_tokens(prompt, n_new, mode=mode, temp=0)
     if len(reply) < n_new and model.eos >= 0:
         reply.append(model.eos)  # generation ended at an end-of-generation token, which is not yielded
     return prompt + reply, [0] * len(prompt) + [1] * len(reply)
@@ -220,7 +221,7 @@ def collect(
     deadline: float | None = None,
     progress: bool = True,
     regenerate_tokens: int = 0,
-    speculative: SpeculativeParams | None = None,
+    mode: str = "plain",
 ) -> FeatureStore:
     """Append conversations to `store` until it is full, the source ends or time.time() passes `deadline`
     (skipping the conversations done before). regenerate_tokens > 0: the responses are the target's own
@@ -237,7 +238,7 @@ def collect(
         if keep is not None and not keep.is_clean(conv):
             continue
         if regenerate_tokens > 0:
-            tokens, flags = regenerate(model, template, conv, max_len, regenerate_tokens, speculative=speculative)
+            tokens, flags = regenerate(model, template, conv, max_len, regenerate_tokens, mode=mode)
         else:
             tokens, flags = render(model, template, conv, max_len)
         if len(tokens) < min_len:

@@ -1,5 +1,7 @@
 #include "specee-arch.h"
 
+#include "specee.h"
+
 #include <cstdio>
 
 static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
@@ -11,7 +13,7 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* ATTN_Q      */ "blk.%d.attn_q.weight",
     /* ATTN_K      */ "blk.%d.attn_k.weight",
     /* ATTN_V      */ "blk.%d.attn_v.weight",
-    /* ATTN_OUT    */ "blk.%d.attn_output.weight",
+    /* ATTN_OUTPUT */ "blk.%d.attn_output.weight",
     /* FFN_NORM    */ "blk.%d.ffn_norm.weight",
     /* FFN_GATE    */ "blk.%d.ffn_gate.weight",
     /* FFN_UP      */ "blk.%d.ffn_up.weight",
@@ -22,7 +24,7 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* EAGLE_ATTN_Q     */ "eagle.attn_q.weight",
     /* EAGLE_ATTN_K     */ "eagle.attn_k.weight",
     /* EAGLE_ATTN_V     */ "eagle.attn_v.weight",
-    /* EAGLE_ATTN_OUT   */ "eagle.attn_output.weight",
+    /* EAGLE_ATTN_OUTPUT */ "eagle.attn_output.weight",
     /* EAGLE_FFN_NORM   */ "eagle.ffn_norm.weight",
     /* EAGLE_FFN_GATE   */ "eagle.ffn_gate.weight",
     /* EAGLE_FFN_UP     */ "eagle.ffn_up.weight",
@@ -42,4 +44,12 @@ std::string specee_tensor_name(specee_tensor t, int il) {
     char buf[256];
     snprintf(buf, sizeof(buf), TENSOR_FORMATS[t], il);
     return buf;
+}
+
+#define SPECEE_KEY_ENTRY(name, value) "KEY_" #name "=" value,
+static const char * const KEY_TABLE[] = {SPECEE_KEYS(SPECEE_KEY_ENTRY)};
+#undef SPECEE_KEY_ENTRY
+
+extern "C" const char * specee_arch_key(int32_t i) {
+    return (i >= 0 && i < (int32_t) (sizeof(KEY_TABLE) / sizeof(KEY_TABLE[0]))) ? KEY_TABLE[i] : nullptr;
 }

@@ -12,7 +12,7 @@ enum specee_tensor {
     SPECEE_TENSOR_ATTN_Q,
     SPECEE_TENSOR_ATTN_K,
     SPECEE_TENSOR_ATTN_V,
-    SPECEE_TENSOR_ATTN_OUT,
+    SPECEE_TENSOR_ATTN_OUTPUT,
     SPECEE_TENSOR_FFN_NORM,
     SPECEE_TENSOR_FFN_GATE,
     SPECEE_TENSOR_FFN_UP,
@@ -24,7 +24,7 @@ enum specee_tensor {
     SPECEE_TENSOR_EAGLE_ATTN_Q,
     SPECEE_TENSOR_EAGLE_ATTN_K,
     SPECEE_TENSOR_EAGLE_ATTN_V,
-    SPECEE_TENSOR_EAGLE_ATTN_OUT,
+    SPECEE_TENSOR_EAGLE_ATTN_OUTPUT,
     SPECEE_TENSOR_EAGLE_FFN_NORM,
     SPECEE_TENSOR_EAGLE_FFN_GATE,
     SPECEE_TENSOR_EAGLE_FFN_UP,
@@ -46,31 +46,35 @@ const char * specee_tensor_format(specee_tensor t);
 // the name itself, for layer il where the format has one
 std::string specee_tensor_name(specee_tensor t, int il = -1);
 
-// keys: "{arch}.xxx" is written as "%s.xxx"
-#define SPECEE_KEY_ARCHITECTURE      "general.architecture"
-#define SPECEE_KEY_NAME              "general.name"
-#define SPECEE_KEY_FILE_TYPE         "general.file_type"
-#define SPECEE_KEY_CONTEXT_LENGTH    "%s.context_length"
-#define SPECEE_KEY_EMBEDDING_LENGTH  "%s.embedding_length"
-#define SPECEE_KEY_BLOCK_COUNT       "%s.block_count"
-#define SPECEE_KEY_FEED_FORWARD      "%s.feed_forward_length"
-#define SPECEE_KEY_HEAD_COUNT        "%s.attention.head_count"
-#define SPECEE_KEY_HEAD_COUNT_KV     "%s.attention.head_count_kv"
-#define SPECEE_KEY_KEY_LENGTH        "%s.attention.key_length"
-#define SPECEE_KEY_VALUE_LENGTH      "%s.attention.value_length"
-#define SPECEE_KEY_RMS_EPS           "%s.attention.layer_norm_rms_epsilon"
-#define SPECEE_KEY_ROPE_DIM          "%s.rope.dimension_count"
-#define SPECEE_KEY_ROPE_FREQ_BASE    "%s.rope.freq_base"
-#define SPECEE_KEY_ROPE_SCALE_TYPE   "%s.rope.scaling.type"
-#define SPECEE_KEY_ROPE_SCALE_FACTOR "%s.rope.scaling.factor"
-#define SPECEE_KEY_ROPE_SCALE_LINEAR "%s.rope.scale_linear"
-#define SPECEE_KEY_ROPE_ORIG_CTX     "%s.rope.scaling.original_context_length"
-#define SPECEE_KEY_VOCAB_SIZE        "%s.vocab_size"
+// The GGUF keys, by the names python/specee/constants.py gives them (KEY_<NAME>; tests/test_constants.py keeps
+// the two equal): "{arch}.xxx" is written "%s.xxx" here.
+#define SPECEE_KEYS(X)                                                               \
+    X(ARCHITECTURE, "general.architecture")                                         \
+    X(NAME, "general.name")                                                         \
+    X(FILE_TYPE, "general.file_type")                                               \
+    X(CONTEXT_LENGTH, "%s.context_length")                                          \
+    X(EMBEDDING_LENGTH, "%s.embedding_length")                                      \
+    X(FEED_FORWARD_LENGTH, "%s.feed_forward_length")                                \
+    X(BLOCK_COUNT, "%s.block_count")                                                \
+    X(VOCAB_SIZE, "%s.vocab_size")                                                  \
+    X(HEAD_COUNT, "%s.attention.head_count")                                        \
+    X(HEAD_COUNT_KV, "%s.attention.head_count_kv")                                  \
+    X(KEY_LENGTH, "%s.attention.key_length")                                        \
+    X(VALUE_LENGTH, "%s.attention.value_length")                                    \
+    X(LAYER_NORM_RMS_EPS, "%s.attention.layer_norm_rms_epsilon")                    \
+    X(ROPE_DIMENSION_COUNT, "%s.rope.dimension_count")                              \
+    X(ROPE_FREQ_BASE, "%s.rope.freq_base")                                          \
+    X(ROPE_SCALING_TYPE, "%s.rope.scaling.type")                                    \
+    X(ROPE_SCALING_FACTOR, "%s.rope.scaling.factor")                                \
+    X(ROPE_SCALE_LINEAR, "%s.rope.scale_linear")                                    \
+    X(ROPE_SCALING_ORIG_CTX_LEN, "%s.rope.scaling.original_context_length")         \
+    X(EAGLE_VERSION, "specee.eagle.version")                                        \
+    X(EAGLE_FEED_FORWARD_LENGTH, "specee.eagle.feed_forward_length")                \
+    X(EAGLE_DRAFT_VOCAB, "specee.eagle.draft_vocab")                                \
+    X(EXIT_LAYERS, "specee.exit.layers")                                            \
+    X(EXIT_THRESHOLD, "specee.exit.threshold")                                      \
+    X(EXIT_N_CANDIDATES, "specee.exit.n_candidates")
 
-// SpecEE's keys of a merged file
-#define SPECEE_KEY_EAGLE_VERSION      "specee.eagle.version"
-#define SPECEE_KEY_EAGLE_FEED_FORWARD "specee.eagle.feed_forward_length"
-#define SPECEE_KEY_EAGLE_DRAFT_VOCAB  "specee.eagle.draft_vocab"
-#define SPECEE_KEY_EXIT_LAYERS        "specee.exit.layers"
-#define SPECEE_KEY_EXIT_THRESHOLD     "specee.exit.threshold"
-#define SPECEE_KEY_EXIT_N_CANDIDATES  "specee.exit.n_candidates"
+#define SPECEE_KEY_DEFINE(name, value) static constexpr const char * SPECEE_KEY_##name = value;
+SPECEE_KEYS(SPECEE_KEY_DEFINE)
+#undef SPECEE_KEY_DEFINE

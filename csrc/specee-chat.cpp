@@ -11,6 +11,7 @@
 //   llama3   Llama-3-instruct: <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
 //   zephyr   <|role|>\ncontent</s>\n ... <|assistant|>\n
 #include "specee-impl.h"
+#include "specee-model.h"
 #include "specee.h"
 
 #include <climits>
@@ -278,4 +279,33 @@ static int32_t chat_apply_impl(const char * name, const specee_chat_message * ms
 extern "C" int32_t specee_chat_apply_template(const char * name, const struct specee_chat_message * msgs,
                                               int32_t n_msgs, bool add_ass, char * buf, int32_t len) {
     return specee_guard<int32_t>(INT32_MIN, [&] { return chat_apply_impl(name, msgs, n_msgs, add_ass, buf, len); });
+}
+
+static const char * template_resolve_impl(const specee_model * model, const char * name) {
+    if (name && *name) {
+        const char * found = specee_chat_template_detect(name);
+        if (!found) {
+            specee_fail("unknown chat template '%s' (known: chatml, smollm2, llama2, vicuna, llama3, zephyr, or a Jinja "
+                        "text with the markers of one of them)", name);
+        }
+        return found;
+    }
+    if (!model) {
+        specee_fail("no model and no chat template name");
+    }
+    for (const auto & kv : model->meta) {
+        if (kv.first == "tokenizer.chat_template") {
+            const char * found = specee_chat_template_detect(kv.second.c_str());
+            if (!found) {
+                specee_fail("the model's chat template is not one this runtime knows; name one (chatml, smollm2, "
+                            "llama2, vicuna, llama3, zephyr)");
+            }
+            return found;
+        }
+    }
+    specee_fail("the model has no chat template; name one (chatml, smollm2, llama2, vicuna, llama3, zephyr)");
+}
+
+extern "C" const char * specee_chat_template_resolve(const specee_model * model, const char * name) {
+    return specee_guard<const char *>(nullptr, [&] { return template_resolve_impl(model, name); });
 }

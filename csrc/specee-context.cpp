@@ -1,130 +1,135 @@
-// specee-context.cpp: a context over a model: backends, scheduler, KV cache, batch evaluation by layer ranges
+// specee-context.cpp: a context over a model: backends, scheduler, the graph runner, KV cache, batch
+// evaluation by layer ranges, named intermediates
 #include "specee-context.h"
+
 #include "specee-graph.h"
 #include "specee-impl.h"
-#include "specee-kv-cache.h"
 #include "specee-model.h"
-#include "specee.h"
 
-#include "ggml-backend.h"
 #include "ggml-cpu.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <memory>
 #include <thread>
 
-struct specee_context {
-    specee_model *               model = nullptr;
-    specee_context_params        cparams{};
-    specee_kv_cache              kv;
-    ggml_backend_t               backend_cpu = nullptr;
-    ggml_threadpool_t            threadpool  = nullptr;
-    ggml_threadpool_t            threadpool_batch = nullptr;
-    ggml_backend_sched_t         sched       = nullptr;
-    std::vector<uint8_t>         graph_meta; // memory for graph and tensor metadata
-    int32_t                      graph_size  = 0;
-
-    // the last batch
-    int32_t              n_tokens   = 0;
-    int32_t              layer_done = 0; // layers [0, layer_done) evaluated for it
-    std::vector<int32_t> tokens, pos, cells;
-    std::vector<uint8_t> tree_mask; // [n_tokens * n_tokens] or empty: causal
-    std::vector<int32_t> out_ids;
-
-    // results of the last batch
-    std::vector<float>              hidden;        // [n_tokens * n_embd] after layer_done - 1
-    std::vector<std::vector<float>> hidden_layers; // [n_layer][n_tokens * n_embd] when kept
-    std::vector<float>              norm;          // [n_tokens * n_embd]
-    std::vector<float>              logits;        // [n_outputs * n_vocab]
-    int32_t                         n_outputs = 0;
-
-    ~specee_context() {
-        if (sched) {
-            ggml_backend_sched_free(sched);
-        }
-        if (backend_cpu) {
-            ggml_backend_free(backend_cpu);
-        }
-        if (threadpool) {
-            ggml_threadpool_free(threadpool);
-        }
-        if (threadpool_batch) {
-            ggml_threadpool_free(threadpool_batch);
-        }
+specee_context::~specee_context() {
+    if (graph_ctx) {
+        ggml_free(graph_ctx);
     }
-};
+    if (sched) {
+        ggml_backend_sched_free(sched);
+    }
+    for (ggml_backend_buffer_t b : state_bufs) {
+        ggml_backend_buffer_free(b);
+    }
+    if (state_ctx) {
+        ggml_free(state_ctx);
+    }
+    for (ggml_backend_t b : backends) {
+        ggml_backend_free(b);
+    }
+    if (threadpool) {
+        ggml_threadpool_free(threadpool);
+    }
+    if (threadpool_batch) {
+        ggml_threadpool_free(threadpool_batch);
+    }
+}
 
-// ---- masks -----------------------------------------------------------------------------------------
+// ---- the graph runner ----------------------------------------------------------------------------------
 
-// Fill one [n_tokens][n_kv] F16 mask per group of layers with the same cell validity.
-// Token i sees a cached cell when it is valid in the layer and pos[cell] <= pos[i]; it sees batch
-// token j by the tree mask (or pos[j] <= pos[i] when causal).
+ggml_context * specee_graph_begin(specee_context & ctx) {
+    if (ctx.graph_ctx) {
+        ggml_free(ctx.graph_ctx);
+    }
+    ggml_init_params ip = {ctx.graph_meta.size(), ctx.graph_meta.data(), /*no_alloc =*/true};
+    ctx.graph_ctx       = ggml_init(ip);
+    return ctx.graph_ctx;
+}
+
+void specee_graph_alloc(specee_context & ctx, ggml_cgraph * gf, const char * what) {
+    ggml_backend_sched_reset(ctx.sched);
+    if (!ggml_backend_sched_alloc_graph(ctx.sched, gf)) {
+        specee_fail("cannot allocate the compute graph of %s", what);
+    }
+}
+
+void specee_graph_reserve(specee_context & ctx, ggml_cgraph * gf, const char * what) {
+    ggml_backend_sched_reset(ctx.sched);
+    if (!ggml_backend_sched_reserve(ctx.sched, gf)) {
+        specee_fail("cannot reserve compute buffers for %s (out of memory on a device?)", what);
+    }
+}
+
 // One token decodes on the n_threads pool, a batch on the n_threads_batch pool; the CPU backend plans the graph
 // for its own thread count, so that must follow the pool (otherwise work is split for the wrong count).
-static void specee_context_use_threads(specee_context & ctx, int32_t n_tokens) {
+void specee_graph_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_tokens) {
     const bool batch = n_tokens > 1 && ctx.threadpool_batch;
     ggml_backend_cpu_set_threadpool(ctx.backend_cpu, batch ? ctx.threadpool_batch : ctx.threadpool);
     ggml_backend_cpu_set_n_threads(ctx.backend_cpu, batch ? ctx.cparams.n_threads_batch : ctx.cparams.n_threads);
+    ctx.captured.clear();
+    ctx.captured_shape.clear();
+    if (ggml_backend_sched_graph_compute(ctx.sched, gf) != GGML_STATUS_SUCCESS) {
+        specee_fail("graph computation failed");
+    }
 }
 
+// the scheduler's eval callback: asks for the captured names, then copies each one as it is computed
+static bool capture_callback(ggml_tensor * t, bool ask, void * user_data) {
+    specee_context & ctx  = *(specee_context *) user_data;
+    const char *     name = ggml_get_name(t);
+    const bool       want = std::find(ctx.capture_names.begin(), ctx.capture_names.end(), name) != ctx.capture_names.end();
+    if (ask || !want) {
+        return want || !ask;
+    }
+    const int64_t      ne0  = t->ne[0];
+    const int64_t      rows = ggml_nelements(t) / ne0;
+    std::vector<float> data((size_t) ggml_nelements(t));
+    if (t->type == GGML_TYPE_F32 && ggml_is_contiguous(t)) {
+        ggml_backend_tensor_get(t, data.data(), 0, data.size() * sizeof(float));
+    } else if (t->type == GGML_TYPE_F16 && ggml_is_contiguous(t)) {
+        std::vector<ggml_fp16_t> h(data.size());
+        ggml_backend_tensor_get(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
+        ggml_fp16_to_fp32_row(h.data(), data.data(), (int64_t) h.size());
+    } else {
+        return true; // not a float tensor: not captured
+    }
+    ctx.captured[name]       = std::move(data);
+    ctx.captured_shape[name] = {ne0, rows};
+    return true;
+}
+
+// ---- evaluation ------------------------------------------------------------------------------------
+
+int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il) {
+    const int32_t dev = specee_model_device_of_layer(*ctx.model, il);
+    return dev < 0 ? (int32_t) ctx.backends.size() - 1 : dev;
+}
+
+// Masks of a batch over cells [0, n_kv): one per group of layers whose cached cells' validity is the same.
 static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, int32_t l1,
                         std::vector<std::vector<ggml_fp16_t>> & masks, std::vector<int32_t> & mask_of_layer) {
-    const specee_kv_cache & kv = ctx.kv;
-    const int32_t           n  = ctx.n_tokens;
-
-    std::vector<int32_t> batch_index(n_kv, -1);
-    for (int32_t j = 0; j < n; ++j) {
-        batch_index[ctx.cells[j]] = j;
-    }
-
-    // cached cells visible in a layer: group layers with equal columns
+    const specee_kv_cache &           kv = ctx.kv;
     std::vector<std::vector<uint8_t>> columns;
     mask_of_layer.assign(l1 - l0, 0);
     for (int32_t il = l0; il < l1; ++il) {
         std::vector<uint8_t> col(n_kv, 0);
         for (int32_t c = 0; c < n_kv; ++c) {
-            col[c] = batch_index[c] < 0 && kv.pos[c] >= 0 && kv.is_valid(c, il);
+            col[c] = kv.pos[c] >= 0 && kv.is_valid(c, il);
         }
-        int32_t g = -1;
-        for (size_t k = 0; k < columns.size(); ++k) {
-            if (columns[k] == col) {
-                g = (int32_t) k;
-                break;
-            }
-        }
-        if (g < 0) {
-            g = (int32_t) columns.size();
+        const auto it = std::find(columns.begin(), columns.end(), col);
+        mask_of_layer[il - l0] = (int32_t) (it - columns.begin());
+        if (it == columns.end()) {
             columns.push_back(std::move(col));
         }
-        mask_of_layer[il - l0] = g;
     }
-
-    const ggml_fp16_t zero    = ggml_fp32_to_fp16(0.0f);
-    const ggml_fp16_t neg_inf = ggml_fp32_to_fp16(-INFINITY);
-    masks.assign(columns.size(), std::vector<ggml_fp16_t>((size_t) n_kv * n, neg_inf));
+    masks.resize(columns.size());
+    const uint8_t * tree = ctx.tree_mask.empty() ? nullptr : ctx.tree_mask.data();
     for (size_t g = 0; g < columns.size(); ++g) {
-        for (int32_t i = 0; i < n; ++i) {
-            ggml_fp16_t * row = masks[g].data() + (size_t) i * n_kv;
-            for (int32_t c = 0; c < n_kv; ++c) {
-                const int32_t j = batch_index[c];
-                bool          see;
-                if (j >= 0) {
-                    see = ctx.tree_mask.empty() ? ctx.pos[j] <= ctx.pos[i] : ctx.tree_mask[(size_t) i * n + j] != 0;
-                } else {
-                    see = columns[g][c] && kv.pos[c] <= ctx.pos[i];
-                }
-                if (see) {
-                    row[c] = zero;
-                }
-            }
-        }
+        specee_build_mask(kv, ctx.cells, ctx.pos, tree, columns[g], n_kv, masks[g]);
     }
 }
-
-// ---- evaluation ------------------------------------------------------------------------------------
 
 static void check_batch(const specee_context & ctx, const specee_batch * batch) {
     if (!batch || batch->n_tokens <= 0 || !batch->token) {
@@ -173,11 +178,17 @@ static void start_batch(specee_context & ctx, const specee_batch * batch) {
     ctx.n_outputs = 0;
 }
 
+// the main graph of layers [l0, l1) for n tokens over cells [0, n_kv)
+static ggml_cgraph * build_layers(specee_context & ctx, specee_graph_params & gp, specee_graph_io & io) {
+    gp.state_in  = gp.layer_begin > 0 ? ctx.state[specee_context_backend_of_layer(ctx, gp.layer_begin - 1)] : nullptr;
+    gp.state_out = ctx.state[specee_context_backend_of_layer(ctx, gp.layer_end - 1)];
+    return specee_build_graph(specee_graph_begin(ctx), *ctx.model, ctx.kv, gp, io, ctx.graph_size);
+}
+
 static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t flags) {
-    const specee_model &   model = *ctx.model;
-    const specee_hparams & hp    = model.hparams;
-    const int32_t          n     = ctx.n_tokens;
-    const bool             last  = l1 == (int32_t) hp.n_layer;
+    const specee_hparams & hp   = ctx.model->hparams;
+    const int32_t          n    = ctx.n_tokens;
+    const bool             last = l1 == (int32_t) hp.n_layer;
 
     // cells attended to: every used cell and this batch's cells
     int32_t n_kv = (int32_t) ctx.kv.n_kv();
@@ -198,22 +209,13 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     build_masks(ctx, n_kv, l0, l1, masks, gp.mask_of_layer);
     gp.n_masks = (int32_t) masks.size();
 
-    ggml_init_params ip = {ctx.graph_meta.size(), ctx.graph_meta.data(), /*no_alloc =*/true};
-    ggml_context *   ctx0 = ggml_init(ip);
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx0_guard(ctx0, ggml_free);
     specee_graph_io io;
-    ggml_cgraph *   gf = specee_build_graph(ctx0, model, ctx.kv, gp, io, ctx.graph_size);
-
-    ggml_backend_sched_reset(ctx.sched);
-    if (!ggml_backend_sched_alloc_graph(ctx.sched, gf)) {
-        specee_fail("cannot allocate the compute graph (%d tokens, %d cells)", n, n_kv);
-    }
+    ggml_cgraph *   gf = build_layers(ctx, gp, io);
+    specee_graph_alloc(ctx, gf, "the model's layers");
 
     // ---- inputs
     if (io.inp_tokens) {
         ggml_backend_tensor_set(io.inp_tokens, ctx.tokens.data(), 0, n * sizeof(int32_t));
-    } else {
-        ggml_backend_tensor_set(io.inp_embd, ctx.hidden.data(), 0, ctx.hidden.size() * sizeof(float));
     }
     ggml_backend_tensor_set(io.inp_pos, ctx.pos.data(), 0, n * sizeof(int32_t));
     std::vector<int64_t> idxs(ctx.cells.begin(), ctx.cells.end());
@@ -225,15 +227,11 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
         ggml_backend_tensor_set(io.inp_out_ids, ctx.out_ids.data(), 0, ctx.out_ids.size() * sizeof(int32_t));
     }
 
-    specee_context_use_threads(ctx, n);
-    if (ggml_backend_sched_graph_compute(ctx.sched, gf) != GGML_STATUS_SUCCESS) {
-        specee_fail("graph computation failed");
-    }
+    specee_graph_compute(ctx, gf, n);
 
-    // ---- outputs
+    // ---- outputs (the last layer's output stays in ctx.state until read)
     const size_t n_hidden = (size_t) n * hp.n_embd;
-    ctx.hidden.resize(n_hidden);
-    ggml_backend_tensor_get(io.l_out.back(), ctx.hidden.data(), 0, n_hidden * sizeof(float));
+    ctx.hidden_read       = false;
     if (gp.hidden_all) {
         ctx.hidden_layers.resize(hp.n_layer);
         for (int32_t il = l0; il < l1; ++il) {
@@ -253,8 +251,17 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     }
 }
 
-static int32_t eval_layers_impl(specee_context & ctx, const specee_batch * batch, int32_t l0, int32_t l1,
-                                uint32_t flags) {
+const std::vector<float> & specee_context_hidden(specee_context & ctx) {
+    if (!ctx.hidden_read && ctx.layer_done > 0) {
+        ggml_tensor * st = ctx.state[specee_context_backend_of_layer(ctx, ctx.layer_done - 1)];
+        ctx.hidden.resize((size_t) ctx.n_tokens * ctx.model->hparams.n_embd);
+        ggml_backend_tensor_get(st, ctx.hidden.data(), 0, ctx.hidden.size() * sizeof(float));
+        ctx.hidden_read = true;
+    }
+    return ctx.hidden;
+}
+
+void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, int32_t l0, int32_t l1, uint32_t flags) {
     const int32_t n_layer = (int32_t) ctx.model->hparams.n_layer;
     if (l0 < 0 || l1 > n_layer || l0 >= l1) {
         specee_fail("invalid layer range [%d, %d) for a model of %d layers", l0, l1, n_layer);
@@ -280,7 +287,7 @@ static int32_t eval_layers_impl(specee_context & ctx, const specee_batch * batch
     }
     if (first) {
         for (int32_t i = 0; i < ctx.n_tokens; ++i) {
-            ctx.kv.occupy(ctx.cells[i], ctx.pos[i]);
+            ctx.kv.occupy(ctx.cells[i], ctx.pos[i], ctx.tokens[i]);
         }
     }
     for (int32_t c : ctx.cells) {
@@ -289,92 +296,15 @@ static int32_t eval_layers_impl(specee_context & ctx, const specee_batch * batch
         }
     }
     ctx.layer_done = l1;
-    return 0;
-}
-
-// ---- C API -----------------------------------------------------------------------------------------
-
-extern "C" struct specee_context_params specee_context_default_params(void) {
-    specee_context_params p;
-    p.n_ctx           = 0;
-    p.n_batch         = 512;
-    p.n_threads       = (int32_t) std::max(1u, std::thread::hardware_concurrency());
-    p.n_threads_batch = p.n_threads;
-    p.type_v          = SPECEE_KV_F16;
-    return p;
-}
-
-static specee_context * context_init_impl(specee_model * model, specee_context_params params) {
-    if (!model) {
-        specee_fail("no model");
-    }
-    auto ctx    = std::make_unique<specee_context>();
-    ctx->model  = model;
-    if (params.n_ctx == 0) {
-        params.n_ctx = model->hparams.n_ctx_train;
-    }
-    if (params.n_batch == 0) {
-        params.n_batch = 512;
-    }
-    params.n_batch = std::min(params.n_batch, params.n_ctx);
-    if (params.n_threads <= 0) {
-        params.n_threads = specee_context_default_params().n_threads;
-    }
-    if (params.n_threads_batch <= 0) {
-        params.n_threads_batch = params.n_threads;
-    }
-    ctx->cparams = params;
-
-    ctx->backend_cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-    if (!ctx->backend_cpu) {
-        specee_fail("cannot initialise the CPU backend");
-    }
-    ggml_threadpool_params tpp = ggml_threadpool_params_default(params.n_threads);
-    ctx->threadpool            = ggml_threadpool_new(&tpp);
-    if (params.n_threads_batch != params.n_threads) {
-        ggml_threadpool_params tpb = ggml_threadpool_params_default(params.n_threads_batch);
-        ctx->threadpool_batch      = ggml_threadpool_new(&tpb);
-    }
-    ggml_backend_cpu_set_threadpool(ctx->backend_cpu, ctx->threadpool);
-    ggml_backend_cpu_set_n_threads(ctx->backend_cpu, params.n_threads);
-
-    if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
-        specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
-    }
-    ctx->kv.init(model->hparams, params.n_ctx, ggml_backend_get_default_buffer_type(ctx->backend_cpu),
-                 params.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16);
-
-    ctx->graph_size = std::max<int32_t>(2048, (int32_t) model->hparams.n_layer * 48 + 64);
-    ctx->graph_meta.resize(ggml_tensor_overhead() * ctx->graph_size +
-                           ggml_graph_overhead_custom(ctx->graph_size, false));
-    ggml_backend_t backends[1] = {ctx->backend_cpu};
-    ctx->sched = ggml_backend_sched_new(backends, nullptr, 1, ctx->graph_size, false, false);
-    if (!ctx->sched) {
-        specee_fail("cannot create the backend scheduler");
-    }
-    return ctx.release();
-}
-
-extern "C" specee_context * specee_context_init(specee_model * model, struct specee_context_params params) {
-    return specee_guard<specee_context *>(nullptr, [&] { return context_init_impl(model, params); });
-}
-
-extern "C" void specee_context_free(specee_context * ctx) { delete ctx; }
-
-extern "C" uint32_t specee_n_ctx(const specee_context * ctx) { return ctx->cparams.n_ctx; }
-extern "C" uint32_t specee_n_batch(const specee_context * ctx) { return ctx->cparams.n_batch; }
-
-extern "C" int32_t specee_eval_layers(specee_context * ctx, const struct specee_batch * batch, int32_t layer_begin,
-                                      int32_t layer_end, uint32_t flags) {
-    return specee_guard<int32_t>(-1, [&] { return eval_layers_impl(*ctx, batch, layer_begin, layer_end, flags); });
 }
 
 // all layers; plain causal batches longer than n_batch go through in chunks whose results are joined
-static int32_t eval_impl(specee_context & ctx, const specee_batch * batch) {
+void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     const int32_t n_layer = (int32_t) ctx.model->hparams.n_layer;
     const int32_t n_batch = (int32_t) ctx.cparams.n_batch;
     if (!batch || batch->n_tokens <= n_batch || batch->tree_mask) {
-        return eval_layers_impl(ctx, batch, 0, n_layer, 0);
+        specee_eval_layers_impl(ctx, batch, 0, n_layer, 0);
+        return;
     }
     const int32_t n = batch->n_tokens;
     if ((uint32_t) n > ctx.kv.size - ctx.kv.used) {
@@ -389,51 +319,234 @@ static int32_t eval_impl(specee_context & ctx, const specee_batch * batch) {
     }
     std::vector<float> logits, norm, hidden;
     int32_t            n_outputs = 0;
-    std::vector<int32_t> all_tokens(batch->token, batch->token + n);
     for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
         specee_batch chunk = {std::min(n_batch, n - i0), batch->token + i0, pos.data() + i0, nullptr, out.data() + i0};
-        eval_layers_impl(ctx, &chunk, 0, n_layer, 0);
+        specee_eval_layers_impl(ctx, &chunk, 0, n_layer, 0);
+        const std::vector<float> & h = specee_context_hidden(ctx);
         logits.insert(logits.end(), ctx.logits.begin(), ctx.logits.end());
         norm.insert(norm.end(), ctx.norm.begin(), ctx.norm.end());
-        hidden.insert(hidden.end(), ctx.hidden.begin(), ctx.hidden.end());
+        hidden.insert(hidden.end(), h.begin(), h.end());
         cells.insert(cells.end(), ctx.cells.begin(), ctx.cells.end());
         n_outputs += ctx.n_outputs;
     }
-    ctx.n_tokens  = n;
-    ctx.tokens    = all_tokens;
-    ctx.pos       = pos;
-    ctx.cells     = cells;
-    ctx.logits    = std::move(logits);
-    ctx.norm      = std::move(norm);
-    ctx.hidden    = std::move(hidden);
-    ctx.n_outputs = n_outputs;
-    return 0;
+    ctx.n_tokens = n;
+    ctx.tokens.assign(batch->token, batch->token + n);
+    ctx.pos         = pos;
+    ctx.cells       = cells;
+    ctx.logits      = std::move(logits);
+    ctx.norm        = std::move(norm);
+    ctx.hidden      = std::move(hidden);
+    ctx.hidden_read = true;
+    ctx.n_outputs   = n_outputs;
+}
+
+// ---- creation ---------------------------------------------------------------------------------------
+
+static void reserve_worst_case(specee_context & ctx) {
+    const specee_hparams & hp = ctx.model->hparams;
+    specee_graph_params    gp;
+    gp.n_tokens    = (int32_t) ctx.cparams.n_batch;
+    gp.n_kv        = (int32_t) ctx.kv.size;
+    gp.layer_begin = 0;
+    gp.layer_end   = (int32_t) hp.n_layer;
+    gp.final_norm  = true;
+    gp.n_outputs   = gp.n_tokens;
+    gp.n_masks     = 1;
+    gp.mask_of_layer.assign(hp.n_layer, 0);
+    specee_graph_io io;
+    specee_graph_reserve(ctx, build_layers(ctx, gp, io), "a batch of n_batch tokens over the whole context");
+}
+
+extern "C" struct specee_context_params specee_context_default_params(void) {
+    specee_context_params p;
+    p.n_ctx           = 0;
+    p.n_batch         = 512;
+    p.n_threads       = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    p.n_threads_batch = p.n_threads;
+    p.type_v          = SPECEE_KV_F32;
+    return p;
+}
+
+static specee_context * context_init_impl(specee_model * model, specee_context_params params) {
+    if (!model) {
+        specee_fail("no model");
+    }
+    auto ctx   = std::make_unique<specee_context>();
+    ctx->model = model;
+    if (params.n_ctx == 0) {
+        params.n_ctx = model->hparams.n_ctx_train;
+    }
+    if (params.n_batch == 0) {
+        params.n_batch = 512;
+    }
+    params.n_batch = std::min(params.n_batch, params.n_ctx);
+    if (params.n_threads <= 0) {
+        params.n_threads = specee_context_default_params().n_threads;
+    }
+    if (params.n_threads_batch <= 0) {
+        params.n_threads_batch = params.n_threads;
+    }
+    if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
+        specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
+    }
+    ctx->cparams = params;
+
+    // ---- backends: the model's devices, then the CPU
+    for (ggml_backend_dev_t dev : model->devices) {
+        ggml_backend_t b = ggml_backend_dev_init(dev, nullptr);
+        if (!b) {
+            specee_fail("cannot initialise the backend of device %s", ggml_backend_dev_name(dev));
+        }
+        ctx->backends.push_back(b);
+    }
+    ctx->backend_cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    if (!ctx->backend_cpu) {
+        specee_fail("cannot initialise the CPU backend");
+    }
+    ctx->backends.push_back(ctx->backend_cpu);
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(params.n_threads);
+    ctx->threadpool            = ggml_threadpool_new(&tpp);
+    if (params.n_threads_batch != params.n_threads) {
+        ggml_threadpool_params tpb = ggml_threadpool_params_default(params.n_threads_batch);
+        ctx->threadpool_batch      = ggml_threadpool_new(&tpb);
+    }
+    ggml_backend_cpu_set_threadpool(ctx->backend_cpu, ctx->threadpool);
+    ggml_backend_cpu_set_n_threads(ctx->backend_cpu, params.n_threads);
+
+    // ---- each layer's KV cache with its layer, the hidden state on every backend
+    const specee_hparams &                  hp = model->hparams;
+    std::vector<ggml_backend_buffer_type_t> layer_buft(hp.n_layer);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        layer_buft[il] = ggml_backend_get_default_buffer_type(ctx->backends[specee_context_backend_of_layer(*ctx, il)]);
+    }
+    ctx->kv.init(hp, params.n_ctx, layer_buft, params.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16);
+
+    ggml_init_params sp = {ctx->backends.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    ctx->state_ctx      = ggml_init(sp);
+    for (size_t b = 0; b < ctx->backends.size(); ++b) {
+        ggml_tensor * t = ggml_new_tensor_2d(ctx->state_ctx, GGML_TYPE_F32, hp.n_embd, params.n_batch);
+        ggml_format_name(t, "state-%zu", b);
+        ggml_backend_buffer_t buf =
+            ggml_backend_alloc_buffer(ctx->backends[b], ggml_backend_buft_get_alloc_size(
+                                                            ggml_backend_get_default_buffer_type(ctx->backends[b]), t));
+        if (!buf) {
+            specee_fail("cannot allocate the hidden-state buffer on %s", ggml_backend_name(ctx->backends[b]));
+        }
+        ctx->state_bufs.push_back(buf);
+        if (ggml_backend_tensor_alloc(buf, t, ggml_backend_buffer_get_base(buf)) != GGML_STATUS_SUCCESS) {
+            specee_fail("cannot place the hidden-state tensor on %s", ggml_backend_name(ctx->backends[b]));
+        }
+        ctx->state.push_back(t);
+    }
+
+    // ---- the scheduler and the graph runner
+    ctx->graph_size = std::max<int32_t>(2048, (int32_t) hp.n_layer * 48 + 64);
+    ctx->graph_meta.resize(ggml_tensor_overhead() * ctx->graph_size + ggml_graph_overhead_custom(ctx->graph_size, false));
+    ctx->sched = ggml_backend_sched_new(ctx->backends.data(), nullptr, (int) ctx->backends.size(), ctx->graph_size,
+                                        false, true);
+    if (!ctx->sched) {
+        specee_fail("cannot create the backend scheduler");
+    }
+    ggml_backend_sched_set_eval_callback(ctx->sched, nullptr, nullptr);
+    reserve_worst_case(*ctx);
+    return ctx.release();
+}
+
+// ---- C API -----------------------------------------------------------------------------------------
+
+extern "C" specee_context * specee_context_init(specee_model * model, struct specee_context_params params) {
+    return specee_guard<specee_context *>(nullptr, [&] { return context_init_impl(model, params); });
+}
+
+extern "C" void specee_context_free(specee_context * ctx) { delete ctx; }
+
+extern "C" uint32_t specee_n_ctx(const specee_context * ctx) { return ctx->cparams.n_ctx; }
+extern "C" uint32_t specee_n_batch(const specee_context * ctx) { return ctx->cparams.n_batch; }
+
+extern "C" int32_t specee_eval_layers(specee_context * ctx, const struct specee_batch * batch, int32_t layer_begin,
+                                      int32_t layer_end, uint32_t flags) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        specee_eval_layers_impl(*ctx, batch, layer_begin, layer_end, flags);
+        return 0;
+    });
 }
 
 extern "C" int32_t specee_eval(specee_context * ctx, const struct specee_batch * batch) {
-    return specee_guard<int32_t>(-1, [&] { return eval_impl(*ctx, batch); });
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        specee_eval_impl(*ctx, batch);
+        return 0;
+    });
 }
 
 extern "C" int32_t specee_n_outputs(const specee_context * ctx) { return ctx->n_outputs; }
 extern "C" const float * specee_get_logits(const specee_context * ctx) { return ctx->logits.data(); }
 extern "C" int32_t specee_last_n_tokens(const specee_context * ctx) { return ctx->n_tokens; }
 
-extern "C" const float * specee_get_hidden(const specee_context * ctx, int32_t il) {
-    if (il < 0 || il == ctx->layer_done - 1) {
-        return ctx->hidden.empty() ? nullptr : ctx->hidden.data();
+extern "C" const float * specee_get_hidden(const specee_context * cctx, int32_t il) {
+    specee_context & ctx = const_cast<specee_context &>(*cctx); // reading the state is a lazy copy
+    std::lock_guard<std::recursive_mutex> lock(ctx.mutex);
+    if (ctx.layer_done == 0 || ctx.n_tokens == 0) {
+        specee_set_error("no hidden state: nothing has been evaluated yet");
+        return nullptr;
     }
-    if (il >= (int32_t) ctx->hidden_layers.size() || ctx->hidden_layers[il].empty()) {
+    if (il < 0 || il == ctx.layer_done - 1) {
+        return specee_context_hidden(ctx).data();
+    }
+    if (il >= (int32_t) ctx.hidden_layers.size() || ctx.hidden_layers[il].empty()) {
         specee_set_error(specee_format("the hidden state after layer %d was not kept (use SPECEE_EVAL_HIDDEN_ALL)", il));
         return nullptr;
     }
-    return ctx->hidden_layers[il].data();
+    return ctx.hidden_layers[il].data();
 }
 
 extern "C" const float * specee_get_norm(const specee_context * ctx) {
-    return ctx->norm.empty() ? nullptr : ctx->norm.data();
+    if (ctx->norm.empty()) {
+        specee_set_error("no final-norm output: the last evaluation did not run the last layer");
+        return nullptr;
+    }
+    return ctx->norm.data();
+}
+
+extern "C" int32_t specee_set_capture(specee_context * ctx, const char * const * names, int32_t n) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        if (n < 0 || (n > 0 && !names)) {
+            specee_fail("specee_set_capture: bad list of names");
+        }
+        ctx->capture_names.assign(names, names + n);
+        ctx->captured.clear();
+        ctx->captured_shape.clear();
+        if (n > 0) {
+            ggml_backend_sched_set_eval_callback(ctx->sched, capture_callback, ctx);
+        } else {
+            ggml_backend_sched_set_eval_callback(ctx->sched, nullptr, nullptr);
+        }
+        return 0;
+    });
+}
+
+extern "C" const float * specee_get_capture(const specee_context * ctx, const char * name, int64_t * ne0,
+                                            int64_t * n_rows) {
+    const auto it = ctx->captured.find(name ? name : "");
+    if (it == ctx->captured.end()) {
+        specee_set_error(specee_format("'%s' was not captured by the last evaluation (specee_set_capture names the "
+                                       "nodes to keep; see specee-graph.cpp for the names)", name ? name : ""));
+        return nullptr;
+    }
+    const auto & shape = ctx->captured_shape.at(it->first);
+    if (ne0) {
+        *ne0 = shape.first;
+    }
+    if (n_rows) {
+        *n_rows = shape.second;
+    }
+    return it->second.data();
 }
 
 extern "C" void specee_kv_clear(specee_context * ctx) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
     ctx->kv.clear();
     ctx->n_tokens = 0;
     ctx->cells.clear();
@@ -443,20 +556,14 @@ extern "C" int32_t specee_kv_n_used(const specee_context * ctx) { return (int32_
 extern "C" int32_t specee_kv_pos_max(const specee_context * ctx) { return ctx->kv.pos_max(); }
 
 extern "C" int32_t specee_kv_remove(specee_context * ctx, int32_t p0, int32_t p1) {
-    int32_t removed = 0;
-    for (uint32_t c = 0; c < ctx->kv.size; ++c) {
-        const int32_t p = ctx->kv.pos[c];
-        if (p >= 0 && p >= p0 && (p1 < 0 || p < p1)) {
-            ctx->kv.free_cell((int32_t) c);
-            removed++;
-        }
-    }
-    return removed;
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return ctx->kv.remove(p0, p1);
 }
 
 extern "C" const int32_t * specee_kv_batch_cells(const specee_context * ctx) { return ctx->cells.data(); }
 
 extern "C" int32_t specee_kv_remove_cells(specee_context * ctx, const int32_t * cells, int32_t n) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
     int32_t removed = 0;
     for (int32_t i = 0; i < n; ++i) {
         if (cells[i] >= 0 && (uint32_t) cells[i] < ctx->kv.size && ctx->kv.pos[cells[i]] >= 0) {
@@ -475,24 +582,3 @@ extern "C" bool specee_kv_cell_valid(const specee_context * ctx, int32_t cell, i
     return cell >= 0 && (uint32_t) cell < ctx->kv.size && il >= 0 && (uint32_t) il < ctx->kv.n_layer &&
            ctx->kv.pos[cell] >= 0 && ctx->kv.is_valid(cell, il);
 }
-
-// ---- internals (specee-context.h) -------------------------------------------------------------------
-
-ggml_backend_sched_t specee_context_sched(specee_context & ctx) { return ctx.sched; }
-
-ggml_backend_buffer_type_t specee_context_buft(specee_context & ctx) {
-    return ggml_backend_get_default_buffer_type(ctx.backend_cpu);
-}
-
-int32_t specee_context_graph_size(const specee_context & ctx) { return ctx.graph_size; }
-
-void specee_context_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_tokens) {
-    specee_context_use_threads(ctx, n_tokens);
-    if (ggml_backend_sched_graph_compute(ctx.sched, gf) != GGML_STATUS_SUCCESS) {
-        specee_fail("graph computation failed");
-    }
-}
-
-specee_kv_cache & specee_context_kv(specee_context & ctx) { return ctx.kv; }
-
-const specee_model * specee_context_model(const specee_context & ctx) { return ctx.model; }

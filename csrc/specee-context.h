@@ -1,20 +1,84 @@
-// specee-context.h: a context's internals for the runtime's other files (the draft head's evaluation in
-// specee-speculative.cpp runs its graphs on the context's backend, scheduler and threads)
+// specee-context.h: a context's internals for the runtime's other files: the backends and their scheduler, the
+// KV cache, the one graph runner every graph goes through, and batch evaluation by layer ranges
 #pragma once
+
+#include "specee-kv-cache.h"
+#include "specee.h"
 
 #include "ggml-backend.h"
 #include "ggml.h"
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
 
-struct specee_context;
-struct specee_kv_cache;
 struct specee_model;
 
-ggml_backend_sched_t       specee_context_sched(specee_context & ctx);
-ggml_backend_buffer_type_t specee_context_buft(specee_context & ctx);
-int32_t                    specee_context_graph_size(const specee_context & ctx);
-// compute a graph allocated with specee_context_sched, with the threads for a batch of n_tokens
-void                       specee_context_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_tokens);
-specee_kv_cache &          specee_context_kv(specee_context & ctx);
-const specee_model *       specee_context_model(const specee_context & ctx);
+struct specee_context {
+    specee_model *        model = nullptr;
+    specee_context_params cparams{};
+    specee_kv_cache       kv;
+    std::recursive_mutex  mutex; // every C API call on the context (and its generators) holds it
+
+    // ---- backends: the model's devices in order, then the CPU; one scheduler over them
+    std::vector<ggml_backend_t> backends;
+    ggml_backend_t              backend_cpu      = nullptr;
+    ggml_threadpool_t           threadpool       = nullptr;
+    ggml_threadpool_t           threadpool_batch = nullptr;
+    ggml_backend_sched_t        sched            = nullptr;
+
+    // ---- the graph runner: graph and tensor metadata live in `graph_meta`; worst-case graphs are reserved
+    std::vector<uint8_t> graph_meta;
+    int32_t              graph_size = 0;
+    ggml_context *       graph_ctx  = nullptr; // the graph being built (freed by the next specee_graph_begin)
+
+    // ---- the hidden state between layer ranges: one [n_embd, n_batch] F32 tensor per backend, so a range that
+    // continues on the same device reads it in place (it crosses devices only where the layers do)
+    std::vector<ggml_tensor *>         state;  // [backends.size()]
+    ggml_context *                     state_ctx = nullptr;
+    std::vector<ggml_backend_buffer_t> state_bufs;
+
+    // ---- named intermediates read by the scheduler's eval callback
+    std::vector<std::string>                       capture_names;
+    std::map<std::string, std::vector<float>>      captured;
+    std::map<std::string, std::pair<int64_t, int64_t>> captured_shape; // (ne0, rows)
+
+    // ---- the last batch
+    int32_t              n_tokens   = 0;
+    int32_t              layer_done = 0; // layers [0, layer_done) evaluated for it
+    std::vector<int32_t> tokens, pos, cells;
+    std::vector<uint8_t> tree_mask; // [n_tokens * n_tokens] or empty: causal
+    std::vector<int32_t> out_ids;
+
+    // ---- results of the last batch (hidden is read from `state` on demand)
+    std::vector<float>              hidden;        // [n_tokens * n_embd] after layer_done - 1, when read
+    bool                            hidden_read = false;
+    std::vector<std::vector<float>> hidden_layers; // [n_layer][n_tokens * n_embd] when kept
+    std::vector<float>              norm;          // [n_tokens * n_embd]
+    std::vector<float>              logits;        // [n_outputs * n_vocab]
+    int32_t                         n_outputs = 0;
+
+    ~specee_context();
+};
+
+// ---- the graph runner ----------------------------------------------------------------------------------
+
+// a fresh no_alloc ggml context over the runner's metadata memory, for building one graph
+ggml_context * specee_graph_begin(specee_context & ctx);
+// allocate the graph's tensors in the scheduler's (reserved) compute buffers; throws on failure
+void           specee_graph_alloc(specee_context & ctx, ggml_cgraph * gf, const char * what);
+// compute it with the threads for a batch of n_tokens; throws on failure
+void           specee_graph_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_tokens);
+// grow the scheduler's buffers to fit a worst-case graph (done once per graph shape class)
+void           specee_graph_reserve(specee_context & ctx, ggml_cgraph * gf, const char * what);
+
+// ---- evaluation (internals of specee_eval / specee_eval_layers: throw instead of returning -1) ---------------
+
+void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, int32_t l0, int32_t l1, uint32_t flags);
+void specee_eval_impl(specee_context & ctx, const specee_batch * batch);
+// the hidden state after the last evaluated layer of the last batch [n_tokens * n_embd]
+const std::vector<float> & specee_context_hidden(specee_context & ctx);
+// the backend index (into ctx.backends) that holds layer il's weights; n_layer: the output's
+int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il);

@@ -1,4 +1,5 @@
-// specee-early-exit.cpp: SpecEE's exit predictors: the features of a layer's hidden state and the per-layer MLP
+// specee-early-exit.cpp: SpecEE early exit: the exit predictors (the features of a layer's hidden state and the
+// per-layer MLP) and the decoder that checks them layer range by layer range
 //
 // At a checked layer l of a decoded token, with the EAGLE head's top n_cand candidates cand:
 //   hn   = final_norm(h_l)                      the model's output norm applied to the layer's output
@@ -11,23 +12,20 @@
 // runs on the host from the weights' file mapping (the lm_head rows are read from the original, not the
 // repacked, copy of the tensor).
 
+#include "specee-early-exit.h"
+
 #include "specee-arch.h"
 #include "specee-context.h"
 #include "specee-graph.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-sampling.h"
-#include "specee-speculative.h"
-#include "specee.h"
 
 #include "ggml-backend.h"
-#include "ggml-cpu.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 // one row of a 2-D tensor of the file mapping as floats
@@ -135,27 +133,15 @@ static float specee_exit_predict_impl(const specee_model & m, int32_t layer, con
     return (float) (1.0 / (1.0 + std::exp(-z)));
 }
 
-// ---- the decode step ------------------------------------------------------------------------------
-
-using exit_clock = std::chrono::steady_clock;
-
-static double ms_since(exit_clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(exit_clock::now() - t0).count();
-}
+// ---- the decoder ----------------------------------------------------------------------------------
 
 // the layers checked for this token: the static set, plus e-2, e, e+2 around each of the last 5 exits;
 // only layers with a predictor, before the last layer (exiting there saves nothing)
-static std::vector<int32_t> exit_schedule(const specee_spec & sp, const specee_exit_params & ep) {
-    const specee_model & m       = *sp.model;
+static std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee_model & m) {
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    std::vector<int32_t> layers;
-    if (ep.layers) {
-        layers.assign(ep.layers, ep.layers + ep.n_layers);
-    } else {
-        layers = m.exit.layers;
-    }
-    if (ep.dynamic) {
-        for (int32_t e : sp.recent_exits) {
+    std::vector<int32_t> layers  = dec.layers;
+    if (dec.params.dynamic) {
+        for (int32_t e : dec.recent_exits) {
             for (int32_t d : {-2, 0, 2}) {
                 layers.push_back(e + d);
             }
@@ -172,192 +158,166 @@ static std::vector<int32_t> exit_schedule(const specee_spec & sp, const specee_e
     return out;
 }
 
-// the norm and full logits of one hidden state at an exit layer
-static void exit_logits(specee_spec & sp, const float * h, std::vector<float> & norm, std::vector<float> & logits) {
-    const specee_model & m = *sp.model;
-    if (sp.exit_graph_meta.empty()) {
-        sp.exit_graph_meta.resize(ggml_tensor_overhead() * 16 + ggml_graph_overhead_custom(16, false));
-    }
-    ggml_init_params ip   = {sp.exit_graph_meta.size(), sp.exit_graph_meta.data(), /*no_alloc =*/true};
-    ggml_context *   ctx0 = ggml_init(ip);
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> guard(ctx0, ggml_free);
-    specee_graph_io io;
-    ggml_cgraph *   gf = specee_build_exit_graph(ctx0, m, io, 16);
-
-    ggml_backend_sched_t sched = specee_context_sched(*sp.ctx);
-    ggml_backend_sched_reset(sched);
-    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
-        specee_fail("cannot allocate the exit layer's lm_head graph");
-    }
-    ggml_backend_tensor_set(io.inp_embd, h, 0, (size_t) sp.n_embd * sizeof(float));
-    specee_context_compute(*sp.ctx, gf, 1);
-    norm.resize(sp.n_embd);
-    logits.resize(sp.n_vocab);
+// the norm and full logits of the token's hidden state after layer il (on that layer's device)
+static void exit_logits(specee_context & ctx, int32_t il, std::vector<float> & norm, std::vector<float> & logits) {
+    const specee_model & m  = *ctx.model;
+    specee_graph_io      io;
+    ggml_cgraph *        gf = specee_build_exit_graph(specee_graph_begin(ctx), m,
+                                                      ctx.state[specee_context_backend_of_layer(ctx, il)], io, 16);
+    specee_graph_alloc(ctx, gf, "the exit layer's lm_head");
+    specee_graph_compute(ctx, gf, 1);
+    norm.resize(m.hparams.n_embd);
+    logits.resize(m.hparams.n_vocab);
     ggml_backend_tensor_get(io.result_norm, norm.data(), 0, norm.size() * sizeof(float));
     ggml_backend_tensor_get(io.result_output, logits.data(), 0, logits.size() * sizeof(float));
 }
 
-// SPECEE_EXIT_KV_FILL: the token's K/V in layers (exited, n_layer) from the exit layer's output h
-static void fill_skipped_kv(specee_spec & sp, int32_t exited, const float * h, int32_t pos) {
-    const specee_model & m       = *sp.model;
+// SPECEE_EXIT_KV_FILL: the token's K/V in layers (exited, n_layer) from the exit layer's output
+static void fill_skipped_kv(specee_context & ctx, int32_t exited, int32_t pos) {
+    const specee_model & m       = *ctx.model;
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    specee_kv_cache &    kv      = specee_context_kv(*sp.ctx);
-    const int64_t        cell    = specee_kv_batch_cells(sp.ctx)[0];
-
-    const int32_t graph_size = 16 * n_layer + 16;
-    std::vector<uint8_t> meta(ggml_tensor_overhead() * graph_size + ggml_graph_overhead_custom(graph_size, false));
-    ggml_init_params     ip   = {meta.size(), meta.data(), /*no_alloc =*/true};
-    ggml_context *       ctx0 = ggml_init(ip);
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> guard(ctx0, ggml_free);
-    specee_graph_io io;
-    ggml_cgraph *   gf = specee_build_kv_fill_graph(ctx0, m, kv, exited + 1, n_layer, io, graph_size);
-
-    ggml_backend_sched_t sched = specee_context_sched(*sp.ctx);
-    ggml_backend_sched_reset(sched);
-    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
-        specee_fail("cannot allocate the graph that fills the skipped layers' K/V");
-    }
-    ggml_backend_tensor_set(io.inp_embd, h, 0, (size_t) sp.n_embd * sizeof(float));
+    const int64_t        cell    = ctx.cells[0];
+    specee_graph_io      io;
+    ggml_cgraph *        gf = specee_build_kv_fill_graph(specee_graph_begin(ctx), m, ctx.kv,
+                                                         ctx.state[specee_context_backend_of_layer(ctx, exited)],
+                                                         exited + 1, n_layer, io, ctx.graph_size);
+    specee_graph_alloc(ctx, gf, "the skipped layers' K/V");
     ggml_backend_tensor_set(io.inp_pos, &pos, 0, sizeof(int32_t));
     ggml_backend_tensor_set(io.inp_kv_idxs, &cell, 0, sizeof(int64_t));
-    specee_context_compute(*sp.ctx, gf, 1);
+    specee_graph_compute(ctx, gf, 1);
     for (int32_t il = exited + 1; il < n_layer; ++il) {
-        kv.set_valid((int32_t) cell, il);
+        ctx.kv.set_valid((int32_t) cell, il);
     }
 }
 
-static int32_t step_exit_impl(specee_spec & sp, specee_sampler & smpl, const specee_exit_params & ep,
-                              int32_t * exit_layer) {
-    if (sp.root < 0) {
-        specee_fail("early exit: call specee_spec_prefill before specee_spec_step_exit");
+void specee_exit_init(specee_exit_decoder & dec, const specee_model & m, const specee_exit_params & params) {
+    const int32_t n_layer = (int32_t) m.hparams.n_layer;
+    if (params.kv != SPECEE_EXIT_KV_MASK && params.kv != SPECEE_EXIT_KV_FILL) {
+        specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", params.kv);
     }
-    if (!specee_sampler_greedy(smpl)) {
-        specee_fail("early exit decodes greedily (the exit layer's argmax); use a greedy sampler (temperature 0)");
+    if (params.n_layers < 0 || (params.n_layers > 0 && !params.layers) || params.n_replay < 0 ||
+        (params.n_replay > 0 && !params.replay)) {
+        specee_fail("early exit: a bad list of layers or replayed exit layers");
     }
-    const specee_model & m       = *sp.model;
+    dec.params = params;
+    if (dec.params.threshold < 0.0f) {
+        dec.params.threshold = m.exit.threshold;
+    }
+    dec.layers = params.layers ? std::vector<int32_t>(params.layers, params.layers + params.n_layers) : m.exit.layers;
+    dec.replay.assign(params.replay, params.replay + params.n_replay);
+    for (int32_t l : dec.replay) {
+        if (l < 0 || l >= n_layer) {
+            specee_fail("replayed exit layer %d: the model has layers 0..%d", l, n_layer - 1);
+        }
+    }
+    if (!dec.replay.empty() || dec.params.threshold >= 1.0f) {
+        return; // replays, and a threshold no predictor reaches, need no predictors
+    }
+    if (m.exit.n_pred == 0) {
+        specee_fail("early exit needs exit predictors (blk.N.pred.*): merge them into the model with python -m "
+                    "specee.convert merge --predictors, or load a head file that has them (--draft-head)");
+    }
+    for (int32_t l : dec.layers) {
+        if (l < 0 || l >= n_layer - 1 || !m.exit.pred[l].up) {
+            specee_fail("exit layer %d has no exit predictor (or is the last layer); layers with one: blk.N.pred.* "
+                        "of the model or head file", l);
+        }
+    }
+}
+
+int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                         int32_t & root_pos, int32_t & layers_run, specee_generator_stats & st) {
+    specee_context &     ctx     = *head.ctx;
+    const specee_model & m       = *head.model;
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
     const int32_t        n_cand  = (int32_t) m.exit.n_cand;
-    if (ep.kv_policy != SPECEE_EXIT_KV_MASK && ep.kv_policy != SPECEE_EXIT_KV_FILL) {
-        specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", ep.kv_policy);
-    }
-    if (ep.force_exit_layer >= n_layer) {
-        specee_fail("forced exit layer %d: the model has %d layers", ep.force_exit_layer, n_layer);
-    }
-    if (m.exit.n_pred == 0 && ep.force_exit_layer < 0 && ep.threshold < 1.0f) {
-        specee_fail("early exit needs exit predictors (blk.N.pred.*): merge them into the model with "
-                    "python -m specee.convert merge --predictors");
-    }
-    specee_context & ctx   = *sp.ctx;
-    const int32_t    n_ctx = (int32_t) specee_n_ctx(&ctx);
-    if (specee_kv_n_used(&ctx) >= n_ctx) {
-        specee_fail("context full: no KV cell left for the next token (n_ctx = %d)", n_ctx);
-    }
-    specee_exit_stats & st = sp.exit_stats;
 
     // ---- candidates: the head's top n_cand after the pending pairs
-    auto t0 = exit_clock::now();
-    specee_draft_commit(sp);
-    std::vector<int32_t> cand(std::min(n_cand, sp.n_dvocab));
-    {
-        std::vector<int32_t> idx(sp.n_dvocab);
-        for (int32_t i = 0; i < sp.n_dvocab; ++i) {
-            idx[i] = i;
-        }
-        const float * lg = sp.d_logits.data();
-        std::partial_sort(idx.begin(), idx.begin() + cand.size(), idx.end(),
-                          [&](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); });
-        const std::vector<int32_t> & dvocab = m.eagle.draft_vocab;
-        for (size_t j = 0; j < cand.size(); ++j) {
-            cand[j] = dvocab.empty() ? idx[j] : dvocab[idx[j]];
-        }
+    auto t0 = specee_clock::now();
+    specee_draft_commit(head);
+    std::vector<int32_t> cand = specee_top_k(head.logits.data(), head.n_dvocab, n_cand);
+    for (int32_t & c : cand) {
+        c = specee_draft_target_id(head, c);
     }
-    st.t_head_ms += ms_since(t0);
+    st.t_head_ms += specee_ms_since(t0);
 
-    // ---- the token's layers, checked at the scheduled ones
-    int32_t       tok = sp.root, pos = sp.root_pos;
-    specee_batch  b   = {1, &tok, &pos, nullptr, nullptr};
-    int32_t       l   = 0, exited = -1, next = -1;
-    std::vector<float> feat(3 * n_cand), p(n_cand), p_prev, norm, logits;
-    const std::vector<int32_t> sched =
-        ep.force_exit_layer >= 0 ? std::vector<int32_t>{ep.force_exit_layer} : exit_schedule(sp, ep);
-    for (int32_t s : sched) {
-        t0 = exit_clock::now();
-        if (specee_eval_layers(&ctx, &b, l, s + 1, SPECEE_EVAL_NO_LOGITS) != 0) {
-            specee_fail("%s", specee_last_error());
+    // ---- the token's layers, checked at the scheduled ones (or exiting where the replay says)
+    int32_t              forced = -1;
+    std::vector<int32_t> sched;
+    if (!dec.replay.empty()) {
+        forced = dec.replay[dec.n_replayed++ % dec.replay.size()];
+        if (forced < n_layer - 1) {
+            sched = {forced};
         }
-        st.t_layers_ms += ms_since(t0);
+    } else {
+        sched = exit_schedule(dec, m);
+    }
+    int32_t            tok = root, pos = root_pos;
+    specee_batch       b   = {1, &tok, &pos, nullptr, nullptr};
+    int32_t            l = 0, exited = -1, next = -1;
+    std::vector<float> feat(3 * n_cand), p(n_cand), p_prev, norm, logits;
+    for (int32_t s : sched) {
+        t0 = specee_clock::now();
+        specee_eval_layers_impl(ctx, &b, l, s + 1, SPECEE_EVAL_NO_LOGITS);
+        st.t_layers_ms += specee_ms_since(t0);
         l = s + 1;
-        const float * h = specee_get_hidden(&ctx, -1);
 
-        bool fire = ep.force_exit_layer >= 0;
+        bool fire = forced >= 0;
         if (!fire) {
-            t0 = exit_clock::now();
+            t0 = specee_clock::now();
             if ((int32_t) cand.size() == n_cand) {
+                const float * h = specee_context_hidden(ctx).data();
                 specee_exit_features_impl(m, h, cand.data(), p_prev.empty() ? nullptr : p_prev.data(), feat.data(),
                                           p.data());
-                fire = specee_exit_predict_impl(m, s, feat.data()) > ep.threshold;
+                fire   = specee_exit_predict_impl(m, s, feat.data()) > dec.params.threshold;
                 p_prev = p;
             }
             st.n_checks += 1;
             st.n_fired += fire;
-            st.t_check_ms += ms_since(t0);
+            st.t_check_ms += specee_ms_since(t0);
         }
         if (!fire) {
             continue;
         }
-        t0 = exit_clock::now();
-        exit_logits(sp, h, norm, logits);
-        const int32_t t = specee_sampler_sample(&smpl, logits.data(), sp.n_vocab);
-        st.t_exit_ms += ms_since(t0);
-        if (t < 0) {
-            specee_fail("%s", specee_last_error());
-        }
-        if (ep.force_exit_layer >= 0 || std::find(cand.begin(), cand.end(), t) != cand.end()) {
+        t0 = specee_clock::now();
+        exit_logits(ctx, s, norm, logits);
+        const int32_t t = specee_sampler_sample_impl(smpl, logits.data(), head.n_vocab);
+        st.t_exit_ms += specee_ms_since(t0);
+        if (forced >= 0 || std::find(cand.begin(), cand.end(), t) != cand.end()) {
             exited = s;
             next   = t;
-            if (ep.kv_policy == SPECEE_EXIT_KV_FILL) {
-                t0 = exit_clock::now();
-                fill_skipped_kv(sp, s, h, pos);
-                st.t_fill_ms += ms_since(t0);
+            if (dec.params.kv == SPECEE_EXIT_KV_FILL) {
+                t0 = specee_clock::now();
+                fill_skipped_kv(ctx, s, pos);
+                st.t_fill_ms += specee_ms_since(t0);
             }
             break;
         }
         st.n_rejected += 1;
     }
     if (exited < 0) {
-        t0 = exit_clock::now();
-        if (specee_eval_layers(&ctx, &b, l, n_layer, 0) != 0) {
-            specee_fail("%s", specee_last_error());
-        }
-        st.t_layers_ms += ms_since(t0);
-        next = specee_sampler_sample(&smpl, specee_get_logits(&ctx), sp.n_vocab);
-        if (next < 0) {
-            specee_fail("%s", specee_last_error());
-        }
-        const float * nm = specee_get_norm(&ctx);
-        norm.assign(nm, nm + sp.n_embd);
+        t0 = specee_clock::now();
+        specee_eval_layers_impl(ctx, &b, l, n_layer, 0);
+        st.t_layers_ms += specee_ms_since(t0);
+        next = specee_sampler_sample_impl(smpl, ctx.logits.data(), head.n_vocab);
+        norm = ctx.norm;
     }
-    specee_sampler_accept(&smpl, next);
+    specee_sampler_accept_impl(smpl, next);
 
     // ---- the pair (this token's feature, the next token) for the head; the next token becomes the root
-    sp.pend_feat.insert(sp.pend_feat.end(), norm.begin(), norm.end());
-    sp.pend_tok.push_back(next);
-    sp.pend_pos.push_back(sp.root_pos);
-    sp.root = next;
-    sp.root_pos += 1;
+    specee_draft_add_pair(head, norm.data(), next, root_pos);
+    root = next;
+    root_pos += 1;
 
-    const int32_t layer = exited >= 0 ? exited : n_layer - 1;
-    st.n_tokens += 1;
+    layers_run = exited >= 0 ? exited + 1 : n_layer;
+    st.n_passes += 1;
     st.n_exits += exited >= 0;
-    st.sum_layers += layer + 1;
+    st.n_layers_run += layers_run;
     if (exited >= 0) {
-        sp.recent_exits.push_back(exited);
-        if (sp.recent_exits.size() > 5) {
-            sp.recent_exits.erase(sp.recent_exits.begin());
+        dec.recent_exits.push_back(exited);
+        if (dec.recent_exits.size() > 5) {
+            dec.recent_exits.erase(dec.recent_exits.begin());
         }
-    }
-    if (exit_layer) {
-        *exit_layer = layer;
     }
     return next;
 }
@@ -404,37 +364,3 @@ extern "C" float specee_exit_predict(const specee_model * model, int32_t layer, 
     });
 }
 
-extern "C" struct specee_exit_params specee_exit_default_params(void) {
-    specee_exit_params p;
-    p.threshold        = -1.0f; // the model's specee.exit.threshold
-    p.layers           = nullptr;
-    p.n_layers         = 0;
-    p.dynamic          = true;
-    p.force_exit_layer = -1;
-    p.kv_policy        = SPECEE_EXIT_KV_MASK;
-    return p;
-}
-
-extern "C" int32_t specee_spec_step_exit(specee_spec * spec, specee_sampler * smpl, const specee_exit_params * params,
-                                         int32_t * exit_layer) {
-    return specee_guard<int32_t>(-1, [&] {
-        if (!spec || !smpl) {
-            specee_fail("specee_spec_step_exit: no decoder or sampler");
-        }
-        specee_exit_params ep = params ? *params : specee_exit_default_params();
-        if (ep.threshold < 0.0f) {
-            ep.threshold = spec->model->exit.threshold;
-        }
-        return step_exit_impl(*spec, *smpl, ep, exit_layer);
-    });
-}
-
-extern "C" struct specee_exit_stats specee_spec_get_exit_stats(const specee_spec * spec) {
-    return spec ? spec->exit_stats : specee_exit_stats{};
-}
-
-extern "C" void specee_spec_reset_exit_stats(specee_spec * spec) {
-    if (spec) {
-        spec->exit_stats = specee_exit_stats{};
-    }
-}

@@ -107,10 +107,8 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         inpL = ggml_get_rows(ctx0, model.tok_embd, io.inp_tokens); // [n_embd, n_tokens]
         ggml_set_name(inpL, "inp_embd");
     } else {
-        io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, gp.n_tokens);
-        ggml_set_name(io.inp_embd, "inp_hidden");
-        ggml_set_input(io.inp_embd);
-        inpL = io.inp_embd;
+        inpL = ggml_view_2d(ctx0, gp.state_in, hp.n_embd, gp.n_tokens, gp.state_in->nb[1], 0); // [n_embd, n_tokens]
+        ggml_set_name(inpL, "inp_hidden");
     }
     io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
     ggml_set_name(io.inp_pos, "inp_pos");
@@ -147,12 +145,22 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
 
         cur = ggml_add(ctx0, cur, ffn_inp);
         name_il(cur, "l_out", il);
-        if (gp.hidden_all || il == gp.layer_end - 1) {
-            ggml_set_output(cur);
-            io.l_out.push_back(cur);
+        if (gp.hidden_all) {
+            // a copy of its own: the allocator reuses the plan of a graph of the same shape, and in graphs without
+            // hidden_all l_out's memory is reused by later layers
+            ggml_tensor * keep = ggml_cont(ctx0, cur);
+            ggml_format_name(keep, "l_out_kept-%d", il);
+            ggml_set_output(keep);
+            io.l_out.push_back(keep);
         }
         inpL = cur;
     }
+
+    // the last layer's output stays on its device for the next range
+    ggml_tensor * state = ggml_cpy(ctx0, inpL, ggml_view_2d(ctx0, gp.state_out, hp.n_embd, gp.n_tokens,
+                                                            gp.state_out->nb[1], 0));
+    ggml_set_name(state, "state_out");
+    ggml_build_forward_expand(gf, state);
 
     // ---- final norm and lm_head
     ggml_tensor * cur = inpL;
@@ -245,16 +253,15 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
     return gf;
 }
 
-ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, specee_graph_io & io,
-                                      int32_t graph_size) {
+ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
+                                      specee_graph_io & io, int32_t graph_size) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
 
-    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, 1); // a layer's output [n_embd, 1]
-    ggml_set_name(io.inp_embd, "inp_embd");
-    ggml_set_input(io.inp_embd);
+    ggml_tensor * h = ggml_view_2d(ctx0, state, hp.n_embd, 1, state->nb[1], 0); // a layer's output [n_embd, 1]
+    ggml_set_name(h, "inp_hidden");
 
-    ggml_tensor * cur = build_norm(ctx0, io.inp_embd, model.output_norm, hp.f_norm_rms_eps); // [n_embd, 1]
+    ggml_tensor * cur = build_norm(ctx0, h, model.output_norm, hp.f_norm_rms_eps); // [n_embd, 1]
     ggml_set_name(cur, "result_norm");
     ggml_set_output(cur);
     io.result_norm = cur;
@@ -267,14 +274,13 @@ ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & 
 }
 
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
-                                         int32_t layer_begin, int32_t layer_end, specee_graph_io & io,
-                                         int32_t graph_size) {
+                                         ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
+                                         specee_graph_io & io, int32_t graph_size) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
 
-    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, 1); // the exit layer's output [n_embd, 1]
-    ggml_set_name(io.inp_embd, "inp_hidden");
-    ggml_set_input(io.inp_embd);
+    ggml_tensor * h = ggml_view_2d(ctx0, state, hp.n_embd, 1, state->nb[1], 0); // the exit layer's output [n_embd, 1]
+    ggml_set_name(h, "inp_hidden");
     io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, 1);
     ggml_set_name(io.inp_pos, "inp_pos");
     ggml_set_input(io.inp_pos);
@@ -284,7 +290,7 @@ ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model
 
     for (int il = layer_begin; il < layer_end; ++il) {
         const specee_layer & layer = model.layers[il];
-        ggml_tensor *        cur   = build_norm(ctx0, io.inp_embd, layer.attn_norm, hp.f_norm_rms_eps);
+        ggml_tensor *        cur   = build_norm(ctx0, h, layer.attn_norm, hp.f_norm_rms_eps);
         name_il(cur, "attn_norm", il);
         build_kv_store(ctx0, gf, model, layer, kv.k[il], kv.v[il], io, cur, 1, il);
     }

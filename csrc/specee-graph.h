@@ -21,19 +21,24 @@ struct specee_graph_params {
     // attention masks: layer il uses mask mask_of_layer[il - layer_begin] of n_masks
     int32_t              n_masks = 1;
     std::vector<int32_t> mask_of_layer;
+
+    // the hidden state between layer ranges ([n_embd, n_batch] F32, allocated by the context): layer_begin > 0
+    // reads the first n_tokens columns of state_in; the last layer's output is copied into state_out
+    ggml_tensor * state_in  = nullptr;
+    ggml_tensor * state_out = nullptr;
 };
 
 struct specee_graph_io {
     // inputs, set after allocation
     ggml_tensor *              inp_tokens  = nullptr; // I32 [n_tokens]            (layer_begin == 0)
-    ggml_tensor *              inp_embd    = nullptr; // F32 [n_embd, n_tokens]    (layer_begin > 0)
+    ggml_tensor *              inp_embd    = nullptr; // F32 [n_embd, n_tokens]    (the draft head's features)
     ggml_tensor *              inp_pos     = nullptr; // I32 [n_tokens]
     ggml_tensor *              inp_kv_idxs = nullptr; // I64 [n_tokens] cache cell of each token
     ggml_tensor *              inp_out_ids = nullptr; // I32 [n_outputs]
     std::vector<ggml_tensor *> inp_masks;             // F16 [n_kv, n_tokens] each
 
     // outputs
-    std::vector<ggml_tensor *> l_out;         // [n_embd, n_tokens] after each evaluated layer
+    std::vector<ggml_tensor *> l_out;         // [n_embd, n_tokens] after each evaluated layer (hidden_all)
     ggml_tensor *              result_norm   = nullptr; // [n_embd, n_tokens]
     ggml_tensor *              result_output = nullptr; // [n_vocab, n_outputs]
 };
@@ -51,14 +56,14 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
 ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                        const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);
 
-// SpecEE's exit at a layer: the final norm and the lm_head on one token's hidden state after that layer
-// (io.inp_embd [n_embd, 1]); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]
-ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, specee_graph_io & io,
-                                      int32_t graph_size);
+// SpecEE's exit at a layer: the final norm and the lm_head on one token's hidden state after that layer (the
+// first column of `state`); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]
+ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
+                                      specee_graph_io & io, int32_t graph_size);
 
 // SpecEE's other KV policy after an exit: the K/V of layers [layer_begin, layer_end) for one token computed
-// from the exit layer's output (io.inp_embd [n_embd, 1], each layer's attn_norm, K/V projections, RoPE at
+// from the exit layer's output (the first column of `state`; each layer's attn_norm, K/V projections, RoPE at
 // io.inp_pos) into the token's cell io.inp_kv_idxs; nothing else of those layers runs
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
-                                         int32_t layer_begin, int32_t layer_end, specee_graph_io & io,
-                                         int32_t graph_size);
+                                         ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
+                                         specee_graph_io & io, int32_t graph_size);

@@ -1,9 +1,12 @@
-// specee-impl.h: internals shared by the runtime's files (errors, formatting)
+// specee-impl.h: internals shared by the runtime's files (errors, formatting, timing, top-k)
 #pragma once
 
+#include <chrono>
 #include <cstdarg>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 // thrown inside the runtime; the C API catches it and stores the message for specee_last_error()
 struct specee_error : std::runtime_error {
@@ -26,3 +29,12 @@ template <typename T, typename F> T specee_guard(T err, F && f) {
         return err;
     }
 }
+
+using specee_clock = std::chrono::steady_clock;
+
+inline double specee_ms_since(specee_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(specee_clock::now() - t0).count();
+}
+
+// indices of the k largest of x[0..n), largest first; equal values by lower index (deterministic)
+std::vector<int32_t> specee_top_k(const float * x, int32_t n, int32_t k);

@@ -1,45 +1,68 @@
-// specee-kv-cache.cpp: cell bookkeeping and the K/V tensors of every layer
+// specee-kv-cache.cpp: cell bookkeeping, the K/V tensors of every layer, attention masks
 #include "specee-kv-cache.h"
 
 #include "specee-impl.h"
 #include "specee-model.h"
 
 #include <algorithm>
+#include <cmath>
 
 specee_kv_cache::~specee_kv_cache() {
-    if (buf) {
-        ggml_backend_buffer_free(buf);
+    for (ggml_backend_buffer_t b : bufs) {
+        ggml_backend_buffer_free(b);
     }
-    if (ctx) {
-        ggml_free(ctx);
+    for (ggml_context * c : ctxs) {
+        ggml_free(c);
     }
 }
 
-void specee_kv_cache::init(const specee_hparams & hp, uint32_t n_ctx, ggml_backend_buffer_type_t buft,
-                           ggml_type type_v) {
+void specee_kv_cache::init(const specee_hparams & hp, uint32_t n_ctx,
+                           const std::vector<ggml_backend_buffer_type_t> & buft, ggml_type type_v) {
     size    = n_ctx;
     n_layer = hp.n_layer;
     pos.assign(size, -1);
+    tok.assign(size, -1);
     valid.assign((size_t) size * n_layer, 0);
     used = 0;
 
-    ggml_init_params ip = {/*mem_size =*/2 * n_layer * ggml_tensor_overhead(), /*mem_buffer =*/nullptr,
-                           /*no_alloc =*/true};
-    ctx = ggml_init(ip);
+    std::vector<ggml_backend_buffer_type_t> types;
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        if (std::find(types.begin(), types.end(), buft[il]) == types.end()) {
+            types.push_back(buft[il]);
+        }
+    }
     k.resize(n_layer);
     v.resize(n_layer);
-    for (uint32_t il = 0; il < n_layer; ++il) {
-        k[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, hp.n_embd_k_gqa(), size);
-        v[il] = ggml_new_tensor_2d(ctx, type_v, hp.n_embd_v_gqa(), size);
-        ggml_format_name(k[il], "cache_k_l%u", il);
-        ggml_format_name(v[il], "cache_v_l%u", il);
+    for (ggml_backend_buffer_type_t t : types) {
+        ggml_init_params ip = {/*mem_size =*/2 * n_layer * ggml_tensor_overhead(), /*mem_buffer =*/nullptr,
+                               /*no_alloc =*/true};
+        ggml_context *   c  = ggml_init(ip);
+        ctxs.push_back(c);
+        for (uint32_t il = 0; il < n_layer; ++il) {
+            if (buft[il] != t) {
+                continue;
+            }
+            k[il] = ggml_new_tensor_2d(c, GGML_TYPE_F16, hp.n_embd_k_gqa(), size);
+            v[il] = ggml_new_tensor_2d(c, type_v, hp.n_embd_v_gqa(), size);
+            ggml_format_name(k[il], "cache_k_l%u", il);
+            ggml_format_name(v[il], "cache_v_l%u", il);
+        }
+        ggml_backend_buffer_t b = ggml_backend_alloc_ctx_tensors_from_buft(c, t);
+        if (!b) {
+            specee_fail("cannot allocate the KV cache (%u cells) in %s", size, ggml_backend_buft_name(t));
+        }
+        // zeros, so masked cells never feed NaN into attention
+        ggml_backend_buffer_clear(b, 0);
+        bufs.push_back(b);
     }
-    buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
-    if (!buf) {
-        specee_fail("cannot allocate the KV cache (%u cells)", size);
+}
+
+size_t specee_kv_cache::nbytes() const {
+    size_t n = 0;
+    for (ggml_backend_buffer_t b : bufs) {
+        n += ggml_backend_buffer_get_size(b);
     }
-    // zeros, so masked cells never feed NaN into attention
-    ggml_backend_buffer_clear(buf, 0);
+    return n;
 }
 
 std::vector<int32_t> specee_kv_cache::find_slots(uint32_t n) const {
@@ -75,11 +98,26 @@ int32_t specee_kv_cache::pos_max() const {
     return p;
 }
 
-void specee_kv_cache::occupy(int32_t cell, int32_t p) {
+int32_t specee_kv_cache::cell_of(int32_t p) const {
+    for (uint32_t c = 0; c < size; ++c) {
+        if (pos[c] == p) {
+            return (int32_t) c;
+        }
+    }
+    return -1;
+}
+
+bool specee_kv_cache::is_valid_all(int32_t cell) const {
+    const uint8_t * row = valid.data() + (size_t) cell * n_layer;
+    return std::all_of(row, row + n_layer, [](uint8_t x) { return x != 0; });
+}
+
+void specee_kv_cache::occupy(int32_t cell, int32_t p, int32_t token) {
     if (pos[cell] < 0) {
         used++;
     }
     pos[cell] = p;
+    tok[cell] = token;
     std::fill(valid.begin() + (size_t) cell * n_layer, valid.begin() + (size_t) (cell + 1) * n_layer, 0);
 }
 
@@ -88,11 +126,24 @@ void specee_kv_cache::free_cell(int32_t cell) {
         used--;
     }
     pos[cell] = -1;
+    tok[cell] = -1;
     std::fill(valid.begin() + (size_t) cell * n_layer, valid.begin() + (size_t) (cell + 1) * n_layer, 0);
+}
+
+int32_t specee_kv_cache::remove(int32_t p0, int32_t p1) {
+    int32_t removed = 0;
+    for (uint32_t c = 0; c < size; ++c) {
+        if (pos[c] >= 0 && pos[c] >= p0 && (p1 < 0 || pos[c] < p1)) {
+            free_cell((int32_t) c);
+            removed++;
+        }
+    }
+    return removed;
 }
 
 void specee_kv_cache::clear() {
     std::fill(pos.begin(), pos.end(), -1);
+    std::fill(tok.begin(), tok.end(), -1);
     std::fill(valid.begin(), valid.end(), 0);
     used = 0;
 }
@@ -113,8 +164,32 @@ void specee_kv_cache::move_cell(int32_t src, int32_t dst) {
             ggml_backend_tensor_set(t, row.data(), (size_t) dst * nb, nb);
         }
     }
-    occupy(dst, pos[src]);
+    occupy(dst, pos[src], tok[src]);
     std::copy(valid.begin() + (size_t) src * n_layer, valid.begin() + (size_t) (src + 1) * n_layer,
               valid.begin() + (size_t) dst * n_layer);
     free_cell(src);
+}
+
+void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & cells, const std::vector<int32_t> & pos,
+                       const uint8_t * tree_mask, const std::vector<uint8_t> & cached, int32_t n_kv,
+                       std::vector<ggml_fp16_t> & mask) {
+    const int32_t        n = (int32_t) cells.size();
+    std::vector<int32_t> batch_index(n_kv, -1);
+    for (int32_t j = 0; j < n; ++j) {
+        batch_index[cells[j]] = j;
+    }
+    const ggml_fp16_t zero    = ggml_fp32_to_fp16(0.0f);
+    const ggml_fp16_t neg_inf = ggml_fp32_to_fp16(-INFINITY);
+    mask.assign((size_t) n_kv * n, neg_inf);
+    for (int32_t i = 0; i < n; ++i) {
+        ggml_fp16_t * row = mask.data() + (size_t) i * n_kv;
+        for (int32_t c = 0; c < n_kv; ++c) {
+            const int32_t j   = batch_index[c];
+            const bool    see = j >= 0 ? (tree_mask ? tree_mask[(size_t) i * n + j] != 0 : pos[j] <= pos[i])
+                                       : cached[c] && kv.pos[c] >= 0 && kv.pos[c] <= pos[i];
+            if (see) {
+                row[c] = zero;
+            }
+        }
+    }
 }

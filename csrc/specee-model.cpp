@@ -255,7 +255,7 @@ static void load_hparams(specee_model & m, const std::string & arch) {
     specee_hparams &     hp = m.hparams;
     get_u32(g, key_of(SPECEE_KEY_BLOCK_COUNT, arch), hp.n_layer, true);
     get_u32(g, key_of(SPECEE_KEY_EMBEDDING_LENGTH, arch), hp.n_embd, true);
-    get_u32(g, key_of(SPECEE_KEY_FEED_FORWARD, arch), hp.n_ff, true);
+    get_u32(g, key_of(SPECEE_KEY_FEED_FORWARD_LENGTH, arch), hp.n_ff, true);
     get_u32(g, key_of(SPECEE_KEY_HEAD_COUNT, arch), hp.n_head, true);
     hp.n_head_kv = hp.n_head;
     get_u32(g, key_of(SPECEE_KEY_HEAD_COUNT_KV, arch), hp.n_head_kv, false);
@@ -273,19 +273,19 @@ static void load_hparams(specee_model & m, const std::string & arch) {
     hp.n_embd_head_v = hp.n_embd_head_k;
     get_u32(g, key_of(SPECEE_KEY_VALUE_LENGTH, arch), hp.n_embd_head_v, false);
     hp.n_rot = hp.n_embd_head_k;
-    get_u32(g, key_of(SPECEE_KEY_ROPE_DIM, arch), hp.n_rot, false);
+    get_u32(g, key_of(SPECEE_KEY_ROPE_DIMENSION_COUNT, arch), hp.n_rot, false);
     if (hp.n_rot != hp.n_embd_head_k || hp.n_embd_head_k % 2 != 0) {
         specee_fail("invalid hyperparameters: rope dimension %u must equal the head size %u (even)", hp.n_rot,
                     hp.n_embd_head_k);
     }
-    get_f32(g, key_of(SPECEE_KEY_RMS_EPS, arch), hp.f_norm_rms_eps);
+    get_f32(g, key_of(SPECEE_KEY_LAYER_NORM_RMS_EPS, arch), hp.f_norm_rms_eps);
     get_f32(g, key_of(SPECEE_KEY_ROPE_FREQ_BASE, arch), hp.rope_freq_base);
 
     // RoPE scaling: linear (position interpolation) and YaRN; Llama 3's per-frequency factors come
     // as the rope_freqs tensor
-    const std::string scale_type = get_str(g, key_of(SPECEE_KEY_ROPE_SCALE_TYPE, arch));
+    const std::string scale_type = get_str(g, key_of(SPECEE_KEY_ROPE_SCALING_TYPE, arch));
     float             factor     = 0.0f;
-    if (!get_f32(g, key_of(SPECEE_KEY_ROPE_SCALE_FACTOR, arch), factor)) {
+    if (!get_f32(g, key_of(SPECEE_KEY_ROPE_SCALING_FACTOR, arch), factor)) {
         get_f32(g, key_of(SPECEE_KEY_ROPE_SCALE_LINEAR, arch), factor);
     }
     if (scale_type == "none") {
@@ -296,7 +296,7 @@ static void load_hparams(specee_model & m, const std::string & arch) {
     hp.rope_freq_scale = factor > 0.0f ? 1.0f / factor : 1.0f;
     hp.rope_ext_factor = scale_type == "yarn" ? 1.0f : 0.0f;
     hp.n_ctx_orig      = hp.n_ctx_train;
-    get_u32(g, key_of(SPECEE_KEY_ROPE_ORIG_CTX, arch), hp.n_ctx_orig, false);
+    get_u32(g, key_of(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN, arch), hp.n_ctx_orig, false);
 }
 
 static void map_path(const std::string & path, bool use_mmap, void *& addr, size_t & size, bool & mapped) {
@@ -466,7 +466,7 @@ static specee_eagle read_eagle(const specee_model & m, ggml_context * cm, const 
     try {
         ggml_tensor * gate = ggml_get_tensor(cm, specee_tensor_name(SPECEE_TENSOR_EAGLE_FFN_GATE).c_str());
         e.n_ff             = gate ? (uint32_t) gate->ne[1] : 0;
-        get_u32(g, SPECEE_KEY_EAGLE_FEED_FORWARD, e.n_ff, false);
+        get_u32(g, SPECEE_KEY_EAGLE_FEED_FORWARD_LENGTH, e.n_ff, false);
         const int64_t n_ff = e.n_ff;
 
         specee_layer & l = e.layer;
@@ -476,7 +476,7 @@ static specee_eagle read_eagle(const specee_model & m, ggml_context * cm, const 
         l.wq       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_Q, -1, {n_embd, n_q});
         l.wk       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_K, -1, {n_embd, (int64_t) hp.n_embd_k_gqa()});
         l.wv       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_V, -1, {n_embd, (int64_t) hp.n_embd_v_gqa()});
-        l.wo       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_OUT, -1, {n_out, n_embd});
+        l.wo       = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_ATTN_OUTPUT, -1, {n_out, n_embd});
         l.ffn_norm = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FFN_NORM, -1, {n_embd});
         l.ffn_gate = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FFN_GATE, -1, {n_embd, n_ff});
         l.ffn_up   = get_tensor_in(cm, path, SPECEE_TENSOR_EAGLE_FFN_UP, -1, {n_embd, n_ff});
@@ -704,7 +704,7 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
         l.wq             = get_tensor(m, SPECEE_TENSOR_ATTN_Q, il, {n_embd, n_q});
         l.wk             = get_tensor(m, SPECEE_TENSOR_ATTN_K, il, {n_embd, (int64_t) hp.n_embd_k_gqa()});
         l.wv             = get_tensor(m, SPECEE_TENSOR_ATTN_V, il, {n_embd, (int64_t) hp.n_embd_v_gqa()});
-        l.wo             = get_tensor(m, SPECEE_TENSOR_ATTN_OUT, il, {n_out, n_embd});
+        l.wo             = get_tensor(m, SPECEE_TENSOR_ATTN_OUTPUT, il, {n_out, n_embd});
         l.ffn_norm       = get_tensor(m, SPECEE_TENSOR_FFN_NORM, il, {n_embd});
         l.ffn_gate       = get_tensor(m, SPECEE_TENSOR_FFN_GATE, il, {n_embd, (int64_t) hp.n_ff});
         l.ffn_up         = get_tensor(m, SPECEE_TENSOR_FFN_UP, il, {n_embd, (int64_t) hp.n_ff});
@@ -764,6 +764,13 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     }
     m.desc = arch + " " + size_label(m.n_params) + " " + type_name;
     return guard.release();
+}
+
+int32_t specee_model_device_of_layer(const specee_model & m, int32_t il) {
+    if (il >= 0 && il < (int32_t) m.layer_device.size()) {
+        return m.layer_device[il];
+    }
+    return m.output_device;
 }
 
 // ---- C API ---------------------------------------------------------------------------------------

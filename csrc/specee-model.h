@@ -105,6 +105,12 @@ struct specee_model {
 
     specee_vocab * vocab = nullptr; // tokenizer, from tokenizer.ggml.* (specee-vocab.cpp)
 
+    // placement: the devices other than the CPU that hold weights, in order; each layer's device (an index into
+    // devices, -1: the CPU) and the output's (output_norm, output, the draft head; -1: the CPU)
+    std::vector<ggml_backend_dev_t> devices;
+    std::vector<int32_t>            layer_device;
+    int32_t                         output_device = -1;
+
     // GGUF metadata as printable strings
     std::vector<std::pair<std::string, std::string>> meta;
     std::string desc;
@@ -126,3 +132,6 @@ struct specee_model {
 
 // throws specee_error naming the problem
 specee_model * specee_model_load_impl(const char * path, bool use_mmap);
+
+// the device index (into model.devices) of layer il, -1 for the CPU; il = n_layer: the output's
+int32_t specee_model_device_of_layer(const specee_model & model, int32_t il);

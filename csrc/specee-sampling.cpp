@@ -183,7 +183,7 @@ extern "C" struct specee_sampler_params specee_sampler_default_params(void) {
     return p;
 }
 
-static specee_sampler * sampler_init_impl(const specee_sampler_params & params) {
+specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params) {
     if (std::isnan(params.temp)) {
         specee_fail("temp must be a number (<= 0 means greedy)");
     }
@@ -208,7 +208,7 @@ static specee_sampler * sampler_init_impl(const specee_sampler_params & params) 
 }
 
 extern "C" specee_sampler * specee_sampler_init(struct specee_sampler_params params) {
-    return specee_guard<specee_sampler *>(nullptr, [&] { return sampler_init_impl(params); });
+    return specee_guard<specee_sampler *>(nullptr, [&] { return specee_sampler_init_impl(params); });
 }
 
 extern "C" void specee_sampler_free(specee_sampler * smpl) { delete smpl; }
@@ -264,7 +264,7 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
     return -1;
 }
 
-static int32_t sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab) {
+int32_t specee_sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab) {
     const int32_t best = run_chain(s, logits, n_vocab, true);
     return best >= 0 ? best : draw(s.cur, s.rng);
 }
@@ -304,18 +304,25 @@ extern "C" int32_t specee_sampler_probs(specee_sampler * smpl, const float * log
     });
 }
 
+void specee_sampler_set_logit_bias_impl(specee_sampler & s, int32_t token, float bias) {
+    if (token < 0 || std::isnan(bias)) {
+        specee_fail("logit bias: a negative token (%d) or a NaN bias", token);
+    }
+    for (auto & [t, b] : s.logit_bias) {
+        if (t == token) {
+            b = bias;
+            return;
+        }
+    }
+    s.logit_bias.emplace_back(token, bias);
+}
+
 extern "C" int32_t specee_sampler_set_logit_bias(specee_sampler * smpl, int32_t token, float bias) {
     return specee_guard<int32_t>(-1, [&] {
-        if (!smpl || token < 0 || std::isnan(bias)) {
-            specee_fail("no sampler, a negative token (%d) or a NaN bias", token);
+        if (!smpl) {
+            specee_fail("no sampler");
         }
-        for (auto & [t, b] : smpl->logit_bias) {
-            if (t == token) {
-                b = bias;
-                return 0;
-            }
-        }
-        smpl->logit_bias.emplace_back(token, bias);
+        specee_sampler_set_logit_bias_impl(*smpl, token, bias);
         return 0;
     });
 }
@@ -325,13 +332,13 @@ extern "C" int32_t specee_sampler_sample(specee_sampler * smpl, const float * lo
         if (!smpl) {
             specee_fail("no sampler");
         }
-        return sampler_sample_impl(*smpl, logits, n_vocab);
+        return specee_sampler_sample_impl(*smpl, logits, n_vocab);
     });
 }
 
-extern "C" void specee_sampler_accept(specee_sampler * smpl, int32_t token) {
-    auto &        h      = smpl->history;
-    const int32_t last_n = smpl->params.repeat_last_n;
+void specee_sampler_accept_impl(specee_sampler & s, int32_t token) {
+    auto &        h      = s.history;
+    const int32_t last_n = s.params.repeat_last_n;
     h.push_back(token);
     // keep at most 2 * last_n tokens, trimming to last_n now and then (the window is the tail)
     if (last_n >= 0 && h.size() > 2 * (size_t) std::max(last_n, 32)) {
@@ -339,8 +346,28 @@ extern "C" void specee_sampler_accept(specee_sampler * smpl, int32_t token) {
     }
 }
 
-extern "C" void specee_sampler_reset(specee_sampler * smpl) {
-    smpl->history.clear();
-    smpl->seed_cur = resolve_seed(smpl->params.seed);
-    smpl->rng.seed(smpl->seed_cur);
+void specee_sampler_reset_impl(specee_sampler & s) {
+    s.history.clear();
+    s.seed_cur = resolve_seed(s.params.seed);
+    s.rng.seed(s.seed_cur);
+}
+
+uint32_t specee_sampler_seed(const specee_sampler & s) { return s.seed_cur; }
+
+void specee_sampler_copy_history(specee_sampler & dst, const specee_sampler & src) { dst.history = src.history; }
+
+extern "C" void specee_sampler_accept(specee_sampler * smpl, int32_t token) { specee_sampler_accept_impl(*smpl, token); }
+
+extern "C" void specee_sampler_reset(specee_sampler * smpl) { specee_sampler_reset_impl(*smpl); }
+
+std::vector<int32_t> specee_top_k(const float * x, int32_t n, int32_t k) {
+    k = std::max(0, std::min(k, n));
+    std::vector<int32_t> idx(n);
+    for (int32_t i = 0; i < n; ++i) {
+        idx[i] = i;
+    }
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    idx.resize(k);
+    return idx;
 }

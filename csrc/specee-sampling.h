@@ -1,5 +1,7 @@
-// specee-sampling.h: the sampler's internals for the speculative loop (distributions and uniform draws)
+// specee-sampling.h: the sampler's internals for the decoding loops (they throw specee_error instead of returning -1)
 #pragma once
+
+#include "specee.h"
 
 #include <cstdint>
 #include <utility>
@@ -14,3 +16,14 @@ void   specee_sampler_dist(specee_sampler & s, const float * logits, int32_t n_v
 // the next uniform in [0, 1) of the sampler's seeded generator
 double specee_sampler_uniform(specee_sampler & s);
 bool   specee_sampler_greedy(const specee_sampler & s);
+
+specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params);
+// the next token from one row of the target's logits [n_vocab] (logit biases and penalties applied)
+int32_t          specee_sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab);
+void             specee_sampler_accept_impl(specee_sampler & s, int32_t token);
+void             specee_sampler_reset_impl(specee_sampler & s);
+void             specee_sampler_set_logit_bias_impl(specee_sampler & s, int32_t token, float bias);
+// the seed in use (the params' seed, or the random one drawn for SPECEE_DEFAULT_SEED)
+uint32_t         specee_sampler_seed(const specee_sampler & s);
+// dst's history (repetition penalties) becomes src's
+void             specee_sampler_copy_history(specee_sampler & dst, const specee_sampler & src);

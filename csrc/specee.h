@@ -104,9 +104,9 @@ struct specee_context_params {
     uint32_t n_batch;         // most tokens in one graph; longer plain batches are split
     int32_t  n_threads;       // threads for single-token decode
     int32_t  n_threads_batch; // threads for batches of more than one token
-    int32_t  type_v;          // V cache: SPECEE_KV_F16 (default) or SPECEE_KV_F32, with which attention
-                              // accumulates in F32 on one kernel path for every batch shape, so a token's
-                              // logits do not depend on the batch it is in (speculative == plain, bit for bit)
+    int32_t  type_v;          // V cache: SPECEE_KV_F32 (default), with which attention accumulates in F32 on one
+                              // kernel path for every batch shape, so a token's logits do not depend on the batch
+                              // it is in (speculative == plain, bit for bit), or SPECEE_KV_F16 (half the memory)
 };
 
 enum specee_kv_type {
@@ -157,6 +157,14 @@ const float * specee_get_hidden(const specee_context * ctx, int32_t il);
 const float * specee_get_norm(const specee_context * ctx);
 int32_t       specee_last_n_tokens(const specee_context * ctx);
 
+// Named intermediates: the next evaluations keep a copy of each graph node with one of these names ("l_out-12",
+// "attn_norm-3", "ffn_out-0", "result_norm"; every node is named, see specee-graph.cpp); n = 0 stops. Each
+// captured node is read when computed, which splits the graph there: capturing costs time.
+int32_t       specee_set_capture(specee_context * ctx, const char * const * names, int32_t n);
+// the captured node of the last evaluation as floats, rows of ne0 values (*n_rows rows); NULL when the last
+// evaluation did not compute it
+const float * specee_get_capture(const specee_context * ctx, const char * name, int64_t * ne0, int64_t * n_rows);
+
 // ---- KV cache ----------------------------------------------------------------------------------
 
 void    specee_kv_clear  (specee_context * ctx);
@@ -205,99 +213,69 @@ void    specee_sampler_reset(specee_sampler * smpl);
 // top-p, min-p, temperature; greedy: 1 at the argmax), written to probs [n_vocab]; 0, or -1 on error
 int32_t specee_sampler_probs(specee_sampler * smpl, const float * logits, int32_t n_vocab, float * probs);
 
-// ---- speculative decoding with the EAGLE head (lossless) -------------------------------------------
-//
-// Each step drafts a tree of tokens with the model's EAGLE head, verifies it with one batched pass of the
-// model, and returns the accepted tokens plus one from the model's own distribution. Greedy output is the
-// plain greedy output; with sampling every token keeps the sampler's distribution (see
-// specee-speculative.cpp). The decoder owns the context's KV cache while it runs: start with
-// specee_spec_prefill, then call specee_spec_step; the last returned token is not in the cache yet (as
-// after plain sampling). Both add the tokens they return to the sampler's history (the caller adds the
-// prompt's, as in plain decoding).
+// ---- EAGLE draft head and SpecEE exit predictors --------------------------------------------------
 
-enum specee_spec_tree {
-    SPECEE_SPEC_TREE_STATIC  = 0, // EAGLE-1: a fixed tree from a choices list
-    SPECEE_SPEC_TREE_DYNAMIC = 1, // EAGLE-2: the best total_tokens of a tree grown top_k by top_k, depth deep
-};
+// the names of the predictor tensors ("blk.%d.pred.up.weight", ...), NULL past the end
+const char * specee_arch_pred_tensor_name(int32_t i);
+// the GGUF keys this runtime reads, as NAME=VALUE ("KEY_BLOCK_COUNT={arch}.block_count"), NULL past the end
+const char * specee_arch_key(int32_t i);
 
-struct specee_spec_params {
-    int32_t      tree;         // enum specee_spec_tree
-    const char * choices;      // static: "[[0], [1], [0, 0], ...]" (child ranks along each path, TensorRT-LLM's
-                               // --eagle_choices) or the preset "mc_sim_7b_63"; NULL: [[0]] (CPU default)
-    int32_t      total_tokens; // dynamic: draft tokens verified per step
-    int32_t      depth;        // dynamic: most draft tokens on one path
-    int32_t      top_k;        // dynamic: children per expanded node, and nodes expanded per depth
-};
+int32_t      specee_model_exit_n_pred(const specee_model * model); // layers with a predictor
+bool         specee_model_exit_has_pred(const specee_model * model, int32_t layer);
+// the file's static set of checked layers (specee.exit.layers, block indices) into out [n_max]; returns its size
+int32_t      specee_model_exit_layers(const specee_model * model, int32_t * out, int32_t n_max);
+float        specee_model_exit_threshold(const specee_model * model);   // specee.exit.threshold (0.5)
+int32_t      specee_model_exit_n_candidates(const specee_model * model); // specee.exit.n_candidates (4)
 
-struct specee_spec_stats {
-    int32_t n_steps;     // draft-and-verify steps
-    int32_t n_drafted;   // draft tokens verified
-    int32_t n_accepted;  // draft tokens accepted
-    int32_t n_tokens;    // tokens returned by the steps (accepted + one per step, fewer when cut short)
-    double  t_draft_ms;  // in the draft head, tree building included
-    double  t_verify_ms; // in the model's verification passes
-    double  t_accept_ms; // acceptance and cache bookkeeping
-};
-// mean accepted tokens per step (EAGLE's acceptance length): n_tokens / n_steps
-
-typedef struct specee_spec specee_spec;
-
-struct specee_spec_params specee_spec_default_params(void);
-// NULL with specee_last_error() when the model has no head or the parameters are bad
-specee_spec * specee_spec_init(specee_context * ctx, struct specee_spec_params params);
-void          specee_spec_free(specee_spec * spec);
-// evaluate tokens after the cached ones (an empty cache starts a new sequence; in a conversation the next
-// turn's tokens, starting with the last returned token), then sample the first token; returns it or -1
-int32_t specee_spec_prefill(specee_spec * spec, specee_sampler * smpl, const int32_t * tokens, int32_t n_tokens);
-// one step: writes 1..n_max tokens (it stops after an end-of-generation token); returns their count or -1
-int32_t specee_spec_step(specee_spec * spec, specee_sampler * smpl, int32_t * tokens, int32_t n_max);
-struct specee_spec_stats specee_spec_get_stats(const specee_spec * spec);
-void                     specee_spec_reset_stats(specee_spec * spec);
-// number of draft tokens of a choices list or preset, or -1 with the reason in specee_last_error()
-int32_t                  specee_spec_check_choices(const char * choices);
-// The head alone over n pairs (tokens[i], features[i] [n_embd]) at positions 0..n-1, causal: logits
-// [n][specee_model_eagle_n_vocab] (NULL: not needed) and the head's output features [n][n_embd] (eagle_out,
-// NULL: not needed). For tests and acceptance estimates; it clears the decoder's state (prefill again).
-int32_t specee_spec_eval_head(specee_spec * spec, const int32_t * tokens, const float * features, int32_t n,
-                              float * logits, float * out);
-
-// ---- SpecEE early exit: exit predictors (blk.N.pred.*) and specee.exit.* settings ------------------------
-//
 // At a checked layer the features of the layer's output h [n_embd] for the EAGLE head's candidates cand
 // [n_cand] are c = lm_head[cand] . final_norm(h), p = softmax(c) and p - p_prev (p_prev: p at the previously
 // checked layer; NULL at the first check, where the third group is p itself, as SpecEE's code has it), in
 // that order; the layer's predictor maps them to a probability
 // (Linear(3 n_cand, hidden), ReLU, Linear(hidden, 1), sigmoid) and fires above the threshold.
-
-// the names of the predictor tensors ("blk.%d.pred.up.weight", ...), NULL past the end
-const char * specee_arch_pred_tensor_name(int32_t i);
-int32_t      specee_model_exit_n_pred(const specee_model * model); // layers with a predictor
-bool         specee_model_exit_has_pred(const specee_model * model, int32_t layer);
-// the file's static set of checked layers (specee.exit.layers) into out [n_max]; returns its size
-int32_t      specee_model_exit_layers(const specee_model * model, int32_t * out, int32_t n_max);
-float        specee_model_exit_threshold(const specee_model * model);   // specee.exit.threshold (0.5)
-int32_t      specee_model_exit_n_candidates(const specee_model * model); // specee.exit.n_candidates (4)
 // features [3 n_cand] of h; p_out [n_cand] (NULL: not needed) receives p; 0, or -1 with specee_last_error()
 int32_t specee_exit_features(const specee_model * model, const float * h, const int32_t * cand, const float * p_prev,
                              float * feat, float * p_out);
 // the layer's predictor on feat [3 n_cand]: a probability, or -1 with specee_last_error()
 float   specee_exit_predict(const specee_model * model, int32_t layer, const float * feat);
 
-// Early-exit decoding (SpecEE) with a speculative decoder's EAGLE head (specee_spec_init, any tree kind;
-// start with specee_spec_prefill): each step evaluates the last returned token layer by layer; at every
-// scheduled layer the predictor is checked on the head's top n_cand candidates, and when it fires the full
-// lm_head at that layer gives the token, taken if it is one of the candidates. Layers after the exit are
-// not evaluated for the token; their cache holds nothing for it (masked for later tokens, SpecEE's policy)
-// or K/V computed from the exit layer's output (kv_policy). Greedy only: the token is the (penalised)
-// argmax of the sampler.
-struct specee_exit_params {
-    float           threshold;        // a predictor fires above this; >= 1: never (plain decoding); < 0: the
-                                      // model's specee.exit.threshold
-    const int32_t * layers;           // the static schedule (checked layers); NULL: the model's specee.exit.layers
-    int32_t         n_layers;
-    bool            dynamic;          // also check e-2, e, e+2 around each of the last 5 exit layers
-    int32_t         force_exit_layer; // tests and replays: exit at this layer whatever the predictors say; -1: off
-    int32_t         kv_policy;        // enum specee_exit_kv: what the skipped layers' cache holds for the token
+// The draft head alone over n pairs (tokens[i], features[i] [n_embd]) at positions 0..n-1, causal: logits
+// [n][specee_model_eagle_n_vocab] (NULL: not needed) and the head's output features [n][n_embd] (out, NULL:
+// not needed). For tests and training's acceptance estimates; it uses a cache of its own.
+int32_t specee_draft_head_eval(specee_context * ctx, const int32_t * tokens, const float * features, int32_t n,
+                               float * logits, float * out);
+
+// ---- generation: one decoding loop for every mode ----------------------------------------------------
+//
+// A generator decodes on a context with a sampler chain and one of four modes:
+//   plain       one token per pass of the model;
+//   eagle       EAGLE-1 speculative decoding: the draft head drafts a static tree (eagle.choices), the model
+//               verifies it in one batched pass; lossless (greedy output = plain output; sampling keeps the
+//               sampler's distribution, see specee-speculative.cpp);
+//   eagle2      EAGLE-2: a dynamic tree (eagle.total_tokens, depth, topk), lossless likewise;
+//   early_exit  SpecEE: each token's pass stops at a checked layer when its predictor fires and that layer's
+//               argmax is one of the draft head's candidates; greedy only, lossy by design.
+// auto picks early_exit for a model with a draft head and exit predictors when decoding greedily (SpecEE's
+// behaviour for its merged files), else eagle2 with a draft head, else plain.
+//
+// Usage: specee_generator_start(tokens of the whole sequence so far), then specee_generator_next until it
+// returns an end-of-generation token or 0 (context full). start keeps the longest prefix of `tokens` the KV cache
+// holds from earlier calls on this context (a conversation's earlier turns, a shared prompt) and evaluates the
+// rest. Every call locks the context; a context's generators and evaluations must not interleave a sequence.
+
+enum specee_mode {
+    SPECEE_MODE_AUTO       = 0,
+    SPECEE_MODE_PLAIN      = 1,
+    SPECEE_MODE_EAGLE      = 2,
+    SPECEE_MODE_EAGLE2     = 3,
+    SPECEE_MODE_EARLY_EXIT = 4,
+};
+
+struct specee_eagle_params {
+    const char * choices;      // eagle: "[[0], [1], [0, 0], ...]" (child ranks along each path, TensorRT-LLM's
+                               // --eagle_choices) or the preset "mc_sim_7b_63"; NULL: [[0]] (CPU default)
+    int32_t      total_tokens; // eagle2: draft tokens verified per step
+    int32_t      depth;        // eagle2: most draft tokens on one path
+    int32_t      topk;         // eagle2: children per expanded node, and nodes expanded per depth
 };
 
 enum specee_exit_kv {
@@ -305,27 +283,78 @@ enum specee_exit_kv {
     SPECEE_EXIT_KV_FILL = 1, // K/V computed from the exit layer's output (each layer's norm, K/V projections)
 };
 
-struct specee_exit_stats {
-    int32_t n_tokens;   // tokens produced by specee_spec_step_exit
-    int32_t n_exits;    // of which exited before the last layer
-    int64_t sum_layers; // sum over tokens of the layers evaluated (exit layer + 1, or n_layer)
-    int32_t n_checks;   // predictor checks
-    int32_t n_fired;    // checks whose predictor fired
-    int32_t n_rejected; // fired, but the exit layer's argmax was not a candidate
-    double  t_layers_ms; // in the model's layers
-    double  t_check_ms;  // features + predictors
-    double  t_exit_ms;   // norm + full lm_head at fired layers
-    double  t_head_ms;   // the EAGLE head (candidates)
-    double  t_fill_ms;   // K/V of the skipped layers (SPECEE_EXIT_KV_FILL)
+struct specee_exit_params {
+    float           threshold; // a predictor fires above this; >= 1: never; < 0: the model's specee.exit.threshold
+    const int32_t * layers;    // the static schedule (block indices checked); NULL: the model's specee.exit.layers
+    int32_t         n_layers;
+    bool            dynamic;   // also check e-2, e, e+2 around each of the last 5 exit layers
+    int32_t         kv;        // enum specee_exit_kv: what the skipped layers' cache holds for an exited token
+    const int32_t * replay;    // benchmarks and tests: token i exits after block replay[i % n_replay] whatever the
+    int32_t         n_replay;  // predictors say (n_layer - 1 or more: all layers); NULL: off
 };
 
-struct specee_exit_params specee_exit_default_params(void);
-// one token; *exit_layer (may be NULL) receives the layer it exited after, or n_layer - 1 when it ran all
-// layers; returns the token, or -1 with specee_last_error()
-int32_t specee_spec_step_exit(specee_spec * spec, specee_sampler * smpl, const struct specee_exit_params * params,
-                              int32_t * exit_layer);
-struct specee_exit_stats specee_spec_get_exit_stats(const specee_spec * spec);
-void                     specee_spec_reset_exit_stats(specee_spec * spec);
+struct specee_generator_params {
+    struct specee_sampler_params sampling;
+    bool                         ignore_eos; // end-of-generation tokens get logit -inf on every draw from the
+                                             // model's logits (never the draft head's): lossless with EAGLE
+    int32_t                      mode;       // enum specee_mode
+    struct specee_eagle_params   eagle;
+    struct specee_exit_params    exit;
+};
+
+struct specee_generator_stats {
+    int32_t n_prompt;      // tokens evaluated by start (the reused prefix not counted)
+    int32_t n_reused;      // tokens start found in the cache
+    double  t_prompt_ms;
+    int32_t n_tokens;      // tokens returned by next (the first one of each start comes from the prompt's pass)
+    int32_t n_decoded;     // of which produced by decoding passes (every token but the first of each start)
+    int32_t n_passes;      // decoding passes after the first token: one per token (plain, early exit) or per
+                           // draft-and-verify step (eagle, eagle2)
+    double  t_decode_ms;   // in next, after the first token
+    double  t_sample_ms;   // sampling and acceptance, inside t_decode_ms
+    // eagle, eagle2
+    int32_t n_drafted;     // draft tokens verified
+    int32_t n_accepted;    // of which accepted
+    double  t_draft_ms;    // in the draft head, tree building included
+    double  t_verify_ms;   // in the model's verification passes
+    // early_exit (decode passes only)
+    int32_t n_exits;        // tokens that left before the last layer
+    int64_t n_layers_run;   // layers evaluated, summed over tokens
+    int32_t n_checks;       // predictor checks
+    int32_t n_fired;        // checks whose predictor fired
+    int32_t n_rejected;     // fired, but the layer's argmax was not a candidate
+    double  t_layers_ms;    // in the model's layers
+    double  t_check_ms;     // features + predictors
+    double  t_exit_ms;      // norm + full lm_head at fired layers
+    double  t_head_ms;      // the draft head (candidates)
+    double  t_fill_ms;      // K/V of the skipped layers (SPECEE_EXIT_KV_FILL)
+};
+
+typedef struct specee_generator specee_generator;
+
+struct specee_generator_params specee_generator_default_params(void);
+// NULL with specee_last_error() on bad parameters or a mode the model cannot run
+specee_generator * specee_generator_init(specee_context * ctx, struct specee_generator_params params);
+void               specee_generator_free(specee_generator * gen);
+// new parameters, from the next step on (a generation in progress goes on; the draft head's cache is kept for
+// prefix reuse); 0, or -1 (nothing changes)
+int32_t            specee_generator_set_params(specee_generator * gen, struct specee_generator_params params);
+// the sampler's seed (the random one drawn for SPECEE_DEFAULT_SEED)
+uint32_t           specee_generator_seed(const specee_generator * gen);
+// the mode in use (auto resolved)
+int32_t            specee_generator_mode(const specee_generator * gen);
+// Begin generating after `tokens` (the whole sequence: prompt, or conversation so far). Returns how many of
+// them were reused from the cache, or -1 with specee_last_error() (context overflow: nothing changes).
+int32_t specee_generator_start(specee_generator * gen, const int32_t * tokens, int32_t n_tokens);
+// The next 1..n_max tokens (more than one when a speculative step accepts drafted tokens; it stops after an
+// end-of-generation token). layers_run [n_max] (NULL: not needed) receives the layers each token's pass ran
+// (n_layer unless it exited early). Returns their count, 0 when the context is full, or -1 with
+// specee_last_error().
+int32_t specee_generator_next(specee_generator * gen, int32_t * tokens, int32_t * layers_run, int32_t n_max);
+struct specee_generator_stats specee_generator_get_stats(const specee_generator * gen);
+void                          specee_generator_reset_stats(specee_generator * gen);
+// number of draft tokens of a choices list or preset, or -1 with the reason in specee_last_error()
+int32_t specee_eagle_check_choices(const char * choices);
 
 // ---- chat templates ------------------------------------------------------------------------------
 
@@ -337,6 +366,9 @@ struct specee_chat_message {
 // Template name for a GGUF's tokenizer.chat_template text (or a name given by the user): "chatml",
 // "llama2", "vicuna", ...; NULL when not recognised.
 const char * specee_chat_template_detect(const char * tmpl);
+// The template to render a model's chats with: `name` when given (a name, or a Jinja text with a known template's
+// markers), else the model's own tokenizer.chat_template. NULL with specee_last_error() when that is not known.
+const char * specee_chat_template_resolve(const specee_model * model, const char * name);
 // Renders messages with a named template (see specee_chat_template_detect); add_ass: end with the
 // assistant's prefix. Returns the length, or -(length needed) when len is too small, or INT32_MIN on error.
 int32_t specee_chat_apply_template(const char * name, const struct specee_chat_message * msgs, int32_t n_msgs,

@@ -29,9 +29,9 @@ from specee.paths import DEFAULT_DRAFT_HEAD, DEFAULT_EAGLE_HEAD_VOCAB8192, is_de
 
 DEFAULT_MODES = ["plain", "eagle", "eagle2"]
 # settings a resumed run must share with the records already in --out
-SETTINGS = ("model", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "threads", "n_ctx", "type_v",
+SETTINGS = ("model", "max_tokens", "temp", "top_k", "top_p", "min_p", "seed", "threads", "n_ctx", "type_v",
             "draft_head", "eagle_choices", "eagle_total_tokens", "eagle_depth", "eagle_topk", "llama_cli",
-            "llama_cli_args", "exit_head", "exit_threshold", "exit_layers", "exit_kv", "chat_template")
+            "llama_cli_args", "exit_head", "exit_threshold", "exit_layers", "exit_kv", "exit_replay", "chat_template")
 
 
 def modes_help() -> str:
@@ -61,31 +61,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--data-dir", help="folder with SpecEE's layout: NAME/question.jsonl per dataset")
     ap.add_argument("--limit", type=int, default=0, help="first N samples of each dataset (default: all)")
     ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens generated per turn (default: 128)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
-    ap.add_argument("--top-k", type=int, default=40, help="with temperature > 0 (default: 40)")
-    ap.add_argument("--top-p", type=float, default=0.95, help="with temperature > 0 (default: 0.95)")
-    ap.add_argument("--min-p", type=float, default=0.05, help="with temperature > 0 (default: 0.05)")
+    ap.add_argument("--temp", type=float, default=0.0, help="temperature, 0 is greedy (default: 0)")
+    ap.add_argument("--top-k", type=int, default=40, help="with --temp > 0 (default: 40)")
+    ap.add_argument("--top-p", type=float, default=0.95, help="with --temp > 0 (default: 0.95)")
+    ap.add_argument("--min-p", type=float, default=0.05, help="with --temp > 0 (default: 0.05)")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     ap.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="threads for every mode (default: the CPUs this process may use)")
     ap.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size for every mode (default: 4096)")
-    ap.add_argument("--cache-type-v", choices=("auto", "f16", "f32"), default="auto",
-                    help="V cache type for every mode, upstream included (default: auto, the runtime's choice: f32 "
-                         "when an EAGLE head is loaded, which makes speculative greedy output plain output bit for "
-                         "bit, else f16)")
+    ap.add_argument("--cache-type-v", choices=("f16", "f32"), default="f32",
+                    help="V cache type for every mode, upstream included (default: f32, the runtime's default, with "
+                         "which speculative greedy output is plain greedy output bit for bit)")
     ap.add_argument("--chat-template", help="template name when the GGUF has none (chatml, llama2, llama3, ...)")
     ap.add_argument("--eagle-choices", help="EAGLE-1 tree: child-rank paths or the preset mc_sim_7b_63 (default: the "
                                             "runtime's)")
     ap.add_argument("--eagle-total-tokens", type=int, help="EAGLE-2: draft tokens verified per step (default: the runtime's)")
     ap.add_argument("--eagle-depth", type=int, help="EAGLE-2: longest draft path (default: the runtime's)")
     ap.add_argument("--eagle-topk", type=int, help="EAGLE-2: children per expanded node (default: the runtime's)")
-    ap.add_argument("--exit-head", help="EAGLE head + exit predictors GGUF for mode specee (default: --draft-head "
+    ap.add_argument("--exit-head", help="EAGLE head + exit predictors GGUF for mode early-exit (default: --draft-head "
                                         "when given, else the model file's own; for the default model the "
                                         f"shipped {DEFAULT_DRAFT_HEAD})")
-    ap.add_argument("--exit-threshold", type=float, help="specee: predictor threshold (default: the file's)")
-    ap.add_argument("--exit-layers", help="specee: comma-separated static exit layers (default: the file's)")
+    ap.add_argument("--exit-threshold", type=float, help="early-exit: predictor threshold (default: the file's)")
+    ap.add_argument("--exit-layers", help="early-exit: comma-separated static exit layers (default: the file's)")
     ap.add_argument("--exit-kv", choices=("mask", "fill"), default="mask",
-                    help="specee: the skipped layers' cache of an exited token (default: mask, SpecEE's)")
+                    help="early-exit: the skipped layers' cache of an exited token (default: mask, SpecEE's)")
+    ap.add_argument("--exit-replay", help="early-exit, cost only: comma-separated exit layers that token i takes in "
+                                          "turn whatever the predictors say")
     ap.add_argument("--llama-cli", help="upstream llama.cpp's llama-completion (or llama-cli) for mode llama.cpp; "
                                         "without it llama-cpp-python is used when installed")
     ap.add_argument("--llama-cli-args", default="",
@@ -251,29 +252,31 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     if not Path(model_path).is_file():
         raise DataError(f"model file not found: {model_path}")
     head = default_head(args, model_path) if any(m.startswith("eagle") for m in modes) else None
-    exit_head = default_exit_head(args, model_path) if "specee" in modes else None
-    try:
-        exit_layers = [int(x) for x in args.exit_layers.split(",")] if args.exit_layers else None
-    except ValueError:
-        raise ModeError(f"--exit-layers {args.exit_layers}: expected comma-separated layer numbers") from None
-    cfg = RunConfig(model_path, args.max_tokens, args.temperature, args.top_k, args.top_p, args.min_p, args.seed,
+    exit_head = default_exit_head(args, model_path) if "early-exit" in modes else None
+    layer_lists = {}
+    for flag, text in (("--exit-layers", args.exit_layers), ("--exit-replay", args.exit_replay)):
+        try:
+            layer_lists[flag] = [int(x) for x in text.split(",")] if text else None
+        except ValueError:
+            raise ModeError(f"{flag} {text}: expected comma-separated layer numbers") from None
+    cfg = RunConfig(model_path, args.max_tokens, args.temp, args.top_k, args.top_p, args.min_p, args.seed,
                     args.threads, args.ctx_size, args.cache_type_v, head, args.eagle_choices,
                     args.eagle_total_tokens, args.eagle_depth, args.eagle_topk,
                     str(Path(args.llama_cli).resolve()) if args.llama_cli else None, args.llama_cli_args,
-                    exit_head, args.exit_threshold, exit_layers, args.exit_kv)
+                    exit_head, args.exit_threshold, layer_lists["--exit-layers"], args.exit_kv,
+                    layer_lists["--exit-replay"])
     if cfg.llama_cli and not Path(cfg.llama_cli).is_file():
         raise ModeError(f"--llama-cli: not found: {cfg.llama_cli}")
 
-    def load(draft_head: str | None, type_v: str | None) -> specee.Model:
+    def load(draft_head: str | None) -> specee.Model:
         return specee.Model(model_path, n_ctx=args.ctx_size, n_threads=args.threads, draft_head=draft_head,
-                            type_v=type_v)
+                            type_v=args.cache_type_v)
 
-    # plain, the EAGLE modes, the tokenizer and the chat template; "auto" resolved there, the same for every mode
-    model = load(head, None if args.cache_type_v == "auto" else args.cache_type_v)
-    cfg.type_v = model.type_v
-    exit_model = model if "specee" not in modes or exit_head == head else load(exit_head, model.type_v)
+    # plain, the EAGLE modes, the tokenizer and the chat template
+    model = load(head)
+    exit_model = model if "early-exit" not in modes or exit_head == head else load(exit_head)
     template = chat_template_name(model, args.chat_template)
-    runners = {m: make_runner(m, exit_model if m == "specee" else model, cfg) for m in modes}
+    runners = {m: make_runner(m, exit_model if m == "early-exit" else model, cfg) for m in modes}
     out.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(cfg), "chat_template": template, "n_layer": model.n_layer,
                 "data": {d: str(p.resolve()) for d, p in files.items()}}
@@ -310,7 +313,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
             r.close()
     wanted = {(d, s.id, m) for d in datasets for s in samples[d] for m in modes}
     records = [r for k, r in done.items() if k in wanted]
-    print(f"model {Path(model_path).name}, {args.max_tokens} tokens per turn, temperature {args.temperature}, "
+    print(f"model {Path(model_path).name}, {args.max_tokens} tokens per turn, temperature {args.temp}, "
           f"{args.threads} threads, chat template {template}; results in {out}\n")
     print(write_report(out, records, modes, model.n_layer))
 

@@ -5,7 +5,7 @@ runtime's ggml would resolve upstream's symbols against it. Nothing of specee is
 
     python llama_worker.py '{"model": PATH, "n_ctx": 4096, "threads": 2, "seed": 0, "eog": [2, ...]}'
 
-Then one JSON request a line on stdin ({"tokens", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+Then one JSON request a line on stdin ({"tokens", "max_tokens", "temp", "top_k", "top_p", "min_p",
 "seed"}), one JSON reply a line on stdout ({"tokens", "stop", "n_p_eval", "t_p_eval_ms", "n_eval",
 "t_eval_ms"}: llama.cpp's own performance counters). Anything the library prints goes to stderr.
 """
@@ -33,7 +33,7 @@ def main() -> None:
         llama_cpp.llama_perf_context_reset(ctx)
         tokens, stop = [], "length"
         for tok in llm.generate(req["tokens"], top_k=req["top_k"], top_p=req["top_p"], min_p=req["min_p"],
-                                temp=req["temperature"], repeat_penalty=1.0, reset=True):
+                                temp=req["temp"], repeat_penalty=1.0, reset=True):
             if tok in eog:
                 stop = "eog"
                 break

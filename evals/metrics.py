@@ -194,18 +194,18 @@ def agreement(turns: Sequence[Sequence[int]], plain_turns: Sequence[Sequence[int
 
 @dataclass
 class ExitStats:
-    mean_exit_layer: float  # layers evaluated per token (n_layer for a token that did not exit)
+    mean_layers_run: float  # layers evaluated per token (n_layer for a token that did not exit)
     exit_ratio: float  # tokens that exited early / tokens
     exit_precision: float | None  # exited tokens equal to the full model's token / exited tokens
 
 
-def exit_stats(exit_layers: Sequence[int], n_layer: int, exit_correct: Sequence[bool] | None = None) -> ExitStats:
-    """exit_layers: layers evaluated for each token (n_layer: no exit); exit_correct: per token, whether it
+def exit_stats(layers_run: Sequence[int], n_layer: int, exit_correct: Sequence[bool] | None = None) -> ExitStats:
+    """layers_run: layers evaluated for each token (n_layer: no exit); exit_correct: per token, whether it
     equals the full model's token (read for the exited tokens only)."""
-    if not exit_layers:
+    if not layers_run:
         return ExitStats(float("nan"), float("nan"), None)
-    exited = [i for i, l in enumerate(exit_layers) if l < n_layer]
+    exited = [i for i, l in enumerate(layers_run) if l < n_layer]
     precision = None
     if exit_correct is not None and exited:
         precision = sum(bool(exit_correct[i]) for i in exited) / len(exited)
-    return ExitStats(sum(exit_layers) / len(exit_layers), len(exited) / len(exit_layers), precision)
+    return ExitStats(sum(layers_run) / len(layers_run), len(exited) / len(layers_run), precision)

@@ -1,7 +1,7 @@
 """Results: the per-sample JSONL (resumable), the summary (JSON), a markdown table and PNG plots.
 
 A record is one sample in one mode: its turns (text, token ids, prompt/decode counts and seconds, speculative
-step sizes, exit layers), its task score and any error. The summary groups records by dataset and mode (and
+step sizes, layers run), its task score and any error. The summary groups records by dataset and mode (and
 over all datasets): prefill and decode tokens/s (total tokens / total seconds, and the mean of the per-sample
 rates), decode speedup vs plain and vs llama.cpp, mean accepted tokens per speculative step, early-exit
 statistics, agreement with plain greedy decoding, and the task score.
@@ -96,11 +96,11 @@ def summarize_group(records: list[dict], plain: dict[tuple[str, str], dict], n_l
         "mean_sample_decode_tps": statistics.fmean(rates) if rates else None,
         "mean_accepted_tokens": sum(steps) / len(steps) if steps else None,
     }
-    layers = [x for t in turns for x in t.get("exit_layers", [])]
+    layers = [x for t in turns for x in t.get("layers_run", [])]
     if layers:
         correct = [x for t in turns for x in t.get("exit_correct", [])]
         ex = exit_stats(layers, n_layer, correct if len(correct) == len(layers) else None)
-        row.update(mean_exit_layer=ex.mean_exit_layer, exit_ratio=ex.exit_ratio, exit_precision=ex.exit_precision)
+        row.update(mean_layers_run=ex.mean_layers_run, exit_ratio=ex.exit_ratio, exit_precision=ex.exit_precision)
     pairs = [same_as_plain(r, plain[(r["dataset"], str(r["id"]))]) for r in done
              if r["mode"] != "plain" and (r["dataset"], str(r["id"])) in plain]
     if pairs:
@@ -148,7 +148,7 @@ COLUMNS = [  # header, cell
     ("x plain", lambda r: fmt(r.get("speedup_vs_plain"), ".2f")),
     ("x llama.cpp", lambda r: fmt(r.get("speedup_vs_llama_cpp"), ".2f")),
     ("accepted/step", lambda r: fmt(r["mean_accepted_tokens"], ".2f")),
-    ("mean exit layer", lambda r: fmt(r.get("mean_exit_layer"), ".1f")),
+    ("mean layers run", lambda r: fmt(r.get("mean_layers_run"), ".1f")),
     ("exit ratio", lambda r: fmt(r.get("exit_ratio"), ".2f")),
     ("exit precision", lambda r: fmt(r.get("exit_precision"), ".2f")),
     ("same as plain", lambda r: f"{r['identical_to_plain']}/{r['compared_to_plain']}" if "compared_to_plain" in r else ""),
@@ -174,7 +174,7 @@ def markdown_table(summary: dict, modes: list[str]) -> str:
 
 
 def turn_values(records: list[dict], modes: list[str], key: str) -> dict[str, list]:
-    """Per mode, the values of a per-token list (`step_tokens`, `exit_layers`) over every turn of its
+    """Per mode, the values of a per-token list (`step_tokens`, `layers_run`) over every turn of its
     successful records; modes without any are left out."""
     values = {m: [x for r in records if r["mode"] == m and not r.get("error") for t in r["turns"]
                   for x in t.get(key, [])] for m in modes}
@@ -192,7 +192,7 @@ def save(fig, written: list[Path], path: Path) -> None:
 
 def plot_all(summary: dict, records: list[dict], modes: list[str], n_layer: int, out: Path) -> list[Path]:
     """speedup.png (decode speedup by dataset and mode), accepted_length.png (tokens per speculative step),
-    exit_layer.png (layers evaluated per token, early exit); a plot without data is not written."""
+    layers_run.png (layers evaluated per token, early exit); a plot without data is not written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,7 +233,7 @@ def plot_all(summary: dict, records: list[dict], modes: list[str], n_layer: int,
         ax.legend(fontsize=8)
         save(fig, written, out / "accepted_length.png")
 
-    layers = turn_values(records, modes, "exit_layers")
+    layers = turn_values(records, modes, "layers_run")
     if layers:
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
         for m, v in layers.items():
@@ -241,5 +241,5 @@ def plot_all(summary: dict, records: list[dict], modes: list[str], n_layer: int,
         ax.set_xlabel(f"layers evaluated per token ({n_layer}: no exit)")
         ax.set_ylabel("tokens")
         ax.legend(fontsize=8)
-        save(fig, written, out / "exit_layer.png")
+        save(fig, written, out / "layers_run.png")
     return written

@@ -32,14 +32,14 @@ class ModeError(Exception):
 class RunConfig:
     model: str  # GGUF path
     max_tokens: int = 128
-    temperature: float = 0.0
+    temp: float = 0.0
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int = 0
     threads: int = 2
     n_ctx: int = 4096
-    type_v: str = "f16"
+    type_v: str = "f32"
     draft_head: str | None = None
     eagle_choices: str | None = None
     eagle_total_tokens: int | None = None
@@ -47,10 +47,11 @@ class RunConfig:
     eagle_topk: int | None = None
     llama_cli: str | None = None
     llama_cli_args: str = ""
-    exit_head: str | None = None  # head + exit predictors for mode specee (None: the model file's, or draft_head)
+    exit_head: str | None = None  # head + exit predictors for mode early-exit (None: the model file's, or draft_head)
     exit_threshold: float | None = None
     exit_layers: list[int] | None = None
     exit_kv: str = "mask"
+    exit_replay: list[int] | None = None
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Turn:
     decode_seconds: float
     stop_reason: str  # "eog", "length", "context", "stop"
     step_tokens: list[int] = field(default_factory=list)  # speculative: tokens returned by each step
-    exit_layers: list[int] = field(default_factory=list)  # early exit: layers evaluated per token
+    layers_run: list[int] = field(default_factory=list)  # early exit: layers evaluated per decoded token
     exit_correct: list[bool] = field(default_factory=list)  # early exit: token == the full model's, per token
 
 
@@ -83,37 +84,36 @@ def decode_count(n_generated: int, stop_reason: str) -> int:
 
 
 class NativeRunner:
-    """This runtime: plain decoding, EAGLE (speculative="eagle"/"eagle2") or SpecEE early exit (early_exit)."""
+    """This runtime in one mode: plain, eagle, eagle2 or early-exit (each sample from an empty KV cache, as a user
+    runs the CLI)."""
 
-    def __init__(self, model: specee.Model, cfg: RunConfig, speculative: str | None, early_exit: bool = False) -> None:
-        self.model, self.cfg, self.speculative = model, cfg, speculative
-        self.extra: dict = {}
-        if early_exit:
-            self.extra = {"early_exit": True, "exit_threshold": cfg.exit_threshold, "exit_layers": cfg.exit_layers,
-                          "exit_kv": cfg.exit_kv}
-        self.tree: dict = {}
-        if speculative == "eagle" and cfg.eagle_choices:
-            self.tree = {"eagle_choices": cfg.eagle_choices}
-        if speculative == "eagle2":
-            self.tree = {k: v for k, v in (("eagle_total_tokens", cfg.eagle_total_tokens),
-                                           ("eagle_depth", cfg.eagle_depth), ("eagle_topk", cfg.eagle_topk))
-                         if v is not None}
-        if speculative and not model.has_eagle:
-            raise ModeError(f"mode {speculative} needs an EAGLE head: {cfg.model} has none; pass --draft-head "
+    def __init__(self, model: specee.Model, cfg: RunConfig, mode: str) -> None:
+        self.model, self.cfg, self.mode = model, cfg, mode
+        self.options = dict(mode=mode, temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
+        if mode == "eagle":
+            self.options["eagle"] = specee.EagleParams(choices=cfg.eagle_choices)
+        if mode == "eagle2":
+            self.options["eagle"] = specee.EagleParams(total_tokens=cfg.eagle_total_tokens, depth=cfg.eagle_depth,
+                                                       topk=cfg.eagle_topk)
+        if mode == "early-exit":
+            self.options["exit"] = specee.ExitParams(threshold=cfg.exit_threshold, layers=cfg.exit_layers,
+                                                     kv=cfg.exit_kv, replay=cfg.exit_replay)
+        if mode != "plain" and not model.has_eagle:
+            raise ModeError(f"mode {mode} needs an EAGLE head: {cfg.model} has none; pass --draft-head "
                             "HEAD.gguf (a head-only GGUF, `python -m specee.convert merge --head-only`)")
 
     def generate(self, prompt: str) -> Turn:
         m, c = self.model, self.cfg
         tokens = m.tokenize(prompt, add_special=True, parse_special=True)
-        out = m.generate_tokens(tokens, c.max_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                                min_p=c.min_p, seed=c.seed, speculative=self.speculative, **self.tree, **self.extra)
+        m.kv_clear()
+        out = m.generate_tokens(tokens, c.max_tokens, **self.options)
         st = m.last_stats
         turn = Turn(m.detokenize(out), out, st.n_prompt_tokens, st.prompt_seconds,
                     decode_count(st.n_generated, st.stop_reason), st.decode_seconds, st.stop_reason,
                     list(st.step_tokens))
-        if self.extra:
-            turn.exit_layers = [e + 1 for e in st.exit_layers]  # layers evaluated: the exit layer counted from 1
-            turn.exit_correct = self.full_model_agrees(tokens, out, st.stop_reason == "eog", len(st.exit_layers))
+        if self.mode == "early-exit":
+            turn.layers_run = list(st.layers_run)
+            turn.exit_correct = self.full_model_agrees(tokens, out, st.stop_reason == "eog", len(st.layers_run))
         return turn
 
     def full_model_agrees(self, prompt: list[int], out: list[int], eog: bool, n_steps: int) -> list[bool]:
@@ -165,7 +165,7 @@ class LlamaCliRunner:
     def argv(self, prompt: str) -> list[str]:
         c = self.cfg
         return [c.llama_cli, "-m", c.model, "-p", prompt, "-n", str(c.max_tokens), "-t", str(c.threads),
-                "-tb", str(c.threads), "-c", str(c.n_ctx), "-b", "512", "-ub", "512", "--temp", str(c.temperature),
+                "-tb", str(c.threads), "-c", str(c.n_ctx), "-b", "512", "-ub", "512", "--temp", str(c.temp),
                 "--top-k", str(c.top_k), "--top-p", str(c.top_p), "--min-p", str(c.min_p), "--repeat-penalty", "1.0",
                 "-s", str(c.seed), "-fa", "on", "-ctv", c.type_v, "-no-cnv", "--no-display-prompt", "--no-escape",
                 *shlex.split(c.llama_cli_args)]
@@ -208,7 +208,7 @@ class LlamaCppPythonRunner:
     def generate(self, prompt: str) -> Turn:
         c = self.cfg
         tokens = self.model.tokenize(prompt, add_special=True, parse_special=True)
-        req = {"tokens": tokens, "max_tokens": c.max_tokens, "temperature": c.temperature, "top_k": c.top_k,
+        req = {"tokens": tokens, "max_tokens": c.max_tokens, "temp": c.temp, "top_k": c.top_k,
                "top_p": c.top_p, "min_p": c.min_p, "seed": c.seed}
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
@@ -236,7 +236,7 @@ class LlamaCppPythonRunner:
 
 
 def make_plain(model: specee.Model, cfg: RunConfig) -> Runner:
-    return NativeRunner(model, cfg, None)
+    return NativeRunner(model, cfg, "plain")
 
 
 def make_eagle(model: specee.Model, cfg: RunConfig) -> Runner:
@@ -256,14 +256,14 @@ def make_llama_cpp(model: specee.Model, cfg: RunConfig) -> Runner:
                     "or install llama-cpp-python")
 
 
-def make_specee(model: specee.Model, cfg: RunConfig) -> Runner:
-    if not model.has_eagle or model._model.exit_n_pred == 0:
-        raise ModeError("mode specee needs an EAGLE head and exit predictors: pass --exit-head PARTS.gguf, made "
+def make_early_exit(model: specee.Model, cfg: RunConfig) -> Runner:
+    if not model.has_eagle or (model._model.exit_n_pred == 0 and not cfg.exit_replay):
+        raise ModeError("mode early-exit needs an EAGLE head and exit predictors: pass --exit-head PARTS.gguf, made "
                         "with `python -m specee.convert merge BASE.gguf -o PARTS.gguf --eagle HEAD --predictors "
                         "PREDICTORS --head-only` (or a model file with both merged in)")
-    if cfg.temperature > 0:
-        raise ModeError("mode specee decodes greedily: use --temperature 0")
-    return NativeRunner(model, cfg, None, early_exit=True)
+    if cfg.temp > 0:
+        raise ModeError("mode early-exit decodes greedily: use --temp 0")
+    return NativeRunner(model, cfg, "early-exit")
 
 
 # A mode whose function is None is listed as not available in this build.
@@ -271,7 +271,8 @@ MODES: dict[str, tuple[str, Callable[[specee.Model, RunConfig], Runner] | None]]
     "plain": ("this runtime, plain decoding", make_plain),
     "eagle": ("EAGLE-1 static tree speculative decoding (--eagle-choices)", make_eagle),
     "eagle2": ("EAGLE-2 dynamic tree (--eagle-total-tokens/--eagle-depth/--eagle-topk)", make_eagle2),
-    "specee": ("SpecEE early exit, greedy (--exit-head, --exit-threshold/--exit-layers/--exit-kv)", make_specee),
+    "early-exit": ("SpecEE early exit, greedy (--exit-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay)",
+                   make_early_exit),
     "llama.cpp": ("upstream llama.cpp on the same GGUF (--llama-cli PATH, or llama-cpp-python)", make_llama_cpp),
 }
 

@@ -115,7 +115,7 @@ def test_regenerate_uses_the_targets_greedy_reply(smollm2_path: Path, tmp_path: 
                                            {"from": "gpt", "value": "y"}]})
     tokens, flags = regenerate(model, "chatml", conv, 64, 12, min_new=4)
     prompt = specee.generate.prompt_tokens(model, conv.messages[:2], "chatml")
-    reply = model.generate_tokens(prompt, 12, temperature=0)
+    reply = model.generate_tokens(prompt, 12, temp=0)
     assert tokens[:len(prompt)] == prompt and flags == [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
     assert tokens[len(prompt):len(prompt) + len(reply)] == reply
     assert regenerate(model, "chatml", conv, len(prompt) + 3, 12, min_new=4) == ([], [])  # no room for a reply

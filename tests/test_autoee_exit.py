@@ -59,14 +59,13 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 def test_features_and_labels_equal_a_from_scratch_computation(tiny_gguf: Path, tiny_head: Path, tiny_hf) -> None:
     m = specee.Model(tiny_gguf, n_ctx=128, n_batch=64, n_threads=1, draft_head=tiny_head)
-    spec = _core.Spec(m._ctx)
     head = read_lm_head(tiny_gguf)
     w_norm = tiny_hf.model.norm.weight.detach().numpy().astype(np.float64)
     w_out = tiny_hf.lm_head.weight.detach().numpy().astype(np.float64)
     np.testing.assert_allclose(head.norm.numpy(), w_norm, atol=1e-6)
     np.testing.assert_allclose(head.weight.numpy(), w_out, atol=1e-6)
     prompt = np.random.default_rng(7).integers(3, TINY["vocab_size"], 9).tolist()
-    rec = X.sequence_records(m, spec, head, prompt, 12, K, None)
+    rec = X.sequence_records(m, head, prompt, 12, K, None)
     G, P, L = len(rec["token"]), len(prompt), TINY["num_hidden_layers"]
     assert rec["features"].shape == (G, L, 3 * K) and rec["argmax"].shape == (G, L) and rec["cand"].shape == (G, K)
     assert (rec["pos"] == np.arange(P, P + G)).all()
@@ -81,7 +80,7 @@ def test_features_and_labels_equal_a_from_scratch_computation(tiny_gguf: Path, t
     normed = hidden / np.sqrt((hidden ** 2).mean(-1, keepdims=True) + 1e-5) * w_norm
     np.testing.assert_allclose(normed[-1], m.norm(), atol=1e-4)  # the final norm is the model's
     feats = m.norm()
-    head_logits, _ = spec.eval_head(np.asarray(seq[1:], np.int32), feats[:-1])
+    head_logits, _ = m.draft_head_eval(np.asarray(seq[1:], np.int32), feats[:-1])
     for g in range(G):
         j = P + g
         # candidates of position j: the head's output at pair j - 1 = (seq[j], f_{j-1}), top-4
@@ -294,14 +293,13 @@ def test_collect_resumes_to_the_same_data(smollm2_path: Path, tmp_path: Path) ->
     path.write_text(SHAREGPT)
     head_path = X.head_gguf(specee.paths.default_eagle_head_path())
     model = specee.Model(smollm2_path, n_ctx=256, n_batch=256, n_threads=1, draft_head=head_path)
-    spec = _core.Spec(model._ctx)
     lm = read_lm_head(smollm2_path)
     keep = X.Decontaminator.from_files([])
     config = {"n_candidates": K, "max_new": 6, "max_prompt": 200, "skip": 1, "model": "m"}
 
     def run(root: Path, max_tokens: int) -> X.ExitStore:
         store = X.open_store(root, config)
-        return X.collect(model, spec, lm, store, read_sharegpt(path), keep, "chatml", max_tokens=max_tokens,
+        return X.collect(model, lm, store, read_sharegpt(path), keep, "chatml", max_tokens=max_tokens,
                          deadline=None, draft_vocab=None, save_every=1, progress=False)
 
     whole = run(tmp_path / "a", 100)

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 import specee
+from specee import EagleParams, GenerateOptions
 from conftest import rms_norm, rope
 from specee import _core
 from specee.convert.merge import merge_gguf
@@ -29,10 +30,10 @@ ATOL = 0.03
 THETA = 10000.0
 N_CTX = 512
 PROMPTS = [np.random.default_rng(s).integers(0, 256, 6 + s).tolist() for s in range(3)]
-TREES = [("eagle", {"eagle_choices": "mc_sim_7b_63"}),
-         ("eagle", {"eagle_choices": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}), ("eagle", {}),
-         ("eagle2", {}), ("eagle2", {"eagle_total_tokens": 16, "eagle_depth": 5, "eagle_topk": 4}),
-         ("eagle2", {"eagle_total_tokens": 40, "eagle_depth": 6, "eagle_topk": 5})]
+TREES = [("eagle", EagleParams(choices="mc_sim_7b_63")),
+         ("eagle", EagleParams(choices=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])), ("eagle", EagleParams()),
+         ("eagle2", EagleParams()), ("eagle2", EagleParams(total_tokens=16, depth=5, topk=4)),
+         ("eagle2", EagleParams(total_tokens=40, depth=6, topk=5))]
 TREE_IDS = ["mc_sim_7b_63", "small-choices", "eagle-default", "eagle2-default", "eagle2-16", "eagle2-40"]
 
 
@@ -116,7 +117,7 @@ def training_pairs(tiny_gguf: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
     m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
     seqs = []
     for prompt in PROMPTS + [np.random.default_rng(10 + s).integers(0, 256, 8).tolist() for s in range(5)]:
-        toks = prompt + m.generate_tokens(prompt, 56, temperature=0)
+        toks = prompt + m.generate_tokens(prompt, 56, temp=0)
         m.kv_clear()
         m.eval(toks, logits=False)
         seqs.append((torch.tensor(toks), torch.tensor(m.norm())))
@@ -178,9 +179,12 @@ def reduced_head(tiny_gguf: Path, cfg: dict, random_state: dict, tmp_path_factor
     return out, state, vocab, lm
 
 
-def plain_and_spec(model: specee.Model, prompt: list[int], n: int, mode: str, **kw) -> tuple[list[int], list[int]]:
-    plain = model.generate_tokens(prompt, n, temperature=0, **{k: v for k, v in kw.items() if not k.startswith("eagle")})
-    spec = model.generate_tokens(prompt, n, temperature=0, speculative=mode, **kw)
+def plain_and_spec(model: specee.Model, prompt: list[int], n: int, mode: str, eagle: EagleParams | None = None,
+                   **kw) -> tuple[list[int], list[int]]:
+    """Plain, then speculative greedy output; the second call keeps the prompt's cached prefix (prefix reuse must
+    not change a token either)."""
+    plain = model.generate_tokens(prompt, n, mode="plain", temp=0, **kw)
+    spec = model.generate_tokens(prompt, n, mode=mode, temp=0, eagle=eagle or EagleParams(), **kw)
     return plain, spec
 
 
@@ -224,7 +228,7 @@ def head_inputs(cfg: dict, n: int = 20) -> tuple[list[int], np.ndarray]:
 def test_draft_head_matches_pytorch(random_gguf: Path, cfg: dict, random_state: dict, base_weights) -> None:
     m = specee.Model(random_gguf, n_ctx=N_CTX, n_threads=1)
     tokens, feats = head_inputs(cfg)
-    logits, out = _core.Spec(m._ctx).eval_head(tokens, feats)
+    logits, out = m.draft_head_eval(tokens, feats)
     with torch.no_grad():
         want_logits, want_out = EagleHead(random_state, cfg, *base_weights)(torch.tensor(tokens), torch.tensor(feats))
     assert np.abs(out - want_out.numpy()).max() < ATOL
@@ -236,7 +240,7 @@ def test_reduced_draft_vocabulary_matches_pytorch(tiny_gguf: Path, reduced_head,
     path, state, vocab, lm = reduced_head
     m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, draft_head=path)
     tokens, feats = head_inputs(cfg)
-    logits, _ = _core.Spec(m._ctx).eval_head(tokens, feats)
+    logits, _ = m.draft_head_eval(tokens, feats)
     with torch.no_grad():
         want, _ = EagleHead(state, cfg, base_weights[0], lm)(torch.tensor(tokens), torch.tensor(feats))
     assert logits.shape == (len(tokens), len(vocab))
@@ -249,32 +253,34 @@ def test_head_in_its_own_file_equals_the_merged_one(tiny_gguf: Path, random_gguf
     merge_gguf(tiny_gguf, head_only, eagle=random_gguf.parent, eagle_type="f32", head_only=True, progress=False)
     assert head_only.stat().st_size < tiny_gguf.stat().st_size
     tokens, feats = head_inputs(cfg)
-    merged = _core.Spec(specee.Model(random_gguf, n_ctx=64, n_threads=1)._ctx).eval_head(tokens, feats)
-    separate = _core.Spec(specee.Model(tiny_gguf, n_ctx=64, n_threads=1, draft_head=head_only)._ctx).eval_head(
-        tokens, feats)
+    merged = specee.Model(random_gguf, n_ctx=64, n_threads=1).draft_head_eval(tokens, feats)
+    separate = specee.Model(tiny_gguf, n_ctx=64, n_threads=1, draft_head=head_only).draft_head_eval(tokens, feats)
     np.testing.assert_array_equal(merged[0], separate[0])
 
 
 # ---- greedy: speculative output == plain output
 
 
-@pytest.mark.parametrize("mode,kw", TREES, ids=TREE_IDS)
+@pytest.mark.parametrize("mode,eagle", TREES, ids=TREE_IDS)
 @pytest.mark.parametrize("head", ["random", "trained"])
-def test_greedy_speculative_equals_plain(mode: str, kw: dict, head: str, request: pytest.FixtureRequest) -> None:
+def test_greedy_speculative_equals_plain(mode: str, eagle: EagleParams, head: str,
+                                         request: pytest.FixtureRequest) -> None:
     """Any head is lossless. With an F32 V cache a token's logits do not depend on the batch it is in, so the
     outputs are equal token for token (and the tree's K/V are kept in position order, in the first cells)."""
     path = request.getfixturevalue(f"{head}_gguf")
     m = specee.Model(path, n_ctx=N_CTX, n_threads=1, type_v="f32")
     steps = tokens = 0
     for prompt in PROMPTS:
-        plain, spec = plain_and_spec(m, prompt, 48, mode, **kw)
+        plain, spec = plain_and_spec(m, prompt, 48, mode, eagle)
         assert spec == plain
-        steps += m.last_stats.n_steps
-        tokens += m.last_stats.n_step_tokens
         st = m.last_stats  # each step returns its accepted drafts and one token of the target's own
-        assert st.n_step_tokens - st.n_steps <= st.n_accepted <= st.n_step_tokens - st.n_steps + 1  # (or a cut)
+        steps += st.n_steps
+        tokens += sum(st.step_tokens)
+        assert len(st.step_tokens) == st.n_steps
+        assert sum(st.step_tokens) - st.n_steps <= st.n_accepted <= sum(st.step_tokens) - st.n_steps + 1  # (a cut)
     if head == "trained":  # the trained head predicts these continuations: long accepted paths (at most 2 per
-        assert tokens / steps > (2.0 if kw else 1.5)  # step with the default trees of one draft token)
+        default = eagle == EagleParams()  # step with the default trees of one draft token)
+        assert tokens / steps > (1.5 if default else 2.0)
 
 
 def test_greedy_with_cut_steps_and_repeat_penalty(trained_gguf: Path) -> None:
@@ -282,8 +288,7 @@ def test_greedy_with_cut_steps_and_repeat_penalty(trained_gguf: Path) -> None:
     history, as plain decoding does)."""
     m = specee.Model(trained_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32")
     for n in (1, 2, 7, 23):
-        assert m.generate_tokens(PROMPTS[0], n, temperature=0, speculative="eagle2") == \
-            m.generate_tokens(PROMPTS[0], n, temperature=0)
+        assert m.generate_tokens(PROMPTS[0], n, temp=0, mode="eagle2") == m.generate_tokens(PROMPTS[0], n, temp=0)
     plain, spec = plain_and_spec(m, PROMPTS[1], 48, "eagle", repeat_penalty=1.5)
     assert spec == plain
 
@@ -291,7 +296,7 @@ def test_greedy_with_cut_steps_and_repeat_penalty(trained_gguf: Path) -> None:
 def test_context_fills_up(trained_gguf: Path) -> None:
     """Near the end of the context the tree shrinks to the free cells; generation stops when it is full."""
     m = specee.Model(trained_gguf, n_ctx=40, n_threads=1, type_v="f32")
-    plain, spec = plain_and_spec(m, PROMPTS[2], 100, "eagle", eagle_choices=TREES[1][1]["eagle_choices"])
+    plain, spec = plain_and_spec(m, PROMPTS[2], 100, "eagle", TREES[1][1])
     assert spec == plain and m.last_stats.stop_reason == "context"
 
 
@@ -316,21 +321,24 @@ def test_sampling_keeps_the_target_distribution(mode: str, trained_gguf: Path) -
     the sampler's top-k and temperature): the first token's, and the second's given the most frequent first
     one. The trained head's q is sharper than p, so drafts are both accepted and rejected."""
     m = specee.Model(trained_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32")
-    tree = _core.SPEC_TREE_STATIC if mode == "eagle" else _core.SPEC_TREE_DYNAMIC
-    spec = _core.Spec(m._ctx, tree, "[[0], [1], [2], [0, 0], [0, 1], [1, 0]]" if mode == "eagle" else None, 8, 3, 3)
-    greedy = _core.Sampler(0.0)
+    eagle = EagleParams(choices="[[0], [1], [2], [0, 0], [0, 1], [1, 0]]") if mode == "eagle" else \
+        EagleParams(total_tokens=8, depth=3, topk=3)
+    gen = _core.Generator(m._ctx, GenerateOptions(mode=mode, temp=0, eagle=eagle))
     prompt = PROMPTS[0]
     n_runs, top_k, temp = 2500, 6, 1.5
     first = []
     pairs: dict[int, list[int]] = {}
     for seed in range(n_runs):
-        m.kv_clear()
-        root = spec.prefill(greedy, prompt)  # the first token: the same every run
-        out = spec.step(_core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, seed), 2)
+        gen.set_params(GenerateOptions(mode=mode, temp=0, eagle=eagle))
+        gen.start(prompt)
+        root = gen.next(1)[0][0]  # the first token, greedy: the same every run
+        gen.set_params(GenerateOptions(mode=mode, temp=temp, top_k=top_k, top_p=1.0, min_p=0.0, seed=seed,
+                                       eagle=eagle))  # the step samples
+        out = gen.next(2)[0]
         first.append(out[0])
         if len(out) == 2:
             pairs.setdefault(out[0], []).append(out[1])
-    st = spec.stats()
+    st = gen.stats()
     assert 0 < st["n_accepted"] < n_runs  # both outcomes happen
 
     sampler = _core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, 0)
@@ -369,33 +377,35 @@ def test_sampler_probs_is_the_sampled_distribution() -> None:
 ])
 def test_bad_choices_are_refused(choices: str, msg: str, random_gguf: Path) -> None:
     with pytest.raises(specee.SpecEEError, match="bad EAGLE choices") as e:
-        _core.spec_check_choices(choices)
+        _core.eagle_check_choices(choices)
     assert msg in str(e.value)
     m = specee.Model(random_gguf, n_ctx=64)
     with pytest.raises(specee.SpecEEError, match="bad EAGLE choices"):
-        m.generate_tokens(PROMPTS[0], 4, temperature=0, speculative="eagle", eagle_choices=choices)
+        m.generate_tokens(PROMPTS[0], 4, temp=0, mode="eagle", eagle=EagleParams(choices=choices))
 
 
 def test_presets_and_sizes() -> None:
-    assert _core.spec_check_choices("mc_sim_7b_63") == 63
-    assert _core.spec_check_choices(" [[0],[1] ,[0,0]] ") == 3
+    assert _core.eagle_check_choices("mc_sim_7b_63") == 63
+    assert _core.eagle_check_choices(" [[0],[1] ,[0,0]] ") == 3
 
 
 def test_bad_settings_are_refused(tiny_gguf: Path, random_gguf: Path, tmp_path: Path) -> None:
     m = specee.Model(random_gguf, n_ctx=64)
-    with pytest.raises(ValueError, match="speculative must be"):
-        m.generate_tokens(PROMPTS[0], 4, speculative="eagle3")
-    with pytest.raises(ValueError, match="need speculative="):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        m.generate_tokens(PROMPTS[0], 4, mode="eagle3")
+    with pytest.raises(TypeError, match="eagle_topk"):
         m.generate_tokens(PROMPTS[0], 4, eagle_topk=4)
-    with pytest.raises(ValueError, match="static EAGLE-1 tree"):
-        m.generate_tokens(PROMPTS[0], 4, speculative="eagle2", eagle_choices="[[0]]")
-    with pytest.raises(specee.SpecEEError, match="top_k .* must be >= 1"):
-        m.generate_tokens(PROMPTS[0], 4, speculative="eagle2", eagle_topk=0)
+    with pytest.raises(specee.SpecEEError, match="set the EAGLE-2 tree, but the mode is plain"):
+        m.generate_tokens(PROMPTS[0], 4, mode="plain", eagle=EagleParams(topk=4))
+    with pytest.raises(specee.SpecEEError, match="set the EAGLE-1 tree, but the mode is eagle2"):
+        m.generate_tokens(PROMPTS[0], 4, mode="eagle2", eagle=EagleParams(choices="[[0]]"))
+    with pytest.raises(ValueError, match="topk must be >= 1"):
+        m.generate_tokens(PROMPTS[0], 4, mode="eagle2", eagle=EagleParams(topk=0))
     with pytest.raises(specee.SpecEEError, match="more than fit in one verification batch"):
-        specee.Model(random_gguf, n_ctx=64, n_batch=32).generate_tokens(PROMPTS[0], 4, speculative="eagle",
-                                                                        eagle_choices="mc_sim_7b_63")
-    with pytest.raises(specee.SpecEEError, match="needs an EAGLE head"):
-        specee.Model(tiny_gguf, n_ctx=64).generate_tokens(PROMPTS[0], 4, speculative="eagle2")
+        specee.Model(random_gguf, n_ctx=64, n_batch=32).generate_tokens(PROMPTS[0], 4, mode="eagle",
+                                                                        eagle=EagleParams(choices="mc_sim_7b_63"))
+    with pytest.raises(specee.SpecEEError, match="needs an EAGLE draft head"):
+        specee.Model(tiny_gguf, n_ctx=64).generate_tokens(PROMPTS[0], 4, mode="eagle2")
     with pytest.raises(specee.SpecEEError, match="holds no EAGLE head"):
         specee.Model(tiny_gguf, n_ctx=64, draft_head=tiny_gguf)
     with pytest.raises(ValueError, match="type_v"):
@@ -441,18 +451,18 @@ def test_cli_speculative_equals_plain_on_smollm2(smollm2_path: Path, smollm2_hea
     cli = str(tool_path("llama-cli"))
     common = ["-m", str(smollm2_path), "-p", "The capital of France is", "-n", "24", "--temp", "0", "-no-cnv",
               "-c", "256", "-t", "2", "-ctv", "f32"]
-    plain = subprocess.run([cli, *common, "--spec", "none"], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run([cli, *common, "--mode", "plain"], capture_output=True, text=True, timeout=300)
     for mode in ("eagle", "eagle2"):
-        spec = subprocess.run([cli, *common, "--draft-head", str(smollm2_head), "--spec", mode], capture_output=True,
+        spec = subprocess.run([cli, *common, "--draft-head", str(smollm2_head), "--mode", mode], capture_output=True,
                               text=True, timeout=300)
         assert spec.returncode == 0, spec.stderr
         assert spec.stdout == plain.stdout
         assert "mean accepted tokens per step" in spec.stderr
 
 
-def test_speculative_models_default_to_an_f32_v_cache(tiny_gguf: Path, random_gguf: Path) -> None:
-    # lossless by default: with a head the V cache is F32 (a token's logits do not depend on its batch)
-    assert specee.Model(tiny_gguf, n_ctx=64).type_v == "f16"
+def test_one_v_cache_rule_for_every_model(tiny_gguf: Path, random_gguf: Path) -> None:
+    # lossless by default: the V cache is F32 with or without a head (a token's logits do not depend on its batch)
+    assert specee.Model(tiny_gguf, n_ctx=64).type_v == "f32"
     assert specee.Model(random_gguf, n_ctx=64).type_v == "f32"
     assert specee.Model(random_gguf, n_ctx=64, type_v="f16").type_v == "f16"
 
@@ -496,12 +506,12 @@ def test_ignore_eos_with_and_without_speculation(smollm2_path: Path) -> None:
 
     m = specee.Model(smollm2_path, n_ctx=256, n_threads=1, draft_head=default_head())
     msgs = [{"role": "user", "content": "Say hi."}]
-    m.generate(msgs, 40, temperature=0)
+    m.generate(msgs, 40, temp=0, mode="plain")
     assert m.last_stats.stop_reason == "eog" and m.last_stats.n_generated < 40
-    plain = m.generate_tokens(m.tokenize("Once upon a time"), 40, temperature=0, ignore_eos=True)
+    plain = m.generate_tokens(m.tokenize("Once upon a time"), 40, temp=0, mode="plain", ignore_eos=True)
     assert len(plain) == 40 and not any(m.is_eog(t) for t in plain)
-    text = m.generate(msgs, 40, temperature=0, ignore_eos=True)
+    text = m.generate(msgs, 40, temp=0, mode="plain", ignore_eos=True)
     assert m.last_stats.n_generated == 40 and m.last_stats.stop_reason == "length"
-    assert m.generate(msgs, 40, temperature=0, ignore_eos=True, speculative="eagle2") == text
-    m.generate(msgs, 40, temperature=0.8, seed=5, ignore_eos=True, speculative="eagle2")
+    assert m.generate(msgs, 40, temp=0, ignore_eos=True, mode="eagle2") == text
+    m.generate(msgs, 40, temp=0.8, seed=5, ignore_eos=True, mode="eagle2")
     assert m.last_stats.n_generated == 40 and not any(m.is_eog(t) for t in m.last_stats.tokens)

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 import specee
+from specee import ExitParams, GenerateOptions
 from specee import _core
 from specee import constants as C
 from specee.convert.merge import merge_gguf
@@ -193,23 +194,22 @@ def test_exit_layers_without_a_predictor_are_refused(merged: Path, tmp_path: Pat
 PROMPTS = [np.random.default_rng(s).integers(0, 256, 5 + 2 * s).tolist() for s in range(3)]
 
 
-def exit_decode(model: specee.Model, prompt: list[int], n: int, **kw) -> tuple[list[int], list[int], dict]:
-    """Greedy early-exit decoding through the core API: (tokens, exit layer of each evaluated token, stats).
-    kw may hold `schedule`, a forced exit layer per step (-1: none)."""
-    schedule = kw.pop("schedule", None)
+def exit_decode(model: specee.Model, prompt: list[int], n: int, schedule: list[int] | None = None,
+                **exit_kw) -> tuple[list[int], list[int], dict]:
+    """Greedy early-exit decoding through the generator, n tokens whatever they are: (tokens, exit layer of each
+    evaluated token, stats). `schedule`: a replayed exit layer per step (-1: none, all layers run)."""
+    replay = [model.n_layer - 1 if x < 0 else x for x in schedule] if schedule else None
     model.kv_clear()
-    spec = _core.Spec(model._ctx, _core.SPEC_TREE_DYNAMIC)
-    sampler = _core.Sampler(0.0, 40, 1.0, 0.0, 1.0, 64, 0)
-    for t in prompt:
-        sampler.accept(t)
-    out = [spec.prefill(sampler, prompt)]
-    layers = []
-    for i in range(n - 1):
-        force = schedule[i % len(schedule)] if schedule else -1
-        t, layer = spec.step_exit(sampler, force_exit_layer=force, **kw)
-        out.append(t)
-        layers.append(layer)
-    return out, layers, spec.exit_stats()
+    gen = _core.Generator(model._ctx, GenerateOptions(mode="early-exit", temp=0, exit=ExitParams(replay=replay,
+                                                                                                  **exit_kw)))
+    gen.start(prompt)
+    out, layers = [], []
+    for i in range(n):
+        toks, runs = gen.next(1)
+        out += toks
+        if i > 0:  # the first token comes from the prompt's pass
+            layers += [r - 1 for r in runs]
+    return out, layers, gen.stats()
 
 
 def check_against_masked_forward(tiny_hf, prompt: list[int], out: list[int], layers: list[int],
@@ -245,7 +245,7 @@ def check_against_masked_forward(tiny_hf, prompt: list[int], out: list[int], lay
 def test_never_exiting_equals_plain_decoding(with_head: Path) -> None:
     m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
     for prompt in PROMPTS:
-        plain = [int(t) for t in m.generate_tokens(prompt, 24, temperature=0)]
+        plain = [int(t) for t in m.generate_tokens(prompt, 24, mode="plain", temp=0)]
         ee, layers, st = exit_decode(m, prompt, 24, threshold=1.0)
         assert ee == plain
         assert layers == [m.n_layer - 1] * 23
@@ -280,35 +280,36 @@ def test_predictor_exits_match_the_masked_forward(with_head: Path, tiny_hf, llam
 
 def test_exit_decoding_refuses_bad_use(with_head: Path, tiny_gguf: Path) -> None:
     m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
-    spec = _core.Spec(m._ctx, _core.SPEC_TREE_DYNAMIC)
-    greedy = _core.Sampler(0.0, 40, 1.0, 0.0, 1.0, 64, 0)
-    with pytest.raises(specee.SpecEEError, match="call specee_spec_prefill"):
-        spec.step_exit(greedy)
-    spec.prefill(greedy, [1, 2, 3])
-    with pytest.raises(specee.SpecEEError, match="forced exit layer 9"):
-        spec.step_exit(greedy, force_exit_layer=9)
-    hot = _core.Sampler(0.8, 40, 1.0, 0.0, 1.0, 64, 0)
+    gen = _core.Generator(m._ctx, GenerateOptions(mode="early-exit", temp=0))
+    with pytest.raises(specee.SpecEEError, match="call specee_generator_start first"):
+        gen.next(1)
+    with pytest.raises(specee.SpecEEError, match="replayed exit layer 9"):
+        gen.set_params(GenerateOptions(mode="early-exit", temp=0, exit=ExitParams(replay=[9])))
     with pytest.raises(specee.SpecEEError, match="greedily"):
-        spec.step_exit(hot)
+        gen.set_params(GenerateOptions(mode="early-exit", temp=0.8))
+    with pytest.raises(ValueError, match="kv must be 'mask' or 'fill'"):
+        ExitParams(kv="drop")
 
 
 def test_python_api(with_head: Path, tiny_gguf: Path) -> None:
     m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
     prompt = PROMPTS[0]
-    plain = m.generate_tokens(prompt, 16, temperature=0)
-    assert m.generate_tokens(prompt, 16, temperature=0, early_exit=True, exit_threshold=1.0) == plain
+    plain = m.generate_tokens(prompt, 16, mode="plain", temp=0)
+    assert m.generate_tokens(prompt, 16, temp=0, mode="early-exit", exit=ExitParams(threshold=1.0)) == plain
     st = m.last_stats
-    assert st.exit_layers == [m.n_layer - 1] * 15 and st.exit_ratio == 0.0 and st.mean_exit_layer == m.n_layer
-    out = m.generate_tokens(prompt, 16, temperature=0, early_exit=True, exit_threshold=0.0, exit_layers=[1])
+    assert st.mode == "early-exit" and st.layers_run == [m.n_layer] * 15
+    assert st.exit_ratio == 0.0 and st.mean_layers_run == m.n_layer
+    out = m.generate_tokens(prompt, 16, temp=0, exit=ExitParams(threshold=0.0, layers=[1]))  # auto: early exit
+    assert m.last_stats.mode == "early-exit"
     ref, layers, _ = exit_decode(m, prompt, 16, threshold=0.0, layers=[1], dynamic=True)
-    assert out == ref and m.last_stats.exit_layers == layers
+    assert out == ref[:len(out)] and m.last_stats.layers_run == [x + 1 for x in layers][:len(m.last_stats.layers_run)]
     assert set(layers) <= {1, m.n_layer - 1}
-    with pytest.raises(ValueError, match="greedily"):
-        m.generate_tokens(prompt, 4, temperature=0.7, early_exit=True)
-    with pytest.raises(ValueError, match="need early_exit=True"):
-        m.generate_tokens(prompt, 4, temperature=0, exit_threshold=0.5)
-    with pytest.raises(ValueError, match="needs an EAGLE head"):
-        specee.Model(str(tiny_gguf), n_ctx=64).generate_tokens(prompt, 4, temperature=0, early_exit=True)
+    with pytest.raises(specee.SpecEEError, match="greedily"):
+        m.generate_tokens(prompt, 4, temp=0.7, mode="early-exit")
+    with pytest.raises(specee.SpecEEError, match="exit settings are given, but the mode is plain"):
+        m.generate_tokens(prompt, 4, temp=0, mode="plain", exit=ExitParams(threshold=0.5))
+    with pytest.raises(specee.SpecEEError, match="needs an EAGLE draft head"):
+        specee.Model(str(tiny_gguf), n_ctx=64).generate_tokens(prompt, 4, temp=0, mode="early-exit")
 
 
 def test_head_and_predictors_in_a_file_of_their_own(tiny_gguf: Path, tiny_hf_dir: Path, with_head: Path,
@@ -324,9 +325,9 @@ def test_head_and_predictors_in_a_file_of_their_own(tiny_gguf: Path, tiny_hf_dir
     alone = specee.Model(str(tiny_gguf), n_ctx=128, n_threads=1, draft_head=str(parts))
     assert alone._model.exit_n_pred == len(PRED_LAYERS) and alone._model.exit_layers == [0, 2]
     merged = specee.Model(str(with_head), n_ctx=128, n_threads=1)
-    kw = dict(temperature=0, early_exit=True, exit_threshold=0.0, exit_layers=[0, 2])
+    kw = dict(temp=0, mode="early-exit", exit=ExitParams(threshold=0.0, layers=[0, 2]))
     assert alone.generate_tokens(PROMPTS[1], 12, **kw) == merged.generate_tokens(PROMPTS[1], 12, **kw)
-    assert alone.last_stats.exit_layers == merged.last_stats.exit_layers
+    assert alone.last_stats.layers_run == merged.last_stats.layers_run
 
 
 def forward_with_filled_kv(hf, tokens: list[int], exit_of: list[int]) -> list[np.ndarray]:
@@ -369,7 +370,7 @@ def test_filled_kv_matches_a_forward_with_filled_kv(with_head: Path, tiny_hf) ->
     eps = tiny_hf.config.rms_norm_eps
     norm_w, lm_head = tiny_hf.model.norm.weight.detach(), tiny_hf.lm_head.weight.detach()
     for prompt in PROMPTS:
-        out, layers, st = exit_decode(m, prompt, 20, threshold=1.0, schedule=schedule, kv_policy=_core.EXIT_KV_FILL)
+        out, layers, st = exit_decode(m, prompt, 20, threshold=1.0, schedule=schedule, kv="fill")
         assert st["n_exits"] > 0 and st["t_fill_ms"] > 0
         cells = [c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0]
         assert all(m.kv_cell_valid(c, il) for c in cells for il in range(m.n_layer))  # nothing masked
@@ -411,25 +412,25 @@ def test_cli_early_exit(smollm2_path: Path, smollm2_parts: Path) -> None:
             "-t", "1", "-no-cnv", "--temp", "0"]
     on = run_cli(*base)  # auto: on (head + predictors, greedy)
     assert on.returncode == 0, on.stderr
-    assert "early exit =    23 tokens" in on.stderr and "exit histogram = layer:tokens" in on.stderr
-    hist = on.stderr.split("exit histogram = layer:tokens")[1].splitlines()[0].split()
-    assert sum(int(h.split(":")[1]) for h in hist) == 23
-    off = run_cli(*base, "--no-early-exit", "--spec", "none")
+    assert "early exit =    23 tokens" in on.stderr and "exit histogram = layers run:tokens" in on.stderr
+    assert "mode early-exit (SpecEE): lossy" in on.stderr
+    hist = on.stderr.split("exit histogram = layers run:tokens")[1].splitlines()[0].split()
+    assert sum(int(h.split(":")[1]) for h in hist) == 24  # the first token (from the prompt) ran every layer
+    off = run_cli(*base, "--mode", "plain")
     assert off.returncode == 0 and "early exit" not in off.stderr
     never = run_cli(*base, "--exit-threshold", "1", "--exit-kv", "fill", "--exit-layers", "16,20")
     assert never.returncode == 0 and never.stdout == off.stdout  # never exiting is plain decoding
     assert "exit ratio 0.000" in never.stderr
     for bad, msg in [(["--exit-threshold", "2"], "expected a number in [0, 1]"),
-                     (["--exit-layers", "29"], "without an exit predictor"),
+                     (["--exit-layers", "29"], "exit layer 29 has no exit predictor"),
                      (["--exit-layers", "3,x"], "comma-separated"),
                      (["--exit-kv", "drop"], "mask or fill"),
                      (["--early-exit", "--temp", "0.7"], "decodes greedily"),
-                     (["--early-exit", "--spec", "eagle"], "separate modes"),
-                     (["--no-early-exit", "--exit-threshold", "0.5"], "early exit is off")]:
+                     (["--no-early-exit", "--exit-threshold", "0.5"], "exit settings are given, but the mode is eagle2")]:
         r = run_cli(*base, *bad)
         assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr[-300:])
     plain_model = run_cli("-m", str(smollm2_path), "-p", "hi", "-n", "2", "--early-exit", "-no-cnv", "--temp", "0")
-    assert plain_model.returncode != 0 and "needs an EAGLE head and exit predictors" in plain_model.stderr
+    assert plain_model.returncode != 0 and "needs an EAGLE draft head" in plain_model.stderr
 
 
 def test_the_default_draft_head_is_the_shipped_head_and_predictors(smollm2_path: Path) -> None:
@@ -444,6 +445,6 @@ def test_the_default_draft_head_is_the_shipped_head_and_predictors(smollm2_path:
     m = specee.Model(smollm2_path, n_ctx=256, n_threads=1, draft_head="default")
     assert m.has_eagle and m._model.eagle_n_vocab == 8192
     assert m._model.exit_layers == settings["exit_layers"] and m._model.exit_n_pred == 29
-    out = m.generate("The capital of France is", max_tokens=8, temperature=0, early_exit=True)
-    assert out.strip() and m.last_stats.n_generated == 8
-    assert len(m.last_stats.exit_layers) == 7  # one per decode step (the first token comes from the prompt pass)
+    out = m.generate("The capital of France is", max_tokens=8, temp=0)  # auto: early exit
+    assert out.strip() and m.last_stats.n_generated == 8 and m.last_stats.mode == "early-exit"
+    assert len(m.last_stats.layers_run) == 7  # one per decode step (the first token comes from the prompt pass)

@@ -175,122 +175,121 @@ struct Sampler {
     }
 };
 
-struct Spec {
-    py::object    ctx_ref; // keeps the context (and its model) alive
-    specee_spec * ptr = nullptr;
+// ---- the generator: its parameters are read off a Python object by attribute (specee.generate.GenerateOptions,
+// whose field names are the API's)
 
-    Spec(py::object ctx_obj, int32_t tree, std::optional<std::string> choices, int32_t total_tokens, int32_t depth,
-         int32_t top_k)
-        : ctx_ref(ctx_obj) {
-        specee_spec_params p = specee_spec_default_params();
-        p.tree               = tree;
-        p.choices            = choices ? choices->c_str() : nullptr;
-        p.total_tokens       = total_tokens;
-        p.depth              = depth;
-        p.top_k              = top_k;
-        ptr                  = specee_spec_init(ctx_obj.cast<Context &>().ptr, p);
+static const char * const MODE_NAMES[] = {"auto", "plain", "eagle", "eagle2", "early-exit"};
+
+struct Generator {
+    py::object           ctx_ref; // keeps the context (and its model) alive
+    specee_generator *   ptr = nullptr;
+    std::optional<std::string> choices;
+    std::vector<int32_t> exit_layers, exit_replay;
+
+    specee_generator_params params_of(const py::object & o) {
+        specee_generator_params p = specee_generator_default_params();
+        const std::string       mode = o.attr("mode").cast<std::string>();
+        p.mode                       = -1;
+        for (int32_t i = 0; i < 5; ++i) {
+            if (mode == MODE_NAMES[i]) {
+                p.mode = i;
+            }
+        }
+        if (p.mode < 0) {
+            throw py::value_error("mode must be one of auto, plain, eagle, eagle2, early-exit, not '" + mode + "'");
+        }
+        p.sampling.temp           = o.attr("temp").cast<float>();
+        p.sampling.top_k          = o.attr("top_k").cast<int32_t>();
+        p.sampling.top_p          = o.attr("top_p").cast<float>();
+        p.sampling.min_p          = o.attr("min_p").cast<float>();
+        p.sampling.repeat_penalty = o.attr("repeat_penalty").cast<float>();
+        p.sampling.repeat_last_n  = o.attr("repeat_last_n").cast<int32_t>();
+        const py::object seed     = o.attr("seed");
+        p.sampling.seed = seed.is_none() || seed.cast<int64_t>() == -1 ? SPECEE_DEFAULT_SEED : seed.cast<uint32_t>();
+        p.ignore_eos    = o.attr("ignore_eos").cast<bool>();
+
+        const py::object e = o.attr("eagle");
+        choices            = e.attr("choices").is_none() ? std::nullopt
+                                                         : std::optional<std::string>(e.attr("choices").cast<std::string>());
+        p.eagle.choices    = choices ? choices->c_str() : nullptr;
+        for (auto [name, field] : {std::pair<const char *, int32_t *>{"total_tokens", &p.eagle.total_tokens},
+                                   {"depth", &p.eagle.depth}, {"topk", &p.eagle.topk}}) {
+            const py::object v = e.attr(name);
+            *field             = v.is_none() ? 0 : v.cast<int32_t>();
+        }
+
+        const py::object x = o.attr("exit");
+        const py::object th = x.attr("threshold"), layers = x.attr("layers"), replay = x.attr("replay");
+        p.exit.threshold = th.is_none() ? -1.0f : th.cast<float>();
+        exit_layers      = layers.is_none() ? std::vector<int32_t>() : layers.cast<std::vector<int32_t>>();
+        exit_replay      = replay.is_none() ? std::vector<int32_t>() : replay.cast<std::vector<int32_t>>();
+        p.exit.layers    = layers.is_none() ? nullptr : exit_layers.data();
+        p.exit.n_layers  = (int32_t) exit_layers.size();
+        p.exit.replay    = replay.is_none() ? nullptr : exit_replay.data();
+        p.exit.n_replay  = (int32_t) exit_replay.size();
+        p.exit.dynamic   = x.attr("dynamic").cast<bool>();
+        const std::string kv = x.attr("kv").cast<std::string>();
+        if (kv != "mask" && kv != "fill") {
+            throw py::value_error("exit kv must be 'mask' or 'fill', not '" + kv + "'");
+        }
+        p.exit.kv = kv == "fill" ? SPECEE_EXIT_KV_FILL : SPECEE_EXIT_KV_MASK;
+        return p;
+    }
+
+    Generator(py::object ctx_obj, const py::object & options) : ctx_ref(ctx_obj) {
+        const specee_generator_params p = params_of(options);
+        ptr                             = specee_generator_init(ctx_obj.cast<Context &>().ptr, p);
         if (!ptr) {
             raise_last();
         }
     }
-    Spec(const Spec &)             = delete;
-    Spec & operator=(const Spec &) = delete;
-    ~Spec() { specee_spec_free(ptr); }
+    Generator(const Generator &)             = delete;
+    Generator & operator=(const Generator &) = delete;
+    ~Generator() { specee_generator_free(ptr); }
 
-    int32_t prefill(Sampler & smpl, const i32_array & tokens) {
-        int32_t t;
-        {
-            py::gil_scoped_release release;
-            t = specee_spec_prefill(ptr, smpl.ptr, tokens.data(), (int32_t) tokens.size());
-        }
-        if (t < 0) {
+    void set_params(const py::object & options) {
+        if (specee_generator_set_params(ptr, params_of(options)) != 0) {
             raise_last();
         }
-        return t;
     }
 
-    std::vector<int32_t> step(Sampler & smpl, int32_t n_max) {
-        std::vector<int32_t> out(std::max(n_max, 1));
+    int32_t start(const i32_array & tokens) {
+        int32_t reused;
+        {
+            py::gil_scoped_release release;
+            reused = specee_generator_start(ptr, tokens.data(), (int32_t) tokens.size());
+        }
+        if (reused < 0) {
+            raise_last();
+        }
+        return reused;
+    }
+
+    // (tokens, layers run per token); empty when the context is full
+    py::tuple next(int32_t n_max) {
+        std::vector<int32_t> toks(std::max(n_max, 1)), layers(std::max(n_max, 1));
         int32_t              n;
         {
             py::gil_scoped_release release;
-            n = specee_spec_step(ptr, smpl.ptr, out.data(), n_max);
+            n = specee_generator_next(ptr, toks.data(), layers.data(), n_max);
         }
         if (n < 0) {
             raise_last();
         }
-        out.resize(n);
-        return out;
-    }
-
-    py::tuple eval_head(const i32_array & tokens, const f32_array & features) {
-        const int32_t n      = (int32_t) tokens.size();
-        const Context & ctx  = ctx_ref.cast<const Context &>();
-        const int32_t n_embd = specee_model_n_embd(ctx.model);
-        if (features.ndim() != 2 || features.shape(0) != n || features.shape(1) != n_embd) {
-            throw py::value_error("features must be [n_tokens, n_embd]");
-        }
-        py::array_t<float> logits({n, specee_model_eagle_n_vocab(ctx.model)});
-        py::array_t<float> out({n, n_embd});
-        int32_t            rc;
-        {
-            py::gil_scoped_release release;
-            rc = specee_spec_eval_head(ptr, tokens.data(), features.data(), n, logits.mutable_data(), out.mutable_data());
-        }
-        if (rc != 0) {
-            raise_last();
-        }
-        return py::make_tuple(logits, out);
-    }
-
-    // one early-exit token: (token, exit layer)
-    py::tuple step_exit(Sampler & smpl, float threshold, std::optional<std::vector<int32_t>> layers, bool dynamic,
-                        int32_t force_exit_layer, int32_t kv_policy) {
-        specee_exit_params ep = specee_exit_default_params();
-        ep.threshold          = threshold;
-        ep.layers             = layers ? layers->data() : nullptr;
-        ep.n_layers           = layers ? (int32_t) layers->size() : 0;
-        ep.dynamic            = dynamic;
-        ep.force_exit_layer   = force_exit_layer;
-        ep.kv_policy          = kv_policy;
-        int32_t t, layer = -1;
-        {
-            py::gil_scoped_release release;
-            t = specee_spec_step_exit(ptr, smpl.ptr, &ep, &layer);
-        }
-        if (t < 0) {
-            raise_last();
-        }
-        return py::make_tuple(t, layer);
-    }
-
-    py::dict exit_stats() const {
-        const specee_exit_stats st = specee_spec_get_exit_stats(ptr);
-        py::dict                d;
-        d["n_tokens"]    = st.n_tokens;
-        d["n_exits"]     = st.n_exits;
-        d["sum_layers"]  = st.sum_layers;
-        d["n_checks"]    = st.n_checks;
-        d["n_fired"]     = st.n_fired;
-        d["n_rejected"]  = st.n_rejected;
-        d["t_layers_ms"] = st.t_layers_ms;
-        d["t_check_ms"]  = st.t_check_ms;
-        d["t_exit_ms"]   = st.t_exit_ms;
-        d["t_head_ms"]   = st.t_head_ms;
-        d["t_fill_ms"]   = st.t_fill_ms;
-        return d;
+        toks.resize(n);
+        layers.resize(n);
+        return py::make_tuple(toks, layers);
     }
 
     py::dict stats() const {
-        const specee_spec_stats st = specee_spec_get_stats(ptr);
-        py::dict                d;
-        d["n_steps"]     = st.n_steps;
-        d["n_drafted"]   = st.n_drafted;
-        d["n_accepted"]  = st.n_accepted;
-        d["n_tokens"]    = st.n_tokens;
-        d["t_draft_ms"]  = st.t_draft_ms;
-        d["t_verify_ms"] = st.t_verify_ms;
-        d["t_accept_ms"] = st.t_accept_ms;
+        const specee_generator_stats st = specee_generator_get_stats(ptr);
+        py::dict                     d;
+#define STAT(f) d[#f] = st.f;
+        STAT(n_prompt) STAT(n_reused) STAT(t_prompt_ms) STAT(n_tokens) STAT(n_decoded) STAT(n_passes) STAT(t_decode_ms)
+        STAT(t_sample_ms) STAT(n_drafted) STAT(n_accepted) STAT(t_draft_ms) STAT(t_verify_ms) STAT(n_exits)
+        STAT(n_layers_run) STAT(n_checks) STAT(n_fired) STAT(n_rejected) STAT(t_layers_ms) STAT(t_check_ms)
+        STAT(t_exit_ms) STAT(t_head_ms) STAT(t_fill_ms)
+#undef STAT
         return d;
     }
 };
@@ -305,10 +304,6 @@ PYBIND11_MODULE(_core, m) {
     m.attr("EVAL_HIDDEN_ALL") = (int) SPECEE_EVAL_HIDDEN_ALL;
     m.attr("EVAL_NO_LOGITS")  = (int) SPECEE_EVAL_NO_LOGITS;
 
-    m.attr("SPEC_TREE_STATIC")  = (int) SPECEE_SPEC_TREE_STATIC;
-    m.attr("SPEC_TREE_DYNAMIC") = (int) SPECEE_SPEC_TREE_DYNAMIC;
-    m.attr("EXIT_KV_MASK")      = (int) SPECEE_EXIT_KV_MASK;
-    m.attr("EXIT_KV_FILL")      = (int) SPECEE_EXIT_KV_FILL;
 
     m.def("set_verbose", &specee_log_set_verbose);
     m.def("arch_eagle_tensor_names", [] {
@@ -324,24 +319,6 @@ PYBIND11_MODULE(_core, m) {
             names.emplace_back(specee_arch_pred_tensor_name(i));
         }
         return names;
-    });
-    m.def("spec_check_choices",
-          [](const std::string & choices) {
-              const int32_t n = specee_spec_check_choices(choices.c_str());
-              if (n < 0) {
-                  raise_last();
-              }
-              return n;
-          },
-          py::arg("choices"));
-    m.def("spec_default_params", [] {
-        const specee_spec_params p = specee_spec_default_params();
-        py::dict                 d;
-        d["tree"]         = p.tree;
-        d["total_tokens"] = p.total_tokens;
-        d["depth"]        = p.depth;
-        d["top_k"]        = p.top_k;
-        return d;
     });
     m.def("arch_tensor_names", [] {
         std::vector<std::string> names;
@@ -477,7 +454,7 @@ PYBIND11_MODULE(_core, m) {
     py::class_<Context>(m, "Context")
         .def(py::init<py::object, uint32_t, uint32_t, int32_t, int32_t, int32_t>(), py::arg("model"),
              py::arg("n_ctx") = 0, py::arg("n_batch") = 512, py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0,
-             py::arg("type_v") = (int) SPECEE_KV_F16)
+             py::arg("type_v") = (int) SPECEE_KV_F32)
         .def_property_readonly("n_ctx", [](const Context & s) { return specee_n_ctx(s.ptr); })
         .def_property_readonly("n_batch", [](const Context & s) { return specee_n_batch(s.ptr); })
         .def("eval",
@@ -494,6 +471,29 @@ PYBIND11_MODULE(_core, m) {
         .def("hidden", [](const Context & s, int32_t il) { return s.hidden_copy(specee_get_hidden(s.ptr, il)); },
              py::arg("layer") = -1)
         .def("norm", [](const Context & s) { return s.hidden_copy(specee_get_norm(s.ptr)); })
+        .def("set_capture",
+             [](Context & s, const std::vector<std::string> & names) {
+                 std::vector<const char *> ptrs;
+                 for (const std::string & n : names) {
+                     ptrs.push_back(n.c_str());
+                 }
+                 if (specee_set_capture(s.ptr, ptrs.data(), (int32_t) ptrs.size()) != 0) {
+                     raise_last();
+                 }
+             },
+             py::arg("names"))
+        .def("get_capture",
+             [](const Context & s, const std::string & name) {
+                 int64_t       ne0 = 0, rows = 0;
+                 const float * data = specee_get_capture(s.ptr, name.c_str(), &ne0, &rows);
+                 if (!data) {
+                     raise_last();
+                 }
+                 py::array_t<float> out({rows, ne0});
+                 memcpy(out.mutable_data(), data, sizeof(float) * ne0 * rows);
+                 return out;
+             },
+             py::arg("name"))
         .def("kv_clear", [](Context & s) { specee_kv_clear(s.ptr); })
         .def("kv_remove", [](Context & s, int32_t p0, int32_t p1) { return specee_kv_remove(s.ptr, p0, p1); },
              py::arg("p0"), py::arg("p1") = -1)
@@ -535,21 +535,56 @@ PYBIND11_MODULE(_core, m) {
             py::arg("token"), py::arg("bias"))
         .def("reset", [](Sampler & s) { specee_sampler_reset(s.ptr); });
 
-    const specee_spec_params spd = specee_spec_default_params();
-    py::class_<Spec>(m, "Spec")
-        .def(py::init<py::object, int32_t, std::optional<std::string>, int32_t, int32_t, int32_t>(), py::arg("context"),
-             py::arg("tree") = spd.tree, py::arg("choices") = py::none(), py::arg("total_tokens") = spd.total_tokens,
-             py::arg("depth") = spd.depth, py::arg("top_k") = spd.top_k)
-        .def("prefill", &Spec::prefill, py::arg("sampler"), py::arg("tokens"))
-        .def("step", &Spec::step, py::arg("sampler"), py::arg("n_max"))
-        .def("eval_head", &Spec::eval_head, py::arg("tokens"), py::arg("features"))
-        .def("stats", &Spec::stats)
-        .def("reset_stats", [](Spec & s) { specee_spec_reset_stats(s.ptr); })
-        .def("step_exit", &Spec::step_exit, py::arg("sampler"), py::arg("threshold") = -1.0f,
-             py::arg("layers") = py::none(), py::arg("dynamic") = true, py::arg("force_exit_layer") = -1,
-             py::arg("kv_policy") = (int) SPECEE_EXIT_KV_MASK)
-        .def("exit_stats", &Spec::exit_stats)
-        .def("reset_exit_stats", [](Spec & s) { specee_spec_reset_exit_stats(s.ptr); });
+    py::class_<Generator>(m, "Generator")
+        .def(py::init<py::object, const py::object &>(), py::arg("context"), py::arg("options"))
+        .def("set_params", &Generator::set_params, py::arg("options"))
+        .def("start", &Generator::start, py::arg("tokens"))
+        .def("next", &Generator::next, py::arg("n_max"))
+        .def("stats", &Generator::stats)
+        .def("reset_stats", [](Generator & g) { specee_generator_reset_stats(g.ptr); })
+        .def_property_readonly("mode", [](const Generator & g) { return std::string(MODE_NAMES[specee_generator_mode(g.ptr)]); })
+        .def_property_readonly("seed", [](const Generator & g) { return specee_generator_seed(g.ptr); });
+
+    m.def("draft_head_eval",
+          [](py::object ctx_obj, const i32_array & tokens, const f32_array & features) {
+              Context &     ctx    = ctx_obj.cast<Context &>();
+              const int32_t n      = (int32_t) tokens.size();
+              const int32_t n_embd = specee_model_n_embd(ctx.model);
+              if (features.ndim() != 2 || features.shape(0) != n || features.shape(1) != n_embd) {
+                  throw py::value_error("features must be [n_tokens, n_embd]");
+              }
+              py::array_t<float> logits({n, specee_model_eagle_n_vocab(ctx.model)});
+              py::array_t<float> out({n, n_embd});
+              int32_t            rc;
+              {
+                  py::gil_scoped_release release;
+                  rc = specee_draft_head_eval(ctx.ptr, tokens.data(), features.data(), n, logits.mutable_data(),
+                                              out.mutable_data());
+              }
+              if (rc != 0) {
+                  raise_last();
+              }
+              return py::make_tuple(logits, out);
+          },
+          py::arg("context"), py::arg("tokens"), py::arg("features"));
+    m.def("eagle_check_choices",
+          [](const std::string & choices) {
+              const int32_t n = specee_eagle_check_choices(choices.c_str());
+              if (n < 0) {
+                  raise_last();
+              }
+              return n;
+          },
+          py::arg("choices"));
+    m.def("arch_keys", [] {
+        py::dict keys;
+        for (int32_t i = 0; specee_arch_key(i); ++i) {
+            const std::string kv = specee_arch_key(i);
+            const size_t      eq = kv.find('=');
+            keys[py::str(kv.substr(0, eq))] = kv.substr(eq + 1);
+        }
+        return keys;
+    });
 
     m.def("chat_template_detect",
           [](const std::string & text) -> std::optional<std::string> {
@@ -557,6 +592,15 @@ PYBIND11_MODULE(_core, m) {
               return name ? std::optional<std::string>(name) : std::nullopt;
           },
           py::arg("text"));
+    m.def("chat_template_resolve",
+          [](const Model & model, std::optional<std::string> name) {
+              const char * t = specee_chat_template_resolve(model.ptr, name ? name->c_str() : nullptr);
+              if (!t) {
+                  raise_last();
+              }
+              return std::string(t);
+          },
+          py::arg("model"), py::arg("name") = py::none());
     m.def("chat_apply_template",
           [](const std::string & name, const std::vector<std::map<std::string, std::string>> & messages,
              bool add_ass) {

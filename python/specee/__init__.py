@@ -5,7 +5,9 @@ from specee._ggml import preload_ggml
 preload_ggml()  # before the extension: it links libggml
 
 from specee._core import SpecEEError  # noqa: E402
+from specee.generate import EagleParams, ExitParams, GenerateOptions, GenerationStats  # noqa: E402
 from specee.model import Model  # noqa: E402
 from specee.paths import default_model_path  # noqa: E402
 
-__all__ = ["Model", "SpecEEError", "default_model_path"]
+__all__ = ["EagleParams", "ExitParams", "GenerateOptions", "GenerationStats", "Model", "SpecEEError",
+           "default_model_path"]

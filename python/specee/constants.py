@@ -44,6 +44,8 @@ KEY_ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
 KEY_ROPE_FREQ_BASE = "{arch}.rope.freq_base"
 KEY_ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
 KEY_ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
+KEY_ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # older files: the linear factor
+KEY_ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
 
 # ---- SpecEE parts (SpecEE's published GGUF names, so its `eauto` files load too): the EAGLE draft head
 # and the per-layer exit predictors. Not part of TENSOR_NAMES above, which mirrors the base-model table.

@@ -1,12 +1,14 @@
-"""Text generation over the token-level runtime: prompts and chat messages in, text out, streamed.
+"""Text generation: prompts and chat messages in, tokens and text out, streamed.
 
-Free functions on a `specee.Model`; the model's `generate`, `stream` and `embed` methods call these.
+A thin layer over the runtime's generator (csrc/specee-generate.cpp), which holds the decoding policy for every
+mode, the same one `specee-cli` runs: plain decoding, EAGLE-1 / EAGLE-2 speculative decoding (lossless) and SpecEE
+early exit (greedy, lossy). The options of a call are one dataclass, `GenerateOptions`; `Model.generate`,
+`Model.stream` and `Model.generate_tokens` take its fields as keywords.
 """
 
 from __future__ import annotations
 
 import codecs
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence, Union
@@ -20,105 +22,119 @@ if TYPE_CHECKING:
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 Prompt = Union[str, Sequence[Message]]
+MODES = ("auto", "plain", "eagle", "eagle2", "early-exit")
 
 
 @dataclass
-class SamplingParams:
-    """llama.cpp's defaults; temperature <= 0 is greedy."""
+class EagleParams:
+    """EAGLE trees. eagle: `choices`, child-rank paths such as [[0], [1], [0, 0]] (or their text) or the preset
+    "mc_sim_7b_63". eagle2: the best `total_tokens` of a tree grown `topk` by `topk`, `depth` deep. None: the
+    runtime's defaults, sized for a CPU (one draft token; see the README)."""
 
-    temperature: float = 0.8
+    choices: str | Sequence[Sequence[int]] | None = None
+    total_tokens: int | None = None
+    depth: int | None = None
+    topk: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("total_tokens", "depth", "topk"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"eagle {name} must be >= 1 (None: the runtime's default), not {getattr(self, name)}")
+        if self.choices is not None and not isinstance(self.choices, str):
+            self.choices = str([[int(r) for r in path] for path in self.choices])
+
+
+@dataclass
+class ExitParams:
+    """SpecEE early exit. threshold: a predictor fires above it; layers: the static schedule (block indices);
+    None: the model file's (specee.exit.threshold / specee.exit.layers). dynamic: also check e-2, e, e+2 around the
+    last 5 exit layers. kv: what the skipped layers' cache holds for an exited token, "mask" (nothing; SpecEE's) or
+    "fill" (K/V from the exit layer's output). replay: benchmarks and tests: token i exits after block
+    replay[i % len(replay)] whatever the predictors say."""
+
+    threshold: float | None = None
+    layers: Sequence[int] | None = None
+    dynamic: bool = True
+    kv: str = "mask"
+    replay: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv not in ("mask", "fill"):
+            raise ValueError(f"exit kv must be 'mask' or 'fill', not {self.kv!r}")
+
+
+@dataclass
+class GenerateOptions:
+    """Everything a generation call takes besides the prompt and max_tokens.
+
+    mode: "plain", "eagle", "eagle2", "early-exit" or "auto": early-exit with a draft head and exit predictors at
+    temp 0 (SpecEE's behaviour), eagle2 with a draft head, else plain. Sampling: llama.cpp's chain and defaults
+    (temp <= 0: greedy; seed None or -1: random); ignore_eos: end-of-generation tokens are never sampled. eagle and
+    exit: the trees and the early-exit settings. stop: strings that end generation (not included). chat_template:
+    for message prompts, a name instead of the model's own."""
+
+    mode: str = "auto"
+    temp: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None
-    ignore_eos: bool = False  # end-of-generation tokens get a -inf logit: the run goes on to max_tokens
+    ignore_eos: bool = False
+    eagle: EagleParams = field(default_factory=EagleParams)
+    exit: ExitParams = field(default_factory=ExitParams)
+    stop: Sequence[str] = ()
+    chat_template: str | None = None
 
-
-@dataclass
-class SpeculativeParams:
-    """EAGLE speculative decoding (lossless). mode "eagle": the static EAGLE-1 tree of `choices` (a list of
-    child-rank paths, "[[0], [1], [0, 0]]", or the preset "mc_sim_7b_63"); "eagle2": the dynamic EAGLE-2
-    tree (the best total_tokens of a tree grown top_k by top_k, depth deep). None: the runtime's defaults,
-    sized for a CPU (one draft token: [[0]], and total_tokens = depth = top_k = 1; see the README)."""
-
-    mode: str = "eagle2"
-    choices: str | None = None
-    total_tokens: int | None = None
-    depth: int | None = None
-    top_k: int | None = None
-
-    def make(self, model: Model) -> _core.Spec:
-        if self.mode not in ("eagle", "eagle2"):
-            raise ValueError(f"speculative must be None, 'eagle' or 'eagle2', not {self.mode!r}")
-        if self.mode == "eagle" and any(v is not None for v in (self.total_tokens, self.depth, self.top_k)):
-            raise ValueError("eagle_total_tokens, eagle_depth and eagle_topk set the EAGLE-2 tree "
-                             "(speculative='eagle2'); the EAGLE-1 tree comes from eagle_choices")
-        if self.mode == "eagle2" and self.choices is not None:
-            raise ValueError("eagle_choices sets the static EAGLE-1 tree (speculative='eagle'), not the dynamic one")
-        d = _core.spec_default_params()
-        tree = _core.SPEC_TREE_STATIC if self.mode == "eagle" else _core.SPEC_TREE_DYNAMIC
-        return _core.Spec(
-            model._ctx, tree, self.choices,
-            d["total_tokens"] if self.total_tokens is None else self.total_tokens,
-            d["depth"] if self.depth is None else self.depth,
-            d["top_k"] if self.top_k is None else self.top_k,
-        )
-
-
-@dataclass
-class ExitParams:
-    """SpecEE early exit (greedy, lossy by design): the EAGLE head's candidates are checked by the per-layer
-    predictors at the scheduled layers. None: the model file's settings (specee.exit.threshold/layers)."""
-
-    threshold: float | None = None  # a predictor fires above this; >= 1 never exits
-    layers: list[int] | None = None  # the static schedule
-    dynamic: bool = True  # also check e-2, e, e+2 around each of the last 5 exit layers
-    kv: str = "mask"  # the skipped layers' cache for an exited token: "mask" (SpecEE) or "fill" (K/V from the exit)
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
 
 
 @dataclass
 class GenerationStats:
-    """What the last generate/stream call did."""
+    """What the last generation call did."""
 
-    n_prompt_tokens: int = 0
+    mode: str = ""
+    n_prompt_tokens: int = 0  # evaluated for the prompt
+    n_reused: int = 0  # prompt tokens found in the KV cache (kept from an earlier call)
     n_generated: int = 0
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
-    stop_reason: str = ""  # "eog", "stop", "length", "context"
+    stop_reason: str = ""  # "eog", "stop", "length", "context", "interrupted"; "" while running or abandoned
     tokens: list[int] = field(default_factory=list)
-    # speculative decoding: draft-and-verify steps, draft tokens verified and accepted, the tokens the steps
-    # returned, and where their time went (draft head, verification passes)
+    n_layer: int = 0
+    # eagle, eagle2: draft-and-verify steps, the tokens each returned, draft tokens verified and accepted, and
+    # where the time went
     n_steps: int = 0
+    step_tokens: list[int] = field(default_factory=list)
     n_drafted: int = 0
     n_accepted: int = 0
-    n_step_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
-    step_tokens: list[int] = field(default_factory=list)  # tokens each speculative step returned
-    # early exit: the layer each decoded token left the model after (n_layer - 1: it ran all layers); the
-    # first generated token comes from the prompt pass and has none
-    exit_layers: list[int] = field(default_factory=list)
-    n_layer: int = 0
+    # early-exit: the layers each decoded token ran (n_layer: it did not exit; the first token comes from the
+    # prompt's pass and is not counted)
+    layers_run: list[int] = field(default_factory=list)
 
     @property
     def exit_ratio(self) -> float:
-        """Share of early-exit decode steps that left before the last layer."""
-        n = len(self.exit_layers)
-        return sum(e < self.n_layer - 1 for e in self.exit_layers) / n if n else 0.0
+        """Share of decoded tokens that left before the last layer."""
+        n = len(self.layers_run)
+        return sum(r < self.n_layer for r in self.layers_run) / n if n else 0.0
 
     @property
-    def mean_exit_layer(self) -> float:
-        """Mean over early-exit decode steps of the layer they left after, counted from 1 (SpecEE's figure;
-        n_layer when every token ran every layer)."""
-        return sum(e + 1 for e in self.exit_layers) / len(self.exit_layers) if self.exit_layers else 0.0
+    def mean_layers_run(self) -> float:
+        """Mean layers a decoded token ran (SpecEE's "average exit layer"; n_layer when none exited)."""
+        return sum(self.layers_run) / len(self.layers_run) if self.layers_run else 0.0
 
     @property
     def mean_accepted_tokens(self) -> float:
         """Tokens per speculative step, the accepted draft tokens plus the target's own (EAGLE's acceptance
         length; 1.0 means no draft token was accepted). 0 without speculative decoding."""
-        return self.n_step_tokens / self.n_steps if self.n_steps else 0.0
+        return sum(self.step_tokens) / self.n_steps if self.n_steps else 0.0
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -133,16 +149,10 @@ class GenerationStats:
 
 def chat_template_name(model: Model, chat_template: str | None = None) -> str:
     """The template to render messages with: a name given by the caller, else the GGUF's own template."""
-    if chat_template:
-        name = _core.chat_template_detect(chat_template)
-        if name is None:
-            raise ValueError(f"unknown chat template {chat_template!r} (known: chatml, llama2, vicuna, llama3, zephyr)")
-        return name
-    text = model.metadata.get("tokenizer.chat_template", "")
-    name = _core.chat_template_detect(text) if text else None
-    if name is None:
-        raise ValueError("the model has no recognised chat template; pass chat_template= (e.g. 'chatml')")
-    return name
+    try:
+        return _core.chat_template_resolve(model._model, chat_template)
+    except _core.SpecEEError as e:
+        raise ValueError(str(e)) from None
 
 
 def prompt_tokens(model: Model, prompt: Prompt, chat_template: str | None = None) -> list[int]:
@@ -165,123 +175,74 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
-def generate_tokens(
-    model: Model,
-    tokens: Sequence[int],
-    max_tokens: int,
-    params: SamplingParams,
-    stats: GenerationStats | None = None,
-    speculative: SpeculativeParams | None = None,
-    early_exit: ExitParams | None = None,
-) -> Iterator[int]:
-    """Prefill `tokens` into an empty cache, then yield up to max_tokens sampled token ids (an end-of-generation
-    token ends the run and is not yielded). With `speculative`, the EAGLE head drafts and the model verifies
-    several tokens per step: the same tokens when greedy, the same distribution when sampling."""
-    stats = stats if stats is not None else GenerationStats()
+def generate_tokens(model: Model, tokens: Sequence[int], max_tokens: int, opts: GenerateOptions,
+                    stats: GenerationStats) -> Iterator[int]:
+    """Token ids generated after the prompt's `tokens`: up to max_tokens (an end-of-generation token ends the run
+    and is not yielded). The KV cache keeps what it holds of `tokens` from the model's earlier calls. A newer
+    generation on the same model makes this iterator stale: resuming it raises RuntimeError."""
     tokens = [int(t) for t in tokens]
     if not tokens:
         raise ValueError("empty prompt")
-    if len(tokens) >= model.n_ctx:
-        raise ValueError(f"the prompt has {len(tokens)} tokens, which does not fit the context of {model.n_ctx}")
-    if early_exit is not None:
-        if early_exit.kv not in ("mask", "fill"):
-            raise ValueError(f"exit_kv must be 'mask' or 'fill', not {early_exit.kv!r}")
-        if speculative is not None:
-            raise ValueError("early exit and speculative decoding are separate modes: choose one")
-        if params.temperature > 0:
-            raise ValueError("early exit decodes greedily: use temperature=0")
-        if not model.has_eagle:
-            raise ValueError("early exit needs an EAGLE head for its candidates (merge one, or draft_head=)")
-        speculative = SpeculativeParams("eagle2")
-    spec = speculative.make(model) if speculative is not None else None
+    gen, me = model._start_generation(opts)
     stats.n_layer = model.n_layer
-    sampler = _core.Sampler(
-        params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.repeat_last_n,
-        params.seed,
-    )
-    if params.ignore_eos:
-        for t in model.eog_tokens:
-            sampler.set_logit_bias(t, -math.inf)
-    for t in tokens:
-        sampler.accept(t)
-    model.kv_clear()
-    stats.n_prompt_tokens = len(tokens)
+    stats.mode = gen.mode
 
-    t0 = time.perf_counter()
-    if spec is None:
-        logits = model.eval(tokens)[-1]
-        queue: list[int] = []
-    else:
-        queue = [spec.prefill(sampler, tokens)]  # the runtime adds the tokens it returns to the sampler's history
-    stats.prompt_seconds = time.perf_counter() - t0
+    def step(fn, *args):
+        if model._generation != me:
+            raise RuntimeError("this generation was superseded by a later call on the same Model; its state is gone")
+        with model._lock:
+            return fn(*args)
 
-    t1 = time.perf_counter()
-    stats.stop_reason = "length"
+    gen.reset_stats()
+    step(gen.start, np.asarray(tokens, dtype=np.int32))
+    first = True  # the first token comes from the prompt's pass
     try:
         while stats.n_generated < max_tokens:
-            if not queue:
-                if spec is None:
-                    queue = [sampler.sample(logits)]
-                    sampler.accept(queue[0])
-                elif early_exit is not None:
-                    tok, layer = spec.step_exit(
-                        sampler, -1.0 if early_exit.threshold is None else early_exit.threshold, early_exit.layers,
-                        early_exit.dynamic, -1, _core.EXIT_KV_FILL if early_exit.kv == "fill" else _core.EXIT_KV_MASK)
-                    queue = [tok]
-                    stats.exit_layers.append(layer)
-                else:
-                    queue = spec.step(sampler, max_tokens - stats.n_generated)
-                    stats.step_tokens.append(len(queue))
-            tok = queue.pop(0)
-            if model.is_eog(tok):
-                stats.stop_reason = "eog"
-                break
-            stats.n_generated += 1
-            stats.tokens.append(tok)
-            yield tok
-            if stats.n_generated >= max_tokens:
-                break
-            if queue:
-                continue
-            if model.kv_n_used >= model.n_ctx:
+            toks, runs = step(gen.next, max_tokens - stats.n_generated)
+            if not toks:
                 stats.stop_reason = "context"
-                break
-            if spec is None:
-                logits = model.eval([tok])[-1]
+                return
+            if not first and stats.mode in ("eagle", "eagle2"):
+                stats.step_tokens.append(len(toks))
+            if not first and stats.mode == "early-exit":
+                stats.layers_run += runs
+            first = False
+            for tok in toks:
+                if model.is_eog(tok):
+                    stats.stop_reason = "eog"
+                    return
+                stats.n_generated += 1
+                stats.tokens.append(tok)
+                yield tok
+        stats.stop_reason = "length"
+    except KeyboardInterrupt:
+        stats.stop_reason = "interrupted"
+        raise
     finally:
-        stats.decode_seconds = time.perf_counter() - t1
-        if spec is not None and early_exit is None:
-            st = spec.stats()
-            stats.n_steps, stats.n_drafted, stats.n_accepted = st["n_steps"], st["n_drafted"], st["n_accepted"]
-            stats.n_step_tokens = st["n_tokens"]
+        st = gen.stats()
+        stats.n_prompt_tokens, stats.n_reused = st["n_prompt"], st["n_reused"]
+        stats.prompt_seconds, stats.decode_seconds = st["t_prompt_ms"] / 1e3, st["t_decode_ms"] / 1e3
+        if stats.mode in ("eagle", "eagle2"):
+            stats.n_steps, stats.n_drafted, stats.n_accepted = st["n_passes"], st["n_drafted"], st["n_accepted"]
             stats.draft_seconds, stats.verify_seconds = st["t_draft_ms"] / 1e3, st["t_verify_ms"] / 1e3
 
 
-def stream_tokens(
-    model: Model,
-    tokens: list[int],
-    max_tokens: int,
-    params: SamplingParams,
-    stop: Sequence[str] = (),
-    stats: GenerationStats | None = None,
-    speculative: SpeculativeParams | None = None,
-    early_exit: ExitParams | None = None,
-) -> Iterator[str]:
-    """generate_tokens as text, yielded as it completes; `stop` strings end generation (not included)."""
-    stats = stats if stats is not None else GenerationStats()
+def stream_text(model: Model, tokens: list[int], max_tokens: int, opts: GenerateOptions,
+                stats: GenerationStats) -> Iterator[str]:
+    """generate_tokens as text, yielded as it completes; opts.stop strings end generation (not included)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     text, sent = "", 0
-    ids = generate_tokens(model, tokens, max_tokens, params, stats, speculative, early_exit)
+    ids = generate_tokens(model, tokens, max_tokens, opts, stats)
     try:
         for tok in ids:
             text += decoder.decode(model.token_to_piece(tok))
-            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
+            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in opts.stop) if i >= 0), default=-1)
             if hit >= 0:
                 if hit > sent:
                     yield text[sent:hit]
                 stats.stop_reason = "stop"
                 break
-            ready = len(text) - _held_back(text, stop)
+            ready = len(text) - _held_back(text, opts.stop)
             if ready > sent:
                 yield text[sent:ready]
                 sent = ready

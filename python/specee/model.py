@@ -9,51 +9,18 @@ KV-cache operations that speculative decoding and early exit build on. The text-
 from __future__ import annotations
 
 import os
+import threading
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from specee import _core
-from specee.generate import (
-    ExitParams,
-    GenerationStats,
-    Prompt,
-    SamplingParams,
-    SpeculativeParams,
-    embed,
-    generate_tokens,
-    prompt_tokens,
-    stream_tokens,
-)
+from specee.generate import GenerateOptions, GenerationStats, Prompt, embed, generate_tokens, prompt_tokens, stream_text
 from specee.paths import default_draft_head_path, default_model_path
 
 
 def _default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
-
-
-def _speculative(
-    mode: str | None,
-    choices: str | Sequence[Sequence[int]] | None,
-    total_tokens: int | None,
-    depth: int | None,
-    top_k: int | None,
-) -> SpeculativeParams | None:
-    if mode is None:
-        if any(v is not None for v in (choices, total_tokens, depth, top_k)):
-            raise ValueError("the eagle_* tree settings need speculative='eagle' or 'eagle2'")
-        return None
-    if choices is not None and not isinstance(choices, str):
-        choices = str([[int(r) for r in path] for path in choices])
-    return SpeculativeParams(mode, choices, total_tokens, depth, top_k)
-
-
-def _early_exit(on: bool, threshold: float | None, layers: Sequence[int] | None, kv: str) -> ExitParams | None:
-    if not on:
-        if threshold is not None or layers is not None or kv != "mask":
-            raise ValueError("exit_threshold, exit_layers and exit_kv need early_exit=True")
-        return None
-    return ExitParams(threshold, [int(i) for i in layers] if layers is not None else None, kv=kv)
 
 
 class Model:
@@ -67,15 +34,14 @@ class Model:
         n_threads_batch: int | None = None,
         use_mmap: bool = True,
         draft_head: str | os.PathLike | None = None,
-        type_v: str | None = None,
+        type_v: str = "f32",
     ) -> None:
         """draft_head: an EAGLE head in a GGUF of its own (replaces the model file's head, if any); "default":
         the shipped head and exit predictors trained for the embedded SmolLM2 (specee.paths).
-        type_v: the V cache's type, "f16" or "f32" (attention then accumulates in F32 on one kernel path for
-        every batch shape: a token's logits do not depend on the batch it is evaluated in, so speculative
-        greedy output equals plain greedy output bit for bit). None: "f32" when the model has an EAGLE head
-        (speculative decoding is then lossless by default), else "f16"."""
-        if type_v not in (None, "f16", "f32"):
+        type_v: the V cache's type, "f32" (default: attention accumulates in F32 on one kernel path for every batch
+        shape, so a token's logits do not depend on the batch it is evaluated in and speculative greedy output
+        equals plain greedy output bit for bit) or "f16" (half the memory)."""
+        if type_v not in ("f16", "f32"):
             raise ValueError(f"type_v must be 'f16' or 'f32', not {type_v!r}")
         self.path = str(path) if path is not None else default_model_path()
         if not os.path.isfile(self.path):
@@ -86,12 +52,14 @@ class Model:
             draft_head = default_draft_head_path()
         if draft_head is not None:
             self._model.load_eagle(str(draft_head))
-        if type_v is None:
-            type_v = "f32" if self._model.has_eagle else "f16"
         self.type_v = type_v
         self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads,
                                   1 if type_v == "f32" else 0)
+        self._gen: _core.Generator | None = None
+        self._generation = 0  # bumped by every generation call; older iterators are stale
+        self._lock = threading.RLock()  # one generation step, or one whole generate(), at a time
         self.last_stats = GenerationStats()
+        self.captured: dict[str, np.ndarray] = {}
 
     # ---- model facts
 
@@ -166,6 +134,7 @@ class Model:
         layers: tuple[int, int] | None = None,
         hidden_all: bool = False,
         logits: bool = True,
+        capture: Sequence[str] = (),
     ) -> np.ndarray:
         """Evaluate a batch of token ids and return logits [n_outputs, n_vocab] (float32).
 
@@ -175,6 +144,8 @@ class Model:
         layers: (begin, end) to run only those layers; begin > 0 continues the previous batch.
         hidden_all: keep the hidden state after every evaluated layer (read with `hidden(il)`).
         logits: False stops at the final norm (no lm_head).
+        capture: names of graph nodes to keep ("l_out-12", "attn_norm-3", "result_norm"; every intermediate is
+        named, see csrc/specee-graph.cpp): their values land in `self.captured` [rows, ne0]. Capturing costs time.
         """
         tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         n = tok.shape[0]
@@ -194,9 +165,18 @@ class Model:
             flags |= _core.EVAL_HIDDEN_ALL
         if not logits:
             flags |= _core.EVAL_NO_LOGITS
-        if flags == 0 and layers is None and tree_mask is None:
-            return self._ctx.eval(tok, pos_arr, mask_arr, out_arr)
-        return self._ctx.eval_layers(tok, pos_arr, mask_arr, out_arr, begin, end, flags)
+        with self._lock:
+            self._ctx.set_capture(list(capture))
+            try:
+                if flags == 0 and layers is None and tree_mask is None:
+                    out = self._ctx.eval(tok, pos_arr, mask_arr, out_arr)
+                else:
+                    out = self._ctx.eval_layers(tok, pos_arr, mask_arr, out_arr, begin, end, flags)
+                self.captured = {name: self._ctx.get_capture(name) for name in capture}
+            finally:
+                if capture:
+                    self._ctx.set_capture([])
+        return out
 
     def hidden(self, layer: int = -1) -> np.ndarray:
         """Hidden state [n_tokens, n_embd] after `layer` for the last batch (-1: after the last evaluated)."""
@@ -275,85 +255,51 @@ class Model:
 
     # ---- generation
 
-    def stream(
-        self,
-        prompt: Prompt,
-        max_tokens: int = 256,
-        *,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: int | None = None,
-        ignore_eos: bool = False,
-        stop: Sequence[str] = (),
-        chat_template: str | None = None,
-        speculative: str | None = None,
-        eagle_choices: str | Sequence[Sequence[int]] | None = None,
-        eagle_total_tokens: int | None = None,
-        eagle_depth: int | None = None,
-        eagle_topk: int | None = None,
-        early_exit: bool = False,
-        exit_threshold: float | None = None,
-        exit_layers: Sequence[int] | None = None,
-        exit_kv: str = "mask",
-    ) -> Iterator[str]:
+    def _start_generation(self, opts: GenerateOptions) -> tuple[_core.Generator, int]:
+        """The model's generator with these options (one per model, so that its draft head's cache and the KV cache
+        stay in step for prompt-prefix reuse) and the number of this generation."""
+        with self._lock:
+            if self._gen is None:
+                self._gen = _core.Generator(self._ctx, opts)
+            else:
+                self._gen.set_params(opts)
+            self._generation += 1
+            return self._gen, self._generation
+
+    def stream(self, prompt: Prompt, max_tokens: int = 256, **options) -> Iterator[str]:
         """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
 
-        Starts from an empty cache. temperature <= 0 is greedy; `stop` strings end generation (not included);
-        ignore_eos: end-of-generation tokens are never sampled (their logit is -inf), as llama.cpp's --ignore-eos.
-        speculative: None (plain decoding), "eagle" (EAGLE-1 static tree: eagle_choices, a list of child-rank
-        paths such as [[0], [1], [0, 0]] or the preset "mc_sim_7b_63") or "eagle2" (EAGLE-2 dynamic tree:
-        eagle_total_tokens, eagle_depth, eagle_topk); needs an EAGLE head. Lossless: greedy output is the
-        plain output, sampling keeps the distribution.
-        early_exit: SpecEE early exit (greedy; needs an EAGLE head and exit predictors in the file): the layer
-        predictors stop a token's pass early when the head's candidates agree; exit_threshold and exit_layers
-        override the file's settings; exit_kv is what the skipped layers' cache holds for an exited token
-        ("mask": nothing, later tokens do not see it there, SpecEE's way; "fill": K/V computed from the exit
-        layer's output). Lossy by design (see the README's early-exit numbers); the layer each token left
-        after is in last_stats.exit_layers.
-        Statistics of the call are in `last_stats` once the iterator is exhausted.
-        """
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed, ignore_eos=ignore_eos)
-        spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
+        options: the fields of specee.generate.GenerateOptions as keywords: mode ("auto", "plain", "eagle",
+        "eagle2", "early-exit"), temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ignore_eos,
+        eagle=EagleParams(...), exit=ExitParams(...), stop, chat_template. The KV cache keeps the longest prefix
+        of the prompt it already holds (an earlier turn of the conversation), so only the rest is evaluated.
+        Statistics are in `last_stats` once the iterator is exhausted; a later generation call makes this
+        iterator stale (resuming it raises RuntimeError)."""
+        opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
-        tokens = prompt_tokens(self, prompt, chat_template)
-        ee = _early_exit(early_exit, exit_threshold, exit_layers, exit_kv)
-        return stream_tokens(self, tokens, max_tokens, params, stop, self.last_stats, spec, ee)
+        tokens = prompt_tokens(self, prompt, opts.chat_template)
+        return stream_text(self, tokens, max_tokens, opts, self.last_stats)
 
-    def generate_tokens(
-        self,
-        tokens: Sequence[int],
-        max_tokens: int = 256,
-        *,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: int | None = None,
-        ignore_eos: bool = False,
-        speculative: str | None = None,
-        eagle_choices: str | Sequence[Sequence[int]] | None = None,
-        eagle_total_tokens: int | None = None,
-        eagle_depth: int | None = None,
-        eagle_topk: int | None = None,
-        early_exit: bool = False,
-        exit_threshold: float | None = None,
-        exit_layers: Sequence[int] | None = None,
-        exit_kv: str = "mask",
-    ) -> list[int]:
-        """Token ids generated after the prompt's token ids (same settings as `stream`; no tokenizer needed)."""
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed, ignore_eos=ignore_eos)
-        spec = _speculative(speculative, eagle_choices, eagle_total_tokens, eagle_depth, eagle_topk)
+    def generate_tokens(self, tokens: Sequence[int], max_tokens: int = 256, **options) -> list[int]:
+        """Token ids generated after the prompt's token ids (options as for `stream`; no tokenizer needed)."""
+        opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
-        ee = _early_exit(early_exit, exit_threshold, exit_layers, exit_kv)
-        return list(generate_tokens(self, tokens, max_tokens, params, self.last_stats, spec, ee))
+        with self._lock:
+            return list(generate_tokens(self, tokens, max_tokens, opts, self.last_stats))
 
-    def generate(self, prompt: Prompt, max_tokens: int = 256, **kwargs) -> str:
+    def generate(self, prompt: Prompt, max_tokens: int = 256, **options) -> str:
         """The whole text `stream` would yield (same arguments)."""
-        return "".join(self.stream(prompt, max_tokens, **kwargs))
+        with self._lock:
+            return "".join(self.stream(prompt, max_tokens, **options))
+
+    def draft_head_eval(self, tokens: Sequence[int] | np.ndarray, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The draft head alone over the pairs (tokens[i], features[i]) at positions 0..n-1, causal: its logits
+        [n, n_draft_vocab] and output features [n, n_embd] (training's acceptance estimates; the model's own KV
+        cache is untouched)."""
+        tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        feats = np.ascontiguousarray(features, dtype=np.float32)
+        with self._lock:
+            return _core.draft_head_eval(self._ctx, tok, feats)
 
     def embed(self, text: str, normalize: bool = True) -> np.ndarray:
         """Pooled embedding [n_embd]: the mean final-norm hidden state over the text's tokens."""

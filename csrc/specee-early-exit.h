@@ -1,0 +1,23 @@
+// specee-early-exit.h: SpecEE's early-exit decoder over a draft head (greedy, lossy by design)
+#pragma once
+
+#include "specee-draft-head.h"
+#include "specee.h"
+
+#include <cstdint>
+#include <vector>
+
+struct specee_exit_decoder {
+    specee_exit_params   params{};        // threshold resolved; layers / replay copied below
+    std::vector<int32_t> layers;          // the static schedule (block indices)
+    std::vector<int32_t> replay;          // forced exit layers, cycled; empty: the predictors decide
+    size_t               n_replayed = 0;
+    std::vector<int32_t> recent_exits;    // the last exit layers, newest last (the dynamic schedule)
+};
+
+// checks the parameters against the model (the schedule's layers need predictors, unless replayed)
+void    specee_exit_init(specee_exit_decoder & dec, const specee_model & model, const specee_exit_params & params);
+// One token: evaluates `root` (the last emitted token, at root_pos) layer range by layer range, checking the
+// scheduled layers; returns the next token and advances root / root_pos; *layers_run receives the layers it ran.
+int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                         int32_t & root_pos, int32_t & layers_run, specee_generator_stats & st);

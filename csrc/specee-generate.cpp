@@ -1,0 +1,374 @@
+// specee-generate.cpp: the one decoding loop shared by the CLI, the Python API and the tools.
+//
+// The policy lives here once: which mode `auto` means for a model, what each mode needs, the sampler chain with
+// ignore-EOS, the prompt (with the longest cached prefix kept), and one pass per call of next() in plain decoding,
+// one draft-and-verify step in eagle / eagle2 (specee-speculative.cpp), one layer-range walk in early exit
+// (specee-early-exit.cpp). The decoders share the generator's draft head, so its cache of pairs outlives a change of
+// parameters (specee_generator_set_params) and prompt-prefix reuse covers the head too.
+#include "specee-context.h"
+#include "specee-draft-head.h"
+#include "specee-early-exit.h"
+#include "specee-impl.h"
+#include "specee-model.h"
+#include "specee-sampling.h"
+#include "specee-speculative.h"
+#include "specee.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+struct specee_generator {
+    specee_context *          ctx = nullptr;
+    specee_generator_params   params{};
+    int32_t                   mode = SPECEE_MODE_PLAIN; // resolved
+    std::vector<int32_t>      exit_layers, exit_replay; // copies of the params' arrays
+    std::string               eagle_choices;
+    std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl{nullptr, specee_sampler_free};
+    std::unique_ptr<specee_draft_head> head; // eagle, eagle2, early_exit
+    specee_tree_decoder       tree;
+    specee_exit_decoder       exit;
+
+    bool                 started  = false;
+    int32_t              root     = -1; // the last emitted token, not in the cache yet
+    int32_t              root_pos = -1; // its position
+    std::vector<int32_t> queue;         // the first token, sampled by start, until next returns it
+    specee_generator_stats stats{};
+};
+
+// ---- modes and parameters ---------------------------------------------------------------------------
+
+static const char * mode_name(int32_t mode) {
+    switch (mode) {
+        case SPECEE_MODE_AUTO: return "auto";
+        case SPECEE_MODE_PLAIN: return "plain";
+        case SPECEE_MODE_EAGLE: return "eagle";
+        case SPECEE_MODE_EAGLE2: return "eagle2";
+        case SPECEE_MODE_EARLY_EXIT: return "early-exit";
+        default: return "?";
+    }
+}
+
+// The default tree where the caller gives none: one draft token. On the CPUs measured (SmolLM2-135M, the
+// README's tables) verifying a tree token costs a good part of a plain step while a draft is accepted about a
+// third of the time, so the smallest tree loses least.
+static specee_eagle_params resolve_eagle(const specee_eagle_params & p) {
+    specee_eagle_params r = p;
+    r.total_tokens        = p.total_tokens > 0 ? p.total_tokens : 1;
+    r.depth               = p.depth > 0 ? p.depth : 1;
+    r.topk                = p.topk > 0 ? p.topk : 1;
+    return r;
+}
+
+static int32_t resolve_mode(const specee_model & m, const specee_generator_params & p) {
+    const bool greedy   = p.sampling.temp <= 0.0f;
+    const bool has_head = m.eagle.version > 0;
+    if (p.mode != SPECEE_MODE_AUTO) {
+        return p.mode;
+    }
+    if (has_head && m.exit.n_pred > 0 && greedy) {
+        return SPECEE_MODE_EARLY_EXIT; // SpecEE's behaviour for its merged files
+    }
+    if (has_head) {
+        const bool dyn_set = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
+        return p.eagle.choices && !dyn_set ? SPECEE_MODE_EAGLE : SPECEE_MODE_EAGLE2;
+    }
+    return SPECEE_MODE_PLAIN;
+}
+
+// settings that the chosen mode would ignore are errors, so a typo in a command line does not go unnoticed
+static void check_params(const specee_model & m, const specee_generator_params & p, int32_t mode) {
+    if (mode < SPECEE_MODE_PLAIN || mode > SPECEE_MODE_EARLY_EXIT) {
+        specee_fail("unknown mode %d (auto, plain, eagle, eagle2, early-exit)", p.mode);
+    }
+    if (p.eagle.total_tokens < 0 || p.eagle.depth < 0 || p.eagle.topk < 0) {
+        specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1 (0: the default)",
+                    p.eagle.total_tokens, p.eagle.depth, p.eagle.topk);
+    }
+    const bool dyn_set  = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
+    const bool exit_set = p.exit.threshold >= 0.0f || p.exit.layers || p.exit.kv != SPECEE_EXIT_KV_MASK ||
+                          p.exit.replay || !p.exit.dynamic;
+    const bool has_head = m.eagle.version > 0;
+    if (mode != SPECEE_MODE_PLAIN && !has_head) {
+        specee_fail("mode %s needs an EAGLE draft head: the model has none (merge one with python -m specee.convert "
+                    "merge, or load one with --draft-head / Model(draft_head=...))", mode_name(mode));
+    }
+    if (mode == SPECEE_MODE_EARLY_EXIT && p.sampling.temp > 0.0f) {
+        specee_fail("early exit decodes greedily (the exit layer's argmax): use temperature 0, or another mode");
+    }
+    if (p.eagle.choices && mode != SPECEE_MODE_EAGLE) {
+        specee_fail("eagle choices set the EAGLE-1 tree, but the mode is %s (use mode eagle)", mode_name(mode));
+    }
+    if (dyn_set && mode != SPECEE_MODE_EAGLE2) {
+        specee_fail("eagle total_tokens, depth and topk set the EAGLE-2 tree, but the mode is %s (use mode eagle2)",
+                    mode_name(mode));
+    }
+    if (exit_set && mode != SPECEE_MODE_EARLY_EXIT) {
+        specee_fail("exit settings are given, but the mode is %s (early exit: mode early-exit, or auto with a draft "
+                    "head and exit predictors at temperature 0)", mode_name(mode));
+    }
+}
+
+static void set_params_impl(specee_generator & g, const specee_generator_params & params) {
+    const specee_model & m    = *g.ctx->model;
+    const int32_t        mode = resolve_mode(m, params);
+    check_params(m, params, mode);
+
+    specee_generator_params p = params;
+    g.eagle_choices           = p.eagle.choices ? p.eagle.choices : "";
+    p.eagle.choices           = p.eagle.choices ? g.eagle_choices.c_str() : nullptr;
+    g.exit_layers.assign(p.exit.layers, p.exit.layers + (p.exit.layers ? p.exit.n_layers : 0));
+    g.exit_replay.assign(p.exit.replay, p.exit.replay + (p.exit.replay ? p.exit.n_replay : 0));
+    p.exit.layers = p.exit.layers ? g.exit_layers.data() : nullptr;
+    p.exit.replay = p.exit.replay ? g.exit_replay.data() : nullptr;
+
+    std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl(specee_sampler_init_impl(p.sampling),
+                                                                     specee_sampler_free);
+    if (p.ignore_eos) {
+        std::vector<int32_t> eog(specee_token_eog_ids(&m, nullptr, 0));
+        specee_token_eog_ids(&m, eog.data(), (int32_t) eog.size());
+        for (int32_t t : eog) {
+            specee_sampler_set_logit_bias_impl(*smpl, t, -INFINITY);
+        }
+    }
+    specee_tree_decoder tree;
+    specee_exit_decoder exit;
+    if (mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2) {
+        specee_tree_init(tree, mode == SPECEE_MODE_EAGLE2, resolve_eagle(p.eagle));
+        if (tree.max_nodes + 1 > (int32_t) g.ctx->cparams.n_batch) {
+            specee_fail("the draft tree has %d tokens, more than fit in one verification batch (n_batch = %u, root "
+                        "included)", tree.max_nodes, g.ctx->cparams.n_batch);
+        }
+    }
+    if (mode == SPECEE_MODE_EARLY_EXIT) {
+        specee_exit_init(exit, m, p.exit);
+    }
+    // the draft head: kept when its cache is large enough for the tree, so its pairs stay
+    if (mode != SPECEE_MODE_PLAIN) {
+        const uint32_t extra = (uint32_t) tree.max_expand;
+        if (!g.head || g.head->kv.size < g.ctx->cparams.n_ctx + extra + 1) {
+            auto h = std::make_unique<specee_draft_head>();
+            specee_draft_head_init(*h, *g.ctx, extra);
+            g.head = std::move(h);
+            g.started = false; // a new head has no pairs: start again
+        }
+        if (g.mode == SPECEE_MODE_PLAIN) {
+            g.started = false; // plain decoding formed no pairs: start again
+        }
+    }
+    if (g.smpl) {
+        specee_sampler_copy_history(*smpl, *g.smpl); // a generation in progress goes on with the new settings
+    }
+    g.params = p;
+    g.mode   = mode;
+    g.smpl   = std::move(smpl);
+    g.tree   = std::move(tree);
+    g.exit   = std::move(exit);
+}
+
+// ---- the loop -----------------------------------------------------------------------------------------
+
+// leading tokens whose cells hold them at positions 0.. with every layer valid
+static int32_t cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n) {
+    std::vector<int32_t> cell_at(std::max(kv.pos_max() + 1, 0), -1);
+    for (uint32_t c = 0; c < kv.size; ++c) {
+        if (kv.pos[c] >= 0) {
+            cell_at[kv.pos[c]] = (int32_t) c;
+        }
+    }
+    int32_t k = 0;
+    while (k < n && k < (int32_t) cell_at.size() && cell_at[k] >= 0 && kv.tok[cell_at[k]] == tokens[k] &&
+           kv.is_valid_all(cell_at[k])) {
+        ++k;
+    }
+    return k;
+}
+
+static int32_t start_impl(specee_generator & g, const int32_t * tokens, int32_t n) {
+    specee_context &     ctx     = *g.ctx;
+    const specee_model & m       = *ctx.model;
+    const int32_t        n_vocab = (int32_t) m.hparams.n_vocab;
+    if (!tokens || n <= 0) {
+        specee_fail("empty prompt: nothing to generate from");
+    }
+    if (n >= (int32_t) ctx.cparams.n_ctx) {
+        specee_fail("the prompt has %d tokens, which does not fit the context of %u (one more cell is needed to "
+                    "decode)", n, ctx.cparams.n_ctx);
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            specee_fail("token id %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab);
+        }
+    }
+    const auto t0 = specee_clock::now();
+
+    // Keep the cached prefix, and evaluate at least the last two tokens: a batch of one token can take other
+    // kernels than a batch of several (F16 matrix products do), so a one-token tail would not give the logits a
+    // fresh run gives; from two tokens on the rows agree bit for bit (measured on F16, Q8_0, Q4_0, Q4_1). With a
+    // draft head, only as far as its pairs agree (the pair at e - 1 needs the feature of position e - 1, which is
+    // not kept).
+    int32_t e = std::min(cached_prefix(ctx.kv, tokens, n), std::max(n - 2, 0));
+    if (g.head && g.mode != SPECEE_MODE_PLAIN) {
+        e = std::min(e, specee_draft_matching_prefix(*g.head, tokens, n));
+    }
+    ctx.kv.remove(e, -1);
+    if (g.head) {
+        specee_draft_truncate(*g.head, e);
+    }
+    const bool pairs = g.head && g.mode != SPECEE_MODE_PLAIN;
+    g.started = false;
+    g.queue.clear();
+
+    specee_batch b = {n - e, tokens + e, nullptr, nullptr, nullptr};
+    specee_eval_impl(ctx, &b);
+
+    specee_sampler & smpl = *g.smpl;
+    specee_sampler_reset_impl(smpl);
+    for (int32_t i = 0; i < n; ++i) {
+        specee_sampler_accept_impl(smpl, tokens[i]);
+    }
+    const int32_t t = specee_sampler_sample_impl(smpl, ctx.logits.data() + (size_t) (ctx.n_outputs - 1) * n_vocab,
+                                                 n_vocab);
+    specee_sampler_accept_impl(smpl, t);
+    if (pairs) {
+        const float * norm = ctx.norm.data();
+        for (int32_t i = e; i < n; ++i) {
+            specee_draft_add_pair(*g.head, norm + (size_t) (i - e) * m.hparams.n_embd, i + 1 < n ? tokens[i + 1] : t, i);
+        }
+    }
+    g.root     = t;
+    g.root_pos = n;
+    g.queue    = {t};
+    g.started  = true;
+    g.stats.n_prompt += n - e;
+    g.stats.n_reused += e;
+    g.stats.t_prompt_ms += specee_ms_since(t0);
+    return e;
+}
+
+static int32_t next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max) {
+    specee_context &     ctx     = *g.ctx;
+    const specee_model & m       = *ctx.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    if (!g.started) {
+        specee_fail("specee_generator_next: call specee_generator_start first");
+    }
+    if (!out || n_max <= 0) {
+        specee_fail("specee_generator_next: no room for tokens (n_max = %d)", n_max);
+    }
+    if (!g.queue.empty()) {
+        out[0] = g.queue[0];
+        if (layers_run) {
+            layers_run[0] = n_layer;
+        }
+        g.queue.clear();
+        g.stats.n_tokens += 1;
+        return 1;
+    }
+    if (ctx.kv.pos_max() + 1 != g.root_pos) {
+        specee_fail("the KV cache was changed since this generation started (start again)");
+    }
+    if (ctx.kv.used >= ctx.cparams.n_ctx) {
+        return 0; // context full
+    }
+    const auto t0 = specee_clock::now();
+    int32_t    n  = 0;
+    switch (g.mode) {
+        case SPECEE_MODE_PLAIN: {
+            specee_batch b = {1, &g.root, &g.root_pos, nullptr, nullptr};
+            specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
+            const auto ts = specee_clock::now();
+            out[0]        = specee_sampler_sample_impl(*g.smpl, ctx.logits.data(), (int32_t) m.hparams.n_vocab);
+            specee_sampler_accept_impl(*g.smpl, out[0]);
+            g.stats.t_sample_ms += specee_ms_since(ts);
+            g.root = out[0];
+            g.root_pos += 1;
+            g.stats.n_passes += 1;
+            n = 1;
+            if (layers_run) {
+                layers_run[0] = n_layer;
+            }
+            break;
+        }
+        case SPECEE_MODE_EAGLE:
+        case SPECEE_MODE_EAGLE2:
+            n = specee_tree_step(g.tree, *g.head, *g.smpl, g.root, g.root_pos, out, n_max, g.stats);
+            for (int32_t i = 0; layers_run && i < n; ++i) {
+                layers_run[i] = n_layer;
+            }
+            break;
+        case SPECEE_MODE_EARLY_EXIT: {
+            int32_t run = n_layer;
+            out[0]      = specee_exit_step(g.exit, *g.head, *g.smpl, g.root, g.root_pos, run, g.stats);
+            if (layers_run) {
+                layers_run[0] = run;
+            }
+            n = 1;
+            break;
+        }
+    }
+    g.stats.t_decode_ms += specee_ms_since(t0);
+    g.stats.n_tokens += n;
+    g.stats.n_decoded += n;
+    return n;
+}
+
+// ---- C API -------------------------------------------------------------------------------------------
+
+extern "C" struct specee_generator_params specee_generator_default_params(void) {
+    specee_generator_params p{};
+    p.sampling          = specee_sampler_default_params();
+    p.ignore_eos        = false;
+    p.mode              = SPECEE_MODE_AUTO;
+    p.eagle             = {nullptr, 0, 0, 0};
+    p.exit.threshold    = -1.0f;
+    p.exit.layers       = nullptr;
+    p.exit.n_layers     = 0;
+    p.exit.dynamic      = true;
+    p.exit.kv           = SPECEE_EXIT_KV_MASK;
+    p.exit.replay       = nullptr;
+    p.exit.n_replay     = 0;
+    return p;
+}
+
+extern "C" specee_generator * specee_generator_init(specee_context * ctx, struct specee_generator_params params) {
+    if (!ctx) {
+        specee_set_error("no context");
+        return nullptr;
+    }
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return specee_guard<specee_generator *>(nullptr, [&] {
+        auto g = std::make_unique<specee_generator>();
+        g->ctx = ctx;
+        set_params_impl(*g, params);
+        return g.release();
+    });
+}
+
+extern "C" int32_t specee_generator_set_params(specee_generator * gen, struct specee_generator_params params) {
+    std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        set_params_impl(*gen, params);
+        return 0;
+    });
+}
+
+extern "C" void specee_generator_free(specee_generator * gen) { delete gen; }
+
+extern "C" int32_t specee_generator_mode(const specee_generator * gen) { return gen->mode; }
+
+extern "C" uint32_t specee_generator_seed(const specee_generator * gen) { return specee_sampler_seed(*gen->smpl); }
+
+extern "C" int32_t specee_generator_start(specee_generator * gen, const int32_t * tokens, int32_t n_tokens) {
+    std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] { return start_impl(*gen, tokens, n_tokens); });
+}
+
+extern "C" int32_t specee_generator_next(specee_generator * gen, int32_t * tokens, int32_t * layers_run, int32_t n_max) {
+    std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] { return next_impl(*gen, tokens, layers_run, n_max); });
+}
+
+extern "C" struct specee_generator_stats specee_generator_get_stats(const specee_generator * gen) { return gen->stats; }
+
+extern "C" void specee_generator_reset_stats(specee_generator * gen) { gen->stats = specee_generator_stats{}; }
