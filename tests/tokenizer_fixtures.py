@@ -139,6 +139,30 @@ def stress_texts(seed: int = 0, n_random: int = 300) -> list[str]:
     return fixed + mixed
 
 
+# whitespace runs: every kind alone and in mixtures (a mixture's pattern repeated to the run's length)
+WHITESPACE_KINDS = [" ", "\t", "\n", "\r\n"]
+WHITESPACE_MIXTURES = [" \t", "\t ", " \n", "\n ", "\n\t", " \r\n", "\u00a0 ", " \u3000", "\u2009\n", "\x0b\x0c\x85"]
+# what follows a run: digits, ASCII and other letters, punctuation, contractions, symbols, the end of the text
+WHITESPACE_NEXT = ["7", "42", "2024", "3.5", "\u0663\u0664", "a", "The", "x", "\u00e9t\u00e9", "\u03a9mega",
+                   "\u65e5\u672c", "\u041f\u0440\u0438", "\u00df", ".", ",", "(", "-", "'s", "'", "$", "\u2014",
+                   "\U0001f642", ""]
+WHITESPACE_PREV = ["", "a", "word", "1", ".", "\u00e9", "'"]  # "": the run starts the text
+
+
+def whitespace_runs() -> list[str]:
+    runs = [kind * n for kind in WHITESPACE_KINDS for n in range(1, 9)]
+    runs += [(mix * 8)[:n] for mix in WHITESPACE_MIXTURES for n in range(2, 9)]
+    return list(dict.fromkeys(runs))
+
+
+def whitespace_texts() -> list[str]:
+    """Whitespace runs of 1 to 8 code points (spaces, tabs, newlines, CR LF, other Unicode spaces, mixtures)
+    between every kind of neighbour, at the start and end of the text, and inside a sentence of prose."""
+    texts = [prev + run + nxt for run in whitespace_runs() for prev in WHITESPACE_PREV for nxt in WHITESPACE_NEXT]
+    texts += [f"Sales rose{run}12% in{run}2023 to{run}$4.5 million,{run}then fell.{run}" for run in whitespace_runs()]
+    return list(dict.fromkeys(texts))
+
+
 # ---- GPT-2 byte-level characters
 
 
