@@ -87,7 +87,8 @@ def predictors(tmp_path: Path) -> Path:
 def make_eauto(src: Path, out: Path) -> Path:
     """SpecEE's layout of a llama GGUF: architecture eauto, llama.* keys renamed eauto.*."""
     reader = gguf.GGUFReader(src)
-    fields = {("eauto." + k[len("llama."):] if k.startswith("llama.") else k): f for k, f in read_fields(reader).items()}
+    fields = {("eauto." + k.removeprefix("llama.") if k.startswith("llama.") else k): f
+              for k, f in read_fields(reader).items()}
     fields["general.architecture"] = string_field("eauto")
     write_gguf(out, "eauto", fields, [copy_tensor(t) for t in reader.tensors], progress=False)
     return out
