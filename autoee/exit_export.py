@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Sequence
 
 from safetensors.torch import save_file
 
@@ -20,23 +21,31 @@ from specee.autoee.exit_collect import add_common, work_dir
 from specee.autoee.exit_features import ExitPredictor, predictor_tensors
 from specee.autoee.exit_select import SELECTION
 from specee.autoee.exit_train import CHECKPOINT, load_checkpoint, predictors_of
+from specee.convert.output import PathLike, check_not_input, temp_output
 
 DESCRIPTION = "Export the trained exit predictors (OUT.safetensors + OUT.json) for `specee.convert merge`"
 
 
 def export_predictors(predictors: dict[int, ExitPredictor], out: str | Path, exit_layers: list[int],
-                      threshold: float, n_candidates: int, info: dict | None = None) -> tuple[Path, Path]:
-    """Write OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix)."""
+                      threshold: float, n_candidates: int, info: dict | None = None,
+                      inputs: Sequence[PathLike] = ()) -> tuple[Path, Path]:
+    """Write OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix), neither of them one of
+    `inputs`."""
     out = Path(out)
     weights = out if out.suffix == ".safetensors" else out.with_name(out.name + ".safetensors")
+    meta = weights.with_suffix(".json")
+    for path in (weights, meta):
+        check_not_input(path, inputs)
     weights.parent.mkdir(parents=True, exist_ok=True)
     if missing := sorted(set(exit_layers) - set(predictors)):
         raise ValueError(f"exit layers {missing} have no trained predictor")
-    save_file(predictor_tensors(predictors), weights)
+    tensors = predictor_tensors(predictors)
+    with temp_output(weights, sum(t.nbytes for t in tensors.values()), inputs) as tmp:
+        save_file(tensors, tmp)
     settings = {"format": "specee-predictors", "exit_layers": sorted(exit_layers), "threshold": threshold,
                 "n_candidates": n_candidates, **(info or {})}
-    meta = weights.with_suffix(".json")
-    meta.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
+    with temp_output(meta, 0, inputs) as tmp:
+        tmp.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
     return weights, meta
 
 
@@ -68,5 +77,6 @@ def run(args: argparse.Namespace) -> None:
         "selection": {k: selection[k] for k in ("rule", "costs", "validation")} if selection else None,
         "per_layer_validation": {layer: s["val"] for layer, s in sorted(ckpt["stats"].items(), key=lambda x: int(x[0]))},
     }
-    weights, meta = export_predictors(predictors_of(ckpt), args.out, layers, threshold, data["n_candidates"], info)
+    weights, meta = export_predictors(predictors_of(ckpt), args.out, layers, threshold, data["n_candidates"], info,
+                                      inputs=[work / CHECKPOINT, sel_path])
     print(f"wrote {weights} and {meta} (exit layers {layers}, threshold {threshold})")

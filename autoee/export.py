@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors.torch import save_file
 
 from specee import constants as C
 from specee.autoee.eagle_head import EagleHead
+from specee.convert.output import PathLike, check_not_input, temp_output
 
 
 def head_tensors(head: EagleHead, with_output: bool = True,
@@ -28,16 +30,22 @@ def head_tensors(head: EagleHead, with_output: bool = True,
 
 
 def export_head(head: EagleHead, out: str | Path, info: dict | None = None, with_output: bool = True,
-                dtype: torch.dtype = torch.float16) -> tuple[Path, Path]:
-    """Write OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix)."""
+                dtype: torch.dtype = torch.float16, inputs: Sequence[PathLike] = ()) -> tuple[Path, Path]:
+    """Write OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix), neither of them one of
+    `inputs`."""
     out = Path(out)
     weights = out if out.suffix == ".safetensors" else out.with_name(out.name + ".safetensors")
+    meta = weights.with_suffix(".json")
+    for path in (weights, meta):
+        check_not_input(path, inputs)
     weights.parent.mkdir(parents=True, exist_ok=True)
-    save_file(head_tensors(head, with_output, dtype), weights)
+    tensors = head_tensors(head, with_output, dtype)
+    with temp_output(weights, sum(t.nbytes for t in tensors.values()), inputs) as tmp:
+        save_file(tensors, tmp)
     settings = {"format": "specee-eagle", "eagle_version": 1}
     if head.draft_vocab is not None and with_output:
         settings["draft_vocab"] = [int(i) for i in head.draft_vocab]
     settings.update(info or {})
-    meta = weights.with_suffix(".json")
-    meta.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
+    with temp_output(meta, 0, inputs) as tmp:
+        tmp.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
     return weights, meta

@@ -156,7 +156,8 @@ def export(head: EagleHead, cfg: T.TrainConfig, args: argparse.Namespace, info: 
         variants.append((out.with_name(f"{out.name}-vocab{len(head.draft_vocab)}"), True))
     for path, with_output in variants:
         weights, meta = export_head(head, path, info, with_output=with_output,
-                                    dtype=torch.float32 if args.export_f32 else torch.float16)
+                                    dtype=torch.float32 if args.export_f32 else torch.float16,
+                                    inputs=[args.model, *([args.init_from] if args.init_from else [])])
         print(f"wrote {weights} and {meta}")
         if args.head_gguf:
             gguf_path = weights.with_suffix(".gguf")

@@ -68,7 +68,7 @@ def import_eauto(
     elif exit_layers:
         raise ValueError(f"{src}: --exit-layers given but the file has no predictors")
     tensors = [copy_tensor(t) for t in reader.tensors]
-    write_gguf(dst, C.ARCH, out, tensors, desc="rewriting", progress=progress)
+    write_gguf(dst, C.ARCH, out, tensors, desc="rewriting", progress=progress, inputs=[src])
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

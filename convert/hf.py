@@ -106,6 +106,13 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
     )
 
 
+def input_files(model_dir: str | os.PathLike) -> list[Path]:
+    """What a conversion reads from the folder: the weights, the JSON files (config, tokenizer, index) and
+    tokenizer.model; an output may be none of them."""
+    folder = Path(model_dir)
+    return [*weight_files(folder), *sorted(folder.glob("*.json")), folder / "tokenizer.model"]
+
+
 def index_tensors(model_dir: str | os.PathLike, stack: ExitStack) -> list[SourceTensor]:
     """All tensors of a checkpoint (*.safetensors, single or sharded, else pytorch_model*.bin), not loaded yet."""
     files = weight_files(model_dir)
@@ -249,7 +256,8 @@ def convert_hf_to_gguf(
     meta.add_quantization_version(gguf.GGML_QUANT_VERSION)
     with ExitStack() as stack:
         tensors = plan_tensors(cfg, index_tensors(model_dir, stack), outtype, str(model_dir))
-        write_gguf(out_path, C.ARCH, fields_of(meta), tensors, desc=f"converting to {outtype}", progress=progress)
+        write_gguf(out_path, C.ARCH, fields_of(meta), tensors, desc=f"converting to {outtype}", progress=progress,
+                   inputs=input_files(model_dir))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -46,6 +47,18 @@ PRED_RE = re.compile(r"blk\.\d+\.pred\.")
 
 def array_field(values: list[int]) -> Field:
     return Field([int(v) for v in values], V.ARRAY, V.INT32)
+
+
+def input_files(*paths: str | os.PathLike | None) -> list[Path]:
+    """The files a merge may read: each given file with the NAME.json and config.json beside it, and every file
+    of a given folder (a published EAGLE head); an output may be none of them."""
+    files = []
+    for path in (Path(p) for p in paths if p is not None):
+        if path.is_dir():
+            files += sorted(p for p in path.iterdir() if p.is_file())
+        else:
+            files += [path, path.with_suffix(".json"), path.parent / "config.json"]
+    return files
 
 
 def eagle_tensors(head: EagleHead, qtype: Q, embd: bool) -> list[OutTensor]:
@@ -137,7 +150,8 @@ def merge_gguf(
         fields[C.KEY_EXIT_THRESHOLD] = Field(thr, V.FLOAT32)
         fields[C.KEY_EXIT_N_CANDIDATES] = uint32_field(preds.n_candidates)
         tensors += predictor_tensors(preds)
-    write_gguf(out_path, C.ARCH, fields, tensors, desc="merging", progress=progress)
+    write_gguf(out_path, C.ARCH, fields, tensors, desc="merging", progress=progress,
+               inputs=input_files(base_path, eagle, predictors))
 
 
 def parse_layers(text: str) -> list[int]:

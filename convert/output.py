@@ -1,34 +1,47 @@
-"""Writing GGUF files safely, shared by every subcommand.
+"""Writing GGUF files safely, shared by every subcommand (and by the safetensors exports of specee.autoee).
 
-The file is written to `<out>.tmp` in the output's folder and renamed to `<out>` only when complete;
-the temporary file is removed on any error or interrupt, so a half-written file never carries the
-final name. Free disk space is checked before the first byte is written. Tensors are written one at a
-time (each `OutTensor.load` is called once, just before its bytes go out), so memory stays at about
-one tensor.
+An output that is one of the command's inputs (the same file, also through a link) is refused: writing it
+would destroy what is being read. The file is written to a new temporary file `.OUT.<random>.tmp` in the
+output's folder (a name of its own, never an input's or a leftover's) and renamed to `OUT` only when
+complete; the temporary file is removed on any error and on SIGINT, SIGTERM and SIGHUP, so a half-written
+file never carries the final name. SIGKILL cannot be caught: it leaves the `.OUT.<random>.tmp` file behind,
+which nothing else uses and which can be deleted. Free disk space is checked before the first byte is
+written. Tensors are written one at a time (each `OutTensor.load` is called once, just before its bytes go
+out), so memory stays at about one tensor.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import secrets
 import shutil
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import gguf
 import numpy as np
 from tqdm import tqdm
 
-from specee.convert.retype import Field
-
 QType = gguf.GGMLQuantizationType
 KEY_ALIGNMENT = "general.alignment"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PathLike = str | os.PathLike
 
 
 class OutOfDiskError(OSError):
     pass
+
+
+@dataclass
+class Field:
+    value: Any
+    type: gguf.GGUFValueType
+    sub_type: gguf.GGUFValueType | None = None
 
 
 @dataclass
@@ -66,24 +79,68 @@ def check_free_space(folder: Path, need: int) -> None:
                              f"has {format_bytes(free)} free")
 
 
+def check_not_input(out: Path, inputs: Sequence[PathLike]) -> None:
+    """Refuse an output that is a folder or one of the inputs (the same path, or the same file through a link)."""
+    if out.is_dir():
+        raise IsADirectoryError(f"the output {out} is a folder")
+    for path in map(Path, inputs):
+        if out.resolve() == path.resolve() or (out.exists() and path.exists() and os.path.samefile(out, path)):
+            raise ValueError(f"the output {out} is the input {path}: writing it would destroy the input; "
+                             "choose another output path")
+
+
 @contextmanager
-def temp_output(out: str | os.PathLike, need: int) -> Iterator[Path]:
-    """Yield `<out>.tmp` to write to; rename it to `out` when the block ends normally, remove it otherwise."""
+def removed_on_signal(path: Path) -> Iterator[None]:
+    """Remove `path` when SIGINT, SIGTERM or SIGHUP arrives, then let the signal act as it did before (SIGINT:
+    KeyboardInterrupt; SIGTERM, SIGHUP: the process ends, killed by it). Signals left ignored stay ignored;
+    outside the main thread (where Python cannot handle signals) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def handler(signum: int, frame) -> None:
+        path.unlink(missing_ok=True)
+        before = previous[signum]
+        if callable(before):
+            before(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, signal.SIG_DFL if before is None else before)
+
+
+@contextmanager
+def temp_output(out: PathLike, need: int, inputs: Sequence[PathLike] = ()) -> Iterator[Path]:
+    """Yield a new empty file `.OUT.<random>.tmp` in the output's folder to write to; rename it to `out` when the
+    block ends normally, remove it on an error or a stop signal. `out` may be none of `inputs` (the paths the
+    command reads)."""
     out = Path(out)
+    check_not_input(out, inputs)
     folder = out.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"output folder {folder} does not exist")
     check_free_space(folder, need)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        yield tmp
-        os.replace(tmp, out)
-    except OSError as e:
-        if e.errno == errno.ENOSPC and not isinstance(e, OutOfDiskError):
-            raise OutOfDiskError(errno.ENOSPC, f"out of disk while writing {out}") from e
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
+    tmp = folder / f".{out.name}.{secrets.token_hex(6)}.tmp"
+    with removed_on_signal(tmp):
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        try:
+            yield tmp
+            os.replace(tmp, out)
+        except OSError as e:
+            if e.errno == errno.ENOSPC and not isinstance(e, OutOfDiskError):
+                raise OutOfDiskError(errno.ENOSPC, f"out of disk while writing {out}") from e
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def metadata_bytes(fields: Mapping[str, Field], tensors: Sequence[OutTensor]) -> int:
@@ -96,20 +153,22 @@ def metadata_bytes(fields: Mapping[str, Field], tensors: Sequence[OutTensor]) ->
 
 
 def write_gguf(
-    out: str | os.PathLike,
+    out: PathLike,
     arch: str,
     fields: Mapping[str, Field],
     tensors: Sequence[OutTensor],
     desc: str = "writing",
     progress: bool = True,
+    inputs: Sequence[PathLike] = (),
 ) -> None:
-    """Write a GGUF: `fields` in their order (general.architecture first, from `arch`), then `tensors`."""
+    """Write a GGUF: `fields` in their order (general.architecture first, from `arch`), then `tensors`;
+    `out` may be none of `inputs`."""
     align = int(fields[KEY_ALIGNMENT].value) if KEY_ALIGNMENT in fields else gguf.GGUF_DEFAULT_ALIGNMENT
     need = metadata_bytes(fields, tensors) + sum(gguf.GGUFWriter.ggml_pad(t.nbytes, align) for t in tensors) + align
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate tensor names: {sorted({n for n in names if names.count(n) > 1})}")
-    with temp_output(out, need) as tmp:
+    with temp_output(out, need, inputs) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         writer.data_alignment = align
         try:

@@ -113,7 +113,7 @@ def quantize_gguf(
             )
         tensors.append(OutTensor(t.name, tuple(int(n) for n in reversed(t.shape)), new, converter(t, new)))
     arch = field_value(fields[gguf.Keys.General.ARCHITECTURE])
-    write_gguf(dst, str(arch), fields, tensors, desc=f"quantizing to {outtype}", progress=progress)
+    write_gguf(dst, str(arch), fields, tensors, desc=f"quantizing to {outtype}", progress=progress, inputs=[src])
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -10,22 +10,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable, Sequence
 
 import gguf
 import numpy as np
 
+from specee.convert.output import Field, PathLike, temp_output
+
 OUTTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
 FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16}
-
-
-@dataclass
-class Field:
-    value: Any
-    type: gguf.GGUFValueType
-    sub_type: gguf.GGUFValueType | None = None
 
 
 def read_gguf(path: str | os.PathLike) -> tuple[dict[str, Field], dict[str, np.ndarray]]:
@@ -46,25 +39,24 @@ def read_gguf(path: str | os.PathLike) -> tuple[dict[str, Field], dict[str, np.n
     return fields, tensors
 
 
-def write_gguf(path: str | os.PathLike, fields: dict[str, Field], tensors: Iterable[tuple[str, np.ndarray]]) -> None:
-    """Write metadata and tensors as given (general.architecture is taken from `fields`)."""
+def write_gguf(path: PathLike, fields: dict[str, Field], tensors: Iterable[tuple[str, np.ndarray]],
+               inputs: Sequence[PathLike] = ()) -> None:
+    """Write metadata and tensors as given (general.architecture is taken from `fields`); `path` may be none of
+    `inputs`."""
     arch = fields["general.architecture"].value
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    writer = gguf.GGUFWriter(tmp, arch)
-    for key, f in fields.items():
-        if key != "general.architecture":
-            writer.add_key_value(key, f.value, f.type, sub_type=f.sub_type)
-    for name, data in tensors:
-        writer.add_tensor(name, data)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with temp_output(path, 0, inputs) as tmp:
+        writer = gguf.GGUFWriter(tmp, arch)
+        for key, f in fields.items():
+            if key != "general.architecture":
+                writer.add_key_value(key, f.value, f.type, sub_type=f.sub_type)
+        for name, data in tensors:
+            writer.add_tensor(name, data)
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
 
 
 def retype_gguf(src: str | os.PathLike, dst: str | os.PathLike, outtype: str = "f32") -> None:
@@ -78,7 +70,7 @@ def retype_gguf(src: str | os.PathLike, dst: str | os.PathLike, outtype: str = "
     def cast(data: np.ndarray) -> np.ndarray:
         return data.astype(np.float16) if outtype == "f16" and data.ndim > 1 else data
 
-    write_gguf(dst, fields, ((name, cast(data)) for name, data in tensors.items()))
+    write_gguf(dst, fields, ((name, cast(data)) for name, data in tensors.items()), inputs=[src])
 
 
 def main() -> None:
@@ -87,7 +79,10 @@ def main() -> None:
     ap.add_argument("-o", "--out", required=True, help="output .gguf path")
     ap.add_argument("--outtype", choices=sorted(OUTTYPES), default="f32")
     args = ap.parse_args()
-    retype_gguf(args.src, args.out, args.outtype)
+    try:
+        retype_gguf(args.src, args.out, args.outtype)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
     print(f"wrote {args.out}")
 
 

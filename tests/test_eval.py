@@ -27,7 +27,7 @@ from specee.convert.retype import Field, read_gguf
 from specee.eval import datasets as ds
 from specee.eval import metrics, runners
 from specee.eval.__main__ import main
-from specee.eval.sandbox import run_python
+from specee.eval.sandbox import INSTALL_HINT, run_python, sandbox_error
 from test_convert_cli import eagle_state
 from test_eagle import save_published
 
@@ -307,8 +307,11 @@ def test_exit_stats() -> None:
     assert metrics.exit_stats([12], 30).exit_precision is None
 
 
-# ---- HumanEval: pass@1 in the sandbox
+# ---- HumanEval: pass@1 in the sandbox (escape attempts: tests/test_sandbox.py)
 
+NO_SANDBOX = sandbox_error()
+needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no OS sandbox here ({NO_SANDBOX}); "
+                                   f"CI needs Debian's bubblewrap package: {INSTALL_HINT}")
 
 PROBLEM = ds.Sample("humaneval", "T/1", ["..."], code_prompt='def add(a: int, b: int) -> int:\n    """Sum."""\n',
                     test="def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
@@ -325,10 +328,12 @@ PROBLEM = ds.Sample("humaneval", "T/1", ["..."], code_prompt='def add(a: int, b:
     ("I cannot help with that.", False),
     ("```python\ndef add(a, b):\n    return a + b", True),  # cut at max tokens inside the block
 ])
+@needs_sandbox
 def test_humaneval_pass(reply: str, ok: bool) -> None:
     assert metrics.task_score(PROBLEM, reply) == float(ok)
 
 
+@needs_sandbox
 def test_sandbox_kills_a_loop() -> None:
     t0 = time.monotonic()
     reply = "```python\ndef add(a, b):\n    while True:\n        pass\n```"
@@ -338,6 +343,7 @@ def test_sandbox_kills_a_loop() -> None:
     assert r.status == "timeout" and not r.passed
 
 
+@needs_sandbox
 def test_sandbox_contains_file_writes(tmp_path: Path) -> None:
     victim = tmp_path / "keep.txt"
     victim.write_text("precious")
@@ -348,18 +354,20 @@ def test_sandbox_contains_file_writes(tmp_path: Path) -> None:
         f"open({str(victim)!r}, 'w')",  # truncation
         f"import os; os.remove({str(victim)!r})",
         f"import shutil; shutil.rmtree({str(tmp_path)!r})",
-        f"import subprocess; subprocess.run(['rm', {str(victim)!r}])",
-        f"import os; os.system('rm {victim}')",
+        # commands run, but inside the sandbox: they fail, and the program with them
+        f"import subprocess; subprocess.run(['rm', {str(victim)!r}], check=True)",
+        f"import os; assert os.system('rm {victim}') == 0",
     ]
     for code in attempts:
         reply = f"```python\ndef add(a, b):\n    {code}\n    return a + b\n```"
         assert metrics.task_score(PROBLEM, reply) == 0.0, code
     assert not target.exists() and victim.read_text() == "precious"
-    # below the guard, the file size limit: a raw file descriptor cannot write a byte either
+    # a raw file descriptor: the path is not there in the sandbox
     r = run_python(f"import _io\nf = _io.FileIO({str(target)!r}, 'w')\nf.write(b'x')\n")
     assert not r.passed and (not target.exists() or target.stat().st_size == 0)
 
 
+@needs_sandbox
 def test_sandbox_limits_memory_and_ends_cleanly() -> None:
     assert not run_python("x = bytearray(8 << 30)\n").passed
     r = run_python("print('ok')\n")
