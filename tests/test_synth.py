@@ -178,7 +178,7 @@ def test_upstream_llama_quantize_types_q4_0_as_synth(small_f16: Path, small_q4_0
 @pytest.mark.upstream
 def test_upstream_llama_completion_runs_synth(small_q4_0: Path) -> None:
     exe = upstream_binary("llama-completion", "SPECEE_LLAMA_COMPLETION")
-    text = "The quick brown fox"
+    text = "The quick brown fox, z\u00fcrich \U0001f600 123"  # characters outside the pieces: byte tokens
     run = subprocess.run([exe, "-m", small_q4_0, "-p", text, "-n", "8", "--temp", "0", "-no-cnv", "--verbose-prompt",
                           "-t", "2", "-c", "128", "--no-warmup", "--simple-io", "--ignore-eos"],
                          capture_output=True, encoding="utf-8", errors="replace", stdin=subprocess.DEVNULL, timeout=120)
