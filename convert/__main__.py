@@ -1,4 +1,4 @@
-"""python -m specee.convert {hf,merge,import-specee,inspect,quantize} ... (see --help of each)."""
+"""python -m specee.convert {hf,merge,import-specee,inspect,quantize,synth} ... (see --help of each)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ import argparse
 from specee._optional import missing_package_exits
 
 with missing_package_exits("python -m specee.convert"):
-    from specee.convert import eauto, hf, inspect, merge, quantize
+    from specee.convert import eauto, hf, inspect, merge, quantize, synth
 
-COMMANDS = {"hf": hf, "merge": merge, "import-specee": eauto, "inspect": inspect, "quantize": quantize}
+COMMANDS = {"hf": hf, "merge": merge, "import-specee": eauto, "inspect": inspect, "quantize": quantize,
+            "synth": synth}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m specee.convert",
         description="GGUF conversion for SpecEE: Hugging Face -> GGUF, merging EAGLE heads and exit predictors, "
-        "importing SpecEE's eauto files, inspecting and retyping GGUF files",
+        "importing SpecEE's eauto files, inspecting and retyping GGUF files, synthetic files for cost benchmarks",
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, module in COMMANDS.items():
