@@ -12,8 +12,10 @@
 //   zephyr   <|role|>\ncontent</s>\n ... <|assistant|>\n
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-vocab.h"
 #include "specee.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <string>
@@ -308,4 +310,23 @@ static const char * template_resolve_impl(const specee_model * model, const char
 
 extern "C" const char * specee_chat_template_resolve(const specee_model * model, const char * name) {
     return specee_guard<const char *>(nullptr, [&] { return template_resolve_impl(model, name); });
+}
+
+extern "C" int32_t specee_chat_tokenize(const specee_model * model, const char * name, const struct specee_chat_message * msgs,
+                                        int32_t n_msgs, bool add_ass, int32_t * tokens, int32_t n_max) {
+    return specee_guard<int32_t>(INT32_MIN, [&] {
+        const char *  tmpl = template_resolve_impl(model, name);
+        const int32_t n    = chat_apply_impl(tmpl, msgs, n_msgs, add_ass, nullptr, 0);
+        std::string   text(-n, '\0');
+        chat_apply_impl(tmpl, msgs, n_msgs, add_ass, &text[0], (int32_t) text.size());
+        const std::vector<int32_t> ids = specee_vocab_tokenize(*model, text, true, true);
+        if (n_max < 0 || (n_max > 0 && !tokens)) {
+            specee_fail("specee_chat_tokenize: no room for the tokens");
+        }
+        if ((int64_t) ids.size() > n_max) {
+            return -(int32_t) ids.size();
+        }
+        std::copy(ids.begin(), ids.end(), tokens);
+        return (int32_t) ids.size();
+    });
 }

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 
 struct specee_generator {
@@ -38,15 +39,19 @@ struct specee_generator {
 
 // ---- modes and parameters ---------------------------------------------------------------------------
 
-static const char * mode_name(int32_t mode) {
-    switch (mode) {
-        case SPECEE_MODE_AUTO: return "auto";
-        case SPECEE_MODE_PLAIN: return "plain";
-        case SPECEE_MODE_EAGLE: return "eagle";
-        case SPECEE_MODE_EAGLE2: return "eagle2";
-        case SPECEE_MODE_EARLY_EXIT: return "early-exit";
-        default: return "?";
+static const char * const MODE_NAMES[] = {"auto", "plain", "eagle", "eagle2", "early-exit"};
+
+extern "C" const char * specee_mode_name(int32_t mode) {
+    return mode >= SPECEE_MODE_AUTO && mode <= SPECEE_MODE_EARLY_EXIT ? MODE_NAMES[mode] : "?";
+}
+
+extern "C" int32_t specee_mode_by_name(const char * name) {
+    for (int32_t m = SPECEE_MODE_AUTO; m <= SPECEE_MODE_EARLY_EXIT; ++m) {
+        if (name && strcmp(name, MODE_NAMES[m]) == 0) {
+            return m;
+        }
     }
+    return -1;
 }
 
 // The default tree where the caller gives none: one draft token. On the CPUs measured (SmolLM2-135M, the
@@ -91,21 +96,21 @@ static void check_params(const specee_model & m, const specee_generator_params &
     const bool has_head = m.eagle.version > 0;
     if (mode != SPECEE_MODE_PLAIN && !has_head) {
         specee_fail("mode %s needs an EAGLE draft head: the model has none (merge one with python -m specee.convert "
-                    "merge, or load one with --draft-head / Model(draft_head=...))", mode_name(mode));
+                    "merge, or load one with --draft-head / Model(draft_head=...))", specee_mode_name(mode));
     }
     if (mode == SPECEE_MODE_EARLY_EXIT && p.sampling.temp > 0.0f) {
         specee_fail("early exit decodes greedily (the exit layer's argmax): use temperature 0, or another mode");
     }
     if (p.eagle.choices && mode != SPECEE_MODE_EAGLE) {
-        specee_fail("eagle choices set the EAGLE-1 tree, but the mode is %s (use mode eagle)", mode_name(mode));
+        specee_fail("eagle choices set the EAGLE-1 tree, but the mode is %s (use mode eagle)", specee_mode_name(mode));
     }
     if (dyn_set && mode != SPECEE_MODE_EAGLE2) {
         specee_fail("eagle total_tokens, depth and topk set the EAGLE-2 tree, but the mode is %s (use mode eagle2)",
-                    mode_name(mode));
+                    specee_mode_name(mode));
     }
     if (exit_set && mode != SPECEE_MODE_EARLY_EXIT) {
         specee_fail("exit settings are given, but the mode is %s (early exit: mode early-exit, or auto with a draft "
-                    "head and exit predictors at temperature 0)", mode_name(mode));
+                    "head and exit predictors at temperature 0)", specee_mode_name(mode));
     }
 }
 

@@ -426,17 +426,19 @@ static std::vector<fragment> split_specials(const specee_vocab & v, const std::s
     return frags;
 }
 
+// BOS as the vocabulary asks, unless parsed special text already starts with it (a chat template that writes it)
 static std::vector<int32_t> tokenize(const specee_vocab & v, const std::string & text, bool add_special,
                                      bool parse_special) {
-    std::vector<int32_t> out;
-    if (add_special && v.add_bos) {
+    std::vector<int32_t>        out;
+    const std::vector<fragment> frags = split_specials(v, text, parse_special);
+    if (add_special && v.add_bos && !(!frags.empty() && frags[0].token >= 0 && frags[0].token == v.bos)) {
         if (v.bos < 0) {
             specee_fail("the vocabulary asks for a BOS token but has none");
         }
         out.push_back(v.bos);
     }
     bool after_special = true; // SentencePiece: a space prefix at the start and after special tokens
-    for (const fragment & f : split_specials(v, text, parse_special)) {
+    for (const fragment & f : frags) {
         if (f.token >= 0) {
             out.push_back(f.token);
             after_special = true;
@@ -515,6 +517,11 @@ extern "C" int32_t specee_token_eog_ids(const specee_model * m, int32_t * out, i
 
 extern "C" const char * specee_token_text(const specee_model * m, int32_t token) {
     return specee_guard<const char *>(nullptr, [&] { return token_of(vocab_of(m), token).text.c_str(); });
+}
+
+std::vector<int32_t> specee_vocab_tokenize(const specee_model & m, const std::string & text, bool add_special,
+                                           bool parse_special) {
+    return tokenize(vocab_of(&m), text, add_special, parse_special);
 }
 
 extern "C" int32_t specee_tokenize(const specee_model * m, const char * text, int32_t text_len, int32_t * tokens,

@@ -332,6 +332,11 @@ struct specee_generator_stats {
 
 typedef struct specee_generator specee_generator;
 
+// "auto", "plain", "eagle", "eagle2", "early-exit" (the names the CLI, Python and the evaluations use)
+const char * specee_mode_name(int32_t mode);
+// the mode of a name, -1 when unknown
+int32_t      specee_mode_by_name(const char * name);
+
 struct specee_generator_params specee_generator_default_params(void);
 // NULL with specee_last_error() on bad parameters or a mode the model cannot run
 specee_generator * specee_generator_init(specee_context * ctx, struct specee_generator_params params);
@@ -369,6 +374,11 @@ const char * specee_chat_template_detect(const char * tmpl);
 // The template to render a model's chats with: `name` when given (a name, or a Jinja text with a known template's
 // markers), else the model's own tokenizer.chat_template. NULL with specee_last_error() when that is not known.
 const char * specee_chat_template_resolve(const specee_model * model, const char * name);
+// The tokens of messages rendered with a template (name as for specee_chat_template_resolve; NULL: the model's), its
+// special-token text parsed, BOS as the vocabulary asks (not twice when the template writes it). Returns the count,
+// -(count needed) when n_max is too small, or INT32_MIN on error.
+int32_t specee_chat_tokenize(const specee_model * model, const char * name, const struct specee_chat_message * msgs,
+                             int32_t n_msgs, bool add_ass, int32_t * tokens, int32_t n_max);
 // Renders messages with a named template (see specee_chat_template_detect); add_ass: end with the
 // assistant's prefix. Returns the length, or -(length needed) when len is too small, or INT32_MIN on error.
 int32_t specee_chat_apply_template(const char * name, const struct specee_chat_message * msgs, int32_t n_msgs,

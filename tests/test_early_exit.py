@@ -425,11 +425,11 @@ def test_cli_early_exit(smollm2_path: Path, smollm2_parts: Path) -> None:
                      (["--exit-layers", "29"], "exit layer 29 has no exit predictor"),
                      (["--exit-layers", "3,x"], "comma-separated"),
                      (["--exit-kv", "drop"], "mask or fill"),
-                     (["--early-exit", "--temp", "0.7"], "decodes greedily"),
-                     (["--no-early-exit", "--exit-threshold", "0.5"], "exit settings are given, but the mode is eagle2")]:
+                     (["--mode", "early-exit", "--temp", "0.7"], "decodes greedily"),
+                     (["--mode", "eagle2", "--exit-threshold", "0.5"], "exit settings are given, but the mode is eagle2")]:
         r = run_cli(*base, *bad)
         assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr[-300:])
-    plain_model = run_cli("-m", str(smollm2_path), "-p", "hi", "-n", "2", "--early-exit", "-no-cnv", "--temp", "0")
+    plain_model = run_cli("-m", str(smollm2_path), "-p", "hi", "-n", "2", "--mode", "early-exit", "-no-cnv", "--temp", "0")
     assert plain_model.returncode != 0 and "needs an EAGLE draft head" in plain_model.stderr
 
 

@@ -302,7 +302,7 @@ def test_agreement() -> None:
 
 def test_exit_stats() -> None:
     ex = metrics.exit_stats([10, 30, 20, 30], 30, [True, True, False, True])
-    assert (ex.mean_exit_layer, ex.exit_ratio, ex.exit_precision) == (22.5, 0.5, 0.5)
+    assert (ex.mean_layers_run, ex.exit_ratio, ex.exit_precision) == (22.5, 0.5, 0.5)
     assert metrics.exit_stats([30, 30], 30, [True, True]).exit_precision is None  # nothing exited
     assert metrics.exit_stats([12], 30).exit_precision is None
 
@@ -469,10 +469,12 @@ def records(out: Path) -> list[dict]:
 @needs_shared
 def test_run_all_datasets_and_modes(chat_gguf: Path, fake_cli: Path, tmp_path: Path, capsys) -> None:
     """Every dataset of the shared files, every mode this build has: records, scores, agreement (an F32 V
-    cache makes EAGLE's greedy output plain's, token for token), the summary, table and plots."""
+    cache makes EAGLE's greedy output plain's, token for token), the summary, table and plots. Early exit replays
+    exits after layers 1 and 3 in turn (layer 3 of 4: no exit), so exits happen whatever the random predictors say."""
     out = tmp_path / "out"
     main(["all", "--data-dir", str(SPECEE_BENCH), "--limit", "2", "-n", "6", "-m", str(chat_gguf), "-t", "1",
-          "--cache-type-v", "f32", "--modes", "plain,eagle,eagle2,specee,llama.cpp", "--llama-cli", str(fake_cli),
+          "--cache-type-v", "f32", "--modes", "plain,eagle,eagle2,early-exit,llama.cpp", "--llama-cli", str(fake_cli),
+          "--exit-replay", "1,3",
           "-o", str(out)])
     recs = records(out)
     assert len(recs) == 6 * 2 * 5 and not any(r.get("error") for r in recs)
@@ -485,11 +487,11 @@ def test_run_all_datasets_and_modes(chat_gguf: Path, fake_cli: Path, tmp_path: P
             assert t["step_tokens"] and sum(t["step_tokens"]) >= len(t["tokens"]) - 1  # the first: from prefill
         if r["mode"] == "llama.cpp":
             assert t["text"].startswith("reply to ") and (t["n_prompt"], t["n_decode"]) == (10, 5)
-        if r["mode"] == "specee":  # one exit layer per decode step (the first token comes from the prompt)
-            assert len(t["exit_layers"]) == t["n_decode"] == len(t["exit_correct"])
-            assert all(1 <= e <= 4 for e in t["exit_layers"])
+        if r["mode"] == "early-exit":  # one entry per decode step (the first token comes from the prompt)
+            assert len(t["layers_run"]) == t["n_decode"] == len(t["exit_correct"])
+            assert t["layers_run"] == [[2, 4][i % 2] for i in range(len(t["layers_run"]))]
             # a token that ran every layer is the full model's token: checks how steps and tokens line up
-            assert all(ok for e, ok in zip(t["exit_layers"], t["exit_correct"]) if e == 4)
+            assert all(ok for e, ok in zip(t["layers_run"], t["exit_correct"]) if e == 4)
         want = {"gsm8k": "accuracy", "sum": "rouge_l",  # SpecEE's qa file has no references: no score
                 "humaneval": "pass@1" if ds.embedded_path("humaneval") else None}.get(r["dataset"])
         assert r["score_name"] == want
@@ -503,11 +505,11 @@ def test_run_all_datasets_and_modes(chat_gguf: Path, fake_cli: Path, tmp_path: P
     assert rows["all"]["llama.cpp"]["decode_tps"] == pytest.approx(100.0)  # 5 runs in 50 ms
     assert rows["all"]["plain"]["speedup_vs_llama_cpp"] == pytest.approx(rows["all"]["plain"]["decode_tps"] / 100)
     table = (out / "report.md").read_text()
-    ex = rows["all"]["specee"]
-    assert 0 < ex["exit_ratio"] < 1 and 1 < ex["mean_exit_layer"] < 4 and 0 <= ex["exit_precision"] <= 1
+    ex = rows["all"]["early-exit"]
+    assert 0 < ex["exit_ratio"] < 1 and 1 < ex["mean_layers_run"] < 4 and 0 <= ex["exit_precision"] <= 1
     assert "| **all** | eagle2 |" in table and "x llama.cpp" in table and "exit precision" in table
     assert "| humaneval | plain |" in table and ("pass@1" in table or not ds.embedded_path("humaneval"))
-    for name in ("speedup.png", "accepted_length.png", "exit_layer.png"):
+    for name in ("speedup.png", "accepted_length.png", "layers_run.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG" and (out / name).stat().st_size < 200_000
     assert table.splitlines()[0] in capsys.readouterr().out
 
@@ -585,18 +587,18 @@ def test_modes_that_cannot_run(chat_gguf: Path, small_data: Path, fake_cli: Path
     no_head = chat_gguf.with_name("chat.gguf")  # the fixture's model before the head and predictors
     with pytest.raises(SystemExit, match="mode eagle2 needs an EAGLE head: .*chat.gguf has none; pass --draft-head"):
         main([*common, "-m", str(no_head), "--modes", "plain,eagle2"])
-    with pytest.raises(SystemExit, match="mode specee needs an EAGLE head and exit predictors: pass --exit-head"):
-        main([*common, "-m", str(no_head), "--modes", "specee"])
-    with pytest.raises(SystemExit, match="mode specee decodes greedily"):
-        main([*common, "-m", str(chat_gguf), "--modes", "specee", "--temperature", "0.7"])
+    with pytest.raises(SystemExit, match="mode early-exit needs an EAGLE head and exit predictors: pass --exit-head"):
+        main([*common, "-m", str(no_head), "--modes", "early-exit"])
+    with pytest.raises(SystemExit, match="mode early-exit decodes greedily"):
+        main([*common, "-m", str(chat_gguf), "--modes", "early-exit", "--temp", "0.7"])
     # a mode registered without a function is listed, and refused, as not in this build
-    monkeypatch.setitem(runners.MODES, "specee", ("SpecEE early exit", None))
-    with pytest.raises(SystemExit, match=r"mode specee \(SpecEE early exit\) is not available in this build"):
-        main([*common, "-m", str(chat_gguf), "--modes", "plain,specee"])
+    monkeypatch.setitem(runners.MODES, "early-exit", ("SpecEE early exit", None))
+    with pytest.raises(SystemExit, match=r"mode early-exit \(SpecEE early exit\) is not available in this build"):
+        main([*common, "-m", str(chat_gguf), "--modes", "plain,early-exit"])
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
-    assert "specee     SpecEE early exit (not available in this build)" in capsys.readouterr().out
+    assert "early-exit SpecEE early exit (not available in this build)" in capsys.readouterr().out
 
 
 # ---- SmolLM2 (slow)

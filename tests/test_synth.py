@@ -99,7 +99,7 @@ def test_synth_loads_and_generates(outtype: str, request: pytest.FixtureRequest)
     assert prompt[0] == 1 and all(0 <= t < 1000 for t in prompt)
     logits = model.eval(prompt, output="all")
     assert logits.shape == (len(prompt), 1000) and np.isfinite(logits).all()
-    out = model.generate_tokens(prompt, 8, temperature=0, ignore_eos=True)
+    out = model.generate_tokens(prompt, 8, temp=0, ignore_eos=True)
     assert len(out) == 8 and all(0 <= t < 1000 for t in out)
 
 

@@ -178,8 +178,6 @@ struct Sampler {
 // ---- the generator: its parameters are read off a Python object by attribute (specee.generate.GenerateOptions,
 // whose field names are the API's)
 
-static const char * const MODE_NAMES[] = {"auto", "plain", "eagle", "eagle2", "early-exit"};
-
 struct Generator {
     py::object           ctx_ref; // keeps the context (and its model) alive
     specee_generator *   ptr = nullptr;
@@ -189,12 +187,7 @@ struct Generator {
     specee_generator_params params_of(const py::object & o) {
         specee_generator_params p = specee_generator_default_params();
         const std::string       mode = o.attr("mode").cast<std::string>();
-        p.mode                       = -1;
-        for (int32_t i = 0; i < 5; ++i) {
-            if (mode == MODE_NAMES[i]) {
-                p.mode = i;
-            }
-        }
+        p.mode                       = specee_mode_by_name(mode.c_str());
         if (p.mode < 0) {
             throw py::value_error("mode must be one of auto, plain, eagle, eagle2, early-exit, not '" + mode + "'");
         }
@@ -542,7 +535,7 @@ PYBIND11_MODULE(_core, m) {
         .def("next", &Generator::next, py::arg("n_max"))
         .def("stats", &Generator::stats)
         .def("reset_stats", [](Generator & g) { specee_generator_reset_stats(g.ptr); })
-        .def_property_readonly("mode", [](const Generator & g) { return std::string(MODE_NAMES[specee_generator_mode(g.ptr)]); })
+        .def_property_readonly("mode", [](const Generator & g) { return std::string(specee_mode_name(specee_generator_mode(g.ptr))); })
         .def_property_readonly("seed", [](const Generator & g) { return specee_generator_seed(g.ptr); });
 
     m.def("draft_head_eval",
@@ -601,6 +594,28 @@ PYBIND11_MODULE(_core, m) {
               return std::string(t);
           },
           py::arg("model"), py::arg("name") = py::none());
+    m.def("chat_tokenize",
+          [](const Model & model, std::optional<std::string> name,
+             const std::vector<std::map<std::string, std::string>> & messages, bool add_ass) {
+              std::vector<specee_chat_message> msgs;
+              for (const auto & msg : messages) {
+                  const auto role = msg.find("role"), content = msg.find("content");
+                  if (role == msg.end() || content == msg.end()) {
+                      throw py::value_error("each message needs a 'role' and a 'content'");
+                  }
+                  msgs.push_back({role->second.c_str(), content->second.c_str()});
+              }
+              const char * tmpl = name ? name->c_str() : nullptr;
+              int32_t n = specee_chat_tokenize(model.ptr, tmpl, msgs.data(), (int32_t) msgs.size(), add_ass, nullptr, 0);
+              if (n == INT32_MIN) {
+                  raise_last();
+              }
+              std::vector<int32_t> ids(std::abs(n));
+              specee_chat_tokenize(model.ptr, tmpl, msgs.data(), (int32_t) msgs.size(), add_ass, ids.data(),
+                                   (int32_t) ids.size());
+              return ids;
+          },
+          py::arg("model"), py::arg("name"), py::arg("messages"), py::arg("add_ass") = true);
     m.def("chat_apply_template",
           [](const std::string & name, const std::vector<std::map<std::string, std::string>> & messages,
              bool add_ass) {

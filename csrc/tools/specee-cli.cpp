@@ -42,10 +42,8 @@ struct cli_params {
     bool        escape = true, special = false, single_turn = false, verbose_prompt = false, display_prompt = true;
     cnv_mode    conversation = CNV_AUTO;
     std::string cache_type_v = "f32";
-    std::string mode         = "auto";
     std::string eagle_choices, exit_kv = "mask";
     std::vector<int32_t>    exit_layers, exit_replay;
-    bool                    no_early_exit = false;
     specee_generator_params gen           = specee_generator_default_params();
 };
 
@@ -194,7 +192,8 @@ static std::vector<cli_option> make_options(cli_params & p) {
              }
              return v == "on" || v == "off" || v == "auto";
          }},
-        {{"--mode"}, "MODE", "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, lossy) or auto (default): early-exit with a draft head and exit predictors at --temp 0 (SpecEE's way with its merged files), eagle2 with a draft head, else plain", "plain, eagle, eagle2, early-exit or auto", one_of(p.mode, {"auto", "plain", "eagle", "eagle2", "early-exit"})},
+        {{"--mode"}, "MODE", "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, lossy) or auto (default): early-exit with a draft head and exit predictors at --temp 0 (SpecEE's way with its merged files), eagle2 with a draft head, else plain", "plain, eagle, eagle2, early-exit or auto",
+         [&p](const std::string & v) { return (p.gen.mode = specee_mode_by_name(v.c_str())) >= 0; }},
         {{"--draft-head"}, "FNAME", "EAGLE head GGUF of its own (eagle.* tensors and optionally exit predictors, e.g. from `python -m specee.convert merge --head-only`), used instead of the model's; 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "", s(p.draft_head)},
         {{"--eagle-choices", "--eagle_choices"}, "CHOICES", "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: [[0]], the fastest on a CPU); implies --mode eagle under auto", "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
          [&p](const std::string & v) {
@@ -204,8 +203,6 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"--eagle-total-tokens"}, "N", "EAGLE-2: draft tokens verified per step (default: 1 on a CPU)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.total_tokens, 1); }},
         {{"--eagle-depth"}, "N", "EAGLE-2: most draft tokens on one path (default: 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.depth, 1); }},
         {{"--eagle-topk", "--eagle_dynamic_tree_max_top_k"}, "N", "EAGLE-2: children per expanded node and nodes expanded per depth (default: 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.topk, 1); }},
-        {{"--early-exit"}, "", "the same as --mode early-exit", "", flag([&p] { p.mode = "early-exit"; })},
-        {{"--no-early-exit"}, "", "under --mode auto, never early exit (a file with predictors then decodes with eagle2, lossless)", "", flag([&p] { p.no_early_exit = true; })},
         {{"--exit-threshold"}, "F", "early exit: a predictor fires above F (default: the file's, SpecEE's 0.5)", "a number in [0, 1]",
          [&p](const std::string & v) { return parse_float(v, p.gen.exit.threshold) && p.gen.exit.threshold >= 0.0f && p.gen.exit.threshold <= 1.0f; }},
         {{"--exit-layers"}, "LAYERS", "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)", "comma-separated layer numbers like 16,20,24", [&p](const std::string & v) { return parse_layers(v, p.exit_layers); }},
@@ -535,29 +532,31 @@ static int run_completion(session & s) {
 }
 
 struct conversation {
-    std::string                      tmpl;
-    std::vector<std::string>         roles, contents;
+    std::string              tmpl;
+    std::vector<std::string> roles, contents;
 
-    std::string render(bool add_ass) const {
+    // the tokens of the conversation rendered with its template (the library's rule: BOS once)
+    bool tokens(const specee_model * model, bool add_ass, std::vector<int32_t> & out) const {
         std::vector<specee_chat_message> msgs;
         for (size_t i = 0; i < roles.size(); ++i) {
             msgs.push_back({roles[i].c_str(), contents[i].c_str()});
         }
-        const int32_t n = specee_chat_apply_template(tmpl.c_str(), msgs.data(), (int32_t) msgs.size(), add_ass, nullptr, 0);
-        std::string   out(n == INT32_MIN ? 0 : std::abs(n), '\0');
-        specee_chat_apply_template(tmpl.c_str(), msgs.data(), (int32_t) msgs.size(), add_ass, &out[0], (int32_t) out.size());
-        return out;
+        int32_t n = specee_chat_tokenize(model, tmpl.c_str(), msgs.data(), (int32_t) msgs.size(), add_ass, nullptr, 0);
+        out.resize(n == INT32_MIN ? 0 : std::abs(n));
+        n = specee_chat_tokenize(model, tmpl.c_str(), msgs.data(), (int32_t) msgs.size(), add_ass, out.data(),
+                                 (int32_t) out.size());
+        return n != INT32_MIN;
     }
 };
 
 // one user turn and the reply; false when the conversation must end (error, full context)
 static bool chat_turn(session & s, conversation & conv, const std::string & user, bool echo, int & rc) {
-    const std::string before = conv.render(false);
+    std::vector<int32_t> tokens, prev;
+    const bool           ok = conv.tokens(s.model, false, prev);
     conv.roles.push_back("user");
     conv.contents.push_back(user);
-    std::vector<int32_t> tokens, prev;
-    if (!tokenize(s.model, conv.render(true), true, tokens) || !tokenize(s.model, before, true, prev)) {
-        fprintf(stderr, "error: cannot tokenize the conversation: %s\n", specee_last_error());
+    if (!ok || !conv.tokens(s.model, true, tokens)) {
+        fprintf(stderr, "error: cannot render the conversation: %s\n", specee_last_error());
         rc = 1;
         return false;
     }
@@ -680,14 +679,6 @@ int main(int argc, char ** argv) {
 
     // the generator: mode, trees and exit settings are checked there
     specee_generator_params & gp = p.gen;
-    const char * const modes[] = {"auto", "plain", "eagle", "eagle2", "early-exit"};
-    for (int32_t m = 0; m < 5; ++m) {
-        gp.mode = p.mode == modes[m] ? m : gp.mode;
-    }
-    if (p.no_early_exit && gp.mode == SPECEE_MODE_AUTO) {
-        gp.mode = specee_model_has_eagle(s.model) ? (p.eagle_choices.empty() ? SPECEE_MODE_EAGLE2 : SPECEE_MODE_EAGLE)
-                                                  : SPECEE_MODE_PLAIN;
-    }
     gp.sampling.repeat_last_n = gp.sampling.repeat_last_n < 0 ? (int32_t) specee_n_ctx(s.ctx) : gp.sampling.repeat_last_n;
     gp.eagle.choices          = p.eagle_choices.empty() ? nullptr : p.eagle_choices.c_str();
     gp.exit.layers            = p.exit_layers.empty() ? nullptr : p.exit_layers.data();
@@ -725,10 +716,10 @@ int main(int argc, char ** argv) {
             (double) sp.min_p, (double) sp.temp);
     const int32_t mode = specee_generator_mode(s.gen);
     if (mode == SPECEE_MODE_EARLY_EXIT) {
-        fprintf(stderr, "generate: mode early-exit (SpecEE): lossy, tokens may differ from plain decoding; --mode plain "
-                        "or --no-early-exit for lossless output\n");
+        fprintf(stderr, "generate: mode early-exit (SpecEE): lossy, tokens may differ from plain decoding; --mode "
+                        "eagle2 or --mode plain for lossless output\n");
     } else if (mode != SPECEE_MODE_PLAIN) {
-        fprintf(stderr, "generate: mode %s (lossless speculative decoding with the EAGLE head)\n", modes[mode]);
+        fprintf(stderr, "generate: mode %s (lossless speculative decoding with the EAGLE head)\n", specee_mode_name(mode));
     }
     fprintf(stderr, "generate: n_ctx = %u, n_batch = %d, n_predict = %d, n_keep = 0\n\n", specee_n_ctx(s.ctx), p.n_batch,
             p.n_predict);

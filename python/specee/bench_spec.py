@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -148,13 +149,20 @@ def check_identity(args: argparse.Namespace) -> int:
     modes = identity_trees(args.trees, args.eagle_choices)
     same = {mode: 0 for mode in modes}
     bad: list[Mismatch] = []
+    run = cli_tokens(args, m) if args.cli else None
     for i, p in enumerate(prompts):
         tokens = m.tokenize(p.text, add_special=True, parse_special=True)
-        m.kv_clear()  # every run from an empty cache, as a user runs the CLI
-        plain = m.generate_tokens(tokens, args.n_predict, mode="plain", temp=0)
+        if run:  # the user's command: without a head, then with --draft-head and a mode
+            plain = run(p.text, None, None)
+        else:
+            m.kv_clear()  # every run from an empty cache, as a user runs the CLI
+            plain = m.generate_tokens(tokens, args.n_predict, mode="plain", temp=0)
         for mode, (name, eagle) in modes.items():
-            m.kv_clear()
-            out = m.generate_tokens(tokens, args.n_predict, mode=name, temp=0, eagle=eagle)
+            if run:
+                out = run(p.text, name, eagle)
+            else:
+                m.kv_clear()
+                out = m.generate_tokens(tokens, args.n_predict, mode=name, temp=0, eagle=eagle)
             if out == plain:
                 same[mode] += 1
                 continue
@@ -164,12 +172,36 @@ def check_identity(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     n_mt = sum(p.name.startswith("mt_bench") for p in prompts)
     print(f"model {Path(args.model).name}, head {Path(args.draft_head).name}, -n {args.n_predict}, greedy, "
-          f"V cache {m.type_v}; {n_mt} MT-Bench first turns + {len(prompts) - n_mt} HumanEval prompts")
+          f"{'specee-cli with its defaults' if args.cli else f'V cache {m.type_v}'}; {n_mt} MT-Bench first turns + "
+          f"{len(prompts) - n_mt} HumanEval prompts")
     for mode in modes:
         print(f"{mode}: {same[mode]} of {len(prompts)} identical to plain greedy")
     for b in bad:
         print(f"MISMATCH {b.mode} {b.prompt}: token {b.index}: plain {b.plain}, speculative {b.spec}")
     return 1 if bad else 0
+
+
+def cli_tokens(args: argparse.Namespace, m) -> Callable[[str, str | None, EagleParams | None], list]:
+    """A function running this runtime's llama-cli as a user would (greedy, its default settings otherwise):
+    plain without a draft head (mode None), or with --draft-head and --mode; the output's bytes, per token piece
+    (compared as a whole, so a list of one item)."""
+    exe = find_specee(args)
+
+    def run(prompt: str, mode: str | None, eagle: EagleParams | None) -> list:
+        argv = [exe, "-m", args.model, "-p", prompt, "-n", str(args.n_predict), "-t", str(args.threads), "-c",
+                str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt"]
+        if mode:
+            argv += ["--draft-head", args.draft_head, "--mode", mode]
+            argv += ["--eagle-choices", eagle.choices] if eagle and eagle.choices else []
+            for flag, value in (("--eagle-total-tokens", eagle.total_tokens), ("--eagle-depth", eagle.depth),
+                                ("--eagle-topk", eagle.topk)) if eagle else ():
+                argv += [flag, str(value)] if value is not None else []
+        proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench_spec: {' '.join(argv[:3])} ... failed: {proc.stderr.decode()[-1000:]}")
+        return [proc.stdout]
+
+    return run
 
 
 # ---- speed
@@ -260,7 +292,7 @@ def run_speed(args: argparse.Namespace) -> int:
 def find_specee(args: argparse.Namespace) -> str:
     from specee._tools import tool_path
 
-    return args.specee_cli or str(tool_path("llama-cli"))
+    return getattr(args, "specee_cli", None) or str(tool_path("llama-cli"))
 
 
 def summary(runs: list[Run]) -> tuple[float, float, float, float]:
@@ -328,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="comma-separated tree sets: default (one draft token: EAGLE-1 [[0]], EAGLE-2 1/1/1), "
                             "small (EAGLE-1 [[0], [1], [0, 0]], EAGLE-2 4/3/2), gpu (mc_sim_7b_63, EAGLE-2 16/5/4) "
                             "(default: default,gpu)")
+    ident.add_argument("--cli", action="store_true",
+                       help="run this runtime's llama-cli as a user does (plain without a head, each tree with "
+                            "--draft-head) and compare its output, instead of the Python API")
     ident.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
                        help="every N-th prompt starting at the K-th (K = 1..N), to split a run over processes")
     speed = sub.add_parser("speed", help="decode speed and acceptance vs plain decoding and upstream llama.cpp")

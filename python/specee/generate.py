@@ -160,8 +160,10 @@ def prompt_tokens(model: Model, prompt: Prompt, chat_template: str | None = None
     if isinstance(prompt, str):
         return model.tokenize(prompt, add_special=True, parse_special=False)
     messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
-    text = _core.chat_apply_template(chat_template_name(model, chat_template), messages, True)
-    return model.tokenize(text, add_special=True, parse_special=True)
+    try:
+        return _core.chat_tokenize(model._model, chat_template, messages, True)
+    except _core.SpecEEError as e:
+        raise ValueError(str(e)) from None
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
