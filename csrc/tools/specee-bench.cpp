@@ -8,6 +8,7 @@
 #include "specee.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -28,6 +29,8 @@ struct bench_params {
     std::vector<int>         n_prompt  = {512};
     std::vector<int>         n_gen     = {128};
     std::vector<int>         n_threads = {std::max(1, (int) std::thread::hardware_concurrency())};
+    std::vector<int>         n_depth   = {0};
+    std::vector<std::string> type_v    = {"f32"};
     int                      n_batch   = 2048;
     int                      reps      = 5;
     std::string              output    = "md";
@@ -38,7 +41,8 @@ static void print_usage(const char * argv0, const bench_params & d) {
     printf("usage: %s [options]\n\n", argv0);
     printf("Measures prompt processing (pp) and text generation (tg) speed of the SpecEE runtime\n");
     printf("like llama-bench: pp N = one batch of N random tokens into an empty KV cache, tg N = N\n");
-    printf("single-token evaluations from an empty cache. Attention is flash attention, KV cache F16.\n\n");
+    printf("single-token evaluations, both after -d tokens already in the KV cache (not timed). Attention is\n");
+    printf("flash attention, the K cache F16.\n\n");
     printf("options:\n");
     printf("  -h, --help\n");
     printf("  -m, --model <filename>           GGUF model, repeatable or comma list\n");
@@ -47,6 +51,8 @@ static void print_usage(const char * argv0, const bench_params & d) {
     printf("  -p, --n-prompt <n>               prompt tokens, comma list, 0 skips pp (default: %d)\n", d.n_prompt[0]);
     printf("  -n, --n-gen <n>                  generated tokens, comma list, 0 skips tg (default: %d)\n", d.n_gen[0]);
     printf("  -t, --threads <n>                threads, comma list (default: %d)\n", d.n_threads[0]);
+    printf("  -d, --n-depth <n>                tokens in the KV cache before each test, comma list (default: 0)\n");
+    printf("  -ctv, --cache-type-v <t>         V cache type, f32 (the runtime's default) or f16, comma list\n");
     printf("  -b, --batch-size <n>             most tokens in one graph, capped to the context (default: %d)\n",
            d.n_batch);
     printf("  -r, --repetitions <n>            timed runs of each test (default: %d)\n", d.reps);
@@ -86,7 +92,8 @@ static bool parse_args(int argc, char ** argv, bench_params & params, bool & hel
         const bool takes_value = arg == "-m" || arg == "--model" || arg == "-p" || arg == "--n-prompt" ||
                                  arg == "-n" || arg == "--n-gen" || arg == "-t" || arg == "--threads" ||
                                  arg == "-b" || arg == "--batch-size" || arg == "-r" || arg == "--repetitions" ||
-                                 arg == "-o" || arg == "--output" || arg == "-fa" || arg == "--flash-attn";
+                                 arg == "-o" || arg == "--output" || arg == "-fa" || arg == "--flash-attn" ||
+                                 arg == "-d" || arg == "--n-depth" || arg == "-ctv" || arg == "--cache-type-v";
         if (!takes_value) {
             fprintf(stderr, "error: unknown argument: %s (see --help)\n", arg.c_str());
             return false;
@@ -111,6 +118,16 @@ static bool parse_args(int argc, char ** argv, bench_params & params, bool & hel
             ok = parse_int_list(val, 0, params.n_gen);
         } else if (arg == "-t" || arg == "--threads") {
             ok = parse_int_list(val, 1, params.n_threads);
+        } else if (arg == "-d" || arg == "--n-depth") {
+            ok = parse_int_list(val, 0, params.n_depth);
+        } else if (arg == "-ctv" || arg == "--cache-type-v") {
+            std::stringstream ss(val);
+            std::string       item;
+            params.type_v.clear();
+            while (std::getline(ss, item, ',')) {
+                ok = ok && (item == "f16" || item == "f32");
+                params.type_v.push_back(item);
+            }
         } else if (arg == "-b" || arg == "--batch-size") {
             ok = parse_int_list(val, 1, ints) && ints.size() == 1;
             params.n_batch = ok ? ints[0] : 0;
@@ -146,6 +163,8 @@ struct bench_result {
     int                   n_threads      = 0;
     int                   n_prompt       = 0;
     int                   n_gen          = 0;
+    int                   n_depth        = 0;
+    std::string           type_v;
     std::string           test_time;
     std::vector<uint64_t> samples_ns;
 
@@ -211,18 +230,32 @@ static bool run_gen(specee_context * ctx, int n_gen, int n_vocab, std::mt19937 &
     return true;
 }
 
-// one test (pp or tg) on a fresh-cache context: a warm-up run, then reps timed runs
+// the cache holding n_depth tokens (not timed), as llama-bench's -d
+static bool fill_depth(specee_context * ctx, int n_depth, int n_vocab, std::mt19937 & rng) {
+    specee_kv_clear(ctx);
+    const int n_batch = (int) specee_n_batch(ctx);
+    for (int i = 0; i < n_depth; i += n_batch) {
+        if (!run_prompt(ctx, std::min(n_batch, n_depth - i), n_vocab, rng)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// one test (pp or tg) after n_depth cached tokens: a warm-up run, then reps timed runs
 static bool run_test(specee_context * ctx, const bench_params & params, bench_result & r, int n_vocab) {
     std::mt19937 rng(1234); // fixed seed: every run of the tool evaluates the same tokens
     if (params.warmup) {
         // like llama-bench: the whole prompt for pp, a single token for tg
-        specee_kv_clear(ctx);
-        if (!(r.n_prompt > 0 ? run_prompt(ctx, r.n_prompt, n_vocab, rng) : run_gen(ctx, 1, n_vocab, rng))) {
+        if (!fill_depth(ctx, r.n_depth, n_vocab, rng) ||
+            !(r.n_prompt > 0 ? run_prompt(ctx, r.n_prompt, n_vocab, rng) : run_gen(ctx, 1, n_vocab, rng))) {
             return false;
         }
     }
     for (int i = 0; i < params.reps; i++) {
-        specee_kv_clear(ctx);
+        if (!fill_depth(ctx, r.n_depth, n_vocab, rng)) {
+            return false;
+        }
         const auto t0 = std::chrono::steady_clock::now();
         if (!(r.n_prompt > 0 ? run_prompt(ctx, r.n_prompt, n_vocab, rng) : run_gen(ctx, r.n_gen, n_vocab, rng))) {
             return false;
@@ -265,11 +298,12 @@ static std::string json_fields(const bench_result & r, const char * sep) {
     snprintf(buf, sizeof(buf),
              "\"build_commit\": \"specee\",%s\"backends\": \"CPU\",%s\"model_filename\": \"%s\",%s"
              "\"model_type\": \"%s\",%s\"model_size\": %llu,%s\"model_n_params\": %llu,%s\"n_batch\": %d,%s"
-             "\"n_threads\": %d,%s\"type_k\": \"f16\",%s\"type_v\": \"f16\",%s\"flash_attn\": 1,%s"
-             "\"n_prompt\": %d,%s\"n_gen\": %d,%s\"n_depth\": 0,%s\"test_time\": \"%s\",%s",
+             "\"n_threads\": %d,%s\"type_k\": \"f16\",%s\"type_v\": \"%s\",%s\"flash_attn\": 1,%s"
+             "\"n_prompt\": %d,%s\"n_gen\": %d,%s\"n_depth\": %d,%s\"test_time\": \"%s\",%s",
              sep, sep, json_escape(r.model_filename).c_str(), sep, json_escape(r.model_type).c_str(), sep,
              (unsigned long long) r.model_size, sep, (unsigned long long) r.model_n_params, sep, r.n_batch, sep,
-             r.n_threads, sep, sep, sep, sep, r.n_prompt, sep, r.n_gen, sep, sep, r.test_time.c_str(), sep);
+             r.n_threads, sep, sep, r.type_v.c_str(), sep, sep, r.n_prompt, sep, r.n_gen, sep, r.n_depth, sep,
+             r.test_time.c_str(), sep);
     std::string s = buf;
     snprintf(buf, sizeof(buf), "\"avg_ns\": %llu,%s\"stddev_ns\": %llu,%s\"avg_ts\": %f,%s\"stddev_ts\": %f,%s",
              (unsigned long long) std::llround(mean(r.samples_ns)), sep,
@@ -283,37 +317,41 @@ static std::string json_fields(const bench_result & r, const char * sep) {
 
 static void print_header(const std::string & fmt) {
     if (fmt == "md") {
-        printf("| %-30s | %10s | %10s | %-7s | %7s | %15s | %20s |\n", "model", "size", "params", "backend",
-               "threads", "test", "t/s");
-        printf("| %s | %s: | %s: | %s | %s: | %s: | %s: |\n", std::string(30, '-').c_str(),
+        printf("| %-30s | %10s | %10s | %-7s | %7s | %6s | %15s | %20s |\n", "model", "size", "params", "backend",
+               "threads", "type_v", "test", "t/s");
+        printf("| %s | %s: | %s: | %s | %s: | %s | %s: | %s: |\n", std::string(30, '-').c_str(),
                std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(7, '-').c_str(),
-               std::string(6, '-').c_str(), std::string(14, '-').c_str(), std::string(19, '-').c_str());
+               std::string(6, '-').c_str(), std::string(6, '-').c_str(), std::string(14, '-').c_str(),
+               std::string(19, '-').c_str());
     } else if (fmt == "json") {
         printf("[\n");
     } else if (fmt == "csv") {
-        printf("model_filename,model_type,model_size,model_n_params,n_batch,n_threads,n_prompt,n_gen,test_time,"
-               "avg_ns,stddev_ns,avg_ts,stddev_ts\n");
+        printf("model_filename,model_type,model_size,model_n_params,n_batch,n_threads,type_v,n_prompt,n_gen,n_depth,"
+               "test_time,avg_ns,stddev_ns,avg_ts,stddev_ts\n");
     }
 }
 
 static void print_result(const std::string & fmt, const bench_result & r, bool first) {
     if (fmt == "md") {
-        char size[32], params[32], test[32], ts[64];
+        char size[32], params[32], test[48], ts[64];
         snprintf(size, sizeof(size), "%.2f MiB", r.model_size / 1024.0 / 1024.0);
         snprintf(params, sizeof(params), "%.2f M", r.model_n_params / 1e6);
-        snprintf(test, sizeof(test), r.n_prompt > 0 ? "pp%d" : "tg%d", r.n_prompt > 0 ? r.n_prompt : r.n_gen);
+        int n = snprintf(test, sizeof(test), r.n_prompt > 0 ? "pp%d" : "tg%d", r.n_prompt > 0 ? r.n_prompt : r.n_gen);
+        if (r.n_depth > 0) {
+            snprintf(test + n, sizeof(test) - n, " @ d%d", r.n_depth);
+        }
         snprintf(ts, sizeof(ts), "%.2f ± %.2f", mean(r.samples_ts()), stddev(r.samples_ts()));
         // the width of the t/s column counts the 2-byte '±' as one character
-        printf("| %-30s | %10s | %10s | %-7s | %7d | %15s | %21s |\n", r.model_type.c_str(), size, params, "CPU",
-               r.n_threads, test, ts);
+        printf("| %-30s | %10s | %10s | %-7s | %7d | %6s | %15s | %21s |\n", r.model_type.c_str(), size, params, "CPU",
+               r.n_threads, r.type_v.c_str(), test, ts);
     } else if (fmt == "json") {
         printf("%s  {\n    %s\n  }", first ? "" : ",\n", json_fields(r, "\n    ").c_str());
     } else if (fmt == "jsonl") {
         printf("{%s}\n", json_fields(r, " ").c_str());
     } else {
-        printf("\"%s\",\"%s\",%llu,%llu,%d,%d,%d,%d,\"%s\",%llu,%llu,%f,%f\n", r.model_filename.c_str(),
+        printf("\"%s\",\"%s\",%llu,%llu,%d,%d,%s,%d,%d,%d,\"%s\",%llu,%llu,%f,%f\n", r.model_filename.c_str(),
                r.model_type.c_str(), (unsigned long long) r.model_size, (unsigned long long) r.model_n_params,
-               r.n_batch, r.n_threads, r.n_prompt, r.n_gen, r.test_time.c_str(),
+               r.n_batch, r.n_threads, r.type_v.c_str(), r.n_prompt, r.n_gen, r.n_depth, r.test_time.c_str(),
                (unsigned long long) std::llround(mean(r.samples_ns)),
                (unsigned long long) std::llround(stddev(r.samples_ns)), mean(r.samples_ts()), stddev(r.samples_ts()));
     }
@@ -321,6 +359,17 @@ static void print_result(const std::string & fmt, const bench_result & r, bool f
 }
 
 // ---- main --------------------------------------------------------------------------------------
+
+// every (threads, V cache type) pair, llama-bench's instance order
+static std::vector<std::pair<int, std::string>> combos(const bench_params & params) {
+    std::vector<std::pair<int, std::string>> out;
+    for (const std::string & t : params.type_v) {
+        for (int n : params.n_threads) {
+            out.emplace_back(n, t);
+        }
+    }
+    return out;
+}
 
 int main(int argc, char ** argv) {
     bench_params params;
@@ -344,7 +393,8 @@ int main(int argc, char ** argv) {
 
     const int max_prompt = *std::max_element(params.n_prompt.begin(), params.n_prompt.end());
     const int max_gen    = *std::max_element(params.n_gen.begin(), params.n_gen.end());
-    const int n_ctx      = std::max(256, (max_prompt + max_gen + 255) / 256 * 256);
+    const int max_depth  = *std::max_element(params.n_depth.begin(), params.n_depth.end());
+    const int n_ctx      = std::max(256, (max_depth + max_prompt + max_gen + 255) / 256 * 256);
 
     print_header(params.output);
     bool first = true;
@@ -354,8 +404,9 @@ int main(int argc, char ** argv) {
             fprintf(stderr, "error: failed to load model '%s': %s\n", path.c_str(), specee_last_error());
             return 1;
         }
-        for (int n_threads : params.n_threads) {
+        for (const auto & [n_threads, type_v] : combos(params)) {
             specee_context_params cparams = specee_context_default_params();
+            cparams.type_v                = type_v == "f16" ? SPECEE_KV_F16 : SPECEE_KV_F32;
             cparams.n_ctx                 = (uint32_t) n_ctx;
             cparams.n_batch               = (uint32_t) std::min(params.n_batch, n_ctx);
             cparams.n_threads             = n_threads;
@@ -368,16 +419,20 @@ int main(int argc, char ** argv) {
                 return 1;
             }
 
-            // the tests, in llama-bench's order: every pp, then every tg
-            std::vector<std::pair<int, int>> tests;
+            // the tests, in llama-bench's order: every pp, then every tg, each at every depth
+            std::vector<std::array<int, 3>> tests;
             for (int p : params.n_prompt) {
-                if (p > 0) {
-                    tests.push_back({p, 0});
+                for (int d : params.n_depth) {
+                    if (p > 0) {
+                        tests.push_back({p, 0, d});
+                    }
                 }
             }
             for (int n : params.n_gen) {
-                if (n > 0) {
-                    tests.push_back({0, n});
+                for (int d : params.n_depth) {
+                    if (n > 0) {
+                        tests.push_back({0, n, d});
+                    }
                 }
             }
             for (const auto & test : tests) {
@@ -388,8 +443,10 @@ int main(int argc, char ** argv) {
                 r.model_n_params = specee_model_n_params(model);
                 r.n_batch        = (int) cparams.n_batch;
                 r.n_threads      = n_threads;
-                r.n_prompt       = test.first;
-                r.n_gen          = test.second;
+                r.n_prompt       = test[0];
+                r.n_gen          = test[1];
+                r.n_depth        = test[2];
+                r.type_v         = type_v;
                 char         buf[64];
                 const time_t now = std::time(nullptr);
                 std::strftime(buf, sizeof(buf), "%FT%TZ", std::gmtime(&now));

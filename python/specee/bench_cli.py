@@ -129,7 +129,7 @@ def parse_perf(stderr: str) -> tuple[float, int, float, int]:
 
 def cli_argv(tool: str, exe: str, prompt: str, args: argparse.Namespace) -> list[str]:
     argv = [exe, "-m", args.model, "-p", prompt, "-n", str(args.n_predict), "-t", str(args.threads),
-            "-c", str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt"]
+            "-c", str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ctv", args.cache_type_v]
     if tool == "llama.cpp":
         argv += shlex.split(args.llama_cli_args)
     return argv
@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2, help="threads for both (default: 2)")
     ap.add_argument("-c", "--ctx-size", type=int, default=2048, help="context size for both (default: 2048)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every prompt per tool (default: 3)")
+    ap.add_argument("-ctv", "--cache-type-v", choices=("f16", "f32"), default="f16",
+                    help="V cache type for both (default: f16, upstream's default; this runtime's is f32)")
     ap.add_argument("--llama-cli-args", default="-fa on",
                     help="extra arguments for upstream only (default: '-fa on', as this runtime always uses flash "
                          "attention)")

@@ -71,7 +71,8 @@ def run_child(argv: list[str]) -> tuple[str, int]:
 
 def tool_argv(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, args: argparse.Namespace) -> list[str]:
     argv = [exe, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(args.threads),
-            "-r", str(args.repetitions), "-b", str(args.batch_size), "-fa", "1", "-o", "json"]
+            "-r", str(args.repetitions), "-b", str(args.batch_size), "-fa", "1", "-o", "json",
+            "-ctv", args.cache_type_v]
     if tool == "llama.cpp":
         # one ubatch per batch, as this runtime evaluates a batch in one graph
         argv += ["-ub", str(args.batch_size), *shlex.split(args.llama_bench_args)]
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="batch size for both (llama-bench also gets it as -ub)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="child runs per tool and test, alternating which tool goes first (default: 1)")
+    ap.add_argument("-ctv", "--cache-type-v", choices=("f16", "f32"), default="f16",
+                    help="V cache type in both (default: f16, llama-bench's default; this runtime's is f32)")
     ap.add_argument("--llama-bench", help="upstream llama-bench executable (default: from PATH)")
     ap.add_argument("--specee-bench", help="specee-bench executable (default: the one installed with specee)")
     ap.add_argument("--llama-bench-args", default="",
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"specee:    {exes['specee']}")
     print(f"threads {args.threads}, -p {args.n_prompt}, -n {args.n_gen}, -r {args.repetitions} x {args.rounds} "
           f"round(s), batch {args.batch_size} (llama.cpp -ub {args.batch_size}); flash attention on in both "
-          f"(llama-bench -fa 1; specee always uses ggml_flash_attn_ext), F16 KV cache in both"
+          f"(llama-bench -fa 1; specee always uses ggml_flash_attn_ext), {args.cache_type_v.upper()} V cache in both"
           + (f"; llama-bench extra args: {args.llama_bench_args}" if args.llama_bench_args else ""))
     print("ratio = specee / llama.cpp (t/s: higher is better for specee; RSS: lower is better)\n")
     print(format_table(runs))
