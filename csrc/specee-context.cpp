@@ -40,6 +40,8 @@ specee_context::~specee_context() {
 // ---- the graph runner ----------------------------------------------------------------------------------
 
 ggml_context * specee_graph_begin(specee_context & ctx) {
+    ctx.reuse_key.clear(); // the memory of the last graph is reused now
+    ctx.reuse_gf = nullptr;
     if (ctx.graph_ctx) {
         ggml_free(ctx.graph_ctx);
     }
@@ -106,6 +108,8 @@ int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il) 
     const int32_t dev = specee_model_device_of_layer(*ctx.model, il);
     return dev < 0 ? (int32_t) ctx.backends.size() - 1 : dev;
 }
+
+static const int32_t KV_PAD = 256;
 
 // Masks of a batch over cells [0, n_kv): one per group of layers whose cached cells' validity is the same.
 static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, int32_t l1,
@@ -190,11 +194,13 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     const int32_t          n    = ctx.n_tokens;
     const bool             last = l1 == (int32_t) hp.n_layer;
 
-    // cells attended to: every used cell and this batch's cells
+    // cells attended to: every used cell and this batch's cells, padded (as llama.cpp pads them) so that graphs of
+    // consecutive tokens have the same shape; the padding is masked
     int32_t n_kv = (int32_t) ctx.kv.n_kv();
     for (int32_t c : ctx.cells) {
         n_kv = std::max(n_kv, c + 1);
     }
+    n_kv = std::min((n_kv + KV_PAD - 1) / KV_PAD * KV_PAD, (int32_t) ctx.kv.size);
 
     specee_graph_params gp;
     gp.n_tokens    = n;
@@ -209,9 +215,17 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     build_masks(ctx, n_kv, l0, l1, masks, gp.mask_of_layer);
     gp.n_masks = (int32_t) masks.size();
 
-    specee_graph_io io;
-    ggml_cgraph *   gf = build_layers(ctx, gp, io);
-    specee_graph_alloc(ctx, gf, "the model's layers");
+    std::vector<int32_t> key = {n, n_kv, l0, l1, gp.hidden_all, gp.final_norm, gp.n_outputs, gp.n_masks};
+    key.insert(key.end(), gp.mask_of_layer.begin(), gp.mask_of_layer.end());
+    specee_graph_io & io = ctx.reuse_io;
+    ggml_cgraph *     gf = ctx.reuse_gf;
+    if (key != ctx.reuse_key || !gf) {
+        io = specee_graph_io();
+        gf = build_layers(ctx, gp, io);
+        specee_graph_alloc(ctx, gf, "the model's layers");
+        ctx.reuse_key = key;
+        ctx.reuse_gf  = gf;
+    }
 
     // ---- inputs
     if (io.inp_tokens) {

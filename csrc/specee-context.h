@@ -2,6 +2,7 @@
 // KV cache, the one graph runner every graph goes through, and batch evaluation by layer ranges
 #pragma once
 
+#include "specee-graph.h"
 #include "specee-kv-cache.h"
 #include "specee.h"
 
@@ -33,6 +34,11 @@ struct specee_context {
     std::vector<uint8_t> graph_meta;
     int32_t              graph_size = 0;
     ggml_context *       graph_ctx  = nullptr; // the graph being built (freed by the next specee_graph_begin)
+    // the last layers graph, computed again as it is while nothing else was built and its shape is the same (ggml's
+    // RPC backend then recomputes it from its own copy instead of receiving it again)
+    std::vector<int32_t> reuse_key;
+    ggml_cgraph *        reuse_gf = nullptr;
+    specee_graph_io      reuse_io;
 
     // ---- the hidden state between layer ranges: one [n_embd, n_batch] F32 tensor per backend, so a range that
     // continues on the same device reads it in place (it crosses devices only where the layers do)

@@ -3,6 +3,7 @@
 
 #include "specee-arch.h"
 #include "specee-impl.h"
+#include "specee-placement.h"
 #include "specee-vocab.h"
 #include "specee.h"
 
@@ -182,6 +183,12 @@ static std::string value_str(const gguf_context * g, int64_t id) {
 
 specee_model::~specee_model() {
     specee_vocab_free(vocab);
+    for (ggml_backend_buffer_t b : buf_dev) {
+        ggml_backend_buffer_free(b);
+    }
+    for (ggml_context * c : ctx_dev) {
+        ggml_free(c);
+    }
     for (ggml_backend_buffer_t b : buf_repack) {
         ggml_backend_buffer_free(b);
     }
@@ -351,13 +358,16 @@ static void repack_weights(specee_model & m) {
         return;
     }
 
-    std::vector<ggml_tensor **> cands;
-    for (specee_layer & l : m.layers) {
+    std::vector<ggml_tensor **> cands; // the weights that stay on the CPU
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        specee_layer & l = m.layers[il];
         for (ggml_tensor ** w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
-            cands.push_back(w);
+            if (specee_model_device_of_layer(m, (int32_t) il) < 0) {
+                cands.push_back(w);
+            }
         }
     }
-    if (m.output != m.tok_embd) {
+    if (m.output != m.tok_embd && m.output_device < 0) {
         cands.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
     }
 
@@ -411,6 +421,7 @@ static void repack_weights(specee_model & m) {
         if (!buf) {
             specee_fail("cannot allocate %s for repacked weights", ggml_backend_buft_name(*buft));
         }
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         m.buf_repack.push_back(buf);
         for (auto & p : pairs) {
             ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
@@ -613,6 +624,7 @@ static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) 
     if (!f->buf) {
         specee_fail("cannot create a backend buffer over '%s'", path);
     }
+    ggml_backend_buffer_set_usage(f->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     for (int64_t i = 0; i < gguf_get_n_tensors(f->gguf); ++i) {
         const char *  name = gguf_get_tensor_name(f->gguf, i);
         ggml_tensor * t    = ggml_get_tensor(f->ctx_meta, name);
@@ -633,7 +645,8 @@ static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) 
 }
 
 
-specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
+specee_model * specee_model_load_impl(const char * path, const specee_model_params & params) {
+    const bool use_mmap = params.use_mmap;
     if (!path || !*path) {
         specee_fail("no model path given");
     }
@@ -740,6 +753,8 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
     if (!m.buf) {
         specee_fail("cannot create a backend buffer over '%s'", path);
     }
+    // weights: the scheduler runs an op where its weights are, instead of copying them to another device
+    ggml_backend_buffer_set_usage(m.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     for (int64_t i = 0; i < gguf_get_n_tensors(m.gguf); ++i) {
         ggml_tensor * t = ggml_get_tensor(m.ctx_meta, gguf_get_tensor_name(m.gguf, i));
         if (ggml_backend_tensor_alloc(m.buf, t, (char *) m.addr + data_offset + gguf_get_tensor_offset(m.gguf, i)) !=
@@ -748,6 +763,10 @@ specee_model * specee_model_load_impl(const char * path, bool use_mmap) {
         }
     }
 
+    if (params.draft_head) {
+        load_eagle_file(m, params.draft_head, use_mmap);
+    }
+    specee_place_weights(m, params);
     repack_weights(m);
 
     ggml_type main_type = GGML_TYPE_F32;
@@ -777,12 +796,19 @@ int32_t specee_model_device_of_layer(const specee_model & m, int32_t il) {
 
 extern "C" struct specee_model_params specee_model_default_params(void) {
     specee_model_params p;
-    p.use_mmap = true;
+    p.use_mmap       = true;
+    p.n_gpu_layers   = -1;
+    p.offload_order  = SPECEE_OFFLOAD_AUTO;
+    p.devices        = nullptr;
+    p.rpc_servers    = nullptr;
+    p.tensor_split   = nullptr;
+    p.n_tensor_split = 0;
+    p.draft_head     = nullptr;
     return p;
 }
 
 extern "C" specee_model * specee_model_load(const char * path, struct specee_model_params params) {
-    return specee_guard<specee_model *>(nullptr, [&] { return specee_model_load_impl(path, params.use_mmap); });
+    return specee_guard<specee_model *>(nullptr, [&] { return specee_model_load_impl(path, params); });
 }
 
 extern "C" void specee_model_free(specee_model * model) { delete model; }
@@ -828,6 +854,7 @@ extern "C" int32_t specee_model_load_eagle(specee_model * model, const char * pa
             specee_fail("no model");
         }
         load_eagle_file(*model, path, model->mapped || !model->addr);
+        specee_place_eagle(*model);
         return 0;
     });
 }

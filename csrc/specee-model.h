@@ -4,6 +4,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "specee.h"
 
 #include <cstdint>
 #include <memory>
@@ -110,6 +111,9 @@ struct specee_model {
     std::vector<ggml_backend_dev_t> devices;
     std::vector<int32_t>            layer_device;
     int32_t                         output_device = -1;
+    std::vector<ggml_context *>        ctx_dev; // the offloaded weights
+    std::vector<ggml_backend_buffer_t> buf_dev;
+    std::string                        placement; // one line per device (specee_model_placement)
 
     // GGUF metadata as printable strings
     std::vector<std::pair<std::string, std::string>> meta;
@@ -131,7 +135,7 @@ struct specee_model {
 };
 
 // throws specee_error naming the problem
-specee_model * specee_model_load_impl(const char * path, bool use_mmap);
+specee_model * specee_model_load_impl(const char * path, const struct specee_model_params & params);
 
 // the device index (into model.devices) of layer il, -1 for the CPU; il = n_layer: the output's
 int32_t specee_model_device_of_layer(const specee_model & model, int32_t il);

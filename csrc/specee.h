@@ -23,14 +23,42 @@ void specee_log_set_verbose(bool verbose);
 
 // ---- model -------------------------------------------------------------------------------------
 
+// Where layers go (-ngl): the model's layers, and its output (output norm, lm_head, draft head), are placed on the
+// devices other than the CPU (GPUs, ggml RPC servers) and the CPU. With n_gpu_layers = N:
+//   SPECEE_OFFLOAD_LAST  (llama.cpp's -ngl): the last N - 1 layers and the output, as upstream counts them;
+//   SPECEE_OFFLOAD_FIRST (SpecEE's): the first N layers and the output, so that an early exit skips the layers on
+//                        the CPU, and the draft head and the exit layers' lm_head run on the device.
+// Each layer's KV cache lives with its layer. The token embeddings stay on the CPU.
+enum specee_offload_order {
+    SPECEE_OFFLOAD_AUTO  = 0, // first when the model (or its draft head file) has exit predictors, else last
+    SPECEE_OFFLOAD_FIRST = 1,
+    SPECEE_OFFLOAD_LAST  = 2,
+};
+
 struct specee_model_params {
-    bool use_mmap; // map the weights from the file (default); false reads them into memory
+    bool          use_mmap;       // map the weights from the file (default); false reads them into memory
+    int32_t       n_gpu_layers;   // layers (counting the output as one) on the devices; -1: all (default); 0: none
+    int32_t       offload_order;  // enum specee_offload_order
+    const char *  devices;        // comma-separated device names to use (specee_device_info); NULL: all but the CPU
+    const char *  rpc_servers;    // comma-separated HOST:PORT of ggml RPC servers, added as devices; NULL: none
+    const float * tensor_split;   // [n_tensor_split] share of the offloaded layers per device; NULL: by free memory
+    int32_t       n_tensor_split;
+    const char *  draft_head;     // an EAGLE head GGUF of its own, as specee_model_load_eagle; NULL: the file's
 };
 
 struct specee_model_params specee_model_default_params(void);
 
 specee_model * specee_model_load(const char * path, struct specee_model_params params);
 void           specee_model_free(specee_model * model);
+// where the weights went, one line per device: "RPC0 (127.0.0.1:50052): layers 0-15, output; 120.3 MiB"
+const char *   specee_model_placement(const specee_model * model);
+
+// Devices: ggml RPC servers (comma-separated HOST:PORT) are added to the device registry; 0, or -1 with the server
+// that cannot be reached in specee_last_error()
+int32_t specee_rpc_add_servers(const char * servers);
+int32_t specee_device_count(void);
+// name ("CPU", "RPC0", "CUDA0"), description and memory of device i; false past the end
+bool    specee_device_info(int32_t i, const char ** name, const char ** description, size_t * free, size_t * total);
 
 int32_t  specee_model_n_layer    (const specee_model * model);
 int32_t  specee_model_n_embd     (const specee_model * model);

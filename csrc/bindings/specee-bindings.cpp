@@ -34,9 +34,18 @@ static std::vector<int32_t> id_list(int32_t (*get)(const specee_model *, int32_t
 struct Model {
     specee_model * ptr = nullptr;
 
-    Model(const std::string & path, bool use_mmap) {
+    Model(const std::string & path, bool use_mmap, int32_t n_gpu_layers, int32_t offload_order,
+          std::optional<std::string> devices, std::optional<std::string> rpc_servers,
+          std::optional<std::vector<float>> tensor_split, std::optional<std::string> draft_head) {
         specee_model_params p = specee_model_default_params();
         p.use_mmap            = use_mmap;
+        p.n_gpu_layers        = n_gpu_layers;
+        p.offload_order       = offload_order;
+        p.devices             = devices ? devices->c_str() : nullptr;
+        p.rpc_servers         = rpc_servers ? rpc_servers->c_str() : nullptr;
+        p.tensor_split        = tensor_split ? tensor_split->data() : nullptr;
+        p.n_tensor_split      = tensor_split ? (int32_t) tensor_split->size() : 0;
+        p.draft_head          = draft_head ? draft_head->c_str() : nullptr;
         {
             py::gil_scoped_release release;
             ptr = specee_model_load(path.c_str(), p);
@@ -322,7 +331,13 @@ PYBIND11_MODULE(_core, m) {
     });
 
     py::class_<Model>(m, "Model")
-        .def(py::init<const std::string &, bool>(), py::arg("path"), py::arg("use_mmap") = true)
+        .def(py::init<const std::string &, bool, int32_t, int32_t, std::optional<std::string>,
+                      std::optional<std::string>, std::optional<std::vector<float>>, std::optional<std::string>>(),
+             py::arg("path"), py::arg("use_mmap") = true, py::arg("n_gpu_layers") = -1,
+             py::arg("offload_order") = (int) SPECEE_OFFLOAD_AUTO, py::arg("devices") = py::none(),
+             py::arg("rpc_servers") = py::none(), py::arg("tensor_split") = py::none(),
+             py::arg("draft_head") = py::none())
+        .def_property_readonly("placement", [](const Model & s) { return std::string(specee_model_placement(s.ptr)); })
         .def_property_readonly("n_layer", [](const Model & s) { return specee_model_n_layer(s.ptr); })
         .def_property_readonly("n_embd", [](const Model & s) { return specee_model_n_embd(s.ptr); })
         .def_property_readonly("n_ff", [](const Model & s) { return specee_model_n_ff(s.ptr); })
@@ -537,6 +552,27 @@ PYBIND11_MODULE(_core, m) {
         .def("reset_stats", [](Generator & g) { specee_generator_reset_stats(g.ptr); })
         .def_property_readonly("mode", [](const Generator & g) { return std::string(specee_mode_name(specee_generator_mode(g.ptr))); })
         .def_property_readonly("seed", [](const Generator & g) { return specee_generator_seed(g.ptr); });
+
+    m.def("rpc_add_servers",
+          [](const std::string & servers) {
+              if (specee_rpc_add_servers(servers.c_str()) != 0) {
+                  raise_last();
+              }
+          },
+          py::arg("servers"));
+    m.def("devices", [] {
+        py::list out;
+        for (int32_t i = 0; i < specee_device_count(); ++i) {
+            const char * name = nullptr, * desc = nullptr;
+            size_t       free = 0, total = 0;
+            specee_device_info(i, &name, &desc, &free, &total);
+            out.append(py::make_tuple(std::string(name), std::string(desc), free, total));
+        }
+        return out;
+    });
+    m.attr("OFFLOAD_AUTO")  = (int) SPECEE_OFFLOAD_AUTO;
+    m.attr("OFFLOAD_FIRST") = (int) SPECEE_OFFLOAD_FIRST;
+    m.attr("OFFLOAD_LAST")  = (int) SPECEE_OFFLOAD_LAST;
 
     m.def("draft_head_eval",
           [](py::object ctx_obj, const i32_array & tokens, const f32_array & features) {

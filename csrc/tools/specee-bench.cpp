@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +32,9 @@ struct bench_params {
     std::vector<int>         n_threads = {std::max(1, (int) std::thread::hardware_concurrency())};
     std::vector<int>         n_depth   = {0};
     std::vector<std::string> type_v    = {"f32"};
+    std::vector<int>         n_gpu_layers = {-1};
+    std::vector<std::string> offload_order = {"auto"};
+    std::string              rpc_servers;
     int                      n_batch   = 2048;
     int                      reps      = 5;
     std::string              output    = "md";
@@ -53,6 +57,9 @@ static void print_usage(const char * argv0, const bench_params & d) {
     printf("  -t, --threads <n>                threads, comma list (default: %d)\n", d.n_threads[0]);
     printf("  -d, --n-depth <n>                tokens in the KV cache before each test, comma list (default: 0)\n");
     printf("  -ctv, --cache-type-v <t>         V cache type, f32 (the runtime's default) or f16, comma list\n");
+    printf("  -ngl, --n-gpu-layers <n>         layers on devices other than the CPU, comma list (default: -1 = all)\n");
+    printf("  --offload-order <o>              first, last or auto, comma list (default: auto)\n");
+    printf("  --rpc <servers>                  comma-separated HOST:PORT of ggml RPC servers to offload to\n");
     printf("  -b, --batch-size <n>             most tokens in one graph, capped to the context (default: %d)\n",
            d.n_batch);
     printf("  -r, --repetitions <n>            timed runs of each test (default: %d)\n", d.reps);
@@ -93,7 +100,8 @@ static bool parse_args(int argc, char ** argv, bench_params & params, bool & hel
                                  arg == "-n" || arg == "--n-gen" || arg == "-t" || arg == "--threads" ||
                                  arg == "-b" || arg == "--batch-size" || arg == "-r" || arg == "--repetitions" ||
                                  arg == "-o" || arg == "--output" || arg == "-fa" || arg == "--flash-attn" ||
-                                 arg == "-d" || arg == "--n-depth" || arg == "-ctv" || arg == "--cache-type-v";
+                                 arg == "-d" || arg == "--n-depth" || arg == "-ctv" || arg == "--cache-type-v" ||
+                                 arg == "-ngl" || arg == "--n-gpu-layers" || arg == "--offload-order" || arg == "--rpc";
         if (!takes_value) {
             fprintf(stderr, "error: unknown argument: %s (see --help)\n", arg.c_str());
             return false;
@@ -120,6 +128,18 @@ static bool parse_args(int argc, char ** argv, bench_params & params, bool & hel
             ok = parse_int_list(val, 1, params.n_threads);
         } else if (arg == "-d" || arg == "--n-depth") {
             ok = parse_int_list(val, 0, params.n_depth);
+        } else if (arg == "-ngl" || arg == "--n-gpu-layers") {
+            ok = parse_int_list(val, -1, params.n_gpu_layers);
+        } else if (arg == "--rpc") {
+            params.rpc_servers = val;
+        } else if (arg == "--offload-order") {
+            std::stringstream ss(val);
+            std::string       item;
+            params.offload_order.clear();
+            while (std::getline(ss, item, ',')) {
+                ok = ok && (item == "first" || item == "last" || item == "auto");
+                params.offload_order.push_back(item);
+            }
         } else if (arg == "-ctv" || arg == "--cache-type-v") {
             std::stringstream ss(val);
             std::string       item;
@@ -165,6 +185,9 @@ struct bench_result {
     int                   n_gen          = 0;
     int                   n_depth        = 0;
     std::string           type_v;
+    int                   n_gpu_layers   = -1;
+    std::string           offload_order;
+    std::string           backends       = "CPU";
     std::string           test_time;
     std::vector<uint64_t> samples_ns;
 
@@ -296,11 +319,13 @@ template <typename T> static std::string join(const std::vector<T> & v, const ch
 static std::string json_fields(const bench_result & r, const char * sep) {
     char buf[1024];
     snprintf(buf, sizeof(buf),
-             "\"build_commit\": \"specee\",%s\"backends\": \"CPU\",%s\"model_filename\": \"%s\",%s"
+             "\"build_commit\": \"specee\",%s\"backends\": \"%s\",%s\"n_gpu_layers\": %d,%s\"offload_order\": \"%s\",%s"
+             "\"model_filename\": \"%s\",%s"
              "\"model_type\": \"%s\",%s\"model_size\": %llu,%s\"model_n_params\": %llu,%s\"n_batch\": %d,%s"
              "\"n_threads\": %d,%s\"type_k\": \"f16\",%s\"type_v\": \"%s\",%s\"flash_attn\": 1,%s"
              "\"n_prompt\": %d,%s\"n_gen\": %d,%s\"n_depth\": %d,%s\"test_time\": \"%s\",%s",
-             sep, sep, json_escape(r.model_filename).c_str(), sep, json_escape(r.model_type).c_str(), sep,
+             sep, r.backends.c_str(), sep, r.n_gpu_layers, sep, r.offload_order.c_str(), sep,
+             json_escape(r.model_filename).c_str(), sep, json_escape(r.model_type).c_str(), sep,
              (unsigned long long) r.model_size, sep, (unsigned long long) r.model_n_params, sep, r.n_batch, sep,
              r.n_threads, sep, sep, r.type_v.c_str(), sep, sep, r.n_prompt, sep, r.n_gen, sep, r.n_depth, sep,
              r.test_time.c_str(), sep);
@@ -317,12 +342,12 @@ static std::string json_fields(const bench_result & r, const char * sep) {
 
 static void print_header(const std::string & fmt) {
     if (fmt == "md") {
-        printf("| %-30s | %10s | %10s | %-7s | %7s | %6s | %15s | %20s |\n", "model", "size", "params", "backend",
-               "threads", "type_v", "test", "t/s");
-        printf("| %s | %s: | %s: | %s | %s: | %s | %s: | %s: |\n", std::string(30, '-').c_str(),
-               std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(7, '-').c_str(),
-               std::string(6, '-').c_str(), std::string(6, '-').c_str(), std::string(14, '-').c_str(),
-               std::string(19, '-').c_str());
+        printf("| %-30s | %10s | %10s | %-10s | %4s | %7s | %6s | %15s | %20s |\n", "model", "size", "params",
+               "backend", "ngl", "threads", "type_v", "test", "t/s");
+        printf("| %s | %s: | %s: | %s | %s: | %s: | %s | %s: | %s: |\n", std::string(30, '-').c_str(),
+               std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(10, '-').c_str(),
+               std::string(3, '-').c_str(), std::string(6, '-').c_str(), std::string(6, '-').c_str(),
+               std::string(14, '-').c_str(), std::string(19, '-').c_str());
     } else if (fmt == "json") {
         printf("[\n");
     } else if (fmt == "csv") {
@@ -342,8 +367,10 @@ static void print_result(const std::string & fmt, const bench_result & r, bool f
         }
         snprintf(ts, sizeof(ts), "%.2f ± %.2f", mean(r.samples_ts()), stddev(r.samples_ts()));
         // the width of the t/s column counts the 2-byte '±' as one character
-        printf("| %-30s | %10s | %10s | %-7s | %7d | %6s | %15s | %21s |\n", r.model_type.c_str(), size, params, "CPU",
-               r.n_threads, r.type_v.c_str(), test, ts);
+        const std::string ngl = r.backends == "CPU" ? "0" : r.n_gpu_layers < 0 ? "all" : std::to_string(r.n_gpu_layers) +
+                                                          (r.offload_order == "first" ? "f" : r.offload_order == "last" ? "l" : "");
+        printf("| %-30s | %10s | %10s | %-10s | %4s | %7d | %6s | %15s | %21s |\n", r.model_type.c_str(), size, params,
+               r.backends.c_str(), ngl.c_str(), r.n_threads, r.type_v.c_str(), test, ts);
     } else if (fmt == "json") {
         printf("%s  {\n    %s\n  }", first ? "" : ",\n", json_fields(r, "\n    ").c_str());
     } else if (fmt == "jsonl") {
@@ -359,6 +386,33 @@ static void print_result(const std::string & fmt, const bench_result & r, bool f
 }
 
 // ---- main --------------------------------------------------------------------------------------
+
+// every (model, -ngl, offload order): a model load each
+static std::vector<std::tuple<std::string, int, std::string>> placements(const bench_params & params) {
+    std::vector<std::tuple<std::string, int, std::string>> out;
+    for (const std::string & m : params.models) {
+        for (int ngl : params.n_gpu_layers) {
+            for (const std::string & o : params.offload_order) {
+                out.emplace_back(m, ngl, o);
+            }
+        }
+    }
+    return out;
+}
+
+// "RPC0+CPU" from the placement's lines ("NAME (...): ...")
+static std::string backends_of(const std::string & placement) {
+    std::string       out;
+    std::stringstream ss(placement);
+    std::string       line;
+    while (std::getline(ss, line)) {
+        const size_t end = line.find_first_of(" :");
+        if (line.rfind("note", 0) != 0 && line.rfind("offload order", 0) != 0 && end != std::string::npos) {
+            out = line.substr(0, end) + (out.empty() ? "" : "+" + out);
+        }
+    }
+    return out.empty() ? "CPU" : out;
+}
 
 // every (threads, V cache type) pair, llama-bench's instance order
 static std::vector<std::pair<int, std::string>> combos(const bench_params & params) {
@@ -398,12 +452,17 @@ int main(int argc, char ** argv) {
 
     print_header(params.output);
     bool first = true;
-    for (const std::string & path : params.models) {
-        specee_model * model = specee_model_load(path.c_str(), specee_model_default_params());
+    for (const auto & [path, ngl, order] : placements(params)) {
+        specee_model_params mp = specee_model_default_params();
+        mp.n_gpu_layers        = ngl;
+        mp.offload_order = order == "first" ? SPECEE_OFFLOAD_FIRST : order == "last" ? SPECEE_OFFLOAD_LAST : SPECEE_OFFLOAD_AUTO;
+        mp.rpc_servers   = params.rpc_servers.empty() ? nullptr : params.rpc_servers.c_str();
+        specee_model * model = specee_model_load(path.c_str(), mp);
         if (model == nullptr) {
             fprintf(stderr, "error: failed to load model '%s': %s\n", path.c_str(), specee_last_error());
             return 1;
         }
+        const std::string backends = backends_of(specee_model_placement(model));
         for (const auto & [n_threads, type_v] : combos(params)) {
             specee_context_params cparams = specee_context_default_params();
             cparams.type_v                = type_v == "f16" ? SPECEE_KV_F16 : SPECEE_KV_F32;
@@ -447,6 +506,9 @@ int main(int argc, char ** argv) {
                 r.n_gen          = test[1];
                 r.n_depth        = test[2];
                 r.type_v         = type_v;
+                r.n_gpu_layers   = ngl;
+                r.offload_order  = order;
+                r.backends       = backends;
                 char         buf[64];
                 const time_t now = std::time(nullptr);
                 std::strftime(buf, sizeof(buf), "%FT%TZ", std::gmtime(&now));

@@ -10,6 +10,7 @@
 //   conversation   with a chat template, in a terminal (or with -cnv): the conversation is rendered again at every
 //                  user line and the generator keeps the part the KV cache already holds; Ctrl-C stops a reply,
 //                  a second Ctrl-C (or Ctrl-D) at the prompt ends the conversation
+#include "specee-cli-args.h"
 #include "specee.h"
 
 #include <cerrno>
@@ -30,270 +31,6 @@
 
 #include <sys/stat.h>
 #include <unistd.h>
-
-// ---- options -----------------------------------------------------------------------------------
-
-enum cnv_mode { CNV_AUTO, CNV_ON, CNV_OFF };
-
-struct cli_params {
-    std::string model, prompt, system_prompt, chat_template, draft_head;
-    int         n_predict = -1, n_ctx = 0, n_batch = 2048, n_ubatch = 512;
-    int         n_threads = std::max(1, (int) std::thread::hardware_concurrency());
-    bool        escape = true, special = false, single_turn = false, verbose_prompt = false, display_prompt = true;
-    cnv_mode    conversation = CNV_AUTO;
-    std::string cache_type_v = "f32";
-    std::string eagle_choices, exit_kv = "mask";
-    std::vector<int32_t>    exit_layers, exit_replay;
-    specee_generator_params gen           = specee_generator_default_params();
-};
-
-struct cli_option {
-    std::vector<std::string>                  names;
-    std::string                               value; // the value's placeholder, "" for a flag
-    std::string                               help;
-    std::string                               expect; // what a value must be, for the error message
-    std::function<bool(const std::string &)>  set;
-};
-
-static bool parse_int(const std::string & s, int & out, long lo = INT_MIN) {
-    errno      = 0;
-    char * end = nullptr;
-    long   v   = std::strtol(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > INT_MAX) {
-        return false;
-    }
-    out = (int) v;
-    return true;
-}
-
-static bool parse_float(const std::string & s, float & out) {
-    errno      = 0;
-    char * end = nullptr;
-    float  v   = std::strtof(s.c_str(), &end);
-    if (s.empty() || *end != '\0' || errno == ERANGE || std::isnan(v)) {
-        return false;
-    }
-    out = v;
-    return true;
-}
-
-// "16,20,24"
-static bool parse_layers(const std::string & s, std::vector<int32_t> & out) {
-    out.clear();
-    for (size_t i = 0; i <= s.size();) {
-        const size_t j = std::min(s.find(',', i), s.size());
-        int          l = -1;
-        if (!parse_int(s.substr(i, j - i), l, 0)) {
-            return false;
-        }
-        out.push_back(l);
-        i = j + 1;
-    }
-    return !out.empty();
-}
-
-static bool read_text_file(const std::string & path, std::string & out) {
-    struct stat st;
-    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-        return false;
-    }
-    std::ifstream      f(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    out = ss.str();
-    return (bool) f;
-}
-
-static std::string str(float v) {
-    char b[32];
-    snprintf(b, sizeof(b), "%.2f", (double) v);
-    return b;
-}
-
-// every flag once: names, placeholder, help, accepted values and what it sets
-static std::vector<cli_option> make_options(cli_params & p) {
-    const cli_params d;
-    auto             s = [](std::string & field) { return [&field](const std::string & v) { field = v; return true; }; };
-    auto             i = [](int & field, long lo) { return [&field, lo](const std::string & v) { return parse_int(v, field, lo); }; };
-    auto             flag = [](std::function<void()> f) { return [f](const std::string &) { f(); return true; }; };
-    auto             one_of = [](std::string & field, std::vector<std::string> ok) {
-        return [&field, ok](const std::string & v) { field = v; return std::find(ok.begin(), ok.end(), v) != ok.end(); };
-    };
-    specee_sampler_params & sp = p.gen.sampling;
-    return {
-        {{"-h", "--help"}, "", "print this help and exit", "", nullptr},
-        {{"-m", "--model"}, "FNAME", "GGUF model (default: $SPECEE_DEFAULT_MODEL, which the specee-cli console script sets to the embedded SmolLM2)", "", s(p.model)},
-        {{"-p", "--prompt"}, "PROMPT", "prompt to start generation with; for a system message use -sys", "", s(p.prompt)},
-        {{"-f", "--file"}, "FNAME", "a file holding the prompt (one trailing newline dropped)", "a readable prompt file",
-         [&p](const std::string & v) {
-             if (!read_text_file(v, p.prompt)) {
-                 return false;
-             }
-             if (!p.prompt.empty() && p.prompt.back() == '\n') {
-                 p.prompt.pop_back();
-             }
-             return true;
-         }},
-        {{"-sys", "--system-prompt"}, "PROMPT", "system message for conversation mode", "", s(p.system_prompt)},
-        {{"-e", "--escape"}, "", "process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xNN) in the prompt and in conversation input (default: on)", "", flag([&p] { p.escape = true; })},
-        {{"--no-escape"}, "", "do not process escapes", "", flag([&p] { p.escape = false; })},
-        {{"-n", "--n-predict"}, "N", "tokens to predict (default: -1 = until end of generation or a full context, -2 = until a full context)", "an integer >= -2", i(p.n_predict, -2)},
-        {{"-c", "--ctx-size"}, "N", "context size in tokens (default: 0 = the model's)", "an integer >= 0", i(p.n_ctx, 0)},
-        {{"-b", "--batch-size"}, "N", "logical batch: prompt tokens per evaluation call (default: " + std::to_string(d.n_batch) + ")", "an integer >= 1", i(p.n_batch, 1)},
-        {{"-ub", "--ubatch-size"}, "N", "physical batch: most tokens in one graph (default: " + std::to_string(d.n_ubatch) + ")", "an integer >= 1", i(p.n_ubatch, 1)},
-        {{"-t", "--threads"}, "N", "threads (default: " + std::to_string(d.n_threads) + ", <= 0: all cores)", "an integer",
-         [&p, d](const std::string & v) {
-             const bool ok = parse_int(v, p.n_threads);
-             p.n_threads   = ok && p.n_threads <= 0 ? d.n_threads : p.n_threads;
-             return ok;
-         }},
-        {{"-s", "--seed"}, "SEED", "RNG seed (default: -1 = a random seed)", "an unsigned 32-bit integer or -1",
-         [&sp](const std::string & v) {
-             if (v == "-1") {
-                 sp.seed = SPECEE_DEFAULT_SEED;
-                 return true;
-             }
-             char *                   end = nullptr;
-             const unsigned long long x   = std::strtoull(v.c_str(), &end, 10);
-             sp.seed                      = (uint32_t) x;
-             return !v.empty() && v[0] != '-' && *end == '\0' && x <= UINT32_MAX;
-         }},
-        {{"--temp"}, "N", "temperature (default: " + str(d.gen.sampling.temp) + ", <= 0 = greedy)", "a number", [&sp](const std::string & v) { return parse_float(v, sp.temp); }},
-        {{"--top-k", "--top_k"}, "N", "top-k sampling (default: " + std::to_string(d.gen.sampling.top_k) + ", 0 = off)", "an integer", [&sp](const std::string & v) { return parse_int(v, sp.top_k); }},
-        {{"--top-p", "--top_p"}, "N", "top-p sampling, in (0, 1] (default: " + str(d.gen.sampling.top_p) + ", 1.0 = off)", "a number in (0, 1]", [&sp](const std::string & v) { return parse_float(v, sp.top_p) && sp.top_p > 0.0f && sp.top_p <= 1.0f; }},
-        {{"--min-p", "--min_p"}, "N", "min-p sampling, in [0, 1] (default: " + str(d.gen.sampling.min_p) + ", 0.0 = off)", "a number in [0, 1]", [&sp](const std::string & v) { return parse_float(v, sp.min_p) && sp.min_p >= 0.0f && sp.min_p <= 1.0f; }},
-        {{"--repeat-penalty"}, "N", "penalise repeated tokens (default: 1.00 = off)", "a finite number > 0", [&sp](const std::string & v) { return parse_float(v, sp.repeat_penalty) && sp.repeat_penalty > 0.0f && std::isfinite(sp.repeat_penalty); }},
-        {{"--repeat-last-n"}, "N", "tokens the penalty looks back over (default: 64, 0 = off, -1 = the context size)", "an integer >= -1", [&sp](const std::string & v) { return parse_int(v, sp.repeat_last_n, -1); }},
-        {{"--ignore-eos"}, "", "never generate an end-of-generation token (its logit is -inf), so a run goes on to -n tokens or a full context", "", flag([&p] { p.gen.ignore_eos = true; })},
-        {{"-cnv", "--conversation"}, "", "conversation mode: the chat template formats each turn and user lines are read from stdin after a '> ' prompt (default: on when the model has a chat template and stdin and stdout are terminals)", "", flag([&p] { p.conversation = CNV_ON; })},
-        {{"-no-cnv", "--no-conversation"}, "", "plain completion of the prompt", "", flag([&p] { p.conversation = CNV_OFF; })},
-        {{"-st", "--single-turn"}, "", "conversation mode: answer one turn (the -p prompt, or else the first line read), then exit", "", flag([&p] { p.single_turn = true; })},
-        {{"--chat-template"}, "NAME", "chat template instead of the model's: chatml, smollm2, llama2, vicuna, llama3, zephyr, or a Jinja template text with the markers of one of them", "a known template",
-         [&p](const std::string & v) {
-             p.chat_template = v;
-             return specee_chat_template_resolve(nullptr, v.c_str()) != nullptr;
-         }},
-        {{"-sp", "--special"}, "", "print special tokens of the output as text", "", flag([&p] { p.special = true; })},
-        {{"--verbose-prompt"}, "", "print the prompt's tokens to stderr before generating", "", flag([&p] { p.verbose_prompt = true; })},
-        {{"--no-display-prompt"}, "", "do not echo the prompt", "", flag([&p] { p.display_prompt = false; })},
-        {{"-ctv", "--cache-type-v"}, "TYPE", "V cache type: f32 (default: a token's logits do not depend on the batch it is evaluated in, so speculative output is bit-identical to plain output) or f16 (half the memory; then a near-tie can flip between a verification pass and plain decoding)", "f16 or f32", one_of(p.cache_type_v, {"f16", "f32"})},
-        {{"-ngl", "--gpu-layers", "--n-gpu-layers"}, "N", "accepted for compatibility; this runtime computes on the CPU, so the value is ignored (with a warning)", "an integer",
-         [](const std::string & v) {
-             int n = 0;
-             if (parse_int(v, n) && n > 0) {
-                 fprintf(stderr, "warning: -ngl %d is ignored: this build of SpecEE computes on the CPU only\n", n);
-             }
-             return parse_int(v, n);
-         }},
-        {{"-fa", "--flash-attn"}, "on|off|auto", "accepted for compatibility; attention is always computed with ggml's flash attention here (off is ignored with a warning)", "on, off or auto",
-         [](const std::string & v) {
-             if (v == "off") {
-                 fprintf(stderr, "warning: -fa off is ignored: attention is always flash attention here\n");
-             }
-             return v == "on" || v == "off" || v == "auto";
-         }},
-        {{"--mode"}, "MODE", "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, lossy) or auto (default): early-exit with a draft head and exit predictors at --temp 0 (SpecEE's way with its merged files), eagle2 with a draft head, else plain", "plain, eagle, eagle2, early-exit or auto",
-         [&p](const std::string & v) { return (p.gen.mode = specee_mode_by_name(v.c_str())) >= 0; }},
-        {{"--draft-head"}, "FNAME", "EAGLE head GGUF of its own (eagle.* tensors and optionally exit predictors, e.g. from `python -m specee.convert merge --head-only`), used instead of the model's; 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "", s(p.draft_head)},
-        {{"--eagle-choices", "--eagle_choices"}, "CHOICES", "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: [[0]], the fastest on a CPU); implies --mode eagle under auto", "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
-         [&p](const std::string & v) {
-             p.eagle_choices = v;
-             return specee_eagle_check_choices(v.c_str()) >= 0;
-         }},
-        {{"--eagle-total-tokens"}, "N", "EAGLE-2: draft tokens verified per step (default: 1 on a CPU)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.total_tokens, 1); }},
-        {{"--eagle-depth"}, "N", "EAGLE-2: most draft tokens on one path (default: 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.depth, 1); }},
-        {{"--eagle-topk", "--eagle_dynamic_tree_max_top_k"}, "N", "EAGLE-2: children per expanded node and nodes expanded per depth (default: 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.topk, 1); }},
-        {{"--exit-threshold"}, "F", "early exit: a predictor fires above F (default: the file's, SpecEE's 0.5)", "a number in [0, 1]",
-         [&p](const std::string & v) { return parse_float(v, p.gen.exit.threshold) && p.gen.exit.threshold >= 0.0f && p.gen.exit.threshold <= 1.0f; }},
-        {{"--exit-layers"}, "LAYERS", "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)", "comma-separated layer numbers like 16,20,24", [&p](const std::string & v) { return parse_layers(v, p.exit_layers); }},
-        {{"--exit-kv"}, "POLICY", "early exit: the skipped layers' cache for an exited token: mask (nothing, later tokens do not see it there; SpecEE's; default) or fill (K/V from the exit layer's output)", "mask or fill", one_of(p.exit_kv, {"mask", "fill"})},
-        {{"--exit-replay"}, "LAYERS", "early exit for benchmarks: token i exits after block LAYERS[i mod n] whatever the predictors say (cost only: the tokens are the exit layers' argmax)", "comma-separated layer numbers", [&p](const std::string & v) { return parse_layers(v, p.exit_replay); }},
-    };
-}
-
-static void print_usage(const char * argv0, const std::vector<cli_option> & opts) {
-    printf("usage: %s [options]\n\n", argv0);
-    printf("Generates text with the SpecEE runtime, like llama.cpp's llama-cli: the prompt is echoed, the continuation\n");
-    printf("streams to stdout, and timing lines in llama_perf_context_print's format go to stderr.\n");
-    printf("Sampling chain: repetition penalty -> top-k -> top-p -> min-p -> temperature -> seeded draw.\n");
-    printf("Modes (--mode): plain decoding; EAGLE speculative decoding, lossless (greedy output = plain output,\n");
-    printf("sampling keeps the distribution); SpecEE early exit, greedy and lossy. The perf lines add the mean accepted\n");
-    printf("tokens per step or the exit ratio, mean layers run and a histogram.\n\noptions:\n");
-    for (const cli_option & o : opts) {
-        std::string head = "  ";
-        for (size_t k = 0; k < o.names.size(); ++k) {
-            head += (k ? ", " : "") + o.names[k];
-        }
-        head += o.value.empty() ? "" : " " + o.value;
-        printf("%s", head.c_str());
-        // the help wrapped at 110 columns from column 36
-        size_t col = head.size();
-        if (col >= 35) {
-            printf("\n");
-            col = 0;
-        }
-        printf("%*s", (int) (36 - col), "");
-        col = 36;
-        std::istringstream words(o.help);
-        std::string        w;
-        bool               first = true;
-        while (words >> w) {
-            if (!first && col + 1 + w.size() > 110) {
-                printf("\n%36s", "");
-                col   = 36;
-                first = true;
-            }
-            printf("%s%s", first ? "" : " ", w.c_str());
-            col += w.size() + (first ? 0 : 1);
-            first = false;
-        }
-        printf("\n");
-    }
-}
-
-// false with a message on stderr when the command line is malformed
-static bool parse_args(int argc, char ** argv, std::vector<cli_option> & opts, bool & help) {
-    for (int a = 1; a < argc; ++a) {
-        const std::string arg = argv[a];
-        cli_option *      opt = nullptr;
-        for (cli_option & o : opts) {
-            if (std::find(o.names.begin(), o.names.end(), arg) != o.names.end()) {
-                opt = &o;
-            }
-        }
-        if (!opt) {
-            fprintf(stderr, "error: unknown argument: %s (see --help)\n", arg.c_str());
-            return false;
-        }
-        if (!opt->set) {
-            help = true;
-            return true;
-        }
-        std::string val;
-        if (!opt->value.empty()) {
-            // upstream's -fa also comes without a value (older builds)
-            if (arg == "-fa" || arg == "--flash-attn") {
-                if (a + 1 < argc && argv[a + 1][0] != '-') {
-                    val = argv[++a];
-                } else {
-                    val = "on";
-                }
-            } else if (a + 1 >= argc) {
-                fprintf(stderr, "error: %s needs a value (see --help)\n", arg.c_str());
-                return false;
-            } else {
-                val = argv[++a];
-            }
-        }
-        if (!opt->set(val)) {
-            const char * why = specee_last_error();
-            fprintf(stderr, "error: invalid value for %s: '%s' (expected %s)%s%s\n", arg.c_str(), val.c_str(),
-                    opt->expect.c_str(), *why ? ": " : "", why);
-            return false;
-        }
-    }
-    return true;
-}
 
 // ---- text helpers ------------------------------------------------------------------------------
 
@@ -613,6 +350,21 @@ static int run_conversation(session & s, const std::string & tmpl) {
 
 // ---- main --------------------------------------------------------------------------------------
 
+// --list-devices, as llama.cpp prints them
+static int list_devices(const std::string & rpc_servers) {
+    if (!rpc_servers.empty() && specee_rpc_add_servers(rpc_servers.c_str()) != 0) {
+        fprintf(stderr, "error: %s\n", specee_last_error());
+        return 1;
+    }
+    printf("Available devices:\n");
+    const char * name = nullptr, * desc = nullptr;
+    size_t       free = 0, total = 0;
+    for (int32_t i = 0; specee_device_info(i, &name, &desc, &free, &total); ++i) {
+        printf("  %s: %s (%zu MiB, %zu MiB free)\n", name, desc, total / 1024 / 1024, free / 1024 / 1024);
+    }
+    return 0;
+}
+
 static const char * env_path(const char * var, const char * what) {
     const char * v = std::getenv(var);
     if (!v || !*v) {
@@ -622,15 +374,13 @@ static const char * env_path(const char * var, const char * what) {
 }
 
 int main(int argc, char ** argv) {
-    session                 s;
-    cli_params &            p    = s.params;
-    std::vector<cli_option> opts = make_options(p);
-    bool                    help = false;
-    if (!parse_args(argc, argv, opts, help)) {
+    session      s;
+    cli_params & p    = s.params;
+    bool         help = false;
+    if (!cli_parse(argc, argv, p, help)) {
         return 1;
     }
     if (help) {
-        print_usage(argv[0], opts);
         return 0;
     }
     if (p.model.empty()) {
@@ -652,18 +402,32 @@ int main(int argc, char ** argv) {
         p.system_prompt = process_escapes(p.system_prompt);
     }
     specee_log_set_verbose(false);
-
-    const auto t_load = std::chrono::steady_clock::now();
-    s.model           = specee_model_load(p.model.c_str(), specee_model_default_params());
-    if (!s.model) {
-        fprintf(stderr, "error: failed to load the model '%s': %s\n", p.model.c_str(), specee_last_error());
-        return 1;
+    if (p.list_devices) {
+        return list_devices(p.rpc_servers);
     }
-    if (!p.draft_head.empty() && specee_model_load_eagle(s.model, p.draft_head.c_str()) != 0) {
-        fprintf(stderr, "error: failed to load the draft head '%s': %s\n", p.draft_head.c_str(), specee_last_error());
+
+    const auto          t_load = std::chrono::steady_clock::now();
+    specee_model_params mp     = specee_model_default_params();
+    mp.n_gpu_layers            = p.n_gpu_layers;
+    mp.offload_order = p.offload_order == "first" ? SPECEE_OFFLOAD_FIRST : p.offload_order == "last" ? SPECEE_OFFLOAD_LAST
+                                                                                                     : SPECEE_OFFLOAD_AUTO;
+    mp.devices        = p.devices.empty() ? nullptr : p.devices.c_str();
+    mp.rpc_servers    = p.rpc_servers.empty() ? nullptr : p.rpc_servers.c_str();
+    mp.tensor_split   = p.tensor_split.empty() ? nullptr : p.tensor_split.data();
+    mp.n_tensor_split = (int32_t) p.tensor_split.size();
+    mp.draft_head     = p.draft_head.empty() ? nullptr : p.draft_head.c_str();
+    s.model           = specee_model_load(p.model.c_str(), mp);
+    if (!s.model) {
+        fprintf(stderr, "error: failed to load the model '%s'%s%s: %s\n", p.model.c_str(),
+                p.draft_head.empty() ? "" : " with the draft head ", p.draft_head.c_str(), specee_last_error());
         return 1;
     }
     s.t_load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+    for (const char * line = specee_model_placement(s.model); *line;) {
+        const char * end = strchr(line, '\n');
+        fprintf(stderr, "load: %.*s\n", (int) (end ? end - line : strlen(line)), line);
+        line = end ? end + 1 : line + strlen(line);
+    }
 
     specee_context_params cp = specee_context_default_params();
     cp.n_ctx                 = p.n_ctx > 0 ? (uint32_t) std::max(p.n_ctx, 8) : 0;

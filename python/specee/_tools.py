@@ -45,3 +45,7 @@ def bench() -> None:
 
 def cli() -> None:
     _exec("llama-cli")
+
+
+def rpc_server() -> None:
+    _exec("specee-rpc-server")

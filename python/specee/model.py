@@ -35,23 +35,38 @@ class Model:
         use_mmap: bool = True,
         draft_head: str | os.PathLike | None = None,
         type_v: str = "f32",
+        n_gpu_layers: int = -1,
+        offload_order: str = "auto",
+        devices: Sequence[str] | None = None,
+        rpc_servers: Sequence[str] | None = None,
+        tensor_split: Sequence[float] | None = None,
     ) -> None:
         """draft_head: an EAGLE head in a GGUF of its own (replaces the model file's head, if any); "default":
         the shipped head and exit predictors trained for the embedded SmolLM2 (specee.paths).
         type_v: the V cache's type, "f32" (default: attention accumulates in F32 on one kernel path for every batch
         shape, so a token's logits do not depend on the batch it is evaluated in and speculative greedy output
-        equals plain greedy output bit for bit) or "f16" (half the memory)."""
+        equals plain greedy output bit for bit) or "f16" (half the memory).
+        Placement (the CLI's -ngl, --offload-order, --device, --rpc, -ts): n_gpu_layers layers (counting the output
+        as one; -1: all) go to the devices other than the CPU, in offload_order "first" (SpecEE's: the first layers,
+        the output and the draft head), "last" (llama.cpp's) or "auto" (first when there are exit predictors);
+        devices: their names (default: every GPU and RPC server); rpc_servers: "HOST:PORT" of ggml RPC servers
+        (specee-rpc-server), added as devices; tensor_split: each device's share of the offloaded layers. Where
+        everything went: `placement`."""
         if type_v not in ("f16", "f32"):
             raise ValueError(f"type_v must be 'f16' or 'f32', not {type_v!r}")
+        orders = {"auto": _core.OFFLOAD_AUTO, "first": _core.OFFLOAD_FIRST, "last": _core.OFFLOAD_LAST}
+        if offload_order not in orders:
+            raise ValueError(f"offload_order must be 'auto', 'first' or 'last', not {offload_order!r}")
         self.path = str(path) if path is not None else default_model_path()
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
         threads = n_threads or _default_threads()
-        self._model = _core.Model(self.path, use_mmap)
         if draft_head == "default":
             draft_head = default_draft_head_path()
-        if draft_head is not None:
-            self._model.load_eagle(str(draft_head))
+        self._model = _core.Model(self.path, use_mmap, n_gpu_layers, orders[offload_order],
+                                  ",".join(devices) if devices else None, ",".join(rpc_servers) if rpc_servers else None,
+                                  [float(x) for x in tensor_split] if tensor_split else None,
+                                  str(draft_head) if draft_head is not None else None)
         self.type_v = type_v
         self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads,
                                   1 if type_v == "f32" else 0)
@@ -116,6 +131,11 @@ class Model:
     @property
     def metadata(self) -> dict[str, str]:
         return self._model.metadata()
+
+    @property
+    def placement(self) -> str:
+        """Where the weights went: one line per device (layers, output, draft head, MiB)."""
+        return self._model.placement
 
     @property
     def has_eagle(self) -> bool:
