@@ -55,10 +55,15 @@ static const float * tensor_f32(const ggml_tensor * t, std::vector<float> & scra
     return scratch.data();
 }
 
-// the lm_head as the file holds it (the model's own tensor may be a repacked copy)
+// the output norm and the lm_head as the file holds them: readable on the host, whichever device (or repacked CPU
+// buffer) the model's own copies are in
+static const ggml_tensor * in_file(const specee_model & m, specee_tensor which) {
+    return ggml_get_tensor(m.ctx_meta, specee_tensor_name(which).c_str());
+}
+
 static const ggml_tensor * lm_head_in_file(const specee_model & m) {
-    const ggml_tensor * t = ggml_get_tensor(m.ctx_meta, specee_tensor_name(SPECEE_TENSOR_OUTPUT).c_str());
-    return t ? t : ggml_get_tensor(m.ctx_meta, specee_tensor_name(SPECEE_TENSOR_TOKEN_EMBD).c_str());
+    const ggml_tensor * t = in_file(m, SPECEE_TENSOR_OUTPUT);
+    return t ? t : in_file(m, SPECEE_TENSOR_TOKEN_EMBD);
 }
 
 static void specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
@@ -74,7 +79,7 @@ static void specee_exit_features_impl(const specee_model & m, const float * h, c
     }
     const float        scale = 1.0f / sqrtf((float) (ss / n_embd) + hp.f_norm_rms_eps);
     std::vector<float> s_w, hn(n_embd), row(n_embd);
-    const float *      w = tensor_f32(m.output_norm, s_w);
+    const float *      w = tensor_f32(in_file(m, SPECEE_TENSOR_OUTPUT_NORM), s_w);
     for (int64_t i = 0; i < n_embd; ++i) {
         hn[i] = h[i] * scale * w[i];
     }

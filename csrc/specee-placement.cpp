@@ -27,9 +27,10 @@ static std::vector<std::string> split_list(const char * text) {
     return out;
 }
 
-void specee_rpc_add(const char * servers) {
+std::vector<ggml_backend_dev_t> specee_rpc_add(const char * servers) {
+    std::vector<ggml_backend_dev_t> devs;
     if (!servers || !*servers) {
-        return;
+        return devs;
     }
     ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
     auto add = rpc ? (ggml_backend_reg_t (*)(const char *)) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server")
@@ -56,11 +57,20 @@ void specee_rpc_add(const char * servers) {
         if (!known) {
             ggml_backend_register(reg);
         }
+        for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
+            devs.push_back(ggml_backend_reg_dev_get(reg, i));
+        }
     }
+    return devs;
 }
 
-// the devices to offload to: the named ones, or every GPU-like device (GPUs and RPC servers)
-static std::vector<ggml_backend_dev_t> pick_devices(const char * names) {
+static bool is_rpc(ggml_backend_dev_t dev) {
+    return strcmp(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)), "RPC") == 0;
+}
+
+// The devices to offload to: the named ones, or every local GPU and this model's RPC servers (servers that earlier
+// models of the process registered stay out unless named).
+static std::vector<ggml_backend_dev_t> pick_devices(const char * names, const std::vector<ggml_backend_dev_t> & rpc) {
     std::vector<ggml_backend_dev_t> devs;
     if (names && *names) {
         for (const std::string & name : split_list(names)) {
@@ -80,10 +90,11 @@ static std::vector<ggml_backend_dev_t> pick_devices(const char * names) {
         }
         return devs;
     }
+    devs = rpc;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t d = ggml_backend_dev_get(i);
         const auto         t = ggml_backend_dev_type(d);
-        if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+        if ((t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) && !is_rpc(d)) {
             devs.push_back(d);
         }
     }
@@ -165,8 +176,7 @@ static std::string layer_ranges(const std::vector<int32_t> & layers) {
 
 void specee_place_weights(specee_model & m, const specee_model_params & p) {
     const int32_t n_layer = (int32_t) m.hparams.n_layer;
-    specee_rpc_add(p.rpc_servers);
-    const std::vector<ggml_backend_dev_t> devs = pick_devices(p.devices);
+    const std::vector<ggml_backend_dev_t> devs = pick_devices(p.devices, specee_rpc_add(p.rpc_servers));
     int32_t ngl = p.n_gpu_layers < 0 ? n_layer + 1 : p.n_gpu_layers;
     std::string note;
     if (ngl > n_layer + 1) {

@@ -5,8 +5,13 @@
 
 struct specee_model;
 
-// registers ggml RPC servers (comma-separated HOST:PORT) as devices; throws when one cannot be reached
-void specee_rpc_add(const char * servers);
+#include "ggml-backend.h"
+
+#include <vector>
+
+// registers ggml RPC servers (comma-separated HOST:PORT) as devices and returns theirs; throws when one cannot be
+// reached
+std::vector<ggml_backend_dev_t> specee_rpc_add(const char * servers);
 // Chooses each layer's device and the output's, and copies those weights into their devices' buffers (the CPU's stay
 // in the file mapping); the draft head goes with the output. Writes model.placement.
 void specee_place_weights(specee_model & m, const specee_model_params & p);

@@ -383,6 +383,10 @@ int main(int argc, char ** argv) {
     if (help) {
         return 0;
     }
+    if (p.list_devices) {
+        specee_log_set_verbose(false);
+        return list_devices(p.rpc_servers);
+    }
     if (p.model.empty()) {
         const char * def = env_path("SPECEE_DEFAULT_MODEL", "no model given (-m FNAME)");
         if (!def) {
@@ -402,9 +406,6 @@ int main(int argc, char ** argv) {
         p.system_prompt = process_escapes(p.system_prompt);
     }
     specee_log_set_verbose(false);
-    if (p.list_devices) {
-        return list_devices(p.rpc_servers);
-    }
 
     const auto          t_load = std::chrono::steady_clock::now();
     specee_model_params mp     = specee_model_default_params();

@@ -76,6 +76,18 @@ class Model:
         self.last_stats = GenerationStats()
         self.captured: dict[str, np.ndarray] = {}
 
+    def close(self) -> None:
+        """Free the native model, context and generator now (their devices' memory too; an RPC server's included)
+        instead of when the object is collected; the model cannot be used afterwards."""
+        with self._lock:
+            self._gen = self._ctx = self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ---- model facts
 
     @property
