@@ -91,7 +91,8 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "-ctv", "--cache-type-v", "--mode", "--draft-head", "--eagle-choices", "--eagle_choices",
                 "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
                 "--exit-threshold", "--exit-layers", "--exit-kv", "--exit-replay",
-                "-fa", "--flash-attn", "--ignore-eos"]
+                "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
+                "--list-devices", "--rpc"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
@@ -100,11 +101,11 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
               "-ctv": "f32", "--cache-type-v": "f16", "--mode": "plain", "--draft-head": str(tmp_path / "head.gguf"),
               "--eagle-choices": "[[0]]", "--eagle_choices": "[[0], [1]]", "--exit-threshold": "0.5",
               "--exit-layers": "16,20", "--exit-kv": "fill", "--exit-replay": "3,4", "-fa": "on",
-              "--flash-attn": "on"}
+              "--flash-attn": "on", "--offload-order": "first", "-ts": "1,1", "--tensor-split": "3,1"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():
-        if flag in ("-h", "--help", "-m", "--model"):
+        if flag in ("-h", "--help", "-m", "--model", "--list-devices"):
             continue
         args = [flag, values.get(flag, "1")] if takes_value else [flag]
         res = run(cli, *args, "-m", missing)
@@ -248,11 +249,12 @@ def test_escapes_prompt_file_and_display(cli: str, smollm2_path: Path, tmp_path:
 
 
 @pytest.mark.slow
-def test_gpu_layers_ignored_with_warning(cli: str, smollm2_path: Path) -> None:
+def test_gpu_layers_without_a_device_stay_on_the_cpu(cli: str, smollm2_path: Path) -> None:
     for flag in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
         res = run(cli, "-m", str(smollm2_path), "-p", "Hi", "-n", "1", flag, "16", *FAST)
         assert res.returncode == 0
-        assert res.stderr.count("warning: -ngl 16 is ignored") == 1
+        assert res.stderr.count("note: -ngl 16: no device to offload to") == 1
+        assert "load: CPU: layers 0-29, output" in res.stderr
 
 
 @pytest.mark.slow
