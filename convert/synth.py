@@ -169,6 +169,49 @@ def plan_tensors(cfg: LlamaConfig, outtype: str, seed: int) -> list[OutTensor]:
             for i, (name, shape, qtype) in enumerate(shapes, start=1)]
 
 
+# ---- the draft head and exit predictors of such a file (`--parts`)
+
+SPECEE_EXIT_LAYERS = [15, 16, 17, 19, 21, 24, 26, 28]  # SpecEE's static set for Llama-2-7B
+N_CANDIDATES = 4
+PRED_HIDDEN = 512
+
+
+def plan_parts(cfg: LlamaConfig, outtype: str, seed: int, draft_vocab: int) -> list[OutTensor]:
+    """A random EAGLE-1 head (its matrices in the file's matrix type, a reduced draft vocabulary of draft_vocab
+    tokens) and random exit predictors for every layer but the last (F32): a head-only file for
+    `--draft-head`, to time early exit and EAGLE (cost only: random weights accept and exit at random)."""
+    matrix = TYPES[outtype][0]
+    q, kv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    head = [  # numpy shapes: [rows (GGML ne1), cols (ne0)]
+        (C.EAGLE_FC, (cfg.n_embd, 2 * cfg.n_embd), matrix), (C.EAGLE_FC_BIAS, (cfg.n_embd,), Q.F32),
+        (C.EAGLE_ATTN_Q, (q, cfg.n_embd), matrix), (C.EAGLE_ATTN_K, (kv, cfg.n_embd), matrix),
+        (C.EAGLE_ATTN_V, (kv, cfg.n_embd), matrix), (C.EAGLE_ATTN_OUTPUT, (cfg.n_embd, q), matrix),
+        (C.EAGLE_FFN_NORM, (cfg.n_embd,), Q.F32), (C.EAGLE_FFN_GATE, (cfg.n_ff, cfg.n_embd), matrix),
+        (C.EAGLE_FFN_UP, (cfg.n_ff, cfg.n_embd), matrix), (C.EAGLE_FFN_DOWN, (cfg.n_embd, cfg.n_ff), matrix),
+        (C.EAGLE_OUTPUT, (draft_vocab, cfg.n_embd), matrix),
+    ]
+    preds = []
+    for il in range(cfg.n_layer - 1):
+        preds += [(C.PRED_UP % il, (PRED_HIDDEN, 3 * N_CANDIDATES), Q.F32), (C.PRED_UP_BIAS % il, (PRED_HIDDEN,), Q.F32),
+                  (C.PRED_DOWN % il, (1, PRED_HIDDEN), Q.F32), (C.PRED_DOWN_BIAS % il, (1,), Q.F32)]
+    norms = {C.EAGLE_FFN_NORM}
+    return [OutTensor(name, shape, qtype, weight_loader(seed + 1, i, shape, qtype, 1.0 if name in norms else 0.0))
+            for i, (name, shape, qtype) in enumerate(head + preds, start=1)]
+
+
+def parts_fields(cfg: LlamaConfig, draft_vocab: int) -> dict[str, Field]:
+    meta = gguf.GGUFWriter(None, C.ARCH)
+    meta.add_name(NAME + ": draft head and exit predictors")
+    meta.add_uint32(C.KEY_EAGLE_VERSION, 1)
+    meta.add_uint32(C.KEY_EAGLE_FEED_FORWARD_LENGTH, cfg.n_ff)
+    meta.add_array(C.KEY_EAGLE_DRAFT_VOCAB, list(range(draft_vocab)))
+    meta.add_array(C.KEY_EXIT_LAYERS, [il for il in SPECEE_EXIT_LAYERS if il < cfg.n_layer - 1])
+    meta.add_float32(C.KEY_EXIT_THRESHOLD, 0.5)
+    meta.add_uint32(C.KEY_EXIT_N_CANDIDATES, N_CANDIDATES)
+    meta.add_bool(KEY_SYNTHETIC, True)
+    return fields_of(meta)
+
+
 # ---- the file
 
 
@@ -202,8 +245,22 @@ def write_synthetic(out: str, cfg: LlamaConfig, outtype: str, seed: int = 0, pro
                desc=f"writing synthetic {outtype}", progress=progress)
 
 
+def write_synthetic_parts(out: str, cfg: LlamaConfig, outtype: str, seed: int = 0, draft_vocab: int = 8192,
+                          progress: bool = True) -> None:
+    """Write the head-only GGUF of a random draft head and random exit predictors for a synthetic file of cfg."""
+    if not 0 < draft_vocab <= cfg.n_vocab:
+        raise ValueError(f"--draft-vocab must be in 1..{cfg.n_vocab}, not {draft_vocab}")
+    check_config(cfg)
+    write_gguf(out, C.ARCH, parts_fields(cfg, draft_vocab), plan_parts(cfg, outtype, seed, draft_vocab),
+               desc=f"writing synthetic parts {outtype}", progress=progress)
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-o", "--out", required=True, help="output .gguf path")
+    ap.add_argument("--parts", action="store_true",
+                    help="write the draft head (EAGLE-1, --draft-vocab tokens, matrices in --type) and exit "
+                         "predictors of such a file instead, as a head-only GGUF for --draft-head")
+    ap.add_argument("--draft-vocab", type=int, default=8192, help="--parts: rows of the head's lm_head (default 8192)")
     ap.add_argument("--type", type=str.lower, choices=list(TYPES), default="q4_0",
                     help="q4_0: llama-quantize's default Q4_0 mixture (output Q6_K); f16 (default q4_0)")
     ap.add_argument("--layers", type=int, default=32, help="number of layers (default 32)")
@@ -216,7 +273,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     cfg = llama2_7b(args.layers, args.embd, args.ff, args.heads, args.vocab)
-    write_synthetic(args.out, cfg, args.type, args.seed)
+    if args.parts:
+        write_synthetic_parts(args.out, cfg, args.type, args.seed, args.draft_vocab)
+    else:
+        write_synthetic(args.out, cfg, args.type, args.seed)
     print(f"wrote {args.out} (synthetic: random weights, for cost benchmarks only)")
 
 

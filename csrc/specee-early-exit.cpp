@@ -246,16 +246,16 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
     }
     st.t_head_ms += specee_ms_since(t0);
 
-    // ---- the token's layers, checked at the scheduled ones (or exiting where the replay says)
+    // ---- the token's layers, checked at the scheduled ones; a replay exits where it says, after the checks before
+    // that layer (they cost what they cost, but decide nothing)
+    std::vector<int32_t> sched  = exit_schedule(dec, m);
     int32_t              forced = -1;
-    std::vector<int32_t> sched;
     if (!dec.replay.empty()) {
         forced = dec.replay[dec.n_replayed++ % dec.replay.size()];
+        sched.erase(std::remove_if(sched.begin(), sched.end(), [&](int32_t il) { return il >= forced; }), sched.end());
         if (forced < n_layer - 1) {
-            sched = {forced};
+            sched.push_back(forced);
         }
-    } else {
-        sched = exit_schedule(dec, m);
     }
     int32_t            tok = root, pos = root_pos;
     specee_batch       b   = {1, &tok, &pos, nullptr, nullptr};
@@ -267,14 +267,14 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
         st.t_layers_ms += specee_ms_since(t0);
         l = s + 1;
 
-        bool fire = forced >= 0;
-        if (!fire) {
+        bool fire = s == forced;
+        if (!fire && m.exit.pred[s].up) {
             t0 = specee_clock::now();
             if ((int32_t) cand.size() == n_cand) {
                 const float * h = specee_context_hidden(ctx).data();
                 specee_exit_features_impl(m, h, cand.data(), p_prev.empty() ? nullptr : p_prev.data(), feat.data(),
                                           p.data());
-                fire   = specee_exit_predict_impl(m, s, feat.data()) > dec.params.threshold;
+                fire   = specee_exit_predict_impl(m, s, feat.data()) > dec.params.threshold && forced < 0;
                 p_prev = p;
             }
             st.n_checks += 1;
