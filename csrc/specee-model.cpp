@@ -347,28 +347,29 @@ static void map_file(specee_model & m, bool use_mmap) { map_path(m.path, use_mma
 // that its matmul kernels run faster on (e.g. Q4_0 as 8x8 blocks on AVX2), as upstream llama.cpp does by
 // default. Weights that one of them supports for their mul_mat are copied (and repacked) out of the
 // mapping; everything else stays mapped.
-static void repack_weights(specee_model & m) {
+// the draft head's matrices that only matrix products read (its token_embd is read by get_rows)
+static std::vector<ggml_tensor **> eagle_matrices(specee_model & m) {
+    specee_eagle & e = m.eagle;
+    if (e.version == 0 || m.output_device >= 0) {
+        return {};
+    }
+    std::vector<ggml_tensor **> w = {&e.fc, &e.layer.wq, &e.layer.wk, &e.layer.wv, &e.layer.wo, &e.layer.ffn_gate,
+                                     &e.layer.ffn_up, &e.layer.ffn_down};
+    if (e.output) {
+        w.push_back(&e.output);
+    }
+    return w;
+}
+
+static void repack_weights(specee_model & m, std::vector<ggml_tensor **> cands) {
     ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (!dev) {
+    if (!dev || cands.empty()) {
         return;
     }
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
         ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
     if (!get_extra || getenv("SPECEE_NO_REPACK")) {
         return;
-    }
-
-    std::vector<ggml_tensor **> cands; // the weights that stay on the CPU
-    for (size_t il = 0; il < m.layers.size(); ++il) {
-        specee_layer & l = m.layers[il];
-        for (ggml_tensor ** w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
-            if (specee_model_device_of_layer(m, (int32_t) il) < 0) {
-                cands.push_back(w);
-            }
-        }
-    }
-    if (m.output != m.tok_embd && m.output_device < 0) {
-        cands.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
     }
 
     ggml_init_params ip = {(cands.size() * 3 + 8) * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
@@ -767,7 +768,20 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
         load_eagle_file(m, params.draft_head, use_mmap);
     }
     specee_place_weights(m, params);
-    repack_weights(m);
+
+    std::vector<ggml_tensor **> cands = eagle_matrices(m); // the weights that stay on the CPU
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        specee_layer & l = m.layers[il];
+        for (ggml_tensor ** w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+            if (specee_model_device_of_layer(m, (int32_t) il) < 0) {
+                cands.push_back(w);
+            }
+        }
+    }
+    if (m.output != m.tok_embd && m.output_device < 0) {
+        cands.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
+    }
+    repack_weights(m, cands);
 
     ggml_type main_type = GGML_TYPE_F32;
     uint64_t  best      = 0;
@@ -855,6 +869,7 @@ extern "C" int32_t specee_model_load_eagle(specee_model * model, const char * pa
         }
         load_eagle_file(*model, path, model->mapped || !model->addr);
         specee_place_eagle(*model);
+        repack_weights(*model, eagle_matrices(*model));
         return 0;
     });
 }
