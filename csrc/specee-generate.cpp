@@ -54,14 +54,22 @@ extern "C" int32_t specee_mode_by_name(const char * name) {
     return -1;
 }
 
-// The default tree where the caller gives none: one draft token. On the CPUs measured (SmolLM2-135M, the
-// README's tables) verifying a tree token costs a good part of a plain step while a draft is accepted about a
-// third of the time, so the smallest tree loses least.
-static specee_eagle_params resolve_eagle(const specee_eagle_params & p) {
-    specee_eagle_params r = p;
-    r.total_tokens        = p.total_tokens > 0 ? p.total_tokens : 1;
-    r.depth               = p.depth > 0 ? p.depth : 1;
-    r.topk                = p.topk > 0 ? p.topk : 1;
+// The default tree where the caller gives none, from what a verification pass costs on the model's layers
+// (the README's table (b)). Where the CPU's layer matrices are repacked (ggml's interleaved layouts, e.g.
+// Q4_0 or Q8_0 on AVX2), its matmul takes rows in groups of 4: a pass of 4 tokens costs about what a pass
+// of 2 does (1.65 vs 1.67 single passes on the 7B-shaped Q4_0 file), so three draft tokens come at the price
+// of one. Elsewhere (e.g. Q4_1, F16: about 0.65 of a plain step per extra token on SmolLM2-135M, with a
+// draft accepted about a third of the time) the smallest tree, one draft token, loses least.
+static const char * const CHOICES_ONE   = "[[0]]";
+static const char * const CHOICES_THREE = "[[0], [1], [0, 0]]";
+
+static specee_eagle_params resolve_eagle(const specee_model & m, const specee_eagle_params & p) {
+    const bool          three = m.cpu_layers_repacked;
+    specee_eagle_params r     = p;
+    r.choices                 = p.choices && *p.choices ? p.choices : three ? CHOICES_THREE : CHOICES_ONE;
+    r.total_tokens            = p.total_tokens > 0 ? p.total_tokens : three ? 3 : 1;
+    r.depth                   = p.depth > 0 ? p.depth : three ? 2 : 1;
+    r.topk                    = p.topk > 0 ? p.topk : three ? 2 : 1;
     return r;
 }
 
@@ -139,7 +147,7 @@ static void set_params_impl(specee_generator & g, const specee_generator_params 
     specee_tree_decoder tree;
     specee_exit_decoder exit;
     if (mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2) {
-        specee_tree_init(tree, mode == SPECEE_MODE_EAGLE2, resolve_eagle(p.eagle));
+        specee_tree_init(tree, mode == SPECEE_MODE_EAGLE2, resolve_eagle(m, p.eagle));
         if (tree.max_nodes + 1 > (int32_t) g.ctx->cparams.n_batch) {
             specee_fail("the draft tree has %d tokens, more than fit in one verification batch (n_batch = %u, root "
                         "included)", tree.max_nodes, g.ctx->cparams.n_batch);

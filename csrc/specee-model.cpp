@@ -10,6 +10,7 @@
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -782,6 +783,28 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
         cands.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
     }
     repack_weights(m, cands);
+    m.cpu_layers_repacked = false;
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
+            continue;
+        }
+        const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
+        if (std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
+            m.cpu_layers_repacked = false;
+            break;
+        }
+        m.cpu_layers_repacked = true;
+    }
+    size_t repacked = 0;
+    for (ggml_backend_buffer_t b : m.buf_repack) {
+        repacked += ggml_backend_buffer_get_size(b);
+    }
+    if (repacked > 0) {
+        m.placement += specee_format("\nCPU_REPACK: %.1f MiB of %s in the CPU's interleaved layouts%s",
+                                     repacked / 1024.0 / 1024.0,
+                                     m.cpu_layers_repacked ? "the CPU layers' matrices" : "matrices",
+                                     m.cpu_layers_repacked ? " (default EAGLE tree: three draft tokens)" : "");
+    }
 
     ggml_type main_type = GGML_TYPE_F32;
     uint64_t  best      = 0;

@@ -126,6 +126,8 @@ struct specee_model {
     ggml_backend_buffer_t buf      = nullptr;
     std::vector<ggml_context *>        ctx_repack; // weights copied into the CPU's repacking buffer types
     std::vector<ggml_backend_buffer_t> buf_repack;
+    bool cpu_layers_repacked = false; // the layers on the CPU have their matrices repacked (batches of 4 rows
+                                      // cost about what 2 do: the default EAGLE tree, specee-generate.cpp)
     void *                addr     = nullptr; // mapping (or owned copy) of the whole file
     size_t                size     = 0;
     bool                  mapped   = false;

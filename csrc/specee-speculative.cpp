@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -45,21 +46,18 @@ static const choices_preset CHOICES_PRESETS[] = {
     {"mc_sim_7b_63", CHOICES_MC_SIM_7B_63},
 };
 
-// The defaults are sized for a CPU (measured on SmolLM2-135M Q4_1, see the README): ggml's CPU kernels for
-// Q4_1 have no batched path, so verifying a tree token costs about 0.65 of a plain decode step, while a draft
-// token is accepted about a third of the time; the smallest tree (one draft token) loses least.
-static const char * const DEFAULT_CHOICES = "[[0]]";
-
 // the nodes of a static tree in breadth-first order (node 0 is the root): any prefix is itself a tree
-// whose siblings are a prefix of their ranks
+// whose siblings are a prefix of their ranks (the default tree is chosen in specee-generate.cpp)
 static const char * resolve_choices(const char * choices) {
-    const std::string name = choices && *choices ? choices : DEFAULT_CHOICES;
+    if (!choices || !*choices) {
+        specee_fail("no EAGLE choices given");
+    }
     for (const choices_preset & p : CHOICES_PRESETS) {
-        if (name == p.name) {
+        if (strcmp(choices, p.name) == 0) {
             return p.choices;
         }
     }
-    return choices && *choices ? choices : DEFAULT_CHOICES;
+    return choices;
 }
 
 static tree_shape parse_choices(const char * choices_arg) {

@@ -299,8 +299,11 @@ enum specee_mode {
 };
 
 struct specee_eagle_params {
+    // NULL or 0: the default tree, chosen from the cost of a verification pass on the model's layers: three
+    // draft tokens ([[0], [1], [0, 0]]; eagle2 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0),
+    // one ([[0]]; 1/1/1) elsewhere (see the README's table (b))
     const char * choices;      // eagle: "[[0], [1], [0, 0], ...]" (child ranks along each path, TensorRT-LLM's
-                               // --eagle_choices) or the preset "mc_sim_7b_63"; NULL: [[0]] (CPU default)
+                               // --eagle_choices) or the preset "mc_sim_7b_63"
     int32_t      total_tokens; // eagle2: draft tokens verified per step
     int32_t      depth;        // eagle2: most draft tokens on one path
     int32_t      topk;         // eagle2: children per expanded node, and nodes expanded per depth

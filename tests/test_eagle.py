@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -281,6 +283,37 @@ def test_greedy_speculative_equals_plain(mode: str, eagle: EagleParams, head: st
     if head == "trained":  # the trained head predicts these continuations: long accepted paths (at most 2 per
         default = eagle == EagleParams()  # step with the default trees of one draft token)
         assert tokens / steps > (1.5 if default else 2.0)
+
+
+DEFAULT_TREE_PROBE = """
+import sys, specee
+m = specee.Model(sys.argv[1], n_ctx=128, n_threads=1)
+for mode in ("eagle", "eagle2"):
+    m.generate_tokens([1, 2, 3, 4], 24, mode=mode, temp=0)
+    st = m.last_stats
+    print(mode, st.n_drafted, st.n_steps)
+print("repacked" if "the CPU layers' matrices" in m.placement else "mapped")
+"""
+
+
+def test_default_tree_follows_the_cost_of_a_pass(trained_gguf: Path, tmp_path: Path) -> None:
+    """Three draft tokens per step where the CPU's layer matrices are repacked (a pass of 4 costs about what a
+    pass of 2 does), one elsewhere; the layout is forced off with SPECEE_NO_REPACK, so both rules run on any CPU
+    (the repacked one where ggml's CPU backend repacks Q4_0, as on x86 with AVX2)."""
+    from specee.convert.quantize import quantize_gguf
+
+    q4 = tmp_path / "tiny-q4_0.gguf"
+    quantize_gguf(trained_gguf, q4, "q4_0", progress=False)
+    seen = set()
+    for env in ({}, {"SPECEE_NO_REPACK": "1"}):
+        out = subprocess.run([sys.executable, "-c", DEFAULT_TREE_PROBE, str(q4)], capture_output=True, text=True,
+                             env={**os.environ, **env}, timeout=120, check=True).stdout.split("\n")
+        layout = out[2]
+        seen.add(layout)
+        for line in out[:2]:  # (steps near the token limit draft fewer)
+            drafted, steps = map(int, line.split()[1:])
+            assert steps > 0 and (2 * steps < drafted <= 3 * steps if layout == "repacked" else drafted <= steps)
+    assert "mapped" in seen
 
 
 def test_greedy_with_cut_steps_and_repeat_penalty(trained_gguf: Path) -> None:

@@ -173,14 +173,14 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"--mode"}, "MODE", "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, lossy) or auto (default): early-exit with a draft head and exit predictors at --temp 0 (SpecEE's way with its merged files), eagle2 with a draft head, else plain", "plain, eagle, eagle2, early-exit or auto",
          [&p](const std::string & v) { return (p.gen.mode = specee_mode_by_name(v.c_str())) >= 0; }},
         {{"--draft-head"}, "FNAME", "EAGLE head GGUF of its own (eagle.* tensors and optionally exit predictors, e.g. from `python -m specee.convert merge --head-only`), used instead of the model's; 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "", s(p.draft_head)},
-        {{"--eagle-choices", "--eagle_choices"}, "CHOICES", "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: [[0]], the fastest on a CPU); implies --mode eagle under auto", "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
+        {{"--eagle-choices", "--eagle_choices"}, "CHOICES", "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: from the cost of a verification pass, [[0], [1], [0, 0]] where the CPU's layer matrices are repacked (e.g. Q4_0), else [[0]]); implies --mode eagle under auto", "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
          [&p](const std::string & v) {
              p.eagle_choices = v;
              return specee_eagle_check_choices(v.c_str()) >= 0;
          }},
-        {{"--eagle-total-tokens"}, "N", "EAGLE-2: draft tokens verified per step (default: 1 on a CPU)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.total_tokens, 1); }},
-        {{"--eagle-depth"}, "N", "EAGLE-2: most draft tokens on one path (default: 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.depth, 1); }},
-        {{"--eagle-topk", "--eagle_dynamic_tree_max_top_k"}, "N", "EAGLE-2: children per expanded node and nodes expanded per depth (default: 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.topk, 1); }},
+        {{"--eagle-total-tokens"}, "N", "EAGLE-2: draft tokens verified per step (default: 3 where the CPU's layer matrices are repacked, e.g. Q4_0, else 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.total_tokens, 1); }},
+        {{"--eagle-depth"}, "N", "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices are repacked, else 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.depth, 1); }},
+        {{"--eagle-topk", "--eagle_dynamic_tree_max_top_k"}, "N", "EAGLE-2: children per expanded node and nodes expanded per depth (default: 2 where the CPU's layer matrices are repacked, else 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.topk, 1); }},
         {{"--exit-threshold"}, "F", "early exit: a predictor fires above F (default: the file's, SpecEE's 0.5)", "a number in [0, 1]",
          [&p](const std::string & v) { return parse_float(v, p.gen.exit.threshold) && p.gen.exit.threshold >= 0.0f && p.gen.exit.threshold <= 1.0f; }},
         {{"--exit-layers"}, "LAYERS", "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)", "comma-separated layer numbers like 16,20,24", [&p](const std::string & v) { return parse_layers(v, p.exit_layers); }},

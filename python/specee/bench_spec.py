@@ -110,7 +110,7 @@ class Mismatch:
     spec: int
 
 
-# tree settings checked by `identity`: the defaults (one draft token on a CPU), small real trees (branching
+# tree settings checked by `identity`: the defaults (the runtime picks them per file), small real trees (branching
 # and depth, cheap enough for every prompt on a CPU) and the published GPU-sized trees
 IDENTITY_TREES = {
     "default": lambda choices: {"eagle": ("eagle", EagleParams(choices=choices)), "eagle2": ("eagle2", EagleParams())},
@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     ident = sub.add_parser("identity", help="greedy speculative output == plain greedy output, prompt by prompt")
     add_common(ident)
     ident.add_argument("--trees", default="default,gpu",
-                       help="comma-separated tree sets: default (one draft token: EAGLE-1 [[0]], EAGLE-2 1/1/1), "
+                       help="comma-separated tree sets: default (the runtime's per-file default: one draft token, or three "
+                            "where the CPU's layer matrices are repacked), "
                             "small (EAGLE-1 [[0], [1], [0, 0]], EAGLE-2 4/3/2), gpu (mc_sim_7b_63, EAGLE-2 16/5/4) "
                             "(default: default,gpu)")
     ident.add_argument("--cli", action="store_true",

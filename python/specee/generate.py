@@ -29,7 +29,8 @@ MODES = ("auto", "plain", "eagle", "eagle2", "early-exit")
 class EagleParams:
     """EAGLE trees. eagle: `choices`, child-rank paths such as [[0], [1], [0, 0]] (or their text) or the preset
     "mc_sim_7b_63". eagle2: the best `total_tokens` of a tree grown `topk` by `topk`, `depth` deep. None: the
-    runtime's defaults, sized for a CPU (one draft token; see the README)."""
+    runtime's defaults, from the cost of a verification pass on the model's layers: three draft tokens ([[0], [1],
+    [0, 0]]; 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0), else one (see the README)."""
 
     choices: str | Sequence[Sequence[int]] | None = None
     total_tokens: int | None = None
