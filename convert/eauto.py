@@ -83,15 +83,3 @@ def run(args: argparse.Namespace) -> None:
     import_eauto(args.src, args.out, exit_layers=args.exit_layers, threshold=args.exit_threshold)
     print(f"wrote {args.out}")
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specee.convert import-specee", description=DESCRIPTION)
-    add_arguments(ap)
-    try:
-        run(ap.parse_args())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()

@@ -273,15 +273,3 @@ def run(args: argparse.Namespace) -> None:
     convert_hf_to_gguf(args.model_dir, args.out, args.outtype, vocab_pre=args.vocab_pre)
     print(f"wrote {args.out}")
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specee.convert hf", description=DESCRIPTION)
-    add_arguments(ap)
-    try:
-        run(ap.parse_args())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()

@@ -187,15 +187,3 @@ def run(args: argparse.Namespace) -> None:
     else:
         print(inspect_gguf(args.path, tensors=not args.no_tensors, full=args.full))
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specee.convert inspect", description=DESCRIPTION)
-    add_arguments(ap)
-    try:
-        run(ap.parse_args())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()

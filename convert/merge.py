@@ -188,15 +188,3 @@ def run(args: argparse.Namespace) -> None:
                head_only=args.head_only)
     print(f"wrote {args.out}")
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specee.convert merge", description=DESCRIPTION)
-    add_arguments(ap)
-    try:
-        run(ap.parse_args())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()

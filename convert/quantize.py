@@ -128,15 +128,3 @@ def run(args: argparse.Namespace) -> None:
     quantize_gguf(args.src, args.dst, args.outtype, allow_requantize=args.allow_requantize)
     print(f"wrote {args.dst}")
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specee.convert quantize", description=DESCRIPTION)
-    add_arguments(ap)
-    try:
-        run(ap.parse_args())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()

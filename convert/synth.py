@@ -279,15 +279,3 @@ def run(args: argparse.Namespace) -> None:
         write_synthetic(args.out, cfg, args.type, args.seed)
     print(f"wrote {args.out} (synthetic: random weights, for cost benchmarks only)")
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specee.convert synth", description=DESCRIPTION)
-    add_arguments(ap)
-    try:
-        run(ap.parse_args())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()

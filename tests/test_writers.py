@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import gguf
 import numpy as np
@@ -21,9 +20,9 @@ from safetensors.torch import save_file
 
 from specee.autoee.exit_export import export_predictors
 from specee.autoee.exit_features import ExitPredictor
-from specee.convert.__main__ import main as convert_main
 from specee.convert.output import OutTensor, copy_tensor, read_fields, string_field, temp_output, write_gguf
 from specee.convert.retype import retype_gguf
+from test_convert_cli import cli
 
 OLD = b"an older file"
 
@@ -46,16 +45,6 @@ def slow():
 tensors = [OutTensor("a.weight", (4, 32), F32, lambda: data), OutTensor("b.weight", (4, 32), F32, slow)]
 write_gguf(out, "llama", {"general.architecture": string_field("llama")}, tensors, progress=False)
 '''
-
-
-def cli(*args: object) -> int | str:
-    """`python -m specee.convert ARGS` in this process: 0 on success, else the error message."""
-    with mock.patch.object(sys, "argv", ["specee.convert", *map(str, args)]):
-        try:
-            convert_main()
-        except SystemExit as e:
-            return e.code if e.code is not None else 0
-    return 0
 
 
 def digest(path: Path) -> str:

@@ -296,6 +296,19 @@ struct Generator {
     }
 };
 
+// {"role": ..., "content": ...} dicts as the C API's messages (pointing into the dicts)
+static std::vector<specee_chat_message> chat_messages(const std::vector<std::map<std::string, std::string>> & messages) {
+    std::vector<specee_chat_message> msgs;
+    for (const auto & msg : messages) {
+        const auto role = msg.find("role"), content = msg.find("content");
+        if (role == msg.end() || content == msg.end()) {
+            throw py::value_error("each message needs a 'role' and a 'content'");
+        }
+        msgs.push_back({role->second.c_str(), content->second.c_str()});
+    }
+    return msgs;
+}
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "SpecEE native runtime (see csrc/specee.h)";
     specee_log_set_verbose(false);
@@ -633,14 +646,7 @@ PYBIND11_MODULE(_core, m) {
     m.def("chat_tokenize",
           [](const Model & model, std::optional<std::string> name,
              const std::vector<std::map<std::string, std::string>> & messages, bool add_ass) {
-              std::vector<specee_chat_message> msgs;
-              for (const auto & msg : messages) {
-                  const auto role = msg.find("role"), content = msg.find("content");
-                  if (role == msg.end() || content == msg.end()) {
-                      throw py::value_error("each message needs a 'role' and a 'content'");
-                  }
-                  msgs.push_back({role->second.c_str(), content->second.c_str()});
-              }
+              const std::vector<specee_chat_message> msgs = chat_messages(messages);
               const char * tmpl = name ? name->c_str() : nullptr;
               int32_t n = specee_chat_tokenize(model.ptr, tmpl, msgs.data(), (int32_t) msgs.size(), add_ass, nullptr, 0);
               if (n == INT32_MIN) {
@@ -655,14 +661,7 @@ PYBIND11_MODULE(_core, m) {
     m.def("chat_apply_template",
           [](const std::string & name, const std::vector<std::map<std::string, std::string>> & messages,
              bool add_ass) {
-              std::vector<specee_chat_message> msgs;
-              for (const auto & msg : messages) {
-                  const auto role = msg.find("role"), content = msg.find("content");
-                  if (role == msg.end() || content == msg.end()) {
-                      throw py::value_error("each message needs a 'role' and a 'content'");
-                  }
-                  msgs.push_back({role->second.c_str(), content->second.c_str()});
-              }
+              const std::vector<specee_chat_message> msgs = chat_messages(messages);
               const int32_t n = specee_chat_apply_template(name.c_str(), msgs.data(), (int32_t) msgs.size(), add_ass,
                                                            nullptr, 0);
               if (n == INT32_MIN) {

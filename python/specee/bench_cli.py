@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
           f"decode t/s = eval runs / eval time from each CLI's timing lines; ratio = specee / llama.cpp\n")
     print(format_table(res, prompts, names))
     if args.explain:
-        print(f"\n| prompt | first differing token | specee token there | specee top-2 margin |\n| --- | ---: | --- | ---: |")
+        print("\n| prompt | first differing token | specee token there | specee top-2 margin |\n| --- | ---: | --- | ---: |")
         for i, prompt in enumerate(prompts):
             up, ours = res.of("llama.cpp", i)[0], res.of("specee", i)[0]
             if up.text != ours.text:

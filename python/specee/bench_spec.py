@@ -22,7 +22,6 @@ import argparse
 import gzip
 import json
 import re
-import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field

@@ -9,7 +9,6 @@ early exit (greedy, lossy). The options of a call are one dataclass, `GenerateOp
 from __future__ import annotations
 
 import codecs
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
