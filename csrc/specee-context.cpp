@@ -9,9 +9,12 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
+#include <unistd.h>
 
 specee_context::~specee_context() {
     if (graph_ctx) {
@@ -154,14 +157,24 @@ static void check_batch(const specee_context & ctx, const specee_batch * batch) 
 }
 
 // begin a batch: copy it, choose its cells (nothing in the cache changes yet)
+// the position of the first of n tokens that continue the cache (positions are int32: an overflow is an error)
+static int32_t next_pos(const specee_context & ctx, int32_t n) {
+    const int64_t p0 = (int64_t) ctx.kv.pos_max() + 1;
+    if (p0 + n - 1 > INT32_MAX) {
+        specee_fail("position overflow: %d tokens after position %d pass the largest position, %d (give positions, "
+                    "or clear the cache)", n, ctx.kv.pos_max(), INT32_MAX);
+    }
+    return (int32_t) p0;
+}
+
 static void start_batch(specee_context & ctx, const specee_batch * batch) {
-    const int32_t n = batch->n_tokens;
-    ctx.cells       = ctx.kv.find_slots((uint32_t) n);
+    const int32_t n  = batch->n_tokens;
+    const int32_t p0 = batch->pos ? 0 : next_pos(ctx, n);
+    ctx.cells        = ctx.kv.find_slots((uint32_t) n);
     ctx.n_tokens    = n;
     ctx.layer_done  = 0;
     ctx.tokens.assign(batch->token, batch->token + n);
     ctx.pos.resize(n);
-    const int32_t p0 = ctx.kv.pos_max() + 1;
     for (int32_t i = 0; i < n; ++i) {
         ctx.pos[i] = batch->pos ? batch->pos[i] : p0 + i;
     }
@@ -324,7 +337,7 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     if ((uint32_t) n > ctx.kv.size - ctx.kv.used) {
         ctx.kv.find_slots((uint32_t) n); // throws the context-overflow error before anything is written
     }
-    const int32_t        p0 = ctx.kv.pos_max() + 1;
+    const int32_t        p0 = batch->pos ? 0 : next_pos(ctx, n);
     std::vector<int32_t> pos(n), cells;
     std::vector<int8_t>  out(n);
     for (int32_t i = 0; i < n; ++i) {
@@ -371,11 +384,88 @@ static void reserve_worst_case(specee_context & ctx) {
     specee_graph_reserve(ctx, build_layers(ctx, gp, io), "a batch of n_batch tokens over the whole context");
 }
 
+// ---- limits: threads, context size, memory ------------------------------------------------------------
+
+extern "C" int32_t specee_max_threads(void) {
+    return (int32_t) std::min(512u, 4 * std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// bytes of memory the system can still give: MemAvailable (Linux), within the cgroup's limit when there is one;
+// elsewhere the free physical pages; 0 when unknown
+static uint64_t host_available_bytes() {
+    uint64_t avail = 0;
+    if (FILE * f = fopen("/proc/meminfo", "r")) {
+        char               line[256];
+        unsigned long long kb = 0;
+        while (fgets(line, sizeof(line), f)) {
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                avail = (uint64_t) kb * 1024;
+                break;
+            }
+        }
+        fclose(f);
+    }
+#ifdef _SC_AVPHYS_PAGES
+    if (avail == 0) {
+        const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        avail            = pages > 0 && page > 0 ? (uint64_t) pages * (uint64_t) page : 0;
+    }
+#endif
+    unsigned long long max = 0, cur = 0;
+    FILE *             fm  = fopen("/sys/fs/cgroup/memory.max", "r"); // cgroup v2; "max" when unlimited
+    FILE *             fc  = fopen("/sys/fs/cgroup/memory.current", "r");
+    if (fm && fc && fscanf(fm, "%llu", &max) == 1 && fscanf(fc, "%llu", &cur) == 1 && max > cur) {
+        avail = avail ? std::min<uint64_t>(avail, max - cur) : max - cur;
+    }
+    if (fm) {
+        fclose(fm);
+    }
+    if (fc) {
+        fclose(fc);
+    }
+    return avail;
+}
+
+// Refuses, before anything is allocated, a context whose KV cache and compute buffers do not fit in the memory
+// available where they go (the host's for the CPU's layers, a device's free memory for its layers). The compute
+// buffers are estimated from the worst-case graph: n_batch tokens' attention mask over the whole context (in the
+// graph and on the host), their activations and logits.
+static void check_memory(const specee_context & ctx, uint32_t n_ctx, uint32_t n_batch, ggml_type type_v) {
+    const specee_hparams & hp = ctx.model->hparams;
+    std::vector<uint64_t>  kv(ctx.backends.size(), 0);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        kv[specee_context_backend_of_layer(ctx, (int32_t) il)] +=
+            (uint64_t) n_ctx * (ggml_row_size(GGML_TYPE_F16, hp.n_embd_k_gqa()) + ggml_row_size(type_v, hp.n_embd_v_gqa()));
+    }
+    const uint64_t n_kv    = ((uint64_t) n_ctx + 255) / 256 * 256;
+    const uint64_t compute = (uint64_t) n_batch * (n_kv * 2 * sizeof(ggml_fp16_t) +
+                                                   ((uint64_t) hp.n_vocab + 3ull * hp.n_ff + 8ull * hp.n_embd) * 4) +
+                             (uint64_t) n_ctx * (hp.n_layer + 8);
+    for (size_t b = 0; b < ctx.backends.size(); ++b) {
+        const bool cpu  = ctx.backends[b] == ctx.backend_cpu;
+        uint64_t   need = kv[b] + (cpu ? compute : 0);
+        uint64_t   avail;
+        if (cpu) {
+            avail = host_available_bytes();
+        } else {
+            size_t free = 0, total = 0;
+            ggml_backend_dev_memory(ggml_backend_get_device(ctx.backends[b]), &free, &total);
+            avail = free;
+        }
+        if (avail > 0 && need > avail) {
+            specee_fail("KV cache of %.0f MiB for n_ctx=%u (and %.0f MiB of compute buffers for n_batch=%u) exceeds "
+                        "the available memory of %s, %.0f MiB: use a smaller context (-c, n_ctx)",
+                        kv[b] / 1048576.0, n_ctx, (cpu ? compute : 0) / 1048576.0, n_batch,
+                        ggml_backend_name(ctx.backends[b]), avail / 1048576.0);
+        }
+    }
+}
+
 extern "C" struct specee_context_params specee_context_default_params(void) {
     specee_context_params p;
     p.n_ctx           = 0;
     p.n_batch         = 512;
-    p.n_threads       = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    p.n_threads       = std::min(specee_max_threads(), (int32_t) std::max(1u, std::thread::hardware_concurrency()));
     p.n_threads_batch = p.n_threads;
     p.type_v          = SPECEE_KV_F32;
     return p;
@@ -388,7 +478,10 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     auto ctx   = std::make_unique<specee_context>();
     ctx->model = model;
     if (params.n_ctx == 0) {
-        params.n_ctx = model->hparams.n_ctx_train;
+        params.n_ctx = std::min<uint32_t>(model->hparams.n_ctx_train, SPECEE_DEFAULT_N_CTX);
+    }
+    if (params.n_ctx > INT32_MAX) {
+        specee_fail("n_ctx=%u is too large: a context holds at most %d positions", params.n_ctx, INT32_MAX);
     }
     if (params.n_batch == 0) {
         params.n_batch = 512;
@@ -400,6 +493,8 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     if (params.n_threads_batch <= 0) {
         params.n_threads_batch = params.n_threads;
     }
+    params.n_threads       = std::min(params.n_threads, specee_max_threads());
+    params.n_threads_batch = std::min(params.n_threads_batch, specee_max_threads());
     if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
         specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
     }
@@ -433,7 +528,9 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         layer_buft[il] = ggml_backend_get_default_buffer_type(ctx->backends[specee_context_backend_of_layer(*ctx, il)]);
     }
-    ctx->kv.init(hp, params.n_ctx, layer_buft, params.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16);
+    const ggml_type type_v = params.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    check_memory(*ctx, params.n_ctx, params.n_batch, type_v);
+    ctx->kv.init(hp, params.n_ctx, layer_buft, type_v);
 
     ggml_init_params sp = {ctx->backends.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
     ctx->state_ctx      = ggml_init(sp);
@@ -476,6 +573,8 @@ extern "C" void specee_context_free(specee_context * ctx) { delete ctx; }
 
 extern "C" uint32_t specee_n_ctx(const specee_context * ctx) { return ctx->cparams.n_ctx; }
 extern "C" uint32_t specee_n_batch(const specee_context * ctx) { return ctx->cparams.n_batch; }
+extern "C" int32_t  specee_n_threads(const specee_context * ctx) { return ctx->cparams.n_threads; }
+extern "C" size_t   specee_kv_nbytes(const specee_context * ctx) { return ctx->kv.nbytes(); }
 
 extern "C" int32_t specee_eval_layers(specee_context * ctx, const struct specee_batch * batch, int32_t layer_begin,
                                       int32_t layer_end, uint32_t flags) {
@@ -501,6 +600,12 @@ extern "C" int32_t specee_last_n_tokens(const specee_context * ctx) { return ctx
 extern "C" const float * specee_get_hidden(const specee_context * cctx, int32_t il) {
     specee_context & ctx = const_cast<specee_context &>(*cctx); // reading the state is a lazy copy
     std::lock_guard<std::recursive_mutex> lock(ctx.mutex);
+    const int32_t n_layer = (int32_t) ctx.model->hparams.n_layer;
+    if (il < -1 || il >= n_layer) {
+        specee_set_error(specee_format("layer %d is out of range: -1 (after the last evaluated layer) or 0..%d", il,
+                                       n_layer - 1));
+        return nullptr;
+    }
     if (ctx.layer_done == 0 || ctx.n_tokens == 0) {
         specee_set_error("no hidden state: nothing has been evaluated yet");
         return nullptr;
@@ -516,6 +621,10 @@ extern "C" const float * specee_get_hidden(const specee_context * cctx, int32_t 
 }
 
 extern "C" const float * specee_get_norm(const specee_context * ctx) {
+    if (ctx->n_tokens == 0) {
+        specee_set_error("no final-norm output: nothing has been evaluated yet");
+        return nullptr;
+    }
     if (ctx->norm.empty()) {
         specee_set_error("no final-norm output: the last evaluation did not run the last layer");
         return nullptr;

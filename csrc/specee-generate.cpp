@@ -183,14 +183,14 @@ static void set_params_impl(specee_generator & g, const specee_generator_params 
 
 // leading tokens whose cells hold them at positions 0.. with every layer valid
 static int32_t cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n) {
-    std::vector<int32_t> cell_at(std::max(kv.pos_max() + 1, 0), -1);
+    std::vector<int32_t> cell_at(n, -1); // only positions of the prompt can be part of its prefix
     for (uint32_t c = 0; c < kv.size; ++c) {
-        if (kv.pos[c] >= 0) {
+        if (kv.pos[c] >= 0 && kv.pos[c] < n) {
             cell_at[kv.pos[c]] = (int32_t) c;
         }
     }
     int32_t k = 0;
-    while (k < n && k < (int32_t) cell_at.size() && cell_at[k] >= 0 && kv.tok[cell_at[k]] == tokens[k] &&
+    while (k < n && cell_at[k] >= 0 && kv.tok[cell_at[k]] == tokens[k] &&
            kv.is_valid_all(cell_at[k])) {
         ++k;
     }
@@ -278,7 +278,7 @@ static int32_t next_impl(specee_generator & g, int32_t * out, int32_t * layers_r
         g.stats.n_tokens += 1;
         return 1;
     }
-    if (ctx.kv.pos_max() + 1 != g.root_pos) {
+    if ((int64_t) ctx.kv.pos_max() + 1 != g.root_pos) {
         specee_fail("the KV cache was changed since this generation started (start again)");
     }
     if (ctx.kv.used >= ctx.cparams.n_ctx) {

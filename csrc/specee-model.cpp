@@ -49,9 +49,21 @@ void specee_fail(const char * fmt, ...) {
     throw specee_error(buf);
 }
 
+// ggml's error lines while a capture is active on this thread (capture_ggml_errors): ggml's GGUF parser
+// says why a file is rejected only through its log
+static thread_local std::vector<std::string> * g_captured = nullptr;
+static thread_local bool                       g_last_was_error = false;
+
 static void log_callback(ggml_log_level level, const char * text, void *) {
     // errors reach the caller through specee_last_error(); ggml's own lines only when verbose
-    (void) level;
+    if (g_captured) {
+        if (level == GGML_LOG_LEVEL_ERROR) {
+            g_captured->emplace_back(text);
+        } else if (level == GGML_LOG_LEVEL_CONT && g_last_was_error && !g_captured->empty()) {
+            g_captured->back() += text;
+        }
+    }
+    g_last_was_error = level == GGML_LOG_LEVEL_ERROR || (level == GGML_LOG_LEVEL_CONT && g_last_was_error);
     if (g_verbose) {
         fputs(text, stderr);
     }
@@ -64,11 +76,36 @@ extern "C" void specee_log_set_verbose(bool verbose) {
     ggml_log_set(log_callback, nullptr);
 }
 
+// gguf_init_from_file, with the reasons ggml logs for a rejected file joined into `why` ("" when it logged none)
+static gguf_context * gguf_open(const char * path, ggml_context ** ctx_meta, std::string & why) {
+    std::vector<std::string> lines;
+    ggml_log_set(log_callback, nullptr);
+    g_captured              = &lines;
+    gguf_init_params gp     = {/*no_alloc =*/true, /*ctx =*/ctx_meta};
+    gguf_context *   g      = gguf_init_from_file(path, gp);
+    g_captured              = nullptr;
+    for (std::string line : lines) {
+        // "gguf_init_from_file_impl: duplicate tensor name 'x' ...\n" -> "duplicate tensor name 'x' ..."
+        const size_t colon = line.find(": ");
+        if (colon != std::string::npos && line.find(' ') > colon) {
+            line.erase(0, colon + 2);
+        }
+        while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) {
+            line.pop_back();
+        }
+        why += (why.empty() ? "" : "; ") + line;
+    }
+    return g;
+}
+
 // ---- GGUF metadata helpers ---------------------------------------------------------------------
 
 static std::string key_of(const char * fmt, const std::string & arch) { return specee_format(fmt, arch.c_str()); }
 
-static bool get_u32(const gguf_context * g, const std::string & key, uint32_t & out, bool required) {
+// An integer key (any integer type, or a per-layer array of int32/uint32 whose entries agree) that must lie in
+// [lo, hi]; false when absent and not required
+static bool get_int(const gguf_context * g, const std::string & key, uint32_t & out, int64_t lo, int64_t hi,
+                    bool required) {
     const int64_t id = gguf_find_key(g, key.c_str());
     if (id < 0) {
         if (required) {
@@ -76,33 +113,39 @@ static bool get_u32(const gguf_context * g, const std::string & key, uint32_t & 
         }
         return false;
     }
+    int64_t v = 0;
     switch (gguf_get_kv_type(g, id)) {
-        case GGUF_TYPE_UINT8:  out = gguf_get_val_u8(g, id); break;
-        case GGUF_TYPE_INT8:   out = (uint32_t) gguf_get_val_i8(g, id); break;
-        case GGUF_TYPE_UINT16: out = gguf_get_val_u16(g, id); break;
-        case GGUF_TYPE_INT16:  out = (uint32_t) gguf_get_val_i16(g, id); break;
-        case GGUF_TYPE_UINT32: out = gguf_get_val_u32(g, id); break;
-        case GGUF_TYPE_INT32:  out = (uint32_t) gguf_get_val_i32(g, id); break;
-        case GGUF_TYPE_UINT64: out = (uint32_t) gguf_get_val_u64(g, id); break;
-        case GGUF_TYPE_INT64:  out = (uint32_t) gguf_get_val_i64(g, id); break;
-        case GGUF_TYPE_ARRAY:
+        case GGUF_TYPE_UINT8:  v = gguf_get_val_u8(g, id); break;
+        case GGUF_TYPE_INT8:   v = gguf_get_val_i8(g, id); break;
+        case GGUF_TYPE_UINT16: v = gguf_get_val_u16(g, id); break;
+        case GGUF_TYPE_INT16:  v = gguf_get_val_i16(g, id); break;
+        case GGUF_TYPE_UINT32: v = gguf_get_val_u32(g, id); break;
+        case GGUF_TYPE_INT32:  v = gguf_get_val_i32(g, id); break;
+        case GGUF_TYPE_UINT64: v = (int64_t) std::min<uint64_t>(gguf_get_val_u64(g, id), INT64_MAX); break;
+        case GGUF_TYPE_INT64:  v = gguf_get_val_i64(g, id); break;
+        case GGUF_TYPE_ARRAY: {
             // per-layer arrays (e.g. head_count_kv): all entries must agree for this runtime
-            if (gguf_get_arr_type(g, id) == GGUF_TYPE_UINT32 || gguf_get_arr_type(g, id) == GGUF_TYPE_INT32) {
-                const size_t     n = gguf_get_arr_n(g, id);
-                const uint32_t * v = (const uint32_t *) gguf_get_arr_data(g, id);
-                for (size_t i = 1; i < n; ++i) {
-                    if (v[i] != v[0]) {
-                        specee_fail("metadata '%s' varies per layer, which is not supported", key.c_str());
-                    }
-                }
-                if (n > 0) {
-                    out = v[0];
-                    break;
+            const enum gguf_type at = gguf_get_arr_type(g, id);
+            const size_t         n  = gguf_get_arr_n(g, id);
+            if ((at != GGUF_TYPE_UINT32 && at != GGUF_TYPE_INT32) || n == 0) {
+                specee_fail("metadata key '%s' has an unexpected array type", key.c_str());
+            }
+            const uint32_t * a = (const uint32_t *) gguf_get_arr_data(g, id);
+            for (size_t i = 1; i < n; ++i) {
+                if (a[i] != a[0]) {
+                    specee_fail("metadata '%s' varies per layer, which is not supported", key.c_str());
                 }
             }
-            specee_fail("metadata key '%s' has an unexpected array type", key.c_str());
+            v = at == GGUF_TYPE_UINT32 ? (int64_t) a[0] : (int64_t) (int32_t) a[0];
+            break;
+        }
         default: specee_fail("metadata key '%s' is not an integer", key.c_str());
     }
+    if (v < lo || v > hi) {
+        specee_fail("invalid hyperparameters: %s = %lld is out of range (expected %lld..%lld)", key.c_str(),
+                    (long long) v, (long long) lo, (long long) hi);
+    }
+    out = (uint32_t) v;
     return true;
 }
 
@@ -115,6 +158,18 @@ static bool get_f32(const gguf_context * g, const std::string & key, float & out
         case GGUF_TYPE_FLOAT32: out = gguf_get_val_f32(g, id); break;
         case GGUF_TYPE_FLOAT64: out = (float) gguf_get_val_f64(g, id); break;
         default: specee_fail("metadata key '%s' is not a float", key.c_str());
+    }
+    return true;
+}
+
+// a float key that, when present, must be finite and in (lo, hi)
+static bool get_f32_in(const gguf_context * g, const std::string & key, float & out, float lo, float hi) {
+    if (!get_f32(g, key, out)) {
+        return false;
+    }
+    if (!std::isfinite(out) || out <= lo || out >= hi) {
+        specee_fail("invalid hyperparameters: %s = %g (expected a finite number > %g and < %g)", key.c_str(),
+                    (double) out, (double) lo, (double) hi);
     }
     return true;
 }
@@ -258,53 +313,76 @@ static std::string size_label(uint64_t n_params) {
     return specee_format("%.0fK", n_params / 1e3);
 }
 
+// Bounds on what a file may declare: far beyond any Llama, they reject corrupt values before anything is sized by
+// them and keep the sizes computed from them (head size x heads, ...) inside 32 bits
+static const int64_t MAX_LAYERS   = 4096;
+static const int64_t MAX_EMBD     = 1 << 20;
+static const int64_t MAX_FF       = 1 << 22;
+static const int64_t MAX_HEADS    = 4096;
+static const int64_t MAX_HEAD_DIM = 1 << 16;
+
 static void load_hparams(specee_model & m, const std::string & arch) {
     const gguf_context * g  = m.gguf;
     specee_hparams &     hp = m.hparams;
-    get_u32(g, key_of(SPECEE_KEY_BLOCK_COUNT, arch), hp.n_layer, true);
-    get_u32(g, key_of(SPECEE_KEY_EMBEDDING_LENGTH, arch), hp.n_embd, true);
-    get_u32(g, key_of(SPECEE_KEY_FEED_FORWARD_LENGTH, arch), hp.n_ff, true);
-    get_u32(g, key_of(SPECEE_KEY_HEAD_COUNT, arch), hp.n_head, true);
+    get_int(g, key_of(SPECEE_KEY_BLOCK_COUNT, arch), hp.n_layer, 1, MAX_LAYERS, true);
+    get_int(g, key_of(SPECEE_KEY_EMBEDDING_LENGTH, arch), hp.n_embd, 1, MAX_EMBD, true);
+    get_int(g, key_of(SPECEE_KEY_FEED_FORWARD_LENGTH, arch), hp.n_ff, 1, MAX_FF, true);
+    get_int(g, key_of(SPECEE_KEY_HEAD_COUNT, arch), hp.n_head, 1, MAX_HEADS, true);
     hp.n_head_kv = hp.n_head;
-    get_u32(g, key_of(SPECEE_KEY_HEAD_COUNT_KV, arch), hp.n_head_kv, false);
+    get_int(g, key_of(SPECEE_KEY_HEAD_COUNT_KV, arch), hp.n_head_kv, 1, MAX_HEADS, false);
     hp.n_ctx_train = 4096;
-    get_u32(g, key_of(SPECEE_KEY_CONTEXT_LENGTH, arch), hp.n_ctx_train, false);
-    if (hp.n_layer == 0 || hp.n_embd == 0 || hp.n_head == 0 || hp.n_head_kv == 0 || hp.n_ff == 0) {
-        specee_fail("invalid hyperparameters: n_layer=%u n_embd=%u n_head=%u n_head_kv=%u n_ff=%u", hp.n_layer,
-                    hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_ff);
-    }
+    get_int(g, key_of(SPECEE_KEY_CONTEXT_LENGTH, arch), hp.n_ctx_train, 1, INT32_MAX, false); // positions are int32
     if (hp.n_head % hp.n_head_kv != 0) {
         specee_fail("invalid hyperparameters: n_head=%u is not a multiple of n_head_kv=%u", hp.n_head, hp.n_head_kv);
     }
     hp.n_embd_head_k = hp.n_embd / hp.n_head;
-    get_u32(g, key_of(SPECEE_KEY_KEY_LENGTH, arch), hp.n_embd_head_k, false);
+    get_int(g, key_of(SPECEE_KEY_KEY_LENGTH, arch), hp.n_embd_head_k, 1, MAX_HEAD_DIM, false);
     hp.n_embd_head_v = hp.n_embd_head_k;
-    get_u32(g, key_of(SPECEE_KEY_VALUE_LENGTH, arch), hp.n_embd_head_v, false);
+    get_int(g, key_of(SPECEE_KEY_VALUE_LENGTH, arch), hp.n_embd_head_v, 1, MAX_HEAD_DIM, false);
     hp.n_rot = hp.n_embd_head_k;
-    get_u32(g, key_of(SPECEE_KEY_ROPE_DIMENSION_COUNT, arch), hp.n_rot, false);
-    if (hp.n_rot != hp.n_embd_head_k || hp.n_embd_head_k % 2 != 0) {
-        specee_fail("invalid hyperparameters: rope dimension %u must equal the head size %u (even)", hp.n_rot,
+    get_int(g, key_of(SPECEE_KEY_ROPE_DIMENSION_COUNT, arch), hp.n_rot, 0, MAX_HEAD_DIM, false);
+    if (hp.n_embd_head_k == 0 || hp.n_rot != hp.n_embd_head_k || hp.n_embd_head_k % 2 != 0) {
+        specee_fail("invalid hyperparameters: rope dimension %u must equal the head size %u (even, > 0)", hp.n_rot,
                     hp.n_embd_head_k);
     }
-    get_f32(g, key_of(SPECEE_KEY_LAYER_NORM_RMS_EPS, arch), hp.f_norm_rms_eps);
-    get_f32(g, key_of(SPECEE_KEY_ROPE_FREQ_BASE, arch), hp.rope_freq_base);
+    // a NaN, infinite, zero or negative epsilon or RoPE base computes NaN (or trips ggml's asserts) at the first
+    // evaluation: refused here
+    get_f32_in(g, key_of(SPECEE_KEY_LAYER_NORM_RMS_EPS, arch), hp.f_norm_rms_eps, 0.0f, 1.0f);
+    get_f32_in(g, key_of(SPECEE_KEY_ROPE_FREQ_BASE, arch), hp.rope_freq_base, 0.0f, INFINITY);
 
     // RoPE scaling: linear (position interpolation) and YaRN; Llama 3's per-frequency factors come
     // as the rope_freqs tensor
     const std::string scale_type = get_str(g, key_of(SPECEE_KEY_ROPE_SCALING_TYPE, arch));
-    float             factor     = 0.0f;
-    if (!get_f32(g, key_of(SPECEE_KEY_ROPE_SCALING_FACTOR, arch), factor)) {
-        get_f32(g, key_of(SPECEE_KEY_ROPE_SCALE_LINEAR, arch), factor);
-    }
-    if (scale_type == "none") {
-        factor = 0.0f;
-    } else if (!scale_type.empty() && scale_type != "linear" && scale_type != "yarn") {
+    if (!scale_type.empty() && scale_type != "none" && scale_type != "linear" && scale_type != "yarn") {
         specee_fail("unsupported rope scaling type '%s' (none, linear and yarn are supported)", scale_type.c_str());
+    }
+    float factor = 0.0f;
+    if (scale_type != "none" && !get_f32_in(g, key_of(SPECEE_KEY_ROPE_SCALING_FACTOR, arch), factor, 0.0f, INFINITY)) {
+        get_f32_in(g, key_of(SPECEE_KEY_ROPE_SCALE_LINEAR, arch), factor, 0.0f, INFINITY);
     }
     hp.rope_freq_scale = factor > 0.0f ? 1.0f / factor : 1.0f;
     hp.rope_ext_factor = scale_type == "yarn" ? 1.0f : 0.0f;
     hp.n_ctx_orig      = hp.n_ctx_train;
-    get_u32(g, key_of(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN, arch), hp.n_ctx_orig, false);
+    get_int(g, key_of(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN, arch), hp.n_ctx_orig, 1, INT32_MAX, false);
+}
+
+// The blk.N tensors must be those of layers 0..n_layer-1: a file whose block_count is smaller than its layers
+// would run a truncated model (missing layers are found by get_tensor). Exit predictors (blk.N.pred.*) are checked
+// by read_exit.
+static void check_layer_tensors(const specee_model & m, const std::string & arch) {
+    for (ggml_tensor * t = ggml_get_first_tensor(m.ctx_meta); t; t = ggml_get_next_tensor(m.ctx_meta, t)) {
+        const char * name = ggml_get_name(t);
+        if (strncmp(name, "blk.", 4) != 0 || strstr(name, ".pred.")) {
+            continue;
+        }
+        char *          end = nullptr;
+        const long long il  = strtoll(name + 4, &end, 10);
+        if (end == name + 4 || *end != '.' || il < 0 || il >= (long long) m.hparams.n_layer) {
+            specee_fail("tensor '%s' in %s is not one of layers 0..%u: %s = %u does not match the file's blk.* "
+                        "tensors", name, m.path.c_str(), m.hparams.n_layer - 1,
+                        key_of(SPECEE_KEY_BLOCK_COUNT, arch).c_str(), m.hparams.n_layer);
+        }
+    }
 }
 
 static void map_path(const std::string & path, bool use_mmap, void *& addr, size_t & size, bool & mapped) {
@@ -468,7 +546,7 @@ static specee_eagle read_eagle(const specee_model & m, ggml_context * cm, const 
     specee_eagle           e;
     e.source = path;
     e.version = 1;
-    get_u32(g, SPECEE_KEY_EAGLE_VERSION, e.version, false);
+    get_int(g, SPECEE_KEY_EAGLE_VERSION, e.version, 0, UINT32_MAX, false);
     if (e.version != 1) {
         specee_fail("the EAGLE head in %s is version %u; this runtime runs EAGLE-1 heads (%s = 1)", path.c_str(),
                     e.version, SPECEE_KEY_EAGLE_VERSION);
@@ -479,7 +557,7 @@ static specee_eagle read_eagle(const specee_model & m, ggml_context * cm, const 
     try {
         ggml_tensor * gate = ggml_get_tensor(cm, specee_tensor_name(SPECEE_TENSOR_EAGLE_FFN_GATE).c_str());
         e.n_ff             = gate ? (uint32_t) gate->ne[1] : 0;
-        get_u32(g, SPECEE_KEY_EAGLE_FEED_FORWARD_LENGTH, e.n_ff, false);
+        get_int(g, SPECEE_KEY_EAGLE_FEED_FORWARD_LENGTH, e.n_ff, 1, MAX_FF, false);
         const int64_t n_ff = e.n_ff;
 
         specee_layer & l = e.layer;
@@ -543,7 +621,7 @@ static specee_exit_cfg read_exit(const specee_model & m, ggml_context * cm, cons
     specee_exit_cfg x;
     x.pred.resize(m.hparams.n_layer);
     uint32_t n_cand = 4;
-    get_u32(g, SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, false);
+    get_int(g, SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, 0, UINT32_MAX, false);
     if (n_cand < 1 || n_cand > 64) {
         specee_fail("%s = %u in %s: expected 1..64 candidates", SPECEE_KEY_EXIT_N_CANDIDATES, n_cand, path.c_str());
     }
@@ -605,10 +683,11 @@ static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) 
         specee_fail("cannot open the EAGLE head file '%s': %s", path, strerror(errno));
     }
     fclose(fp);
-    gguf_init_params gp = {/*no_alloc =*/true, /*ctx =*/&f->ctx_meta};
-    f->gguf             = gguf_init_from_file(path, gp);
+    std::string why;
+    f->gguf = gguf_open(path, &f->ctx_meta, why);
     if (!f->gguf) {
-        specee_fail("'%s' is not a GGUF file, or a corrupt or truncated one", path);
+        specee_fail("'%s' is not a GGUF file, or a corrupt or truncated one: %s", path,
+                    why.empty() ? "no reason given" : why.c_str());
     }
     if (!has_eagle_tensors(f->ctx_meta)) {
         specee_fail("'%s' holds no EAGLE head (no eagle.* tensors)", path);
@@ -658,6 +737,10 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
     specee_model & m = *mp;
     m.path           = path;
 
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        specee_fail("'%s' is a directory, not a GGUF model file", path);
+    }
     FILE * f = fopen(path, "rb");
     if (!f) {
         specee_fail("cannot open model file '%s': %s", path, strerror(errno));
@@ -672,10 +755,11 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
         specee_fail("'%s' is not a GGUF file (bad magic)", path);
     }
 
-    gguf_init_params gp = {/*no_alloc =*/true, /*ctx =*/&m.ctx_meta};
-    m.gguf              = gguf_init_from_file(path, gp);
+    std::string why;
+    m.gguf = gguf_open(path, &m.ctx_meta, why);
     if (!m.gguf) {
-        specee_fail("'%s' is a corrupt or truncated GGUF file (its header or metadata could not be read)", path);
+        specee_fail("'%s' is a corrupt or truncated GGUF file (its header or metadata could not be read): %s", path,
+                    why.empty() ? "no reason given" : why.c_str());
     }
 
     for (int64_t i = 0; i < gguf_get_n_kv(m.gguf); ++i) {
@@ -686,7 +770,7 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
         specee_fail("unsupported architecture '%s' in %s (this runtime runs 'llama' models)", arch.c_str(), path);
     }
     load_hparams(m, arch);
-    m.vocab = specee_vocab_load(m.gguf);
+    check_layer_tensors(m, arch);
 
     // ---- weights
     specee_hparams & hp         = m.hparams;
@@ -695,12 +779,17 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
     if (!embd_probe) {
         specee_fail("missing tensor '%s' in %s", specee_tensor_name(SPECEE_TENSOR_TOKEN_EMBD).c_str(), path);
     }
+    if (embd_probe->ne[1] < 1 || embd_probe->ne[1] > INT32_MAX) {
+        specee_fail("tensor '%s' has %lld rows: not a vocabulary size", ggml_get_name(embd_probe),
+                    (long long) embd_probe->ne[1]);
+    }
     hp.n_vocab = (uint32_t) embd_probe->ne[1];
     uint32_t n_vocab_key = 0;
-    if (get_u32(m.gguf, key_of(SPECEE_KEY_VOCAB_SIZE, arch), n_vocab_key, false) && n_vocab_key != hp.n_vocab) {
+    if (get_int(m.gguf, key_of(SPECEE_KEY_VOCAB_SIZE, arch), n_vocab_key, 0, UINT32_MAX, false) && n_vocab_key != hp.n_vocab) {
         specee_fail("tensor 'token_embd.weight' has the wrong shape: %u rows but %s says %u", hp.n_vocab,
                     key_of(SPECEE_KEY_VOCAB_SIZE, arch).c_str(), n_vocab_key);
     }
+    m.vocab = specee_vocab_load(m.gguf, hp.n_vocab);
     const int64_t n_vocab = hp.n_vocab;
     const int64_t n_q     = (int64_t) hp.n_embd_head_k * hp.n_head;
     const int64_t n_out   = (int64_t) hp.n_embd_head_v * hp.n_head;

@@ -90,7 +90,8 @@ static void get_bool(const gguf_context * g, const char * key, bool & out) {
     }
 }
 
-// a token id key; ids outside the vocabulary are ignored
+// a token id key; an id outside the vocabulary is ignored with a warning (the token is then the default, or none),
+// as llama.cpp does
 static void get_token_id(const gguf_context * g, const char * key, size_t n_tokens, int32_t & out) {
     const int64_t id = gguf_find_key(g, key);
     if (id < 0) {
@@ -103,8 +104,9 @@ static void get_token_id(const gguf_context * g, const char * key, size_t n_toke
     const int64_t v = type == GGUF_TYPE_UINT32 ? (int64_t) gguf_get_val_u32(g, id) : gguf_get_val_i32(g, id);
     if (v >= 0 && (size_t) v < n_tokens) {
         out = (int32_t) v;
-    } else if (specee_verbose()) {
-        fprintf(stderr, "specee: %s = %lld is not a token id, ignored\n", key, (long long) v);
+    } else {
+        fprintf(stderr, "specee: warning: %s = %lld is not a token id (the vocabulary has %zu tokens), ignored\n", key,
+                (long long) v, n_tokens);
     }
 }
 
@@ -135,7 +137,7 @@ static std::string token_piece(const specee_vocab & v, const specee_token_data &
     return out;
 }
 
-specee_vocab * specee_vocab_load(const gguf_context * g) {
+specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
     const std::string model = get_string(g, "tokenizer.ggml.model");
     if (model.empty() || model == "none" || model == "no_vocab") {
         return nullptr;
@@ -153,6 +155,9 @@ specee_vocab * specee_vocab_load(const gguf_context * g) {
         specee_fail("the tokenizer has no token list (tokenizer.ggml.tokens)");
     }
     const size_t  n  = gguf_get_arr_n(g, kt);
+    if (n > n_vocab) {
+        specee_fail("the tokenizer has %zu tokens but the model's token_embd.weight only %u rows", n, n_vocab);
+    }
     const int64_t ks = find_key(g, "tokenizer.ggml.scores", GGUF_TYPE_ARRAY, GGUF_TYPE_FLOAT32);
     const int64_t ky = find_key(g, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY, GGUF_TYPE_INT32);
     if ((ks >= 0 && gguf_get_arr_n(g, ks) != n) || (ky >= 0 && gguf_get_arr_n(g, ky) != n)) {

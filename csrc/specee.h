@@ -128,10 +128,10 @@ int32_t specee_detokenize(const specee_model * model, const int32_t * tokens, in
 // ---- context and evaluation --------------------------------------------------------------------
 
 struct specee_context_params {
-    uint32_t n_ctx;           // KV cache cells; 0 = the model's training context
+    uint32_t n_ctx;           // KV cache cells; 0 = the model's training context, at most SPECEE_DEFAULT_N_CTX
     uint32_t n_batch;         // most tokens in one graph; longer plain batches are split
-    int32_t  n_threads;       // threads for single-token decode
-    int32_t  n_threads_batch; // threads for batches of more than one token
+    int32_t  n_threads;       // threads for single-token decode (<= 0: the hardware's; clamped to specee_max_threads)
+    int32_t  n_threads_batch; // threads for batches of more than one token (<= 0: n_threads; clamped likewise)
     int32_t  type_v;          // V cache: SPECEE_KV_F32 (default), with which attention accumulates in F32 on one
                               // kernel path for every batch shape, so a token's logits do not depend on the batch
                               // it is in (speculative == plain, bit for bit), or SPECEE_KV_F16 (half the memory)
@@ -142,18 +142,29 @@ enum specee_kv_type {
     SPECEE_KV_F32 = 1,
 };
 
-struct specee_context_params specee_context_default_params(void);
+// the default context's cap (llama.cpp's default -c): a file's training context can be far larger, or corrupt
+#define SPECEE_DEFAULT_N_CTX 4096u
 
+struct specee_context_params specee_context_default_params(void);
+// the most threads a context uses: 4 x the hardware threads, at most 512
+int32_t specee_max_threads(void);
+
+// NULL with specee_last_error() on bad parameters, or when the KV cache and compute buffers of n_ctx cells and
+// n_batch tokens would not fit in the available memory (checked before anything is allocated)
 specee_context * specee_context_init(specee_model * model, struct specee_context_params params);
 void             specee_context_free(specee_context * ctx);
 
 uint32_t specee_n_ctx(const specee_context * ctx);
 uint32_t specee_n_batch(const specee_context * ctx);
+int32_t  specee_n_threads(const specee_context * ctx);
+// bytes of the KV cache (every layer, on every device)
+size_t   specee_kv_nbytes(const specee_context * ctx);
 
 struct specee_batch {
     int32_t         n_tokens;
     const int32_t * token;     // [n_tokens] token ids
-    const int32_t * pos;       // [n_tokens] positions, or NULL: continue after the highest cached position
+    const int32_t * pos;       // [n_tokens] positions (>= 0), or NULL: continue after the highest cached position
+                               // (an error when that passes INT32_MAX)
     const uint8_t * tree_mask; // [n_tokens * n_tokens] or NULL (causal): tree_mask[i*n_tokens + j] != 0 when
                                // token i attends to batch token j; cached cells are seen when their pos <= pos[i]
     const int8_t *  output;    // [n_tokens] which tokens get logits, or NULL: the last one only
@@ -179,7 +190,8 @@ int32_t specee_eval(specee_context * ctx, const struct specee_batch * batch);
 int32_t       specee_n_outputs(const specee_context * ctx);
 const float * specee_get_logits(const specee_context * ctx); // [n_outputs][n_vocab]
 // hidden state after layer il of the last batch [n_tokens][n_embd]; il = -1: after the last evaluated
-// layer. Other layers need SPECEE_EVAL_HIDDEN_ALL. NULL when not available.
+// layer. Other layers need SPECEE_EVAL_HIDDEN_ALL. NULL when not available (nothing evaluated, il not in
+// -1..n_layer-1, the layer not kept).
 const float * specee_get_hidden(const specee_context * ctx, int32_t il);
 // final-norm output of the last batch [n_tokens][n_embd] (the lm_head input, EAGLE's feature)
 const float * specee_get_norm(const specee_context * ctx);

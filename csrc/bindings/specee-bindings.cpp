@@ -143,7 +143,10 @@ struct Sampler {
     specee_sampler * ptr = nullptr;
 
     Sampler(float temp, int32_t top_k, float top_p, float min_p, float repeat_penalty, int32_t repeat_last_n,
-            std::optional<uint32_t> seed) {
+            std::optional<int64_t> seed) {
+        if (seed && (*seed < -1 || *seed > (int64_t) UINT32_MAX)) {
+            throw py::value_error("seed must be -1 (random) or in 0..2**32-1, not " + std::to_string(*seed));
+        }
         specee_sampler_params p = specee_sampler_default_params();
         p.temp                  = temp;
         p.top_k                 = top_k;
@@ -151,7 +154,7 @@ struct Sampler {
         p.min_p                 = min_p;
         p.repeat_penalty        = repeat_penalty;
         p.repeat_last_n         = repeat_last_n;
-        p.seed                  = seed ? *seed : SPECEE_DEFAULT_SEED;
+        p.seed                  = seed && *seed >= 0 ? (uint32_t) *seed : SPECEE_DEFAULT_SEED;
         ptr                     = specee_sampler_init(p);
         if (!ptr) {
             raise_last();
@@ -321,6 +324,7 @@ PYBIND11_MODULE(_core, m) {
 
 
     m.def("set_verbose", &specee_log_set_verbose);
+    m.def("max_threads", &specee_max_threads);
     m.def("arch_eagle_tensor_names", [] {
         std::vector<std::string> names;
         for (int32_t i = 0; specee_arch_eagle_tensor_name(i); ++i) {
@@ -478,6 +482,8 @@ PYBIND11_MODULE(_core, m) {
              py::arg("type_v") = (int) SPECEE_KV_F32)
         .def_property_readonly("n_ctx", [](const Context & s) { return specee_n_ctx(s.ptr); })
         .def_property_readonly("n_batch", [](const Context & s) { return specee_n_batch(s.ptr); })
+        .def_property_readonly("n_threads", [](const Context & s) { return specee_n_threads(s.ptr); })
+        .def_property_readonly("kv_nbytes", [](const Context & s) { return specee_kv_nbytes(s.ptr); })
         .def("eval",
              [](Context & s, const i32_array & tokens, const std::optional<i32_array> & pos,
                 const std::optional<u8_array> & tree_mask, const std::optional<i8_array> & output) {
@@ -539,7 +545,7 @@ PYBIND11_MODULE(_core, m) {
 
     const specee_sampler_params sd = specee_sampler_default_params();
     py::class_<Sampler>(m, "Sampler")
-        .def(py::init<float, int32_t, float, float, float, int32_t, std::optional<uint32_t>>(),
+        .def(py::init<float, int32_t, float, float, float, int32_t, std::optional<int64_t>>(),
              py::arg("temp") = sd.temp, py::arg("top_k") = sd.top_k, py::arg("top_p") = sd.top_p,
              py::arg("min_p") = sd.min_p, py::arg("repeat_penalty") = sd.repeat_penalty,
              py::arg("repeat_last_n") = sd.repeat_last_n, py::arg("seed") = py::none())

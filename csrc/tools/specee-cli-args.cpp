@@ -59,16 +59,42 @@ static bool parse_layers(const std::string & s, std::vector<int32_t> & out) {
     return !out.empty();
 }
 
-static bool read_text_file(const std::string & path, std::string & out) {
+// why the last value was refused, when its setter knows better than the library's last error
+static std::string g_why;
+
+// a prompt file: at most MAX_PROMPT_FILE bytes (a pipe or a device like /dev/stdin is read up to that too);
+// false with the reason in `why`
+static const size_t MAX_PROMPT_FILE = 64u << 20;
+
+static bool read_text_file(const std::string & path, std::string & out, std::string & why) {
     struct stat st;
-    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (stat(path.c_str(), &st) != 0) {
+        why = strerror(errno);
         return false;
     }
-    std::ifstream      f(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    out = ss.str();
-    return (bool) f;
+    if (S_ISDIR(st.st_mode)) {
+        why = "it is a directory";
+        return false;
+    }
+    std::ifstream f(path, std::ios::binary);
+    if (!f) {
+        why = strerror(errno);
+        return false;
+    }
+    out.clear();
+    char buf[1 << 16];
+    while (f.read(buf, sizeof(buf)) || f.gcount() > 0) {
+        out.append(buf, (size_t) f.gcount());
+        if (out.size() > MAX_PROMPT_FILE) {
+            why = "it is larger than " + std::to_string(MAX_PROMPT_FILE >> 20) + " MiB";
+            return false;
+        }
+    }
+    if (f.bad()) {
+        why = "read error";
+        return false;
+    }
+    return true;
 }
 
 static std::string str(float v) {
@@ -91,9 +117,9 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"-h", "--help"}, "", "print this help and exit", "", nullptr},
         {{"-m", "--model"}, "FNAME", "GGUF model (default: $SPECEE_DEFAULT_MODEL, which the specee-cli console script sets to the embedded SmolLM2)", "", s(p.model)},
         {{"-p", "--prompt"}, "PROMPT", "prompt to start generation with; for a system message use -sys", "", s(p.prompt)},
-        {{"-f", "--file"}, "FNAME", "a file holding the prompt (one trailing newline dropped)", "a readable prompt file",
+        {{"-f", "--file"}, "FNAME", "a file holding the prompt (one trailing newline dropped; at most 64 MiB)", "a readable prompt file",
          [&p](const std::string & v) {
-             if (!read_text_file(v, p.prompt)) {
+             if (!read_text_file(v, p.prompt, g_why)) {
                  return false;
              }
              if (!p.prompt.empty() && p.prompt.back() == '\n') {
@@ -105,13 +131,18 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"-e", "--escape"}, "", "process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xNN) in the prompt and in conversation input (default: on)", "", flag([&p] { p.escape = true; })},
         {{"--no-escape"}, "", "do not process escapes", "", flag([&p] { p.escape = false; })},
         {{"-n", "--n-predict"}, "N", "tokens to predict (default: -1 = until end of generation or a full context, -2 = until a full context)", "an integer >= -2", i(p.n_predict, -2)},
-        {{"-c", "--ctx-size"}, "N", "context size in tokens (default: 0 = the model's)", "an integer >= 0", i(p.n_ctx, 0)},
+        {{"-c", "--ctx-size"}, "N", "context size in tokens (default: 0 = the model's training context, at most " + std::to_string(SPECEE_DEFAULT_N_CTX) + "; more only when asked for)", "an integer >= 0", i(p.n_ctx, 0)},
         {{"-b", "--batch-size"}, "N", "logical batch: prompt tokens per evaluation call (default: " + std::to_string(d.n_batch) + ")", "an integer >= 1", i(p.n_batch, 1)},
         {{"-ub", "--ubatch-size"}, "N", "physical batch: most tokens in one graph (default: " + std::to_string(d.n_ubatch) + ")", "an integer >= 1", i(p.n_ubatch, 1)},
-        {{"-t", "--threads"}, "N", "threads (default: " + std::to_string(d.n_threads) + ", <= 0: all cores)", "an integer",
+        {{"-t", "--threads"}, "N", "threads (default: " + std::to_string(d.n_threads) + ", <= 0: all cores; at most " + std::to_string(specee_max_threads()) + ", 4 per core)", "an integer",
          [&p, d](const std::string & v) {
              const bool ok = parse_int(v, p.n_threads);
              p.n_threads   = ok && p.n_threads <= 0 ? d.n_threads : p.n_threads;
+             if (ok && p.n_threads > specee_max_threads()) {
+                 fprintf(stderr, "warning: -t %d is more than %d threads (4 per hardware thread, at most 512): using %d\n",
+                         p.n_threads, specee_max_threads(), specee_max_threads());
+                 p.n_threads = specee_max_threads();
+             }
              return ok;
          }},
         {{"-s", "--seed"}, "SEED", "RNG seed (default: -1 = a random seed)", "an unsigned 32-bit integer or -1",
@@ -172,7 +203,11 @@ static std::vector<cli_option> make_options(cli_params & p) {
          }},
         {{"--mode"}, "MODE", "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, lossy) or auto (default): early-exit with a draft head and exit predictors at --temp 0 (SpecEE's way with its merged files), eagle2 with a draft head, else plain", "plain, eagle, eagle2, early-exit or auto",
          [&p](const std::string & v) { return (p.gen.mode = specee_mode_by_name(v.c_str())) >= 0; }},
-        {{"--draft-head"}, "FNAME", "EAGLE head GGUF of its own (eagle.* tensors and optionally exit predictors, e.g. from `python -m specee.convert merge --head-only`), used instead of the model's; 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "", s(p.draft_head)},
+        {{"--draft-head"}, "FNAME", "EAGLE head GGUF of its own (eagle.* tensors and optionally exit predictors, e.g. from `python -m specee.convert merge --head-only`), used instead of the model's; 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "a file name or 'default'",
+         [&p](const std::string & v) {
+             p.draft_head = v;
+             return !v.empty();
+         }},
         {{"--eagle-choices", "--eagle_choices"}, "CHOICES", "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: from the cost of a verification pass, [[0], [1], [0, 0]] where the CPU's layer matrices are repacked (e.g. Q4_0), else [[0]]); implies --mode eagle under auto", "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
          [&p](const std::string & v) {
              p.eagle_choices = v;
@@ -263,8 +298,9 @@ static bool parse_args(int argc, char ** argv, std::vector<cli_option> & opts, b
                 val = argv[++a];
             }
         }
+        g_why.clear();
         if (!opt->set(val)) {
-            const char * why = specee_last_error();
+            const char * why = g_why.empty() ? specee_last_error() : g_why.c_str();
             fprintf(stderr, "error: invalid value for %s: '%s' (expected %s)%s%s\n", arg.c_str(), val.c_str(),
                     opt->expect.c_str(), *why ? ": " : "", why);
             return false;

@@ -13,7 +13,7 @@ enum cnv_mode { CNV_AUTO, CNV_ON, CNV_OFF };
 struct cli_params {
     std::string model, prompt, system_prompt, chat_template, draft_head;
     int         n_predict = -1, n_ctx = 0, n_batch = 2048, n_ubatch = 512;
-    int         n_threads = std::max(1, (int) std::thread::hardware_concurrency());
+    int         n_threads = std::min(specee_max_threads(), std::max(1, (int) std::thread::hardware_concurrency()));
     bool        escape = true, special = false, single_turn = false, verbose_prompt = false, display_prompt = true;
     cnv_mode    conversation = CNV_AUTO;
     std::string cache_type_v = "f32";

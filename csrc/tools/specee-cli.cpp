@@ -441,6 +441,9 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "error: cannot create the context: %s\n", specee_last_error());
         return 1;
     }
+    fprintf(stderr, "load: KV cache: size = %.2f MiB (%u cells, %d layers, K f16, V %s)\n",
+            specee_kv_nbytes(s.ctx) / 1048576.0, specee_n_ctx(s.ctx), specee_model_n_layer(s.model),
+            p.cache_type_v.c_str());
 
     // the generator: mode, trees and exit settings are checked there
     specee_generator_params & gp = p.gen;

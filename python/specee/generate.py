@@ -90,6 +90,8 @@ class GenerateOptions:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.seed is not None and not -1 <= self.seed <= 2**32 - 1:
+            raise ValueError(f"seed must be None or -1 (random) or in 0..2**32-1, not {self.seed}")
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -51,16 +52,29 @@ class Model:
         the output and the draft head), "last" (llama.cpp's) or "auto" (first when there are exit predictors);
         devices: their names (default: every GPU and RPC server); rpc_servers: "HOST:PORT" of ggml RPC servers
         (specee-rpc-server), added as devices; tensor_split: each device's share of the offloaded layers. Where
-        everything went: `placement`."""
+        everything went: `placement`.
+        n_ctx: KV cache cells; 0: the file's training context, at most 4096 (ask for more explicitly). A context whose
+        KV cache and compute buffers would not fit in the available memory is refused (SpecEEError with the sizes).
+        n_threads, n_threads_batch: at most `_core.max_threads()` (4 per hardware thread, at most 512); more are
+        clamped with a warning."""
         if type_v not in ("f16", "f32"):
             raise ValueError(f"type_v must be 'f16' or 'f32', not {type_v!r}")
         orders = {"auto": _core.OFFLOAD_AUTO, "first": _core.OFFLOAD_FIRST, "last": _core.OFFLOAD_LAST}
         if offload_order not in orders:
             raise ValueError(f"offload_order must be 'auto', 'first' or 'last', not {offload_order!r}")
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):
+            if not 0 <= value <= 2**31 - 1:
+                raise ValueError(f"{name} must be in 0..2**31-1, not {value}")
         self.path = str(path) if path is not None else default_model_path()
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
         threads = n_threads or _default_threads()
+        for value in (threads, n_threads_batch or threads):
+            if value > _core.max_threads():
+                warnings.warn(f"{value} threads are more than {_core.max_threads()} (4 per hardware thread, at most "
+                              f"512): using {_core.max_threads()}", stacklevel=2)
         if draft_head == "default":
             draft_head = default_draft_head_path()
         self._model = _core.Model(self.path, use_mmap, n_gpu_layers, orders[offload_order],
@@ -121,6 +135,16 @@ class Model:
     @property
     def n_ctx(self) -> int:
         return self._ctx.n_ctx
+
+    @property
+    def n_threads(self) -> int:
+        """Threads for single-token decoding (after the clamp to `_core.max_threads()`)."""
+        return self._ctx.n_threads
+
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes of the KV cache (every layer)."""
+        return self._ctx.kv_nbytes
 
     @property
     def n_batch(self) -> int:
@@ -211,11 +235,14 @@ class Model:
         return out
 
     def hidden(self, layer: int = -1) -> np.ndarray:
-        """Hidden state [n_tokens, n_embd] after `layer` for the last batch (-1: after the last evaluated)."""
+        """Hidden state [n_tokens, n_embd] after `layer` for the last batch (-1: after the last evaluated; other
+        layers than that one need hidden_all=True). SpecEEError when nothing was evaluated yet, when `layer` is not
+        -1 or 0..n_layer-1 (no other negative index), or when that layer's state was not kept."""
         return self._ctx.hidden(layer)
 
     def norm(self) -> np.ndarray:
-        """Final-norm output [n_tokens, n_embd] of the last batch (the lm_head input)."""
+        """Final-norm output [n_tokens, n_embd] of the last batch (the lm_head input); SpecEEError when nothing was
+        evaluated yet or the last batch did not run the last layer."""
         return self._ctx.norm()
 
     # ---- KV cache
