@@ -295,6 +295,17 @@ static ggml_tensor * get_tensor_in(ggml_context * cm, const std::string & path, 
         specee_fail("tensor '%s' has the wrong shape: expected %s, got %s", name.c_str(),
                     shape_str(shape.data(), (int) shape.size()).c_str(), shape_str(t->ne, ggml_n_dims(t)).c_str());
     }
+    // vectors (norms, biases, RoPE factors) are added and multiplied elementwise to F32 activations, which ggml
+    // does only with F32; matrices are multiplied (or their rows read): a type with CPU kernels for that
+    if (shape.size() == 1 && t->type != GGML_TYPE_F32) {
+        specee_fail("tensor '%s' in %s has type %s: a vector (norm, bias) must be F32", name.c_str(), path.c_str(),
+                    ggml_type_name(t->type));
+    }
+    if (shape.size() > 1 && t->type != GGML_TYPE_F32 &&
+        (!ggml_get_type_traits(t->type)->to_float || !ggml_get_type_traits_cpu(t->type)->vec_dot)) {
+        specee_fail("tensor '%s' in %s has type %s, which has no matrix kernels (F32, F16, BF16 or a quantized type)",
+                    name.c_str(), path.c_str(), ggml_type_name(t->type));
+    }
     return t;
 }
 

@@ -56,13 +56,15 @@ def test_bad_magic(tiny_gguf: Path, tmp_path: Path) -> None:
 
 
 def edited_copy(src: Path, dst: Path, *, arch: str | None = None, drop: str | None = None,
-                replace: dict[str, np.ndarray] | None = None) -> Path:
-    fields, tensors = read_gguf(src)
+                replace: dict[str, np.ndarray] | None = None, fields: dict[str, Field] | None = None) -> Path:
+    """A copy of src with its architecture, a tensor dropped, tensors replaced or metadata fields set."""
+    meta, tensors = read_gguf(src)
     if arch is not None:
-        fields["general.architecture"] = Field(arch, gguf.GGUFValueType.STRING)
+        meta["general.architecture"] = Field(arch, gguf.GGUFValueType.STRING)
+    meta.update(fields or {})
     tensors.pop(drop, None)
     tensors.update(replace or {})
-    write_gguf(dst, fields, tensors.items())
+    write_gguf(dst, meta, tensors.items())
     return dst
 
 
