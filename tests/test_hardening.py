@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -46,20 +47,31 @@ def bpe_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# runs a command (argv[2:]) in a child of its own and writes that child's peak resident memory (KiB) to the file
+# descriptor argv[1]: Linux keeps a process's peak across exec, so a child forked by pytest would report pytest's
+PEAK_RSS = """import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+os.write(int(sys.argv[1]), str(usage.ru_maxrss).encode())
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def run_cli(cli: str, *args: str, stdin: str = "") -> tuple[subprocess.CompletedProcess, float, int]:
-    """The run, its seconds and its peak resident memory in bytes (the child's own, from wait4)."""
+    """The run, its seconds and its peak resident memory in bytes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECEE_DEFAULT")}
+    r, w = os.pipe()
     t0 = time.monotonic()
-    proc = subprocess.Popen([cli, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
-    proc.stdin.write(stdin.encode())
-    proc.stdin.close()
-    out, err = proc.stdout.read(), proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    res = subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(errors="replace"),
-                                      err.decode(errors="replace"))
-    return res, time.monotonic() - t0, usage.ru_maxrss * 1024
+    res = subprocess.run([sys.executable, "-c", PEAK_RSS, str(w), cli, *args], input=stdin, capture_output=True,
+                         encoding="utf-8", errors="replace", env=env, pass_fds=(w,), timeout=120)
+    seconds = time.monotonic() - t0
+    os.close(w)
+    with os.fdopen(r) as f:
+        rss = int(f.read()) * 1024
+    return res, seconds, rss
 
 
 def error_line(res: subprocess.CompletedProcess) -> str:
