@@ -49,8 +49,8 @@ void specee_fail(const char * fmt, ...) {
     throw specee_error(buf);
 }
 
-// ggml's error lines while a capture is active on this thread (capture_ggml_errors): ggml's GGUF parser
-// says why a file is rejected only through its log
+// ggml's error lines while gguf_open runs on this thread: ggml's GGUF parser says why it rejects a file only
+// through its log
 static thread_local std::vector<std::string> * g_captured = nullptr;
 static thread_local bool                       g_last_was_error = false;
 
@@ -80,10 +80,10 @@ extern "C" void specee_log_set_verbose(bool verbose) {
 static gguf_context * gguf_open(const char * path, ggml_context ** ctx_meta, std::string & why) {
     std::vector<std::string> lines;
     ggml_log_set(log_callback, nullptr);
-    g_captured              = &lines;
-    gguf_init_params gp     = {/*no_alloc =*/true, /*ctx =*/ctx_meta};
-    gguf_context *   g      = gguf_init_from_file(path, gp);
-    g_captured              = nullptr;
+    g_captured          = &lines;
+    gguf_init_params gp = {/*no_alloc =*/true, /*ctx =*/ctx_meta};
+    gguf_context *   g  = gguf_init_from_file(path, gp);
+    g_captured          = nullptr;
     for (std::string line : lines) {
         // "gguf_init_from_file_impl: duplicate tensor name 'x' ...\n" -> "duplicate tensor name 'x' ..."
         const size_t colon = line.find(": ");
@@ -168,8 +168,8 @@ static bool get_f32_in(const gguf_context * g, const std::string & key, float & 
         return false;
     }
     if (!std::isfinite(out) || out <= lo || out >= hi) {
-        specee_fail("invalid hyperparameters: %s = %g (expected a finite number > %g and < %g)", key.c_str(),
-                    (double) out, (double) lo, (double) hi);
+        specee_fail("invalid hyperparameters: %s = %g (expected a finite number > %g%s)", key.c_str(), (double) out,
+                    (double) lo, std::isfinite(hi) ? specee_format(" and < %g", (double) hi).c_str() : "");
     }
     return true;
 }
@@ -742,7 +742,6 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
     if (!path || !*path) {
         specee_fail("no model path given");
     }
-    ggml_log_set(g_verbose ? nullptr : log_callback, nullptr);
     auto * mp = new specee_model();
     std::unique_ptr<specee_model> guard(mp);
     specee_model & m = *mp;
