@@ -1,5 +1,5 @@
 """llama-cli (csrc/tools/specee-cli.cpp), the drop-in for upstream llama.cpp's llama-cli: every flag, the errors,
-the timing lines that evaluation scripts parse, and conversation mode in a terminal (tmux).
+the timing lines that evaluation scripts parse, and conversation mode in a terminal (a pty).
 
 Generation needs a real vocabulary, so those tests run SmolLM2 (marked slow); the tiny fixture model has none
 and checks the error for that case."""
@@ -7,12 +7,13 @@ and checks the error for that case."""
 from __future__ import annotations
 
 import os
+import pty
 import re
-import shlex
+import select
 import shutil
+import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -396,17 +397,66 @@ def test_no_conversation(cli: str, smollm2_path: Path) -> None:
 # ---- conversation in a terminal
 
 
-def tmux(socket: str, *args: str) -> str:
-    return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, check=True).stdout
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def wait_for(socket: str, predicate, timeout: float) -> str:
-    deadline = time.time() + timeout
-    while True:
-        screen = tmux(socket, "capture-pane", "-p", "-J", "-S", "-200", "-t", "cli")
-        if predicate(screen) or time.time() > deadline:
-            return screen
-        time.sleep(0.5)
+class Terminal:
+    """A program on a pseudo-terminal of its own (pty, from the standard library): it is the session leader and
+    the terminal its controlling one, so Ctrl-C typed there is a SIGINT from the terminal, as for a user."""
+
+    def __init__(self, argv: list[str], stderr: Path) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: stderr to the file, then the program
+            try:
+                err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(err, 2)
+                os.execv(argv[0], argv)
+            finally:
+                os._exit(127)
+        self.out = b""
+        self.status: int | None = None
+
+    def read(self) -> None:
+        while select.select([self.fd], [], [], 0)[0]:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # the program is gone (EIO)
+                chunk = b""
+            if not chunk:
+                break
+            self.out += chunk
+
+    def screen(self) -> str:
+        """Everything shown so far, without colours and carriage returns."""
+        self.read()
+        return ANSI.sub("", self.out.decode(errors="replace")).replace("\r", "")
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def wait_for(self, predicate, timeout: float) -> str:
+        deadline = time.time() + timeout
+        while True:
+            screen = self.screen()
+            if predicate(screen) or time.time() > deadline:
+                return screen
+            time.sleep(0.2)
+
+    def wait_exit(self, timeout: float) -> int | None:
+        deadline = time.time() + timeout
+        while self.status is None and time.time() < deadline:
+            self.read()
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+            time.sleep(0.2)
+        return self.status
+
+    def close(self) -> None:
+        if self.status is None:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        os.close(self.fd)
 
 
 @pytest.mark.slow
@@ -414,40 +464,34 @@ def test_conversation_in_terminal(cli: str, smollm2_path: Path, tmp_path: Path) 
     """In a terminal, with a model that has a chat template, conversation mode is on by default: a '> ' prompt,
     a reply to what the user types, a second turn on the same cache; Ctrl-C during a reply stops it and the
     conversation goes on; Ctrl-C at the prompt ends it, with the timings."""
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed (apt-get install -y tmux)")
-    socket = f"specee-test-{uuid.uuid4().hex[:8]}"
     err = tmp_path / "stderr.txt"
-    cmd = (f"{shlex.quote(cli)} -m {shlex.quote(str(smollm2_path))} -n 400 --temp 0 -c 2048 -t 1 "
-           f"2>{shlex.quote(str(err))}; echo EXIT=$?; sleep 600")
-    tmux(socket, "new-session", "-d", "-s", "cli", "-x", "160", "-y", "50", cmd)
+    term = Terminal([cli, "-m", str(smollm2_path), "-n", "400", "--temp", "0", "-c", "2048", "-t", "1"], err)
     try:
-        screen = wait_for(socket, lambda s: s.rstrip().endswith(">"), 120)
+        screen = term.wait_for(lambda s: s.rstrip().endswith(">"), 120)
         assert screen.rstrip().endswith(">"), screen
-        tmux(socket, "send-keys", "-t", "cli", "What is the capital of France?", "Enter")
-        screen = wait_for(socket, lambda s: s.count("\n> ") >= 2 and s.rstrip().endswith(">"), 300)
+        term.type("What is the capital of France?\n")
+        screen = term.wait_for(lambda s: s.count("\n> ") >= 2 and s.rstrip().endswith(">"), 300)
         reply = screen.split("What is the capital of France?", 1)[1].rsplit("\n> ", 1)[0]
         # the reply is the model's greedy answer to that turn (what the Python API gives for it)
         want = specee.Model(smollm2_path, n_ctx=2048, n_threads=1).generate(
             [{"role": "user", "content": "What is the capital of France?"}], 400, temp=0)
         assert " ".join(reply.split()) == " ".join(want.split()), screen
         # a long reply, stopped by Ctrl-C: the prompt comes back at once
-        tmux(socket, "send-keys", "-t", "cli", "Write a very long story about a dragon and a knight.", "Enter")
-        wait_for(socket, lambda s: len(s.split("dragon and a knight.", 1)[-1].strip()) > 40, 120)
-        tmux(socket, "send-keys", "-t", "cli", "C-c")
-        screen = wait_for(socket, lambda s: s.count("\n> ") >= 3 and s.rstrip().endswith(">"), 60)
+        term.type("Write a very long story about a dragon and a knight.\n")
+        term.wait_for(lambda s: len(s.split("dragon and a knight.", 1)[-1].strip()) > 40, 120)
+        term.type("\x03")
+        screen = term.wait_for(lambda s: s.count("\n> ") >= 3 and s.rstrip().endswith(">"), 60)
         story = screen.split("dragon and a knight.", 1)[1].rsplit("\n> ", 1)[0]
         assert screen.rstrip().endswith(">") and len(story.split()) < 300, screen
-        tmux(socket, "send-keys", "-t", "cli", "And what is the capital of Germany?", "Enter")
-        screen = wait_for(socket, lambda s: s.count("\n> ") >= 4 and s.rstrip().endswith(">"), 300)
+        term.type("And what is the capital of Germany?\n")
+        screen = term.wait_for(lambda s: s.count("\n> ") >= 4 and s.rstrip().endswith(">"), 300)
         reply = screen.split("capital of Germany?", 1)[1].rsplit("\n> ", 1)[0]
         assert sum(c.isalpha() for c in reply) >= 3, screen  # the conversation goes on, on the same cache
-        tmux(socket, "send-keys", "-t", "cli", "C-c")  # at the prompt: the end
-        screen = wait_for(socket, lambda s: "EXIT=" in s, 60)
-        assert "EXIT=0" in screen, screen
+        term.type("\x03")  # at the prompt: the end
+        assert term.wait_exit(60) == 0, term.screen()
         stderr = err.read_text()
         assert "enabling conversation mode" in stderr
         p = perf(stderr)
         assert p["n_prompt"] > 0 and p["n_eval"] > 0
     finally:
-        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+        term.close()

@@ -80,8 +80,13 @@ def humaneval_prompts(path: Path | None = None) -> list[Prompt]:
     return [Prompt(f"humaneval/{r['task_id']}", r["prompt"]) for r in read_jsonl(path or wheel_file(*HUMANEVAL))]
 
 
-def load_prompts(args: argparse.Namespace, template: str) -> list[Prompt]:
-    mt = mt_bench_prompts(template, Path(args.mt_bench_file) if args.mt_bench_file else None)
+def load_prompts(args: argparse.Namespace, model) -> list[Prompt]:
+    """The chosen MT-Bench first turns (rendered with the model's chat template: only these need one) and
+    HumanEval prompts."""
+    from specee.generate import chat_template_name
+
+    mt = [] if args.mt_bench == 0 else mt_bench_prompts(chat_template_name(model),
+                                                         Path(args.mt_bench_file) if args.mt_bench_file else None)
     he = humaneval_prompts(Path(args.humaneval_file) if args.humaneval_file else None)
     return pick(mt, args.mt_bench) + pick(he, args.humaneval)
 
@@ -141,9 +146,7 @@ def check_identity(args: argparse.Namespace) -> int:
     from specee.model import Model
 
     m = Model(args.model, n_ctx=args.ctx_size, n_threads=args.threads, draft_head=args.draft_head)
-    from specee.generate import chat_template_name
-
-    prompts = load_prompts(args, chat_template_name(m))
+    prompts = load_prompts(args, m)
     k, n = args.shard
     prompts = prompts[k - 1::n]
     modes = identity_trees(args.trees, args.eagle_choices)
@@ -269,11 +272,10 @@ def run_config(cfg: Config, exe: str, prompt_i: int, prompt: str, args: argparse
 
 
 def run_speed(args: argparse.Namespace) -> int:
-    from specee.generate import chat_template_name
     from specee.model import Model
 
-    template = chat_template_name(Model(args.model, n_ctx=64, n_threads=1))
-    prompts = load_prompts(args, template)
+    with Model(args.model, n_ctx=64, n_threads=1) as m:
+        prompts = load_prompts(args, m)
     configs = [parse_config(c, args.draft_head) for c in args.config] if args.config else default_configs(args)
     exes = find_tools(args) if any(c.tool == "llama.cpp" for c in configs) else {"specee": find_specee(args)}
     runs: list[Run] = []
@@ -390,11 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.model = args.model or str(default_model_path())
     args.draft_head = args.draft_head or default_head()
-    if args.command == "identity":
-        return check_identity(args)
     if args.command == "speed" and args.mt_bench < 0 and args.humaneval < 0:
         args.mt_bench, args.humaneval = 10, 10
-    return run_speed(args)
+    try:
+        return check_identity(args) if args.command == "identity" else run_speed(args)
+    except (ValueError, _core.SpecEEError) as e:  # a model without a chat template, a file that does not load
+        raise SystemExit(f"bench_spec: {e}") from None
 
 
 if __name__ == "__main__":

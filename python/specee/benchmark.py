@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     up_build = next(r.build for r in runs if r.tool == "llama.cpp")
     print(f"llama.cpp: {exes['llama.cpp']} (build {up_build})")
     print(f"specee:    {exes['specee']}")
-    print(f"threads {args.threads}, -p {args.n_prompt}, -n {args.n_gen}, -r {args.repetitions} x {args.rounds} "
+    prompt = f"-p {','.join(map(str, args.pass_cost))}" if args.pass_cost else f"-p {args.n_prompt}"
+    print(f"threads {args.threads}, {prompt}, -n {args.n_gen}, -r {args.repetitions} x {args.rounds} "
           f"round(s), batch {args.batch_size} (llama.cpp -ub {args.batch_size}); flash attention on in both "
           f"(llama-bench -fa 1; specee always uses ggml_flash_attn_ext), {args.cache_type_v.upper()} V cache in both"
           + (f"; llama-bench extra args: {args.llama_bench_args}" if args.llama_bench_args else ""))
