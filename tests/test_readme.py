@@ -81,15 +81,18 @@ def limit(argv: list[str], work: Path) -> list[str]:
     if prog == "specee-rpc-server":
         return argv + ["--timeout", "600"]
     if module == "specee.convert" and sub == "synth":  # a few MiB instead of 3.6 GiB, same code
-        return argv + ["--layers", "2", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "512"]
+        small = ["--layers", "32", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "512"]  # 32: replays
+        return argv + small + (["--draft-vocab", "256"] if "--parts" in argv else [])
     if module == "specee.convert":
         return argv
     if module == "specee.autoee" and sub == "train-eagle":
         return argv + ["--max-tokens", "3000", "--max-len", "128", "--steps", "2", "--threads", "1",
                        "--work-dir", str(work / "train-eagle")]
-    if module == "specee.bench_spec":
-        return set_flag(set_flag(set_flag(set_flag(argv, "--mt-bench", "1"), "--humaneval", "1"), "-n", "8"),
-                        "-t", "1")
+    if module == "specee.bench_spec":  # at most one prompt of each set the command asks for
+        out = set_flag(set_flag(argv, "-n", "8"), "-t", "1")
+        for flag in ("--mt-bench", "--humaneval"):
+            out = set_flag(out, flag, "0" if flag in argv and argv[argv.index(flag) + 1] == "0" else "1")
+        return out
     if module == "specee.eval":
         return set_flag(set_flag(set_flag(argv, "--limit", "1"), "-n", "8"), "-t", "1")
     if module == "specee.benchmark":

@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         args.mt_bench, args.humaneval = 10, 10
     try:
         return check_identity(args) if args.command == "identity" else run_speed(args)
-    except (ValueError, _core.SpecEEError) as e:  # a model without a chat template, a file that does not load
+    except (ValueError, OSError, _core.SpecEEError) as e:  # no chat template, a missing file, a file that does not load
         raise SystemExit(f"bench_spec: {e}") from None
 
 
