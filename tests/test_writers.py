@@ -28,7 +28,8 @@ OLD = b"an older file"
 
 # writes a GGUF whose second tensor loads slowly: the test signals the writer while it waits
 SLOW_WRITER = r'''
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a user's shell, also when the tests run under nohup
 from pathlib import Path
 import gguf, numpy as np
 from specee.convert.output import OutTensor, string_field, write_gguf
