@@ -92,7 +92,7 @@ def limit(argv: list[str], work: Path) -> list[str]:
         out = set_flag(set_flag(argv, "-n", "8"), "-t", "1")
         for flag in ("--mt-bench", "--humaneval"):
             out = set_flag(out, flag, "0" if flag in argv and argv[argv.index(flag) + 1] == "0" else "1")
-        return out
+        return set_flag(out, "--rounds", "1") if "--rounds" in out else out
     if module == "specee.eval":
         return set_flag(set_flag(set_flag(argv, "--limit", "1"), "-n", "8"), "-t", "1")
     if module == "specee.benchmark":
