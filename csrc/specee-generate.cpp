@@ -57,7 +57,7 @@ extern "C" int32_t specee_mode_by_name(const char * name) {
 // The default tree where the caller gives none, from what a verification pass costs on the model's layers
 // (the README's table (b)). Where the CPU's layer matrices are repacked (ggml's interleaved layouts, e.g.
 // Q4_0 or Q8_0 on AVX2), its matmul takes rows in groups of 4: a pass of 4 tokens costs about what a pass
-// of 2 does (1.65 vs 1.67 single passes on the 7B-shaped Q4_0 file), so three draft tokens come at the price
+// of 2 does (1.74 vs 1.78 single passes on the 7B-shaped Q4_0 file), so three draft tokens come at the price
 // of one. Elsewhere (e.g. Q4_1, F16: about 0.65 of a plain step per extra token on SmolLM2-135M, with a
 // draft accepted about a third of the time) the smallest tree, one draft token, loses least.
 static const char * const CHOICES_ONE   = "[[0]]";

@@ -76,7 +76,8 @@ extern "C" void specee_log_set_verbose(bool verbose) {
     ggml_log_set(log_callback, nullptr);
 }
 
-// gguf_init_from_file, with the reasons ggml logs for a rejected file joined into `why` ("" when it logged none)
+// gguf_init_from_file, with the reasons ggml logs for a rejected file joined into `why` ("no reason given" when it
+// logged none)
 static gguf_context * gguf_open(const char * path, ggml_context ** ctx_meta, std::string & why) {
     std::vector<std::string> lines;
     ggml_log_set(log_callback, nullptr);
@@ -94,6 +95,9 @@ static gguf_context * gguf_open(const char * path, ggml_context ** ctx_meta, std
             line.pop_back();
         }
         why += (why.empty() ? "" : "; ") + line;
+    }
+    if (!g && why.empty()) {
+        why = "no reason given";
     }
     return g;
 }
@@ -433,11 +437,8 @@ static void map_path(const std::string & path, bool use_mmap, void *& addr, size
 
 static void map_file(specee_model & m, bool use_mmap) { map_path(m.path, use_mmap, m.addr, m.size, m.mapped); }
 
-// The CPU backend's extra buffer types hold some quantized matrices in a repacked, interleaved layout
-// that its matmul kernels run faster on (e.g. Q4_0 as 8x8 blocks on AVX2), as upstream llama.cpp does by
-// default. Weights that one of them supports for their mul_mat are copied (and repacked) out of the
-// mapping; everything else stays mapped.
-// the draft head's matrices that only matrix products read (its token_embd is read by get_rows)
+// the draft head's matrices that only matrix products read (its token_embd is read by get_rows), when the head is
+// on the CPU
 static std::vector<ggml_tensor **> eagle_matrices(specee_model & m) {
     specee_eagle & e = m.eagle;
     if (e.version == 0 || m.output_device >= 0) {
@@ -451,6 +452,28 @@ static std::vector<ggml_tensor **> eagle_matrices(specee_model & m) {
     return w;
 }
 
+// the layers' and the output's matrices that stay on the CPU
+static std::vector<ggml_tensor **> cpu_matrices(specee_model & m) {
+    std::vector<ggml_tensor **> w;
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
+            continue;
+        }
+        specee_layer & l = m.layers[il];
+        for (ggml_tensor ** t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+            w.push_back(t);
+        }
+    }
+    if (m.output != m.tok_embd && m.output_device < 0) {
+        w.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
+    }
+    return w;
+}
+
+// The CPU backend's extra buffer types hold some quantized matrices in a repacked, interleaved layout
+// that its matmul kernels run faster on (e.g. Q4_0 as 8x8 blocks on AVX2), as upstream llama.cpp does by
+// default. Weights of `cands` that one of them supports for their mul_mat are copied (and repacked) out of the
+// mapping; everything else stays mapped.
 static void repack_weights(specee_model & m, std::vector<ggml_tensor **> cands) {
     ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!dev || cands.empty()) {
@@ -551,6 +574,22 @@ static bool has_eagle_tensors(ggml_context * cm) {
 }
 
 // The head's tensors in cm (metadata in g), shapes checked against the base model's hyperparameters.
+// every layer on the CPU (at least one) has its matrices in a repacking buffer
+static bool cpu_layers_repacked(const specee_model & m) {
+    bool any = false;
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
+            continue;
+        }
+        const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
+        if (std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
+            return false;
+        }
+        any = true;
+    }
+    return any;
+}
+
 static specee_eagle read_eagle(const specee_model & m, ggml_context * cm, const gguf_context * g,
                                const std::string & path) {
     const specee_hparams & hp = m.hparams;
@@ -698,7 +737,7 @@ static void load_eagle_file(specee_model & m, const char * path, bool use_mmap) 
     f->gguf = gguf_open(path, &f->ctx_meta, why);
     if (!f->gguf) {
         specee_fail("'%s' is not a GGUF file, or a corrupt or truncated one: %s", path,
-                    why.empty() ? "no reason given" : why.c_str());
+                    why.c_str());
     }
     if (!has_eagle_tensors(f->ctx_meta)) {
         specee_fail("'%s' holds no EAGLE head (no eagle.* tensors)", path);
@@ -769,7 +808,7 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
     m.gguf = gguf_open(path, &m.ctx_meta, why);
     if (!m.gguf) {
         specee_fail("'%s' is a corrupt or truncated GGUF file (its header or metadata could not be read): %s", path,
-                    why.empty() ? "no reason given" : why.c_str());
+                    why.c_str());
     }
 
     for (int64_t i = 0; i < gguf_get_n_kv(m.gguf); ++i) {
@@ -869,31 +908,10 @@ specee_model * specee_model_load_impl(const char * path, const specee_model_para
     }
     specee_place_weights(m, params);
 
-    std::vector<ggml_tensor **> cands = eagle_matrices(m); // the weights that stay on the CPU
-    for (size_t il = 0; il < m.layers.size(); ++il) {
-        specee_layer & l = m.layers[il];
-        for (ggml_tensor ** w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
-            if (specee_model_device_of_layer(m, (int32_t) il) < 0) {
-                cands.push_back(w);
-            }
-        }
-    }
-    if (m.output != m.tok_embd && m.output_device < 0) {
-        cands.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
-    }
+    std::vector<ggml_tensor **> cands = cpu_matrices(m), head = eagle_matrices(m);
+    cands.insert(cands.begin(), head.begin(), head.end());
     repack_weights(m, cands);
-    m.cpu_layers_repacked = false;
-    for (size_t il = 0; il < m.layers.size(); ++il) {
-        if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
-            continue;
-        }
-        const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
-        if (std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
-            m.cpu_layers_repacked = false;
-            break;
-        }
-        m.cpu_layers_repacked = true;
-    }
+    m.cpu_layers_repacked = cpu_layers_repacked(m);
     size_t repacked = 0;
     for (ggml_backend_buffer_t b : m.buf_repack) {
         repacked += ggml_backend_buffer_get_size(b);
