@@ -197,18 +197,12 @@ static void fill_skipped_kv(specee_context & ctx, int32_t exited, int32_t pos) {
 
 void specee_exit_init(specee_exit_decoder & dec, const specee_model & m, const specee_exit_params & params) {
     const int32_t n_layer = (int32_t) m.hparams.n_layer;
-    if (params.kv != SPECEE_EXIT_KV_MASK && params.kv != SPECEE_EXIT_KV_FILL) {
-        specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", params.kv);
-    }
-    if (params.n_layers < 0 || (params.n_layers > 0 && !params.layers) || params.n_replay < 0 ||
-        (params.n_replay > 0 && !params.replay)) {
-        specee_fail("early exit: a bad list of layers or replayed exit layers");
-    }
     dec.params = params;
     if (dec.params.threshold < 0.0f) {
         dec.params.threshold = m.exit.threshold;
     }
-    dec.layers = params.layers ? std::vector<int32_t>(params.layers, params.layers + params.n_layers) : m.exit.layers;
+    dec.layers = params.n_layers > 0 ? std::vector<int32_t>(params.layers, params.layers + params.n_layers)
+                                     : m.exit.layers;
     dec.replay.assign(params.replay, params.replay + params.n_replay);
     for (int32_t l : dec.replay) {
         if (l < 0 || l >= n_layer) {
@@ -315,7 +309,7 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
     root_pos += 1;
 
     layers_run = exited >= 0 ? exited + 1 : n_layer;
-    st.n_passes += 1;
+    st.n_steps += 1;
     st.n_exits += exited >= 0;
     st.n_layers_run += layers_run;
     if (exited >= 0) {

@@ -10,6 +10,7 @@
 #include "specee-early-exit.h"
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-options.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
 #include "specee.h"
@@ -23,8 +24,6 @@ struct specee_generator {
     specee_context *          ctx = nullptr;
     specee_generator_params   params{};
     int32_t                   mode = SPECEE_MODE_PLAIN; // resolved
-    std::vector<int32_t>      exit_layers, exit_replay; // copies of the params' arrays
-    std::string               eagle_choices;
     std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl{nullptr, specee_sampler_free};
     std::unique_ptr<specee_draft_head> head; // eagle, eagle2, early_exit
     specee_tree_decoder       tree;
@@ -39,23 +38,8 @@ struct specee_generator {
 
 // ---- modes and parameters ---------------------------------------------------------------------------
 
-static const char * const MODE_NAMES[] = {"auto", "plain", "eagle", "eagle2", "early-exit"};
-
-extern "C" const char * specee_mode_name(int32_t mode) {
-    return mode >= SPECEE_MODE_AUTO && mode <= SPECEE_MODE_EARLY_EXIT ? MODE_NAMES[mode] : "?";
-}
-
-extern "C" int32_t specee_mode_by_name(const char * name) {
-    for (int32_t m = SPECEE_MODE_AUTO; m <= SPECEE_MODE_EARLY_EXIT; ++m) {
-        if (name && strcmp(name, MODE_NAMES[m]) == 0) {
-            return m;
-        }
-    }
-    return -1;
-}
-
 // The default tree where the caller gives none, from what a verification pass costs on the model's layers
-// (the README's table (b)). Where the CPU's layer matrices are repacked (ggml's interleaved layouts, e.g.
+// (docs/speculative.md). Where the CPU's layer matrices are repacked (ggml's interleaved layouts, e.g.
 // Q4_0 or Q8_0 on AVX2), its matmul takes rows in groups of 4: a pass of 4 tokens costs about what a pass
 // of 2 does (1.74 vs 1.78 single passes on the 7B-shaped Q4_0 file), so three draft tokens come at the price
 // of one. Elsewhere (e.g. Q4_1, F16: about 0.65 of a plain step per extra token on SmolLM2-135M, with a
@@ -66,7 +50,9 @@ static const char * const CHOICES_THREE = "[[0], [1], [0, 0]]";
 static specee_eagle_params resolve_eagle(const specee_model & m, const specee_eagle_params & p) {
     const bool          three = m.cpu_layers_repacked;
     specee_eagle_params r     = p;
-    r.choices                 = p.choices && *p.choices ? p.choices : three ? CHOICES_THREE : CHOICES_ONE;
+    if (!p.choices[0]) {
+        snprintf(r.choices, sizeof(r.choices), "%s", three ? CHOICES_THREE : CHOICES_ONE);
+    }
     r.total_tokens            = p.total_tokens > 0 ? p.total_tokens : three ? 3 : 1;
     r.depth                   = p.depth > 0 ? p.depth : three ? 2 : 1;
     r.topk                    = p.topk > 0 ? p.topk : three ? 2 : 1;
@@ -84,23 +70,17 @@ static int32_t resolve_mode(const specee_model & m, const specee_generator_param
     }
     if (has_head) {
         const bool dyn_set = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
-        return p.eagle.choices && !dyn_set ? SPECEE_MODE_EAGLE : SPECEE_MODE_EAGLE2;
+        return p.eagle.choices[0] && !dyn_set ? SPECEE_MODE_EAGLE : SPECEE_MODE_EAGLE2;
     }
     return SPECEE_MODE_PLAIN;
 }
 
 // settings that the chosen mode would ignore are errors, so a typo in a command line does not go unnoticed
 static void check_params(const specee_model & m, const specee_generator_params & p, int32_t mode) {
-    if (mode < SPECEE_MODE_PLAIN || mode > SPECEE_MODE_EARLY_EXIT) {
-        specee_fail("unknown mode %d (auto, plain, eagle, eagle2, early-exit)", p.mode);
-    }
-    if (p.eagle.total_tokens < 0 || p.eagle.depth < 0 || p.eagle.topk < 0) {
-        specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1 (0: the default)",
-                    p.eagle.total_tokens, p.eagle.depth, p.eagle.topk);
-    }
+    specee_generator_check_values(p);
     const bool dyn_set  = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
-    const bool exit_set = p.exit.threshold >= 0.0f || p.exit.layers || p.exit.kv != SPECEE_EXIT_KV_MASK ||
-                          p.exit.replay || !p.exit.dynamic;
+    const bool exit_set = p.exit.threshold >= 0.0f || p.exit.n_layers > 0 || p.exit.kv != SPECEE_EXIT_KV_MASK ||
+                          p.exit.n_replay > 0 || !p.exit.dynamic;
     const bool has_head = m.eagle.version > 0;
     if (mode != SPECEE_MODE_PLAIN && !has_head) {
         specee_fail("mode %s needs an EAGLE draft head: the model has none (merge one with python -m specee.convert "
@@ -109,7 +89,7 @@ static void check_params(const specee_model & m, const specee_generator_params &
     if (mode == SPECEE_MODE_EARLY_EXIT && p.sampling.temp > 0.0f) {
         specee_fail("early exit decodes greedily (the exit layer's argmax): use temperature 0, or another mode");
     }
-    if (p.eagle.choices && mode != SPECEE_MODE_EAGLE) {
+    if (p.eagle.choices[0] && mode != SPECEE_MODE_EAGLE) {
         specee_fail("eagle choices set the EAGLE-1 tree, but the mode is %s (use mode eagle)", specee_mode_name(mode));
     }
     if (dyn_set && mode != SPECEE_MODE_EAGLE2) {
@@ -123,17 +103,10 @@ static void check_params(const specee_model & m, const specee_generator_params &
 }
 
 static void set_params_impl(specee_generator & g, const specee_generator_params & params) {
-    const specee_model & m    = *g.ctx->model;
-    const int32_t        mode = resolve_mode(m, params);
+    const specee_model &          m    = *g.ctx->model;
+    const int32_t                 mode = resolve_mode(m, params);
     check_params(m, params, mode);
-
-    specee_generator_params p = params;
-    g.eagle_choices           = p.eagle.choices ? p.eagle.choices : "";
-    p.eagle.choices           = p.eagle.choices ? g.eagle_choices.c_str() : nullptr;
-    g.exit_layers.assign(p.exit.layers, p.exit.layers + (p.exit.layers ? p.exit.n_layers : 0));
-    g.exit_replay.assign(p.exit.replay, p.exit.replay + (p.exit.replay ? p.exit.n_replay : 0));
-    p.exit.layers = p.exit.layers ? g.exit_layers.data() : nullptr;
-    p.exit.replay = p.exit.replay ? g.exit_replay.data() : nullptr;
+    const specee_generator_params & p = params;
 
     std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl(specee_sampler_init_impl(p.sampling),
                                                                      specee_sampler_free);
@@ -296,7 +269,7 @@ static int32_t next_impl(specee_generator & g, int32_t * out, int32_t * layers_r
             g.stats.t_sample_ms += specee_ms_since(ts);
             g.root = out[0];
             g.root_pos += 1;
-            g.stats.n_passes += 1;
+            g.stats.n_steps += 1;
             n = 1;
             if (layers_run) {
                 layers_run[0] = n_layer;
@@ -333,14 +306,9 @@ extern "C" struct specee_generator_params specee_generator_default_params(void) 
     p.sampling          = specee_sampler_default_params();
     p.ignore_eos        = false;
     p.mode              = SPECEE_MODE_AUTO;
-    p.eagle             = {nullptr, 0, 0, 0};
     p.exit.threshold    = -1.0f;
-    p.exit.layers       = nullptr;
-    p.exit.n_layers     = 0;
     p.exit.dynamic      = true;
     p.exit.kv           = SPECEE_EXIT_KV_MASK;
-    p.exit.replay       = nullptr;
-    p.exit.n_replay     = 0;
     return p;
 }
 
@@ -382,6 +350,10 @@ extern "C" int32_t specee_generator_next(specee_generator * gen, int32_t * token
     return specee_guard<int32_t>(-1, [&] { return next_impl(*gen, tokens, layers_run, n_max); });
 }
 
-extern "C" struct specee_generator_stats specee_generator_get_stats(const specee_generator * gen) { return gen->stats; }
+extern "C" struct specee_generator_stats specee_generator_get_stats(const specee_generator * gen) {
+    specee_generator_stats st = gen->stats;
+    specee_generator_stats_derive(st, gen->mode);
+    return st;
+}
 
 extern "C" void specee_generator_reset_stats(specee_generator * gen) { gen->stats = specee_generator_stats{}; }

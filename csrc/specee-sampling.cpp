@@ -183,7 +183,7 @@ extern "C" struct specee_sampler_params specee_sampler_default_params(void) {
     return p;
 }
 
-specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params) {
+void specee_sampler_check_params(const specee_sampler_params & params) {
     if (std::isnan(params.temp)) {
         specee_fail("temp must be a number (<= 0 means greedy)");
     }
@@ -200,6 +200,10 @@ specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params) 
     if (params.repeat_last_n < -1) {
         specee_fail("repeat_last_n must be >= -1 (-1: the whole history, 0: off), got %d", params.repeat_last_n);
     }
+}
+
+specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params) {
+    specee_sampler_check_params(params);
     auto * s     = new specee_sampler;
     s->params    = params;
     s->seed_cur  = resolve_seed(params.seed);

@@ -17,6 +17,8 @@ void   specee_sampler_dist(specee_sampler & s, const float * logits, int32_t n_v
 double specee_sampler_uniform(specee_sampler & s);
 bool   specee_sampler_greedy(const specee_sampler & s);
 
+// throws when a parameter is out of range
+void             specee_sampler_check_params(const specee_sampler_params & params);
 specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params);
 // the next token from one row of the target's logits [n_vocab] (logit biases and penalties applied)
 int32_t          specee_sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab);

@@ -560,7 +560,7 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
     root_pos += (int32_t) emitted.size();
     st.t_sample_ms += specee_ms_since(t0);
 
-    st.n_passes++;
+    st.n_steps++;
     st.n_drafted += n - 1;
     st.n_accepted += n_acc;
     std::copy(emitted.begin(), emitted.end(), out);

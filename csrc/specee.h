@@ -292,9 +292,9 @@ int32_t specee_draft_head_eval(specee_context * ctx, const int32_t * tokens, con
 //               verifies it in one batched pass; lossless (greedy output = plain output; sampling keeps the
 //               sampler's distribution, see specee-speculative.cpp);
 //   eagle2      EAGLE-2: a dynamic tree (eagle.total_tokens, depth, topk), lossless likewise;
-//   early_exit  SpecEE: each token's pass stops at a checked layer when its predictor fires and that layer's
+//   early-exit  SpecEE: each token's pass stops at a checked layer when its predictor fires and that layer's
 //               argmax is one of the draft head's candidates; greedy only, lossy by design.
-// auto picks early_exit for a model with a draft head and exit predictors when decoding greedily (SpecEE's
+// auto picks early-exit for a model with a draft head and exit predictors when decoding greedily (SpecEE's
 // behaviour for its merged files), else eagle2 with a draft head, else plain.
 //
 // Usage: specee_generator_start(tokens of the whole sequence so far), then specee_generator_next until it
@@ -310,15 +310,19 @@ enum specee_mode {
     SPECEE_MODE_EARLY_EXIT = 4,
 };
 
+// the longest choices text and the most layers in an exit schedule or replay that the parameters hold
+#define SPECEE_MAX_CHOICES     4096
+#define SPECEE_MAX_EXIT_LAYERS 256
+
 struct specee_eagle_params {
-    // NULL or 0: the default tree, chosen from the cost of a verification pass on the model's layers: three
-    // draft tokens ([[0], [1], [0, 0]]; eagle2 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0),
-    // one ([[0]]; 1/1/1) elsewhere (see the README's table (b))
-    const char * choices;      // eagle: "[[0], [1], [0, 0], ...]" (child ranks along each path, TensorRT-LLM's
-                               // --eagle_choices) or the preset "mc_sim_7b_63"
-    int32_t      total_tokens; // eagle2: draft tokens verified per step
-    int32_t      depth;        // eagle2: most draft tokens on one path
-    int32_t      topk;         // eagle2: children per expanded node, and nodes expanded per depth
+    // "" or 0: the default tree, chosen from the cost of a verification pass on the model's layers: three draft
+    // tokens ([[0], [1], [0, 0]]; eagle2 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0), one
+    // ([[0]]; 1/1/1) elsewhere (docs/speculative.md)
+    char    choices[SPECEE_MAX_CHOICES]; // eagle: "[[0], [1], [0, 0], ...]" (child ranks along each path,
+                                         // TensorRT-LLM's --eagle_choices) or the preset "mc_sim_7b_63"
+    int32_t total_tokens;                // eagle2: draft tokens verified per step
+    int32_t depth;                       // eagle2: most draft tokens on one path
+    int32_t topk;                        // eagle2: children per expanded node, and nodes expanded per depth
 };
 
 enum specee_exit_kv {
@@ -327,13 +331,15 @@ enum specee_exit_kv {
 };
 
 struct specee_exit_params {
-    float           threshold; // a predictor fires above this; >= 1: never; < 0: the model's specee.exit.threshold
-    const int32_t * layers;    // the static schedule (block indices checked); NULL: the model's specee.exit.layers
-    int32_t         n_layers;
-    bool            dynamic;   // also check e-2, e, e+2 around each of the last 5 exit layers
-    int32_t         kv;        // enum specee_exit_kv: what the skipped layers' cache holds for an exited token
-    const int32_t * replay;    // benchmarks and tests: token i exits after block replay[i % n_replay] whatever the
-    int32_t         n_replay;  // predictors say (n_layer - 1 or more: all layers); NULL: off
+    float   threshold;                      // a predictor fires above this; >= 1: never; < 0: the model's
+                                            // specee.exit.threshold
+    int32_t layers[SPECEE_MAX_EXIT_LAYERS]; // the static schedule (block indices checked)
+    int32_t n_layers;                       // 0: the model's specee.exit.layers
+    bool    dynamic;                        // also check e-2, e, e+2 around each of the last 5 exit layers
+    int32_t kv;                             // enum specee_exit_kv: what the skipped layers' cache holds for an
+                                            // exited token
+    int32_t replay[SPECEE_MAX_EXIT_LAYERS]; // benchmarks and tests: token i exits after block replay[i % n_replay]
+    int32_t n_replay;                       // whatever the predictors say (n_layer - 1 or more: all layers); 0: off
 };
 
 struct specee_generator_params {
@@ -345,13 +351,15 @@ struct specee_generator_params {
     struct specee_exit_params    exit;
 };
 
+// What a generator did since its stats were last reset. The same names in Python (GenerationStats), the CLI's
+// timing lines and the evaluations' columns.
 struct specee_generator_stats {
     int32_t n_prompt;      // tokens evaluated by start (the reused prefix not counted)
     int32_t n_reused;      // tokens start found in the cache
     double  t_prompt_ms;
     int32_t n_tokens;      // tokens returned by next (the first one of each start comes from the prompt's pass)
-    int32_t n_decoded;     // of which produced by decoding passes (every token but the first of each start)
-    int32_t n_passes;      // decoding passes after the first token: one per token (plain, early exit) or per
+    int32_t n_decoded;     // of which produced by decoding steps (every token but the first of each start)
+    int32_t n_steps;       // decoding steps after the first token: one per token (plain, early exit) or per
                            // draft-and-verify step (eagle, eagle2)
     double  t_decode_ms;   // in next, after the first token
     double  t_sample_ms;   // sampling and acceptance, inside t_decode_ms
@@ -360,22 +368,26 @@ struct specee_generator_stats {
     int32_t n_accepted;    // of which accepted
     double  t_draft_ms;    // in the draft head, tree building included
     double  t_verify_ms;   // in the model's verification passes
-    // early_exit (decode passes only)
-    int32_t n_exits;        // tokens that left before the last layer
-    int64_t n_layers_run;   // layers evaluated, summed over tokens
-    int32_t n_checks;       // predictor checks
-    int32_t n_fired;        // checks whose predictor fired
-    int32_t n_rejected;     // fired, but the layer's argmax was not a candidate
-    double  t_layers_ms;    // in the model's layers
-    double  t_check_ms;     // features + predictors
-    double  t_exit_ms;      // norm + full lm_head at fired layers
-    double  t_head_ms;      // the draft head (candidates)
-    double  t_fill_ms;      // K/V of the skipped layers (SPECEE_EXIT_KV_FILL)
+    // early-exit (decoding steps only)
+    int32_t n_exits;       // tokens that left before the last layer
+    int64_t n_layers_run;  // layers evaluated, summed over tokens
+    int32_t n_checks;      // predictor checks
+    int32_t n_fired;       // checks whose predictor fired
+    int32_t n_rejected;    // fired, but the layer's argmax was not a candidate
+    double  t_layers_ms;   // in the model's layers
+    double  t_check_ms;    // features + predictors
+    double  t_exit_ms;     // norm + full lm_head at fired layers
+    double  t_head_ms;     // the draft head (candidates)
+    double  t_fill_ms;     // K/V of the skipped layers (SPECEE_EXIT_KV_FILL)
+    // derived by specee_generator_get_stats (0 where a mode does not count them)
+    double  mean_accepted_tokens; // eagle, eagle2: n_decoded / n_steps, tokens per step (1: no draft accepted)
+    double  exit_ratio;           // early-exit: n_exits / n_steps
+    double  mean_layers_run;      // early-exit: n_layers_run / n_steps (SpecEE's "average exit layer")
 };
 
 typedef struct specee_generator specee_generator;
 
-// "auto", "plain", "eagle", "eagle2", "early-exit" (the names the CLI, Python and the evaluations use)
+// "auto", "plain", "eagle", "eagle2", "early-exit" (the names of option "mode"), "?" for an unknown mode
 const char * specee_mode_name(int32_t mode);
 // the mode of a name, -1 when unknown
 int32_t      specee_mode_by_name(const char * name);
@@ -403,6 +415,44 @@ struct specee_generator_stats specee_generator_get_stats(const specee_generator 
 void                          specee_generator_reset_stats(specee_generator * gen);
 // number of draft tokens of a choices list or preset, or -1 with the reason in specee_last_error()
 int32_t specee_eagle_check_choices(const char * choices);
+
+// ---- generation options and stats: one table of names for every frontend ------------------------------------
+//
+// Every setting of specee_generator_params has one name: "mode", "temp", "top_k", "top_p", "min_p",
+// "repeat_penalty", "repeat_last_n", "seed", "ignore_eos", "eagle.choices", "eagle.total_tokens", "eagle.depth",
+// "eagle.topk", "exit.threshold", "exit.layers", "exit.dynamic", "exit.kv", "exit.replay". The CLI's flags
+// (--top-k, --exit-kv, ...), Python's GenerateOptions fields and the evaluations set them through
+// specee_generator_params_set, so each value is checked here, once.
+
+enum specee_option_type {
+    SPECEE_OPTION_INT    = 0,
+    SPECEE_OPTION_FLOAT  = 1,
+    SPECEE_OPTION_BOOL   = 2, // "true" / "false" (also 1 / 0, on / off)
+    SPECEE_OPTION_CHOICE = 3, // one of `choices`
+    SPECEE_OPTION_TEXT   = 4,
+    SPECEE_OPTION_LIST   = 5, // comma-separated integers: "16,20,24"
+};
+
+struct specee_option {
+    const char * name;    // "exit.kv"
+    int32_t      type;    // enum specee_option_type
+    const char * choices; // SPECEE_OPTION_CHOICE: the names, comma-separated ("mask,fill"); NULL otherwise
+    const char * expect;  // what a value must be ("a number in [0, 1]"), for messages
+    const char * help;    // one line, with the default
+};
+
+// the i-th option, NULL past the end
+const struct specee_option * specee_generator_option(int32_t i);
+// Set an option from text ("" restores its default). 0, or -1 with specee_last_error() naming the option and
+// what it takes (p is unchanged then).
+int32_t specee_generator_params_set(struct specee_generator_params * p, const char * name, const char * value);
+// An option's value as text (the form specee_generator_params_set reads; "" for an unset list or text). Returns
+// the length, -(length needed) when len is too small, or INT32_MIN for an unknown name.
+int32_t specee_generator_params_get(const struct specee_generator_params * p, const char * name, char * buf,
+                                    int32_t len);
+// the names of the stats' fields, in order (NULL past the end), and a field's value as a double
+const char * specee_generator_stat_name(int32_t i);
+double       specee_generator_stat_value(const struct specee_generator_stats * st, int32_t i);
 
 // ---- chat templates ------------------------------------------------------------------------------
 

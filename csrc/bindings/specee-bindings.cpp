@@ -187,59 +187,67 @@ struct Sampler {
     }
 };
 
-// ---- the generator: its parameters are read off a Python object by attribute (specee.generate.GenerateOptions,
-// whose field names are the API's)
+// ---- the generator: its parameters are read off a Python object by the option table's names
+// (specee.generate.GenerateOptions: "temp", "eagle.topk" is options.eagle.topk, ...), each as text, so the library
+// checks every value (specee_generator_params_set)
+
+// an option's value as the text specee_generator_params_set reads: None -> "" (the default), bools, numbers,
+// sequences of integers "16,20,24"
+static std::string option_text(const py::object & v) {
+    if (v.is_none()) {
+        return "";
+    }
+    if (py::isinstance<py::bool_>(v)) {
+        return v.cast<bool>() ? "true" : "false";
+    }
+    if (py::isinstance<py::str>(v)) {
+        return v.cast<std::string>();
+    }
+    if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) {
+        return py::repr(v).cast<std::string>();
+    }
+    std::string s;
+    for (const py::handle & x : v.cast<py::sequence>()) {
+        s += (s.empty() ? "" : ",") + py::repr(x).cast<std::string>();
+    }
+    return s.empty() ? std::string(",") : s; // an empty list is not the default: refused
+}
+
+// group "": every option, read off o (GenerateOptions); "exit": the exit.* options, read off o (ExitParams)
+static specee_generator_params params_of(const py::object & o, const std::string & group = "") {
+    specee_generator_params p = specee_generator_default_params();
+    for (int32_t i = 0; const specee_option * opt = specee_generator_option(i); ++i) {
+        std::string name = opt->name;
+        if (!group.empty()) {
+            if (name.compare(0, group.size() + 1, group + ".") != 0) {
+                continue;
+            }
+            name = name.substr(group.size() + 1);
+        }
+        py::object v = o;
+        for (size_t a = 0, b; a <= name.size(); a = b + 1) {
+            b = std::min(name.find('.', a), name.size());
+            v = v.attr(name.substr(a, b - a).c_str());
+        }
+        if (specee_generator_params_set(&p, opt->name, option_text(v).c_str()) != 0) {
+            throw py::value_error(specee_last_error());
+        }
+    }
+    return p;
+}
+
+static py::dict stats_dict(const specee_generator_stats & st) {
+    py::dict d;
+    for (int32_t i = 0; const char * name = specee_generator_stat_name(i); ++i) {
+        const double v = specee_generator_stat_value(&st, i);
+        d[name]        = name[0] == 'n' && name[1] == '_' ? py::object(py::int_((int64_t) v)) : py::object(py::float_(v));
+    }
+    return d;
+}
 
 struct Generator {
-    py::object           ctx_ref; // keeps the context (and its model) alive
-    specee_generator *   ptr = nullptr;
-    std::optional<std::string> choices;
-    std::vector<int32_t> exit_layers, exit_replay;
-
-    specee_generator_params params_of(const py::object & o) {
-        specee_generator_params p = specee_generator_default_params();
-        const std::string       mode = o.attr("mode").cast<std::string>();
-        p.mode                       = specee_mode_by_name(mode.c_str());
-        if (p.mode < 0) {
-            throw py::value_error("mode must be one of auto, plain, eagle, eagle2, early-exit, not '" + mode + "'");
-        }
-        p.sampling.temp           = o.attr("temp").cast<float>();
-        p.sampling.top_k          = o.attr("top_k").cast<int32_t>();
-        p.sampling.top_p          = o.attr("top_p").cast<float>();
-        p.sampling.min_p          = o.attr("min_p").cast<float>();
-        p.sampling.repeat_penalty = o.attr("repeat_penalty").cast<float>();
-        p.sampling.repeat_last_n  = o.attr("repeat_last_n").cast<int32_t>();
-        const py::object seed     = o.attr("seed");
-        p.sampling.seed = seed.is_none() || seed.cast<int64_t>() == -1 ? SPECEE_DEFAULT_SEED : seed.cast<uint32_t>();
-        p.ignore_eos    = o.attr("ignore_eos").cast<bool>();
-
-        const py::object e = o.attr("eagle");
-        choices            = e.attr("choices").is_none() ? std::nullopt
-                                                         : std::optional<std::string>(e.attr("choices").cast<std::string>());
-        p.eagle.choices    = choices ? choices->c_str() : nullptr;
-        for (auto [name, field] : {std::pair<const char *, int32_t *>{"total_tokens", &p.eagle.total_tokens},
-                                   {"depth", &p.eagle.depth}, {"topk", &p.eagle.topk}}) {
-            const py::object v = e.attr(name);
-            *field             = v.is_none() ? 0 : v.cast<int32_t>();
-        }
-
-        const py::object x = o.attr("exit");
-        const py::object th = x.attr("threshold"), layers = x.attr("layers"), replay = x.attr("replay");
-        p.exit.threshold = th.is_none() ? -1.0f : th.cast<float>();
-        exit_layers      = layers.is_none() ? std::vector<int32_t>() : layers.cast<std::vector<int32_t>>();
-        exit_replay      = replay.is_none() ? std::vector<int32_t>() : replay.cast<std::vector<int32_t>>();
-        p.exit.layers    = layers.is_none() ? nullptr : exit_layers.data();
-        p.exit.n_layers  = (int32_t) exit_layers.size();
-        p.exit.replay    = replay.is_none() ? nullptr : exit_replay.data();
-        p.exit.n_replay  = (int32_t) exit_replay.size();
-        p.exit.dynamic   = x.attr("dynamic").cast<bool>();
-        const std::string kv = x.attr("kv").cast<std::string>();
-        if (kv != "mask" && kv != "fill") {
-            throw py::value_error("exit kv must be 'mask' or 'fill', not '" + kv + "'");
-        }
-        p.exit.kv = kv == "fill" ? SPECEE_EXIT_KV_FILL : SPECEE_EXIT_KV_MASK;
-        return p;
-    }
+    py::object         ctx_ref; // keeps the context (and its model) alive
+    specee_generator * ptr = nullptr;
 
     Generator(py::object ctx_obj, const py::object & options) : ctx_ref(ctx_obj) {
         const specee_generator_params p = params_of(options);
@@ -286,17 +294,7 @@ struct Generator {
         return py::make_tuple(toks, layers);
     }
 
-    py::dict stats() const {
-        const specee_generator_stats st = specee_generator_get_stats(ptr);
-        py::dict                     d;
-#define STAT(f) d[#f] = st.f;
-        STAT(n_prompt) STAT(n_reused) STAT(t_prompt_ms) STAT(n_tokens) STAT(n_decoded) STAT(n_passes) STAT(t_decode_ms)
-        STAT(t_sample_ms) STAT(n_drafted) STAT(n_accepted) STAT(t_draft_ms) STAT(t_verify_ms) STAT(n_exits)
-        STAT(n_layers_run) STAT(n_checks) STAT(n_fired) STAT(n_rejected) STAT(t_layers_ms) STAT(t_check_ms)
-        STAT(t_exit_ms) STAT(t_head_ms) STAT(t_fill_ms)
-#undef STAT
-        return d;
-    }
+    py::dict stats() const { return stats_dict(specee_generator_get_stats(ptr)); }
 };
 
 // {"role": ..., "content": ...} dicts as the C API's messages (pointing into the dicts)
@@ -324,6 +322,38 @@ PYBIND11_MODULE(_core, m) {
 
 
     m.def("set_verbose", &specee_log_set_verbose);
+    m.def("generator_options", [] {
+        py::list out;
+        for (int32_t i = 0; const specee_option * o = specee_generator_option(i); ++i) {
+            specee_generator_params d = specee_generator_default_params();
+            char                    buf[SPECEE_MAX_CHOICES];
+            specee_generator_params_get(&d, o->name, buf, sizeof(buf));
+            py::dict e;
+            e["name"] = o->name, e["type"] = o->type, e["expect"] = o->expect, e["help"] = o->help, e["default"] = buf;
+            e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
+            out.append(e);
+        }
+        return out;
+    }, "the generation options (name, type, choices, expect, help, default as text), the library's table");
+    m.def("generate_options_values", [](const py::object & o, const std::string & group) {
+        const specee_generator_params p = params_of(o, group);
+        py::dict                      d;
+        for (int32_t i = 0; const specee_option * opt = specee_generator_option(i); ++i) {
+            char buf[SPECEE_MAX_CHOICES];
+            specee_generator_params_get(&p, opt->name, buf, sizeof(buf));
+            d[opt->name] = buf;
+        }
+        return d;
+    }, py::arg("options"), py::arg("group") = "",
+       "the options' values as the library reads them ({name: text}); ValueError when one is refused (the library's "
+       "checks); group 'eagle' or 'exit': only those, read off EagleParams / ExitParams");
+    m.def("generator_stat_names", [] {
+        py::list out;
+        for (int32_t i = 0; const char * n = specee_generator_stat_name(i); ++i) {
+            out.append(n);
+        }
+        return out;
+    });
     m.def("max_threads", &specee_max_threads);
     m.def("arch_eagle_tensor_names", [] {
         std::vector<std::string> names;

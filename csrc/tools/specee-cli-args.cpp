@@ -44,21 +44,6 @@ static bool parse_float(const std::string & s, float & out) {
     return true;
 }
 
-// "16,20,24"
-static bool parse_layers(const std::string & s, std::vector<int32_t> & out) {
-    out.clear();
-    for (size_t i = 0; i <= s.size();) {
-        const size_t j = std::min(s.find(',', i), s.size());
-        int          l = -1;
-        if (!parse_int(s.substr(i, j - i), l, 0)) {
-            return false;
-        }
-        out.push_back(l);
-        i = j + 1;
-    }
-    return !out.empty();
-}
-
 // why the last value was refused, when its setter knows better than the library's last error
 static std::string g_why;
 
@@ -103,6 +88,48 @@ static std::string str(float v) {
     return b;
 }
 
+// The generation flags, one per option of the library's table (specee.h, specee_generator_option): "--" and the
+// option's name with '-' for '.' and '_' ("exit.kv" -> --exit-kv), plus llama.cpp's and EAGLE's spellings. A bool
+// option that is off by default is a flag that turns it on, one that is on by default "--no-..." that turns it off.
+static std::vector<std::string> generation_flag_names(const std::string & name) {
+    static const std::vector<std::pair<std::string, std::vector<std::string>>> ALIASES = {
+        {"seed", {"-s"}}, {"top_k", {"--top_k"}}, {"top_p", {"--top_p"}}, {"min_p", {"--min_p"}},
+        {"eagle.choices", {"--eagle_choices"}}, {"eagle.topk", {"--eagle_dynamic_tree_max_top_k"}}};
+    std::string flag = "--" + name;
+    std::replace(flag.begin(), flag.end(), '.', '-');
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    std::vector<std::string> names = {flag};
+    for (const auto & [option, aliases] : ALIASES) {
+        if (option == name) {
+            names.insert(name == "seed" ? names.begin() : names.end(), aliases.begin(), aliases.end());
+        }
+    }
+    return names;
+}
+
+static void add_generation_options(std::vector<cli_option> & opts, cli_params & p) {
+    const specee_generator_params d = specee_generator_default_params();
+    for (int32_t i = 0; const specee_option * o = specee_generator_option(i); ++i) {
+        std::vector<std::string> names = generation_flag_names(o->name);
+        const std::string        name  = o->name;
+        std::string              value = name.substr(name.rfind('.') + 1);
+        std::transform(value.begin(), value.end(), value.begin(), ::toupper);
+        value = o->type == SPECEE_OPTION_INT || o->type == SPECEE_OPTION_FLOAT ? (name == "seed" ? "SEED" : "N") : value;
+        auto set = [&p, name](const std::string & v) { return specee_generator_params_set(&p.gen, name.c_str(), v.c_str()) == 0; };
+        if (o->type == SPECEE_OPTION_BOOL) {
+            char on[8];
+            specee_generator_params_get(&d, o->name, on, sizeof(on));
+            const bool by_default = std::string(on) == "true";
+            if (by_default) {
+                names[0].insert(2, "no-");
+            }
+            opts.push_back({names, "", o->help, o->expect, [set, by_default](const std::string &) { return set(by_default ? "false" : "true"); }});
+            continue;
+        }
+        opts.push_back({names, value, o->help, o->expect, set});
+    }
+}
+
 // every flag once: names, placeholder, help, accepted values and what it sets
 static std::vector<cli_option> make_options(cli_params & p) {
     const cli_params d;
@@ -112,8 +139,7 @@ static std::vector<cli_option> make_options(cli_params & p) {
     auto             one_of = [](std::string & field, std::vector<std::string> ok) {
         return [&field, ok](const std::string & v) { field = v; return std::find(ok.begin(), ok.end(), v) != ok.end(); };
     };
-    specee_sampler_params & sp = p.gen.sampling;
-    return {
+    std::vector<cli_option> opts = {
         {{"-h", "--help"}, "", "print this help and exit", "", nullptr},
         {{"-m", "--model"}, "FNAME", "GGUF model (default: $SPECEE_DEFAULT_MODEL, which the specee-cli console script sets to the embedded SmolLM2)", "", s(p.model)},
         {{"-p", "--prompt"}, "PROMPT", "prompt to start generation with; for a system message use -sys", "", s(p.prompt)},
@@ -145,24 +171,6 @@ static std::vector<cli_option> make_options(cli_params & p) {
              }
              return ok;
          }},
-        {{"-s", "--seed"}, "SEED", "RNG seed (default: -1 = a random seed)", "an unsigned 32-bit integer or -1",
-         [&sp](const std::string & v) {
-             if (v == "-1") {
-                 sp.seed = SPECEE_DEFAULT_SEED;
-                 return true;
-             }
-             char *                   end = nullptr;
-             const unsigned long long x   = std::strtoull(v.c_str(), &end, 10);
-             sp.seed                      = (uint32_t) x;
-             return !v.empty() && v[0] != '-' && *end == '\0' && x <= UINT32_MAX;
-         }},
-        {{"--temp"}, "N", "temperature (default: " + str(d.gen.sampling.temp) + ", <= 0 = greedy)", "a number", [&sp](const std::string & v) { return parse_float(v, sp.temp); }},
-        {{"--top-k", "--top_k"}, "N", "top-k sampling (default: " + std::to_string(d.gen.sampling.top_k) + ", 0 = off)", "an integer", [&sp](const std::string & v) { return parse_int(v, sp.top_k); }},
-        {{"--top-p", "--top_p"}, "N", "top-p sampling, in (0, 1] (default: " + str(d.gen.sampling.top_p) + ", 1.0 = off)", "a number in (0, 1]", [&sp](const std::string & v) { return parse_float(v, sp.top_p) && sp.top_p > 0.0f && sp.top_p <= 1.0f; }},
-        {{"--min-p", "--min_p"}, "N", "min-p sampling, in [0, 1] (default: " + str(d.gen.sampling.min_p) + ", 0.0 = off)", "a number in [0, 1]", [&sp](const std::string & v) { return parse_float(v, sp.min_p) && sp.min_p >= 0.0f && sp.min_p <= 1.0f; }},
-        {{"--repeat-penalty"}, "N", "penalise repeated tokens (default: 1.00 = off)", "a finite number > 0", [&sp](const std::string & v) { return parse_float(v, sp.repeat_penalty) && sp.repeat_penalty > 0.0f && std::isfinite(sp.repeat_penalty); }},
-        {{"--repeat-last-n"}, "N", "tokens the penalty looks back over (default: 64, 0 = off, -1 = the context size)", "an integer >= -1", [&sp](const std::string & v) { return parse_int(v, sp.repeat_last_n, -1); }},
-        {{"--ignore-eos"}, "", "never generate an end-of-generation token (its logit is -inf), so a run goes on to -n tokens or a full context", "", flag([&p] { p.gen.ignore_eos = true; })},
         {{"-cnv", "--conversation"}, "", "conversation mode: the chat template formats each turn and user lines are read from stdin after a '> ' prompt (default: on when the model has a chat template and stdin and stdout are terminals)", "", flag([&p] { p.conversation = CNV_ON; })},
         {{"-no-cnv", "--no-conversation"}, "", "plain completion of the prompt", "", flag([&p] { p.conversation = CNV_OFF; })},
         {{"-st", "--single-turn"}, "", "conversation mode: answer one turn (the -p prompt, or else the first line read), then exit", "", flag([&p] { p.single_turn = true; })},
@@ -201,27 +209,14 @@ static std::vector<cli_option> make_options(cli_params & p) {
              }
              return v == "on" || v == "off" || v == "auto";
          }},
-        {{"--mode"}, "MODE", "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, lossy) or auto (default): early-exit with a draft head and exit predictors at --temp 0 (SpecEE's way with its merged files), eagle2 with a draft head, else plain", "plain, eagle, eagle2, early-exit or auto",
-         [&p](const std::string & v) { return (p.gen.mode = specee_mode_by_name(v.c_str())) >= 0; }},
-        {{"--draft-head"}, "FNAME", "EAGLE head GGUF of its own (eagle.* tensors and optionally exit predictors, e.g. from `python -m specee.convert merge --head-only`), used instead of the model's; 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "a file name or 'default'",
+        {{"--draft-head"}, "FNAME", "a draft head file (a GGUF with an EAGLE head and optionally exit predictors, e.g. from `python -m specee.convert merge --draft-head-only`), used instead of the model's own head and predictors (the load says what it replaced); 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "a file name or 'default'",
          [&p](const std::string & v) {
              p.draft_head = v;
              return !v.empty();
          }},
-        {{"--eagle-choices", "--eagle_choices"}, "CHOICES", "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU default; default here: from the cost of a verification pass, [[0], [1], [0, 0]] where the CPU's layer matrices are repacked (e.g. Q4_0), else [[0]]); implies --mode eagle under auto", "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
-         [&p](const std::string & v) {
-             p.eagle_choices = v;
-             return specee_eagle_check_choices(v.c_str()) >= 0;
-         }},
-        {{"--eagle-total-tokens"}, "N", "EAGLE-2: draft tokens verified per step (default: 3 where the CPU's layer matrices are repacked, e.g. Q4_0, else 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.total_tokens, 1); }},
-        {{"--eagle-depth"}, "N", "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices are repacked, else 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.depth, 1); }},
-        {{"--eagle-topk", "--eagle_dynamic_tree_max_top_k"}, "N", "EAGLE-2: children per expanded node and nodes expanded per depth (default: 2 where the CPU's layer matrices are repacked, else 1)", "an integer >= 1", [&p](const std::string & v) { return parse_int(v, p.gen.eagle.topk, 1); }},
-        {{"--exit-threshold"}, "F", "early exit: a predictor fires above F (default: the file's, SpecEE's 0.5)", "a number in [0, 1]",
-         [&p](const std::string & v) { return parse_float(v, p.gen.exit.threshold) && p.gen.exit.threshold >= 0.0f && p.gen.exit.threshold <= 1.0f; }},
-        {{"--exit-layers"}, "LAYERS", "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)", "comma-separated layer numbers like 16,20,24", [&p](const std::string & v) { return parse_layers(v, p.exit_layers); }},
-        {{"--exit-kv"}, "POLICY", "early exit: the skipped layers' cache for an exited token: mask (nothing, later tokens do not see it there; SpecEE's; default) or fill (K/V from the exit layer's output)", "mask or fill", one_of(p.exit_kv, {"mask", "fill"})},
-        {{"--exit-replay"}, "LAYERS", "early exit for benchmarks: token i exits after block LAYERS[i mod n] whatever the predictors say (cost only: the tokens are the exit layers' argmax)", "comma-separated layer numbers", [&p](const std::string & v) { return parse_layers(v, p.exit_replay); }},
     };
+    add_generation_options(opts, p);
+    return opts;
 }
 
 static void print_usage(const char * argv0, const std::vector<cli_option> & opts) {

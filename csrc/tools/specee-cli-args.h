@@ -17,9 +17,8 @@ struct cli_params {
     bool        escape = true, special = false, single_turn = false, verbose_prompt = false, display_prompt = true;
     cnv_mode    conversation = CNV_AUTO;
     std::string cache_type_v = "f32";
-    std::string eagle_choices, exit_kv = "mask";
-    std::vector<int32_t>    exit_layers, exit_replay;
-    specee_generator_params gen           = specee_generator_default_params();
+    specee_generator_params gen           = specee_generator_default_params(); // the generation flags set it
+
     // placement
     int                     n_gpu_layers  = -1;
     std::string             offload_order = "auto", devices, rpc_servers;

@@ -129,7 +129,7 @@ struct session {
     specee_model *       model = nullptr;
     specee_context *     ctx   = nullptr;
     specee_generator *   gen   = nullptr;
-    std::vector<int32_t> hist; // tokens per layers-run count (early exit)
+    std::vector<int32_t> hist; // decoded tokens per layers-run count (early exit; the prompt's token not counted)
     double               t_load_ms = 0.0;
     std::chrono::steady_clock::time_point t_start;
     text_stream          out;
@@ -165,7 +165,8 @@ static gen_stop generate(session & s, const std::vector<int32_t> & tokens, const
     }
     const int n_predict = s.params.n_predict;
     int32_t   buf[256], run[256];
-    for (int n = 0; n_predict < 0 || n < n_predict;) {
+    bool      first = true; // the first token comes from the prompt's pass, not from a decoding step
+    for (int n = 0; n_predict < 0 || n < n_predict; first = false) {
         if (g_interrupts > 0) {
             return STOP_INTERRUPT;
         }
@@ -179,7 +180,7 @@ static gen_stop generate(session & s, const std::vector<int32_t> & tokens, const
             return STOP_CONTEXT;
         }
         for (int32_t j = 0; j < k; ++j, ++n) {
-            s.hist[run[j] - 1]++;
+            s.hist[run[j] - 1] += first ? 0 : 1;
             const bool eog = specee_token_is_eog(s.model, buf[j]);
             s.out.write(token_piece(s.model, buf[j], s.params.special));
             if (eog) {
@@ -213,15 +214,14 @@ static void perf_print(const session & s) {
     if (mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2) {
         fprintf(stderr, "llama_perf_context_print:      speculative = %5d steps, %6.2f mean accepted tokens per step (%d "
                         "of %d draft tokens accepted; draft %.2f ms, verify %.2f ms)\n",
-                st.n_passes, st.n_passes > 0 ? (double) n_decoded / st.n_passes : 0.0, st.n_accepted, st.n_drafted,
-                st.t_draft_ms, st.t_verify_ms);
+                st.n_steps, st.mean_accepted_tokens, st.n_accepted, st.n_drafted, st.t_draft_ms, st.t_verify_ms);
     } else if (mode == SPECEE_MODE_EARLY_EXIT) {
         const int32_t L = specee_model_n_layer(s.model);
         fprintf(stderr, "llama_perf_context_print:       early exit = %5d tokens, exit ratio %.3f, mean layers run %.2f of "
-                        "%d (%d checks, %d fired, %d not a candidate; head %.2f ms, checks %.2f ms, exit lm_head %.2f ms)\n",
-                st.n_passes, st.n_passes > 0 ? (double) st.n_exits / st.n_passes : 0.0,
-                st.n_passes > 0 ? (double) st.n_layers_run / st.n_passes : 0.0, L, st.n_checks, st.n_fired,
-                st.n_rejected, st.t_head_ms, st.t_check_ms, st.t_exit_ms);
+                        "%d (%d exits, %d checks, %d fired, %d not a candidate; head %.2f ms, checks %.2f ms, exit "
+                        "lm_head %.2f ms)\n",
+                st.n_steps, st.exit_ratio, st.mean_layers_run, L, st.n_exits, st.n_checks, st.n_fired, st.n_rejected,
+                st.t_head_ms, st.t_check_ms, st.t_exit_ms);
         std::string hist;
         for (int32_t l = 0; l < L; ++l) {
             hist += s.hist[l] > 0 ? " " + std::to_string(l + 1) + ":" + std::to_string(s.hist[l]) : "";
@@ -373,40 +373,28 @@ static const char * env_path(const char * var, const char * what) {
     return v && *v ? v : nullptr;
 }
 
-int main(int argc, char ** argv) {
-    session      s;
-    cli_params & p    = s.params;
-    bool         help = false;
-    if (!cli_parse(argc, argv, p, help)) {
-        return 1;
-    }
-    if (help) {
-        return 0;
-    }
-    if (p.list_devices) {
-        specee_log_set_verbose(false);
-        return list_devices(p.rpc_servers);
-    }
+// -m and --draft-head default: the files the specee-cli console script names; false with a message
+static bool resolve_default_files(cli_params & p) {
     if (p.model.empty()) {
         const char * def = env_path("SPECEE_DEFAULT_MODEL", "no model given (-m FNAME)");
         if (!def) {
-            return 1;
+            return false;
         }
         p.model = def;
     }
     if (p.draft_head == "default") {
         const char * def = env_path("SPECEE_DEFAULT_DRAFT_HEAD", "--draft-head default");
         if (!def) {
-            return 1;
+            return false;
         }
         p.draft_head = def;
     }
-    if (p.escape) {
-        p.prompt        = process_escapes(p.prompt);
-        p.system_prompt = process_escapes(p.system_prompt);
-    }
-    specee_log_set_verbose(false);
+    return true;
+}
 
+// the model where the placement flags put it; its placement on stderr
+static bool load_model(session & s) {
+    const cli_params &  p      = s.params;
     const auto          t_load = std::chrono::steady_clock::now();
     specee_model_params mp     = specee_model_default_params();
     mp.n_gpu_layers            = p.n_gpu_layers;
@@ -421,7 +409,7 @@ int main(int argc, char ** argv) {
     if (!s.model) {
         fprintf(stderr, "error: failed to load the model '%s'%s%s: %s\n", p.model.c_str(),
                 p.draft_head.empty() ? "" : " with the draft head ", p.draft_head.c_str(), specee_last_error());
-        return 1;
+        return false;
     }
     s.t_load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
     for (const char * line = specee_model_placement(s.model); *line;) {
@@ -429,7 +417,12 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "load: %.*s\n", (int) (end ? end - line : strlen(line)), line);
         line = end ? end + 1 : line + strlen(line);
     }
+    return true;
+}
 
+// the context (KV cache) and the generator (mode, trees and exit settings are checked there)
+static bool init_context(session & s) {
+    cli_params &          p  = s.params;
     specee_context_params cp = specee_context_default_params();
     cp.n_ctx                 = p.n_ctx > 0 ? (uint32_t) std::max(p.n_ctx, 8) : 0;
     cp.n_batch               = (uint32_t) std::min(p.n_batch, p.n_ubatch);
@@ -439,45 +432,26 @@ int main(int argc, char ** argv) {
     s.ctx                    = specee_context_init(s.model, cp);
     if (!s.ctx) {
         fprintf(stderr, "error: cannot create the context: %s\n", specee_last_error());
-        return 1;
+        return false;
     }
     fprintf(stderr, "load: KV cache: size = %.2f MiB (%u cells, %d layers, K f16, V %s)\n",
             specee_kv_nbytes(s.ctx) / 1048576.0, specee_n_ctx(s.ctx), specee_model_n_layer(s.model),
             p.cache_type_v.c_str());
-
-    // the generator: mode, trees and exit settings are checked there
-    specee_generator_params & gp = p.gen;
-    gp.sampling.repeat_last_n = gp.sampling.repeat_last_n < 0 ? (int32_t) specee_n_ctx(s.ctx) : gp.sampling.repeat_last_n;
-    gp.eagle.choices          = p.eagle_choices.empty() ? nullptr : p.eagle_choices.c_str();
-    gp.exit.layers            = p.exit_layers.empty() ? nullptr : p.exit_layers.data();
-    gp.exit.n_layers          = (int32_t) p.exit_layers.size();
-    gp.exit.replay            = p.exit_replay.empty() ? nullptr : p.exit_replay.data();
-    gp.exit.n_replay          = (int32_t) p.exit_replay.size();
-    gp.exit.kv                = p.exit_kv == "fill" ? SPECEE_EXIT_KV_FILL : SPECEE_EXIT_KV_MASK;
-    s.gen                     = specee_generator_init(s.ctx, gp);
+    specee_sampler_params & sp = p.gen.sampling;
+    sp.repeat_last_n           = sp.repeat_last_n < 0 ? (int32_t) specee_n_ctx(s.ctx) : sp.repeat_last_n;
+    s.gen                      = specee_generator_init(s.ctx, p.gen);
     if (!s.gen) {
         fprintf(stderr, "error: %s\n", specee_last_error());
-        return 1;
+        return false;
     }
     s.hist.assign(specee_model_n_layer(s.model), 0);
+    return true;
+}
 
-    // conversation mode: on by default when there is a chat template and a person at a terminal
-    const char * tmpl = specee_chat_template_resolve(s.model, p.chat_template.empty() ? nullptr : p.chat_template.c_str());
-    if (!tmpl && (!p.chat_template.empty() || p.conversation == CNV_ON)) {
-        fprintf(stderr, "error: %s (--chat-template NAME)\n", specee_last_error());
-        return 1;
-    }
-    const bool cnv = p.conversation == CNV_ON || (p.conversation == CNV_AUTO && tmpl && isatty(STDIN_FILENO) &&
-                                                  isatty(STDOUT_FILENO));
-    if (cnv && p.conversation == CNV_AUTO) {
-        fprintf(stderr, "main: chat template is available, enabling conversation mode (disable it with -no-cnv)\n");
-    }
-    if (cnv && !p.prompt.empty() && p.system_prompt.empty()) {
-        fprintf(stderr, "main: the prompt (-p) pre-starts the conversation as the first user message; use -sys for a "
-                        "system message\n");
-    }
-
-    const specee_sampler_params & sp = gp.sampling;
+// the settings in llama-cli's words, on stderr
+static void print_settings(const session & s, bool cnv, const char * tmpl) {
+    const cli_params &            p  = s.params;
+    const specee_sampler_params & sp = p.gen.sampling;
     fprintf(stderr, "sampler seed: %u\n", specee_generator_seed(s.gen));
     fprintf(stderr, "sampler params: repeat_last_n = %d, repeat_penalty = %.3f, top_k = %d, top_p = %.3f, min_p = %.3f, "
                     "temp = %.3f\n", sp.repeat_last_n, (double) sp.repeat_penalty, sp.top_k, (double) sp.top_p,
@@ -495,6 +469,50 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "== Running in conversation mode (chat template: %s). ==\n", tmpl);
         fprintf(stderr, " - Press Ctrl+C to stop a reply; Ctrl+C again, or Ctrl+D, at the prompt ends the conversation.\n\n");
     }
+}
+
+int main(int argc, char ** argv) {
+    session      s;
+    cli_params & p    = s.params;
+    bool         help = false;
+    if (!cli_parse(argc, argv, p, help)) {
+        return 1;
+    }
+    if (help) {
+        return 0;
+    }
+    if (p.list_devices) {
+        specee_log_set_verbose(false);
+        return list_devices(p.rpc_servers);
+    }
+    if (!resolve_default_files(p)) {
+        return 1;
+    }
+    if (p.escape) {
+        p.prompt        = process_escapes(p.prompt);
+        p.system_prompt = process_escapes(p.system_prompt);
+    }
+    specee_log_set_verbose(false);
+    if (!load_model(s) || !init_context(s)) {
+        return 1;
+    }
+
+    // conversation mode: on by default when there is a chat template and a person at a terminal
+    const char * tmpl = specee_chat_template_resolve(s.model, p.chat_template.empty() ? nullptr : p.chat_template.c_str());
+    if (!tmpl && (!p.chat_template.empty() || p.conversation == CNV_ON)) {
+        fprintf(stderr, "error: %s (--chat-template NAME)\n", specee_last_error());
+        return 1;
+    }
+    const bool cnv = p.conversation == CNV_ON || (p.conversation == CNV_AUTO && tmpl && isatty(STDIN_FILENO) &&
+                                                  isatty(STDOUT_FILENO));
+    if (cnv && p.conversation == CNV_AUTO) {
+        fprintf(stderr, "main: chat template is available, enabling conversation mode (disable it with -no-cnv)\n");
+    }
+    if (cnv && !p.prompt.empty() && p.system_prompt.empty()) {
+        fprintf(stderr, "main: the prompt (-p) pre-starts the conversation as the first user message; use -sys for a "
+                        "system message\n");
+    }
+    print_settings(s, cnv, tmpl);
 
     struct sigaction sa = {};
     sa.sa_handler       = on_sigint;

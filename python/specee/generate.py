@@ -1,9 +1,11 @@
-"""Text generation: prompts and chat messages in, tokens and text out, streamed.
+"""What a generation takes and reports, and its text side.
 
-A thin layer over the runtime's generator (csrc/specee-generate.cpp), which holds the decoding policy for every
-mode, the same one `specee-cli` runs: plain decoding, EAGLE-1 / EAGLE-2 speculative decoding (lossless) and SpecEE
-early exit (greedy, lossy). The options of a call are one dataclass, `GenerateOptions`; `Model.generate`,
-`Model.stream` and `Model.generate_tokens` take its fields as keywords.
+The options and stats are the runtime's (csrc/specee.h: `specee_generator_params`, `specee_generator_stats`,
+named once in csrc/specee-options.cpp): `GenerateOptions` has a field for every option of the runtime's table,
+under the same name ("temp", "eagle.topk" is `eagle.topk`, "exit.kv" is `exit.kv`), and the runtime checks every
+value (a refused one raises ValueError with its message); `GenerationStats` has the runtime's stats under their
+names. tests/test_options.py keeps both equal to the runtime's tables. `Model.generate`, `Model.stream` and
+`Model.generate_tokens` take GenerateOptions' fields as keywords.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ import codecs
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
-import numpy as np
-
 from specee import _core
 
 if TYPE_CHECKING:
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 Prompt = Union[str, Sequence[Message]]
-MODES = ("auto", "plain", "eagle", "eagle2", "early-exit")
+MODES: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "mode"))
+# GenerateOptions' fields of the frontends, not the runtime's: text (stop strings) and chat rendering
+FRONTEND_OPTIONS = ("stop", "chat_template")
 
 
 @dataclass
@@ -29,7 +31,7 @@ class EagleParams:
     """EAGLE trees. eagle: `choices`, child-rank paths such as [[0], [1], [0, 0]] (or their text) or the preset
     "mc_sim_7b_63". eagle2: the best `total_tokens` of a tree grown `topk` by `topk`, `depth` deep. None: the
     runtime's defaults, from the cost of a verification pass on the model's layers: three draft tokens ([[0], [1],
-    [0, 0]]; 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0), else one (see the README)."""
+    [0, 0]]; 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0), else one (docs/speculative.md)."""
 
     choices: str | Sequence[Sequence[int]] | None = None
     total_tokens: int | None = None
@@ -37,11 +39,9 @@ class EagleParams:
     topk: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("total_tokens", "depth", "topk"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"eagle {name} must be >= 1 (None: the runtime's default), not {getattr(self, name)}")
         if self.choices is not None and not isinstance(self.choices, str):
             self.choices = str([[int(r) for r in path] for path in self.choices])
+        _core.generate_options_values(self, "eagle")
 
 
 @dataclass
@@ -59,8 +59,7 @@ class ExitParams:
     replay: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
-        if self.kv not in ("mask", "fill"):
-            raise ValueError(f"exit kv must be 'mask' or 'fill', not {self.kv!r}")
+        _core.generate_options_values(self, "exit")
 
 
 @dataclass
@@ -88,84 +87,68 @@ class GenerateOptions:
     chat_template: str | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if self.seed is not None and not -1 <= self.seed <= 2**32 - 1:
-            raise ValueError(f"seed must be None or -1 (random) or in 0..2**32-1, not {self.seed}")
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
+        _core.generate_options_values(self)
 
 
 @dataclass
 class GenerationStats:
-    """What the last generation call did."""
+    """What the last generation call did: the runtime's counts and figures under the runtime's names (see
+    `specee_generator_stats` in csrc/specee.h; the CLI's timing lines and the evaluations' columns use them too),
+    then the call's own record."""
 
-    mode: str = ""
-    n_prompt_tokens: int = 0  # evaluated for the prompt
+    n_prompt: int = 0  # prompt tokens evaluated (the reused prefix not counted)
     n_reused: int = 0  # prompt tokens found in the KV cache (kept from an earlier call)
-    n_generated: int = 0
-    prompt_seconds: float = 0.0
-    decode_seconds: float = 0.0
+    t_prompt_ms: float = 0.0
+    n_tokens: int = 0  # tokens the runtime returned (an end-of-generation token included)
+    n_decoded: int = 0  # of which from decoding steps (all but the first, which comes from the prompt's pass)
+    n_steps: int = 0  # decoding steps: one per token (plain, early-exit) or per draft-and-verify step (eagle, eagle2)
+    t_decode_ms: float = 0.0
+    t_sample_ms: float = 0.0
+    n_drafted: int = 0  # eagle, eagle2: draft tokens verified
+    n_accepted: int = 0  # of which accepted
+    t_draft_ms: float = 0.0
+    t_verify_ms: float = 0.0
+    n_exits: int = 0  # early-exit: decoded tokens that left before the last layer
+    n_layers_run: int = 0  # layers evaluated, summed over decoded tokens
+    n_checks: int = 0
+    n_fired: int = 0
+    n_rejected: int = 0
+    t_layers_ms: float = 0.0
+    t_check_ms: float = 0.0
+    t_exit_ms: float = 0.0
+    t_head_ms: float = 0.0
+    t_fill_ms: float = 0.0
+    mean_accepted_tokens: float = 0.0  # eagle, eagle2: tokens per step (1.0: no draft token accepted)
+    exit_ratio: float = 0.0  # early-exit: share of decoded tokens that exited
+    mean_layers_run: float = 0.0  # early-exit: layers per decoded token (SpecEE's "average exit layer")
+    # this call's record
+    mode: str = ""
     stop_reason: str = ""  # "eog", "stop", "length", "context", "interrupted"; "" while running or abandoned
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # generated ids (an end-of-generation token not included)
     n_layer: int = 0
-    # eagle, eagle2: draft-and-verify steps, the tokens each returned, draft tokens verified and accepted, and
-    # where the time went
-    n_steps: int = 0
-    step_tokens: list[int] = field(default_factory=list)
-    n_drafted: int = 0
-    n_accepted: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    # early-exit: the layers each decoded token ran (n_layer: it did not exit; the first token comes from the
-    # prompt's pass and is not counted)
-    layers_run: list[int] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)  # eagle, eagle2: tokens each decoding step returned
+    layers_run: list[int] = field(default_factory=list)  # early-exit: layers each decoded token ran
 
     @property
-    def exit_ratio(self) -> float:
-        """Share of decoded tokens that left before the last layer."""
-        n = len(self.layers_run)
-        return sum(r < self.n_layer for r in self.layers_run) / n if n else 0.0
-
-    @property
-    def mean_layers_run(self) -> float:
-        """Mean layers a decoded token ran (SpecEE's "average exit layer"; n_layer when none exited)."""
-        return sum(self.layers_run) / len(self.layers_run) if self.layers_run else 0.0
-
-    @property
-    def mean_accepted_tokens(self) -> float:
-        """Tokens per speculative step, the accepted draft tokens plus the target's own (EAGLE's acceptance
-        length; 1.0 means no draft token was accepted). 0 without speculative decoding."""
-        return sum(self.step_tokens) / self.n_steps if self.n_steps else 0.0
+    def n_generated(self) -> int:
+        return len(self.tokens)
 
     @property
     def prompt_tokens_per_second(self) -> float:
-        return self.n_prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+        return 1e3 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms > 0 else 0.0
 
     @property
     def decode_tokens_per_second(self) -> float:
         # the first generated token comes from the prompt's logits: decode time covers the rest
         n = self.n_generated - 1
-        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+        return 1e3 * n / self.t_decode_ms if n > 0 and self.t_decode_ms > 0 else 0.0
 
-
-def chat_template_name(model: Model, chat_template: str | None = None) -> str:
-    """The template to render messages with: a name given by the caller, else the GGUF's own template."""
-    try:
-        return _core.chat_template_resolve(model._model, chat_template)
-    except _core.SpecEEError as e:
-        raise ValueError(str(e)) from None
-
-
-def prompt_tokens(model: Model, prompt: Prompt, chat_template: str | None = None) -> list[int]:
-    """Token ids of a plain prompt, or of chat messages rendered with the chat template."""
-    if isinstance(prompt, str):
-        return model.tokenize(prompt, add_special=True, parse_special=False)
-    messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
-    try:
-        return _core.chat_tokenize(model._model, chat_template, messages, True)
-    except _core.SpecEEError as e:
-        raise ValueError(str(e)) from None
+    def update(self, runtime: dict[str, float]) -> None:
+        """Take the runtime's stats (`_core.Generator.stats()`)."""
+        for name, value in runtime.items():
+            setattr(self, name, value)
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -179,97 +162,28 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
-def generate_tokens(model: Model, tokens: Sequence[int], max_tokens: int, opts: GenerateOptions,
-                    stats: GenerationStats) -> Iterator[int]:
-    """Token ids generated after the prompt's `tokens`: up to max_tokens (an end-of-generation token ends the run
-    and is not yielded). The KV cache keeps what it holds of `tokens` from the model's earlier calls. A newer
-    generation on the same model makes this iterator stale: resuming it raises RuntimeError."""
-    tokens = [int(t) for t in tokens]
-    if not tokens:
-        raise ValueError("empty prompt")
-    gen, me = model._start_generation(opts)
-    stats.n_layer = model.n_layer
-    stats.mode = gen.mode
-
-    def step(fn, *args):
-        if model._generation != me:
-            raise RuntimeError("this generation was superseded by a later call on the same Model; its state is gone")
-        with model._lock:
-            return fn(*args)
-
-    gen.reset_stats()
-    step(gen.start, np.asarray(tokens, dtype=np.int32))
-    first = True  # the first token comes from the prompt's pass
-    try:
-        while stats.n_generated < max_tokens:
-            toks, runs = step(gen.next, max_tokens - stats.n_generated)
-            if not toks:
-                stats.stop_reason = "context"
-                return
-            if not first and stats.mode in ("eagle", "eagle2"):
-                stats.step_tokens.append(len(toks))
-            if not first and stats.mode == "early-exit":
-                stats.layers_run += runs
-            first = False
-            for tok in toks:
-                if model.is_eog(tok):
-                    stats.stop_reason = "eog"
-                    return
-                stats.n_generated += 1
-                stats.tokens.append(tok)
-                yield tok
-        stats.stop_reason = "length"
-    except KeyboardInterrupt:
-        stats.stop_reason = "interrupted"
-        raise
-    finally:
-        st = gen.stats()
-        stats.n_prompt_tokens, stats.n_reused = st["n_prompt"], st["n_reused"]
-        stats.prompt_seconds, stats.decode_seconds = st["t_prompt_ms"] / 1e3, st["t_decode_ms"] / 1e3
-        if stats.mode in ("eagle", "eagle2"):
-            stats.n_steps, stats.n_drafted, stats.n_accepted = st["n_passes"], st["n_drafted"], st["n_accepted"]
-            stats.draft_seconds, stats.verify_seconds = st["t_draft_ms"] / 1e3, st["t_verify_ms"] / 1e3
-
-
-def stream_text(model: Model, tokens: list[int], max_tokens: int, opts: GenerateOptions,
-                stats: GenerationStats) -> Iterator[str]:
-    """generate_tokens as text, yielded as it completes; opts.stop strings end generation (not included)."""
+def stream_text(model: Model, ids: Iterator[int], stop: Sequence[str], stats: GenerationStats) -> Iterator[str]:
+    """Generated token ids as text, yielded as it completes; `stop` strings end generation (not included)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     text, sent = "", 0
-    ids = generate_tokens(model, tokens, max_tokens, opts, stats)
     try:
         for tok in ids:
             text += decoder.decode(model.token_to_piece(tok))
-            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in opts.stop) if i >= 0), default=-1)
+            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
             if hit >= 0:
                 if hit > sent:
                     yield text[sent:hit]
                 stats.stop_reason = "stop"
                 break
-            ready = len(text) - _held_back(text, opts.stop)
+            ready = len(text) - _held_back(text, stop)
             if ready > sent:
                 yield text[sent:ready]
                 sent = ready
     finally:
-        ids.close()
+        close = getattr(ids, "close", None)
+        if close is not None:
+            close()
     if stats.stop_reason in ("length", "context", "eog"):
         text += decoder.decode(b"", final=True)
         if len(text) > sent:
             yield text[sent:]
-
-
-def embed(model: Model, text: str, normalize: bool = True) -> np.ndarray:
-    """Mean of the final-norm hidden states over the text's tokens (unit length when normalize)."""
-    tokens = model.tokenize(text, add_special=True)
-    if not tokens:
-        raise ValueError("cannot embed empty text")
-    model.kv_clear()
-    states = []
-    for i in range(0, len(tokens), model.n_batch):
-        model.eval(tokens[i : i + model.n_batch], logits=False)
-        states.append(model.norm())
-    model.kv_clear()
-    vec = np.concatenate(states).mean(axis=0)
-    if normalize:
-        vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
-    return vec.astype(np.float32)

@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from specee import _core
-from specee.generate import GenerateOptions, GenerationStats, Prompt, embed, generate_tokens, prompt_tokens, stream_text
+from specee.generate import GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
 
 
@@ -312,6 +312,27 @@ class Model:
         """Every token id that ends generation."""
         return self._model.eog_tokens
 
+    # ---- chat
+
+    def chat_template(self, name: str | None = None) -> str:
+        """The template messages are rendered with: `name` when given (a template name, or a Jinja text with a known
+        template's markers), else the GGUF's own. ValueError when it is not known."""
+        try:
+            return _core.chat_template_resolve(self._model, name)
+        except _core.SpecEEError as e:
+            raise ValueError(str(e)) from None
+
+    def prompt_tokens(self, prompt: Prompt, chat_template: str | None = None) -> list[int]:
+        """Token ids of a plain prompt (BOS as the vocabulary asks), or of chat messages rendered with the chat
+        template (`chat_template`, or the model's own) and ready for the assistant's reply."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_special=True, parse_special=False)
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+        try:
+            return _core.chat_tokenize(self._model, chat_template, messages, True)
+        except _core.SpecEEError as e:
+            raise ValueError(str(e)) from None
+
     # ---- generation
 
     def _start_generation(self, opts: GenerateOptions) -> tuple[_core.Generator, int]:
@@ -325,6 +346,50 @@ class Model:
             self._generation += 1
             return self._gen, self._generation
 
+    def _token_stream(self, tokens: Sequence[int], max_tokens: int, opts: GenerateOptions,
+                      stats: GenerationStats) -> Iterator[int]:
+        """Token ids generated after the prompt's `tokens`: up to max_tokens (an end-of-generation token ends the run
+        and is not yielded). The KV cache keeps what it holds of `tokens` from the model's earlier calls. A newer
+        generation on the same model makes this iterator stale: resuming it raises RuntimeError."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("empty prompt")
+        gen, me = self._start_generation(opts)
+        stats.n_layer, stats.mode = self.n_layer, gen.mode
+
+        def step(fn, *args):
+            if self._generation != me:
+                raise RuntimeError("this generation was superseded by a later call on the same Model; its state is gone")
+            with self._lock:
+                return fn(*args)
+
+        gen.reset_stats()
+        step(gen.start, np.asarray(tokens, dtype=np.int32))
+        first = True  # the first token comes from the prompt's pass
+        try:
+            while len(stats.tokens) < max_tokens:
+                toks, runs = step(gen.next, max_tokens - len(stats.tokens))
+                if not toks:
+                    stats.stop_reason = "context"
+                    return
+                if not first and stats.mode in ("eagle", "eagle2"):
+                    stats.step_tokens.append(len(toks))
+                if not first and stats.mode == "early-exit":
+                    stats.layers_run += runs
+                first = False
+                for tok in toks:
+                    if self.is_eog(tok):
+                        stats.stop_reason = "eog"
+                        return
+                    stats.tokens.append(tok)
+                    yield tok
+            stats.stop_reason = "length"
+        except KeyboardInterrupt:
+            stats.stop_reason = "interrupted"
+            raise
+        finally:
+            stats.update(gen.stats())
+
     def stream(self, prompt: Prompt, max_tokens: int = 256, **options) -> Iterator[str]:
         """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
 
@@ -336,15 +401,16 @@ class Model:
         iterator stale (resuming it raises RuntimeError)."""
         opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
-        tokens = prompt_tokens(self, prompt, opts.chat_template)
-        return stream_text(self, tokens, max_tokens, opts, self.last_stats)
+        tokens = self.prompt_tokens(prompt, opts.chat_template)
+        return stream_text(self, self._token_stream(tokens, max_tokens, opts, self.last_stats), opts.stop,
+                           self.last_stats)
 
     def generate_tokens(self, tokens: Sequence[int], max_tokens: int = 256, **options) -> list[int]:
         """Token ids generated after the prompt's token ids (options as for `stream`; no tokenizer needed)."""
         opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
         with self._lock:
-            return list(generate_tokens(self, tokens, max_tokens, opts, self.last_stats))
+            return list(self._token_stream(tokens, max_tokens, opts, self.last_stats))
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, **options) -> str:
         """The whole text `stream` would yield (same arguments)."""
@@ -361,5 +427,19 @@ class Model:
             return _core.draft_head_eval(self._ctx, tok, feats)
 
     def embed(self, text: str, normalize: bool = True) -> np.ndarray:
-        """Pooled embedding [n_embd]: the mean final-norm hidden state over the text's tokens."""
-        return embed(self, text, normalize)
+        """Pooled embedding [n_embd]: the mean final-norm hidden state over the text's tokens (unit length when
+        normalize). The KV cache is cleared before and after."""
+        tokens = self.tokenize(text, add_special=True)
+        if not tokens:
+            raise ValueError("cannot embed empty text")
+        with self._lock:
+            self.kv_clear()
+            states = []
+            for i in range(0, len(tokens), self.n_batch):
+                self.eval(tokens[i : i + self.n_batch], logits=False)
+                states.append(self.norm())
+            self.kv_clear()
+        vec = np.concatenate(states).mean(axis=0)
+        if normalize:
+            vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
+        return vec.astype(np.float32)

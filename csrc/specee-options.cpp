@@ -1,0 +1,415 @@
+// specee-options.cpp: what a generation takes and reports, named once.
+//
+// Owns the option table of specee_generator_params (one name per setting, its type, what it accepts, its help),
+// the text form every frontend sets options with (the CLI's flags, Python's GenerateOptions, the evaluations),
+// the value checks that need no model (specee_generator_check_values; the generator adds the model's), the mode
+// and exit-KV names, and the names of the stats' fields with the derived figures.
+#include "specee-impl.h"
+#include "specee-options.h"
+#include "specee-sampling.h"
+#include "specee-speculative.h"
+#include "specee.h"
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+// ---- names --------------------------------------------------------------------------------------------
+
+static const char * const MODE_NAMES[]    = {"auto", "plain", "eagle", "eagle2", "early-exit"};
+static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
+
+extern "C" const char * specee_mode_name(int32_t mode) {
+    return mode >= SPECEE_MODE_AUTO && mode <= SPECEE_MODE_EARLY_EXIT ? MODE_NAMES[mode] : "?";
+}
+
+static int32_t index_of(const char * const * names, int32_t n, const char * name) {
+    for (int32_t i = 0; name && i < n; ++i) {
+        if (strcmp(name, names[i]) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+extern "C" int32_t specee_mode_by_name(const char * name) { return index_of(MODE_NAMES, 5, name); }
+
+// ---- the option table ---------------------------------------------------------------------------------
+
+struct option_def {
+    specee_option       info;
+    size_t              offset;       // of the value in specee_generator_params
+    size_t              count_offset; // LIST: of its count
+    const char * const * names;       // CHOICE: the names, by enum value
+    int32_t             n_names;
+    double              lo, hi;       // INT / FLOAT: the accepted range of an explicit value
+};
+
+#define OFF(f) offsetof(specee_generator_params, f)
+
+static const option_def OPTIONS[] = {
+    {{"mode", SPECEE_OPTION_CHOICE, "auto,plain,eagle,eagle2,early-exit", "plain, eagle, eagle2, early-exit or auto",
+      "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, "
+      "lossy) or auto (default): early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way "
+      "with its merged files), eagle2 with a draft head, else plain"},
+     OFF(mode), 0, MODE_NAMES, 5, 0, 0},
+    {{"temp", SPECEE_OPTION_FLOAT, nullptr, "a number", "temperature (default: 0.80, <= 0 = greedy)"},
+     OFF(sampling.temp), 0, nullptr, 0, -INFINITY, INFINITY},
+    {{"top_k", SPECEE_OPTION_INT, nullptr, "an integer", "top-k sampling (default: 40, 0 = off)"},
+     OFF(sampling.top_k), 0, nullptr, 0, INT_MIN, INT_MAX},
+    {{"top_p", SPECEE_OPTION_FLOAT, nullptr, "a number in (0, 1]", "top-p sampling, in (0, 1] (default: 0.95, 1.0 = off)"},
+     OFF(sampling.top_p), 0, nullptr, 0, -INFINITY, INFINITY},
+    {{"min_p", SPECEE_OPTION_FLOAT, nullptr, "a number in [0, 1]", "min-p sampling, in [0, 1] (default: 0.05, 0.0 = off)"},
+     OFF(sampling.min_p), 0, nullptr, 0, -INFINITY, INFINITY},
+    {{"repeat_penalty", SPECEE_OPTION_FLOAT, nullptr, "a finite number > 0", "penalise repeated tokens (default: 1.00 = off)"},
+     OFF(sampling.repeat_penalty), 0, nullptr, 0, -INFINITY, INFINITY},
+    {{"repeat_last_n", SPECEE_OPTION_INT, nullptr, "an integer >= -1",
+      "tokens the penalty looks back over (default: 64, 0 = off, -1 = the context size)"},
+     OFF(sampling.repeat_last_n), 0, nullptr, 0, INT_MIN, INT_MAX},
+    {{"seed", SPECEE_OPTION_INT, nullptr, "an unsigned 32-bit integer or -1", "RNG seed (default: -1 = a random seed)"},
+     OFF(sampling.seed), 0, nullptr, 0, -1, 4294967295.0},
+    {{"ignore_eos", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "never generate an end-of-generation token (its logit is -inf), so a run goes on to the token limit or a full "
+      "context"},
+     OFF(ignore_eos), 0, nullptr, 0, 0, 0},
+    {{"eagle.choices", SPECEE_OPTION_TEXT, nullptr, "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
+      "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU "
+      "default; default here: from the cost of a verification pass, [[0], [1], [0, 0]] where the CPU's layer "
+      "matrices are repacked (e.g. Q4_0), else [[0]]); implies mode eagle under auto"},
+     OFF(eagle.choices), 0, nullptr, 0, 0, 0},
+    {{"eagle.total_tokens", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
+      "EAGLE-2: draft tokens verified per step (default: 3 where the CPU's layer matrices are repacked, e.g. Q4_0, "
+      "else 1)"},
+     OFF(eagle.total_tokens), 0, nullptr, 0, 1, INT_MAX},
+    {{"eagle.depth", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
+      "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices are repacked, else 1)"},
+     OFF(eagle.depth), 0, nullptr, 0, 1, INT_MAX},
+    {{"eagle.topk", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
+      "EAGLE-2: children per expanded node and nodes expanded per depth (default: 2 where the CPU's layer matrices "
+      "are repacked, else 1)"},
+     OFF(eagle.topk), 0, nullptr, 0, 1, INT_MAX},
+    {{"exit.threshold", SPECEE_OPTION_FLOAT, nullptr, "a number in [0, 1]",
+      "early exit: a predictor fires above it (default: the file's specee.exit.threshold, SpecEE's 0.5)"},
+     OFF(exit.threshold), 0, nullptr, 0, 0, 1},
+    {{"exit.layers", SPECEE_OPTION_LIST, nullptr, "comma-separated layer numbers like 16,20,24",
+      "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)"},
+     OFF(exit.layers), OFF(exit.n_layers), nullptr, 0, 0, 0},
+    {{"exit.dynamic", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "early exit: also check e-2, e, e+2 around each of the last 5 exit layers (default: on)"},
+     OFF(exit.dynamic), 0, nullptr, 0, 0, 0},
+    {{"exit.kv", SPECEE_OPTION_CHOICE, "mask,fill", "mask or fill",
+      "early exit: the skipped layers' cache for an exited token: mask (nothing, later tokens do not see it there; "
+      "SpecEE's; default) or fill (K/V from the exit layer's output)"},
+     OFF(exit.kv), 0, EXIT_KV_NAMES, 2, 0, 0},
+    {{"exit.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated layer numbers",
+      "early exit for benchmarks: token i exits after block LAYERS[i mod n] whatever the predictors say (cost only: "
+      "the tokens are the exit layers' argmax)"},
+     OFF(exit.replay), OFF(exit.n_replay), nullptr, 0, 0, 0},
+};
+
+#undef OFF
+
+static const int32_t N_OPTIONS = (int32_t) (sizeof(OPTIONS) / sizeof(OPTIONS[0]));
+
+extern "C" const struct specee_option * specee_generator_option(int32_t i) {
+    return i >= 0 && i < N_OPTIONS ? &OPTIONS[i].info : nullptr;
+}
+
+static const option_def * find_option(const char * name) {
+    for (const option_def & o : OPTIONS) {
+        if (name && strcmp(o.info.name, name) == 0) {
+            return &o;
+        }
+    }
+    return nullptr;
+}
+
+// ---- checks that need no model --------------------------------------------------------------------------
+
+void specee_generator_check_values(const specee_generator_params & p) {
+    specee_sampler_check_params(p.sampling);
+    if (p.mode < SPECEE_MODE_AUTO || p.mode > SPECEE_MODE_EARLY_EXIT) {
+        specee_fail("unknown mode %d (auto, plain, eagle, eagle2, early-exit)", p.mode);
+    }
+    if (p.eagle.total_tokens < 0 || p.eagle.depth < 0 || p.eagle.topk < 0) {
+        specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1 (0: the default)",
+                    p.eagle.total_tokens, p.eagle.depth, p.eagle.topk);
+    }
+    if (p.eagle.topk > 256 || p.eagle.depth > 64) {
+        specee_fail("bad EAGLE-2 tree: topk (%d) must be <= 256 and depth (%d) <= 64", p.eagle.topk, p.eagle.depth);
+    }
+    if (memchr(p.eagle.choices, '\0', sizeof(p.eagle.choices)) == nullptr) {
+        specee_fail("eagle choices: the text is not terminated");
+    }
+    if (p.eagle.choices[0]) {
+        specee_tree_count_choices(p.eagle.choices); // throws with the reason
+    }
+    if (std::isnan(p.exit.threshold) || p.exit.threshold > 1.0f) {
+        specee_fail("exit threshold must be in [0, 1] (< 0: the model's), got %g", (double) p.exit.threshold);
+    }
+    if (p.exit.kv != SPECEE_EXIT_KV_MASK && p.exit.kv != SPECEE_EXIT_KV_FILL) {
+        specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", p.exit.kv);
+    }
+    if (p.exit.n_layers < 0 || p.exit.n_layers > SPECEE_MAX_EXIT_LAYERS || p.exit.n_replay < 0 ||
+        p.exit.n_replay > SPECEE_MAX_EXIT_LAYERS) {
+        specee_fail("early exit: %d layers or %d replayed exit layers (0..%d)", p.exit.n_layers, p.exit.n_replay,
+                    SPECEE_MAX_EXIT_LAYERS);
+    }
+}
+
+// ---- text in -------------------------------------------------------------------------------------------
+
+static bool parse_number(const char * v, double & out) {
+    errno      = 0;
+    char * end = nullptr;
+    out        = strtod(v, &end);
+    return *v && *end == '\0' && errno != ERANGE && !std::isnan(out);
+}
+
+static bool parse_bool(const char * v, bool & out) {
+    for (const char * t : {"true", "1", "on"}) {
+        if (strcmp(v, t) == 0) {
+            return out = true;
+        }
+    }
+    for (const char * f : {"false", "0", "off"}) {
+        if (strcmp(v, f) == 0) {
+            out = false;
+            return true;
+        }
+    }
+    return false;
+}
+
+// "16,20,24" into at most SPECEE_MAX_EXIT_LAYERS non-negative integers
+static bool parse_list(const char * v, int32_t * out, int32_t & n) {
+    n = 0;
+    for (const char * s = v;;) {
+        char *     end = nullptr;
+        errno          = 0;
+        const long x   = strtol(s, &end, 10);
+        if (end == s || errno == ERANGE || x < 0 || x > INT32_MAX || n == SPECEE_MAX_EXIT_LAYERS || *s == '+' ||
+            *s == ' ') {
+            return false;
+        }
+        out[n++] = (int32_t) x;
+        if (*end == '\0') {
+            return true;
+        }
+        if (*end != ',') {
+            return false;
+        }
+        s = end + 1;
+    }
+}
+
+static std::string choices_text(const option_def & o) {
+    if (o.n_names == 2) {
+        return std::string("'") + o.names[0] + "' or '" + o.names[1] + "'";
+    }
+    std::string s = "one of ";
+    for (int32_t i = 0; i < o.n_names; ++i) {
+        s += (i ? ", " : "") + std::string(o.names[i]);
+    }
+    return s;
+}
+
+[[noreturn]] static void refuse(const option_def & o, const char * v) {
+    if (o.info.type == SPECEE_OPTION_CHOICE) {
+        specee_fail("%s must be %s, not '%s'", o.info.name, choices_text(o).c_str(), v);
+    }
+    if (o.info.type == SPECEE_OPTION_INT && o.lo > INT_MIN && o.hi == INT_MAX) {
+        specee_fail("%s must be >= %.0f, not '%s'", o.info.name, o.lo, v);
+    }
+    if (strcmp(o.info.name, "seed") == 0) {
+        specee_fail("seed must be -1 (random) or in 0..2**32-1, not '%s'", v);
+    }
+    specee_fail("%s must be %s, not '%s'", o.info.name, o.info.expect, v);
+}
+
+static void set_value(specee_generator_params & p, const option_def & o, const char * v) {
+    char * field = (char *) &p + o.offset;
+    double x     = 0.0;
+    bool   b     = false;
+    switch (o.info.type) {
+        case SPECEE_OPTION_INT:
+            if (!parse_number(v, x) || x != std::floor(x) || x < o.lo || x > o.hi) {
+                refuse(o, v);
+            }
+            if (strcmp(o.info.name, "seed") == 0) {
+                *(uint32_t *) field = x < 0 ? SPECEE_DEFAULT_SEED : (uint32_t) x;
+            } else {
+                *(int32_t *) field = (int32_t) x;
+            }
+            break;
+        case SPECEE_OPTION_FLOAT:
+            if (!parse_number(v, x) || x < o.lo || x > o.hi) {
+                refuse(o, v);
+            }
+            *(float *) field = (float) x;
+            break;
+        case SPECEE_OPTION_BOOL:
+            if (!parse_bool(v, b)) {
+                refuse(o, v);
+            }
+            *(bool *) field = b;
+            break;
+        case SPECEE_OPTION_CHOICE: {
+            const int32_t k = index_of(o.names, o.n_names, v);
+            if (k < 0) {
+                refuse(o, v);
+            }
+            *(int32_t *) field = k;
+            break;
+        }
+        case SPECEE_OPTION_TEXT:
+            if (strlen(v) >= SPECEE_MAX_CHOICES) {
+                specee_fail("%s is longer than %d bytes", o.info.name, SPECEE_MAX_CHOICES - 1);
+            }
+            snprintf(field, SPECEE_MAX_CHOICES, "%s", v);
+            break;
+        case SPECEE_OPTION_LIST:
+            if (!parse_list(v, (int32_t *) field, *(int32_t *) ((char *) &p + o.count_offset))) {
+                refuse(o, v);
+            }
+            break;
+    }
+}
+
+extern "C" int32_t specee_generator_params_set(struct specee_generator_params * p, const char * name,
+                                               const char * value) {
+    return specee_guard<int32_t>(-1, [&] {
+        const option_def * o = find_option(name);
+        if (!p || !o) {
+            specee_fail("unknown generation option '%s'", name ? name : "(null)");
+        }
+        specee_generator_params q = *p;
+        if (!value || !*value) { // the default
+            const specee_generator_params d = specee_generator_default_params();
+            memcpy((char *) &q + o->offset, (const char *) &d + o->offset,
+                   o->info.type == SPECEE_OPTION_TEXT   ? SPECEE_MAX_CHOICES
+                   : o->info.type == SPECEE_OPTION_LIST ? sizeof(int32_t) * SPECEE_MAX_EXIT_LAYERS
+                   : o->info.type == SPECEE_OPTION_BOOL ? sizeof(bool)
+                                                        : 4);
+            if (o->count_offset) {
+                *(int32_t *) ((char *) &q + o->count_offset) = 0;
+            }
+        } else {
+            set_value(q, *o, value);
+        }
+        specee_generator_check_values(q);
+        *p = q;
+        return 0;
+    });
+}
+
+// ---- text out ------------------------------------------------------------------------------------------
+
+// the shortest text that reads back as the same float
+static std::string float_text(float x) {
+    char b[64];
+    for (int digits = 6; digits <= 9; ++digits) {
+        snprintf(b, sizeof(b), "%.*g", digits, (double) x);
+        if (strtof(b, nullptr) == x) {
+            break;
+        }
+    }
+    return b;
+}
+
+// a value's text; "" for a number outside the range of explicit values (the default's mark: 0 trees, threshold -1)
+static std::string value_text(const specee_generator_params & p, const option_def & o) {
+    const char * field = (const char *) &p + o.offset;
+    switch (o.info.type) {
+        case SPECEE_OPTION_INT: {
+            if (strcmp(o.info.name, "seed") == 0) {
+                const uint32_t s = *(const uint32_t *) field;
+                return s == SPECEE_DEFAULT_SEED ? "-1" : std::to_string(s);
+            }
+            const int32_t v = *(const int32_t *) field;
+            return v < o.lo || v > o.hi ? "" : std::to_string(v);
+        }
+        case SPECEE_OPTION_FLOAT: {
+            const float v = *(const float *) field;
+            return v < o.lo || v > o.hi ? "" : float_text(v);
+        }
+        case SPECEE_OPTION_BOOL: return *(const bool *) field ? "true" : "false";
+        case SPECEE_OPTION_CHOICE: {
+            const int32_t k = *(const int32_t *) field;
+            return k >= 0 && k < o.n_names ? o.names[k] : "?";
+        }
+        case SPECEE_OPTION_TEXT: return field;
+        case SPECEE_OPTION_LIST: {
+            const int32_t n = *(const int32_t *) ((const char *) &p + o.count_offset);
+            std::string   s;
+            for (int32_t i = 0; i < n; ++i) {
+                s += (i ? "," : "") + std::to_string(((const int32_t *) field)[i]);
+            }
+            return s;
+        }
+    }
+    return "";
+}
+
+extern "C" int32_t specee_generator_params_get(const struct specee_generator_params * p, const char * name, char * buf,
+                                               int32_t len) {
+    const option_def * o = find_option(name);
+    if (!p || !o) {
+        return INT32_MIN;
+    }
+    const std::string s = value_text(*p, *o);
+    if ((int32_t) s.size() >= len || !buf) {
+        return -(int32_t) s.size() - 1;
+    }
+    memcpy(buf, s.c_str(), s.size() + 1);
+    return (int32_t) s.size();
+}
+
+// ---- stats --------------------------------------------------------------------------------------------
+
+struct stat_def {
+    const char * name;
+    size_t       offset;
+    char         type; // 'i' int32, 'l' int64, 'd' double
+};
+
+#define STAT(f, t) {#f, offsetof(specee_generator_stats, f), t}
+
+static const stat_def STATS[] = {
+    STAT(n_prompt, 'i'),   STAT(n_reused, 'i'),    STAT(t_prompt_ms, 'd'),  STAT(n_tokens, 'i'),
+    STAT(n_decoded, 'i'),  STAT(n_steps, 'i'),     STAT(t_decode_ms, 'd'),  STAT(t_sample_ms, 'd'),
+    STAT(n_drafted, 'i'),  STAT(n_accepted, 'i'),  STAT(t_draft_ms, 'd'),   STAT(t_verify_ms, 'd'),
+    STAT(n_exits, 'i'),    STAT(n_layers_run, 'l'), STAT(n_checks, 'i'),    STAT(n_fired, 'i'),
+    STAT(n_rejected, 'i'), STAT(t_layers_ms, 'd'), STAT(t_check_ms, 'd'),   STAT(t_exit_ms, 'd'),
+    STAT(t_head_ms, 'd'),  STAT(t_fill_ms, 'd'),   STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'),
+    STAT(mean_layers_run, 'd'),
+};
+
+#undef STAT
+
+extern "C" const char * specee_generator_stat_name(int32_t i) {
+    return i >= 0 && i < (int32_t) (sizeof(STATS) / sizeof(STATS[0])) ? STATS[i].name : nullptr;
+}
+
+extern "C" double specee_generator_stat_value(const struct specee_generator_stats * st, int32_t i) {
+    if (!st || !specee_generator_stat_name(i)) {
+        return 0.0;
+    }
+    const char * f = (const char *) st + STATS[i].offset;
+    return STATS[i].type == 'i' ? *(const int32_t *) f : STATS[i].type == 'l' ? (double) *(const int64_t *) f
+                                                                              : *(const double *) f;
+}
+
+void specee_generator_stats_derive(specee_generator_stats & st, int32_t mode) {
+    const bool   tree  = mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2;
+    const bool   exit  = mode == SPECEE_MODE_EARLY_EXIT;
+    const double steps = st.n_steps > 0 ? st.n_steps : 0.0;
+    st.mean_accepted_tokens = tree && steps > 0 ? st.n_decoded / steps : 0.0;
+    st.exit_ratio           = exit && steps > 0 ? st.n_exits / steps : 0.0;
+    st.mean_layers_run      = exit && steps > 0 ? (double) st.n_layers_run / steps : 0.0;
+}

@@ -1,0 +1,9 @@
+// specee-options.h: the generation options' checks and the stats' derived figures (specee-options.cpp)
+#pragma once
+
+#include "specee.h"
+
+// throws when a value is out of range whatever the model (sampling, mode, trees, exit settings)
+void specee_generator_check_values(const specee_generator_params & p);
+// mean_accepted_tokens, exit_ratio, mean_layers_run from the counts, for the mode in use
+void specee_generator_stats_derive(specee_generator_stats & st, int32_t mode);
