@@ -33,7 +33,6 @@ from specee.autoee.exit_features import N_CANDIDATES, LmHead, layer_argmax, laye
 from specee.autoee.features import Decontaminator, default_eval_files
 from specee.autoee.sharegpt import Conversation, read_sharegpt
 from specee.eval.datasets import DataError, from_question_format, read_records
-from specee.generate import chat_template_name
 from specee.model import Model
 from specee.paths import default_eagle_head_path, default_model_path
 
@@ -321,7 +320,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         keep = Decontaminator.from_files(jsonl_files(args.exclude) + default_eval_files())
         source = read_sharegpt(args.data)
-    template = chat_template_name(model, args.chat_template)
+    template = model.chat_template(args.chat_template)
     config = asdict(CollectConfig(
         model=Path(args.model).name, model_sha256=file_sha256(args.model), head=head_path.name,
         head_sha256=file_sha256(head_path), max_new=args.max_new, max_prompt=args.max_prompt,

@@ -29,7 +29,6 @@ import numpy as np
 from tqdm import tqdm
 
 from specee import _core
-from specee.generate import prompt_tokens
 from specee.model import Model
 
 from specee.autoee.sharegpt import Conversation
@@ -127,7 +126,7 @@ def regenerate(model: Model, template: str, conv: Conversation, max_tokens: int,
     empty when the prompt leaves less than min_new tokens of max_tokens. Greedy speculative decoding gives
     (mode eagle2) gives the same tokens faster."""
     first = next(i for i, m in enumerate(conv.messages) if m["role"] == "user")
-    prompt = prompt_tokens(model, conv.messages[:first + 1], template)
+    prompt = model.prompt_tokens(conv.messages[:first + 1], template)
     n_new = min(max_new, max_tokens - len(prompt))
     if n_new < min_new:
         return [], []

@@ -27,7 +27,6 @@ from specee.autoee.export import export_head
 from specee.autoee.features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
 from specee.autoee.sharegpt import read_sharegpt
 from specee.convert.merge import merge_gguf
-from specee.generate import chat_template_name
 from specee.model import Model
 from specee.paths import default_model_path
 
@@ -52,7 +51,7 @@ def collect_features(args: argparse.Namespace, root: Path) -> None:
         return
     excludes = [Path(p) for p in args.exclude] + ([] if args.no_default_exclude else default_eval_files())
     deadline = time.time() + 60 * args.collect_minutes if args.collect_minutes > 0 else None
-    collect(model, read_sharegpt(args.data), store, template=chat_template_name(model, args.chat_template),
+    collect(model, read_sharegpt(args.data), store, template=model.chat_template(args.chat_template),
             max_len=args.max_len, keep=Decontaminator.from_files(excludes), deadline=deadline,
             regenerate_tokens=args.regenerate, mode="eagle2" if args.draft_head else "plain")
     print(f"features: {store.n_tokens} tokens of {len(store.offsets)} conversations "

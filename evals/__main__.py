@@ -263,7 +263,6 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
         samples: dict[str, list[Sample]]) -> None:
     import specee
     from specee import _core
-    from specee.generate import chat_template_name
 
     model_path = str(Path(args.model).resolve()) if args.model else specee.default_model_path()
     if not Path(model_path).is_file():
@@ -276,12 +275,15 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
             layer_lists[flag] = [int(x) for x in text.split(",")] if text else None
         except ValueError:
             raise ModeError(f"{flag} {text}: expected comma-separated layer numbers") from None
-    cfg = RunConfig(model_path, args.max_tokens, args.temp, args.top_k, args.top_p, args.min_p, args.seed,
-                    args.threads, args.ctx_size, args.cache_type_v, head, args.eagle_choices,
-                    args.eagle_total_tokens, args.eagle_depth, args.eagle_topk,
+    options = specee.GenerateOptions(  # the runtime checks each value (ValueError)
+        temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        eagle=specee.EagleParams(choices=args.eagle_choices, total_tokens=args.eagle_total_tokens,
+                                 depth=args.eagle_depth, topk=args.eagle_topk),
+        exit=specee.ExitParams(threshold=args.exit_threshold, layers=layer_lists["--exit-layers"], kv=args.exit_kv,
+                               replay=layer_lists["--exit-replay"]))
+    cfg = RunConfig(model_path, args.max_tokens, args.threads, args.ctx_size, args.cache_type_v, head,
                     str(Path(args.llama_cli).resolve()) if args.llama_cli else None, args.llama_cli_args,
-                    exit_head, args.exit_threshold, layer_lists["--exit-layers"], args.exit_kv,
-                    layer_lists["--exit-replay"])
+                    exit_head, options)
     if cfg.llama_cli and not Path(cfg.llama_cli).is_file():
         raise ModeError(f"--llama-cli: not found: {cfg.llama_cli}")
 
@@ -292,7 +294,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     # plain, the EAGLE modes, the tokenizer and the chat template
     model = load(head)
     exit_model = model if "early-exit" not in modes or exit_head == head else load(exit_head)
-    template = chat_template_name(model, args.chat_template)
+    template = model.chat_template(args.chat_template)
     runners = {m: make_runner(m, exit_model if m == "early-exit" else model, cfg) for m in modes}
     out.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(cfg), "chat_template": template, "n_layer": model.n_layer,

@@ -16,7 +16,7 @@ import json
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -28,30 +28,23 @@ class ModeError(Exception):
     """A mode that cannot run here (not in this build, or its tool is missing or failed)."""
 
 
+def _eval_options() -> specee.GenerateOptions:
+    return specee.GenerateOptions(temp=0.0, seed=0)  # greedy, and a fixed seed where a mode samples
+
+
 @dataclass
 class RunConfig:
     model: str  # GGUF path
     max_tokens: int = 128
-    temp: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = 0
     threads: int = 2
     n_ctx: int = 4096
     type_v: str = "f32"
     draft_head: str | None = None
-    eagle_choices: str | None = None
-    eagle_total_tokens: int | None = None
-    eagle_depth: int | None = None
-    eagle_topk: int | None = None
     llama_cli: str | None = None
     llama_cli_args: str = ""
     exit_head: str | None = None  # head + exit predictors for mode early-exit (None: the model file's, or draft_head)
-    exit_threshold: float | None = None
-    exit_layers: list[int] | None = None
-    exit_kv: str = "mask"
-    exit_replay: list[int] | None = None
+    # sampling, trees and exit settings: the runtime's options (each mode takes its own part)
+    options: specee.GenerateOptions = field(default_factory=_eval_options)
 
 
 @dataclass
@@ -89,15 +82,12 @@ class NativeRunner:
 
     def __init__(self, model: specee.Model, cfg: RunConfig, mode: str) -> None:
         self.model, self.cfg, self.mode = model, cfg, mode
-        self.options = dict(mode=mode, temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
-        if mode == "eagle":
-            self.options["eagle"] = specee.EagleParams(choices=cfg.eagle_choices)
-        if mode == "eagle2":
-            self.options["eagle"] = specee.EagleParams(total_tokens=cfg.eagle_total_tokens, depth=cfg.eagle_depth,
-                                                       topk=cfg.eagle_topk)
-        if mode == "early-exit":
-            self.options["exit"] = specee.ExitParams(threshold=cfg.exit_threshold, layers=cfg.exit_layers,
-                                                     kv=cfg.exit_kv, replay=cfg.exit_replay)
+        o = cfg.options
+        eagle = o.eagle  # EAGLE-1 takes the choices, EAGLE-2 the dynamic tree's sizes
+        eagle = (specee.EagleParams(choices=eagle.choices) if mode == "eagle" else
+                 specee.EagleParams(total_tokens=eagle.total_tokens, depth=eagle.depth, topk=eagle.topk)
+                 if mode == "eagle2" else specee.EagleParams())
+        self.options = replace(o, mode=mode, eagle=eagle, exit=o.exit if mode == "early-exit" else specee.ExitParams())
         if mode != "plain" and not model.has_eagle:
             raise ModeError(f"mode {mode} needs an EAGLE head: {cfg.model} has none; pass --draft-head "
                             "HEAD.gguf (a head-only GGUF, `python -m specee.convert merge --head-only`)")
@@ -106,10 +96,10 @@ class NativeRunner:
         m, c = self.model, self.cfg
         tokens = m.tokenize(prompt, add_special=True, parse_special=True)
         m.kv_clear()
-        out = m.generate_tokens(tokens, c.max_tokens, **self.options)
+        out = m.generate_tokens(tokens, c.max_tokens, **vars(self.options))
         st = m.last_stats
-        turn = Turn(m.detokenize(out), out, st.n_prompt_tokens, st.prompt_seconds,
-                    decode_count(st.n_generated, st.stop_reason), st.decode_seconds, st.stop_reason,
+        turn = Turn(m.detokenize(out), out, st.n_prompt, st.t_prompt_ms / 1e3,
+                    decode_count(st.n_generated, st.stop_reason), st.t_decode_ms / 1e3, st.stop_reason,
                     list(st.step_tokens))
         if self.mode == "early-exit":
             turn.layers_run = list(st.layers_run)
@@ -163,11 +153,11 @@ class LlamaCliRunner:
         self.model, self.cfg = model, cfg
 
     def argv(self, prompt: str) -> list[str]:
-        c = self.cfg
+        c, o = self.cfg, self.cfg.options
         return [c.llama_cli, "-m", c.model, "-p", prompt, "-n", str(c.max_tokens), "-t", str(c.threads),
-                "-tb", str(c.threads), "-c", str(c.n_ctx), "-b", "512", "-ub", "512", "--temp", str(c.temp),
-                "--top-k", str(c.top_k), "--top-p", str(c.top_p), "--min-p", str(c.min_p), "--repeat-penalty", "1.0",
-                "-s", str(c.seed), "-fa", "on", "-ctv", c.type_v, "-no-cnv", "--no-display-prompt", "--no-escape",
+                "-tb", str(c.threads), "-c", str(c.n_ctx), "-b", "512", "-ub", "512", "--temp", str(o.temp),
+                "--top-k", str(o.top_k), "--top-p", str(o.top_p), "--min-p", str(o.min_p), "--repeat-penalty", "1.0",
+                "-s", str(o.seed), "-fa", "on", "-ctv", c.type_v, "-no-cnv", "--no-display-prompt", "--no-escape",
                 *shlex.split(c.llama_cli_args)]
 
     def generate(self, prompt: str) -> Turn:
@@ -201,15 +191,16 @@ class LlamaCppPythonRunner:
     def __init__(self, model: specee.Model, cfg: RunConfig) -> None:
         self.model, self.cfg = model, cfg
         eog = [t for t in range(model.n_vocab) if model.is_eog(t)]
-        setup = {"model": cfg.model, "n_ctx": cfg.n_ctx, "threads": cfg.threads, "seed": cfg.seed, "eog": eog}
+        setup = {"model": cfg.model, "n_ctx": cfg.n_ctx, "threads": cfg.threads, "seed": cfg.options.seed,
+                 "eog": eog}
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("llama_worker.py")),
                                       json.dumps(setup)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def generate(self, prompt: str) -> Turn:
-        c = self.cfg
+        c, o = self.cfg, self.cfg.options
         tokens = self.model.tokenize(prompt, add_special=True, parse_special=True)
-        req = {"tokens": tokens, "max_tokens": c.max_tokens, "temp": c.temp, "top_k": c.top_k,
-               "top_p": c.top_p, "min_p": c.min_p, "seed": c.seed}
+        req = {"tokens": tokens, "max_tokens": c.max_tokens, "temp": o.temp, "top_k": o.top_k,
+               "top_p": o.top_p, "min_p": o.min_p, "seed": o.seed}
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
@@ -257,11 +248,11 @@ def make_llama_cpp(model: specee.Model, cfg: RunConfig) -> Runner:
 
 
 def make_early_exit(model: specee.Model, cfg: RunConfig) -> Runner:
-    if not model.has_eagle or (model._model.exit_n_pred == 0 and not cfg.exit_replay):
+    if not model.has_eagle or (not model.has_exit_predictors and not cfg.options.exit.replay):
         raise ModeError("mode early-exit needs an EAGLE head and exit predictors: pass --exit-head PARTS.gguf, made "
                         "with `python -m specee.convert merge BASE.gguf -o PARTS.gguf --eagle HEAD --predictors "
                         "PREDICTORS --head-only` (or a model file with both merged in)")
-    if cfg.temp > 0:
+    if cfg.options.temp > 0:
         raise ModeError("mode early-exit decodes greedily: use --temp 0")
     return NativeRunner(model, cfg, "early-exit")
 

@@ -25,7 +25,6 @@ from specee.convert.hf import permute
 from specee.convert.merge import merge_gguf
 from specee.convert.parts import base_model, load_eagle
 from specee.convert.output import read_fields
-from specee.generate import chat_template_name
 from specee.paths import default_eagle_head_path
 
 from conftest import TINY
@@ -87,7 +86,7 @@ def test_collect_renders_chat_and_resumes(smollm2_path: Path, tmp_path: Path) ->
     path = tmp_path / "sharegpt.json"
     path.write_text(SHAREGPT)
     model = specee.Model(smollm2_path, n_ctx=128, n_batch=128, n_threads=2)
-    template = chat_template_name(model)
+    template = model.chat_template()
     convs = list(read_sharegpt(path))
     tokens, flags = render(model, template, convs[1], 1000)
     text = specee._core.chat_apply_template(template, convs[1].messages, False)
@@ -114,7 +113,7 @@ def test_regenerate_uses_the_targets_greedy_reply(smollm2_path: Path, tmp_path: 
                                            {"from": "gpt", "value": "hello there"}, {"from": "human", "value": "x"},
                                            {"from": "gpt", "value": "y"}]})
     tokens, flags = regenerate(model, "chatml", conv, 64, 12, min_new=4)
-    prompt = specee.generate.prompt_tokens(model, conv.messages[:2], "chatml")
+    prompt = model.prompt_tokens(conv.messages[:2], "chatml")
     reply = model.generate_tokens(prompt, 12, temp=0)
     assert tokens[:len(prompt)] == prompt and flags == [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
     assert tokens[len(prompt):len(prompt) + len(reply)] == reply

@@ -415,7 +415,7 @@ def test_cli_early_exit(smollm2_path: Path, smollm2_parts: Path) -> None:
     assert "early exit =    23 tokens" in on.stderr and "exit histogram = layers run:tokens" in on.stderr
     assert "mode early-exit (SpecEE): lossy" in on.stderr
     hist = on.stderr.split("exit histogram = layers run:tokens")[1].splitlines()[0].split()
-    assert sum(int(h.split(":")[1]) for h in hist) == 24  # the first token (from the prompt) ran every layer
+    assert sum(int(h.split(":")[1]) for h in hist) == 23  # decoded tokens, as "early exit = 23 tokens" (not the prompt's)
     off = run_cli(*base, "--mode", "plain")
     assert off.returncode == 0 and "early exit" not in off.stderr
     never = run_cli(*base, "--exit-threshold", "1", "--exit-kv", "fill", "--exit-layers", "16,20")

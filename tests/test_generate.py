@@ -105,12 +105,12 @@ def test_a_second_chat_turn_evaluates_only_its_new_tokens(model: specee.Model) -
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     model.kv_clear()
     first = model.generate(chat, 24, mode="plain", temp=0)
-    n_first = model.last_stats.n_prompt_tokens
+    n_first = model.last_stats.n_prompt
     assert model.last_stats.n_reused == 0
     chat += [{"role": "assistant", "content": first}, {"role": "user", "content": "And of Italy?"}]
     model.generate(chat, 24, mode="plain", temp=0)
     st = model.last_stats
-    assert st.n_reused > n_first and st.n_prompt_tokens < 20, st  # the reply and the first turn were kept
+    assert st.n_reused > n_first and st.n_prompt < 20, st  # the reply and the first turn were kept
     again = specee.Model(model.path, n_ctx=512, n_threads=1).generate(chat, 24, mode="plain", temp=0)
     assert model.generate(chat, 24, mode="plain", temp=0) == again  # reuse changes no token
 
@@ -124,11 +124,11 @@ def test_stale_iterators_raise_and_interrupts_are_reported(model: specee.Model) 
         list(it)
 
     # Ctrl-C arrives in the generator's frame (during a native step): the run says so
-    from specee.generate import GenerateOptions, GenerationStats, generate_tokens
+    from specee.generate import GenerateOptions, GenerationStats
 
     stats = GenerationStats()
     with pytest.raises(KeyboardInterrupt):
-        gen = generate_tokens(model, model.tokenize(PROMPTS[0]), 16, GenerateOptions(temp=0, mode="plain"), stats)
+        gen = model._token_stream(model.tokenize(PROMPTS[0]), 16, GenerateOptions(temp=0, mode="plain"), stats)
         for i, _ in enumerate(gen):
             if i == 2:
                 gen.throw(KeyboardInterrupt)

@@ -88,9 +88,8 @@ def read_prompts(path: str, limit: int) -> list[str]:
 def chat_prompts(model_path: str, prompts: list[str]) -> list[str]:
     """Each prompt as the text of a one-turn chat in the model's own template (special tokens as text)."""
     from specee import Model, _core
-    from specee.generate import chat_template_name
 
-    name = chat_template_name(Model(model_path, n_ctx=64, n_threads=1))
+    name = Model(model_path, n_ctx=64, n_threads=1).chat_template()
     return [_core.chat_apply_template(name, [{"role": "user", "content": p}], True) for p in prompts]
 
 

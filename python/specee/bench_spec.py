@@ -83,9 +83,8 @@ def humaneval_prompts(path: Path | None = None) -> list[Prompt]:
 def load_prompts(args: argparse.Namespace, model) -> list[Prompt]:
     """The chosen MT-Bench first turns (rendered with the model's chat template: only these need one) and
     HumanEval prompts."""
-    from specee.generate import chat_template_name
 
-    mt = [] if args.mt_bench == 0 else mt_bench_prompts(chat_template_name(model),
+    mt = [] if args.mt_bench == 0 else mt_bench_prompts(model.chat_template(),
                                                          Path(args.mt_bench_file) if args.mt_bench_file else None)
     he = humaneval_prompts(Path(args.humaneval_file) if args.humaneval_file else None)
     return pick(mt, args.mt_bench) + pick(he, args.humaneval)

@@ -94,7 +94,10 @@ class Model:
         """Free the native model, context and generator now (their devices' memory too; an RPC server's included)
         instead of when the object is collected; the model cannot be used afterwards."""
         with self._lock:
-            self._gen = self._ctx = self._model = None
+            # a closed Model holds None: any later call fails on it (AttributeError), which is what closing means
+            self._gen = None
+            self._ctx = None  # type: ignore[assignment]
+            self._model = None  # type: ignore[assignment]
 
     def __enter__(self) -> Model:
         return self
@@ -177,6 +180,11 @@ class Model:
     def has_eagle(self) -> bool:
         """Whether an EAGLE draft head is loaded (merged into the file, or from `draft_head`)."""
         return self._model.has_eagle
+
+    @property
+    def has_exit_predictors(self) -> bool:
+        """Whether SpecEE's exit predictors are loaded (merged into the file, or from `draft_head`)."""
+        return self._model.exit_n_pred > 0
 
     # ---- evaluation
 

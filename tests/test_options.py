@@ -1,0 +1,144 @@
+"""One options schema and one stats schema: the runtime's tables (csrc/specee-options.cpp) against the C header's
+structs, Python's GenerateOptions / GenerationStats and the CLI's flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import specee
+from specee import _core
+from specee._tools import tool_path
+from specee.generate import FRONTEND_OPTIONS, MODES, EagleParams, ExitParams, GenerateOptions, GenerationStats
+
+HEADER = Path(__file__).resolve().parents[1] / "csrc" / "specee.h"
+OPTIONS = {o["name"]: o for o in _core.generator_options()}
+
+
+def struct_fields(name: str) -> list[tuple[str, str]]:
+    """(type, field) of a struct in specee.h, in order."""
+    body = re.search(r"struct %s \{(.*?)\n\};" % name, HEADER.read_text(), re.S)
+    assert body, name
+    fields = []
+    for line in body.group(1).splitlines():
+        m = re.match(r"\s*((?:struct )?\w+)\s+(\w+)(\[\w+\])?;", line.split("//")[0])
+        if m:
+            fields.append((m.group(1), m.group(2)))
+    return fields
+
+
+def header_option_names() -> set[str]:
+    """Every setting of specee_generator_params as an option name: sampling's fields without a prefix, the nested
+    structs' with theirs ("exit.kv"); a list's count (n_layers next to layers) is part of the list."""
+    names = set()
+    for ctype, f in struct_fields("specee_generator_params"):
+        if ctype.startswith("struct "):
+            sub = ctype.split()[1]
+            prefix = "" if sub == "specee_sampler_params" else f + "."
+            inner = [g for _, g in struct_fields(sub)]
+            names |= {prefix + g for g in inner if not (g.startswith("n_") and g[2:] in inner)}
+        else:
+            names.add(f)
+    return names
+
+
+def python_option_names() -> set[str]:
+    names = set()
+    for f in dataclasses.fields(GenerateOptions):
+        sub = {"eagle": EagleParams, "exit": ExitParams}.get(f.name)
+        names |= {f"{f.name}.{g.name}" for g in dataclasses.fields(sub)} if sub else {f.name}
+    return names - set(FRONTEND_OPTIONS)
+
+
+def test_every_field_of_the_c_struct_has_an_option() -> None:
+    assert header_option_names() == set(OPTIONS)
+
+
+def test_python_options_are_the_runtime_options() -> None:
+    """A field added to the C++ struct (and so to the table, above) without its Python twin fails here."""
+    assert python_option_names() == set(OPTIONS)
+
+
+def test_python_defaults_are_the_runtime_defaults() -> None:
+    assert _core.generate_options_values(GenerateOptions()) == {n: o["default"] for n, o in OPTIONS.items()}
+
+
+def test_names_are_defined_once_in_the_runtime() -> None:
+    assert MODES == ("auto", "plain", "eagle", "eagle2", "early-exit") == tuple(OPTIONS["mode"]["choices"])
+    assert OPTIONS["exit.kv"]["choices"] == ["mask", "fill"]
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, not 'eagle3'"),
+    (dict(top_p=0.0), "top_p must be in (0, 1]"),
+    (dict(min_p=1.5), "min_p must be in [0, 1]"),
+    (dict(top_k=2.5), "top_k must be an integer"),
+    (dict(repeat_penalty=float("inf")), "repeat_penalty must be finite"),
+    (dict(repeat_last_n=-2), "repeat_last_n must be >= -1"),
+    (dict(seed=2**32), "seed must be -1 (random) or in 0..2**32-1"),
+    (dict(eagle=dict(topk=0)), "eagle.topk must be >= 1"),
+    (dict(eagle=dict(choices="[[1]]")), "bad EAGLE choices"),
+    (dict(exit=dict(kv="drop")), "exit.kv must be 'mask' or 'fill', not 'drop'"),
+    (dict(exit=dict(threshold=1.5)), "exit.threshold must be a number in [0, 1]"),
+    (dict(exit=dict(layers=[3, -1])), "exit.layers must be comma-separated layer numbers"),
+    (dict(exit=dict(replay=[])), "exit.replay must be comma-separated layer numbers"),
+])
+def test_the_runtime_checks_each_value(options: dict, message: str) -> None:
+    kw = dict(options)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        for group, cls in (("eagle", EagleParams), ("exit", ExitParams)):
+            if group in kw:
+                kw[group] = cls(**kw[group])
+        GenerateOptions(**kw)
+
+
+def test_values_read_back_as_given() -> None:
+    o = GenerateOptions(mode="eagle", temp=0.0, seed=7, ignore_eos=True, eagle=EagleParams(choices=[[0], [1]]),
+                        exit=ExitParams(threshold=0.25, layers=[2, 4], dynamic=False, kv="fill", replay=[1]))
+    v = _core.generate_options_values(o)
+    assert (v["mode"], v["temp"], v["seed"], v["ignore_eos"], v["eagle.choices"]) == ("eagle", "0", "7", "true",
+                                                                                      "[[0], [1]]")
+    assert (v["exit.threshold"], v["exit.layers"], v["exit.dynamic"], v["exit.kv"], v["exit.replay"]) == (
+        "0.25", "2,4", "false", "fill", "1")
+    assert _core.generate_options_values(GenerateOptions(seed=-1))["seed"] == "-1"  # random, as None
+
+
+def test_python_stats_are_the_runtime_stats() -> None:
+    python = [f.name for f in dataclasses.fields(GenerationStats)]
+    assert python[: len(_core.generator_stat_names())] == _core.generator_stat_names()
+    header = [f for _, f in struct_fields("specee_generator_stats")]
+    assert header == _core.generator_stat_names()
+
+
+def cli_flag(name: str) -> str:
+    return "--" + name.replace(".", "-").replace("_", "-")
+
+
+def test_every_option_is_a_cli_flag() -> None:
+    """The CLI's generation flags are the table's options (a bool on by default is --no-NAME)."""
+    out = subprocess.run([str(tool_path("llama-cli")), "--help"], capture_output=True, text=True).stdout
+    for name, o in OPTIONS.items():
+        flag = cli_flag(name)
+        if o["type"] == 2 and o["default"] == "true":
+            flag = "--no-" + flag[2:]
+        assert re.search(r"^\s+(\S+, )*%s\b" % re.escape(flag), out, re.M), flag
+        assert o["help"].split()[0] in out
+
+
+@pytest.mark.slow
+def test_derived_stats_come_from_the_runtime(smollm2_path: Path) -> None:
+    m = specee.Model(smollm2_path, n_ctx=512, n_threads=1, draft_head="default")
+    m.generate_tokens(m.tokenize("The capital of France is"), 24, temp=0, mode="eagle2")
+    st = m.last_stats
+    assert st.n_steps == len(st.step_tokens) > 0
+    assert st.mean_accepted_tokens == pytest.approx(sum(st.step_tokens) / st.n_steps)
+    m.generate_tokens(m.tokenize("The capital of France is"), 24, temp=0, mode="early-exit",
+                      exit=ExitParams(replay=[9, 29, 19]))
+    st = m.last_stats
+    assert st.n_steps == len(st.layers_run) == 23 and st.n_exits == sum(r < 30 for r in st.layers_run)
+    assert st.exit_ratio == pytest.approx(st.n_exits / st.n_steps)
+    assert st.mean_layers_run == pytest.approx(sum(st.layers_run) / len(st.layers_run))
