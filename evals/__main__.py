@@ -26,6 +26,7 @@ from specee.eval.metrics import SCORE_NAMES, task_score
 from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
                                 sample_rates, summarize)
 from specee.eval.runners import MODES, ModeError, RunConfig, Runner, make_runner
+from specee.generate import EXIT_KV, ExitParams
 from specee.paths import DEFAULT_DRAFT_HEAD, DEFAULT_EAGLE_HEAD_VOCAB8192, is_default_model, weights_path
 
 DEFAULT_MODES = ["plain", "eagle", "eagle2"]
@@ -84,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                         f"shipped {DEFAULT_DRAFT_HEAD})")
     ap.add_argument("--exit-threshold", type=float, help="early-exit: predictor threshold (default: the file's)")
     ap.add_argument("--exit-layers", help="early-exit: comma-separated static exit layers (default: the file's)")
-    ap.add_argument("--exit-kv", choices=("mask", "fill"), default="mask",
+    ap.add_argument("--exit-kv", choices=EXIT_KV, default=ExitParams().kv,
                     help="early-exit: the skipped layers' cache of an exited token (default: mask, SpecEE's)")
     ap.add_argument("--exit-replay", help="early-exit, cost only: comma-separated exit layers that token i takes in "
                                           "turn whatever the predictors say")

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 Prompt = Union[str, Sequence[Message]]
+# the names of the modes and of the exit KV policies, as the runtime defines them
 MODES: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "mode"))
+EXIT_KV: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "exit.kv"))
 # GenerateOptions' fields of the frontends, not the runtime's: text (stop strings) and chat rendering
 FRONTEND_OPTIONS = ("stop", "chat_template")
 
