@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 import specee
-from specee.bench_cli import parse_perf
+from specee.perf import parse_perf
 
 
 class ModeError(Exception):

@@ -500,11 +500,11 @@ def test_one_v_cache_rule_for_every_model(tiny_gguf: Path, random_gguf: Path) ->
     assert specee.Model(random_gguf, n_ctx=64, type_v="f16").type_v == "f16"
 
 
-# ---- the MT-Bench / HumanEval harness (python -m specee.bench_spec)
+# ---- the MT-Bench / HumanEval harness (python -m specee.bench.spec)
 
 
 def test_bench_spec_prompts_and_parsing() -> None:
-    from specee import bench_spec as B
+    from specee.bench import spec as B
 
     mt = B.mt_bench_prompts("chatml")
     he = B.humaneval_prompts()
@@ -521,8 +521,8 @@ def test_bench_spec_prompts_and_parsing() -> None:
 @pytest.mark.slow
 def test_greedy_identity_on_mt_bench_and_humaneval_subset(capsys: pytest.CaptureFixture) -> None:
     # the shipped head on the default model, default settings (V cache chosen by the runtime); the full sets:
-    # python -m specee.bench_spec identity
-    from specee import bench_spec as B
+    # python -m specee.bench.spec identity
+    from specee.bench import spec as B
 
     # one thread: ggml's spinning thread pool stalls when the machine is shared
     assert B.main(["identity", "--mt-bench", "3", "--humaneval", "3", "-n", "32", "-t", "1"]) == 0
@@ -535,7 +535,7 @@ def test_greedy_identity_on_mt_bench_and_humaneval_subset(capsys: pytest.Capture
 def test_ignore_eos_with_and_without_speculation(smollm2_path: Path) -> None:
     """ignore_eos=True: a reply that ends early goes on to max_tokens; speculative greedy output still equals
     plain greedy output, and sampling with speculation never emits an end-of-generation token either."""
-    from specee.bench_spec import default_head
+    from specee.bench.spec import default_head
 
     m = specee.Model(smollm2_path, n_ctx=256, n_threads=1, draft_head=default_head())
     msgs = [{"role": "user", "content": "Say hi."}]
