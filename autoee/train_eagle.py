@@ -1,7 +1,7 @@
 """python -m specee.autoee train-eagle: an EAGLE-1 draft head for a GGUF model, end to end.
 
 1. features: ShareGPT conversations rendered with the model's chat template, run through the runtime; the
-   final-norm output of every token stored under --work-dir (resumable; see features.py); with --regenerate
+   final-norm output of every token stored under --work-dir (resumable; see eagle_features.py); with --regenerate
    the responses are the target's own greedy replies to the first user turns;
 2. training: the head on those features, AdamW with warmup and cosine decay, checkpoints (--resume);
 3. validation on held-out conversations: regression loss, 1-step acceptance estimate (top-1 against the
@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specee.autoee import trainer as T
+from specee.autoee import eagle_trainer as T
 from specee.autoee.eagle_head import EagleHead, read_base
-from specee.autoee.export import export_head
-from specee.autoee.features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
+from specee.autoee.eagle_export import export_head
+from specee.autoee.eagle_features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
 from specee.autoee.sharegpt import read_sharegpt
 from specee.convert.merge import merge_gguf
 from specee.generate import chat_template_name

@@ -16,10 +16,10 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 import specee
 from specee import constants as C
-from specee.autoee import trainer as T
+from specee.autoee import eagle_trainer as T
 from specee.autoee.eagle_head import BaseWeights, EagleHead, HeadConfig, causal_mask, read_base
-from specee.autoee.export import export_head
-from specee.autoee.features import Decontaminator, collect, create_store, extract, open_store, regenerate, render
+from specee.autoee.eagle_export import export_head
+from specee.autoee.eagle_features import Decontaminator, collect, create_store, extract, open_store, regenerate, render
 from specee.autoee.sharegpt import conversation, iter_json_array, read_sharegpt
 from specee.convert.hf import permute
 from specee.convert.merge import merge_gguf

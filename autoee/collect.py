@@ -30,7 +30,7 @@ from tqdm import tqdm
 from specee import _core
 from specee import constants as C
 from specee.autoee.exit_features import N_CANDIDATES, LmHead, layer_argmax, layer_features, read_lm_head
-from specee.autoee.features import Decontaminator, default_eval_files
+from specee.autoee.eagle_features import Decontaminator, default_eval_files
 from specee.autoee.sharegpt import Conversation, read_sharegpt
 from specee.eval.datasets import DataError, from_question_format, read_records
 from specee.generate import chat_template_name

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from specee import constants as C
-from specee.autoee.exit_collect import add_common, head_gguf, open_store, work_dir
+from specee.autoee.collect import add_common, head_gguf, open_store, work_dir
 from specee.autoee.exit_features import ExitPredictor, exit_features
-from specee.autoee.exit_train import CHECKPOINT, Data, load_checkpoint, load_data, predictors_of
+from specee.autoee.train import CHECKPOINT, Data, load_checkpoint, load_data, predictors_of
 from specee.paths import default_eagle_head_path
 
 DESCRIPTION = "Choose the static exit layer set from the held-out data under a cost model (per-layer stats too)"
