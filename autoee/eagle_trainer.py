@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specee.autoee.eagle_head import BaseWeights, EagleHead, HeadConfig, causal_mask
 from specee.autoee.eagle_features import FeatureStore
+from specee.autoee.eagle_head import BaseWeights, EagleHead, HeadConfig, causal_mask
 
 
 @dataclass

@@ -167,7 +167,8 @@ def summary(out: Outcome, costs: Costs) -> dict:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_common(ap)
-    ap.add_argument("--head", help="EAGLE head whose size is the draft cost (default: the shipped head)")
+    ap.add_argument("--head", help="draft head whose size is the draft cost, as collect --head (default: the shipped "
+                    "head)")
     ap.add_argument("--threshold", type=float, help="predictor threshold (default: the training's, 0.5)")
     ap.add_argument("--max-error", type=float, default=0.02,
                     help="most tokens (share) that may exit with another token than the full model's (0.02)")

@@ -19,12 +19,12 @@ from specee import _core
 from specee import constants as C
 from specee.autoee import collect as X
 from specee.autoee import train as train_command
-from specee.autoee.export import export_predictors
 from specee.autoee.exit_features import (ExitPredictor, LmHead, layer_features, load_predictor_tensors,
                                          predictor_tensors, read_lm_head, scheduled_features)
+from specee.autoee.export import export_predictors
 from specee.autoee.select_layers import Costs, oracle_bounds, select_layers, simulate
-from specee.autoee.train import Data, TrainConfig, fold_standardization, train
 from specee.autoee.sharegpt import read_sharegpt
+from specee.autoee.train import Data, TrainConfig, fold_standardization, train
 from specee.convert.merge import merge_gguf
 
 from conftest import TINY
@@ -45,7 +45,7 @@ def tiny_eagle(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.fixture(scope="module")
 def tiny_head(tiny_gguf: Path, tiny_eagle: Path) -> Path:
     out = tiny_eagle / "tiny-head.gguf"
-    merge_gguf(tiny_gguf, out, eagle=tiny_eagle, eagle_type="f32", head_only=True, progress=False)
+    merge_gguf(tiny_gguf, out, eagle=tiny_eagle, eagle_type="f32", draft_head_only=True, progress=False)
     return out
 
 

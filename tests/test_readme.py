@@ -82,7 +82,7 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return argv + ["--timeout", "600"]
     if module == "specee.convert" and sub == "synth":  # a few MiB instead of 3.6 GiB, same code
         small = ["--layers", "32", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "512"]  # 32: replays
-        return argv + small + (["--draft-vocab", "256"] if "--parts" in argv else [])
+        return argv + small + (["--draft-vocab", "256"] if "--draft-head" in argv else [])
     if module == "specee.convert":
         return argv
     if module == "specee.autoee" and sub == "train-eagle":
