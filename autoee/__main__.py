@@ -7,10 +7,10 @@ import argparse
 from specee._optional import missing_package_exits
 
 with missing_package_exits("python -m specee.autoee"):
-    from specee.autoee import exit_collect, exit_export, exit_select, exit_train, train_eagle
+    from specee.autoee import collect, export, select_layers, train, train_eagle
 
-COMMANDS = {"train-eagle": train_eagle, "collect": exit_collect, "train": exit_train, "select-layers": exit_select,
-            "export": exit_export}
+COMMANDS = {"train-eagle": train_eagle, "collect": collect, "train": train, "select-layers": select_layers,
+            "export": export}
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
 """python -m specee.autoee train-eagle: an EAGLE-1 draft head for a GGUF model, end to end.
 
 1. features: ShareGPT conversations rendered with the model's chat template, run through the runtime; the
-   final-norm output of every token stored under --work-dir (resumable; see features.py); with --regenerate
+   final-norm output of every token stored under --work-dir (resumable; see eagle_features.py); with --regenerate
    the responses are the target's own greedy replies to the first user turns;
 2. training: the head on those features, AdamW with warmup and cosine decay, checkpoints (--resume);
 3. validation on held-out conversations: regression loss, 1-step acceptance estimate (top-1 against the
    target's argmax) and the chain estimate for --chain-steps drafted tokens;
 4. export: OUT.safetensors + OUT.json for `python -m specee.convert merge --eagle OUT.safetensors`, and with
-   --head-gguf a head-only GGUF next to them.
+   --head-gguf a draft head file OUT.gguf next to them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specee.autoee import trainer as T
+from specee.autoee import eagle_trainer as T
+from specee.autoee.eagle_export import export_head
+from specee.autoee.eagle_features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
 from specee.autoee.eagle_head import EagleHead, read_base
-from specee.autoee.export import export_head
-from specee.autoee.features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
 from specee.autoee.sharegpt import read_sharegpt
 from specee.convert.merge import merge_gguf
 from specee.model import Model
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
 
 def export(head: EagleHead, cfg: T.TrainConfig, args: argparse.Namespace, info: dict) -> None:
     """OUT (full vocabulary, unless the draft lm_head was trained) and, with a draft vocabulary,
-    OUT-vocabN (with eagle.output and draft_vocab); each with a head-only GGUF when asked."""
+    OUT-vocabN (with eagle.output and draft_vocab); each with a draft head file when asked."""
     out = Path(args.out)
     out = out.with_suffix("") if out.suffix == ".safetensors" else out
     variants = []
@@ -160,14 +160,15 @@ def export(head: EagleHead, cfg: T.TrainConfig, args: argparse.Namespace, info: 
         print(f"wrote {weights} and {meta}")
         if args.head_gguf:
             gguf_path = weights.with_suffix(".gguf")
-            merge_gguf(args.model, gguf_path, eagle=weights, head_only=True, progress=False)
+            merge_gguf(args.model, gguf_path, eagle=weights, draft_head_only=True, progress=False)
             print(f"wrote {gguf_path}")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-m", "--model", help="target model .gguf (default: the embedded SmolLM2-135M)")
     ap.add_argument("-o", "--out", help="export the head as OUT.safetensors + OUT.json (this project's layout)")
-    ap.add_argument("--head-gguf", action="store_true", help="also write a head-only OUT.gguf (merge --head-only)")
+    ap.add_argument("--head-gguf", action="store_true",
+                    help="also write a draft head file OUT.gguf (merge --draft-head-only)")
     ap.add_argument("--export-f32", action="store_true", help="export float32 matrices (default float16)")
     ap.add_argument("--work-dir", help="features and checkpoints (default ~/.cache/specee/eagle/MODEL)")
     ap.add_argument("--threads", type=int, default=2, help="threads of the runtime and of torch (default 2)")
@@ -183,7 +184,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--regenerate", type=int, default=0, metavar="N",
                    help="responses: the target's greedy reply (up to N tokens) to each conversation's first user "
                    "turn instead of the data's (0: the data's; default)")
-    g.add_argument("--draft-head", help="an EAGLE head GGUF that speeds up --regenerate (greedy speculative "
+    g.add_argument("--draft-head", help="a draft head file that speeds up --regenerate (greedy speculative "
                    "decoding: the same replies)")
     g.add_argument("--collect-only", action="store_true", help="stop after collecting features")
     g.add_argument("--skip-collect", action="store_true", help="train on the features already stored")

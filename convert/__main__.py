@@ -7,16 +7,16 @@ import argparse
 from specee._optional import missing_package_exits
 
 with missing_package_exits("python -m specee.convert"):
-    from specee.convert import eauto, hf, inspect, merge, quantize, synth
+    from specee.convert import hf, import_specee, inspect, merge, quantize, synth
 
-COMMANDS = {"hf": hf, "merge": merge, "import-specee": eauto, "inspect": inspect, "quantize": quantize,
+COMMANDS = {"hf": hf, "merge": merge, "import-specee": import_specee, "inspect": inspect, "quantize": quantize,
             "synth": synth}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m specee.convert",
-        description="GGUF conversion for SpecEE: Hugging Face -> GGUF, merging EAGLE heads and exit predictors, "
+        description="GGUF conversion for SpecEE: Hugging Face -> GGUF, merging draft heads and exit predictors, "
         "importing SpecEE's eauto files, inspecting and retyping GGUF files, synthetic files for cost benchmarks",
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")

@@ -20,6 +20,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 
+class RefusedPickleError(ValueError):
+    """A torch.save file that holds more than tensors (loading it could run code)."""
+
+
 @dataclass
 class SourceTensor:
     name: str
@@ -45,7 +49,7 @@ def open_torch_file(path: str | os.PathLike) -> list[SourceTensor]:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise ValueError(
+        raise RefusedPickleError(
             f"{path}: refused to load: the file holds objects other than tensors, and loading them could "
             f"run code (torch.load weights_only=True said: {reason})"
         ) from e

@@ -1,4 +1,4 @@
-"""Print a GGUF's metadata and tensor table, and which SpecEE parts it carries (base model, EAGLE head,
+"""Print a GGUF's metadata and tensor table, and which SpecEE parts it carries (base model, draft head,
 exit predictors with their layers).
 
     python -m specee.convert inspect MODEL.gguf [--no-tensors] [--json]
@@ -18,7 +18,7 @@ from specee import constants as C
 from specee.convert.output import field_value, format_bytes, read_fields
 from specee.convert.retype import Field
 
-DESCRIPTION = "Show a GGUF's metadata, tensors and SpecEE parts (base model / EAGLE head / exit predictors)"
+DESCRIPTION = "Show a GGUF's metadata, tensors and SpecEE parts (base model / draft head / exit predictors)"
 
 SHOWN_ITEMS = 8  # array items printed
 
@@ -48,7 +48,7 @@ PRED_PATTERNS = [re.compile(re.escape(n).replace("%d", r"(\d+)")) for n in C.PRE
 
 def find_predictor_layers(names: set[str]) -> tuple[list[int], list[int]]:
     """(layers with all their predictor tensors, layers with only some), read off the tensor names, so a
-    head-only file (no block count) lists them too."""
+    draft head file (no block count) lists them too."""
     layers = sorted({int(m[1]) for n in names for pat in PRED_PATTERNS if (m := pat.fullmatch(n))})
     complete = [i for i in layers if all(f % i in names for f in C.PRED_TENSOR_NAMES)]
     return complete, [i for i in layers if i not in complete]
@@ -91,7 +91,7 @@ def describe_parts(p: Parts) -> list[str]:
     if p.base_model:
         lines.append(f"base model       yes: {p.arch}, {p.n_layer} layers")
     elif p.n_layer == 0:
-        lines.append(f"base model       no: no {C.KEY_BLOCK_COUNT.format(arch=p.arch)} (a file of SpecEE parts only)")
+        lines.append(f"base model       no: no {C.KEY_BLOCK_COUNT.format(arch=p.arch)} (a draft head file)")
     else:
         lines.append(f"base model       no: lacks {len(p.base_missing)} tensors, e.g. {p.base_missing[:3]}")
     if p.eagle_head:
@@ -99,11 +99,11 @@ def describe_parts(p: Parts) -> list[str]:
         embd = "own token embedding" if p.eagle_token_embd else "uses the base model's token embedding"
         draft = f", draft vocabulary of {p.eagle_draft_vocab}" if p.eagle_draft_vocab else ""
         n_ff = f", feed-forward length {p.eagle_n_ff}" if p.eagle_n_ff else ""
-        lines.append(f"EAGLE head       yes: {version}, {embd}{draft}{n_ff}")
+        lines.append(f"draft head       yes: {version}, {embd}{draft}{n_ff}")
     elif p.eagle_missing:
-        lines.append(f"EAGLE head       incomplete: lacks {p.eagle_missing}")
+        lines.append(f"draft head       incomplete: lacks {p.eagle_missing}")
     else:
-        lines.append("EAGLE head       no")
+        lines.append("draft head       no")
     if p.predictor_layers:
         text = f"exit predictors  yes: {len(p.predictor_layers)} layers {p.predictor_layers}"
         if p.exit_layers is not None:

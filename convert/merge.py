@@ -1,16 +1,18 @@
-"""Merge an EAGLE-1 head and exit predictors into a base GGUF: one file for the SpecEE runtime.
+"""Merge an EAGLE-1 draft head and exit predictors into a base GGUF (one file for the SpecEE runtime), or write
+them as a draft head file.
 
 The base model's metadata and tensors are copied unchanged (any type, quantized included); the EAGLE
 tensors are added as F16 (matrices; --eagle-type f32 keeps F32) and F32 (vectors), the predictors as
-F32, and the settings as specee.* keys (see the README's GGUF schema and specee.constants). Parts the
-base file carries already are replaced when new ones are given and kept otherwise. Layouts of the
-inputs: see parts.py. With --head-only the output holds only the EAGLE head (eagle.* tensors and
-specee.eagle.* keys, checked against the base model) and the predictors if given (blk.N.pred.*, specee.exit.*),
-to be loaded next to an unmodified base file (--draft-head, Model(draft_head=...)).
+F32, and the settings as specee.* keys (see the README's GGUF schema and specee.constants). A draft head or
+predictors the base file carries already are replaced when new ones are given and kept otherwise. Layouts of
+the inputs: see draft_head.py. With --draft-head-only the output is a draft head file: only the draft head
+(eagle.* tensors and specee.eagle.* keys, checked against the base model) and the predictors if given
+(blk.N.pred.*, specee.exit.*), to be loaded next to an unmodified base file (--draft-head, Model(draft_head=...)).
 
     python -m specee.convert merge BASE.gguf -o OUT.gguf --eagle EAGLE_DIR --predictors preds.safetensors
-    python -m specee.convert merge BASE.gguf -o HEAD.gguf --eagle HEAD.safetensors --head-only
-    python -m specee.convert merge BASE.gguf -o PARTS.gguf --eagle HEAD.safetensors --predictors P.safetensors --head-only
+    python -m specee.convert merge BASE.gguf -o DRAFT_HEAD.gguf --eagle HEAD.safetensors --draft-head-only
+    python -m specee.convert merge BASE.gguf -o DRAFT_HEAD.gguf --eagle HEAD.safetensors --predictors P.safetensors \\
+        --draft-head-only
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ import gguf
 import numpy as np
 
 from specee import constants as C
-from specee.convert.output import OutTensor, copy_tensor, read_fields, uint32_field, write_gguf
-from specee.convert.parts import (
+from specee.convert.draft_head import (
     DEFAULT_THRESHOLD,
     EagleHead,
     Predictors,
@@ -35,9 +36,11 @@ from specee.convert.parts import (
     load_eagle,
     load_predictors,
 )
+from specee.convert.output import OutTensor, copy_tensor, read_fields, uint32_field, write_gguf
 from specee.convert.retype import Field
 
-DESCRIPTION = "Merge an EAGLE-1 head and exit predictors into a base GGUF (one file with specee.* metadata)"
+DESCRIPTION = ("Merge an EAGLE-1 draft head and exit predictors into a base GGUF (one file with specee.* metadata), "
+               "or write them as a draft head file")
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
@@ -105,14 +108,14 @@ def merge_gguf(
     threshold: float | None = None,
     eagle_type: str = "f16",
     eagle_embd: bool = True,
-    head_only: bool = False,
+    draft_head_only: bool = False,
     progress: bool = True,
 ) -> None:
     if eagle is None and predictors is None:
-        raise ValueError("nothing to merge: give an EAGLE head (--eagle), predictors (--predictors) or both")
-    if head_only and eagle is None:
-        raise ValueError("--head-only writes an EAGLE head (and predictors, if given) without the base model: "
-                         "give --eagle")
+        raise ValueError("nothing to merge: give a draft head (--eagle), predictors (--predictors) or both")
+    if draft_head_only and eagle is None:
+        raise ValueError("--draft-head-only writes a draft head file (the draft head, and predictors if given) "
+                         "without the base model: give --eagle")
     if eagle_type not in EAGLE_TYPES:
         raise ValueError(f"eagle_type must be one of {list(EAGLE_TYPES)}, not {eagle_type!r}")
     if not os.path.isfile(base_path):
@@ -131,7 +134,7 @@ def merge_gguf(
         return (head is not None and name.startswith("eagle.")) or (preds is not None and bool(PRED_RE.match(name)))
 
     tensors = [copy_tensor(t) for t in reader.tensors if not replaced(t.name)]
-    if head_only:
+    if draft_head_only:
         fields = {k: f for k, f in fields.items() if k.startswith("specee.eagle.")}
         tensors = []
     if head is not None:
@@ -166,8 +169,9 @@ def parse_layers(text: str) -> list[int]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("base", help="base model .gguf (llama architecture, any tensor types)")
     ap.add_argument("-o", "--out", required=True, help="output .gguf path")
-    ap.add_argument("--eagle", help="EAGLE-1 head: a published folder (config.json + pytorch_model.bin or "
-                    "model.safetensors) or NAME.safetensors with NAME.json (this project's layout)")
+    ap.add_argument("--eagle", help="EAGLE-1 draft head: a published folder (config.json + pytorch_model.bin or "
+                    "model.safetensors), NAME.safetensors with NAME.json (this project's layout), or a draft head file "
+                    "NAME.gguf (merge --draft-head-only, train-eagle --head-gguf)")
     ap.add_argument("--predictors", help="exit predictors: a safetensors file (SpecEE's model.layers.N.pred.* or "
                     "this project's blk.N.pred.* names, optional NAME.json with settings)")
     ap.add_argument("--exit-layers", type=parse_layers,
@@ -177,14 +181,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--eagle-type", choices=list(EAGLE_TYPES), default="f16", help="type of the EAGLE matrices")
     ap.add_argument("--no-eagle-embd", action="store_true",
                     help="leave out the head's own token embedding (the runtime then uses the base model's)")
-    ap.add_argument("--head-only", action="store_true",
-                    help="write only the EAGLE head (eagle.* tensors, specee.eagle.* keys; shapes checked against "
-                    "the base model) and the predictors if given, for loading next to the unmodified base file")
+    ap.add_argument("--draft-head-only", action="store_true",
+                    help="write a draft head file: only the draft head (eagle.* tensors, specee.eagle.* keys; shapes "
+                    "checked against the base model) and the predictors if given, for loading next to the "
+                    "unmodified base file (--draft-head)")
 
 
 def run(args: argparse.Namespace) -> None:
     merge_gguf(args.base, args.out, eagle=args.eagle, predictors=args.predictors, exit_layers=args.exit_layers,
                threshold=args.exit_threshold, eagle_type=args.eagle_type, eagle_embd=not args.no_eagle_embd,
-               head_only=args.head_only)
+               draft_head_only=args.draft_head_only)
     print(f"wrote {args.out}")
 

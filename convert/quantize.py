@@ -12,8 +12,8 @@ SmolLM2 Q4_1 is identical; see tests/test_convert_cli.py):
 - a matrix whose rows are not a whole number of blocks of the target type becomes F16.
 Differences, on purpose: the quantized targets are "pure" (every matrix gets the target type, as
 `llama-quantize --pure`; the gguf package has no K-quant quantizer for llama-quantize's mixtures),
-EAGLE head matrices stay float (the target when it is a float type, else F16) and the exit predictors
-stay F32.
+draft head matrices (eagle.*) stay float (the target when it is a float type, else F16) and the exit
+predictors stay F32.
 
     python -m specee.convert quantize IN.gguf OUT.gguf f16 --allow-requantize
 """

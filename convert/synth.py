@@ -169,16 +169,16 @@ def plan_tensors(cfg: LlamaConfig, outtype: str, seed: int) -> list[OutTensor]:
             for i, (name, shape, qtype) in enumerate(shapes, start=1)]
 
 
-# ---- the draft head and exit predictors of such a file (`--parts`)
+# ---- the draft head file of such a file (`--draft-head`): a draft head and exit predictors
 
 SPECEE_EXIT_LAYERS = [15, 16, 17, 19, 21, 24, 26, 28]  # SpecEE's static set for Llama-2-7B
 N_CANDIDATES = 4
 PRED_HIDDEN = 512
 
 
-def plan_parts(cfg: LlamaConfig, outtype: str, seed: int, draft_vocab: int) -> list[OutTensor]:
+def plan_draft_head(cfg: LlamaConfig, outtype: str, seed: int, draft_vocab: int) -> list[OutTensor]:
     """A random EAGLE-1 head (its matrices in the file's matrix type, a reduced draft vocabulary of draft_vocab
-    tokens) and random exit predictors for every layer but the last (F32): a head-only file for
+    tokens) and random exit predictors for every layer but the last (F32): a draft head file, loaded with
     `--draft-head`, to time early exit and EAGLE (cost only: random weights accept and exit at random)."""
     matrix = TYPES[outtype][0]
     q, kv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
@@ -199,9 +199,9 @@ def plan_parts(cfg: LlamaConfig, outtype: str, seed: int, draft_vocab: int) -> l
             for i, (name, shape, qtype) in enumerate(head + preds, start=1)]
 
 
-def parts_fields(cfg: LlamaConfig, draft_vocab: int) -> dict[str, Field]:
+def draft_head_fields(cfg: LlamaConfig, draft_vocab: int) -> dict[str, Field]:
     meta = gguf.GGUFWriter(None, C.ARCH)
-    meta.add_name(NAME + ": draft head and exit predictors")
+    meta.add_name(NAME + ": draft head file (draft head and exit predictors)")
     meta.add_uint32(C.KEY_EAGLE_VERSION, 1)
     meta.add_uint32(C.KEY_EAGLE_FEED_FORWARD_LENGTH, cfg.n_ff)
     meta.add_array(C.KEY_EAGLE_DRAFT_VOCAB, list(range(draft_vocab)))
@@ -245,22 +245,23 @@ def write_synthetic(out: str, cfg: LlamaConfig, outtype: str, seed: int = 0, pro
                desc=f"writing synthetic {outtype}", progress=progress)
 
 
-def write_synthetic_parts(out: str, cfg: LlamaConfig, outtype: str, seed: int = 0, draft_vocab: int = 8192,
+def write_synthetic_draft_head(out: str, cfg: LlamaConfig, outtype: str, seed: int = 0, draft_vocab: int = 8192,
                           progress: bool = True) -> None:
-    """Write the head-only GGUF of a random draft head and random exit predictors for a synthetic file of cfg."""
+    """Write the draft head file of a random draft head and random exit predictors for a synthetic file of cfg."""
     if not 0 < draft_vocab <= cfg.n_vocab:
         raise ValueError(f"--draft-vocab must be in 1..{cfg.n_vocab}, not {draft_vocab}")
     check_config(cfg)
-    write_gguf(out, C.ARCH, parts_fields(cfg, draft_vocab), plan_parts(cfg, outtype, seed, draft_vocab),
-               desc=f"writing synthetic parts {outtype}", progress=progress)
+    write_gguf(out, C.ARCH, draft_head_fields(cfg, draft_vocab), plan_draft_head(cfg, outtype, seed, draft_vocab),
+               desc=f"writing synthetic draft head file {outtype}", progress=progress)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-o", "--out", required=True, help="output .gguf path")
-    ap.add_argument("--parts", action="store_true",
-                    help="write the draft head (EAGLE-1, --draft-vocab tokens, matrices in --type) and exit "
-                         "predictors of such a file instead, as a head-only GGUF for --draft-head")
-    ap.add_argument("--draft-vocab", type=int, default=8192, help="--parts: rows of the head's lm_head (default 8192)")
+    ap.add_argument("--draft-head", action="store_true",
+                    help="write the draft head file of such a file instead: a draft head (EAGLE-1, --draft-vocab "
+                         "tokens, matrices in --type) and exit predictors, for loading with --draft-head")
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="--draft-head: rows of the head's lm_head (default 8192)")
     ap.add_argument("--type", type=str.lower, choices=list(TYPES), default="q4_0",
                     help="q4_0: llama-quantize's default Q4_0 mixture (output Q6_K); f16 (default q4_0)")
     ap.add_argument("--layers", type=int, default=32, help="number of layers (default 32)")
@@ -273,8 +274,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     cfg = llama2_7b(args.layers, args.embd, args.ff, args.heads, args.vocab)
-    if args.parts:
-        write_synthetic_parts(args.out, cfg, args.type, args.seed, args.draft_vocab)
+    if args.draft_head:
+        write_synthetic_draft_head(args.out, cfg, args.type, args.seed, args.draft_vocab)
     else:
         write_synthetic(args.out, cfg, args.type, args.seed)
     print(f"wrote {args.out} (synthetic: random weights, for cost benchmarks only)")

@@ -31,9 +31,8 @@ from specee.paths import DEFAULT_DRAFT_HEAD, DEFAULT_EAGLE_HEAD_VOCAB8192, is_de
 
 DEFAULT_MODES = ["plain", "eagle", "eagle2"]
 # settings a resumed run must share with the records already in --out
-SETTINGS = ("model", "max_tokens", "temp", "top_k", "top_p", "min_p", "seed", "threads", "n_ctx", "type_v",
-            "draft_head", "eagle_choices", "eagle_total_tokens", "eagle_depth", "eagle_topk", "llama_cli",
-            "llama_cli_args", "exit_head", "exit_threshold", "exit_layers", "exit_kv", "exit_replay", "chat_template")
+SETTINGS = ("model", "max_tokens", "threads", "n_ctx", "type_v", "draft_head", "llama_cli", "llama_cli_args",
+            "exit_draft_head", "options", "chat_template")
 
 
 def modes_help() -> str:
@@ -55,8 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
                     help=f"comma-separated modes (default: {','.join(DEFAULT_MODES)}); see below")
     ap.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
-    ap.add_argument("--draft-head", help="EAGLE head GGUF for the eagle modes (default: the model's own head; for "
-                                         f"the default model the shipped {DEFAULT_EAGLE_HEAD_VOCAB8192})")
+    ap.add_argument("--draft-head", help="draft head file for the eagle modes, and for mode early-exit without "
+                                         "--exit-draft-head (default: the model's own head; for the default model "
+                                         f"the shipped {DEFAULT_EAGLE_HEAD_VOCAB8192})")
     ap.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
                     help="data file (or folder holding question.jsonl) of a dataset; repeatable; NAME= may be "
                          "left out when one dataset is run")
@@ -80,9 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eagle-total-tokens", type=int, help="EAGLE-2: draft tokens verified per step (default: the runtime's)")
     ap.add_argument("--eagle-depth", type=int, help="EAGLE-2: longest draft path (default: the runtime's)")
     ap.add_argument("--eagle-topk", type=int, help="EAGLE-2: children per expanded node (default: the runtime's)")
-    ap.add_argument("--exit-head", help="EAGLE head + exit predictors GGUF for mode early-exit (default: --draft-head "
-                                        "when given, else the model file's own; for the default model the "
-                                        f"shipped {DEFAULT_DRAFT_HEAD})")
+    ap.add_argument("--exit-draft-head", help="draft head file with exit predictors for mode early-exit (default: "
+                                              "--draft-head when given, else the model file's own; for the default "
+                                              f"model the shipped {DEFAULT_DRAFT_HEAD})")
     ap.add_argument("--exit-threshold", type=float, help="early-exit: predictor threshold (default: the file's)")
     ap.add_argument("--exit-layers", help="early-exit: comma-separated static exit layers (default: the file's)")
     ap.add_argument("--exit-kv", choices=EXIT_KV, default=ExitParams().kv,
@@ -154,9 +154,9 @@ def default_head(args: argparse.Namespace, model_path: str) -> str | None:
     return head_file(args.draft_head, "draft head", model_path, DEFAULT_EAGLE_HEAD_VOCAB8192)
 
 
-def default_exit_head(args: argparse.Namespace, model_path: str) -> str | None:
-    """--exit-head, else --draft-head, else the shipped head + predictors when the model is the default one."""
-    return head_file(args.exit_head or args.draft_head, "exit head", model_path, DEFAULT_DRAFT_HEAD)
+def default_exit_draft_head(args: argparse.Namespace, model_path: str) -> str | None:
+    """--exit-draft-head, else --draft-head, else the shipped head + predictors when the model is the default one."""
+    return head_file(args.exit_draft_head or args.draft_head, "exit draft head", model_path, DEFAULT_DRAFT_HEAD)
 
 
 def check_settings(out: Path, settings: dict, overwrite: bool) -> None:
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     if not Path(model_path).is_file():
         raise DataError(f"model file not found: {model_path}")
     head = default_head(args, model_path) if any(m.startswith("eagle") for m in modes) else None
-    exit_head = default_exit_head(args, model_path) if "early-exit" in modes else None
+    exit_draft_head = default_exit_draft_head(args, model_path) if "early-exit" in modes else None
     layer_lists = {}
     for flag, text in (("--exit-layers", args.exit_layers), ("--exit-replay", args.exit_replay)):
         try:
@@ -284,7 +284,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
                                replay=layer_lists["--exit-replay"]))
     cfg = RunConfig(model_path, args.max_tokens, args.threads, args.ctx_size, args.cache_type_v, head,
                     str(Path(args.llama_cli).resolve()) if args.llama_cli else None, args.llama_cli_args,
-                    exit_head, options)
+                    exit_draft_head, options)
     if cfg.llama_cli and not Path(cfg.llama_cli).is_file():
         raise ModeError(f"--llama-cli: not found: {cfg.llama_cli}")
 
@@ -294,7 +294,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
 
     # plain, the EAGLE modes, the tokenizer and the chat template
     model = load(head)
-    exit_model = model if "early-exit" not in modes or exit_head == head else load(exit_head)
+    exit_model = model if "early-exit" not in modes or exit_draft_head == head else load(exit_draft_head)
     template = model.chat_template(args.chat_template)
     runners = {m: make_runner(m, exit_model if m == "early-exit" else model, cfg) for m in modes}
     out.mkdir(parents=True, exist_ok=True)

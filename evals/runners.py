@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 import specee
-from specee.bench_cli import parse_perf
+from specee.perf import parse_perf
 
 
 class ModeError(Exception):
@@ -42,7 +42,8 @@ class RunConfig:
     draft_head: str | None = None
     llama_cli: str | None = None
     llama_cli_args: str = ""
-    exit_head: str | None = None  # head + exit predictors for mode early-exit (None: the model file's, or draft_head)
+    exit_draft_head: str | None = None  # draft head file with exit predictors for mode early-exit (None: the model
+    # file's, or draft_head)
     # sampling, trees and exit settings: the runtime's options (each mode takes its own part)
     options: specee.GenerateOptions = field(default_factory=_eval_options)
 
@@ -90,7 +91,7 @@ class NativeRunner:
         self.options = replace(o, mode=mode, eagle=eagle, exit=o.exit if mode == "early-exit" else specee.ExitParams())
         if mode != "plain" and not model.has_eagle:
             raise ModeError(f"mode {mode} needs an EAGLE head: {cfg.model} has none; pass --draft-head "
-                            "HEAD.gguf (a head-only GGUF, `python -m specee.convert merge --head-only`)")
+                            "HEAD.gguf (a draft head file, `python -m specee.convert merge --draft-head-only`)")
 
     def generate(self, prompt: str) -> Turn:
         m, c = self.model, self.cfg
@@ -249,9 +250,9 @@ def make_llama_cpp(model: specee.Model, cfg: RunConfig) -> Runner:
 
 def make_early_exit(model: specee.Model, cfg: RunConfig) -> Runner:
     if not model.has_eagle or (not model.has_exit_predictors and not cfg.options.exit.replay):
-        raise ModeError("mode early-exit needs an EAGLE head and exit predictors: pass --exit-head PARTS.gguf, made "
-                        "with `python -m specee.convert merge BASE.gguf -o PARTS.gguf --eagle HEAD --predictors "
-                        "PREDICTORS --head-only` (or a model file with both merged in)")
+        raise ModeError("mode early-exit needs an EAGLE head and exit predictors: pass --exit-draft-head HEAD.gguf, a "
+                        "draft head file made with `python -m specee.convert merge BASE.gguf -o HEAD.gguf --eagle HEAD "
+                        "--predictors PREDICTORS --draft-head-only` (or a model file with both merged in)")
     if cfg.options.temp > 0:
         raise ModeError("mode early-exit decodes greedily: use --temp 0")
     return NativeRunner(model, cfg, "early-exit")
@@ -262,7 +263,7 @@ MODES: dict[str, tuple[str, Callable[[specee.Model, RunConfig], Runner] | None]]
     "plain": ("this runtime, plain decoding", make_plain),
     "eagle": ("EAGLE-1 static tree speculative decoding (--eagle-choices)", make_eagle),
     "eagle2": ("EAGLE-2 dynamic tree (--eagle-total-tokens/--eagle-depth/--eagle-topk)", make_eagle2),
-    "early-exit": ("SpecEE early exit, greedy (--exit-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay)",
+    "early-exit": ("SpecEE early exit, greedy (--exit-draft-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay)",
                    make_early_exit),
     "llama.cpp": ("upstream llama.cpp on the same GGUF (--llama-cli PATH, or llama-cpp-python)", make_llama_cpp),
 }

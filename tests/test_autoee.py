@@ -16,14 +16,14 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 import specee
 from specee import constants as C
-from specee.autoee import trainer as T
+from specee.autoee import eagle_trainer as T
+from specee.autoee.eagle_export import export_head
+from specee.autoee.eagle_features import Decontaminator, collect, create_store, extract, open_store, regenerate, render
 from specee.autoee.eagle_head import BaseWeights, EagleHead, HeadConfig, causal_mask, read_base
-from specee.autoee.export import export_head
-from specee.autoee.features import Decontaminator, collect, create_store, extract, open_store, regenerate, render
 from specee.autoee.sharegpt import conversation, iter_json_array, read_sharegpt
+from specee.convert.draft_head import base_model, load_eagle
 from specee.convert.hf import permute
 from specee.convert.merge import merge_gguf
-from specee.convert.parts import base_model, load_eagle
 from specee.convert.output import read_fields
 from specee.paths import default_eagle_head_path
 
@@ -278,7 +278,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 # ---- export -> merge
 
 
-def test_export_merges_into_the_base_and_as_a_head_only_gguf(tiny_gguf: Path, tmp_path: Path) -> None:
+def test_export_merges_into_the_base_and_as_a_draft_head_file(tiny_gguf: Path, tmp_path: Path) -> None:
     cfg, base = read_base(str(tiny_gguf))
     assert (cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.n_vocab) == (64, 4, 2, 256)
     torch.manual_seed(0)
@@ -295,7 +295,7 @@ def test_export_merges_into_the_base_and_as_a_head_only_gguf(tiny_gguf: Path, tm
 
     merged, alone = tmp_path / "merged.gguf", tmp_path / "head.gguf"
     merge_gguf(tiny_gguf, merged, eagle=weights, progress=False)
-    merge_gguf(tiny_gguf, alone, eagle=weights, head_only=True, progress=False)
+    merge_gguf(tiny_gguf, alone, eagle=weights, draft_head_only=True, progress=False)
     merged_t = {t.name: t for t in gguf.GGUFReader(merged).tensors}
     alone_r = gguf.GGUFReader(alone)
     alone_t = {t.name: t for t in alone_r.tensors}
@@ -315,9 +315,9 @@ def test_export_merges_into_the_base_and_as_a_head_only_gguf(tiny_gguf: Path, tm
                                                                                         .read_text())
 
 
-def test_head_only_needs_an_eagle_head(tiny_gguf: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="head-only"):
-        merge_gguf(tiny_gguf, tmp_path / "x.gguf", predictors=tmp_path / "p.safetensors", head_only=True)
+def test_draft_head_only_needs_an_eagle_head(tiny_gguf: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="draft-head-only"):
+        merge_gguf(tiny_gguf, tmp_path / "x.gguf", predictors=tmp_path / "p.safetensors", draft_head_only=True)
 
 
 # ---- the shipped head

@@ -17,14 +17,14 @@ import torch
 import specee
 from specee import _core
 from specee import constants as C
-from specee.autoee import exit_collect as X
-from specee.autoee import exit_train
-from specee.autoee.exit_export import export_predictors
+from specee.autoee import collect as X
+from specee.autoee import train as train_command
 from specee.autoee.exit_features import (ExitPredictor, LmHead, layer_features, load_predictor_tensors,
                                          predictor_tensors, read_lm_head, scheduled_features)
-from specee.autoee.exit_select import Costs, oracle_bounds, select_layers, simulate
-from specee.autoee.exit_train import Data, TrainConfig, fold_standardization, train
+from specee.autoee.export import export_predictors
+from specee.autoee.select_layers import Costs, oracle_bounds, select_layers, simulate
 from specee.autoee.sharegpt import read_sharegpt
+from specee.autoee.train import Data, TrainConfig, fold_standardization, train
 from specee.convert.merge import merge_gguf
 
 from conftest import TINY
@@ -45,7 +45,7 @@ def tiny_eagle(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.fixture(scope="module")
 def tiny_head(tiny_gguf: Path, tiny_eagle: Path) -> Path:
     out = tiny_eagle / "tiny-head.gguf"
-    merge_gguf(tiny_gguf, out, eagle=tiny_eagle, eagle_type="f32", head_only=True, progress=False)
+    merge_gguf(tiny_gguf, out, eagle=tiny_eagle, eagle_type="f32", draft_head_only=True, progress=False)
     return out
 
 
@@ -242,9 +242,9 @@ def test_question_files_and_that_training_refuses_them(tmp_path: Path) -> None:
     work = tmp_path / "work"
     X.open_store(work / "data", {"n_candidates": K, "questions": {"paths": ["bench"], "per_file": 2}})
     ap = argparse.ArgumentParser()
-    exit_train.add_arguments(ap)
+    train_command.add_arguments(ap)
     with pytest.raises(ValueError, match="evaluation prompts"):
-        exit_train.run(ap.parse_args(["--work-dir", str(work)]))
+        train_command.run(ap.parse_args(["--work-dir", str(work)]))
 
 
 # ---- export -> merge

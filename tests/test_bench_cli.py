@@ -1,4 +1,4 @@
-"""python -m specee.bench_cli: timing-line parsing (both upstream formats), prompt files, a whole run."""
+"""python -m specee.bench.cli: timing-line parsing (specee.perf, both upstream formats), prompt files, a whole run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specee import bench_cli
+from specee.bench import cli as bench_cli
+from specee.perf import parse_perf
 from specee._tools import tool_path
 
 UPSTREAM = """\
@@ -25,10 +26,10 @@ llama_perf_context_print:       total time =    1012.00 ms /    55 tokens
 
 
 def test_parse_perf_both_formats() -> None:
-    assert bench_cli.parse_perf(UPSTREAM) == (49.74, 12, 142.06, 8)
-    assert bench_cli.parse_perf(OLDER) == (10.5, 5, 1000.0, 50)
+    assert parse_perf(UPSTREAM) == (49.74, 12, 142.06, 8)
+    assert parse_perf(OLDER) == (10.5, 5, 1000.0, 50)
     with pytest.raises(ValueError, match="eval time"):
-        bench_cli.parse_perf("load time = 1 ms\n")
+        parse_perf("load time = 1 ms\n")
 
 
 def test_read_prompts(tmp_path: Path) -> None:

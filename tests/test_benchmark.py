@@ -1,4 +1,4 @@
-"""python -m specee.benchmark: its tables and its RPC servers, with specee-bench standing in for llama-bench (a
+"""python -m specee.bench.runtime: its tables and its RPC servers, with specee-bench standing in for llama-bench (a
 wrapper that drops llama-bench's -ub), so the test needs no upstream build; the comparison itself is the
 README's."""
 
@@ -38,7 +38,7 @@ os.execv({str(tool_path('specee-bench'))!r}, ["specee-bench", *argv])
 
 
 def benchmark(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specee.benchmark", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "specee.bench.runtime", *args], capture_output=True, text=True,
                           timeout=300)
 
 

@@ -320,7 +320,7 @@ def test_console_script_default_draft_head_and_flash_attn_flag(smollm2_path: Pat
 def test_ignore_eos_runs_to_n_with_and_without_speculation(cli: str, smollm2_path: Path) -> None:
     """A reply that ends after ~23 tokens goes on to -n with --ignore-eos (as upstream: end-of-generation
     tokens get a -inf logit); speculative greedy output with the same flag equals plain greedy output."""
-    from specee.bench_spec import default_head
+    from specee.bench.spec import default_head
 
     base = ["-m", str(smollm2_path), "-p", "Say hi.", "-cnv", "-st", "--temp", "0", "-n", "40", "-ctv", "f32", *FAST]
     ends = run(cli, *base)

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 import specee
 from specee import constants as C
 from specee.convert.__main__ import main as convert_main
+from specee.convert.draft_head import (EAGLE_PUBLISHED, PTH_TO_SAFETENSORS, SPECEE_LLAMA2_7B_EXIT_LAYERS,
+                                       default_exit_layers)
 from specee.convert.hf import convert_hf_to_gguf, permute, tensor_type
 from specee.convert.inspect import describe_parts, find_parts, inspect_json
 from specee.convert.merge import merge_gguf
@@ -38,7 +41,6 @@ from specee.convert.output import (
     string_field,
     write_gguf,
 )
-from specee.convert.parts import EAGLE_PUBLISHED, SPECEE_LLAMA2_7B_EXIT_LAYERS, default_exit_layers
 from specee.convert.quantize import llama_order, quantize_gguf
 from specee.convert.retype import Field
 from specee.convert.vocab import LLAMA3_SPLIT, bpe_pre_name
@@ -415,6 +417,24 @@ def test_merge_other_layouts_give_the_same_file_contents(merged: Path, tiny_gguf
     assert parts["eagle_head"] and parts["exit_layers"] == [2] and parts["predictor_layers"] == [1, 2, 3]
 
 
+def test_merge_eagle_takes_a_draft_head_file(merged: Path, tiny_gguf: Path, eagle_dir: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """--eagle takes a draft head file (what --draft-head-only writes) as well as the two weight layouts, and its
+    help names all three."""
+    assert cli("merge", "--help") == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a published folder" in text and "NAME.safetensors with NAME.json" in text
+    assert "or a draft head file NAME.gguf" in text
+    draft_head, out = tmp_path / "draft-head.gguf", tmp_path / "out.gguf"
+    assert cli("merge", tiny_gguf, "-o", draft_head, "--eagle", eagle_dir, "--draft-head-only") == 0
+    assert cli("merge", tiny_gguf, "-o", out, "--eagle", draft_head) == 0
+    want, got = tensors_of(merged), tensors_of(out)
+    assert [n for n in got if n.startswith("eagle.")] == [n for n in want if n.startswith("eagle.")]
+    for name, t in got.items():
+        if name.startswith("eagle."):
+            assert t.tensor_type == want[name].tensor_type and np.array_equal(t.data, want[name].data), name
+
+
 def test_merge_keeps_a_quantized_base_unchanged(tiny_gguf: Path, eagle_dir: Path, tmp_path: Path) -> None:
     base = tmp_path / "tiny-q8_0.gguf"
     quantize_gguf(tiny_gguf, base, "q8_0", progress=False)
@@ -535,7 +555,7 @@ def test_import_specee_is_lossless(merged: Path, tmp_path: Path, capsys: pytest.
     assert cli("inspect", out, "--no-tensors") == 0
     text = capsys.readouterr().out
     assert "base model       yes: llama, 4 layers" in text
-    assert "EAGLE head       yes: EAGLE-1, own token embedding" in text
+    assert "draft head       yes: EAGLE-1, own token embedding" in text
     assert "exit predictors  yes: 3 layers [1, 2, 3]; static exit layers [1, 2], threshold 0.5, 4 candidates" in text
     # the runtime loads it; --exit-layers chooses another set; a llama file is not an eauto file
     assert specee.Model(out, n_ctx=32, n_threads=2).n_layer == 4
@@ -548,7 +568,7 @@ def test_inspect(tiny_gguf: Path, merged: Path, capsys: pytest.CaptureFixture) -
     assert cli("inspect", tiny_gguf) == 0
     text = capsys.readouterr().out
     assert "blk.0.attn_k.weight" in text and "F32" in text and "llama.block_count" in text
-    assert "EAGLE head       no" in text and "exit predictors  no" in text
+    assert "draft head       no" in text and "exit predictors  no" in text
     assert cli("inspect", merged, "--json") == 0
     info = json.loads(capsys.readouterr().out)
     assert {"name": "eagle.fc.weight", "type": "F16", "shape": [128, 64]} in info["tensors"]
@@ -556,8 +576,8 @@ def test_inspect(tiny_gguf: Path, merged: Path, capsys: pytest.CaptureFixture) -
 
 
 def test_inspect_shipped_draft_head(capsys: pytest.CaptureFixture) -> None:
-    """The shipped head-only bundle has no base model and so no block count: its predictors are found by
-    their tensor names, and its EAGLE head is described all the same."""
+    """The shipped draft head file has no base model and so no block count: its predictors are found by
+    their tensor names, and its draft head is described all the same."""
     path = default_draft_head_path()
     parts = inspect_json(path)["parts"]
     m, t = meta(Path(path)), tensors_of(Path(path))
@@ -570,7 +590,7 @@ def test_inspect_shipped_draft_head(capsys: pytest.CaptureFixture) -> None:
     assert cli("inspect", path, "--no-tensors") == 0
     text = capsys.readouterr().out
     assert "base model       no: no llama.block_count" in text
-    assert (f"EAGLE head       yes: EAGLE-1, uses the base model's token embedding, draft vocabulary of "
+    assert (f"draft head       yes: EAGLE-1, uses the base model's token embedding, draft vocabulary of "
             f"{parts['eagle_draft_vocab']}, feed-forward length {parts['eagle_n_ff']}") in text
     assert f"exit predictors  yes: 29 layers {list(range(29))}; static exit layers {m[C.KEY_EXIT_LAYERS]}" in text
 
@@ -664,6 +684,42 @@ def test_pickle_that_runs_code_is_refused(tiny_gguf: Path, tiny_config: dict, tm
     torch.save({"model.embed_tokens.weight": RunsCode(marker)}, model / "pytorch_model.bin")
     assert "refused" in cli("hf", model, "-o", tmp_path / "out.gguf")
     assert not marker.exists() and no_outputs(tmp_path)
+
+
+# SpecEE's training script: one predictor per layer, `torch.save` of the whole module (class MLP of __main__)
+SPECEE_PTH_WRITER = """
+import sys, torch
+from safetensors.torch import save_file
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.relu = torch.nn.Linear(12, 512), torch.nn.ReLU()
+        self.fc2, self.sigmoid = torch.nn.Linear(512, 1), torch.nn.Sigmoid()
+torch.manual_seed(0)
+want = {}
+for i in (1, 2):
+    model = MLP()
+    torch.save(model, f"model{i}.pth")
+    for k, v in model.state_dict().items():
+        want[f"model.layers.{i}.pred." + k.replace("fc1", "up").replace("fc2", "down")] = v
+save_file(want, "want.safetensors")
+"""
+
+
+def test_specee_pth_predictors_are_refused_saying_what_to_use(tiny_gguf: Path, tmp_path: Path) -> None:
+    """SpecEE's model{i}.pth predictor files are pickles, refused as any; the message names the safetensors to
+    give instead and a command that converts them, which works (it is run here on stand-ins)."""
+    subprocess.run([sys.executable, "-c", SPECEE_PTH_WRITER], cwd=tmp_path, check=True)
+    msg = cli("merge", tiny_gguf, "-o", tmp_path / "out.gguf", "--predictors", tmp_path / "model1.pth")
+    assert "model1.pth: refused to load" in msg
+    assert "Give --predictors a safetensors file instead: SpecEE's published one" in msg
+    assert PTH_TO_SAFETENSORS in msg and no_outputs(tmp_path)
+    command = PTH_TO_SAFETENSORS.replace("python", shlex.quote(sys.executable), 1)
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+    got, want = load_file(tmp_path / "preds.safetensors"), load_file(tmp_path / "want.safetensors")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert cli("merge", tiny_gguf, "-o", tmp_path / "out.gguf", "--predictors", tmp_path / "preds.safetensors") == 0
+    assert inspect_json(tmp_path / "out.gguf")["parts"]["predictor_layers"] == [1, 2]
 
 
 # ---- writing: never a half-written file under the final name

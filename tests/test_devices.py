@@ -190,7 +190,7 @@ def test_ngl_above_the_layer_count_is_clamped_and_said(tiny_gguf: Path, rpc_serv
 def test_cli_on_smollm2_with_the_server(smollm2_path: Path, rpc_server: str, order: str) -> None:
     """-ngl 16 over the RPC server, in either order: greedy output equal to CPU-only on 20 prompts; with the shipped
     head and predictors, early exit runs on the split and reports its histogram."""
-    from specee.bench_spec import mt_bench_prompts
+    from specee.bench.spec import mt_bench_prompts
 
     prompts = [p.text for p in mt_bench_prompts("smollm2")[:20]]
     base = ["-m", str(smollm2_path), "-n", "24", "--temp", "0", "-no-cnv", "--no-display-prompt", "-c", "512",

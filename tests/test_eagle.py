@@ -158,7 +158,7 @@ def trained_gguf(tiny_gguf: Path, cfg: dict, random_state: dict, base_weights,
 @pytest.fixture(scope="module")
 def reduced_head(tiny_gguf: Path, cfg: dict, random_state: dict, tmp_path_factory: pytest.TempPathFactory):
     """A head with its own lm_head over 96 of the 256 tokens (own layout: GGUF names, q/k in HF order),
-    written as a head-only GGUF; returns (path, state, draft vocabulary, its lm_head)."""
+    written as a draft head file; returns (path, state, draft vocabulary, its lm_head)."""
     folder = tmp_path_factory.mktemp("eagle_reduced")
     vocab = sorted(np.random.default_rng(1).choice(256, 96, replace=False).tolist())
     lm = 0.3 * torch.randn(96, cfg["hidden_size"], generator=torch.Generator().manual_seed(2))
@@ -176,7 +176,8 @@ def reduced_head(tiny_gguf: Path, cfg: dict, random_state: dict, tmp_path_factor
     save_file(tensors, folder / "head.safetensors")
     (folder / "head.json").write_text(json.dumps({"format": "specee-eagle", "eagle_version": 1, "draft_vocab": vocab}))
     out = folder / "head-reduced.gguf"
-    merge_gguf(tiny_gguf, out, eagle=folder / "head.safetensors", eagle_type="f32", head_only=True, progress=False)
+    merge_gguf(tiny_gguf, out, eagle=folder / "head.safetensors", eagle_type="f32", draft_head_only=True,
+               progress=False)
     state = {k: v for k, v in random_state.items() if k != "embed_tokens.weight"}
     return out, state, vocab, lm
 
@@ -202,10 +203,10 @@ def test_head_is_found_in_merged_and_separate_files(tiny_gguf: Path, random_gguf
     assert r.has_eagle and r._model.eagle_n_vocab == 96 and r._model.eagle_draft_vocab == reduced_head[2]
 
 
-def test_a_head_only_gguf_merges_again(tiny_gguf: Path, reduced_head, tmp_path: Path) -> None:
+def test_a_draft_head_file_merges_again(tiny_gguf: Path, reduced_head, tmp_path: Path) -> None:
     """merge --eagle HEAD.gguf (how the shipped head + predictors file is made): the same tensors and keys."""
     again = tmp_path / "again.gguf"
-    merge_gguf(tiny_gguf, again, eagle=reduced_head[0], eagle_type="f32", head_only=True, progress=False)
+    merge_gguf(tiny_gguf, again, eagle=reduced_head[0], eagle_type="f32", draft_head_only=True, progress=False)
     a, b = gguf.GGUFReader(reduced_head[0]), gguf.GGUFReader(again)
     assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
     for x, y in zip(a.tensors, b.tensors):
@@ -215,7 +216,7 @@ def test_a_head_only_gguf_merges_again(tiny_gguf: Path, reduced_head, tmp_path: 
     r = specee.Model(tiny_gguf, n_ctx=64, draft_head=again)
     assert r.has_eagle and r._model.eagle_draft_vocab == reduced_head[2]
     with pytest.raises(ValueError, match="no eagle"):
-        merge_gguf(tiny_gguf, tmp_path / "x.gguf", eagle=tiny_gguf, head_only=True, progress=False)
+        merge_gguf(tiny_gguf, tmp_path / "x.gguf", eagle=tiny_gguf, draft_head_only=True, progress=False)
 
 
 # ---- the draft graph against PyTorch
@@ -251,12 +252,12 @@ def test_reduced_draft_vocabulary_matches_pytorch(tiny_gguf: Path, reduced_head,
 
 def test_head_in_its_own_file_equals_the_merged_one(tiny_gguf: Path, random_gguf: Path, cfg: dict,
                                                     tmp_path: Path) -> None:
-    head_only = tmp_path / "head.gguf"
-    merge_gguf(tiny_gguf, head_only, eagle=random_gguf.parent, eagle_type="f32", head_only=True, progress=False)
-    assert head_only.stat().st_size < tiny_gguf.stat().st_size
+    draft_head = tmp_path / "head.gguf"
+    merge_gguf(tiny_gguf, draft_head, eagle=random_gguf.parent, eagle_type="f32", draft_head_only=True, progress=False)
+    assert draft_head.stat().st_size < tiny_gguf.stat().st_size
     tokens, feats = head_inputs(cfg)
     merged = specee.Model(random_gguf, n_ctx=64, n_threads=1).draft_head_eval(tokens, feats)
-    separate = specee.Model(tiny_gguf, n_ctx=64, n_threads=1, draft_head=head_only).draft_head_eval(tokens, feats)
+    separate = specee.Model(tiny_gguf, n_ctx=64, n_threads=1, draft_head=draft_head).draft_head_eval(tokens, feats)
     np.testing.assert_array_equal(merged[0], separate[0])
 
 
@@ -475,7 +476,7 @@ def smollm2_head(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     state = {k: v for k, v in eagle_state(cfg, seed=1).items() if k != "embed_tokens.weight"}
     folder = save_published(state, cfg, tmp_path_factory.mktemp("smollm2_head"))
     out = folder / "head.gguf"
-    merge_gguf(smollm2_path, out, eagle=folder, head_only=True, progress=False)
+    merge_gguf(smollm2_path, out, eagle=folder, draft_head_only=True, progress=False)
     return out
 
 
@@ -500,11 +501,11 @@ def test_one_v_cache_rule_for_every_model(tiny_gguf: Path, random_gguf: Path) ->
     assert specee.Model(random_gguf, n_ctx=64, type_v="f16").type_v == "f16"
 
 
-# ---- the MT-Bench / HumanEval harness (python -m specee.bench_spec)
+# ---- the MT-Bench / HumanEval harness (python -m specee.bench.spec)
 
 
 def test_bench_spec_prompts_and_parsing() -> None:
-    from specee import bench_spec as B
+    from specee.bench import spec as B
 
     mt = B.mt_bench_prompts("chatml")
     he = B.humaneval_prompts()
@@ -521,8 +522,8 @@ def test_bench_spec_prompts_and_parsing() -> None:
 @pytest.mark.slow
 def test_greedy_identity_on_mt_bench_and_humaneval_subset(capsys: pytest.CaptureFixture) -> None:
     # the shipped head on the default model, default settings (V cache chosen by the runtime); the full sets:
-    # python -m specee.bench_spec identity
-    from specee import bench_spec as B
+    # python -m specee.bench.spec identity
+    from specee.bench import spec as B
 
     # one thread: ggml's spinning thread pool stalls when the machine is shared
     assert B.main(["identity", "--mt-bench", "3", "--humaneval", "3", "-n", "32", "-t", "1"]) == 0
@@ -535,7 +536,7 @@ def test_greedy_identity_on_mt_bench_and_humaneval_subset(capsys: pytest.Capture
 def test_ignore_eos_with_and_without_speculation(smollm2_path: Path) -> None:
     """ignore_eos=True: a reply that ends early goes on to max_tokens; speculative greedy output still equals
     plain greedy output, and sampling with speculation never emits an end-of-generation token either."""
-    from specee.bench_spec import default_head
+    from specee.bench.spec import default_head
 
     m = specee.Model(smollm2_path, n_ctx=256, n_threads=1, draft_head=default_head())
     msgs = [{"role": "user", "content": "Say hi."}]

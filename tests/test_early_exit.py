@@ -314,14 +314,14 @@ def test_python_api(with_head: Path, tiny_gguf: Path) -> None:
 
 def test_head_and_predictors_in_a_file_of_their_own(tiny_gguf: Path, tiny_hf_dir: Path, with_head: Path,
                                                     predictors: dict[str, torch.Tensor], tmp_path: Path) -> None:
-    """merge --head-only with --predictors: loaded next to the plain base file, it behaves as the merged file."""
+    """merge --draft-head-only with --predictors: loaded next to the plain base file, it behaves as the merged file."""
     cfg = json.loads((tiny_hf_dir / "config.json").read_text())
     folder = save_published(eagle_state(cfg, seed=3), cfg, tmp_path / "head")
     save_file(predictors, tmp_path / "pred.safetensors")
     (tmp_path / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": [0, 2]}))
     parts = tmp_path / "parts.gguf"
     merge_gguf(tiny_gguf, parts, eagle=folder, eagle_type="f32", predictors=tmp_path / "pred.safetensors",
-               head_only=True, progress=False)
+               draft_head_only=True, progress=False)
     alone = specee.Model(str(tiny_gguf), n_ctx=128, n_threads=1, draft_head=str(parts))
     assert alone._model.exit_n_pred == len(PRED_LAYERS) and alone._model.exit_layers == [0, 2]
     merged = specee.Model(str(with_head), n_ctx=128, n_threads=1)
@@ -393,7 +393,7 @@ def smollm2_parts(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     head = Path(default_eagle_head_path())
     preds = head.parent / "smollm2-135m-exit.safetensors"
     out = tmp_path_factory.mktemp("parts") / "smollm2-parts.gguf"
-    merge_gguf(smollm2_path, out, eagle=head, predictors=preds, head_only=True, progress=False)
+    merge_gguf(smollm2_path, out, eagle=head, predictors=preds, draft_head_only=True, progress=False)
     return out
 
 

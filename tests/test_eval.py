@@ -587,7 +587,7 @@ def test_modes_that_cannot_run(chat_gguf: Path, small_data: Path, fake_cli: Path
     no_head = chat_gguf.with_name("chat.gguf")  # the fixture's model before the head and predictors
     with pytest.raises(SystemExit, match="mode eagle2 needs an EAGLE head: .*chat.gguf has none; pass --draft-head"):
         main([*common, "-m", str(no_head), "--modes", "plain,eagle2"])
-    with pytest.raises(SystemExit, match="mode early-exit needs an EAGLE head and exit predictors: pass --exit-head"):
+    with pytest.raises(SystemExit, match="mode early-exit needs an EAGLE head and exit predictors: pass --exit-draft-head"):
         main([*common, "-m", str(no_head), "--modes", "early-exit"])
     with pytest.raises(SystemExit, match="mode early-exit decodes greedily"):
         main([*common, "-m", str(chat_gguf), "--modes", "early-exit", "--temp", "0.7"])
@@ -631,18 +631,19 @@ def test_summary_means_a_score_only_over_one_metric() -> None:
     assert "score" not in rows["all"]["plain"] and "score_name" not in rows["all"]["plain"]
 
 
-def test_default_exit_head(tiny_gguf: Path, tmp_path: Path) -> None:
-    """Mode specee on the default model uses the shipped head + predictors unless told otherwise."""
+def test_default_exit_draft_head(tiny_gguf: Path, tmp_path: Path) -> None:
+    """Mode early-exit on the default model uses the shipped head + predictors unless told otherwise."""
     import argparse
 
-    from specee.eval.__main__ import default_exit_head
+    from specee.eval.__main__ import default_exit_draft_head
     from specee.eval.runners import ModeError
     from specee.paths import default_draft_head_path
 
-    none = argparse.Namespace(exit_head=None, draft_head=None)
-    assert default_exit_head(none, specee.default_model_path()) == default_draft_head_path()
-    assert default_exit_head(none, str(tiny_gguf)) is None  # another model: its own head and predictors
-    given = argparse.Namespace(exit_head=str(tiny_gguf), draft_head=None)
-    assert default_exit_head(given, specee.default_model_path()) == str(tiny_gguf.resolve())
-    with pytest.raises(ModeError, match="exit head not found"):
-        default_exit_head(argparse.Namespace(exit_head=None, draft_head=str(tmp_path / "no.gguf")), str(tiny_gguf))
+    none = argparse.Namespace(exit_draft_head=None, draft_head=None)
+    assert default_exit_draft_head(none, specee.default_model_path()) == default_draft_head_path()
+    assert default_exit_draft_head(none, str(tiny_gguf)) is None  # another model: its own head and predictors
+    given = argparse.Namespace(exit_draft_head=str(tiny_gguf), draft_head=None)
+    assert default_exit_draft_head(given, specee.default_model_path()) == str(tiny_gguf.resolve())
+    with pytest.raises(ModeError, match="exit draft head not found"):
+        default_exit_draft_head(argparse.Namespace(exit_draft_head=None, draft_head=str(tmp_path / "no.gguf")),
+                                str(tiny_gguf))

@@ -82,27 +82,27 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return argv + ["--timeout", "600"]
     if module == "specee.convert" and sub == "synth":  # a few MiB instead of 3.6 GiB, same code
         small = ["--layers", "32", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "512"]  # 32: replays
-        return argv + small + (["--draft-vocab", "256"] if "--parts" in argv else [])
+        return argv + small + (["--draft-vocab", "256"] if "--draft-head" in argv else [])
     if module == "specee.convert":
         return argv
     if module == "specee.autoee" and sub == "train-eagle":
         return argv + ["--max-tokens", "3000", "--max-len", "128", "--steps", "2", "--threads", "1",
                        "--work-dir", str(work / "train-eagle")]
-    if module == "specee.bench_spec":  # at most one prompt of each set the command asks for
+    if module == "specee.bench.spec":  # at most one prompt of each set the command asks for
         out = set_flag(set_flag(argv, "-n", "8"), "-t", "1")
         for flag in ("--mt-bench", "--humaneval"):
             out = set_flag(out, flag, "0" if flag in argv and argv[argv.index(flag) + 1] == "0" else "1")
         return set_flag(out, "--rounds", "1") if "--rounds" in out else out
     if module == "specee.eval":
         return set_flag(set_flag(set_flag(argv, "--limit", "1"), "-n", "8"), "-t", "1")
-    if module == "specee.benchmark":
+    if module == "specee.bench.runtime":
         out = set_flag(set_flag(set_flag(argv, "-r", "1"), "-t", "1"), "--rounds", "1")
         for flag, value in (("-p", "8"), ("-n", "4")):
             out = set_flag(out, flag, value) if flag in out else out
         return out
     if argv[:2] in (["python", "tests/fuzz_gguf.py"], ["python3", "tests/fuzz_gguf.py"]):
         return set_flag(set_flag(argv, "--random", "100"), "--out", str(work / "fuzz"))
-    if module == "specee.bench_cli":
+    if module == "specee.bench.cli":
         return set_flag(set_flag(set_flag(set_flag(argv, "-n", "8"), "--rounds", "1"), "-t", "1"), "--limit", "1")
     raise AssertionError(f"README command not covered by tests/test_readme.py: {shlex.join(argv)}")
 

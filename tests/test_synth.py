@@ -104,16 +104,17 @@ def test_synth_loads_and_generates(outtype: str, request: pytest.FixtureRequest)
 
 
 @pytest.mark.parametrize("outtype", ["q4_0", "f16"])
-def test_synth_parts_run_eagle_and_early_exit(outtype: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """--parts: a random draft head (draft vocabulary, matrices in --type) and predictors for layers 0..n-2, loaded
+def test_synth_draft_head_runs_eagle_and_early_exit(outtype: str, request: pytest.FixtureRequest,
+                                                    tmp_path: Path) -> None:
+    """--draft-head: a random draft head (draft vocabulary, matrices in --type) and predictors for layers 0..n-2, loaded
     as --draft-head: EAGLE-2 stays lossless on it, and a replayed exit schedule runs with its checks and head."""
-    parts = tmp_path / "parts.gguf"
-    assert cli("synth", "-o", parts, "--type", outtype, "--parts", "--draft-vocab", "300", *SMALL) == 0
-    fields, tensors = contents(parts)
+    draft_head = tmp_path / "draft-head.gguf"
+    assert cli("synth", "-o", draft_head, "--type", outtype, "--draft-head", "--draft-vocab", "300", *SMALL) == 0
+    fields, tensors = contents(draft_head)
     assert fields[KEY_SYNTHETIC] is True and fields[C.KEY_EAGLE_DRAFT_VOCAB] == list(range(300))
     assert tensors[C.EAGLE_OUTPUT].tensor_type == (Q.Q4_0 if outtype == "q4_0" else Q.F16)
     assert {C.PRED_UP % 0} <= set(tensors) and C.PRED_UP % 1 not in tensors
-    model = specee.Model(request.getfixturevalue(f"small_{outtype}"), n_ctx=128, n_threads=2, draft_head=parts)
+    model = specee.Model(request.getfixturevalue(f"small_{outtype}"), n_ctx=128, n_threads=2, draft_head=draft_head)
     assert model.has_eagle and model._model.eagle_n_vocab == 300 and model._model.exit_n_pred == 1
     prompt = model.tokenize("The quick brown fox")
     plain = model.generate_tokens(prompt, 12, mode="plain", temp=0, ignore_eos=True)

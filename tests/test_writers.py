@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specee.autoee.exit_export import export_predictors
+from specee.autoee.export import export_predictors
 from specee.autoee.exit_features import ExitPredictor
 from specee.convert.output import OutTensor, copy_tensor, read_fields, string_field, temp_output, write_gguf
 from specee.convert.retype import retype_gguf

@@ -47,8 +47,9 @@ KEY_ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
 KEY_ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # older files: the linear factor
 KEY_ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
 
-# ---- SpecEE parts (SpecEE's published GGUF names, so its `eauto` files load too): the EAGLE draft head
-# and the per-layer exit predictors. Not part of TENSOR_NAMES above, which mirrors the base-model table.
+# ---- the draft head (EAGLE-1) and the per-layer exit predictors, merged into a model file or alone in a draft
+# head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which
+# mirrors the base-model table.
 
 EAGLE_TOKEN_EMBD = "eagle.token_embd.weight"  # optional: the base model's token_embd is used without it
 EAGLE_FC = "eagle.fc.weight"  # [n_embd, 2 n_embd]: input concat(embedding, feature)
@@ -76,7 +77,7 @@ PRED_DOWN_BIAS = "blk.%d.pred.down.bias"
 
 PRED_TENSOR_NAMES = (PRED_UP, PRED_UP_BIAS, PRED_DOWN, PRED_DOWN_BIAS)
 
-# ---- SpecEE metadata keys (merged files; see the README's GGUF schema)
+# ---- SpecEE metadata keys (merged files and draft head files; see the README's GGUF schema)
 
 KEY_EAGLE_VERSION = "specee.eagle.version"  # 1: EAGLE-1 head (fc + one decoder layer without input norm)
 KEY_EAGLE_FEED_FORWARD_LENGTH = "specee.eagle.feed_forward_length"

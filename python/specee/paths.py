@@ -42,11 +42,11 @@ def weights_path(name: str) -> str:
 
 def default_eagle_head_path() -> str:
     """The EAGLE-1 head trained for the default model (this project's layout: NAME.safetensors + NAME.json;
-    head-only GGUFs lie beside it)."""
+    draft head files lie beside it)."""
     return weights_path(DEFAULT_EAGLE_HEAD)
 
 
 def default_draft_head_path() -> str:
-    """The head-only GGUF for the default model that the runtime loads with `draft_head="default"` /
+    """The draft head file for the default model that the runtime loads with `draft_head="default"` /
     `--draft-head default`: the EAGLE head with its 8,192-token draft vocabulary and the exit predictors."""
     return weights_path(DEFAULT_DRAFT_HEAD)

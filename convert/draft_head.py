@@ -1,5 +1,5 @@
-"""The SpecEE parts merged into a base GGUF: an EAGLE-1 draft head and per-layer exit predictors, read
-from their published layouts and from this project's own, and checked against the base model.
+"""What `merge` adds to a base GGUF or writes as a draft head file: an EAGLE-1 draft head and per-layer exit
+predictors, read from their published layouts and from this project's own, and checked against the base model.
 
 EAGLE-1 head, published layout (`yuhuili/EAGLE-*`): a folder with config.json and pytorch_model.bin or
 model.safetensors holding fc.weight [H, 2H], fc.bias [H], layers.0.self_attn.{q,k,v,o}_proj.weight,
@@ -18,9 +18,12 @@ Exit predictors, own layout: NAME.safetensors with blk.{i}.pred.{up,down}.{weigh
 optional NAME.json: {"format": "specee-predictors", "exit_layers": [...], "threshold": 0.5,
 "n_candidates": 4}.
 
-EAGLE-1 head, GGUF layout: a head-only NAME.gguf (what `merge --head-only` or `train-eagle --head-gguf`
-write): eagle.* tensors already in GGML's order, specee.eagle.* keys (the draft vocabulary among them). Its
-exit predictors, if any, are not read from it (give them with --predictors).
+EAGLE-1 head, GGUF layout: a draft head file NAME.gguf (what `merge --draft-head-only` or
+`train-eagle --head-gguf` write): eagle.* tensors already in GGML's order, specee.eagle.* keys (the draft
+vocabulary among them). Its exit predictors, if any, are not read from it (give them with --predictors).
+
+Exit predictors saved by SpecEE's training as model{i}.pth (`torch.save` of a whole module, a pickle) are
+refused: see PTH_TO_SAFETENSORS for what to give instead.
 
 EAGLE's q/k rows are permuted exactly as the base model's attn_q/attn_k (llama.cpp's converter, and
 SpecEE's for its eauto files, do the same), because the head uses the base model's RoPE (GGML's
@@ -41,7 +44,7 @@ import numpy as np
 import torch
 
 from specee import constants as C
-from specee.convert.checkpoint import SourceTensor, open_checkpoint
+from specee.convert.checkpoint import RefusedPickleError, SourceTensor, open_checkpoint
 from specee.convert.hf import permute
 from specee.convert.output import field_value, read_fields
 from specee.convert.retype import Field
@@ -69,6 +72,21 @@ PRED_PARTS = {"up.weight": C.PRED_UP, "up.bias": C.PRED_UP_BIAS, "down.weight": 
               "down.bias": C.PRED_DOWN_BIAS}
 PRED_SPECEE_RE = re.compile(r"model\.layers\.(\d+)\.pred\.(up|down)\.(weight|bias)$")
 PRED_OWN_RE = re.compile(r"blk\.(\d+)\.pred\.(up|down)\.(weight|bias)$")
+# SpecEE's training saves each layer's predictor as model{i}.pth: `torch.save` of the whole module, a pickle of
+# its script's class __main__.MLP (fc1, relu, fc2, sigmoid), refused as any pickle is. The refusal says what to
+# give instead; the command converts them for a user who trusts the files (a stand-in class MLP lets them unpickle;
+# the layer number is the last number of each file name).
+PTH_TO_SAFETENSORS = (
+    r"""python -c 'import re, sys, torch, safetensors.torch as st; MLP = type("MLP", (torch.nn.Module,), {}); """
+    r"""st.save_file({"model.layers.%s.pred.%s" % (re.findall(r"\d+", p)[-1], k.replace("fc1", "up")"""
+    r""".replace("fc2", "down")): t.float().contiguous() for p in sys.argv[2:] for k, t in torch.load(p, """
+    r"""map_location="cpu", weights_only=False).state_dict().items()}, sys.argv[1])' preds.safetensors model*.pth"""
+)
+PTH_REFUSED = (
+    "SpecEE's model{i}.pth predictor files are pickled modules, which are not loaded here. Give --predictors a "
+    "safetensors file instead: SpecEE's published one (model.layers.N.pred.{up,down}.{weight,bias}), or convert "
+    "the .pth files yourself if you trust them (unpickling them can run any code they hold):\n  " + PTH_TO_SAFETENSORS
+)
 
 
 # ---- the base model
@@ -129,7 +147,7 @@ class EagleHead:
 
 def eagle_layout(path: Path) -> str:
     """'published' (a folder or weight file with config.json), 'own' (NAME.safetensors + NAME.json) or 'gguf'
-    (a head-only GGUF)."""
+    (a draft head file)."""
     if path.is_file() and path.suffix == ".gguf":
         return "gguf"
     if path.is_dir() and (path / "config.json").is_file():
@@ -141,7 +159,7 @@ def eagle_layout(path: Path) -> str:
     raise FileNotFoundError(
         f"{path}: not an EAGLE head: expected a folder with config.json and pytorch_model.bin or "
         "model.safetensors (the published layout), NAME.safetensors with NAME.json (this project's layout) "
-        "or a head-only NAME.gguf"
+        "or a draft head file NAME.gguf"
     )
 
 
@@ -209,7 +227,7 @@ def load_eagle(path: str | os.PathLike, base: BaseModel) -> EagleHead:
 
 
 def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
-    """A head-only GGUF's eagle.* tensors (q/k rows already in GGML's order) and specee.eagle.* keys."""
+    """A draft head file's eagle.* tensors (q/k rows already in GGML's order) and specee.eagle.* keys."""
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as e:
@@ -224,7 +242,7 @@ def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
         data = gguf.quants.dequantize(t.data, t.tensor_type)
         tensors[t.name] = np.asarray(data, dtype=np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
     if not tensors:
-        raise ValueError(f"{path}: no eagle.* tensors: not an EAGLE head GGUF")
+        raise ValueError(f"{path}: no eagle.* tensors: not a draft head file")
     version = fields.get(C.KEY_EAGLE_VERSION)
     head = EagleHead(tensors, int(field_value(version)) if version else 1, source=f"gguf layout: {path}")
     if head.version != 1:
@@ -312,7 +330,11 @@ def load_predictors(path: str | os.PathLike, base: BaseModel) -> Predictors:
     tensors: dict[str, np.ndarray] = {}
     layout = "own"
     with ExitStack() as stack:
-        for src in open_checkpoint(path, stack):
+        try:
+            sources = open_checkpoint(path, stack)
+        except RefusedPickleError as e:
+            raise RefusedPickleError(f"{e}\n{PTH_REFUSED}") from e
+        for src in sources:
             if PRED_SPECEE_RE.match(src.name):
                 layout = "SpecEE"
             m = PRED_SPECEE_RE.match(src.name) or PRED_OWN_RE.match(src.name)

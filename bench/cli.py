@@ -5,7 +5,7 @@ timing lines each prints at the end (llama_perf_context_print / common_perf_prin
 "eval time") are parsed, and a markdown table gives decode and prompt tokens/s per prompt and overall, with
 ratios (specee / llama.cpp) and whether the two continuations were identical.
 
-    python -m specee.bench_cli -m model.gguf --llama-cli path/to/llama-completion -n 128 -t 2 --rounds 3
+    python -m specee.bench.cli -m model.gguf --llama-cli path/to/llama-completion -n 128 -t 2 --rounds 3
 
 Upstream's non-interactive completion tool is `llama-completion` in recent llama.cpp (`llama-cli` there is
 conversation-only and needs the server build); either works here. Flash attention is passed to upstream
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import shutil
 import statistics
@@ -24,6 +23,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from specee.perf import parse_perf
 
 TOOLS = ("llama.cpp", "specee")
 
@@ -36,10 +37,6 @@ DEFAULT_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "The three most important things to know about photosynthesis are",
 ]
-
-# "... prompt eval time =     12.34 ms /    17 tokens (..." and "...        eval time =    99.9 ms /   127 runs   (..."
-PERF_RE = re.compile(r"(prompt eval|\beval) time =\s*([0-9.]+) ms /\s*([0-9]+) (tokens|runs)")
-
 
 @dataclass
 class Sample:
@@ -67,7 +64,7 @@ class Result:
 def read_prompts(path: str, limit: int) -> list[str]:
     """Prompts from a file: JSONL in the MT-Bench question format (first turn of each) or one prompt per line."""
     if not Path(path).is_file():
-        raise SystemExit(f"bench_cli: prompts file not found: {path}")
+        raise SystemExit(f"bench.cli: prompts file not found: {path}")
     text = Path(path).read_text(encoding="utf-8")
     prompts = []
     for i, line in enumerate(text.splitlines(), 1):
@@ -77,11 +74,11 @@ def read_prompts(path: str, limit: int) -> list[str]:
             try:
                 prompts.append(json.loads(line)["turns"][0])
             except (ValueError, KeyError, IndexError, TypeError) as e:
-                raise SystemExit(f"bench_cli: {path}:{i}: not an MT-Bench question line ({e})")
+                raise SystemExit(f"bench.cli: {path}:{i}: not an MT-Bench question line ({e})")
         else:
             prompts.append(line.replace("\\n", "\n"))
     if not prompts:
-        raise SystemExit(f"bench_cli: no prompts in {path}")
+        raise SystemExit(f"bench.cli: no prompts in {path}")
     return prompts[:limit] if limit > 0 else prompts
 
 
@@ -116,16 +113,6 @@ def explain(model_path: str, prompt: str, up_text: str, n_predict: int, n_thread
     return -1, "", 0.0
 
 
-def parse_perf(stderr: str) -> tuple[float, int, float, int]:
-    """(prompt ms, prompt tokens, eval ms, eval runs) from a CLI's timing lines."""
-    found: dict[str, tuple[float, int]] = {}
-    for kind, ms, n, _ in PERF_RE.findall(stderr):
-        found[kind.strip()] = (float(ms), int(n))
-    if "eval" not in found or "prompt eval" not in found:
-        raise ValueError("no 'prompt eval time' / 'eval time' lines in the output")
-    return (*found["prompt eval"], *found["eval"])
-
-
 def cli_argv(tool: str, exe: str, prompt: str, args: argparse.Namespace) -> list[str]:
     argv = [exe, "-m", args.model, "-p", prompt, "-n", str(args.n_predict), "-t", str(args.threads),
             "-c", str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ctv", args.cache_type_v]
@@ -138,18 +125,18 @@ def run_one(tool: str, exe: str, prompt_i: int, prompt: str, args: argparse.Name
     argv = cli_argv(tool, exe, prompt, args)
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
-        raise SystemExit(f"bench_cli: {shlex.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"bench.cli: {shlex.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     try:
         p_ms, p_n, e_ms, e_n = parse_perf(proc.stderr)
     except ValueError as e:
-        raise SystemExit(f"bench_cli: {exe}: {e}\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"bench.cli: {exe}: {e}\n{proc.stderr[-2000:]}")
     return Sample(tool, prompt_i, p_ms, p_n, e_ms, e_n, proc.stdout)
 
 
 def find_tools(args: argparse.Namespace) -> dict[str, str]:
     up = args.llama_cli or shutil.which("llama-completion") or shutil.which("llama-cli")
     if not up:
-        raise SystemExit("bench_cli: upstream llama-completion/llama-cli not found; pass --llama-cli PATH")
+        raise SystemExit("bench.cli: upstream llama-completion/llama-cli not found; pass --llama-cli PATH")
     ours = args.specee_cli
     if ours is None:
         from specee._tools import tool_path
@@ -157,7 +144,7 @@ def find_tools(args: argparse.Namespace) -> dict[str, str]:
         ours = str(tool_path("llama-cli"))
     for exe in (up, ours):
         if not Path(exe).is_file():
-            raise SystemExit(f"bench_cli: not found: {exe}")
+            raise SystemExit(f"bench.cli: not found: {exe}")
     return {"llama.cpp": up, "specee": ours}
 
 
@@ -167,7 +154,7 @@ def run_all(args: argparse.Namespace, exes: dict[str, str], prompts: list[str]) 
     for r in range(args.rounds):
         for i, prompt in enumerate(prompts):
             for tool in (TOOLS[::-1] if flip else TOOLS):  # alternate who goes first
-                print(f"bench_cli: round {r + 1}/{args.rounds} prompt {i + 1}/{len(prompts)} {tool}",
+                print(f"bench.cli: round {r + 1}/{args.rounds} prompt {i + 1}/{len(prompts)} {tool}",
                       file=sys.stderr, flush=True)
                 res.samples.append(run_one(tool, exes[tool], i, prompt, args))
             flip = not flip
@@ -208,7 +195,7 @@ def pstd(xs: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specee.bench_cli", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specee.bench.cli", description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2)")
     ap.add_argument("--llama-cli", help="upstream llama-completion or llama-cli (default: from PATH)")
     ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the one installed with specee)")

@@ -18,15 +18,15 @@ import os
 import gguf
 
 from specee import constants as C
+from specee.convert.draft_head import DEFAULT_N_CANDIDATES, DEFAULT_THRESHOLD, check_exit_layers, default_exit_layers
 from specee.convert.merge import array_field, parse_layers
 from specee.convert.output import copy_tensor, field_value, read_fields, string_field, uint32_field, write_gguf
-from specee.convert.parts import DEFAULT_N_CANDIDATES, DEFAULT_THRESHOLD, check_exit_layers, default_exit_layers
 from specee.convert.retype import Field
 
 DESCRIPTION = "Rewrite SpecEE's eauto GGUF losslessly as llama + specee.* (tensor bytes unchanged)"
 
 
-def import_eauto(
+def import_specee(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
@@ -80,6 +80,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import_eauto(args.src, args.out, exit_layers=args.exit_layers, threshold=args.exit_threshold)
+    import_specee(args.src, args.out, exit_layers=args.exit_layers, threshold=args.exit_threshold)
     print(f"wrote {args.out}")
 

