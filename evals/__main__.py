@@ -159,9 +159,10 @@ def default_exit_draft_head(args: argparse.Namespace, model_path: str) -> str | 
     return head_file(args.exit_draft_head or args.draft_head, "exit draft head", model_path, DEFAULT_DRAFT_HEAD)
 
 
-def check_settings(out: Path, settings: dict, overwrite: bool) -> None:
+def check_settings(out: Path, settings: dict, overwrite: bool) -> dict:
     """The first run writes config.json; a later one (resuming records) must have the same settings."""
     path = out / "config.json"
+    settings = json.loads(json.dumps(settings))  # as it reads back (tuples become lists)
     if path.is_file() and not overwrite and load_records(out / "samples.jsonl"):
         old = json.loads(path.read_text())
         diff = [k for k in SETTINGS if old.get(k) != settings.get(k)]
@@ -171,6 +172,7 @@ def check_settings(out: Path, settings: dict, overwrite: bool) -> None:
                             "or --overwrite")
         settings["data"] = {**old.get("data", {}), **settings["data"]}
     path.write_text(json.dumps(settings, indent=1) + "\n")
+    return settings
 
 
 def run_sample(sample: Sample, runner: Runner, render, mode: str, args: argparse.Namespace, count) -> dict:
@@ -300,7 +302,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     out.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(cfg), "chat_template": template, "n_layer": model.n_layer,
                 "data": {d: str(p.resolve()) for d, p in files.items()}}
-    check_settings(out, settings, args.overwrite)
+    settings = check_settings(out, settings, args.overwrite)
     if args.overwrite and (out / "samples.jsonl").exists():
         (out / "samples.jsonl").unlink()
 
