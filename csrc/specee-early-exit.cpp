@@ -58,7 +58,7 @@ static const float * tensor_f32(const ggml_tensor * t, std::vector<float> & scra
 // the output norm and the lm_head as the file holds them: readable on the host, whichever device (or repacked CPU
 // buffer) the model's own copies are in
 static const ggml_tensor * in_file(const specee_model & m, specee_tensor which) {
-    return ggml_get_tensor(m.ctx_meta, specee_tensor_name(which).c_str());
+    return ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(which).c_str());
 }
 
 static const ggml_tensor * lm_head_in_file(const specee_model & m) {
