@@ -220,12 +220,12 @@ void specee_exit_init(specee_exit_decoder & dec, const specee_model & m, const s
     }
     if (m.exit.n_pred == 0) {
         specee_fail("early exit needs exit predictors (blk.N.pred.*): merge them into the model with python -m "
-                    "specee.convert merge --predictors, or load a head file that has them (--draft-head)");
+                    "specee.convert merge --predictors, or load a draft head file that has them (--draft-head)");
     }
     for (int32_t l : dec.layers) {
         if (l < 0 || l >= n_layer - 1 || !m.exit.pred[l].up) {
             specee_fail("exit layer %d has no exit predictor (or is the last layer); layers with one: blk.N.pred.* "
-                        "of the model or head file", l);
+                        "of the model or its draft head file", l);
         }
     }
 }

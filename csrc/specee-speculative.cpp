@@ -60,10 +60,10 @@ static const char * resolve_choices(const char * choices) {
     return choices;
 }
 
-static tree_shape parse_choices(const char * choices_arg) {
-    const std::string text = resolve_choices(choices_arg);
-    size_t            i    = 0;
-    auto              skip = [&] {
+// the paths of a choices list ("[[0], [1], [0, 0]]") as written; throws naming what is wrong and where
+static std::vector<std::vector<int32_t>> read_paths(const std::string & text) {
+    size_t i    = 0;
+    auto   skip = [&] {
         while (i < text.size() && isspace((unsigned char) text[i])) {
             ++i;
         }
@@ -130,15 +130,20 @@ static tree_shape parse_choices(const char * choices_arg) {
     if (paths.empty()) {
         fail("no paths");
     }
+    return paths;
+}
 
-    auto path_str = [](const std::vector<int32_t> & p) {
-        std::string s = "[";
-        for (size_t k = 0; k < p.size(); ++k) {
-            s += (k ? ", " : "") + std::to_string(p[k]);
-        }
-        return s + "]";
-    };
-    // breadth-first: by depth, then lexicographically
+static std::string path_str(const std::vector<int32_t> & p) {
+    std::string s = "[";
+    for (size_t k = 0; k < p.size(); ++k) {
+        s += (k ? ", " : "") + std::to_string(p[k]);
+    }
+    return s + "]";
+}
+
+// The tree the paths describe, its nodes breadth-first (by depth, then lexicographically): each node's parent and
+// number of children. Every path's parent and earlier siblings must be listed.
+static tree_shape shape_of(std::vector<std::vector<int32_t>> paths) {
     std::sort(paths.begin(), paths.end(), [](const std::vector<int32_t> & a, const std::vector<int32_t> & b) {
         return a.size() != b.size() ? a.size() < b.size() : a < b;
     });
@@ -172,6 +177,8 @@ static tree_shape parse_choices(const char * choices_arg) {
     }
     return shape;
 }
+
+static tree_shape parse_choices(const char * choices_arg) { return shape_of(read_paths(resolve_choices(choices_arg))); }
 
 // ---- drafting ----------------------------------------------------------------------------------------
 
@@ -462,21 +469,12 @@ static int32_t accept_sampled(const specee_tree_decoder & dec, specee_sampler & 
     return last;
 }
 
-int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                         int32_t & root_pos, int32_t * out, int32_t n_max, specee_generator_stats & st) {
-    specee_context & ctx    = *head.ctx;
-    const int32_t    n_ctx  = (int32_t) ctx.cparams.n_ctx;
-    const int32_t    n_free = n_ctx - (int32_t) ctx.kv.used;
-    const int32_t    budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
-
-    // ---- draft
-    auto                       t0    = specee_clock::now();
-    const std::vector<int32_t> nodes = draft_tree(dec, head, smpl, root, root_pos, budget);
-    st.t_draft_ms += specee_ms_since(t0);
-
-    // ---- verify root + tree in one pass
-    t0                          = specee_clock::now();
-    const int32_t        n      = (int32_t) nodes.size() + 1;
+// One pass of the target over root + the drafted nodes (rows 1.. in `nodes` order), each row attending to itself and
+// its ancestors; returns the number of rows
+static int32_t verify_tree(specee_tree_decoder & dec, specee_draft_head & head, int32_t root, int32_t root_pos,
+                           const std::vector<int32_t> & nodes) {
+    specee_context &     ctx = *head.ctx;
+    const int32_t        n   = (int32_t) nodes.size() + 1;
     std::vector<int32_t> tok(n), pos(n), row_node(n, 0);
     std::vector<uint8_t> mask((size_t) n * n, 0);
     std::vector<int8_t>  outputs(n, 1);
@@ -495,16 +493,19 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
     }
     specee_batch b = {n, tok.data(), pos.data(), mask.data(), outputs.data()};
     specee_eval_layers_impl(ctx, &b, 0, (int32_t) head.model->hparams.n_layer, 0);
-    st.t_verify_ms += specee_ms_since(t0);
+    return n;
+}
 
-    // ---- walk from the root
-    t0                             = specee_clock::now();
-    const float *        logits    = ctx.logits.data();
-    const int32_t        n_vocab   = head.n_vocab;
-    const bool           greedy    = specee_sampler_greedy(smpl);
-    std::vector<int32_t> emitted;
-    std::vector<int32_t> path; // accepted nodes whose tokens stay in the cache (all emitted tokens but the last)
-    std::vector<double>  p, q;
+// Walks the verified tree from the root: each step draws the target's token at the current node and moves to the
+// child that drafted it, until no child did (or n_max tokens, or an end of generation). Fills the emitted tokens
+// and the accepted nodes whose tokens stay in the cache (all emitted tokens but the last); returns how many
+// drafted tokens were accepted.
+static int32_t walk_tree(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
+                         std::vector<int32_t> & emitted, std::vector<int32_t> & path) {
+    const float *       logits  = head.ctx->logits.data();
+    const int32_t       n_vocab = head.n_vocab;
+    const bool          greedy  = specee_sampler_greedy(smpl);
+    std::vector<double> p, q;
     if (!greedy) {
         p.resize(n_vocab);
         q.resize(n_vocab);
@@ -533,8 +534,15 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
         path.push_back(child);
         cur = child;
     }
+    return n_acc;
+}
 
-    // ---- target cache: drop the rejected cells, keep root + path in position order in the batch's first cells
+// The caches after a walk: the target's keeps root + path in position order in the batch's first cells (the
+// rejected cells dropped); the head's drops the tree's cells and takes the emitted tokens' pairs with the target's
+// features
+static void keep_accepted(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
+                          const std::vector<int32_t> & emitted, const std::vector<int32_t> & path) {
+    specee_context &           ctx   = *head.ctx;
     const std::vector<int32_t> cells = ctx.cells;
     std::vector<uint8_t>       keep(n, 0);
     keep[0] = 1;
@@ -550,12 +558,35 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
         ctx.kv.move_cell(cells[dec.nodes[path[j]].row], cells[j + 1]);
     }
 
-    // ---- head cache: drop the tree's cells; the emitted tokens' pairs use the target's features
     specee_draft_drop_tree(head);
     for (size_t j = 0; j < emitted.size(); ++j) {
         const int32_t row = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
         specee_draft_add_pair(head, ctx.norm.data() + (size_t) row * head.n_embd, emitted[j], root_pos + (int32_t) j);
     }
+}
+
+int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                         int32_t & root_pos, int32_t * out, int32_t n_max, specee_generator_stats & st) {
+    specee_context & ctx    = *head.ctx;
+    const int32_t    n_ctx  = (int32_t) ctx.cparams.n_ctx;
+    const int32_t    n_free = n_ctx - (int32_t) ctx.kv.used;
+    const int32_t    budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
+
+    // ---- draft
+    auto                       t0    = specee_clock::now();
+    const std::vector<int32_t> nodes = draft_tree(dec, head, smpl, root, root_pos, budget);
+    st.t_draft_ms += specee_ms_since(t0);
+
+    // ---- verify root + tree in one pass
+    t0              = specee_clock::now();
+    const int32_t n = verify_tree(dec, head, root, root_pos, nodes);
+    st.t_verify_ms += specee_ms_since(t0);
+
+    // ---- walk from the root, then keep what was accepted in both caches
+    t0 = specee_clock::now();
+    std::vector<int32_t> emitted, path;
+    const int32_t        n_acc = walk_tree(dec, head, smpl, n_max, emitted, path);
+    keep_accepted(dec, head, n, root_pos, emitted, path);
     root = emitted.back();
     root_pos += (int32_t) emitted.size();
     st.t_sample_ms += specee_ms_since(t0);
