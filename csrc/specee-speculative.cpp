@@ -286,6 +286,93 @@ static void draft_expand(specee_tree_decoder & dec, specee_draft_head & head, sp
     }
 }
 
+// EAGLE-1: the static shape's first `budget` nodes, drafted depth by depth; the drafted nodes in the choices' order
+static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+                                         int32_t root_pos, int32_t budget, const float * root_logits) {
+    std::vector<int32_t> chosen;
+    // the shape's first `budget` nodes (breadth-first, so a tree); node i of a depth is expanded when its
+    // shape node has children inside the budget
+    const tree_shape &   sh      = dec.shape;
+    const int32_t        n_shape = std::min<int32_t>(budget, (int32_t) sh.parent.size() - 1) + 1;
+    std::vector<int32_t> n_kids(n_shape, 0);
+    for (int32_t s = 1; s < n_shape; ++s) {
+        n_kids[sh.parent[s]]++;
+    }
+    // children of drafted nodes map to shape nodes in order: the j-th child of shape node s is the
+    // j-th shape node whose parent is s
+    std::vector<std::vector<int32_t>> shape_kids(n_shape);
+    for (int32_t s = 1; s < n_shape; ++s) {
+        shape_kids[sh.parent[s]].push_back(s);
+    }
+    auto assign_shapes = [&](int32_t ni) {
+        const std::vector<int32_t> & kids = dec.nodes[ni].children;
+        for (size_t j = 0; j < kids.size(); ++j) {
+            dec.nodes[kids[j]].shape = shape_kids[dec.nodes[ni].shape][j];
+        }
+    };
+    draft_children(dec, head, smpl, 0, root_logits, n_kids[0]);
+    assign_shapes(0);
+    std::vector<int32_t> level = dec.nodes[0].children;
+    while (!level.empty()) {
+        std::vector<int32_t> expand;
+        for (int32_t ni : level) {
+            if (n_kids[dec.nodes[ni].shape] > 0) {
+                expand.push_back(ni);
+            }
+        }
+        const size_t first_new = dec.nodes.size();
+        draft_expand(dec, head, smpl, root_pos, expand, [&](int32_t ni) { return n_kids[dec.nodes[ni].shape]; });
+        for (int32_t ni : expand) {
+            assign_shapes(ni);
+        }
+        level.clear();
+        for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
+            level.push_back((int32_t) ni);
+        }
+    }
+    // breadth-first by shape index = the order of the choices
+    for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
+        chosen.push_back(ni);
+    }
+    std::sort(chosen.begin(), chosen.end(),
+              [&](int32_t a, int32_t b) { return dec.nodes[a].shape < dec.nodes[b].shape; });
+    return chosen;
+}
+
+// EAGLE-2: the top_k best nodes of each depth expanded, then the best `budget` of all drafted nodes, by depth
+static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+                                          int32_t root_pos, int32_t budget, const float * root_logits) {
+    std::vector<int32_t> chosen;
+    const int32_t top_k = dec.params.topk;
+    draft_children(dec, head, smpl, 0, root_logits, top_k);
+    std::vector<int32_t> level = dec.nodes[0].children;
+    for (int32_t d = 1; d < dec.params.depth && !level.empty(); ++d) {
+        // the top_k nodes of the newest depth by score (earlier drawn first on ties)
+        std::stable_sort(level.begin(), level.end(),
+                         [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
+        level.resize(std::min<size_t>(level.size(), (size_t) top_k));
+        std::sort(level.begin(), level.end());
+        const size_t first_new = dec.nodes.size();
+        draft_expand(dec, head, smpl, root_pos, level, [&](int32_t) { return top_k; });
+        level.clear();
+        for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
+            level.push_back((int32_t) ni);
+        }
+    }
+    // rerank every drafted node: the best `budget` (scores do not increase from parent to child or
+    // along siblings, and ties go to the earlier node, so the chosen set is a tree)
+    for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
+        chosen.push_back(ni);
+    }
+    std::stable_sort(chosen.begin(), chosen.end(),
+                     [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
+    chosen.resize(std::min<size_t>(chosen.size(), (size_t) budget));
+    std::sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) {
+        return dec.nodes[a].depth != dec.nodes[b].depth ? dec.nodes[a].depth < dec.nodes[b].depth : a < b;
+    });
+    return chosen;
+}
+
 // Drafts the tree of this step: dec.nodes (root first); the nodes to verify get rows 1.. in breadth-first
 // order, at most `budget` of them. Returns the verified nodes in row order.
 static std::vector<int32_t> draft_tree(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
@@ -298,87 +385,12 @@ static std::vector<int32_t> draft_tree(specee_tree_decoder & dec, specee_draft_h
     dec.nodes[0].h = head.out;
     const std::vector<float> root_logits(head.logits.begin(), head.logits.begin() + head.n_dvocab);
 
-    std::vector<int32_t> chosen;
     if (budget <= 0) {
         dec.nodes[0].row = 0;
-        return chosen;
+        return {};
     }
-    if (!dec.dynamic) {
-        // the shape's first `budget` nodes (breadth-first, so a tree); node i of a depth is expanded when its
-        // shape node has children inside the budget
-        const tree_shape &   sh      = dec.shape;
-        const int32_t        n_shape = std::min<int32_t>(budget, (int32_t) sh.parent.size() - 1) + 1;
-        std::vector<int32_t> n_kids(n_shape, 0);
-        for (int32_t s = 1; s < n_shape; ++s) {
-            n_kids[sh.parent[s]]++;
-        }
-        // children of drafted nodes map to shape nodes in order: the j-th child of shape node s is the
-        // j-th shape node whose parent is s
-        std::vector<std::vector<int32_t>> shape_kids(n_shape);
-        for (int32_t s = 1; s < n_shape; ++s) {
-            shape_kids[sh.parent[s]].push_back(s);
-        }
-        auto assign_shapes = [&](int32_t ni) {
-            const std::vector<int32_t> & kids = dec.nodes[ni].children;
-            for (size_t j = 0; j < kids.size(); ++j) {
-                dec.nodes[kids[j]].shape = shape_kids[dec.nodes[ni].shape][j];
-            }
-        };
-        draft_children(dec, head, smpl, 0, root_logits.data(), n_kids[0]);
-        assign_shapes(0);
-        std::vector<int32_t> level = dec.nodes[0].children;
-        while (!level.empty()) {
-            std::vector<int32_t> expand;
-            for (int32_t ni : level) {
-                if (n_kids[dec.nodes[ni].shape] > 0) {
-                    expand.push_back(ni);
-                }
-            }
-            const size_t first_new = dec.nodes.size();
-            draft_expand(dec, head, smpl, root_pos, expand, [&](int32_t ni) { return n_kids[dec.nodes[ni].shape]; });
-            for (int32_t ni : expand) {
-                assign_shapes(ni);
-            }
-            level.clear();
-            for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
-                level.push_back((int32_t) ni);
-            }
-        }
-        // breadth-first by shape index = the order of the choices
-        for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
-            chosen.push_back(ni);
-        }
-        std::sort(chosen.begin(), chosen.end(),
-                  [&](int32_t a, int32_t b) { return dec.nodes[a].shape < dec.nodes[b].shape; });
-    } else {
-        const int32_t top_k = dec.params.topk;
-        draft_children(dec, head, smpl, 0, root_logits.data(), top_k);
-        std::vector<int32_t> level = dec.nodes[0].children;
-        for (int32_t d = 1; d < dec.params.depth && !level.empty(); ++d) {
-            // the top_k nodes of the newest depth by score (earlier drawn first on ties)
-            std::stable_sort(level.begin(), level.end(),
-                             [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
-            level.resize(std::min<size_t>(level.size(), (size_t) top_k));
-            std::sort(level.begin(), level.end());
-            const size_t first_new = dec.nodes.size();
-            draft_expand(dec, head, smpl, root_pos, level, [&](int32_t) { return top_k; });
-            level.clear();
-            for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
-                level.push_back((int32_t) ni);
-            }
-        }
-        // rerank every drafted node: the best `budget` (scores do not increase from parent to child or
-        // along siblings, and ties go to the earlier node, so the chosen set is a tree)
-        for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
-            chosen.push_back(ni);
-        }
-        std::stable_sort(chosen.begin(), chosen.end(),
-                         [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
-        chosen.resize(std::min<size_t>(chosen.size(), (size_t) budget));
-        std::sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) {
-            return dec.nodes[a].depth != dec.nodes[b].depth ? dec.nodes[a].depth < dec.nodes[b].depth : a < b;
-        });
-    }
+    std::vector<int32_t> chosen = dec.dynamic ? draft_dynamic(dec, head, smpl, root_pos, budget, root_logits.data())
+                                              : draft_static(dec, head, smpl, root_pos, budget, root_logits.data());
     if ((int32_t) chosen.size() > budget) {
         chosen.resize(budget);
     }
