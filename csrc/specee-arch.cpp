@@ -1,3 +1,5 @@
+// specee-arch.cpp: the llama architecture's names: the tensor-name table, the GGUF key table, and the C API that lists
+// both (python/specee/constants.py mirrors them; tests/test_constants.py keeps the two equal)
 #include "specee-arch.h"
 
 #include "specee.h"
@@ -46,10 +48,26 @@ std::string specee_tensor_name(specee_tensor t, int il) {
     return buf;
 }
 
+// ---- C API ---------------------------------------------------------------------------------------
+
 #define SPECEE_KEY_ENTRY(name, value) "KEY_" #name "=" value,
 static const char * const KEY_TABLE[] = {SPECEE_KEYS(SPECEE_KEY_ENTRY)};
 #undef SPECEE_KEY_ENTRY
 
 extern "C" const char * specee_arch_key(int32_t i) {
     return (i >= 0 && i < (int32_t) (sizeof(KEY_TABLE) / sizeof(KEY_TABLE[0]))) ? KEY_TABLE[i] : nullptr;
+}
+
+extern "C" const char * specee_arch_tensor_name(int32_t i) {
+    return (i >= 0 && i < SPECEE_TENSOR_EAGLE_FIRST) ? specee_tensor_format((specee_tensor) i) : nullptr;
+}
+
+extern "C" const char * specee_arch_eagle_tensor_name(int32_t i) {
+    const int32_t t = SPECEE_TENSOR_EAGLE_FIRST + i;
+    return (i >= 0 && t < SPECEE_TENSOR_PRED_FIRST) ? specee_tensor_format((specee_tensor) t) : nullptr;
+}
+
+extern "C" const char * specee_arch_pred_tensor_name(int32_t i) {
+    const int32_t t = SPECEE_TENSOR_PRED_FIRST + i;
+    return (i >= 0 && t < SPECEE_TENSOR_COUNT) ? specee_tensor_format((specee_tensor) t) : nullptr;
 }

@@ -471,14 +471,10 @@ extern "C" struct specee_context_params specee_context_default_params(void) {
     return p;
 }
 
-static specee_context * context_init_impl(specee_model * model, specee_context_params params) {
-    if (!model) {
-        specee_fail("no model");
-    }
-    auto ctx   = std::make_unique<specee_context>();
-    ctx->model = model;
+// the parameters with their defaults filled in (0: the default) and the thread counts capped; throws on a bad one
+static specee_context_params resolve_params(const specee_model & model, specee_context_params params) {
     if (params.n_ctx == 0) {
-        params.n_ctx = std::min<uint32_t>(model->hparams.n_ctx_train, SPECEE_DEFAULT_N_CTX);
+        params.n_ctx = std::min<uint32_t>(model.hparams.n_ctx_train, SPECEE_DEFAULT_N_CTX);
     }
     if (params.n_ctx > INT32_MAX) {
         specee_fail("n_ctx=%u is too large: a context holds at most %d positions", params.n_ctx, INT32_MAX);
@@ -498,29 +494,63 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
         specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
     }
-    ctx->cparams = params;
+    return params;
+}
 
-    // ---- backends: the model's devices, then the CPU
-    for (ggml_backend_dev_t dev : model->devices) {
+// the backends: the model's devices, then the CPU with its thread pools
+static void init_backends(specee_context & ctx) {
+    for (ggml_backend_dev_t dev : ctx.model->devices) {
         ggml_backend_t b = ggml_backend_dev_init(dev, nullptr);
         if (!b) {
             specee_fail("cannot initialise the backend of device %s", ggml_backend_dev_name(dev));
         }
-        ctx->backends.push_back(b);
+        ctx.backends.push_back(b);
     }
-    ctx->backend_cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-    if (!ctx->backend_cpu) {
+    ctx.backend_cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    if (!ctx.backend_cpu) {
         specee_fail("cannot initialise the CPU backend");
     }
-    ctx->backends.push_back(ctx->backend_cpu);
-    ggml_threadpool_params tpp = ggml_threadpool_params_default(params.n_threads);
-    ctx->threadpool            = ggml_threadpool_new(&tpp);
-    if (params.n_threads_batch != params.n_threads) {
-        ggml_threadpool_params tpb = ggml_threadpool_params_default(params.n_threads_batch);
-        ctx->threadpool_batch      = ggml_threadpool_new(&tpb);
+    ctx.backends.push_back(ctx.backend_cpu);
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(ctx.cparams.n_threads);
+    ctx.threadpool             = ggml_threadpool_new(&tpp);
+    if (ctx.cparams.n_threads_batch != ctx.cparams.n_threads) {
+        ggml_threadpool_params tpb = ggml_threadpool_params_default(ctx.cparams.n_threads_batch);
+        ctx.threadpool_batch       = ggml_threadpool_new(&tpb);
     }
-    ggml_backend_cpu_set_threadpool(ctx->backend_cpu, ctx->threadpool);
-    ggml_backend_cpu_set_n_threads(ctx->backend_cpu, params.n_threads);
+    ggml_backend_cpu_set_threadpool(ctx.backend_cpu, ctx.threadpool);
+    ggml_backend_cpu_set_n_threads(ctx.backend_cpu, ctx.cparams.n_threads);
+}
+
+// the hidden state [n_embd, n_batch] on every backend
+static void alloc_state(specee_context & ctx) {
+    ggml_init_params sp = {ctx.backends.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    ctx.state_ctx       = ggml_init(sp);
+    for (size_t b = 0; b < ctx.backends.size(); ++b) {
+        ggml_tensor * t = ggml_new_tensor_2d(ctx.state_ctx, GGML_TYPE_F32, ctx.model->hparams.n_embd,
+                                             ctx.cparams.n_batch);
+        ggml_format_name(t, "state-%zu", b);
+        ggml_backend_buffer_t buf =
+            ggml_backend_alloc_buffer(ctx.backends[b], ggml_backend_buft_get_alloc_size(
+                                                           ggml_backend_get_default_buffer_type(ctx.backends[b]), t));
+        if (!buf) {
+            specee_fail("cannot allocate the hidden-state buffer on %s", ggml_backend_name(ctx.backends[b]));
+        }
+        ctx.state_bufs.push_back(buf);
+        if (ggml_backend_tensor_alloc(buf, t, ggml_backend_buffer_get_base(buf)) != GGML_STATUS_SUCCESS) {
+            specee_fail("cannot place the hidden-state tensor on %s", ggml_backend_name(ctx.backends[b]));
+        }
+        ctx.state.push_back(t);
+    }
+}
+
+static specee_context * context_init_impl(specee_model * model, specee_context_params params) {
+    if (!model) {
+        specee_fail("no model");
+    }
+    auto ctx     = std::make_unique<specee_context>();
+    ctx->model   = model;
+    ctx->cparams = resolve_params(*model, params);
+    init_backends(*ctx);
 
     // ---- each layer's KV cache with its layer, the hidden state on every backend
     const specee_hparams &                  hp = model->hparams;
@@ -528,27 +558,10 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         layer_buft[il] = ggml_backend_get_default_buffer_type(ctx->backends[specee_context_backend_of_layer(*ctx, il)]);
     }
-    const ggml_type type_v = params.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    check_memory(*ctx, params.n_ctx, params.n_batch, type_v);
-    ctx->kv.init(hp, params.n_ctx, layer_buft, type_v);
-
-    ggml_init_params sp = {ctx->backends.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
-    ctx->state_ctx      = ggml_init(sp);
-    for (size_t b = 0; b < ctx->backends.size(); ++b) {
-        ggml_tensor * t = ggml_new_tensor_2d(ctx->state_ctx, GGML_TYPE_F32, hp.n_embd, params.n_batch);
-        ggml_format_name(t, "state-%zu", b);
-        ggml_backend_buffer_t buf =
-            ggml_backend_alloc_buffer(ctx->backends[b], ggml_backend_buft_get_alloc_size(
-                                                            ggml_backend_get_default_buffer_type(ctx->backends[b]), t));
-        if (!buf) {
-            specee_fail("cannot allocate the hidden-state buffer on %s", ggml_backend_name(ctx->backends[b]));
-        }
-        ctx->state_bufs.push_back(buf);
-        if (ggml_backend_tensor_alloc(buf, t, ggml_backend_buffer_get_base(buf)) != GGML_STATUS_SUCCESS) {
-            specee_fail("cannot place the hidden-state tensor on %s", ggml_backend_name(ctx->backends[b]));
-        }
-        ctx->state.push_back(t);
-    }
+    const ggml_type type_v = ctx->cparams.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    check_memory(*ctx, ctx->cparams.n_ctx, ctx->cparams.n_batch, type_v);
+    ctx->kv.init(hp, ctx->cparams.n_ctx, layer_buft, type_v);
+    alloc_state(*ctx);
 
     // ---- the scheduler and the graph runner
     ctx->graph_size = std::max<int32_t>(2048, (int32_t) hp.n_layer * 48 + 64);

@@ -58,7 +58,7 @@ static const float * tensor_f32(const ggml_tensor * t, std::vector<float> & scra
 // the output norm and the lm_head as the file holds them: readable on the host, whichever device (or repacked CPU
 // buffer) the model's own copies are in
 static const ggml_tensor * in_file(const specee_model & m, specee_tensor which) {
-    return ggml_get_tensor(m.ctx_meta, specee_tensor_name(which).c_str());
+    return ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(which).c_str());
 }
 
 static const ggml_tensor * lm_head_in_file(const specee_model & m) {
@@ -214,12 +214,12 @@ void specee_exit_init(specee_exit_decoder & dec, const specee_model & m, const s
     }
     if (m.exit.n_pred == 0) {
         specee_fail("early exit needs exit predictors (blk.N.pred.*): merge them into the model with python -m "
-                    "specee.convert merge --predictors, or load a head file that has them (--draft-head)");
+                    "specee.convert merge --predictors, or load a draft head file that has them (--draft-head)");
     }
     for (int32_t l : dec.layers) {
         if (l < 0 || l >= n_layer - 1 || !m.exit.pred[l].up) {
             specee_fail("exit layer %d has no exit predictor (or is the last layer); layers with one: blk.N.pred.* "
-                        "of the model or head file", l);
+                        "of the model or its draft head file", l);
         }
     }
 }

@@ -1,4 +1,5 @@
-// specee-impl.h: internals shared by the runtime's files (errors, formatting, timing, top-k)
+// specee-impl.h: internals shared by the runtime's files: errors and logging (specee-impl.cpp), formatting, timing,
+// top-k (specee-sampling.cpp)
 #pragma once
 
 #include <chrono>
@@ -17,7 +18,12 @@ std::string specee_format(const char * fmt, ...) __attribute__((format(printf, 1
 [[noreturn]] void specee_fail(const char * fmt, ...) __attribute__((format(printf, 1, 2)));
 
 void specee_set_error(const std::string & msg);
+// the library's logging is on (specee_log_set_verbose): ggml's lines and the library's informational ones
 bool specee_verbose();
+// an informational line on stderr ("specee: ...\n"), only when the library's logging is on
+void specee_log_info(const char * fmt, ...) __attribute__((format(printf, 1, 2)));
+// while `lines` is set (on this thread), the error lines ggml logs are also appended to it; nullptr stops
+void specee_log_capture_errors(std::vector<std::string> * lines);
 
 // run f() at the API boundary: exceptions become specee_last_error() and the value `err`
 template <typename T, typename F> T specee_guard(T err, F && f) {

@@ -1,8 +1,8 @@
 // specee-kv-cache.cpp: cell bookkeeping, the K/V tensors of every layer, attention masks
 #include "specee-kv-cache.h"
 
+#include "specee-hparams.h"
 #include "specee-impl.h"
-#include "specee-model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,39 +1,20 @@
-// specee-model.h: hyperparameters, weights and loading of a llama-architecture GGUF
+// specee-model.h: a loaded llama model: its hyperparameters, weights, draft head, exit predictors, vocabulary and
+// where each weight lives. Loading it is specee-loader.cpp's; the draft head and predictors are read by
+// specee-head-weights.cpp, placed and repacked by specee-placement.cpp.
 #pragma once
+
+#include "specee-gguf.h"
+#include "specee-hparams.h"
+#include "specee.h"
 
 #include "ggml-backend.h"
 #include "ggml.h"
-#include "gguf.h"
-#include "specee.h"
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-struct specee_hparams {
-    uint32_t n_vocab       = 0;
-    uint32_t n_ctx_train   = 0;
-    uint32_t n_embd        = 0;
-    uint32_t n_layer       = 0;
-    uint32_t n_ff          = 0;
-    uint32_t n_head        = 0;
-    uint32_t n_head_kv     = 0;
-    uint32_t n_embd_head_k = 0;
-    uint32_t n_embd_head_v = 0;
-    uint32_t n_rot         = 0;
-    float    f_norm_rms_eps = 1e-5f;
-
-    // RoPE
-    float    rope_freq_base  = 10000.0f;
-    float    rope_freq_scale = 1.0f;
-    float    rope_ext_factor = 0.0f; // YaRN only
-    uint32_t n_ctx_orig      = 0;
-
-    uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
-    uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }
-};
 
 struct specee_layer {
     ggml_tensor * attn_norm = nullptr; // [n_embd]
@@ -78,18 +59,6 @@ struct specee_exit_cfg {
     std::vector<int32_t> layers;          // the static set of checked layers (specee.exit.layers)
 };
 
-// a GGUF file whose tensors point into its mapping (a separately loaded head)
-struct specee_weights_file {
-    gguf_context *        gguf     = nullptr;
-    ggml_context *        ctx_meta = nullptr;
-    ggml_backend_buffer_t buf      = nullptr;
-    void *                addr     = nullptr;
-    size_t                size     = 0;
-    bool                  mapped   = false;
-
-    ~specee_weights_file();
-};
-
 struct specee_vocab;
 
 struct specee_model {
@@ -121,23 +90,15 @@ struct specee_model {
     uint64_t    n_params = 0;
     uint64_t    n_bytes  = 0;
 
-    gguf_context *        gguf     = nullptr;
-    ggml_context *        ctx_meta = nullptr; // tensor metadata; data points into the mapping
-    ggml_backend_buffer_t buf      = nullptr;
+    specee_gguf_file file; // the model's GGUF: metadata, and the tensors' data in its mapping
     std::vector<ggml_context *>        ctx_repack; // weights copied into the CPU's repacking buffer types
     std::vector<ggml_backend_buffer_t> buf_repack;
     bool cpu_layers_repacked = false; // the layers on the CPU have their matrices repacked (batches of 4 rows
                                       // cost about what 2 do: the default EAGLE tree, specee-generate.cpp)
-    void *                addr     = nullptr; // mapping (or owned copy) of the whole file
-    size_t                size     = 0;
-    bool                  mapped   = false;
-    std::unique_ptr<specee_weights_file> eagle_file; // a head loaded from its own file
+    std::unique_ptr<specee_gguf_file> eagle_file; // a draft head file loaded next to the model
 
-    ~specee_model();
+    ~specee_model(); // specee-loader.cpp: frees what loading acquired
 };
-
-// throws specee_error naming the problem
-specee_model * specee_model_load_impl(const char * path, const struct specee_model_params & params);
 
 // the device index (into model.devices) of layer il, -1 for the CPU; il = n_layer: the output's
 int32_t specee_model_device_of_layer(const specee_model & model, int32_t il);

@@ -1,9 +1,11 @@
-// specee-placement.cpp: which device holds each layer (-ngl, first or last offload order, -ts, --device), ggml RPC
-// servers as devices (--rpc), and the copies of the offloaded weights in their devices' buffers.
+// specee-placement.cpp: where the weights live. Which device holds each layer (-ngl, first or last offload order,
+// -ts, --device), ggml RPC servers as devices (--rpc), the copies of the offloaded weights in their devices' buffers,
+// and the CPU's matrices repacked into the layouts its fastest kernels read.
 //
-// A layer's weights are copied from the file mapping into a buffer of its device (the CPU's stay mapped); the
-// output (output norm and lm_head) and the draft head go to the output's device. The context puts each layer's
-// KV cache on the same device and lets ggml's scheduler move the hidden state where the layers change devices.
+// A layer's weights are copied from the file mapping into a buffer of its device (the CPU's stay mapped, or are
+// repacked); the output (output norm and lm_head) and the draft head go to the output's device. The context puts
+// each layer's KV cache on the same device and lets ggml's scheduler move the hidden state where the layers change
+// devices.
 #include "specee-placement.h"
 
 #include "specee-impl.h"
@@ -12,10 +14,14 @@
 #include "ggml-backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <sstream>
+
+// ---- devices -------------------------------------------------------------------------------------
 
 static std::vector<std::string> split_list(const char * text) {
     std::vector<std::string> out;
@@ -101,6 +107,8 @@ static std::vector<ggml_backend_dev_t> pick_devices(const char * names, const st
     return devs;
 }
 
+// ---- placement -----------------------------------------------------------------------------------
+
 // the weights of layer il (nullptr entries skipped)
 static std::vector<ggml_tensor **> layer_weights(specee_layer & l) {
     return {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down};
@@ -174,29 +182,26 @@ static std::string layer_ranges(const std::vector<int32_t> & layers) {
     return out;
 }
 
-void specee_place_weights(specee_model & m, const specee_model_params & p) {
-    const int32_t n_layer = (int32_t) m.hparams.n_layer;
-    const std::vector<ggml_backend_dev_t> devs = pick_devices(p.devices, specee_rpc_add(p.rpc_servers));
+// How many units (layers, then the output) -ngl offloads: capped at all of them, 0 without a device to offload to;
+// `note` says so when that is not what was asked
+static int32_t offload_count(const specee_model_params & p, int32_t n_layer, size_t n_devs, std::string & note) {
     int32_t ngl = p.n_gpu_layers < 0 ? n_layer + 1 : p.n_gpu_layers;
-    std::string note;
     if (ngl > n_layer + 1) {
         note = specee_format("-ngl %d is more than the model's %d layers and its output: all are offloaded", ngl, n_layer);
         ngl  = n_layer + 1;
     }
-    if (devs.empty() || ngl == 0) {
+    if (n_devs == 0 || ngl == 0) {
         ngl = 0;
         if (p.n_gpu_layers > 0) {
             note = specee_format("-ngl %d: no device to offload to (add RPC servers with --rpc, or build ggml with "
                                  "CUDA); everything stays on the CPU", p.n_gpu_layers);
         }
     }
-    const bool first = p.offload_order == SPECEE_OFFLOAD_FIRST ||
-                       (p.offload_order == SPECEE_OFFLOAD_AUTO && m.exit.n_pred > 0);
-    if (p.offload_order < SPECEE_OFFLOAD_AUTO || p.offload_order > SPECEE_OFFLOAD_LAST) {
-        specee_fail("unknown offload order %d (0: auto, 1: first, 2: last)", p.offload_order);
-    }
+    return ngl;
+}
 
-    // split points over the devices: the given shares, or the devices' free memory
+// split points over the devices, cumulative fractions: the given shares, or the devices' free memory
+static std::vector<double> split_points(const specee_model_params & p, const std::vector<ggml_backend_dev_t> & devs) {
     if (p.n_tensor_split < 0 || (p.n_tensor_split > 0 && !p.tensor_split) ||
         (p.tensor_split && p.n_tensor_split != (int32_t) devs.size())) {
         specee_fail("--tensor-split gives %d shares for %zu devices to offload to", p.n_tensor_split, devs.size());
@@ -218,10 +223,15 @@ void specee_place_weights(specee_model & m, const specee_model_params & p) {
     for (size_t d = 0; d < devs.size(); ++d) {
         split[d] = sum > 0 ? (d ? split[d - 1] : 0.0) + split[d] / sum : double(d + 1) / devs.size();
     }
+    return split;
+}
 
-    // the offloaded units in order: layers (first: 0..; last: as llama.cpp counts, ending with the output) and
-    // where the output goes; unit k of ngl lands on the device whose split range holds k / ngl
-    auto device_of_unit = [&](int32_t k) {
+// Each layer's device and the output's (indices into the devices split over, -1: the CPU). The offloaded units in
+// order: layers (first: 0..; last: as llama.cpp counts, ending with the output) and where the output goes; unit k
+// of ngl lands on the device whose split range holds k / ngl.
+static void assign_devices(specee_model & m, int32_t ngl, bool first, const std::vector<double> & split) {
+    const int32_t n_layer        = (int32_t) m.hparams.n_layer;
+    auto          device_of_unit = [&](int32_t k) {
         const double f = (double) k / ngl;
         return (int32_t) (std::upper_bound(split.begin(), split.end(), f) - split.begin());
     };
@@ -239,8 +249,10 @@ void specee_place_weights(specee_model & m, const specee_model_params & p) {
         }
         m.output_device = ngl > 0 ? device_of_unit(n_layer - start) : -1;
     }
+}
 
-    // keep the devices that got something, renumbered
+// keeps the devices that got something (m.devices), renumbered
+static void keep_used_devices(specee_model & m, const std::vector<ggml_backend_dev_t> & devs) {
     std::vector<int32_t> remap(devs.size(), -1);
     for (int32_t d : m.layer_device) {
         if (d >= 0) {
@@ -261,9 +273,12 @@ void specee_place_weights(specee_model & m, const specee_model_params & p) {
         d = d >= 0 ? remap[d] : -1;
     }
     m.output_device = m.output_device >= 0 ? remap[m.output_device] : -1;
+}
 
-    // copy, and describe
-    std::string desc;
+// copies the offloaded weights to their devices; one line per device (the CPU first) saying what it holds
+static std::string copy_and_describe(specee_model & m) {
+    const int32_t n_layer = (int32_t) m.hparams.n_layer;
+    std::string   desc;
     for (int32_t d = -1; d < (int32_t) m.devices.size(); ++d) {
         std::vector<int32_t>        layers;
         std::vector<ggml_tensor **> tensors;
@@ -297,21 +312,180 @@ void specee_place_weights(specee_model & m, const specee_model_params & p) {
                               out_here ? (layers.empty() ? "output" : ", output") : "",
                               out_here && m.eagle.version > 0 ? ", draft head" : "", bytes / 1024.0 / 1024.0);
     }
+    return desc;
+}
+
+void specee_place_weights(specee_model & m, const specee_model_params & p) {
+    const int32_t                         n_layer = (int32_t) m.hparams.n_layer;
+    const std::vector<ggml_backend_dev_t> devs    = pick_devices(p.devices, specee_rpc_add(p.rpc_servers));
+    std::string                           note;
+    const int32_t                         ngl   = offload_count(p, n_layer, devs.size(), note);
+    const bool                            first = p.offload_order == SPECEE_OFFLOAD_FIRST ||
+                       (p.offload_order == SPECEE_OFFLOAD_AUTO && m.exit.n_pred > 0);
+    if (p.offload_order < SPECEE_OFFLOAD_AUTO || p.offload_order > SPECEE_OFFLOAD_LAST) {
+        specee_fail("unknown offload order %d (0: auto, 1: first, 2: last)", p.offload_order);
+    }
+    assign_devices(m, ngl, first, split_points(p, devs));
+    keep_used_devices(m, devs);
+    const std::string desc = copy_and_describe(m);
     m.placement = (note.empty() ? "" : "note: " + note + "\n") + desc +
                   specee_format("offload order %s: %s", first ? "first" : "last",
                                 first ? "the first layers on the devices (SpecEE's)" : "the last layers (llama.cpp's)");
 }
 
-void specee_place_eagle(specee_model & m) {
-    if (m.output_device < 0 || m.eagle.version == 0) {
+// ---- repacking ---------------------------------------------------------------------------------
+
+// the draft head's matrices that only matrix products read (its token_embd is read by get_rows), when the head is
+// on the CPU
+static std::vector<ggml_tensor **> eagle_matrices(specee_model & m) {
+    specee_eagle & e = m.eagle;
+    if (e.version == 0 || m.output_device >= 0) {
+        return {};
+    }
+    std::vector<ggml_tensor **> w = {&e.fc, &e.layer.wq, &e.layer.wk, &e.layer.wv, &e.layer.wo, &e.layer.ffn_gate,
+                                     &e.layer.ffn_up, &e.layer.ffn_down};
+    if (e.output) {
+        w.push_back(&e.output);
+    }
+    return w;
+}
+
+// the layers' and the output's matrices that stay on the CPU
+static std::vector<ggml_tensor **> cpu_matrices(specee_model & m) {
+    std::vector<ggml_tensor **> w;
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
+            continue;
+        }
+        specee_layer & l = m.layers[il];
+        for (ggml_tensor ** t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+            w.push_back(t);
+        }
+    }
+    if (m.output != m.tok_embd && m.output_device < 0) {
+        w.push_back(&m.output); // a tied output is also read by get_rows, which repacked data cannot serve
+    }
+    return w;
+}
+
+// The CPU backend's extra buffer types hold some quantized matrices in a repacked, interleaved layout
+// that its matmul kernels run faster on (e.g. Q4_0 as 8x8 blocks on AVX2), as upstream llama.cpp does by
+// default. Weights of `cands` that one of them supports for their mul_mat are copied (and repacked) out of the
+// mapping; everything else stays mapped.
+static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev || cands.empty()) {
         return;
     }
-    specee_eagle & e = m.eagle;
-    std::vector<ggml_tensor **> t = layer_weights(e.layer);
-    for (ggml_tensor ** x : {&e.tok_embd, &e.fc, &e.fc_b, &e.output}) {
-        t.push_back(x);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+    if (!get_extra || getenv("SPECEE_NO_REPACK")) {
+        return;
     }
-    copy_to_device(m, m.devices[m.output_device], t);
+
+    ggml_init_params ip = {(cands.size() * 3 + 8) * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> probe(ggml_init(ip), ggml_free);
+    std::vector<ggml_backend_buffer_type_t> chosen(cands.size(), nullptr);
+    for (ggml_backend_buffer_type_t * buft = get_extra(dev); buft && *buft; ++buft) {
+        // ggml's AMX tile kernels as GCC 12 compiles them with -march=native die with SIGILL on the Sapphire
+        // Rapids machines this was developed on (the tile state is enabled; the fault is in the generated
+        // code). ggml/install.sh builds ggml without AMX; a ggml built with it is used only on SPECEE_AMX=1
+        if (strstr(ggml_backend_buft_name(*buft), "AMX") && !getenv("SPECEE_AMX")) {
+            continue;
+        }
+        ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*buft, 0);
+        for (size_t i = 0; i < cands.size(); ++i) {
+            if (chosen[i]) {
+                continue;
+            }
+            ggml_tensor * w = ggml_dup_tensor(probe.get(), *cands[i]);
+            w->buffer       = dummy;
+            ggml_tensor * x = ggml_new_tensor_2d(probe.get(), GGML_TYPE_F32, w->ne[0], 512);
+            if (ggml_backend_dev_supports_op(dev, ggml_mul_mat(probe.get(), w, x))) {
+                chosen[i] = *buft;
+            }
+            w->buffer = nullptr;
+        }
+        ggml_backend_buffer_free(dummy);
+        probe.reset(ggml_init(ip));
+
+        std::vector<size_t> idx;
+        for (size_t i = 0; i < cands.size(); ++i) {
+            if (chosen[i] == *buft) {
+                idx.push_back(i);
+            }
+        }
+        if (idx.empty()) {
+            continue;
+        }
+        ggml_init_params rp = {idx.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+        ggml_context *   rctx = ggml_init(rp);
+        m.ctx_repack.push_back(rctx);
+        std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
+        for (size_t i : idx) {
+            ggml_tensor * src = *cands[i];
+            ggml_tensor * dst = ggml_dup_tensor(rctx, src);
+            ggml_set_name(dst, ggml_get_name(src));
+            pairs.emplace_back(src, dst);
+            *cands[i] = dst;
+        }
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, *buft);
+        if (!buf) {
+            specee_fail("cannot allocate %s for repacked weights", ggml_backend_buft_name(*buft));
+        }
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        m.buf_repack.push_back(buf);
+        for (auto & p : pairs) {
+            ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
+        }
+    }
+}
+
+// every layer on the CPU (at least one) has its matrices in a repacking buffer
+static bool cpu_layers_repacked(const specee_model & m) {
+    bool any = false;
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
+            continue;
+        }
+        const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
+        if (std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
+            return false;
+        }
+        any = true;
+    }
+    return any;
+}
+
+void specee_repack_weights(specee_model & m) {
+    std::vector<ggml_tensor **> cands = cpu_matrices(m), head = eagle_matrices(m);
+    cands.insert(cands.begin(), head.begin(), head.end());
+    repack(m, cands);
+    m.cpu_layers_repacked = cpu_layers_repacked(m);
+    size_t repacked       = 0;
+    for (ggml_backend_buffer_t b : m.buf_repack) {
+        repacked += ggml_backend_buffer_get_size(b);
+    }
+    if (repacked > 0) {
+        m.placement += specee_format("\nCPU_REPACK: %.1f MiB of %s in the CPU's interleaved layouts%s",
+                                     repacked / 1024.0 / 1024.0,
+                                     m.cpu_layers_repacked ? "the CPU layers' matrices" : "matrices",
+                                     m.cpu_layers_repacked ? " (default EAGLE tree: three draft tokens)" : "");
+    }
+}
+
+// ---- a draft head loaded after the model ---------------------------------------------------------
+
+void specee_place_eagle(specee_model & m) {
+    if (m.output_device >= 0 && m.eagle.version > 0) {
+        specee_eagle &              e = m.eagle;
+        std::vector<ggml_tensor **> t = layer_weights(e.layer);
+        for (ggml_tensor ** x : {&e.tok_embd, &e.fc, &e.fc_b, &e.output}) {
+            t.push_back(x);
+        }
+        copy_to_device(m, m.devices[m.output_device], t);
+    }
+    repack(m, eagle_matrices(m));
 }
 
 // ---- C API -------------------------------------------------------------------------------------------

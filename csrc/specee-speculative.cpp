@@ -60,10 +60,10 @@ static const char * resolve_choices(const char * choices) {
     return choices;
 }
 
-static tree_shape parse_choices(const char * choices_arg) {
-    const std::string text = resolve_choices(choices_arg);
-    size_t            i    = 0;
-    auto              skip = [&] {
+// the paths of a choices list ("[[0], [1], [0, 0]]") as written; throws naming what is wrong and where
+static std::vector<std::vector<int32_t>> read_paths(const std::string & text) {
+    size_t i    = 0;
+    auto   skip = [&] {
         while (i < text.size() && isspace((unsigned char) text[i])) {
             ++i;
         }
@@ -130,15 +130,20 @@ static tree_shape parse_choices(const char * choices_arg) {
     if (paths.empty()) {
         fail("no paths");
     }
+    return paths;
+}
 
-    auto path_str = [](const std::vector<int32_t> & p) {
-        std::string s = "[";
-        for (size_t k = 0; k < p.size(); ++k) {
-            s += (k ? ", " : "") + std::to_string(p[k]);
-        }
-        return s + "]";
-    };
-    // breadth-first: by depth, then lexicographically
+static std::string path_str(const std::vector<int32_t> & p) {
+    std::string s = "[";
+    for (size_t k = 0; k < p.size(); ++k) {
+        s += (k ? ", " : "") + std::to_string(p[k]);
+    }
+    return s + "]";
+}
+
+// The tree the paths describe, its nodes breadth-first (by depth, then lexicographically): each node's parent and
+// number of children. Every path's parent and earlier siblings must be listed.
+static tree_shape shape_of(std::vector<std::vector<int32_t>> paths) {
     std::sort(paths.begin(), paths.end(), [](const std::vector<int32_t> & a, const std::vector<int32_t> & b) {
         return a.size() != b.size() ? a.size() < b.size() : a < b;
     });
@@ -172,6 +177,8 @@ static tree_shape parse_choices(const char * choices_arg) {
     }
     return shape;
 }
+
+static tree_shape parse_choices(const char * choices_arg) { return shape_of(read_paths(resolve_choices(choices_arg))); }
 
 // ---- drafting ----------------------------------------------------------------------------------------
 
@@ -279,6 +286,93 @@ static void draft_expand(specee_tree_decoder & dec, specee_draft_head & head, sp
     }
 }
 
+// EAGLE-1: the static shape's first `budget` nodes, drafted depth by depth; the drafted nodes in the choices' order
+static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+                                         int32_t root_pos, int32_t budget, const float * root_logits) {
+    std::vector<int32_t> chosen;
+    // the shape's first `budget` nodes (breadth-first, so a tree); node i of a depth is expanded when its
+    // shape node has children inside the budget
+    const tree_shape &   sh      = dec.shape;
+    const int32_t        n_shape = std::min<int32_t>(budget, (int32_t) sh.parent.size() - 1) + 1;
+    std::vector<int32_t> n_kids(n_shape, 0);
+    for (int32_t s = 1; s < n_shape; ++s) {
+        n_kids[sh.parent[s]]++;
+    }
+    // children of drafted nodes map to shape nodes in order: the j-th child of shape node s is the
+    // j-th shape node whose parent is s
+    std::vector<std::vector<int32_t>> shape_kids(n_shape);
+    for (int32_t s = 1; s < n_shape; ++s) {
+        shape_kids[sh.parent[s]].push_back(s);
+    }
+    auto assign_shapes = [&](int32_t ni) {
+        const std::vector<int32_t> & kids = dec.nodes[ni].children;
+        for (size_t j = 0; j < kids.size(); ++j) {
+            dec.nodes[kids[j]].shape = shape_kids[dec.nodes[ni].shape][j];
+        }
+    };
+    draft_children(dec, head, smpl, 0, root_logits, n_kids[0]);
+    assign_shapes(0);
+    std::vector<int32_t> level = dec.nodes[0].children;
+    while (!level.empty()) {
+        std::vector<int32_t> expand;
+        for (int32_t ni : level) {
+            if (n_kids[dec.nodes[ni].shape] > 0) {
+                expand.push_back(ni);
+            }
+        }
+        const size_t first_new = dec.nodes.size();
+        draft_expand(dec, head, smpl, root_pos, expand, [&](int32_t ni) { return n_kids[dec.nodes[ni].shape]; });
+        for (int32_t ni : expand) {
+            assign_shapes(ni);
+        }
+        level.clear();
+        for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
+            level.push_back((int32_t) ni);
+        }
+    }
+    // breadth-first by shape index = the order of the choices
+    for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
+        chosen.push_back(ni);
+    }
+    std::sort(chosen.begin(), chosen.end(),
+              [&](int32_t a, int32_t b) { return dec.nodes[a].shape < dec.nodes[b].shape; });
+    return chosen;
+}
+
+// EAGLE-2: the top_k best nodes of each depth expanded, then the best `budget` of all drafted nodes, by depth
+static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+                                          int32_t root_pos, int32_t budget, const float * root_logits) {
+    std::vector<int32_t> chosen;
+    const int32_t top_k = dec.params.topk;
+    draft_children(dec, head, smpl, 0, root_logits, top_k);
+    std::vector<int32_t> level = dec.nodes[0].children;
+    for (int32_t d = 1; d < dec.params.depth && !level.empty(); ++d) {
+        // the top_k nodes of the newest depth by score (earlier drawn first on ties)
+        std::stable_sort(level.begin(), level.end(),
+                         [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
+        level.resize(std::min<size_t>(level.size(), (size_t) top_k));
+        std::sort(level.begin(), level.end());
+        const size_t first_new = dec.nodes.size();
+        draft_expand(dec, head, smpl, root_pos, level, [&](int32_t) { return top_k; });
+        level.clear();
+        for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
+            level.push_back((int32_t) ni);
+        }
+    }
+    // rerank every drafted node: the best `budget` (scores do not increase from parent to child or
+    // along siblings, and ties go to the earlier node, so the chosen set is a tree)
+    for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
+        chosen.push_back(ni);
+    }
+    std::stable_sort(chosen.begin(), chosen.end(),
+                     [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
+    chosen.resize(std::min<size_t>(chosen.size(), (size_t) budget));
+    std::sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) {
+        return dec.nodes[a].depth != dec.nodes[b].depth ? dec.nodes[a].depth < dec.nodes[b].depth : a < b;
+    });
+    return chosen;
+}
+
 // Drafts the tree of this step: dec.nodes (root first); the nodes to verify get rows 1.. in breadth-first
 // order, at most `budget` of them. Returns the verified nodes in row order.
 static std::vector<int32_t> draft_tree(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
@@ -291,87 +385,12 @@ static std::vector<int32_t> draft_tree(specee_tree_decoder & dec, specee_draft_h
     dec.nodes[0].h = head.out;
     const std::vector<float> root_logits(head.logits.begin(), head.logits.begin() + head.n_dvocab);
 
-    std::vector<int32_t> chosen;
     if (budget <= 0) {
         dec.nodes[0].row = 0;
-        return chosen;
+        return {};
     }
-    if (!dec.dynamic) {
-        // the shape's first `budget` nodes (breadth-first, so a tree); node i of a depth is expanded when its
-        // shape node has children inside the budget
-        const tree_shape &   sh      = dec.shape;
-        const int32_t        n_shape = std::min<int32_t>(budget, (int32_t) sh.parent.size() - 1) + 1;
-        std::vector<int32_t> n_kids(n_shape, 0);
-        for (int32_t s = 1; s < n_shape; ++s) {
-            n_kids[sh.parent[s]]++;
-        }
-        // children of drafted nodes map to shape nodes in order: the j-th child of shape node s is the
-        // j-th shape node whose parent is s
-        std::vector<std::vector<int32_t>> shape_kids(n_shape);
-        for (int32_t s = 1; s < n_shape; ++s) {
-            shape_kids[sh.parent[s]].push_back(s);
-        }
-        auto assign_shapes = [&](int32_t ni) {
-            const std::vector<int32_t> & kids = dec.nodes[ni].children;
-            for (size_t j = 0; j < kids.size(); ++j) {
-                dec.nodes[kids[j]].shape = shape_kids[dec.nodes[ni].shape][j];
-            }
-        };
-        draft_children(dec, head, smpl, 0, root_logits.data(), n_kids[0]);
-        assign_shapes(0);
-        std::vector<int32_t> level = dec.nodes[0].children;
-        while (!level.empty()) {
-            std::vector<int32_t> expand;
-            for (int32_t ni : level) {
-                if (n_kids[dec.nodes[ni].shape] > 0) {
-                    expand.push_back(ni);
-                }
-            }
-            const size_t first_new = dec.nodes.size();
-            draft_expand(dec, head, smpl, root_pos, expand, [&](int32_t ni) { return n_kids[dec.nodes[ni].shape]; });
-            for (int32_t ni : expand) {
-                assign_shapes(ni);
-            }
-            level.clear();
-            for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
-                level.push_back((int32_t) ni);
-            }
-        }
-        // breadth-first by shape index = the order of the choices
-        for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
-            chosen.push_back(ni);
-        }
-        std::sort(chosen.begin(), chosen.end(),
-                  [&](int32_t a, int32_t b) { return dec.nodes[a].shape < dec.nodes[b].shape; });
-    } else {
-        const int32_t top_k = dec.params.topk;
-        draft_children(dec, head, smpl, 0, root_logits.data(), top_k);
-        std::vector<int32_t> level = dec.nodes[0].children;
-        for (int32_t d = 1; d < dec.params.depth && !level.empty(); ++d) {
-            // the top_k nodes of the newest depth by score (earlier drawn first on ties)
-            std::stable_sort(level.begin(), level.end(),
-                             [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
-            level.resize(std::min<size_t>(level.size(), (size_t) top_k));
-            std::sort(level.begin(), level.end());
-            const size_t first_new = dec.nodes.size();
-            draft_expand(dec, head, smpl, root_pos, level, [&](int32_t) { return top_k; });
-            level.clear();
-            for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
-                level.push_back((int32_t) ni);
-            }
-        }
-        // rerank every drafted node: the best `budget` (scores do not increase from parent to child or
-        // along siblings, and ties go to the earlier node, so the chosen set is a tree)
-        for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
-            chosen.push_back(ni);
-        }
-        std::stable_sort(chosen.begin(), chosen.end(),
-                         [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
-        chosen.resize(std::min<size_t>(chosen.size(), (size_t) budget));
-        std::sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) {
-            return dec.nodes[a].depth != dec.nodes[b].depth ? dec.nodes[a].depth < dec.nodes[b].depth : a < b;
-        });
-    }
+    std::vector<int32_t> chosen = dec.dynamic ? draft_dynamic(dec, head, smpl, root_pos, budget, root_logits.data())
+                                              : draft_static(dec, head, smpl, root_pos, budget, root_logits.data());
     if ((int32_t) chosen.size() > budget) {
         chosen.resize(budget);
     }
@@ -462,21 +481,12 @@ static int32_t accept_sampled(const specee_tree_decoder & dec, specee_sampler & 
     return last;
 }
 
-int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                         int32_t & root_pos, int32_t * out, int32_t n_max, specee_generator_stats & st) {
-    specee_context & ctx    = *head.ctx;
-    const int32_t    n_ctx  = (int32_t) ctx.cparams.n_ctx;
-    const int32_t    n_free = n_ctx - (int32_t) ctx.kv.used;
-    const int32_t    budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
-
-    // ---- draft
-    auto                       t0    = specee_clock::now();
-    const std::vector<int32_t> nodes = draft_tree(dec, head, smpl, root, root_pos, budget);
-    st.t_draft_ms += specee_ms_since(t0);
-
-    // ---- verify root + tree in one pass
-    t0                          = specee_clock::now();
-    const int32_t        n      = (int32_t) nodes.size() + 1;
+// One pass of the target over root + the drafted nodes (rows 1.. in `nodes` order), each row attending to itself and
+// its ancestors; returns the number of rows
+static int32_t verify_tree(specee_tree_decoder & dec, specee_draft_head & head, int32_t root, int32_t root_pos,
+                           const std::vector<int32_t> & nodes) {
+    specee_context &     ctx = *head.ctx;
+    const int32_t        n   = (int32_t) nodes.size() + 1;
     std::vector<int32_t> tok(n), pos(n), row_node(n, 0);
     std::vector<uint8_t> mask((size_t) n * n, 0);
     std::vector<int8_t>  outputs(n, 1);
@@ -495,16 +505,19 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
     }
     specee_batch b = {n, tok.data(), pos.data(), mask.data(), outputs.data()};
     specee_eval_layers_impl(ctx, &b, 0, (int32_t) head.model->hparams.n_layer, 0);
-    st.t_verify_ms += specee_ms_since(t0);
+    return n;
+}
 
-    // ---- walk from the root
-    t0                             = specee_clock::now();
-    const float *        logits    = ctx.logits.data();
-    const int32_t        n_vocab   = head.n_vocab;
-    const bool           greedy    = specee_sampler_greedy(smpl);
-    std::vector<int32_t> emitted;
-    std::vector<int32_t> path; // accepted nodes whose tokens stay in the cache (all emitted tokens but the last)
-    std::vector<double>  p, q;
+// Walks the verified tree from the root: each step draws the target's token at the current node and moves to the
+// child that drafted it, until no child did (or n_max tokens, or an end of generation). Fills the emitted tokens
+// and the accepted nodes whose tokens stay in the cache (all emitted tokens but the last); returns how many
+// drafted tokens were accepted.
+static int32_t walk_tree(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
+                         std::vector<int32_t> & emitted, std::vector<int32_t> & path) {
+    const float *       logits  = head.ctx->logits.data();
+    const int32_t       n_vocab = head.n_vocab;
+    const bool          greedy  = specee_sampler_greedy(smpl);
+    std::vector<double> p, q;
     if (!greedy) {
         p.resize(n_vocab);
         q.resize(n_vocab);
@@ -533,8 +546,15 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
         path.push_back(child);
         cur = child;
     }
+    return n_acc;
+}
 
-    // ---- target cache: drop the rejected cells, keep root + path in position order in the batch's first cells
+// The caches after a walk: the target's keeps root + path in position order in the batch's first cells (the
+// rejected cells dropped); the head's drops the tree's cells and takes the emitted tokens' pairs with the target's
+// features
+static void keep_accepted(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
+                          const std::vector<int32_t> & emitted, const std::vector<int32_t> & path) {
+    specee_context &           ctx   = *head.ctx;
     const std::vector<int32_t> cells = ctx.cells;
     std::vector<uint8_t>       keep(n, 0);
     keep[0] = 1;
@@ -550,12 +570,35 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
         ctx.kv.move_cell(cells[dec.nodes[path[j]].row], cells[j + 1]);
     }
 
-    // ---- head cache: drop the tree's cells; the emitted tokens' pairs use the target's features
     specee_draft_drop_tree(head);
     for (size_t j = 0; j < emitted.size(); ++j) {
         const int32_t row = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
         specee_draft_add_pair(head, ctx.norm.data() + (size_t) row * head.n_embd, emitted[j], root_pos + (int32_t) j);
     }
+}
+
+int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                         int32_t & root_pos, int32_t * out, int32_t n_max, specee_generator_stats & st) {
+    specee_context & ctx    = *head.ctx;
+    const int32_t    n_ctx  = (int32_t) ctx.cparams.n_ctx;
+    const int32_t    n_free = n_ctx - (int32_t) ctx.kv.used;
+    const int32_t    budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
+
+    // ---- draft
+    auto                       t0    = specee_clock::now();
+    const std::vector<int32_t> nodes = draft_tree(dec, head, smpl, root, root_pos, budget);
+    st.t_draft_ms += specee_ms_since(t0);
+
+    // ---- verify root + tree in one pass
+    t0              = specee_clock::now();
+    const int32_t n = verify_tree(dec, head, root, root_pos, nodes);
+    st.t_verify_ms += specee_ms_since(t0);
+
+    // ---- walk from the root, then keep what was accepted in both caches
+    t0 = specee_clock::now();
+    std::vector<int32_t> emitted, path;
+    const int32_t        n_acc = walk_tree(dec, head, smpl, n_max, emitted, path);
+    keep_accepted(dec, head, n, root_pos, emitted, path);
     root = emitted.back();
     root_pos += (int32_t) emitted.size();
     st.t_sample_ms += specee_ms_since(t0);

@@ -137,19 +137,8 @@ static std::string token_piece(const specee_vocab & v, const specee_token_data &
     return out;
 }
 
-specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
-    const std::string model = get_string(g, "tokenizer.ggml.model");
-    if (model.empty() || model == "none" || model == "no_vocab") {
-        return nullptr;
-    }
-    if (model != "llama" && model != "gpt2") {
-        specee_fail("unsupported tokenizer '%s' (tokenizer.ggml.model): this runtime reads 'llama' (SentencePiece) "
-                    "and 'gpt2' (byte-level BPE) vocabularies", model.c_str());
-    }
-    auto           owned = std::make_unique<specee_vocab>();
-    specee_vocab & v     = *owned;
-    v.spm                = model == "llama";
-
+// the token list with each token's score and type (tokenizer.ggml.tokens, scores, token_type)
+static void read_tokens(specee_vocab & v, const gguf_context * g, uint32_t n_vocab) {
     const int64_t kt = find_key(g, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY, GGUF_TYPE_STRING);
     if (kt < 0) {
         specee_fail("the tokenizer has no token list (tokenizer.ggml.tokens)");
@@ -173,44 +162,46 @@ specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
         t.type                = types ? types[i] : TOKEN_NORMAL;
         v.ids.emplace(t.text, (int32_t) i); // the first of duplicate texts wins
     }
+}
 
-    if (v.spm) {
-        v.bos = 1, v.eos = 2, v.unk = 0; // SentencePiece's defaults
-        v.add_bos = v.add_space_prefix = true;
-    } else {
-        const int64_t km = find_key(g, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY, GGUF_TYPE_STRING);
-        if (km < 0) {
-            specee_fail("the BPE tokenizer has no merges (tokenizer.ggml.merges)");
+// a byte-level BPE vocabulary's merges (tokenizer.ggml.merges) and pre-tokenizer (tokenizer.ggml.pre)
+static void read_bpe(specee_vocab & v, const gguf_context * g) {
+    const int64_t km = find_key(g, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY, GGUF_TYPE_STRING);
+    if (km < 0) {
+        specee_fail("the BPE tokenizer has no merges (tokenizer.ggml.merges)");
+    }
+    // "left right" -> (left id, right id): rank and merged token; merges of non-tokens never apply
+    for (size_t i = 0; i < gguf_get_arr_n(g, km); ++i) {
+        const std::string merge = gguf_get_arr_str(g, km, i);
+        const size_t      sp    = merge.find(' ', 1);
+        if (sp == std::string::npos) {
+            continue;
         }
-        // "left right" -> (left id, right id): rank and merged token; merges of non-tokens never apply
-        for (size_t i = 0; i < gguf_get_arr_n(g, km); ++i) {
-            const std::string merge = gguf_get_arr_str(g, km, i);
-            const size_t      sp    = merge.find(' ', 1);
-            if (sp == std::string::npos) {
-                continue;
-            }
-            auto a = v.ids.find(merge.substr(0, sp)), b = v.ids.find(merge.substr(sp + 1));
-            auto m = v.ids.find(merge.substr(0, sp) + merge.substr(sp + 1));
-            if (a != v.ids.end() && b != v.ids.end() && m != v.ids.end()) {
-                v.merges.emplace(pair_key(a->second, b->second), bpe_merge{(int32_t) i, m->second});
-            }
-        }
-        const std::string pre = get_string(g, "tokenizer.ggml.pre");
-        if (pre.empty() || pre == "default") {
-            v.pretok = SPECEE_PRETOK_DEFAULT;
-        } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe") {
-            v.pretok        = SPECEE_PRETOK_LLAMA3;
-            v.ignore_merges = v.add_bos = true;
-        } else if (pre == "smollm") {
-            v.pretok = SPECEE_PRETOK_SMOLLM;
-        } else {
-            if (pre != "gpt-2" && specee_verbose()) {
-                fprintf(stderr, "specee: unknown pre-tokenizer '%s' (tokenizer.ggml.pre), using 'gpt-2'\n",
-                        pre.c_str());
-            }
-            v.pretok = SPECEE_PRETOK_GPT2;
+        auto a = v.ids.find(merge.substr(0, sp)), b = v.ids.find(merge.substr(sp + 1));
+        auto m = v.ids.find(merge.substr(0, sp) + merge.substr(sp + 1));
+        if (a != v.ids.end() && b != v.ids.end() && m != v.ids.end()) {
+            v.merges.emplace(pair_key(a->second, b->second), bpe_merge{(int32_t) i, m->second});
         }
     }
+    const std::string pre = get_string(g, "tokenizer.ggml.pre");
+    if (pre.empty() || pre == "default") {
+        v.pretok = SPECEE_PRETOK_DEFAULT;
+    } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe") {
+        v.pretok        = SPECEE_PRETOK_LLAMA3;
+        v.ignore_merges = v.add_bos = true;
+    } else if (pre == "smollm") {
+        v.pretok = SPECEE_PRETOK_SMOLLM;
+    } else {
+        if (pre != "gpt-2") {
+            specee_log_info("unknown pre-tokenizer '%s' (tokenizer.ggml.pre), using 'gpt-2'", pre.c_str());
+        }
+        v.pretok = SPECEE_PRETOK_GPT2;
+    }
+}
+
+// the special tokens' ids and the add_* flags the file gives (over the tokenizer's defaults)
+static void read_special_ids(specee_vocab & v, const gguf_context * g) {
+    const size_t n = v.tokens.size();
     get_token_id(g, "tokenizer.ggml.bos_token_id", n, v.bos);
     get_token_id(g, "tokenizer.ggml.eos_token_id", n, v.eos);
     get_token_id(g, "tokenizer.ggml.eot_token_id", n, v.eot);
@@ -221,9 +212,11 @@ specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
     get_bool(g, "tokenizer.ggml.add_bos_token", v.add_bos);
     get_bool(g, "tokenizer.ggml.add_eos_token", v.add_eos);
     get_bool(g, "tokenizer.ggml.add_space_prefix", v.add_space_prefix);
+}
 
-    // end of generation: eos, eot, and the end-of-turn tokens of common chat formats (the first found
-    // in this order is the eot when the file names none)
+// end of generation: eos, eot, and the end-of-turn tokens of common chat formats (the first found in this order is
+// the eot when the file names none)
+static void find_end_of_generation(specee_vocab & v) {
     static const char * eog_texts[] = {"<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
                                        "<|endoftext|>", "<|eom_id|>", "</s>"};
     const size_t        n_eot_texts = 5; // the ones that can be the eot
@@ -239,8 +232,11 @@ specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
             v.eog.push_back(id);
         }
     }
+}
 
-    for (int32_t i = 0; i < (int32_t) n; ++i) {
+// what tokenizing and detokenizing look up: the special tokens (longest first), each byte's token, each token's piece
+static void build_indexes(specee_vocab & v) {
+    for (int32_t i = 0; i < (int32_t) v.tokens.size(); ++i) {
         const int32_t type = v.tokens[i].type;
         const bool    special = type == TOKEN_CONTROL || type == TOKEN_USER_DEFINED || type == TOKEN_UNKNOWN;
         if (special && !v.tokens[i].text.empty()) {
@@ -260,6 +256,30 @@ specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
     for (specee_token_data & t : v.tokens) {
         t.piece = token_piece(v, t);
     }
+}
+
+specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
+    const std::string model = get_string(g, "tokenizer.ggml.model");
+    if (model.empty() || model == "none" || model == "no_vocab") {
+        return nullptr;
+    }
+    if (model != "llama" && model != "gpt2") {
+        specee_fail("unsupported tokenizer '%s' (tokenizer.ggml.model): this runtime reads 'llama' (SentencePiece) "
+                    "and 'gpt2' (byte-level BPE) vocabularies", model.c_str());
+    }
+    auto           owned = std::make_unique<specee_vocab>();
+    specee_vocab & v     = *owned;
+    v.spm                = model == "llama";
+    read_tokens(v, g, n_vocab);
+    if (v.spm) {
+        v.bos = 1, v.eos = 2, v.unk = 0; // SentencePiece's defaults
+        v.add_bos = v.add_space_prefix = true;
+    } else {
+        read_bpe(v, g);
+    }
+    read_special_ids(v, g);
+    find_end_of_generation(v);
+    build_indexes(v);
     return owned.release();
 }
 

@@ -81,6 +81,14 @@ def test_wrong_architecture(tiny_gguf: Path, tmp_path: Path) -> None:
     assert "gpt2" in str(err.value)
 
 
+def test_specee_eauto_file_names_the_import(tiny_gguf: Path, tmp_path: Path) -> None:
+    """SpecEE's own GGUF (architecture eauto): the error names the command that rewrites it for this runtime."""
+    path = edited_copy(tiny_gguf, tmp_path / "SpecEE-7b.gguf", arch="eauto")
+    with pytest.raises(specee.SpecEEError, match="unsupported architecture 'eauto'") as err:
+        load(path)
+    assert f"python -m specee.convert import-specee {path} -o OUT.gguf" in str(err.value)
+
+
 def test_missing_tensor(tiny_gguf: Path, tmp_path: Path) -> None:
     path = edited_copy(tiny_gguf, tmp_path / "missing.gguf", drop="blk.1.ffn_up.weight")
     with pytest.raises(specee.SpecEEError, match="missing tensor") as err:

@@ -330,6 +330,50 @@ def test_head_and_predictors_in_a_file_of_their_own(tiny_gguf: Path, tiny_hf_dir
     assert alone.last_stats.layers_run == merged.last_stats.layers_run
 
 
+def test_a_draft_head_file_says_what_of_the_models_own_it_replaces(
+        tiny_gguf: Path, tiny_hf_dir: Path, with_head: Path, merged: Path, predictors: dict[str, torch.Tensor],
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A draft head file over a model with its own head and predictors: one note says what it replaces, with how many
+    layers, first in Model.placement (llama-cli prints it as "load: note: ...") and on stderr when the library logs.
+    Over a model with nothing of its own to replace: no note."""
+    cfg = json.loads((tiny_hf_dir / "config.json").read_text())
+    folder = save_published(eagle_state(cfg, seed=5), cfg, tmp_path / "head")
+    save_file({k: v for k, v in predictors.items() if k.startswith("blk.1.")}, tmp_path / "pred.safetensors")
+    (tmp_path / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": [1]}))
+    with_pred, head_alone = tmp_path / "with-pred.gguf", tmp_path / "head-alone.gguf"
+    merge_gguf(tiny_gguf, with_pred, eagle=folder, eagle_type="f32", predictors=tmp_path / "pred.safetensors",
+               head_only=True, progress=False)
+    merge_gguf(tiny_gguf, head_alone, eagle=folder, eagle_type="f32", head_only=True, progress=False)
+
+    m = specee.Model(str(with_head), n_ctx=64, draft_head=str(with_pred))
+    assert m.placement.startswith(f"note: draft head file {with_pred}: replaces the model's EAGLE head and its exit "
+                                  "predictors (3 layers) with the file's (1 layer)\n"), m.placement
+    assert m._model.exit_n_pred == 1
+    m = specee.Model(str(with_head), n_ctx=64, draft_head=str(head_alone))
+    assert m.placement.startswith(f"note: draft head file {head_alone}: replaces the model's EAGLE head; keeps its exit "
+                                  "predictors (3 layers): the file has none\n"), m.placement
+    assert m._model.exit_n_pred == len(PRED_LAYERS)
+    m = specee.Model(str(merged), n_ctx=64)  # predictors, no head of its own
+    m._model.load_eagle(str(with_pred))
+    assert m.placement.startswith(f"note: draft head file {with_pred}: replaces the model's exit predictors "
+                                  "(3 layers) with the file's (1 layer)\n"), m.placement
+    assert "note:" not in specee.Model(str(tiny_gguf), n_ctx=64, draft_head=str(with_pred)).placement
+
+    capfd.readouterr()
+    specee.Model(str(with_head), n_ctx=64, draft_head=str(with_pred))
+    assert "draft head file" not in capfd.readouterr().err  # the library's logging is off by default
+    _core.set_verbose(True)
+    try:
+        specee.Model(str(with_head), n_ctx=64, draft_head=str(with_pred))
+    finally:
+        _core.set_verbose(False)
+    assert f"specee: note: draft head file {with_pred}: replaces the model's EAGLE head" in capfd.readouterr().err
+    # the tiny model has no tokenizer: llama-cli stops at the prompt, after printing the load lines
+    r = run_cli("-m", str(with_head), "--draft-head", str(with_pred), "-p", "hi", "-n", "1", "-no-cnv", "-t", "1")
+    assert "no tokenizer" in r.stderr, r.stderr
+    assert f"load: note: draft head file {with_pred}: replaces the model's EAGLE head and its" in r.stderr
+
+
 def forward_with_filled_kv(hf, tokens: list[int], exit_of: list[int]) -> list[np.ndarray]:
     """A forward in which token j's K/V in every layer after its exit layer come from its output at the exit
     layer (that layer's attn_norm and K/V projections); hidden states after each layer."""

@@ -425,6 +425,73 @@ static std::vector<std::pair<int, std::string>> combos(const bench_params & para
     return out;
 }
 
+// the tests {n_prompt, n_gen, n_depth}, in llama-bench's order: every pp, then every tg, each at every depth
+static std::vector<std::array<int, 3>> tests_of(const bench_params & params) {
+    std::vector<std::array<int, 3>> tests;
+    for (int p : params.n_prompt) {
+        for (int d : params.n_depth) {
+            if (p > 0) {
+                tests.push_back({p, 0, d});
+            }
+        }
+    }
+    for (int n : params.n_gen) {
+        for (int d : params.n_depth) {
+            if (n > 0) {
+                tests.push_back({0, n, d});
+            }
+        }
+    }
+    return tests;
+}
+
+// one model's rows: a context for every (threads, V cache type), every test in each; false on an error (printed)
+static bool bench_model(specee_model * model, const std::string & path, int ngl, const std::string & order,
+                        const bench_params & params, int n_ctx, bool & first) {
+    const std::string backends = backends_of(specee_model_placement(model));
+    for (const auto & [n_threads, type_v] : combos(params)) {
+        specee_context_params cparams = specee_context_default_params();
+        cparams.type_v                = type_v == "f16" ? SPECEE_KV_F16 : SPECEE_KV_F32;
+        cparams.n_ctx                 = (uint32_t) n_ctx;
+        cparams.n_batch               = (uint32_t) std::min(params.n_batch, n_ctx);
+        cparams.n_threads             = n_threads;
+        cparams.n_threads_batch       = n_threads;
+        specee_context * ctx          = specee_context_init(model, cparams);
+        if (ctx == nullptr) {
+            fprintf(stderr, "error: failed to create a context for '%s': %s\n", path.c_str(), specee_last_error());
+            return false;
+        }
+        for (const auto & test : tests_of(params)) {
+            bench_result r;
+            r.model_filename = path;
+            r.model_type     = specee_model_desc(model);
+            r.model_size     = specee_model_size(model);
+            r.model_n_params = specee_model_n_params(model);
+            r.n_batch        = (int) cparams.n_batch;
+            r.n_threads      = n_threads;
+            r.n_prompt       = test[0];
+            r.n_gen          = test[1];
+            r.n_depth        = test[2];
+            r.type_v         = type_v;
+            r.n_gpu_layers   = ngl;
+            r.offload_order  = order;
+            r.backends       = backends;
+            char         buf[64];
+            const time_t now = std::time(nullptr);
+            std::strftime(buf, sizeof(buf), "%FT%TZ", std::gmtime(&now));
+            r.test_time = buf;
+            if (!run_test(ctx, params, r, specee_model_n_vocab(model))) {
+                specee_context_free(ctx);
+                return false;
+            }
+            print_result(params.output, r, first);
+            first = false;
+        }
+        specee_context_free(ctx);
+    }
+    return true;
+}
+
 int main(int argc, char ** argv) {
     bench_params params;
     bool         help = false;
@@ -462,68 +529,11 @@ int main(int argc, char ** argv) {
             fprintf(stderr, "error: failed to load model '%s': %s\n", path.c_str(), specee_last_error());
             return 1;
         }
-        const std::string backends = backends_of(specee_model_placement(model));
-        for (const auto & [n_threads, type_v] : combos(params)) {
-            specee_context_params cparams = specee_context_default_params();
-            cparams.type_v                = type_v == "f16" ? SPECEE_KV_F16 : SPECEE_KV_F32;
-            cparams.n_ctx                 = (uint32_t) n_ctx;
-            cparams.n_batch               = (uint32_t) std::min(params.n_batch, n_ctx);
-            cparams.n_threads             = n_threads;
-            cparams.n_threads_batch       = n_threads;
-            specee_context * ctx          = specee_context_init(model, cparams);
-            if (ctx == nullptr) {
-                fprintf(stderr, "error: failed to create a context for '%s': %s\n", path.c_str(),
-                        specee_last_error());
-                specee_model_free(model);
-                return 1;
-            }
-
-            // the tests, in llama-bench's order: every pp, then every tg, each at every depth
-            std::vector<std::array<int, 3>> tests;
-            for (int p : params.n_prompt) {
-                for (int d : params.n_depth) {
-                    if (p > 0) {
-                        tests.push_back({p, 0, d});
-                    }
-                }
-            }
-            for (int n : params.n_gen) {
-                for (int d : params.n_depth) {
-                    if (n > 0) {
-                        tests.push_back({0, n, d});
-                    }
-                }
-            }
-            for (const auto & test : tests) {
-                bench_result r;
-                r.model_filename = path;
-                r.model_type     = specee_model_desc(model);
-                r.model_size     = specee_model_size(model);
-                r.model_n_params = specee_model_n_params(model);
-                r.n_batch        = (int) cparams.n_batch;
-                r.n_threads      = n_threads;
-                r.n_prompt       = test[0];
-                r.n_gen          = test[1];
-                r.n_depth        = test[2];
-                r.type_v         = type_v;
-                r.n_gpu_layers   = ngl;
-                r.offload_order  = order;
-                r.backends       = backends;
-                char         buf[64];
-                const time_t now = std::time(nullptr);
-                std::strftime(buf, sizeof(buf), "%FT%TZ", std::gmtime(&now));
-                r.test_time = buf;
-                if (!run_test(ctx, params, r, specee_model_n_vocab(model))) {
-                    specee_context_free(ctx);
-                    specee_model_free(model);
-                    return 1;
-                }
-                print_result(params.output, r, first);
-                first = false;
-            }
-            specee_context_free(ctx);
-        }
+        const bool ok = bench_model(model, path, ngl, order, params, n_ctx, first);
         specee_model_free(model);
+        if (!ok) {
+            return 1;
+        }
     }
     if (params.output == "json") {
         printf("\n]\n");

@@ -1,0 +1,36 @@
+// specee-hparams.h: a llama model's hyperparameters (read from its GGUF by specee-loader.cpp) and the bounds a file's
+// values must lie in
+#pragma once
+
+#include <cstdint>
+
+struct specee_hparams {
+    uint32_t n_vocab       = 0;
+    uint32_t n_ctx_train   = 0;
+    uint32_t n_embd        = 0;
+    uint32_t n_layer       = 0;
+    uint32_t n_ff          = 0;
+    uint32_t n_head        = 0;
+    uint32_t n_head_kv     = 0;
+    uint32_t n_embd_head_k = 0;
+    uint32_t n_embd_head_v = 0;
+    uint32_t n_rot         = 0;
+    float    f_norm_rms_eps = 1e-5f;
+
+    // RoPE
+    float    rope_freq_base  = 10000.0f;
+    float    rope_freq_scale = 1.0f;
+    float    rope_ext_factor = 0.0f; // YaRN only
+    uint32_t n_ctx_orig      = 0;
+
+    uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
+    uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }
+};
+
+// Bounds on what a file may declare: far beyond any Llama, they reject corrupt values before anything is sized by
+// them and keep the sizes computed from them (head size x heads, ...) inside 32 bits
+static constexpr int64_t SPECEE_MAX_LAYERS   = 4096;
+static constexpr int64_t SPECEE_MAX_EMBD     = 1 << 20;
+static constexpr int64_t SPECEE_MAX_FF       = 1 << 22;
+static constexpr int64_t SPECEE_MAX_HEADS    = 4096;
+static constexpr int64_t SPECEE_MAX_HEAD_DIM = 1 << 16;

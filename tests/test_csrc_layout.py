@@ -1,0 +1,229 @@
+"""The shape of csrc/: no function over MAX_LINES lines (declaration tables aside), and no circle in the graph of
+`#include "specee-*.h"` between its files. The checkers are tested on small made-up sources too, so each check is
+known to fail when it should."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+MAX_LINES = 100
+
+# Functions allowed to be longer: declaration tables, where each line declares one thing
+ALLOWED = {
+    # every binding of the Python module, one .def per line
+    ("bindings/specee-bindings.cpp", "PYBIND11_MODULE"),
+    # the CLI's flag table, one flag per line
+    ("tools/specee-cli-args.cpp", "make_options"),
+    # TODO shortened by the options work (issue 22: the CLI's flag table fills the C++ options struct)
+    ("tools/specee-cli.cpp", "main"),
+}
+
+# What C++ text is not code: comments, string and character literals (raw strings included) and preprocessor
+# lines (with their continuations); each is blanked out, newlines kept, so braces inside them are not counted
+_NOT_CODE = re.compile(
+    r"//[^\n]*"
+    r"|/\*.*?\*/"
+    r'|\bR"(?P<delim>[^()\\\s]{0,16})\(.*?\)(?P=delim)"'
+    r'|"(?:\\.|[^"\\\n])*"'
+    r"|(?<![\w'])'(?:\\.|[^'\\\n])+'"
+    r"|^[ \t]*#(?:\\\n|[^\n])*",
+    re.S | re.M,
+)
+# a block opened after one of these (and no parenthesis) holds declarations, functions among them
+_SCOPE = re.compile(r"^(?:template\s*<.*>\s*)?(?:namespace|struct|class|union)\b|^extern\s*\"\"$", re.S)
+# what may follow a function's parameter list: qualifiers, attributes, a trailing return type
+_AFTER_PARAMS = re.compile(r"\)(?:\s*(?:const|noexcept|override|final|&&?))*\s*(?:->\s*[\w:<>,\s*&]+)?$")
+
+
+def blank_non_code(text: str) -> str:
+    def blank(m: re.Match[str]) -> str:
+        s = m.group(0)
+        keep = '""' if s[0] == '"' or s[:2] == 'R"' else ""  # extern "C" stays recognisable as extern ""
+        return keep + re.sub(r"[^\n]", " ", s[len(keep):])
+
+    return _NOT_CODE.sub(blank, text)
+
+
+def _function_name(header: str) -> str | None:
+    """The name of the function whose signature `header` is (text before its opening brace), or None."""
+    h = header.strip()
+    if "(" not in h or not _AFTER_PARAMS.search(h) or re.search(r"=\s*$", h):
+        return None
+    before = h[: h.index("(")]
+    names = re.findall(r"operator\s*\S+|[\w:~]+", before)
+    return names[-1] if names else None
+
+
+def functions(text: str) -> list[tuple[str, int, int]]:
+    """(name, first line, last line) of every function defined in C++ `text`; the first line is the one with
+    the function's name, the last the one with its closing brace. Lambdas and blocks count to their function;
+    struct, class, namespace and extern "C" bodies are searched for functions."""
+    code = blank_non_code(text)
+    line_starts = [0] + [m.end() for m in re.finditer(r"\n", code)]
+
+    def line_of(pos: int) -> int:
+        lo, hi = 0, len(line_starts) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if line_starts[mid] <= pos:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo + 1
+
+    found = []
+    stack: list[tuple[str, int, str]] = []  # (kind: scope, function or block, first line, name)
+    start = 0  # where the declaration being read began, in a scope
+    for m in re.finditer(r"[{};]", code):
+        c = m.group(0)
+        in_scope = not stack or stack[-1][0] == "scope"
+        if c == "{":
+            if not in_scope:
+                stack.append(("block", 0, ""))
+                continue
+            header = code[start : m.start()]
+            name = _function_name(header)
+            if name:
+                name_at = start + header.index("(")
+                stack.append(("function", line_of(name_at), name))
+            elif _SCOPE.search(header.strip()):
+                stack.append(("scope", 0, ""))
+                start = m.end()
+            else:
+                stack.append(("block", 0, ""))  # an initializer, an enum
+        elif c == "}":
+            if not stack:
+                continue  # unbalanced (a macro's half): ignored
+            kind, first, name = stack.pop()
+            if kind == "function":
+                found.append((name, first, line_of(m.start())))
+            if not stack or stack[-1][0] == "scope":
+                start = m.end()
+        elif in_scope:
+            start = m.end()
+    return found
+
+
+def long_functions(root: Path, max_lines: int = MAX_LINES) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".cpp", ".h"):
+            continue
+        rel = path.relative_to(root).as_posix()
+        for name, first, last in functions(path.read_text()):
+            n = last - first + 1
+            if n > max_lines and (rel, name) not in ALLOWED:
+                out.append(f"{rel}:{first}: {name} is {n} lines (at most {max_lines})")
+    return out
+
+
+def include_graph(root: Path) -> dict[str, set[str]]:
+    """specee-X -> the specee-Y.h it includes, a file's .h and .cpp taken as one (so that X.cpp including Y.h
+    while Y.cpp includes X.h is a circle: each needs the other)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".cpp", ".h"):
+            continue
+        text = re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S)
+        deps = graph.setdefault(path.stem, set())
+        for m in re.finditer(r'^[ \t]*#[ \t]*include[ \t]*"(?:[\w./-]*/)?(specee-[\w.-]+)\.h"', text, re.M):
+            if m.group(1) != path.stem:
+                deps.add(m.group(1))
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of the graph as [a, b, ..., a], or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+# ---- the tree
+
+
+def test_no_function_is_too_long() -> None:
+    long = long_functions(CSRC)
+    assert not long, "split into named steps:\n" + "\n".join(long)
+
+
+def test_allowed_long_functions_exist() -> None:
+    """Each allow-list entry names a function that is there (a renamed one would leave a stale entry)."""
+    for rel, name in ALLOWED:
+        assert name in [f[0] for f in functions((CSRC / rel).read_text())], (rel, name)
+
+
+def test_no_include_circle() -> None:
+    cycle = find_cycle(include_graph(CSRC))
+    assert not cycle, "include circle: " + " -> ".join(cycle)
+
+
+# ---- the checkers themselves
+
+
+TRICKY = r'''
+#include "specee-a.h"
+#define OPEN {
+struct s {
+    int f() const { return 1; }   // a method
+};
+static const char * const TABLE[] = {"{", "}}"};
+/* a comment with a brace { */
+extern "C" int g(int x) {
+    const char * raw = R"x(not a brace: { )x";
+    char c = '{';
+    auto lam = [&](int y) { return y + '}'; };
+    if (x) {
+        return lam(x) + c + raw[0];
+    }
+    return 0; // }
+}
+namespace n {
+std::vector<int> h(const std::string & s, int k) // trailing
+{
+    return {};
+}
+}
+'''
+
+
+def test_functions_are_found_through_strings_comments_and_lambdas() -> None:
+    assert functions(TRICKY) == [("f", 5, 5), ("g", 9, 17), ("h", 19, 22)]
+
+
+def test_a_long_function_is_reported(tmp_path: Path) -> None:
+    body = "".join(f"    x += {i};\n" for i in range(MAX_LINES - 2))
+    (tmp_path / "specee-x.cpp").write_text(f"int ok(int x) {{\n{body}}}\n\nint too_long(int x) {{\n{body}    x++;\n}}\n")
+    assert long_functions(tmp_path) == [f"specee-x.cpp:{MAX_LINES + 2}: too_long is {MAX_LINES + 1} lines "
+                                        f"(at most {MAX_LINES})"]
+
+
+def test_an_include_circle_is_found(tmp_path: Path) -> None:
+    (tmp_path / "specee-a.h").write_text('#include "specee-b.h"\n')
+    (tmp_path / "specee-b.cpp").write_text('#include "specee-b.h"\n#include "specee-c.h"\n')
+    (tmp_path / "specee-c.h").write_text('// #include "specee-a.h" is a comment\n')
+    assert find_cycle(include_graph(tmp_path)) == []
+    (tmp_path / "specee-c.cpp").write_text('#include "specee-c.h"\n#include "specee-a.h"\n')
+    assert find_cycle(include_graph(tmp_path)) == ["specee-a", "specee-b", "specee-c", "specee-a"]
