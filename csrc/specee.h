@@ -43,7 +43,7 @@ struct specee_model_params {
     const char *  rpc_servers;    // comma-separated HOST:PORT of ggml RPC servers, added as devices; NULL: none
     const float * tensor_split;   // [n_tensor_split] share of the offloaded layers per device; NULL: by free memory
     int32_t       n_tensor_split;
-    const char *  draft_head;     // an EAGLE head GGUF of its own, as specee_model_load_eagle; NULL: the file's
+    const char *  draft_head;     // a draft head file, as specee_model_load_eagle; NULL: the model file's own
 };
 
 struct specee_model_params specee_model_default_params(void);
@@ -82,12 +82,12 @@ const char * specee_arch_tensor_name(int32_t i);
 // the same for the EAGLE draft head's tensors ("eagle.fc.weight", ...)
 const char * specee_arch_eagle_tensor_name(int32_t i);
 
-// EAGLE-1 draft head: read from the model file when it has eagle.* tensors (a merged file), or from a file
-// of its own (eagle.* tensors and specee.eagle.* keys, e.g. `python -m specee.convert merge --head-only`),
-// which replaces the model's head; exit predictors (blk.N.pred.*, specee.exit.* keys) in that file replace
-// the model's too (`merge --head-only --eagle ... --predictors ...` writes such a file). Shapes are checked
-// against the model. Not while a speculative decoder (specee_spec) uses the model. Returns 0, or -1 with
-// specee_last_error().
+// EAGLE-1 draft head: read from the model file when it has eagle.* tensors (a merged file), or from a draft head
+// file (eagle.* tensors and specee.eagle.* keys, e.g. `python -m specee.convert merge --draft-head-only`), which
+// replaces the model's head; exit predictors (blk.N.pred.*, specee.exit.* keys) in that file replace the model's
+// too (`merge --draft-head-only --eagle ... --predictors ...` writes such a file); what was replaced is noted in
+// specee_model_placement. Shapes are checked against the model. Not while a generator uses the model. Returns 0,
+// or -1 with specee_last_error().
 int32_t specee_model_load_eagle(specee_model * model, const char * path);
 bool    specee_model_has_eagle(const specee_model * model);
 // rows of the head's lm_head: the model's vocabulary, or its reduced draft vocabulary; 0 without a head

@@ -42,8 +42,9 @@ class Model:
         rpc_servers: Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
     ) -> None:
-        """draft_head: an EAGLE head in a GGUF of its own (replaces the model file's head, if any); "default":
-        the shipped head and exit predictors trained for the embedded SmolLM2 (specee.paths).
+        """draft_head: a draft head file (an EAGLE head and optionally exit predictors; they replace the model file's
+        own, and `placement` notes what was replaced); "default": the shipped draft head file trained for the
+        embedded SmolLM2 (specee.paths).
         type_v: the V cache's type, "f32" (default: attention accumulates in F32 on one kernel path for every batch
         shape, so a token's logits do not depend on the batch it is evaluated in and speculative greedy output
         equals plain greedy output bit for bit) or "f16" (half the memory).
