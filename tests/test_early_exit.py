@@ -342,8 +342,8 @@ def test_a_draft_head_file_says_what_of_the_models_own_it_replaces(
     (tmp_path / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": [1]}))
     with_pred, head_alone = tmp_path / "with-pred.gguf", tmp_path / "head-alone.gguf"
     merge_gguf(tiny_gguf, with_pred, eagle=folder, eagle_type="f32", predictors=tmp_path / "pred.safetensors",
-               head_only=True, progress=False)
-    merge_gguf(tiny_gguf, head_alone, eagle=folder, eagle_type="f32", head_only=True, progress=False)
+               draft_head_only=True, progress=False)
+    merge_gguf(tiny_gguf, head_alone, eagle=folder, eagle_type="f32", draft_head_only=True, progress=False)
 
     m = specee.Model(str(with_head), n_ctx=64, draft_head=str(with_pred))
     assert m.placement.startswith(f"note: draft head file {with_pred}: replaces the model's EAGLE head and its exit "
