@@ -3,7 +3,7 @@ them as a draft head file.
 
 The base model's metadata and tensors are copied unchanged (any type, quantized included); the EAGLE
 tensors are added as F16 (matrices; --eagle-type f32 keeps F32) and F32 (vectors), the predictors as
-F32, and the settings as specee.* keys (see the README's GGUF schema and specee.constants). A draft head or
+F32, and the settings as specee.* keys (see docs/gguf.md and specee.constants). A draft head or
 predictors the base file carries already are replaced when new ones are given and kept otherwise. Layouts of
 the inputs: see draft_head.py. With --draft-head-only the output is a draft head file: only the draft head
 (eagle.* tensors and specee.eagle.* keys, checked against the base model) and the predictors if given

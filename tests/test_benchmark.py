@@ -1,6 +1,6 @@
 """python -m specee.bench.runtime: its tables and its RPC servers, with specee-bench standing in for llama-bench (a
 wrapper that drops llama-bench's -ub), so the test needs no upstream build; the comparison itself is the
-README's."""
+one in docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ PRED_DOWN_BIAS = "blk.%d.pred.down.bias"
 
 PRED_TENSOR_NAMES = (PRED_UP, PRED_UP_BIAS, PRED_DOWN, PRED_DOWN_BIAS)
 
-# ---- SpecEE metadata keys (merged files and draft head files; see the README's GGUF schema)
+# ---- SpecEE metadata keys (merged files and draft head files; see docs/gguf.md)
 
 KEY_EAGLE_VERSION = "specee.eagle.version"  # 1: EAGLE-1 head (fc + one decoder layer without input norm)
 KEY_EAGLE_FEED_FORWARD_LENGTH = "specee.eagle.feed_forward_length"
