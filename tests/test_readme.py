@@ -210,7 +210,8 @@ def synth_stand_in(work: Path, name: str, head: bool) -> None:
 def stand_ins(argv: list[str], work: Path) -> None:
     """Files a command reads that other blocks (or the fixture) make; a command's own output is left alone."""
     out = flag_value(argv, "-o", "--out")
-    for name in (a for a in argv if a in STAND_INS and a != out and not (work / a).exists()):
+    words = {w for a in argv if a != out for w in re.split(r"[\s=]", a)}  # --config "NAME=ARGS" names files too
+    for name in (n for n in STAND_INS if n in words and not (work / n).exists()):
         if name == "SpecEE-7b-chat-hf.gguf":
             make_eauto(merged_stand_in(work), work / name)
         elif name == "SpecEE-7b.gguf":
