@@ -1,11 +1,14 @@
-"""Every command block of the README runs, with small limits, so a documented command that breaks fails here.
+"""Every command block of the README and of docs/*.md runs, with small limits, so a documented command that breaks
+fails here.
 
-Each ```bash block runs in order in a folder laid out like the repository (autoee/ and ../shared linked), after
-placeholders are given stand-ins (a tiny Hugging Face folder for MODEL_DIR, an EAGLE head and predictors for it, a
-SpecEE-style eauto file, the default model for MODEL.gguf) and the limits are cut (tokens, prompts, repetitions,
-training steps, the synthetic file's shape). The set-up commands are what CI runs before the tests (.ci/run).
-Commands that need upstream llama.cpp (PATH/TO/...) run when SPECEE_UPSTREAM_BIN names the folder of its binaries
-and are skipped otherwise; every other command must be covered by a rule below, so a new one cannot slip by."""
+Each ```bash block runs in order in a folder laid out like the repository (autoee/ and tests/ linked), after
+placeholders are given stand-ins (a tiny Hugging Face folder for MODEL_DIR and Llama-2-7b-chat-hf, an EAGLE head and
+predictors for it, a SpecEE-style eauto file, the default model for MODEL.gguf and SmolLM2.gguf, SpecEE's question
+files for questions/, small synthetic files) and the limits are cut (tokens, prompts, repetitions, training steps,
+the synthetic file's shape). Blocks that are output samples are ```text and do not run. The set-up commands are what
+CI runs before the tests (.ci/run). Commands that need upstream llama.cpp (PATH/TO/...) run when SPECEE_UPSTREAM_BIN
+names the folder of its binaries and are skipped otherwise; blocks that name questions/ are skipped where SpecEE's
+question files are absent; every other command must be covered by a rule below, so a new one cannot slip by."""
 
 from __future__ import annotations
 
@@ -25,18 +28,27 @@ import torch
 from safetensors.torch import save_file
 
 from specee.paths import default_model_path
-from test_convert_cli import bpe_dir, eagle_state, make_eauto, predictor_state  # noqa: F401 (a fixture)
+from test_convert_cli import bpe_dir, eagle_state, make_eauto, predictor_state, spm_dir  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+QUESTIONS = REPO.parent / "shared" / "data" / "specee-bench"  # SpecEE's question files, where this machine has them
 SET_UP = ("./install.sh", "python3 -m pip install -r tests/requirements.txt", "python3 -m pytest -q -rs")
+README_MAX_LINES = 350
+
+# the benchmarks' module names, and the names they had before they moved to bench/ (both are known until every
+# copy of the docs uses the new ones)
+BENCH_MODULES = {"specee.bench.runtime": "specee.bench.runtime", "specee.benchmark": "specee.bench.runtime",
+                 "specee.bench.spec": "specee.bench.spec", "specee.bench_spec": "specee.bench.spec",
+                 "specee.bench.cli": "specee.bench.cli", "specee.bench_cli": "specee.bench.cli"}
+SYNTH_SHAPE = ["--layers", "32", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "512"]  # 32: replays
+SYNTH_HEAD_FLAGS = ("--draft-head", "--parts")  # synth's flag for a draft head file (--parts: its former name)
 
 
-def readme_blocks() -> list[list[str]]:
-    """The README's bash blocks as lists of commands (continuations joined, comments dropped, && split)."""
-    text = (REPO / "README.md").read_text()
+def bash_blocks(path: Path) -> list[list[str]]:
+    """A markdown file's bash blocks as lists of commands (continuations joined, comments dropped, && split)."""
     blocks = []
-    for body in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for body in re.findall(r"^ *```bash\n(.*?)^ *```", path.read_text(), re.S | re.M):
         commands = []
         for line in body.replace("\\\n", " ").splitlines():
             if "#" in line:  # drop the comment, keep the quoting
@@ -60,8 +72,18 @@ def set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return argv + [flag, value]
 
 
+def flag_value(argv: list[str], *flags: str) -> str | None:
+    for flag in flags:
+        if flag in argv[:-1]:
+            return argv[argv.index(flag) + 1]
+    return None
+
+
 def executable(name: str) -> str:
-    """The interpreter running the tests, and the console scripts installed beside it (as a user runs them)."""
+    """The interpreter running the tests, and the console scripts installed beside it (as a user runs them);
+    upstream's tools by their path."""
+    if Path(name).is_absolute():
+        return name
     if name in ("python", "python3"):
         return sys.executable
     script = Path(sys.executable).parent / name
@@ -69,25 +91,52 @@ def executable(name: str) -> str:
     return str(script)
 
 
+def python_module(argv: list[str]) -> tuple[str, str]:
+    """(module, subcommand) of `python -m MODULE [SUB]`, benchmarks by their new name; ("", "") otherwise."""
+    if argv[:2] not in (["python", "-m"], ["python3", "-m"]) or len(argv) < 3:
+        return "", ""
+    return BENCH_MODULES.get(argv[2], argv[2]), argv[3] if len(argv) > 3 else ""
+
+
+def autoee_work_dir(argv: list[str], work: Path) -> list[str]:
+    """The exit predictors' work dir inside the test's folder (never the user's cache); commands that name the
+    same --work-dir share it, as they do for a user."""
+    name = Path(flag_value(argv, "--work-dir") or "default").name
+    return set_flag(argv, "--work-dir", str(work / "autoee-work" / name))
+
+
+def bench_limits(argv: list[str]) -> list[str]:
+    """specee-bench and llama-bench: a few tokens, one repetition."""
+    out = set_flag(set_flag(set_flag(argv, "-p", "8"), "-n", "4"), "-r", "1")
+    return set_flag(out, "-d", "8") if "-d" in out else out
+
+
 def limit(argv: list[str], work: Path) -> list[str]:
     """The same command with small limits."""
     prog = Path(argv[0]).name
-    module = argv[2] if argv[:2] in (["python", "-m"], ["python3", "-m"]) else ""
-    sub = argv[3] if module and len(argv) > 3 else ""
+    module, sub = python_module(argv)
     if prog in ("specee-cli", "llama-cli"):
         return set_flag(argv, "-n", "8") if "--list-devices" not in argv else argv
-    if prog == "specee-bench":
-        return set_flag(set_flag(set_flag(argv, "-p", "8"), "-n", "4"), "-r", "1")
+    if prog in ("specee-bench", "llama-bench"):
+        return bench_limits(argv)
     if prog == "specee-rpc-server":
         return argv + ["--timeout", "600"]
     if module == "specee.convert" and sub == "synth":  # a few MiB instead of 3.6 GiB, same code
-        small = ["--layers", "32", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "512"]  # 32: replays
-        return argv + small + (["--draft-vocab", "256"] if "--draft-head" in argv else [])
+        head = any(f in argv for f in SYNTH_HEAD_FLAGS)
+        return argv + SYNTH_SHAPE + (["--draft-vocab", "256"] if head else [])
     if module == "specee.convert":
         return argv
     if module == "specee.autoee" and sub == "train-eagle":
         return argv + ["--max-tokens", "3000", "--max-len", "128", "--steps", "2", "--threads", "1",
                        "--work-dir", str(work / "train-eagle")]
+    if module == "specee.autoee" and sub == "collect":
+        out = set_flag(set_flag(set_flag(argv, "--max-new", "8"), "--max-tokens", "24"), "--threads", "1")
+        out = set_flag(out, "--questions-per-file", "1") if "--questions" in out else out
+        return autoee_work_dir(out, work)
+    if module == "specee.autoee" and sub == "train":
+        return autoee_work_dir(set_flag(set_flag(argv, "--epochs", "1"), "--threads", "1"), work)
+    if module == "specee.autoee" and sub in ("select-layers", "export"):
+        return autoee_work_dir(set_flag(argv, "--threads", "1"), work)
     if module == "specee.bench.spec":  # at most one prompt of each set the command asks for
         out = set_flag(set_flag(argv, "-n", "8"), "-t", "1")
         for flag in ("--mt-bench", "--humaneval"):
@@ -104,37 +153,99 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return set_flag(set_flag(argv, "--random", "100"), "--out", str(work / "fuzz"))
     if module == "specee.bench.cli":
         return set_flag(set_flag(set_flag(set_flag(argv, "-n", "8"), "--rounds", "1"), "-t", "1"), "--limit", "1")
-    raise AssertionError(f"README command not covered by tests/test_readme.py: {shlex.join(argv)}")
+    raise AssertionError(f"command not covered by tests/test_readme.py: {shlex.join(argv)}")
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory, bpe_dir: Path) -> Path:  # noqa: F811
-    """A folder laid out like the repository, with the README's placeholder files."""
-    root = tmp_path_factory.mktemp("readme")
-    work = root / "repo"
+def work(tmp_path_factory: pytest.TempPathFactory, bpe_dir: Path, spm_dir: Path) -> Path:  # noqa: F811
+    """A folder laid out like the repository, with the docs' placeholder files."""
+    work = tmp_path_factory.mktemp("readme") / "repo"
     work.mkdir()
     (work / "autoee").symlink_to(REPO / "autoee")
     (work / "tests").symlink_to(REPO / "tests")
-    if SHARED.is_dir():
-        (root / "shared").symlink_to(SHARED)
+    if QUESTIONS.is_dir():
+        (work / "questions").symlink_to(QUESTIONS)
     (work / "MODEL_DIR").symlink_to(bpe_dir)
+    (work / "Llama-2-7b-chat-hf").symlink_to(spm_dir)  # SentencePiece, as Llama 2's
     cfg = json.loads((bpe_dir / "config.json").read_text())
     eagle = work / "EAGLE"
     eagle.mkdir()
     (eagle / "config.json").write_text(json.dumps(cfg))
     torch.save(eagle_state(cfg), eagle / "pytorch_model.bin")
+    (work / "EAGLE-llama2-chat-7B").symlink_to(eagle)
     save_file(predictor_state([0, 1]), work / "preds.safetensors")
+    (work / "specee-predictors.safetensors").symlink_to(work / "preds.safetensors")
     for name in ("MODEL.gguf", "SmolLM2.gguf", "smollm2-f16.gguf", "smollm2-q8_0.gguf", "smollm2-q4_0.gguf"):
         (work / name).symlink_to(default_model_path())  # (the type in a name is not checked)
     return work
 
 
+def run_tool(argv: list[str], work: Path) -> None:
+    r = subprocess.run([executable(argv[0]), *argv[1:]], cwd=work, capture_output=True, text=True, errors="replace",
+                       stdin=subprocess.DEVNULL, timeout=900)
+    assert r.returncode == 0, f"{shlex.join(argv)}\n--- stderr:\n{r.stderr[-3000:]}\n--- stdout:\n{r.stdout[-2000:]}"
+
+
+def merged_stand_in(work: Path) -> Path:
+    """A tiny merged file (base model + EAGLE head + predictors), made once."""
+    merged = work / ".stand-in" / "merged.gguf"
+    if not merged.exists():
+        merged.parent.mkdir(exist_ok=True)
+        base = merged.parent / "base.gguf"
+        run_tool(["python", "-m", "specee.convert", "hf", "MODEL_DIR", "-o", str(base), "--outtype", "f16"], work)
+        run_tool(["python", "-m", "specee.convert", "merge", str(base), "-o", str(merged), "--eagle", "EAGLE",
+                  "--predictors", "preds.safetensors"], work)
+    return merged
+
+
+def synth_stand_in(work: Path, name: str, head: bool) -> None:
+    """A small synthetic file (or draft head file for it), with the flag the installed synth knows."""
+    argv = ["python", "-m", "specee.convert", "synth", "-o", name, "--type", "q4_0"]
+    if head:
+        r = subprocess.run([sys.executable, "-m", "specee.convert", "synth", "--help"], capture_output=True, text=True)
+        argv += [next(f for f in SYNTH_HEAD_FLAGS if f in r.stdout)]
+    run_tool(limit(argv, work), work)
+
+
 def stand_ins(argv: list[str], work: Path) -> None:
-    """Files a command reads that earlier commands of its block make from other files."""
-    if "SpecEE-7b-chat-hf.gguf" in argv and not (work / "SpecEE-7b-chat-hf.gguf").exists():
-        make_eauto(work / "specee.gguf", work / "SpecEE-7b-chat-hf.gguf")
-    if "STAGE1.gguf" in " ".join(argv) and not (work / "STAGE1.gguf").exists():
-        (work / "STAGE1.gguf").symlink_to(REPO / "autoee/weights/smollm2-135m-eagle-vocab8192.gguf")
+    """Files a command reads that other blocks (or the fixture) make; a command's own output is left alone."""
+    out = flag_value(argv, "-o", "--out")
+    words = {w for a in argv if a != out for w in re.split(r"[\s=]", a)}  # --config "NAME=ARGS" names files too
+    for name in (n for n in STAND_INS if n in words and not (work / n).exists()):
+        if name == "SpecEE-7b-chat-hf.gguf":
+            make_eauto(merged_stand_in(work), work / name)
+        elif name == "SpecEE-7b.gguf":
+            (work / name).symlink_to(merged_stand_in(work))
+        elif name.startswith("synth-7b-q4_0"):
+            synth_stand_in(work, name, head=name.endswith("-head.gguf"))
+        elif name == "STAGE1.gguf":
+            (work / name).symlink_to(REPO / "autoee/weights/smollm2-135m-eagle-vocab8192.gguf")
+        elif name == "smollm2-135m-eagle-exit.gguf":  # a draft head file of a head and the shipped predictors
+            (work / name).symlink_to(REPO / "autoee/weights/smollm2-135m-specee.gguf")
+        elif name == "smollm2-135m-exit.safetensors":  # what `autoee export -o smollm2-135m-exit` writes
+            for suffix in (".safetensors", ".json"):
+                (work / name).with_suffix(suffix).symlink_to(REPO / f"autoee/weights/smollm2-135m-exit{suffix}")
+
+
+STAND_INS = ("SpecEE-7b-chat-hf.gguf", "SpecEE-7b.gguf", "synth-7b-q4_0.gguf", "synth-7b-q4_0-head.gguf",
+             "STAGE1.gguf", "smollm2-135m-eagle-exit.gguf", "smollm2-135m-exit.safetensors")
+
+
+def check_outputs(argv: list[str]) -> None:
+    """No command writes into the repository's autoee/ (the shipped weights) through the test's link to it."""
+    out = flag_value(argv, "-o", "--out")
+    assert not (out and Path(out).parts[:1] == ("autoee",)), f"a documented command writes into autoee/: {argv}"
+
+
+def skip_without_data(argv: list[str], work: Path) -> None:
+    if any(a == "questions" or a.startswith("questions/") for a in argv) and not (work / "questions").exists():
+        pytest.skip(f"SpecEE's question files are absent ({QUESTIONS})")
+    module, _ = python_module(argv)
+    if module == "specee.eval" and {"all", "humaneval"} & set(argv) and "--unsafe-exec" not in argv:
+        from specee.eval import sandbox
+
+        if reason := sandbox.sandbox_error():
+            pytest.skip(f"humaneval needs its sandbox: {reason}")
 
 
 def run_block(commands: list[str], work: Path) -> None:
@@ -155,10 +266,12 @@ def run_block(commands: list[str], work: Path) -> None:
                     pytest.skip(f"needs upstream llama.cpp (set SPECEE_UPSTREAM_BIN=DIR): {command[:60]}...")
                 command = command.replace("PATH/TO/", upstream.rstrip("/") + "/")
             argv = limit(shlex.split(command), work)
+            check_outputs(argv)
+            skip_without_data(argv, work)
             stand_ins(argv, work)
-            argv = [executable(argv[0]), *argv[1:]]
             if background:
-                servers.append(subprocess.Popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                servers.append(subprocess.Popen([executable(argv[0]), *argv[1:]], cwd=work, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.PIPE))
                 for _ in range(100):  # until it listens
                     try:
                         socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
@@ -167,9 +280,7 @@ def run_block(commands: list[str], work: Path) -> None:
                         assert servers[-1].poll() is None, servers[-1].stderr.read().decode()
                         time.sleep(0.1)
                 continue
-            r = subprocess.run(argv, cwd=work, capture_output=True, text=True, errors="replace",
-                               stdin=subprocess.DEVNULL, timeout=900)
-            assert r.returncode == 0, f"{command}\n--- stderr:\n{r.stderr[-3000:]}\n--- stdout:\n{r.stdout[-2000:]}"
+            run_tool(argv, work)
     finally:
         for p in servers:
             if p.poll() is None:
@@ -177,19 +288,57 @@ def run_block(commands: list[str], work: Path) -> None:
                 p.wait()
 
 
-BLOCKS = [(i, b) for i, b in enumerate(readme_blocks()) if b]  # (the set-up block of the tests has no other command)
+def doc_name(path: Path) -> str:
+    return path.stem if path.parent == REPO else f"docs-{path.stem}"
+
+
+def block_name(path: Path, i: int, commands: list[str]) -> str:
+    argv = shlex.split(commands[0])
+    module, sub = python_module(argv)
+    what = f"{argv[2]}{'-' + sub if module in ('specee.convert', 'specee.autoee') else ''}" if module else argv[0]
+    what = Path(argv[1]).name if what in ("python", "python3") else what
+    return f"{doc_name(path)}-{i}-{what}"
+
+
+BLOCKS = [(block_name(p, i, b), b) for p in DOCS for i, b in enumerate(bash_blocks(p)) if b]
+# (the README's set-up block of the tests has no other command)
 
 
 def test_the_readme_has_its_set_up_commands() -> None:
     text = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    section = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]  # as .ci/run reads them
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     assert blocks[0].startswith("./install.sh && specee-cli ") and blocks[1].strip() == " && ".join(SET_UP[1:])
-    assert sum(len(b) for _, b in BLOCKS) > 20  # the parser found the other commands
+    assert sum(len(b) for name, b in BLOCKS if name.startswith("README")) > 10  # the parser found the others
+    assert sum(len(b) for name, b in BLOCKS if name.startswith("docs-")) > 20
+
+
+def test_the_readme_is_a_guide() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; measurements belong in docs/"
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[doc_name(p) for p in DOCS])
+def test_the_docs_links_resolve_inside_the_repo(path: Path) -> None:
+    text = path.read_text()
+    assert "../shared" not in text, f"{path.name} names a path outside the repository"
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        assert dest.is_file() and REPO in dest.parents, f"{path.name}: the link {target} leads nowhere in the repo"
+        if anchor:
+            anchors = {heading_anchor(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)}
+            assert anchor in anchors, f"{path.name}: {dest.name} has no heading for #{anchor}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("commands", [b for _, b in BLOCKS], ids=[f"{i}-{b[0].split()[0]}" for i, b in BLOCKS])
+@pytest.mark.parametrize("commands", [b for _, b in BLOCKS], ids=[name for name, _ in BLOCKS])
 def test_readme_block(commands: list[str], work: Path) -> None:
-    if "../shared" in " ".join(commands) and not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent")
     run_block(commands, work)
