@@ -29,16 +29,23 @@ def head_tensors(head: EagleHead, with_output: bool = True,
     return out
 
 
-def export_head(head: EagleHead, out: str | Path, info: dict | None = None, with_output: bool = True,
-                dtype: torch.dtype = torch.float16, inputs: Sequence[PathLike] = ()) -> tuple[Path, Path]:
-    """Write OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix), neither of them one of
-    `inputs`."""
+def output_pair(out: str | Path, inputs: Sequence[PathLike] = ()) -> tuple[Path, Path]:
+    """OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix), checked not to be one of `inputs`,
+    their folder made."""
     out = Path(out)
     weights = out if out.suffix == ".safetensors" else out.with_name(out.name + ".safetensors")
     meta = weights.with_suffix(".json")
     for path in (weights, meta):
         check_not_input(path, inputs)
     weights.parent.mkdir(parents=True, exist_ok=True)
+    return weights, meta
+
+
+def export_head(head: EagleHead, out: str | Path, info: dict | None = None, with_output: bool = True,
+                dtype: torch.dtype = torch.float16, inputs: Sequence[PathLike] = ()) -> tuple[Path, Path]:
+    """Write OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix), neither of them one of
+    `inputs`."""
+    weights, meta = output_pair(out, inputs)
     tensors = head_tensors(head, with_output, dtype)
     with temp_output(weights, sum(t.nbytes for t in tensors.values()), inputs) as tmp:
         save_file(tensors, tmp)

@@ -18,10 +18,11 @@ from typing import Sequence
 from safetensors.torch import save_file
 
 from specee.autoee.collect import add_common, work_dir
+from specee.autoee.eagle_export import output_pair
 from specee.autoee.exit_features import ExitPredictor, predictor_tensors
 from specee.autoee.select_layers import SELECTION
 from specee.autoee.train import CHECKPOINT, load_checkpoint, predictors_of
-from specee.convert.output import PathLike, check_not_input, temp_output
+from specee.convert.output import PathLike, temp_output
 
 DESCRIPTION = "Export the trained exit predictors (OUT.safetensors + OUT.json) for `specee.convert merge`"
 
@@ -31,12 +32,7 @@ def export_predictors(predictors: dict[int, ExitPredictor], out: str | Path, exi
                       inputs: Sequence[PathLike] = ()) -> tuple[Path, Path]:
     """Write OUT.safetensors and OUT.json (OUT with or without the .safetensors suffix), neither of them one of
     `inputs`."""
-    out = Path(out)
-    weights = out if out.suffix == ".safetensors" else out.with_name(out.name + ".safetensors")
-    meta = weights.with_suffix(".json")
-    for path in (weights, meta):
-        check_not_input(path, inputs)
-    weights.parent.mkdir(parents=True, exist_ok=True)
+    weights, meta = output_pair(out, inputs)
     if missing := sorted(set(exit_layers) - set(predictors)):
         raise ValueError(f"exit layers {missing} have no trained predictor")
     tensors = predictor_tensors(predictors)

@@ -36,13 +36,7 @@ QUESTIONS = REPO.parent / "shared" / "data" / "specee-bench"  # SpecEE's questio
 SET_UP = ("./install.sh", "python3 -m pip install -r tests/requirements.txt", "python3 -m pytest -q -rs")
 README_MAX_LINES = 350
 
-# the benchmarks' module names, and the names they had before they moved to bench/ (both are known until every
-# copy of the docs uses the new ones)
-BENCH_MODULES = {"specee.bench.runtime": "specee.bench.runtime", "specee.benchmark": "specee.bench.runtime",
-                 "specee.bench.spec": "specee.bench.spec", "specee.bench_spec": "specee.bench.spec",
-                 "specee.bench.cli": "specee.bench.cli", "specee.bench_cli": "specee.bench.cli"}
 SYNTH_SHAPE = ["--layers", "32", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "512"]  # 32: replays
-SYNTH_HEAD_FLAGS = ("--draft-head", "--parts")  # synth's flag for a draft head file (--parts: its former name)
 
 
 def bash_blocks(path: Path) -> list[list[str]]:
@@ -95,7 +89,7 @@ def python_module(argv: list[str]) -> tuple[str, str]:
     """(module, subcommand) of `python -m MODULE [SUB]`, benchmarks by their new name; ("", "") otherwise."""
     if argv[:2] not in (["python", "-m"], ["python3", "-m"]) or len(argv) < 3:
         return "", ""
-    return BENCH_MODULES.get(argv[2], argv[2]), argv[3] if len(argv) > 3 else ""
+    return argv[2], argv[3] if len(argv) > 3 else ""
 
 
 def autoee_work_dir(argv: list[str], work: Path) -> list[str]:
@@ -122,8 +116,7 @@ def limit(argv: list[str], work: Path) -> list[str]:
     if prog == "specee-rpc-server":
         return argv + ["--timeout", "600"]
     if module == "specee.convert" and sub == "synth":  # a few MiB instead of 3.6 GiB, same code
-        head = any(f in argv for f in SYNTH_HEAD_FLAGS)
-        return argv + SYNTH_SHAPE + (["--draft-vocab", "256"] if head else [])
+        return argv + SYNTH_SHAPE + (["--draft-vocab", "256"] if "--draft-head" in argv else [])
     if module == "specee.convert":
         return argv
     if module == "specee.autoee" and sub == "train-eagle":
@@ -199,11 +192,8 @@ def merged_stand_in(work: Path) -> Path:
 
 
 def synth_stand_in(work: Path, name: str, head: bool) -> None:
-    """A small synthetic file (or draft head file for it), with the flag the installed synth knows."""
-    argv = ["python", "-m", "specee.convert", "synth", "-o", name, "--type", "q4_0"]
-    if head:
-        r = subprocess.run([sys.executable, "-m", "specee.convert", "synth", "--help"], capture_output=True, text=True)
-        argv += [next(f for f in SYNTH_HEAD_FLAGS if f in r.stdout)]
+    """A small synthetic file (or draft head file for it)."""
+    argv = ["python", "-m", "specee.convert", "synth", "-o", name, "--type", "q4_0"] + (["--draft-head"] if head else [])
     run_tool(limit(argv, work), work)
 
 
