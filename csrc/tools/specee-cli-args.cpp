@@ -114,7 +114,9 @@ static void add_generation_options(std::vector<cli_option> & opts, cli_params & 
         const std::string        name  = o->name;
         std::string              value = name.substr(name.rfind('.') + 1);
         std::transform(value.begin(), value.end(), value.begin(), ::toupper);
-        value = o->type == SPECEE_OPTION_INT || o->type == SPECEE_OPTION_FLOAT ? (name == "seed" ? "SEED" : "N") : value;
+        value = o->type == SPECEE_OPTION_INT || o->type == SPECEE_OPTION_FLOAT ? (name == "seed" ? "SEED" : "N")
+                : o->type == SPECEE_OPTION_LIST                                 ? "LAYERS"
+                                                                                : value;
         auto set = [&p, name](const std::string & v) { return specee_generator_params_set(&p.gen, name.c_str(), v.c_str()) == 0; };
         if (o->type == SPECEE_OPTION_BOOL) {
             char on[8];
@@ -123,7 +125,8 @@ static void add_generation_options(std::vector<cli_option> & opts, cli_params & 
             if (by_default) {
                 names[0].insert(2, "no-");
             }
-            opts.push_back({names, "", o->help, o->expect, [set, by_default](const std::string &) { return set(by_default ? "false" : "true"); }});
+            const std::string help = by_default ? std::string("turn off: ") + o->help : o->help;
+            opts.push_back({names, "", help, o->expect, [set, by_default](const std::string &) { return set(by_default ? "false" : "true"); }});
             continue;
         }
         opts.push_back({names, value, o->help, o->expect, set});
