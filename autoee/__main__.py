@@ -1,4 +1,4 @@
-"""python -m specee.autoee {train-eagle,collect,train,select-layers,export} ... (see --help of each)."""
+"""python -m specee.autoee {regenerate,train-eagle,collect,train,select-layers,export} ... (see --help of each)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import argparse
 from specee._optional import missing_package_exits
 
 with missing_package_exits("python -m specee.autoee"):
-    from specee.autoee import collect, export, select_layers, train, train_eagle
+    from specee.autoee import collect, export, regenerate, select_layers, train, train_eagle
 
-COMMANDS = {"train-eagle": train_eagle, "collect": collect, "train": train, "select-layers": select_layers,
-            "export": export}
+COMMANDS = {"regenerate": regenerate, "train-eagle": train_eagle, "collect": collect, "train": train,
+            "select-layers": select_layers, "export": export}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m specee.autoee",
-        description="Training for SpecEE: the EAGLE draft head (train-eagle) and the exit predictors "
+        description="Training for SpecEE: the EAGLE draft head (regenerate, train-eagle) and the exit predictors "
                     "(collect, train, select-layers, export)",
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")

@@ -4,7 +4,9 @@ argmax and whether the token belongs to an assistant turn (EAGLE trains on those
 
 The responses are the data's own (ShareGPT's), or, with `regenerate`, the target's greedy reply to the
 conversation's first user turn (EAGLE's "regenerated data", Medusa's self-distillation): the head then learns
-the text it will draft for at run time, the target's own.
+the text it will draft for at run time, the target's own. Those replies come from the runtime here, one at a time,
+or from a work directory of replies generated in batches beforehand (`python -m specee.autoee regenerate`,
+regenerate.py; PyTorch on the dequantized GGUF, so a few replies differ from the runtime's).
 
 Stored under a work directory as memory-mapped .npy arrays of a fixed capacity plus a state file, so an
 interrupted collection resumes where it stopped:
@@ -119,22 +121,60 @@ def render(model: Model, template: str, conv: Conversation, max_tokens: int) -> 
     return tokens[:max_tokens], flags[:max_tokens]
 
 
+def reply_prompt(model: Model, template: str, conv: Conversation) -> list[int]:
+    """The conversation's first user turn (after a system message, if any) rendered for the assistant's reply."""
+    first = next(i for i, m in enumerate(conv.messages) if m["role"] == "user")
+    return model.prompt_tokens(conv.messages[:first + 1], template)
+
+
+def reply_room(n_prompt: int, max_tokens: int, max_new: int, min_new: int = 32) -> int:
+    """How many tokens a reply may have after a prompt of n_prompt tokens: up to max_new, the whole at most
+    max_tokens; 0 when that leaves less than min_new (or max_new, when smaller)."""
+    n_new = min(max_new, max_tokens - n_prompt)
+    return n_new if n_new >= min(min_new, max_new) else 0
+
+
 def regenerate(model: Model, template: str, conv: Conversation, max_tokens: int, max_new: int, min_new: int = 32,
                mode: str = "plain") -> tuple[list[int], list[int]]:
-    """The conversation's first user turn (after a system message, if any) rendered for a reply, and the
-    target's greedy reply (up to max_new tokens, its end-of-turn token included), with the assistant flags;
-    empty when the prompt leaves less than min_new tokens of max_tokens. Greedy speculative decoding gives
-    (mode eagle2) gives the same tokens faster."""
-    first = next(i for i, m in enumerate(conv.messages) if m["role"] == "user")
-    prompt = model.prompt_tokens(conv.messages[:first + 1], template)
-    n_new = min(max_new, max_tokens - len(prompt))
-    if n_new < min_new:
+    """The conversation's first user turn rendered for a reply (`reply_prompt`), and the target's greedy reply
+    (up to max_new tokens, its end-of-turn token included), with the assistant flags; empty when the prompt
+    leaves less than min_new tokens of max_tokens. Greedy speculative decoding (mode eagle2) gives the same
+    tokens faster."""
+    prompt = reply_prompt(model, template, conv)
+    n_new = reply_room(len(prompt), max_tokens, max_new, min_new)
+    if n_new == 0:
         return [], []
     model.kv_clear()
     reply = model.generate_tokens(prompt, n_new, mode=mode, temp=0)
     if len(reply) < n_new and model.eos >= 0:
         reply.append(model.eos)  # generation ended at an end-of-generation token, which is not yielded
     return prompt + reply, [0] * len(prompt) + [1] * len(reply)
+
+
+@dataclass
+class Replies:
+    """The target's replies stored by `python -m specee.autoee regenerate` (regenerate.py `open_replies`)."""
+
+    records: dict[int, dict]  # by the conversation's index in the source: {"id", "prompt_tokens", "reply_tokens"}
+    n_done: int  # below this index a conversation without a record gets none (skipped there); above, not yet
+
+
+def stored_reply(model: Model, template: str, conv: Conversation, record: dict,
+                 max_tokens: int) -> tuple[list[int], list[int]]:
+    """As `regenerate`, with the reply stored by `python -m specee.autoee regenerate` (its record for this
+    conversation), cut at max_tokens. ValueError when the record is another conversation's or its prompt is not
+    this model's rendering (replies made from another data file, model or chat template)."""
+    if record["id"] != conv.id:
+        raise ValueError(f"the stored reply {record['index']} answers conversation {record['id']!r}, the data's is "
+                         f"{conv.id!r}: the replies were made from another data file")
+    prompt = reply_prompt(model, template, conv)
+    if record["prompt_tokens"] != prompt:
+        raise ValueError(f"the stored prompt of conversation {conv.id!r} is not this model's rendering of it: the "
+                         "replies were made with another model or chat template")
+    if len(prompt) >= max_tokens:
+        return [], []
+    tokens = (prompt + record["reply_tokens"])[:max_tokens]
+    return tokens, [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
 
 
 # ---- the feature store
@@ -221,10 +261,14 @@ def collect(
     progress: bool = True,
     regenerate_tokens: int = 0,
     mode: str = "plain",
+    replies: Replies | None = None,
 ) -> FeatureStore:
     """Append conversations to `store` until it is full, the source ends or time.time() passes `deadline`
     (skipping the conversations done before). regenerate_tokens > 0: the responses are the target's own
-    (see `regenerate`), up to that many tokens."""
+    (see `regenerate`), up to that many tokens. replies: the target's replies stored by `python -m specee.autoee
+    regenerate` (by the conversation's index in the source); a conversation with one takes it, one without is
+    regenerated when regenerate_tokens > 0 and otherwise skipped (the data's responses are not mixed in), or,
+    where the replies have not come that far, ends the collection there (a later call continues)."""
     bar = tqdm(total=store.capacity, initial=store.n_tokens, unit="tok", desc="features", disable=not progress,
                smoothing=0.05)
     since_save = 0
@@ -236,8 +280,16 @@ def collect(
         store.n_done = index + 1
         if keep is not None and not keep.is_clean(conv):
             continue
-        if regenerate_tokens > 0:
+        record = replies.records.get(index) if replies is not None else None
+        if record is not None:
+            tokens, flags = stored_reply(model, template, conv, record, max_len)
+        elif regenerate_tokens > 0:
             tokens, flags = regenerate(model, template, conv, max_len, regenerate_tokens, mode=mode)
+        elif replies is not None:
+            if index >= replies.n_done:
+                store.n_done = index
+                break
+            continue
         else:
             tokens, flags = render(model, template, conv, max_len)
         if len(tokens) < min_len:
@@ -253,7 +305,7 @@ def collect(
         store.features[a:b] = feats.astype(np.float16)
         store.targets[a:b] = argmax
         store.assistant[a:b] = flags
-        if regenerate_tokens > 0:
+        if record is not None or regenerate_tokens > 0:
             store.generated.append(len(store.offsets))
         store.offsets.append(a)
         store.n_tokens = b

@@ -2,7 +2,8 @@
 
 1. features: ShareGPT conversations rendered with the model's chat template, run through the runtime; the
    final-norm output of every token stored under --work-dir (resumable; see eagle_features.py); with --regenerate
-   the responses are the target's own greedy replies to the first user turns;
+   the responses are the target's own greedy replies to the first user turns, and with --replies those that
+   `python -m specee.autoee regenerate` stored beforehand;
 2. training: the head on those features, AdamW with warmup and cosine decay, checkpoints (--resume);
 3. validation on held-out conversations: regression loss, 1-step acceptance estimate (top-1 against the
    target's argmax) and the chain estimate for --chain-steps drafted tokens;
@@ -25,6 +26,7 @@ from specee.autoee import eagle_trainer as T
 from specee.autoee.eagle_export import export_head
 from specee.autoee.eagle_features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
 from specee.autoee.eagle_head import EagleHead, read_base
+from specee.autoee.regenerate import open_replies
 from specee.autoee.sharegpt import read_sharegpt
 from specee.convert.merge import merge_gguf
 from specee.model import Model
@@ -51,9 +53,10 @@ def collect_features(args: argparse.Namespace, root: Path) -> None:
         return
     excludes = [Path(p) for p in args.exclude] + ([] if args.no_default_exclude else default_eval_files())
     deadline = time.time() + 60 * args.collect_minutes if args.collect_minutes > 0 else None
+    replies = open_replies(Path(args.replies)) if args.replies else None
     collect(model, read_sharegpt(args.data), store, template=model.chat_template(args.chat_template),
             max_len=args.max_len, keep=Decontaminator.from_files(excludes), deadline=deadline,
-            regenerate_tokens=args.regenerate, mode="eagle2" if args.draft_head else "plain")
+            regenerate_tokens=args.regenerate, mode="eagle2" if args.draft_head else "plain", replies=replies)
     print(f"features: {store.n_tokens} tokens of {len(store.offsets)} conversations "
           f"({store.n_done} read, {len(store.generated)} with the target's own responses) in {root}")
 
@@ -186,6 +189,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    "turn instead of the data's (0: the data's; default)")
     g.add_argument("--draft-head", help="a draft head file that speeds up --regenerate (greedy speculative "
                    "decoding: the same replies)")
+    g.add_argument("--replies", metavar="WORKDIR",
+                   help="responses: the target's replies stored by `python -m specee.autoee regenerate` in WORKDIR; "
+                   "conversations without one are regenerated with --regenerate N, else left out")
     g.add_argument("--collect-only", action="store_true", help="stop after collecting features")
     g.add_argument("--skip-collect", action="store_true", help="train on the features already stored")
     g = ap.add_argument_group("training")

@@ -119,9 +119,15 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return argv + SYNTH_SHAPE + (["--draft-vocab", "256"] if "--draft-head" in argv else [])
     if module == "specee.convert":
         return argv
+    if module == "specee.autoee" and sub == "regenerate":  # two replies of a few tokens
+        out = set_flag(set_flag(set_flag(argv, "--limit", "2"), "--max-new", "4"), "--batch-size", "2")
+        out = set_flag(out, "--compare-runtime", "1") if "--compare-runtime" in out else out
+        return autoee_work_dir(set_flag(out, "--threads", "1"), work)
     if module == "specee.autoee" and sub == "train-eagle":
-        return argv + ["--max-tokens", "3000", "--max-len", "128", "--steps", "2", "--threads", "1",
-                       "--work-dir", str(work / "train-eagle")]
+        replies = flag_value(argv, "--replies")  # what `regenerate --work-dir` wrote, in the test's folder
+        out = argv + ["--max-tokens", "3000", "--max-len", "128", "--steps", "2", "--threads", "1",
+                      "--work-dir", str(work / ("train-eagle-replies" if replies else "train-eagle"))]
+        return set_flag(out, "--replies", str(work / "autoee-work" / Path(replies).name)) if replies else out
     if module == "specee.autoee" and sub == "collect":
         out = set_flag(set_flag(set_flag(argv, "--max-new", "8"), "--max-tokens", "24"), "--threads", "1")
         out = set_flag(out, "--questions-per-file", "1") if "--questions" in out else out

@@ -16,6 +16,7 @@ PIP = {
     "torch": "pip install torch==2.13.0",
     "safetensors": "pip install safetensors",
     "transformers": "pip install transformers",
+    "accelerate": "pip install accelerate",
     "tokenizers": "pip install tokenizers",
     "sentencepiece": "pip install sentencepiece",
     "matplotlib": "pip install matplotlib",
