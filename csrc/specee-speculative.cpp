@@ -624,13 +624,7 @@ void specee_tree_init(specee_tree_decoder & dec, bool dynamic, const specee_eagl
         }
         return;
     }
-    if (params.total_tokens < 1 || params.depth < 1 || params.topk < 1) {
-        specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1", params.total_tokens,
-                    params.depth, params.topk);
-    }
-    if (params.topk > 256 || params.depth > 64) {
-        specee_fail("bad EAGLE-2 tree: topk (%d) must be <= 256 and depth (%d) <= 64", params.topk, params.depth);
-    }
+    // the sizes were checked with the options (specee_generator_check_values) and resolved to >= 1 by the generator
     dec.max_nodes  = params.total_tokens;
     dec.max_expand = params.topk * (params.depth - 1);
 }
