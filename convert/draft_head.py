@@ -143,6 +143,17 @@ class EagleHead:
     n_ff: int = 0
     draft_vocab: list[int] | None = None
     source: str = ""
+    acceptance: float | None = None  # held-out acceptance of the first drafted token (specee.eagle.acceptance)
+
+
+def training_acceptance(settings: dict) -> float | None:
+    """The held-out acceptance recorded by train-eagle in NAME.json: teacher-forced top-1 on the target's own replies
+    (`validation_assistant_tokens`), else on all held-out tokens (`validation`)."""
+    for key in ("validation_assistant_tokens", "validation"):
+        value = (settings.get(key) or {}).get("top1_accuracy")
+        if isinstance(value, (int, float)) and 0.0 <= value <= 1.0:
+            return float(value)
+    return None
 
 
 def eagle_layout(path: Path) -> str:
@@ -222,6 +233,7 @@ def load_eagle(path: str | os.PathLike, base: BaseModel) -> EagleHead:
     if head.version != 1:
         raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
     head.draft_vocab = settings.get("draft_vocab")
+    head.acceptance = training_acceptance(settings)
     head.n_ff = check_eagle_shapes(head, base, path)
     return head
 
@@ -249,6 +261,8 @@ def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
         raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
     vocab = fields.get(C.KEY_EAGLE_DRAFT_VOCAB)
     head.draft_vocab = [int(i) for i in field_value(vocab)] if vocab else None
+    acceptance = fields.get(C.KEY_EAGLE_ACCEPTANCE)
+    head.acceptance = float(field_value(acceptance)) if acceptance else None
     head.n_ff = check_eagle_shapes(head, base, path)
     return head
 
@@ -316,6 +330,7 @@ class Predictors:
     exit_layers: list[int] | None = None  # from the settings file, if any
     threshold: float | None = None
     source: str = ""
+    speedup: float | None = None  # select-layers' simulated speedup with the draft head, for exit_layers/threshold
 
 
 def load_predictors(path: str | os.PathLike, base: BaseModel) -> Predictors:
@@ -370,7 +385,15 @@ def load_predictors(path: str | os.PathLike, base: BaseModel) -> Predictors:
         exit_layers=[int(i) for i in settings["exit_layers"]] if "exit_layers" in settings else None,
         threshold=float(settings["threshold"]) if "threshold" in settings else None,
         source=f"{layout} layout: {path}",
+        speedup=simulated_speedup(settings),
     )
+
+
+def simulated_speedup(settings: dict) -> float | None:
+    """Early exit's speedup over plain decoding, draft head included, that select-layers simulated for the settings'
+    exit layers and threshold (`selection.validation.speedup_with_draft`)."""
+    value = ((settings.get("selection") or {}).get("validation") or {}).get("speedup_with_draft")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def default_exit_layers(pred_layers: list[int], n_layer: int) -> list[int]:

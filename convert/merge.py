@@ -144,6 +144,8 @@ def merge_gguf(
         fields[C.KEY_EAGLE_FEED_FORWARD_LENGTH] = uint32_field(head.n_ff)
         if head.draft_vocab is not None:
             fields[C.KEY_EAGLE_DRAFT_VOCAB] = array_field(head.draft_vocab)
+        if head.acceptance is not None:
+            fields[C.KEY_EAGLE_ACCEPTANCE] = Field(head.acceptance, V.FLOAT32)
         tensors += eagle_tensors(head, EAGLE_TYPES[eagle_type], eagle_embd)
     if preds is not None:
         layers, thr = resolve_exit_settings(preds, base.n_layer, exit_layers, threshold)
@@ -152,6 +154,8 @@ def merge_gguf(
         fields[C.KEY_EXIT_LAYERS] = array_field(layers)
         fields[C.KEY_EXIT_THRESHOLD] = Field(thr, V.FLOAT32)
         fields[C.KEY_EXIT_N_CANDIDATES] = uint32_field(preds.n_candidates)
+        if preds.speedup is not None and layers == preds.exit_layers and thr == preds.threshold:
+            fields[C.KEY_EXIT_SPEEDUP] = Field(preds.speedup, V.FLOAT32)  # simulated for exactly these settings
         tensors += predictor_tensors(preds)
     write_gguf(out_path, C.ARCH, fields, tensors, desc="merging", progress=progress,
                inputs=input_files(base_path, eagle, predictors))

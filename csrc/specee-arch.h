@@ -71,9 +71,11 @@ std::string specee_tensor_name(specee_tensor t, int il = -1);
     X(EAGLE_VERSION, "specee.eagle.version")                                        \
     X(EAGLE_FEED_FORWARD_LENGTH, "specee.eagle.feed_forward_length")                \
     X(EAGLE_DRAFT_VOCAB, "specee.eagle.draft_vocab")                                \
+    X(EAGLE_ACCEPTANCE, "specee.eagle.acceptance")                                  \
     X(EXIT_LAYERS, "specee.exit.layers")                                            \
     X(EXIT_THRESHOLD, "specee.exit.threshold")                                      \
-    X(EXIT_N_CANDIDATES, "specee.exit.n_candidates")
+    X(EXIT_N_CANDIDATES, "specee.exit.n_candidates")                                \
+    X(EXIT_SPEEDUP, "specee.exit.speedup")
 
 #define SPECEE_KEY_DEFINE(name, value) static constexpr const char * SPECEE_KEY_##name = value;
 SPECEE_KEYS(SPECEE_KEY_DEFINE)

@@ -66,6 +66,9 @@ struct specee_context {
     std::vector<float>              logits;        // [n_outputs * n_vocab]
     int32_t                         n_outputs = 0;
 
+    // ---- what a pass costs here (specee_context_pass_cost): pass_ms[n] the fastest pass of n tokens, 0: not timed
+    std::vector<double> pass_ms;
+
     ~specee_context();
 };
 
@@ -88,3 +91,8 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch);
 const std::vector<float> & specee_context_hidden(specee_context & ctx);
 // the backend index (into ctx.backends) that holds layer il's weights; n_layer: the output's
 int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il);
+
+// What a pass of n tokens (every one with logits, as a tree verification) costs on this context's devices and
+// threads, in single-token passes; timed once per n and context. The timing passes go after the cache's last
+// position and are removed again (the last batch's results are overwritten). NAN when the cache has no room.
+double specee_context_pass_cost(specee_context & ctx, int32_t n);

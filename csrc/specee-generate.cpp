@@ -24,6 +24,7 @@ struct specee_generator {
     specee_context *          ctx = nullptr;
     specee_generator_params   params{};
     int32_t                   mode = SPECEE_MODE_PLAIN; // resolved
+    std::string               why;                      // what `auto` chose and why ("" for another mode)
     std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl{nullptr, specee_sampler_free};
     std::unique_ptr<specee_draft_head> head; // eagle, eagle2, early_exit
     specee_tree_decoder       tree;
@@ -59,20 +60,89 @@ static specee_eagle_params resolve_eagle(const specee_model & m, const specee_ea
     return r;
 }
 
-static int32_t resolve_mode(const specee_model & m, const specee_generator_params & p) {
-    const bool greedy   = p.sampling.temp <= 0.0f;
-    const bool has_head = m.eagle.version > 0;
-    if (p.mode != SPECEE_MODE_AUTO) {
-        return p.mode;
+// ---- what `auto` picks
+
+// The acceptance assumed for a head whose file does not give its own (specee.eagle.acceptance): about what EAGLE's
+// published 7B heads accept per position (docs/speculative.md).
+static const double ACCEPTANCE_UNKNOWN = 0.7;
+
+static double nbytes(const ggml_tensor * t) { return t ? (double) ggml_nbytes(t) : 0.0; }
+
+static double layer_bytes(const specee_layer & l) {
+    return nbytes(l.wq) + nbytes(l.wk) + nbytes(l.wv) + nbytes(l.wo) + nbytes(l.ffn_gate) + nbytes(l.ffn_up) +
+           nbytes(l.ffn_down);
+}
+
+// A drafted level's cost in single target passes, from the bytes each reads (decoding reads every weight once per
+// pass): the head's fc, layer and output rows against the model's layers and lm_head.
+static double draft_cost(const specee_model & m) {
+    double model = nbytes(m.output);
+    for (const specee_layer & l : m.layers) {
+        model += layer_bytes(l);
     }
-    if (has_head && m.exit.n_pred > 0 && greedy) {
-        return SPECEE_MODE_EARLY_EXIT; // SpecEE's behaviour for its merged files
+    const double head = nbytes(m.eagle.fc) + layer_bytes(m.eagle.layer) + nbytes(m.eagle.output ? m.eagle.output : m.output);
+    return model > 0.0 ? head / model : 0.0;
+}
+
+// EAGLE-2 with its default tree: the expected tokens per step (1 + a + ... + a^depth, a chain's, for the head's
+// acceptance a) over a step's cost (one verification pass of the tree, timed here once, and a draft per level).
+// Returns the expected speedup over plain decoding, NAN when the pass could not be timed; says why in `why`.
+static double eagle_speedup(specee_context & ctx, std::string & why) {
+    const specee_model &      m    = *ctx.model;
+    const specee_eagle_params tree = resolve_eagle(m, specee_eagle_params{});
+    const double              a    = m.eagle.acceptance >= 0.0f ? m.eagle.acceptance : ACCEPTANCE_UNKNOWN;
+    const double              pass = specee_context_pass_cost(ctx, tree.total_tokens + 1);
+    const double              draft = draft_cost(m);
+    double                    tokens = 1.0, ak = 1.0;
+    for (int32_t k = 0; k < tree.depth; ++k) {
+        ak *= a;
+        tokens += ak;
     }
-    if (has_head) {
-        const bool dyn_set = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
-        return p.eagle.choices[0] && !dyn_set ? SPECEE_MODE_EAGLE : SPECEE_MODE_EAGLE2;
+    const double speedup = tokens / (pass + tree.depth * draft);
+    why = specee_format("the draft head's acceptance %.2f (%s) makes EAGLE-2's default tree (%d draft token%s) "
+                        "%.2f tokens per step for %.2f single-token passes here (a pass of %d tokens costs %.2f, a "
+                        "draft %.2f): %.2fx plain", a, m.eagle.acceptance >= 0.0f ? "its file's" : "assumed: the file "
+                        "gives none", tree.total_tokens, tree.total_tokens == 1 ? "" : "s", tokens,
+                        pass + tree.depth * draft, tree.total_tokens + 1, pass, draft, speedup);
+    return speedup;
+}
+
+// auto: early exit for a draft head with exit predictors at temperature 0 (SpecEE's merged files), EAGLE-2 for a
+// draft head, plain decoding without one; a speculative mode only where it can beat plain decoding here: early exit
+// unless its predictors' file says they cannot (specee.exit.speedup < 1), EAGLE-2 where eagle_speedup says >= 1.
+// Settings for a mode (a tree, exit settings) choose it as before.
+static int32_t resolve_auto(specee_context & ctx, const specee_generator_params & p, std::string & why) {
+    const specee_model & m        = *ctx.model;
+    const bool           has_head = m.eagle.version > 0;
+    const bool dyn_set  = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
+    const bool exit_set = p.exit.threshold >= 0.0f || p.exit.n_layers > 0 || p.exit.kv != SPECEE_EXIT_KV_MASK ||
+                          p.exit.n_replay > 0 || !p.exit.dynamic;
+    why.clear();
+    if (!has_head) {
+        return SPECEE_MODE_PLAIN;
     }
-    return SPECEE_MODE_PLAIN;
+    if (m.exit.n_pred > 0 && p.sampling.temp <= 0.0f) {
+        if (exit_set || m.exit.speedup < 0.0f || m.exit.speedup >= 1.0f) {
+            return SPECEE_MODE_EARLY_EXIT; // SpecEE's behaviour for its merged files
+        }
+        why = specee_format("not early exit: its predictors expect %.2fx plain (specee.exit.speedup); ",
+                            m.exit.speedup);
+    }
+    if (p.eagle.choices[0] || dyn_set) {
+        const int32_t mode = p.eagle.choices[0] && !dyn_set ? SPECEE_MODE_EAGLE : SPECEE_MODE_EAGLE2;
+        why = why.empty() ? "" : specee_format("auto: %s: %sa tree is given", specee_mode_name(mode), why.c_str());
+        return mode;
+    }
+    std::string  eagle;
+    const double speedup = eagle_speedup(ctx, eagle);
+    const bool   spec    = !(speedup < 1.0); // NAN (no room to time a pass): as before
+    why = specee_format("auto: %s: %s%s", spec ? "eagle2" : "plain decoding", why.c_str(), eagle.c_str());
+    return spec ? SPECEE_MODE_EAGLE2 : SPECEE_MODE_PLAIN;
+}
+
+static int32_t resolve_mode(specee_context & ctx, const specee_generator_params & p, std::string & why) {
+    why.clear();
+    return p.mode == SPECEE_MODE_AUTO ? resolve_auto(ctx, p, why) : p.mode;
 }
 
 // settings that the chosen mode would ignore are errors, so a typo in a command line does not go unnoticed
@@ -104,7 +174,8 @@ static void check_params(const specee_model & m, const specee_generator_params &
 
 static void set_params_impl(specee_generator & g, const specee_generator_params & params) {
     const specee_model &          m    = *g.ctx->model;
-    const int32_t                 mode = resolve_mode(m, params);
+    std::string                   why;
+    const int32_t                 mode = resolve_mode(*g.ctx, params, why);
     check_params(m, params, mode);
     const specee_generator_params & p = params;
 
@@ -147,6 +218,7 @@ static void set_params_impl(specee_generator & g, const specee_generator_params 
     }
     g.params = p;
     g.mode   = mode;
+    g.why    = why;
     g.smpl   = std::move(smpl);
     g.tree   = std::move(tree);
     g.exit   = std::move(exit);
@@ -337,6 +409,8 @@ extern "C" int32_t specee_generator_set_params(specee_generator * gen, struct sp
 extern "C" void specee_generator_free(specee_generator * gen) { delete gen; }
 
 extern "C" int32_t specee_generator_mode(const specee_generator * gen) { return gen->mode; }
+
+extern "C" const char * specee_generator_why(const specee_generator * gen) { return gen->why.c_str(); }
 
 extern "C" uint32_t specee_generator_seed(const specee_generator * gen) { return specee_sampler_seed(*gen->smpl); }
 

@@ -110,6 +110,9 @@ specee_eagle specee_read_eagle(const specee_hparams & hp, ggml_context * cm, con
                     path.c_str(), hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_vocab, err.what());
     }
     read_draft_vocab(e, hp, g, path);
+    if (!specee_gguf_get_f32_in(g, SPECEE_KEY_EAGLE_ACCEPTANCE, e.acceptance, -1e-6f, 1.0f + 1e-6f)) {
+        e.acceptance = -1.0f;
+    }
     return e;
 }
 
@@ -164,6 +167,9 @@ static void read_exit_settings(specee_exit_cfg & x, const specee_hparams & hp, c
             specee_fail("%s in %s is not a float32", SPECEE_KEY_EXIT_THRESHOLD, path.c_str());
         }
         x.threshold = gguf_get_val_f32(g, tid);
+    }
+    if (!specee_gguf_get_f32_in(g, SPECEE_KEY_EXIT_SPEEDUP, x.speedup, 0.0f, 1e3f)) {
+        x.speedup = -1.0f;
     }
 }
 

@@ -40,6 +40,7 @@ struct specee_eagle {
     specee_layer  layer;              // wq, wk, wv, wo, ffn_norm, ffn_gate/up/down (n_ff)
     ggml_tensor * output   = nullptr; // [n_embd, n_draft_vocab] or NULL: the base model's output
     std::vector<int32_t> draft_vocab; // target id of each row of output
+    float         acceptance = -1.0f; // held-out acceptance of the first drafted token (specee.eagle.acceptance), -1: unknown
     std::string   source;             // the file it was read from
 };
 
@@ -57,6 +58,7 @@ struct specee_exit_cfg {
     uint32_t             n_cand    = 4;   // EAGLE candidates per token (specee.exit.n_candidates)
     float                threshold = 0.5f; // a predictor fires above this (specee.exit.threshold)
     std::vector<int32_t> layers;          // the static set of checked layers (specee.exit.layers)
+    float                speedup   = -1.0f; // simulated speedup over plain (specee.exit.speedup), -1: unknown
 };
 
 struct specee_vocab;

@@ -403,6 +403,9 @@ int32_t            specee_generator_set_params(specee_generator * gen, struct sp
 uint32_t           specee_generator_seed(const specee_generator * gen);
 // the mode in use (auto resolved)
 int32_t            specee_generator_mode(const specee_generator * gen);
+// what mode `auto` chose and why, one line ("auto: plain decoding: ..."); "" when the mode was given, or auto had
+// nothing to weigh (no draft head; exit predictors that do not say they lose)
+const char *       specee_generator_why(const specee_generator * gen);
 // Begin generating after `tokens` (the whole sequence: prompt, or conversation so far). Returns how many of
 // them were reused from the cache, or -1 with specee_last_error() (context overflow: nothing changes).
 int32_t specee_generator_start(specee_generator * gen, const int32_t * tokens, int32_t n_tokens);

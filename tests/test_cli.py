@@ -298,14 +298,14 @@ def test_console_script_sets_default_model(smollm2_path: Path) -> None:
 
 @pytest.mark.slow
 def test_console_script_default_draft_head_and_flash_attn_flag(smollm2_path: Path) -> None:
-    """--draft-head default: the shipped head + exit predictors, so greedy decoding exits early (the perf
-    lines say so); -fa on/off is accepted like upstream's (off with a warning: attention is always flash)."""
+    """--draft-head default --mode early-exit: the shipped head + exit predictors, so greedy decoding exits early (the
+    perf lines say so); -fa on/off is accepted like upstream's (off with a warning: attention is always flash)."""
     script = shutil.which("specee-cli")
     if script is None:
         pytest.skip("the specee-cli console script is not on PATH")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECEE_DEFAULT")}
     res = subprocess.run([script, "-p", "The capital of France is", "-n", "16", "--temp", "0", "--draft-head",
-                          "default", "-fa", "on", *FAST], input="", capture_output=True, text=True, env=env,
+                          "default", "--mode", "early-exit", "-fa", "on", *FAST], input="", capture_output=True, text=True, env=env,
                          timeout=300)
     assert res.returncode == 0, res.stderr
     assert re.search(r"early exit =\s+\d+ tokens, exit ratio [0-9.]+, mean layers run [0-9.]+ of 30", res.stderr)

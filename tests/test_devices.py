@@ -202,7 +202,7 @@ def test_cli_on_smollm2_with_the_server(smollm2_path: Path, rpc_server: str, ord
                                capture_output=True, timeout=300)
         assert split.returncode == 0 and split.stdout == cpu.stdout, split.stderr.decode()[-500:]
     ee = subprocess.run([cli, *base, "-p", prompts[0], "-ngl", "16", "--rpc", rpc_server, "--draft-head",
-                         default_draft_head_path()], capture_output=True, text=True, timeout=300)
+                         default_draft_head_path(), "--mode", "early-exit"], capture_output=True, text=True, timeout=300)
     assert ee.returncode == 0, ee.stderr
     assert "offload order first" in ee.stderr  # auto: the draft head file has exit predictors
     assert re.search(r"load: RPC\d+ \(127\.0\.0\.1:\d+\): layers 0-15, output, draft head", ee.stderr), ee.stderr

@@ -600,6 +600,7 @@ PYBIND11_MODULE(_core, m) {
         .def("stats", &Generator::stats)
         .def("reset_stats", [](Generator & g) { specee_generator_reset_stats(g.ptr); })
         .def_property_readonly("mode", [](const Generator & g) { return std::string(specee_mode_name(specee_generator_mode(g.ptr))); })
+        .def_property_readonly("why", [](const Generator & g) { return std::string(specee_generator_why(g.ptr)); })
         .def_property_readonly("seed", [](const Generator & g) { return specee_generator_seed(g.ptr); });
 
     m.def("rpc_add_servers",

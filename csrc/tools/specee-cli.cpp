@@ -457,6 +457,9 @@ static void print_settings(const session & s, bool cnv, const char * tmpl) {
                     "temp = %.3f\n", sp.repeat_last_n, (double) sp.repeat_penalty, sp.top_k, (double) sp.top_p,
             (double) sp.min_p, (double) sp.temp);
     const int32_t mode = specee_generator_mode(s.gen);
+    if (*specee_generator_why(s.gen)) {
+        fprintf(stderr, "%s\n", specee_generator_why(s.gen));
+    }
     if (mode == SPECEE_MODE_EARLY_EXIT) {
         fprintf(stderr, "generate: mode early-exit (SpecEE): lossy, tokens may differ from plain decoding; --mode "
                         "eagle2 or --mode plain for lossless output\n");

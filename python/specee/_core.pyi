@@ -175,6 +175,9 @@ class Generator:
     @property
     def seed(self) -> int:
         ...
+    @property
+    def why(self) -> str:
+        ...
 def arch_eagle_tensor_names() -> list[str]:
     ...
 def arch_keys() -> dict:

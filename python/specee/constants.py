@@ -82,9 +82,15 @@ PRED_TENSOR_NAMES = (PRED_UP, PRED_UP_BIAS, PRED_DOWN, PRED_DOWN_BIAS)
 KEY_EAGLE_VERSION = "specee.eagle.version"  # 1: EAGLE-1 head (fc + one decoder layer without input norm)
 KEY_EAGLE_FEED_FORWARD_LENGTH = "specee.eagle.feed_forward_length"
 KEY_EAGLE_DRAFT_VOCAB = "specee.eagle.draft_vocab"  # int32 target ids of eagle.output's rows, when present
+# float32, optional: the head's held-out acceptance of its first drafted token (teacher-forced top-1 on the target's
+# own replies), which `--mode auto` weighs against the measured cost of a verification pass
+KEY_EAGLE_ACCEPTANCE = "specee.eagle.acceptance"
 KEY_EXIT_LAYERS = "specee.exit.layers"  # int32 array: the static set of layers whose predictor is checked
 KEY_EXIT_THRESHOLD = "specee.exit.threshold"  # float32: a predictor fires above this (SpecEE: 0.5)
 KEY_EXIT_N_CANDIDATES = "specee.exit.n_candidates"  # uint32: EAGLE top-k candidates per token (SpecEE: 4)
+# float32, optional: early exit's speedup over plain decoding that select-layers simulated on held-out data (draft
+# head included); `--mode auto` does not pick early exit below 1
+KEY_EXIT_SPEEDUP = "specee.exit.speedup"
 
 # SpecEE's own merged files: architecture "eauto", the llama keys under "eauto.*"
 EAUTO_ARCH = "eauto"

@@ -127,6 +127,7 @@ class GenerationStats:
     mean_layers_run: float = 0.0  # early-exit: layers per decoded token (SpecEE's "average exit layer")
     # this call's record
     mode: str = ""
+    mode_why: str = ""  # mode "auto": what it chose and why (one line), else ""
     stop_reason: str = ""  # "eog", "stop", "length", "context", "interrupted"; "" while running or abandoned
     tokens: list[int] = field(default_factory=list)  # generated ids (an end-of-generation token not included)
     n_layer: int = 0

@@ -183,6 +183,12 @@ class Model:
         return self._model.has_eagle
 
     @property
+    def draft_vocab(self) -> list[int] | None:
+        """Target token ids of the draft head's output rows where it has a reduced draft vocabulary, else None
+        (its logits are over the whole vocabulary)."""
+        return self._model.eagle_draft_vocab
+
+    @property
     def has_exit_predictors(self) -> bool:
         """Whether SpecEE's exit predictors are loaded (merged into the file, or from `draft_head`)."""
         return self._model.exit_n_pred > 0
@@ -364,7 +370,7 @@ class Model:
         if not tokens:
             raise ValueError("empty prompt")
         gen, me = self._start_generation(opts)
-        stats.n_layer, stats.mode = self.n_layer, gen.mode
+        stats.n_layer, stats.mode, stats.mode_why = self.n_layer, gen.mode, gen.why
 
         def step(fn, *args):
             if self._generation != me:

@@ -1,0 +1,103 @@
+"""`--mode auto` weighs a speculative mode against plain decoding: early exit only where its predictors' file does not
+say it loses (specee.exit.speedup), EAGLE-2 only where the head's acceptance (specee.eagle.acceptance) and the pass
+cost timed on this context say it can win; the choice and its reason in one line (specee_generator_why)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import gguf
+import pytest
+from gguf import GGUFValueType as V
+
+import specee
+from specee import constants as C
+from specee.convert.output import Field, copy_tensor, read_fields, write_gguf
+from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_draft_head_path, weights_path
+
+SPEEDUP_RE = re.compile(r": ([0-9.]+)x plain$")
+
+
+def with_keys(src: str | Path, out: Path, **floats: float) -> Path:
+    """A copy of a draft head file with float32 keys set (C.KEY_* names as keywords) or removed (value None)."""
+    reader = gguf.GGUFReader(src)
+    fields = {k: f for k, f in read_fields(reader).items() if k != "general.architecture"}
+    for name, value in floats.items():
+        key = getattr(C, name)
+        fields.pop(key, None)
+        if value is not None:
+            fields[key] = Field(float(value), V.FLOAT32)
+    write_gguf(out, C.ARCH, fields, [copy_tensor(t) for t in reader.tensors], progress=False)
+    return out
+
+
+def auto_choice(model: Path, head: Path, **options) -> tuple[str, str]:
+    with specee.Model(model, n_ctx=256, n_threads=1, draft_head=str(head)) as m:
+        m.generate("The capital of France is", max_tokens=4, temp=0, **options)
+        return m.last_stats.mode, m.last_stats.mode_why
+
+
+@pytest.fixture(scope="module")
+def vocab_head() -> str:
+    return weights_path(DEFAULT_EAGLE_HEAD_VOCAB8192)
+
+
+def test_auto_follows_its_own_estimate(smollm2_path: Path, vocab_head: str, tmp_path: Path) -> None:
+    """A head that never drafts right gives 1 token per step for more than a plain pass: plain decoding, whatever the
+    machine; a perfect head: EAGLE-2 exactly when the line's estimate is >= 1 (the pass cost is this machine's)."""
+    never = with_keys(vocab_head, tmp_path / "never.gguf", KEY_EAGLE_ACCEPTANCE=0.0)
+    mode, why = auto_choice(smollm2_path, never)
+    assert mode == "plain", why
+    assert why.startswith("auto: plain decoding: the draft head's acceptance 0.00 (its file's)")
+    assert float(SPEEDUP_RE.search(why).group(1)) < 1.0
+    perfect = with_keys(vocab_head, tmp_path / "perfect.gguf", KEY_EAGLE_ACCEPTANCE=1.0)
+    mode, why = auto_choice(smollm2_path, perfect)
+    assert "acceptance 1.00 (its file's)" in why and "2.00 tokens per step" in why
+    assert mode == ("eagle2" if float(SPEEDUP_RE.search(why).group(1)) >= 1.0 else "plain"), why
+    unknown = with_keys(vocab_head, tmp_path / "unknown.gguf", KEY_EAGLE_ACCEPTANCE=None)
+    assert "acceptance 0.70 (assumed: the file gives none)" in auto_choice(smollm2_path, unknown)[1]
+
+
+def test_auto_skips_early_exit_that_its_predictors_say_loses(smollm2_path: Path, tmp_path: Path) -> None:
+    """The shipped draft head file: its predictors simulated 0.85x plain, so auto weighs EAGLE-2 instead and says so;
+    without the key (SpecEE's files) auto runs early exit as before; exit settings or --mode choose it anyway."""
+    mode, why = auto_choice(smollm2_path, Path(default_draft_head_path()))
+    assert mode in ("plain", "eagle2") and "not early exit: its predictors expect 0.85x plain" in why, why
+    silent = with_keys(default_draft_head_path(), tmp_path / "silent.gguf", KEY_EXIT_SPEEDUP=None)
+    assert auto_choice(smollm2_path, silent) == ("early-exit", "")
+    assert auto_choice(smollm2_path, Path(default_draft_head_path()), exit=specee.ExitParams(threshold=0.5))[0] == \
+        "early-exit"
+    assert auto_choice(smollm2_path, Path(default_draft_head_path()), mode="early-exit") == ("early-exit", "")
+
+
+def test_auto_keeps_a_given_tree(smollm2_path: Path, vocab_head: str, tmp_path: Path) -> None:
+    """Tree settings ask for EAGLE: auto keeps it however the head is rated (no pass is timed, no line)."""
+    never = with_keys(vocab_head, tmp_path / "never.gguf", KEY_EAGLE_ACCEPTANCE=0.0)
+    assert auto_choice(smollm2_path, never, eagle=specee.EagleParams(total_tokens=2, depth=2, topk=1)) == ("eagle2", "")
+
+
+def test_the_cli_prints_the_reason(smollm2_path: Path, vocab_head: str, tmp_path: Path) -> None:
+    from specee._tools import tool_path
+
+    never = with_keys(vocab_head, tmp_path / "never.gguf", KEY_EAGLE_ACCEPTANCE=0.0)
+    run = subprocess.run([str(tool_path("llama-cli")), "-m", str(smollm2_path), "--draft-head", str(never), "-p",
+                          "Hello", "-n", "4", "--temp", "0", "-no-cnv", "-t", "1"], capture_output=True, text=True,
+                         timeout=300, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("auto: ")]
+    assert len(lines) == 1 and lines[0].startswith("auto: plain decoding: the draft head's acceptance 0.00")
+    assert "speculative =" not in run.stderr
+
+
+def test_the_timing_passes_leave_the_cache_as_it_was(smollm2_path: Path, vocab_head: str, tmp_path: Path) -> None:
+    """auto times its passes after the cache's last position and removes them: the prompt cached before is reused
+    and the output equals plain decoding's."""
+    never = with_keys(vocab_head, tmp_path / "never.gguf", KEY_EAGLE_ACCEPTANCE=0.0)
+    with specee.Model(smollm2_path, n_ctx=256, n_threads=1, draft_head=str(never)) as m:
+        plain = m.generate("The capital of France is", max_tokens=8, temp=0, mode="plain")
+        auto = m.generate("The capital of France is", max_tokens=8, temp=0)
+        assert m.last_stats.mode == "plain" and "auto: plain decoding" in m.last_stats.mode_why
+        assert auto == plain and m.last_stats.n_reused > 0
+        assert m.kv_pos_max + 1 == m.kv_n_used  # no cell left behind past the generation
