@@ -1,15 +1,26 @@
-"""What `merge` adds to a base GGUF or writes as a draft head file: an EAGLE-1 draft head and per-layer exit
-predictors, read from their published layouts and from this project's own, and checked against the base model.
+"""What `merge` adds to a base GGUF or writes as a draft head file: an EAGLE-1 or EAGLE-3 draft head and per-layer
+exit predictors, read from their published layouts and from this project's own, and checked against the base model.
 
 EAGLE-1 head, published layout (`yuhuili/EAGLE-*`): a folder with config.json and pytorch_model.bin or
 model.safetensors holding fc.weight [H, 2H], fc.bias [H], layers.0.self_attn.{q,k,v,o}_proj.weight,
 layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm.weight and optionally
 embed_tokens.weight [V, H].
 
+EAGLE-3 head, published layout (`yuhuili/EAGLE3-*`): a folder with config.json and pytorch_model.bin or
+model.safetensors holding fc.weight [H, 3H] (no bias), midlayer.{input_layernorm,hidden_norm,
+post_attention_layernorm}.weight, midlayer.self_attn.{q,k,v}_proj.weight [.., 2H], o_proj, midlayer.mlp.*,
+norm.weight, lm_head.weight [V_draft, H], d2t [V_draft] (draft id -> target id offset) and t2d [V] (target id in
+the draft vocabulary); no embed_tokens (the target's is used). d2t becomes the draft vocabulary of absolute target
+ids. The feature layers: config.json's eagle_aux_hidden_state_layer_ids when present (EAGLE's convention: the
+*inputs* of those layers), else EAGLE's default for the target, the inputs of layers 2, L//2 and L-3; stored as
+the outputs of the layers before them (specee.eagle.feature_layers: 1, L//2 - 1, L - 4), or merge's
+--eagle-feature-layers (outputs, 0-based).
+
 EAGLE-1 head, own layout: NAME.safetensors with the tensors under their GGUF names (eagle.fc.weight,
 eagle.attn_q.weight, ...; see specee.constants), q and k rows in Hugging Face's order (merge permutes
 them), plus NAME.json: {"format": "specee-eagle", "eagle_version": 1} and, with a reduced draft
-vocabulary (eagle.output.weight [V_draft, H]), "draft_vocab": [target token id of each row].
+vocabulary (eagle.output.weight [V_draft, H]), "draft_vocab": [target token id of each row]. An EAGLE-3 head in
+this layout: "eagle_version": 3, eagle.output.weight and "draft_vocab" required, "feature_layers": [3 layers].
 
 Exit predictors, SpecEE's layout: one safetensors file with model.layers.{i}.pred.up.weight [512, 12],
 .pred.up.bias [512], .pred.down.weight [1, 512], .pred.down.bias [1] for some layers i.
@@ -67,6 +78,23 @@ EAGLE_PUBLISHED = {
     "layers.0.mlp.up_proj.weight": C.EAGLE_FFN_UP,
     "layers.0.mlp.down_proj.weight": C.EAGLE_FFN_DOWN,
 }
+EAGLE3_PUBLISHED = {
+    "embed_tokens.weight": C.EAGLE_TOKEN_EMBD,
+    "fc.weight": C.EAGLE_FC,
+    "midlayer.input_layernorm.weight": C.EAGLE_ATTN_NORM,  # the token embedding's norm
+    "midlayer.hidden_norm.weight": C.EAGLE_HIDDEN_NORM,
+    "midlayer.self_attn.q_proj.weight": C.EAGLE_ATTN_Q,
+    "midlayer.self_attn.k_proj.weight": C.EAGLE_ATTN_K,
+    "midlayer.self_attn.v_proj.weight": C.EAGLE_ATTN_V,
+    "midlayer.self_attn.o_proj.weight": C.EAGLE_ATTN_OUTPUT,
+    "midlayer.post_attention_layernorm.weight": C.EAGLE_FFN_NORM,
+    "midlayer.mlp.gate_proj.weight": C.EAGLE_FFN_GATE,
+    "midlayer.mlp.up_proj.weight": C.EAGLE_FFN_UP,
+    "midlayer.mlp.down_proj.weight": C.EAGLE_FFN_DOWN,
+    "norm.weight": C.EAGLE_OUTPUT_NORM,
+    "lm_head.weight": C.EAGLE_OUTPUT,
+}
+EAGLE3_VOCAB_MAPS = ("d2t", "t2d")
 EAGLE_IGNORED = ("rotary_emb.inv_freq",)
 PRED_PARTS = {"up.weight": C.PRED_UP, "up.bias": C.PRED_UP_BIAS, "down.weight": C.PRED_DOWN,
               "down.bias": C.PRED_DOWN_BIAS}
@@ -143,6 +171,8 @@ class EagleHead:
     n_ff: int = 0
     draft_vocab: list[int] | None = None
     source: str = ""
+    feature_layers: list[int] | None = None  # EAGLE-3: target layers whose outputs form the feature (0-based)
+    names: dict[str, str] | None = None  # GGUF name -> the checkpoint's, for messages
 
 
 def eagle_layout(path: Path) -> str:
