@@ -25,9 +25,9 @@ from specee.convert.merge import merge_gguf
 from test_eagle import PROMPTS, TREE_IDS, TREES, check_sampling_distribution, plain_and_spec
 
 # Native head against PyTorch: the head's own KV cache holds K and V in F16 (the weights are F32 here), so the
-# outputs differ by F16 rounding of K/V carried through attention (measured: max abs error ~3e-3 on outputs and
-# logits of std ~1); 0.03 leaves room for other CPUs' kernels and still fails on any wrong tensor or wiring.
-ATOL = 0.03
+# outputs differ by F16 rounding of K/V carried through attention (measured: max abs error 4e-4 on outputs and
+# logits of std ~1); 0.01 leaves room for other CPUs' kernels and still fails on any wrong tensor or wiring.
+ATOL = 0.01
 N_CTX = 512
 # the tiny model has 4 layers, too few for EAGLE's default (inputs of layers 2, L//2, L-3): the checkpoint names
 # the inputs of layers 1, 2 and 4 (eagle_aux_hidden_state_layer_ids), that is the outputs of layers 0, 1 and 3
