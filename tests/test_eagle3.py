@@ -22,6 +22,7 @@ from specee import constants as C
 from specee._tools import tool_path
 from specee.autoee.eagle_head import Eagle3Head, causal_mask, read_base
 from specee.convert.merge import merge_gguf
+from test_devices import rpc_server  # noqa: F401 (a fixture: a specee-rpc-server on 127.0.0.1)
 from test_eagle import PROMPTS, TREE_IDS, TREES, check_sampling_distribution, plain_and_spec
 
 # Native head against PyTorch: the head's own KV cache holds K and V in F16 (the weights are F32 here), so the
@@ -345,6 +346,29 @@ def test_greedy_speculative_equals_plain(mode: str, eagle: EagleParams, head: st
 @pytest.mark.parametrize("mode", ["eagle", "eagle2"])
 def test_sampling_keeps_the_target_distribution(mode: str, trained_gguf: Path) -> None:
     check_sampling_distribution(trained_gguf, mode)
+
+
+@pytest.mark.parametrize("order", ["first", "last"])
+def test_features_and_trees_on_a_split(trained_gguf: Path, rpc_server: str, order: str,  # noqa: F811
+                                       request: pytest.FixtureRequest) -> None:
+    """Half the layers on another device (ggml RPC on loopback): the feature layers live on both devices; the
+    captured features are the CPU's, and greedy trees give plain output with the CPU's accepted drafts."""
+    cpu = specee.Model(trained_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32", n_gpu_layers=0)
+    m = specee.Model(trained_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32", n_gpu_layers=2, offload_order=order,
+                     rpc_servers=[rpc_server])
+    request.addfinalizer(m.close)
+    assert "RPC" in m.placement and "CPU" in m.placement
+    tokens = np.random.default_rng(5).integers(0, 256, 17).tolist()
+    cpu.eval(tokens)
+    m.eval(tokens)
+    np.testing.assert_allclose(m.features(), cpu.features(), rtol=0, atol=1e-4)
+    for mode in ("eagle", "eagle2"):
+        for model in (cpu, m):
+            model.kv_clear()
+        plain, spec = plain_and_spec(m, PROMPTS[0], 32, mode)
+        assert spec == plain
+        steps = m.last_stats.n_steps
+        assert plain_and_spec(cpu, PROMPTS[0], 32, mode)[1] == spec and cpu.last_stats.n_steps == steps
 
 
 # ---- early exit with an EAGLE-3 head, through the CLI
