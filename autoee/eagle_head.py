@@ -1,7 +1,15 @@
-"""The EAGLE-1 draft head in PyTorch, for training: x = fc(concat(embed(t_{i+1}), f_i)) (with bias), then one
-Llama decoder layer without its input RMSNorm (self-attention with the base model's RoPE and GQA, then
-post-attention RMSNorm and SwiGLU MLP), no final norm. It predicts f_{i+1}; logits come from the frozen
-base lm_head, or from an own lm_head over a reduced draft vocabulary (EAGLE-3 style).
+"""The EAGLE draft heads in PyTorch, for training and as the runtime's reference.
+
+EagleHead (EAGLE-1): x = fc(concat(embed(t_{i+1}), f_i)) (with bias), then one Llama decoder layer without its
+input RMSNorm (self-attention with the base model's RoPE and GQA, then post-attention RMSNorm and SwiGLU MLP),
+no final norm. It predicts f_{i+1}; logits come from the frozen base lm_head, or from an own lm_head over a
+reduced draft vocabulary (EAGLE-3 style).
+
+Eagle3Head (EAGLE-3): the feature is the target's hidden states after three layers (low, middle, high)
+concatenated [3H] and fused by fc (no bias), or, at later draft steps, the head's own output [H] (no fc). The
+decoder layer's attention reads concat(attn_norm(embed(t)), hidden_norm(x)) [2H]; the residual is x itself;
+post-attention RMSNorm and SwiGLU MLP follow; logits are output(output_norm(.)) over the draft vocabulary.
+forward() takes either width, so a training-time-test loop can feed the head its own outputs.
 
 q and k weights are kept in Hugging Face's row order (rotate-half RoPE); `specee.convert merge` permutes
 them for GGML's RoPE, as it does for published heads.
@@ -151,6 +159,61 @@ class EagleHead(nn.Module):
         """Draft logits: over the draft vocabulary with an own lm_head (unless full_vocab), else over the
         full vocabulary through the base lm_head."""
         return self.output(pred) if self.output is not None and not full_vocab else pred @ base.lm_head.T
+
+
+class Eagle3Head(nn.Module):
+    """An EAGLE-3 head for a base model of shape `cfg`: the tensors under this project's GGUF names (attn_norm is
+    EAGLE's midlayer.input_layernorm, output_norm its norm, output its lm_head); draft_vocab[r] is the target
+    token of output row r; feature_layers the target layers whose outputs (0-based) form the feature."""
+
+    def __init__(self, cfg: HeadConfig, draft_vocab: list[int], feature_layers: list[int]) -> None:
+        super().__init__()
+        h, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        if len(feature_layers) != 3:
+            raise ValueError(f"an EAGLE-3 head takes 3 feature layers, not {list(feature_layers)}")
+        self.cfg = cfg
+        self.fc = nn.Linear(3 * h, h, bias=False)
+        self.attn_norm = RMSNorm(h, cfg.rms_eps)
+        self.hidden_norm = RMSNorm(h, cfg.rms_eps)
+        self.attn_q = nn.Linear(2 * h, q_dim, bias=False)
+        self.attn_k = nn.Linear(2 * h, kv_dim, bias=False)
+        self.attn_v = nn.Linear(2 * h, kv_dim, bias=False)
+        self.attn_output = nn.Linear(q_dim, h, bias=False)
+        self.ffn_norm = RMSNorm(h, cfg.rms_eps)
+        self.ffn_gate = nn.Linear(h, cfg.n_ff, bias=False)
+        self.ffn_up = nn.Linear(h, cfg.n_ff, bias=False)
+        self.ffn_down = nn.Linear(cfg.n_ff, h, bias=False)
+        self.output_norm = RMSNorm(h, cfg.rms_eps)
+        self.output = nn.Linear(h, len(draft_vocab), bias=False)
+        self.draft_vocab = list(draft_vocab)
+        self.feature_layers = list(feature_layers)
+        self.register_buffer("draft_vocab_ids", torch.tensor(self.draft_vocab, dtype=torch.long), persistent=False)
+
+    # the attention's projections and the layer after them are EAGLE-1's, on a 2H input
+    qkv = EagleHead.qkv
+    finish = EagleHead.finish
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's input x [.., H]: fc of the target's features [.., 3H], or the head's own outputs as they are."""
+        h = self.cfg.n_embd
+        if hidden.shape[-1] == 3 * h:
+            return self.fc(hidden)
+        if hidden.shape[-1] != h:
+            raise ValueError(f"hidden must be [.., {3 * h}] (target features) or [.., {h}] (own outputs), "
+                             f"not [.., {hidden.shape[-1]}]")
+        return hidden
+
+    def forward(self, emb: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The head's outputs before its final norm [B, T, H] (fed back at the next draft step) from token
+        embeddings [B, T, H], features [B, T, 3H] or own outputs [B, T, H], positions [B, T] and an attention mask
+        [B, T, T] (True = attend)."""
+        x = self.project(hidden)
+        q, k, v = self.qkv(torch.cat([self.attn_norm(emb), self.hidden_norm(x)], -1), pos)
+        return self.finish(x, q, k, v, mask)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the draft vocabulary [.., len(draft_vocab)] of outputs h [.., H]."""
+        return self.output(self.output_norm(h))
 
 
 def causal_mask(segments: torch.Tensor) -> torch.Tensor:

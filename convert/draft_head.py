@@ -1,15 +1,26 @@
-"""What `merge` adds to a base GGUF or writes as a draft head file: an EAGLE-1 draft head and per-layer exit
-predictors, read from their published layouts and from this project's own, and checked against the base model.
+"""What `merge` adds to a base GGUF or writes as a draft head file: an EAGLE-1 or EAGLE-3 draft head and per-layer
+exit predictors, read from their published layouts and from this project's own, and checked against the base model.
 
 EAGLE-1 head, published layout (`yuhuili/EAGLE-*`): a folder with config.json and pytorch_model.bin or
 model.safetensors holding fc.weight [H, 2H], fc.bias [H], layers.0.self_attn.{q,k,v,o}_proj.weight,
 layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm.weight and optionally
 embed_tokens.weight [V, H].
 
+EAGLE-3 head, published layout (`yuhuili/EAGLE3-*`): a folder with config.json and pytorch_model.bin or
+model.safetensors holding fc.weight [H, 3H] (no bias), midlayer.{input_layernorm,hidden_norm,
+post_attention_layernorm}.weight, midlayer.self_attn.{q,k,v}_proj.weight [.., 2H], o_proj, midlayer.mlp.*,
+norm.weight, lm_head.weight [V_draft, H], d2t [V_draft] (draft id -> target id offset) and t2d [V] (target id in
+the draft vocabulary); no embed_tokens (the target's is used). d2t becomes the draft vocabulary of absolute target
+ids. The feature layers: config.json's eagle_aux_hidden_state_layer_ids when present (EAGLE's convention: the
+*inputs* of those layers), else EAGLE's default for the target, the inputs of layers 2, L//2 and L-3; stored as
+the outputs of the layers before them (specee.eagle.feature_layers: 1, L//2 - 1, L - 4), or merge's
+--eagle-feature-layers (outputs, 0-based).
+
 EAGLE-1 head, own layout: NAME.safetensors with the tensors under their GGUF names (eagle.fc.weight,
 eagle.attn_q.weight, ...; see specee.constants), q and k rows in Hugging Face's order (merge permutes
 them), plus NAME.json: {"format": "specee-eagle", "eagle_version": 1} and, with a reduced draft
-vocabulary (eagle.output.weight [V_draft, H]), "draft_vocab": [target token id of each row].
+vocabulary (eagle.output.weight [V_draft, H]), "draft_vocab": [target token id of each row]. An EAGLE-3 head in
+this layout: "eagle_version": 3, eagle.output.weight and "draft_vocab" required, "feature_layers": [3 layers].
 
 Exit predictors, SpecEE's layout: one safetensors file with model.layers.{i}.pred.up.weight [512, 12],
 .pred.up.bias [512], .pred.down.weight [1, 512], .pred.down.bias [1] for some layers i.
@@ -67,6 +78,23 @@ EAGLE_PUBLISHED = {
     "layers.0.mlp.up_proj.weight": C.EAGLE_FFN_UP,
     "layers.0.mlp.down_proj.weight": C.EAGLE_FFN_DOWN,
 }
+EAGLE3_PUBLISHED = {
+    "embed_tokens.weight": C.EAGLE_TOKEN_EMBD,
+    "fc.weight": C.EAGLE_FC,
+    "midlayer.input_layernorm.weight": C.EAGLE_ATTN_NORM,  # the token embedding's norm
+    "midlayer.hidden_norm.weight": C.EAGLE_HIDDEN_NORM,
+    "midlayer.self_attn.q_proj.weight": C.EAGLE_ATTN_Q,
+    "midlayer.self_attn.k_proj.weight": C.EAGLE_ATTN_K,
+    "midlayer.self_attn.v_proj.weight": C.EAGLE_ATTN_V,
+    "midlayer.self_attn.o_proj.weight": C.EAGLE_ATTN_OUTPUT,
+    "midlayer.post_attention_layernorm.weight": C.EAGLE_FFN_NORM,
+    "midlayer.mlp.gate_proj.weight": C.EAGLE_FFN_GATE,
+    "midlayer.mlp.up_proj.weight": C.EAGLE_FFN_UP,
+    "midlayer.mlp.down_proj.weight": C.EAGLE_FFN_DOWN,
+    "norm.weight": C.EAGLE_OUTPUT_NORM,
+    "lm_head.weight": C.EAGLE_OUTPUT,
+}
+EAGLE3_VOCAB_MAPS = ("d2t", "t2d")
 EAGLE_IGNORED = ("rotary_emb.inv_freq",)
 PRED_PARTS = {"up.weight": C.PRED_UP, "up.bias": C.PRED_UP_BIAS, "down.weight": C.PRED_DOWN,
               "down.bias": C.PRED_DOWN_BIAS}
@@ -143,6 +171,8 @@ class EagleHead:
     n_ff: int = 0
     draft_vocab: list[int] | None = None
     source: str = ""
+    feature_layers: list[int] | None = None  # EAGLE-3: target layers whose outputs form the feature (0-based)
+    names: dict[str, str] | None = None  # GGUF name -> the checkpoint's, for messages
     acceptance: float | None = None  # held-out acceptance of the first drafted token (specee.eagle.acceptance)
 
 
@@ -183,43 +213,129 @@ def published_weights(path: Path) -> Path:
     raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin in the EAGLE head folder")
 
 
-def check_config(config: dict, base: BaseModel, path: Path) -> None:
-    """A published head's config.json is its base model's config: it must describe this base model."""
+def check_config(config: dict, base: BaseModel, path: Path, version: int = 1) -> None:
+    """A published head's config.json is its base model's config: it must describe this base model (an EAGLE-3
+    head's feed-forward length is its own)."""
     pairs = [
         ("hidden_size", base.n_embd, "embedding_length"),
+        ("target_hidden_size", base.n_embd, "embedding_length"),
         ("num_attention_heads", base.n_head, "attention.head_count"),
         ("num_key_value_heads", base.n_head_kv, "attention.head_count_kv"),
-        ("intermediate_size", base.n_ff, "feed_forward_length"),
+        ("intermediate_size", base.n_ff if version == 1 else None, "feed_forward_length"),
         ("vocab_size", base.n_vocab, "vocab_size"),
     ]
     for key, want, gguf_key in pairs:
         got = config.get(key)
-        if got is not None and int(got) != want:
+        if got is not None and want is not None and int(got) != want:
             raise ValueError(
                 f"the EAGLE head does not fit the base model: {key} is {got} in {path / 'config.json'} "
                 f"but the base model's {base.arch}.{gguf_key} is {want} (a head trained for another model?)"
             )
 
 
-def load_eagle(path: str | os.PathLike, base: BaseModel) -> EagleHead:
-    """An EAGLE-1 head in either layout, with its shapes checked against `base`."""
+def eagle3_default_layers(n_layer: int) -> list[int]:
+    """EAGLE's own feature layers for a target of n_layer layers: the inputs of layers 2, L//2 and L-3, that is
+    the outputs of layers 1, L//2 - 1 and L - 4."""
+    inputs = [2, n_layer // 2, n_layer - 3]
+    if not inputs[0] < inputs[1] < inputs[2]:
+        raise ValueError(
+            f"a {n_layer}-layer target has no EAGLE-3 default feature layers (EAGLE takes the inputs of layers 2, "
+            f"L//2 and L-3: {inputs}, not three distinct layers): give them with --eagle-feature-layers"
+        )
+    return [i - 1 for i in inputs]
+
+
+def config_feature_layers(config: dict, path: Path) -> list[int] | None:
+    """eagle_aux_hidden_state_layer_ids of a published config (top level or in eagle_config), in EAGLE's
+    convention (the inputs of those layers), as the outputs of the layers before them; None when not given."""
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        return None
+    if any(int(i) < 1 for i in ids):
+        raise ValueError(f"{path / 'config.json'}: eagle_aux_hidden_state_layer_ids {list(ids)} takes the input of "
+                         "layer 0 (the token embedding), which this runtime does not give a draft head")
+    return [int(i) - 1 for i in ids]
+
+
+def check_feature_layers(layers: list[int], base: BaseModel, path: Path) -> list[int]:
+    if len(layers) != 3 or not all(0 <= int(i) < base.n_layer for i in layers):
+        raise ValueError(f"{path}: EAGLE-3 feature layers {list(layers)}: expected 3 layers of the base model's "
+                         f"0..{base.n_layer - 1} (the outputs of those layers)")
+    return [int(i) for i in layers]
+
+
+def eagle3_draft_vocab(tables: dict[str, torch.Tensor], base: BaseModel, path: Path) -> list[int] | None:
+    """The draft vocabulary as absolute target ids from EAGLE-3's d2t (target = draft + d2t[draft]), checked
+    against t2d when the checkpoint has it; None without d2t (the head's lm_head then covers the whole vocabulary)."""
+    if "d2t" not in tables:
+        if "t2d" in tables:
+            raise ValueError(f"{path}: the EAGLE-3 head has t2d but no d2t (its draft tokens' target ids)")
+        return None
+    d2t = tables["d2t"].reshape(-1).to(torch.int64)
+    ids = torch.arange(len(d2t), dtype=torch.int64) + d2t
+    bad = ((ids < 0) | (ids >= base.n_vocab)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"{path}: d2t maps draft token {i} to target id {int(ids[i])}, outside the base "
+                         f"vocabulary [0, {base.n_vocab})")
+    if "t2d" in tables:
+        t2d = tables["t2d"].reshape(-1).to(torch.bool)
+        if len(t2d) != base.n_vocab:
+            raise ValueError(f"{path}: t2d has {len(t2d)} entries but the base vocabulary has {base.n_vocab}")
+        if int(t2d.sum()) != len(ids) or not bool(t2d[ids].all()):
+            raise ValueError(f"{path}: t2d marks {int(t2d.sum())} target tokens, which are not the {len(ids)} that "
+                             "d2t maps to")
+    return ids.tolist()
+
+
+def published_version(names: list[str]) -> int:
+    return 3 if any(n.startswith("midlayer.") or n in EAGLE3_VOCAB_MAPS for n in names) else 1
+
+
+def read_published(path: Path, base: BaseModel, stack: ExitStack, feature_layers: list[int] | None):
+    """A published head's sources, their GGUF names, its settings (version, draft vocabulary, feature layers)."""
+    folder = path if path.is_dir() else path.parent
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    sources = open_checkpoint(published_weights(path), stack)
+    version = published_version([s.name for s in sources])
+    check_config(config, base, folder, version)
+    table = EAGLE3_PUBLISHED if version == 3 else EAGLE_PUBLISHED
+    names, tables = {}, {}
+    for src in sources:
+        if src.name.endswith(EAGLE_IGNORED):
+            continue
+        if version == 3 and src.name in EAGLE3_VOCAB_MAPS:
+            tables[src.name] = src.load()
+            continue
+        if src.name not in table:
+            raise ValueError(f"{path}: unexpected tensor {src.name!r} for an EAGLE-{version} head")
+        names[src.name] = table[src.name]
+    settings: dict = {"eagle_version": version}
+    if version == 3:
+        settings["draft_vocab"] = eagle3_draft_vocab(tables, base, path)
+        n_draft = config.get("draft_vocab_size")
+        if n_draft is not None and settings["draft_vocab"] is not None and int(n_draft) != len(settings["draft_vocab"]):
+            raise ValueError(f"{folder / 'config.json'}: draft_vocab_size is {n_draft} but d2t has "
+                             f"{len(settings['draft_vocab'])} entries")
+        settings["feature_layers"] = feature_layers or config_feature_layers(config, folder) or \
+            eagle3_default_layers(base.n_layer)
+    elif feature_layers:
+        raise ValueError(f"{path}: feature layers are given but the head is EAGLE-1 (they are for EAGLE-3 heads)")
+    return sources, names, settings
+
+
+def load_eagle(path: str | os.PathLike, base: BaseModel, feature_layers: list[int] | None = None) -> EagleHead:
+    """An EAGLE-1 or EAGLE-3 head in any layout, with its shapes checked against `base`; feature_layers (EAGLE-3,
+    the outputs of those layers) replace the checkpoint's or the default."""
     path = Path(path)
     layout = eagle_layout(path)
     if layout == "gguf":
-        return load_eagle_gguf(path, base)
+        return load_eagle_gguf(path, base, feature_layers)
     with ExitStack() as stack:
         if layout == "published":
-            folder = path if path.is_dir() else path.parent
-            check_config(json.loads((folder / "config.json").read_text(encoding="utf-8")), base, folder)
-            sources = open_checkpoint(published_weights(path), stack)
-            settings: dict = {}
-            names = {}
-            for src in sources:
-                if src.name.endswith(EAGLE_IGNORED):
-                    continue
-                if src.name not in EAGLE_PUBLISHED:
-                    raise ValueError(f"{path}: unexpected tensor {src.name!r} for an EAGLE-1 head")
-                names[src.name] = EAGLE_PUBLISHED[src.name]
+            sources, names, settings = read_published(path, base, stack, feature_layers)
         else:
             settings = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
             if settings.get("format") != "specee-eagle":
@@ -228,17 +344,35 @@ def load_eagle(path: str | os.PathLike, base: BaseModel) -> EagleHead:
             names = {src.name: src.name for src in sources}
             if unknown := sorted(set(names) - set(C.EAGLE_TENSOR_NAMES)):
                 raise ValueError(f"{path}: unexpected tensors {unknown} (expected {list(C.EAGLE_TENSOR_NAMES)})")
+            if feature_layers:
+                settings["feature_layers"] = feature_layers
         tensors = {names[s.name]: eagle_tensor(s, names[s.name], base) for s in sources if s.name in names}
-    head = EagleHead(tensors, int(settings.get("eagle_version", 1)), source=f"{layout} layout: {path}")
-    if head.version != 1:
-        raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
-    head.draft_vocab = settings.get("draft_vocab")
+    head = EagleHead(tensors, int(settings.get("eagle_version", 1)), source=f"{layout} layout: {path}",
+                     names={gg: src for src, gg in names.items()})
     head.acceptance = training_acceptance(settings)
+    return finish_head(head, settings.get("draft_vocab"), settings.get("feature_layers"), base, path)
+
+
+def finish_head(head: EagleHead, draft_vocab: list[int] | None, feature_layers: list[int] | None, base: BaseModel,
+                path: Path) -> EagleHead:
+    """The version's settings checked, the shapes checked against the base model."""
+    if head.version not in (1, 3):
+        raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 and "
+                         "EAGLE-3 heads)")
+    head.draft_vocab = [int(i) for i in draft_vocab] if draft_vocab is not None else None
+    if head.version == 3:
+        if head.draft_vocab is None and C.EAGLE_OUTPUT in head.tensors:
+            head.draft_vocab = list(range(base.n_vocab))  # an lm_head over the whole vocabulary
+        if feature_layers is None:
+            raise ValueError(f"{path}: the EAGLE-3 head has no feature layers")
+        head.feature_layers = check_feature_layers(feature_layers, base, path)
+    elif feature_layers:
+        raise ValueError(f"{path}: feature layers are given but the head is EAGLE-1 (they are for EAGLE-3 heads)")
     head.n_ff = check_eagle_shapes(head, base, path)
     return head
 
 
-def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
+def load_eagle_gguf(path: Path, base: BaseModel, feature_layers: list[int] | None = None) -> EagleHead:
     """A draft head file's eagle.* tensors (q/k rows already in GGML's order) and specee.eagle.* keys."""
     try:
         reader = gguf.GGUFReader(path)
@@ -257,14 +391,13 @@ def load_eagle_gguf(path: Path, base: BaseModel) -> EagleHead:
         raise ValueError(f"{path}: no eagle.* tensors: not a draft head file")
     version = fields.get(C.KEY_EAGLE_VERSION)
     head = EagleHead(tensors, int(field_value(version)) if version else 1, source=f"gguf layout: {path}")
-    if head.version != 1:
-        raise ValueError(f"{path}: EAGLE version {head.version} is not supported (this runtime reads EAGLE-1 heads)")
     vocab = fields.get(C.KEY_EAGLE_DRAFT_VOCAB)
-    head.draft_vocab = [int(i) for i in field_value(vocab)] if vocab else None
     acceptance = fields.get(C.KEY_EAGLE_ACCEPTANCE)
     head.acceptance = float(field_value(acceptance)) if acceptance else None
-    head.n_ff = check_eagle_shapes(head, base, path)
-    return head
+    layers = fields.get(C.KEY_EAGLE_FEATURE_LAYERS)
+    if feature_layers is None and layers is not None:
+        feature_layers = [int(i) for i in field_value(layers)]
+    return finish_head(head, [int(i) for i in field_value(vocab)] if vocab else None, feature_layers, base, path)
 
 
 def eagle_tensor(src: SourceTensor, name: str, base: BaseModel) -> np.ndarray:
@@ -276,11 +409,25 @@ def eagle_tensor(src: SourceTensor, name: str, base: BaseModel) -> np.ndarray:
     return t.to(torch.float32).numpy()
 
 
+def shape_error(head: EagleHead, base: BaseModel, name: str, shape: tuple[int, ...]) -> ValueError:
+    src = (head.names or {}).get(name)
+    called = f"{name} ({src})" if src and src != name else name
+    return ValueError(
+        f"the EAGLE-{head.version} head does not fit the base model ({base.describe()}): {called} has shape "
+        f"{list(head.tensors[name].shape)}, expected {list(shape)}"
+    )
+
+
 def check_eagle_shapes(head: EagleHead, base: BaseModel, path: Path) -> int:
     """Check every tensor's shape against the base model; return the head's FFN length."""
-    t = head.tensors
-    if missing := [n for n in C.EAGLE_TENSOR_NAMES if n not in t and n not in C.EAGLE_OPTIONAL]:
-        raise ValueError(f"{path}: the EAGLE head lacks {missing}")
+    t, v3 = head.tensors, head.version == 3
+    optional = C.EAGLE3_OPTIONAL if v3 else C.EAGLE_OPTIONAL
+    if missing := [n for n in C.EAGLE_TENSOR_NAMES if n not in t and n not in optional]:
+        raise ValueError(f"{path}: the EAGLE-{head.version} head lacks {missing}")
+    if v3 and C.EAGLE_FC_BIAS in t:
+        raise ValueError(f"{path}: {C.EAGLE_FC_BIAS} is an EAGLE-1 tensor: an EAGLE-3 head's fc has no bias")
+    if not v3 and (extra := [n for n in C.EAGLE3_ONLY if n in t]):
+        raise ValueError(f"{path}: {extra} are EAGLE-3 tensors, but the head is EAGLE-1")
     h = base.n_embd
     if t[C.EAGLE_FC].shape[0] != h or t[C.EAGLE_FC].ndim != 2:
         raise ValueError(
@@ -289,18 +436,22 @@ def check_eagle_shapes(head: EagleHead, base: BaseModel, path: Path) -> int:
             f"(a head trained for another model?)"
         )
     n_ff = t[C.EAGLE_FFN_GATE].shape[0]
+    n_in = 2 * h if v3 else h  # EAGLE-3's attention reads concat(embedding, feature)
     want = {
-        C.EAGLE_FC: (h, 2 * h),
+        C.EAGLE_FC: (h, 3 * h if v3 else 2 * h),
         C.EAGLE_FC_BIAS: (h,),
-        C.EAGLE_ATTN_Q: (base.n_head * base.head_dim, h),
-        C.EAGLE_ATTN_K: (base.n_head_kv * base.head_dim, h),
-        C.EAGLE_ATTN_V: (base.n_head_kv * base.head_dim, h),
+        C.EAGLE_ATTN_Q: (base.n_head * base.head_dim, n_in),
+        C.EAGLE_ATTN_K: (base.n_head_kv * base.head_dim, n_in),
+        C.EAGLE_ATTN_V: (base.n_head_kv * base.head_dim, n_in),
         C.EAGLE_ATTN_OUTPUT: (h, base.n_head * base.head_dim),
         C.EAGLE_FFN_NORM: (h,),
         C.EAGLE_FFN_GATE: (n_ff, h),
         C.EAGLE_FFN_UP: (n_ff, h),
         C.EAGLE_FFN_DOWN: (h, n_ff),
         C.EAGLE_TOKEN_EMBD: (base.n_vocab, h),
+        C.EAGLE_ATTN_NORM: (h,),
+        C.EAGLE_HIDDEN_NORM: (h,),
+        C.EAGLE_OUTPUT_NORM: (h,),
     }
     if C.EAGLE_OUTPUT in t:
         if head.draft_vocab is None:
@@ -308,14 +459,15 @@ def check_eagle_shapes(head: EagleHead, base: BaseModel, path: Path) -> int:
         want[C.EAGLE_OUTPUT] = (len(head.draft_vocab), h)
         if not all(0 <= int(i) < base.n_vocab for i in head.draft_vocab):
             raise ValueError(f"{path}: draft_vocab holds token ids outside the base vocabulary (0..{base.n_vocab - 1})")
+        rows = t[C.EAGLE_OUTPUT].shape[0]
+        if v3 and head.names and rows != len(head.draft_vocab):
+            raise ValueError(f"{path}: lm_head.weight has {rows} rows but d2t maps {len(head.draft_vocab)} draft "
+                             "tokens (one per row)")
     elif head.draft_vocab is not None:
         raise ValueError(f"{path}: \"draft_vocab\" is given but there is no eagle.output.weight")
     for name, shape in want.items():
         if name in t and tuple(t[name].shape) != shape:
-            raise ValueError(
-                f"the EAGLE head does not fit the base model ({base.describe()}): {name} has shape "
-                f"{list(t[name].shape)}, expected {list(shape)}"
-            )
+            raise shape_error(head, base, name, shape)
     return int(n_ff)
 
 

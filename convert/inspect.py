@@ -35,6 +35,7 @@ class Parts:
     eagle_token_embd: bool = False
     eagle_draft_vocab: int | None = None  # rows of eagle.output, when the head has a reduced vocabulary
     eagle_n_ff: int | None = None  # specee.eagle.feed_forward_length, else the rows of eagle.ffn_gate
+    eagle_feature_layers: list[int] | None = None  # EAGLE-3: specee.eagle.feature_layers
     predictor_layers: list[int] = field(default_factory=list)
     predictor_incomplete: list[int] = field(default_factory=list)  # layers with some of their pred tensors
     exit_layers: list[int] | None = None
@@ -65,12 +66,15 @@ def find_parts(fields: dict[str, Field], shapes: dict[str, list[int]]) -> Parts:
     parts = Parts(arch, n_layer, base_model=n_layer > 0 and not base_missing, base_missing=base_missing)
     eagle = [n for n in names if n.startswith("eagle.")]
     if eagle:
-        required = [n for n in C.EAGLE_TENSOR_NAMES if n not in C.EAGLE_OPTIONAL]
+        version = fields.get(C.KEY_EAGLE_VERSION)
+        parts.eagle_version = int(version.value) if version is not None else None
+        optional = C.EAGLE3_OPTIONAL if parts.eagle_version == 3 else C.EAGLE_OPTIONAL
+        required = [n for n in C.EAGLE_TENSOR_NAMES if n not in optional]
         parts.eagle_missing = [n for n in required if n not in names]
         parts.eagle_head = not parts.eagle_missing
         parts.eagle_token_embd = C.EAGLE_TOKEN_EMBD in names
-        version = fields.get(C.KEY_EAGLE_VERSION)
-        parts.eagle_version = int(version.value) if version is not None else None
+        layers = fields.get(C.KEY_EAGLE_FEATURE_LAYERS)
+        parts.eagle_feature_layers = [int(i) for i in field_value(layers)] if layers is not None else None
         draft = fields.get(C.KEY_EAGLE_DRAFT_VOCAB)
         parts.eagle_draft_vocab = len(draft.value) if draft is not None else None
         n_ff = fields.get(C.KEY_EAGLE_FEED_FORWARD_LENGTH)
@@ -99,7 +103,9 @@ def describe_parts(p: Parts) -> list[str]:
         embd = "own token embedding" if p.eagle_token_embd else "uses the base model's token embedding"
         draft = f", draft vocabulary of {p.eagle_draft_vocab}" if p.eagle_draft_vocab else ""
         n_ff = f", feed-forward length {p.eagle_n_ff}" if p.eagle_n_ff else ""
-        lines.append(f"draft head       yes: {version}, {embd}{draft}{n_ff}")
+        layers = f", features: outputs of layers {p.eagle_feature_layers}" if p.eagle_feature_layers else ""
+        version = "EAGLE-3 head" if p.eagle_version == 3 else version
+        lines.append(f"draft head       yes: {version}, {embd}{draft}{n_ff}{layers}")
     elif p.eagle_missing:
         lines.append(f"draft head       incomplete: lacks {p.eagle_missing}")
     else:

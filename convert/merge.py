@@ -1,4 +1,4 @@
-"""Merge an EAGLE-1 draft head and exit predictors into a base GGUF (one file for the SpecEE runtime), or write
+"""Merge an EAGLE-1 or EAGLE-3 draft head and exit predictors into a base GGUF (one file for the SpecEE runtime), or write
 them as a draft head file.
 
 The base model's metadata and tensors are copied unchanged (any type, quantized included); the EAGLE
@@ -39,7 +39,7 @@ from specee.convert.draft_head import (
 from specee.convert.output import OutTensor, copy_tensor, read_fields, uint32_field, write_gguf
 from specee.convert.retype import Field
 
-DESCRIPTION = ("Merge an EAGLE-1 draft head and exit predictors into a base GGUF (one file with specee.* metadata), "
+DESCRIPTION = ("Merge an EAGLE-1 or EAGLE-3 draft head and exit predictors into a base GGUF (one file with specee.* metadata), "
                "or write them as a draft head file")
 
 Q = gguf.GGMLQuantizationType
@@ -109,6 +109,7 @@ def merge_gguf(
     eagle_type: str = "f16",
     eagle_embd: bool = True,
     draft_head_only: bool = False,
+    feature_layers: list[int] | None = None,
     progress: bool = True,
 ) -> None:
     if eagle is None and predictors is None:
@@ -127,7 +128,9 @@ def merge_gguf(
         raise ValueError(f"{base_path} is a SpecEE eauto file: rewrite it with `import-specee` first")
     if base.arch != C.ARCH:
         raise ValueError(f"{base_path}: architecture {base.arch!r} is not supported (only {C.ARCH!r})")
-    head = load_eagle(eagle, base) if eagle is not None else None
+    if feature_layers and eagle is None:
+        raise ValueError("--eagle-feature-layers sets an EAGLE-3 head's feature layers: give the head (--eagle)")
+    head = load_eagle(eagle, base, feature_layers) if eagle is not None else None
     preds = load_predictors(predictors, base) if predictors is not None else None
 
     def replaced(name: str) -> bool:
@@ -146,6 +149,8 @@ def merge_gguf(
             fields[C.KEY_EAGLE_DRAFT_VOCAB] = array_field(head.draft_vocab)
         if head.acceptance is not None:
             fields[C.KEY_EAGLE_ACCEPTANCE] = Field(head.acceptance, V.FLOAT32)
+        if head.feature_layers is not None:
+            fields[C.KEY_EAGLE_FEATURE_LAYERS] = array_field(head.feature_layers)
         tensors += eagle_tensors(head, EAGLE_TYPES[eagle_type], eagle_embd)
     if preds is not None:
         layers, thr = resolve_exit_settings(preds, base.n_layer, exit_layers, threshold)
@@ -173,8 +178,8 @@ def parse_layers(text: str) -> list[int]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("base", help="base model .gguf (llama architecture, any tensor types)")
     ap.add_argument("-o", "--out", required=True, help="output .gguf path")
-    ap.add_argument("--eagle", help="EAGLE-1 draft head: a published folder (config.json + pytorch_model.bin or "
-                    "model.safetensors), NAME.safetensors with NAME.json (this project's layout), or a draft head file "
+    ap.add_argument("--eagle", help="EAGLE-1 or EAGLE-3 draft head: a published folder (config.json + "
+                    "pytorch_model.bin or model.safetensors), NAME.safetensors with NAME.json (this project's layout), or a draft head file "
                     "NAME.gguf (merge --draft-head-only, train-eagle --head-gguf)")
     ap.add_argument("--predictors", help="exit predictors: a safetensors file (SpecEE's model.layers.N.pred.* or "
                     "this project's blk.N.pred.* names, optional NAME.json with settings)")
@@ -185,6 +190,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--eagle-type", choices=list(EAGLE_TYPES), default="f16", help="type of the EAGLE matrices")
     ap.add_argument("--no-eagle-embd", action="store_true",
                     help="leave out the head's own token embedding (the runtime then uses the base model's)")
+    ap.add_argument("--eagle-feature-layers", type=parse_layers,
+                    help="EAGLE-3: the 3 target layers whose outputs (0-based) form the head's feature, e.g. 1,14,26 "
+                    "(default: the checkpoint's eagle_aux_hidden_state_layer_ids, which name layer inputs, else "
+                    "EAGLE's inputs of layers 2, L//2, L-3 = outputs of 1, L//2-1, L-4)")
     ap.add_argument("--draft-head-only", action="store_true",
                     help="write a draft head file: only the draft head (eagle.* tensors, specee.eagle.* keys; shapes "
                     "checked against the base model) and the predictors if given, for loading next to the "
@@ -194,6 +203,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     merge_gguf(args.base, args.out, eagle=args.eagle, predictors=args.predictors, exit_layers=args.exit_layers,
                threshold=args.exit_threshold, eagle_type=args.eagle_type, eagle_embd=not args.no_eagle_embd,
-               draft_head_only=args.draft_head_only)
+               draft_head_only=args.draft_head_only, feature_layers=args.eagle_feature_layers)
     print(f"wrote {args.out}")
 

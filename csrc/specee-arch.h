@@ -17,7 +17,8 @@ enum specee_tensor {
     SPECEE_TENSOR_FFN_GATE,
     SPECEE_TENSOR_FFN_UP,
     SPECEE_TENSOR_FFN_DOWN,
-    // the EAGLE-1 draft head of a merged file (SpecEE's names), in python/specee/constants.py's order
+    // the EAGLE draft head of a merged file (SpecEE's names; the last three: EAGLE-3 only), in
+    // python/specee/constants.py's order
     SPECEE_TENSOR_EAGLE_TOKEN_EMBD,
     SPECEE_TENSOR_EAGLE_FC,
     SPECEE_TENSOR_EAGLE_FC_BIAS,
@@ -30,6 +31,9 @@ enum specee_tensor {
     SPECEE_TENSOR_EAGLE_FFN_UP,
     SPECEE_TENSOR_EAGLE_FFN_DOWN,
     SPECEE_TENSOR_EAGLE_OUTPUT,
+    SPECEE_TENSOR_EAGLE_ATTN_NORM,
+    SPECEE_TENSOR_EAGLE_HIDDEN_NORM,
+    SPECEE_TENSOR_EAGLE_OUTPUT_NORM,
     // SpecEE's per-layer exit predictors, in python/specee/constants.py's order
     SPECEE_TENSOR_PRED_UP,
     SPECEE_TENSOR_PRED_UP_BIAS,
@@ -72,6 +76,7 @@ std::string specee_tensor_name(specee_tensor t, int il = -1);
     X(EAGLE_FEED_FORWARD_LENGTH, "specee.eagle.feed_forward_length")                \
     X(EAGLE_DRAFT_VOCAB, "specee.eagle.draft_vocab")                                \
     X(EAGLE_ACCEPTANCE, "specee.eagle.acceptance")                                  \
+    X(EAGLE_FEATURE_LAYERS, "specee.eagle.feature_layers")                          \
     X(EXIT_LAYERS, "specee.exit.layers")                                            \
     X(EXIT_THRESHOLD, "specee.exit.threshold")                                      \
     X(EXIT_N_CANDIDATES, "specee.exit.n_candidates")                                \

@@ -191,8 +191,36 @@ static void start_batch(specee_context & ctx, const specee_batch * batch) {
     }
     ctx.hidden_layers.clear();
     ctx.norm.clear();
+    ctx.features.clear();
+    if (ctx.model->eagle.version == 3) {
+        ctx.features.assign((size_t) n * 3 * ctx.model->hparams.n_embd, 0.0f);
+    }
     ctx.logits.clear();
     ctx.n_outputs = 0;
+}
+
+// EAGLE-3: the outputs of the head's feature layers computed by this range, into ctx.features (token-major, the
+// three layers side by side)
+static void read_features(specee_context & ctx, const specee_graph_io & io) {
+    const int64_t      n_embd = ctx.model->hparams.n_embd;
+    const int32_t      n      = ctx.n_tokens;
+    std::vector<float> f((size_t) n * n_embd);
+    for (size_t k = 0; k < io.features.size(); ++k) {
+        if (!io.features[k]) {
+            continue;
+        }
+        ggml_backend_tensor_get(io.features[k], f.data(), 0, f.size() * sizeof(float));
+        for (int32_t i = 0; i < n; ++i) {
+            std::copy(f.begin() + i * n_embd, f.begin() + (i + 1) * n_embd,
+                      ctx.features.begin() + (i * 3 + (int64_t) k) * n_embd);
+        }
+    }
+}
+
+const float * specee_context_feature(const specee_context & ctx, int32_t i) {
+    const int64_t n_embd = ctx.model->hparams.n_embd;
+    return ctx.model->eagle.version == 3 ? ctx.features.data() + (size_t) i * 3 * n_embd
+                                         : ctx.norm.data() + (size_t) i * n_embd;
 }
 
 // the main graph of layers [l0, l1) for n tokens over cells [0, n_kv)
@@ -223,6 +251,9 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     gp.hidden_all  = (flags & SPECEE_EVAL_HIDDEN_ALL) != 0;
     gp.final_norm  = last;
     gp.n_outputs   = last && !(flags & SPECEE_EVAL_NO_LOGITS) ? (int32_t) ctx.out_ids.size() : 0;
+    if (ctx.model->eagle.version == 3) {
+        gp.feature_layers = ctx.model->eagle.feature_layers;
+    }
 
     std::vector<std::vector<ggml_fp16_t>> masks;
     build_masks(ctx, n_kv, l0, l1, masks, gp.mask_of_layer);
@@ -230,6 +261,7 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
 
     std::vector<int32_t> key = {n, n_kv, l0, l1, gp.hidden_all, gp.final_norm, gp.n_outputs, gp.n_masks};
     key.insert(key.end(), gp.mask_of_layer.begin(), gp.mask_of_layer.end());
+    key.insert(key.end(), gp.feature_layers.begin(), gp.feature_layers.end());
     specee_graph_io & io = ctx.reuse_io;
     ggml_cgraph *     gf = ctx.reuse_gf;
     if (key != ctx.reuse_key || !gf) {
@@ -267,6 +299,7 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
             ggml_backend_tensor_get(io.l_out[il - l0], h.data(), 0, n_hidden * sizeof(float));
         }
     }
+    read_features(ctx, io);
     if (io.result_norm) {
         ctx.norm.resize(n_hidden);
         ggml_backend_tensor_get(io.result_norm, ctx.norm.data(), 0, n_hidden * sizeof(float));
@@ -344,7 +377,7 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
         pos[i] = batch->pos ? batch->pos[i] : p0 + i;
         out[i] = batch->output ? batch->output[i] : (int8_t) (i == n - 1);
     }
-    std::vector<float> logits, norm, hidden;
+    std::vector<float> logits, norm, hidden, features;
     int32_t            n_outputs = 0;
     for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
         specee_batch chunk = {std::min(n_batch, n - i0), batch->token + i0, pos.data() + i0, nullptr, out.data() + i0};
@@ -352,6 +385,7 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
         const std::vector<float> & h = specee_context_hidden(ctx);
         logits.insert(logits.end(), ctx.logits.begin(), ctx.logits.end());
         norm.insert(norm.end(), ctx.norm.begin(), ctx.norm.end());
+        features.insert(features.end(), ctx.features.begin(), ctx.features.end());
         hidden.insert(hidden.end(), h.begin(), h.end());
         cells.insert(cells.end(), ctx.cells.begin(), ctx.cells.end());
         n_outputs += ctx.n_outputs;
@@ -362,6 +396,7 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     ctx.cells       = cells;
     ctx.logits      = std::move(logits);
     ctx.norm        = std::move(norm);
+    ctx.features    = std::move(features);
     ctx.hidden      = std::move(hidden);
     ctx.hidden_read = true;
     ctx.n_outputs   = n_outputs;
@@ -416,6 +451,9 @@ static void reserve_worst_case(specee_context & ctx) {
     gp.layer_end   = (int32_t) hp.n_layer;
     gp.final_norm  = true;
     gp.n_outputs   = gp.n_tokens;
+    if (ctx.model->eagle.version == 3) {
+        gp.feature_layers = ctx.model->eagle.feature_layers;
+    }
     gp.n_masks     = 1;
     gp.mask_of_layer.assign(hp.n_layer, 0);
     specee_graph_io io;
@@ -681,6 +719,19 @@ extern "C" const float * specee_get_norm(const specee_context * ctx) {
         return nullptr;
     }
     return ctx->norm.data();
+}
+
+extern "C" const float * specee_get_features(const specee_context * ctx) {
+    if (ctx->model->eagle.version != 3) {
+        specee_set_error("no EAGLE-3 features: the model has no EAGLE-3 draft head");
+        return nullptr;
+    }
+    const std::vector<int32_t> & fl = ctx->model->eagle.feature_layers;
+    if (ctx->n_tokens == 0 || ctx->layer_done <= *std::max_element(fl.begin(), fl.end())) {
+        specee_set_error("no EAGLE-3 features: the last evaluation did not reach every feature layer");
+        return nullptr;
+    }
+    return ctx->features.data();
 }
 
 extern "C" int32_t specee_set_capture(specee_context * ctx, const char * const * names, int32_t n) {

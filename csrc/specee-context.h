@@ -63,6 +63,7 @@ struct specee_context {
     bool                            hidden_read = false;
     std::vector<std::vector<float>> hidden_layers; // [n_layer][n_tokens * n_embd] when kept
     std::vector<float>              norm;          // [n_tokens * n_embd]
+    std::vector<float>              features;      // EAGLE-3: [n_tokens * 3 n_embd] its feature layers' outputs
     std::vector<float>              logits;        // [n_outputs * n_vocab]
     int32_t                         n_outputs = 0;
 
@@ -89,6 +90,9 @@ void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, i
 void specee_eval_impl(specee_context & ctx, const specee_batch * batch);
 // the hidden state after the last evaluated layer of the last batch [n_tokens * n_embd]
 const std::vector<float> & specee_context_hidden(specee_context & ctx);
+// The draft head's feature of row i of the last batch (the target's, for a committed pair): EAGLE-1 the final-norm
+// output [n_embd], EAGLE-3 the outputs of its feature layers [3 n_embd]
+const float * specee_context_feature(const specee_context & ctx, int32_t i);
 // the backend index (into ctx.backends) that holds layer il's weights; n_layer: the output's
 int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il);
 

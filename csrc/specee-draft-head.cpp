@@ -1,4 +1,4 @@
-// specee-draft-head.cpp: the EAGLE-1 draft head's cache of pairs and their evaluation
+// specee-draft-head.cpp: the EAGLE draft head's cache of pairs and their evaluation
 #include "specee-draft-head.h"
 
 #include "specee-context.h"
@@ -8,8 +8,11 @@
 
 #include <algorithm>
 
-// the graph of the head over n pairs attending to cells [0, n_kv)
+// the graph of the head over n pairs attending to cells [0, n_kv), their features gp.n_feat wide
 static ggml_cgraph * build_head(specee_draft_head & h, specee_graph_params & gp, specee_graph_io & io) {
+    if (h.model->eagle.version == 3) {
+        return specee_build_eagle3_graph(specee_graph_begin(*h.ctx), *h.model, h.kv, gp, io, h.ctx->graph_size);
+    }
     return specee_build_eagle_graph(specee_graph_begin(*h.ctx), *h.model, h.kv, gp, io, h.ctx->graph_size);
 }
 
@@ -24,6 +27,7 @@ void specee_draft_head_init(specee_draft_head & h, specee_context & ctx, uint32_
     h.n_embd   = (int32_t) m.hparams.n_embd;
     h.n_vocab  = (int32_t) m.hparams.n_vocab;
     h.n_dvocab = m.eagle.output ? (int32_t) m.eagle.draft_vocab.size() : h.n_vocab;
+    h.n_feat   = specee_eagle_n_feat(m.eagle, m.hparams.n_embd);
 
     specee_hparams hp = m.hparams;
     hp.n_layer        = 1;
@@ -32,17 +36,23 @@ void specee_draft_head_init(specee_draft_head & h, specee_context & ctx, uint32_
               GGML_TYPE_F16);
     h.kv_tree.assign(h.kv.size, 0);
 
-    // the worst case: a batch of n_batch pairs over the whole cache, every row an output
-    specee_graph_params gp;
-    gp.n_tokens  = (int32_t) ctx.cparams.n_batch;
-    gp.n_kv      = (int32_t) h.kv.size;
-    gp.n_outputs = gp.n_tokens;
-    specee_graph_io io;
-    specee_graph_reserve(ctx, build_head(h, gp, io), "the draft head");
+    // the worst case: a batch of n_batch pairs over the whole cache, every row an output, for each input width
+    for (int32_t n_feat : {h.n_feat, h.n_embd}) {
+        specee_graph_params gp;
+        gp.n_tokens  = (int32_t) ctx.cparams.n_batch;
+        gp.n_kv      = (int32_t) h.kv.size;
+        gp.n_outputs = gp.n_tokens;
+        gp.n_feat    = n_feat;
+        specee_graph_io io;
+        specee_graph_reserve(ctx, build_head(h, gp, io), "the draft head");
+        if (h.n_feat == h.n_embd) {
+            break;
+        }
+    }
 }
 
 void specee_draft_add_pair(specee_draft_head & h, const float * feat, int32_t token, int32_t pos) {
-    h.pend_feat.insert(h.pend_feat.end(), feat, feat + h.n_embd);
+    h.pend_feat.insert(h.pend_feat.end(), feat, feat + h.n_feat);
     h.pend_tok.push_back(token);
     h.pend_pos.push_back(pos);
     if ((int32_t) h.pair_tok.size() <= pos) {
@@ -90,11 +100,12 @@ std::vector<int32_t> specee_draft_eval(specee_draft_head & h, const std::vector<
     gp.n_tokens  = n;
     gp.n_kv      = n_kv;
     gp.n_outputs = (int32_t) rows.size();
+    gp.n_feat    = tree ? h.n_embd : h.n_feat;
     specee_graph_io io;
     ggml_cgraph *   gf = build_head(h, gp, io);
     specee_graph_alloc(*h.ctx, gf, "the draft head");
     ggml_backend_tensor_set(io.inp_tokens, tokens.data(), 0, n * sizeof(int32_t));
-    ggml_backend_tensor_set(io.inp_embd, feats, 0, (size_t) n * h.n_embd * sizeof(float));
+    ggml_backend_tensor_set(io.inp_embd, feats, 0, (size_t) n * gp.n_feat * sizeof(float));
     ggml_backend_tensor_set(io.inp_pos, pos.data(), 0, n * sizeof(int32_t));
     std::vector<int64_t> idxs(cells.begin(), cells.end());
     ggml_backend_tensor_set(io.inp_kv_idxs, idxs.data(), 0, n * sizeof(int64_t));
@@ -122,7 +133,7 @@ void specee_draft_commit(specee_draft_head & h) {
         std::vector<int32_t> tok(h.pend_tok.begin() + i0, h.pend_tok.begin() + i0 + m);
         std::vector<int32_t> pos(h.pend_pos.begin() + i0, h.pend_pos.begin() + i0 + m);
         const bool           last = i0 + m == n;
-        specee_draft_eval(h, tok, h.pend_feat.data() + (size_t) i0 * h.n_embd, pos, nullptr,
+        specee_draft_eval(h, tok, h.pend_feat.data() + (size_t) i0 * h.n_feat, pos, nullptr,
                           last ? std::vector<int32_t>{m - 1} : std::vector<int32_t>{});
         if (last) {
             last_out.assign(h.out.end() - h.n_embd, h.out.end());
@@ -144,14 +155,14 @@ void specee_draft_truncate(specee_draft_head & h, int32_t p) {
         if (h.pend_pos[i] < p) {
             h.pend_tok[keep] = h.pend_tok[i];
             h.pend_pos[keep] = h.pend_pos[i];
-            std::copy(h.pend_feat.begin() + i * h.n_embd, h.pend_feat.begin() + (i + 1) * h.n_embd,
-                      h.pend_feat.begin() + keep * h.n_embd);
+            std::copy(h.pend_feat.begin() + i * h.n_feat, h.pend_feat.begin() + (i + 1) * h.n_feat,
+                      h.pend_feat.begin() + keep * h.n_feat);
             keep++;
         }
     }
     h.pend_tok.resize(keep);
     h.pend_pos.resize(keep);
-    h.pend_feat.resize(keep * h.n_embd);
+    h.pend_feat.resize(keep * h.n_feat);
     if ((int32_t) h.pair_tok.size() > p) {
         h.pair_tok.resize(std::max(p, 0));
     }
@@ -181,28 +192,50 @@ int32_t specee_draft_target_id(const specee_draft_head & h, int32_t row) {
 
 // ---- C API -------------------------------------------------------------------------------------------
 
-extern "C" int32_t specee_draft_head_eval(specee_context * ctx, const int32_t * tokens, const float * features,
-                                          int32_t n, float * logits, float * out) {
+// a chain of draft steps after the committed pairs: step j takes draft_tokens[j] at position n + j with the previous
+// row's output, sees the pairs and the earlier steps; its logits and output appended to those of the pairs
+static void eval_chain(specee_draft_head & h, int32_t n, const int32_t * draft_tokens, int32_t n_draft,
+                       std::vector<float> & logits, std::vector<float> & out) {
+    std::vector<int32_t> anc;
+    for (int32_t j = 0; j < n_draft; ++j) {
+        const std::vector<float> prev(out.end() - h.n_embd, out.end());
+        const std::vector<std::vector<int32_t>> ancs = {anc};
+        const std::vector<int32_t> cells = specee_draft_eval(h, {draft_tokens[j]}, prev.data(), {n + j}, &ancs, {0});
+        anc.push_back(cells[0]);
+        logits.insert(logits.end(), h.logits.begin(), h.logits.end());
+        out.insert(out.end(), h.out.begin(), h.out.end());
+    }
+}
+
+static void check_tokens(const specee_draft_head & h, const int32_t * tokens, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= h.n_vocab) {
+            specee_fail("token id %d at index %d is out of range [0, %d)", tokens[i], i, h.n_vocab);
+        }
+    }
+}
+
+extern "C" int32_t specee_draft_head_eval_steps(specee_context * ctx, const int32_t * tokens, const float * features,
+                                                int32_t n, const int32_t * draft_tokens, int32_t n_draft,
+                                                float * logits, float * out) {
     if (!ctx) {
         specee_set_error("no context");
         return -1;
     }
     std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
-        if (!tokens || !features || n <= 0) {
+        if (!tokens || !features || n <= 0 || n_draft < 0 || (n_draft > 0 && !draft_tokens)) {
             specee_fail("no pairs to evaluate");
         }
         specee_draft_head h;
-        specee_draft_head_init(h, *ctx, 0);
-        if (n > (int32_t) h.kv.size) {
-            specee_fail("%d pairs do not fit the head's cache of %u cells", n, h.kv.size);
+        specee_draft_head_init(h, *ctx, (uint32_t) n_draft);
+        if (n + n_draft > (int32_t) h.kv.size) {
+            specee_fail("%d pairs do not fit the head's cache of %u cells", n + n_draft, h.kv.size);
         }
-        for (int32_t i = 0; i < n; ++i) {
-            if (tokens[i] < 0 || tokens[i] >= h.n_vocab) {
-                specee_fail("token id %d at index %d is out of range [0, %d)", tokens[i], i, h.n_vocab);
-            }
-        }
-        const int32_t n_batch = (int32_t) ctx->cparams.n_batch;
+        check_tokens(h, tokens, n);
+        check_tokens(h, draft_tokens, n_draft);
+        std::vector<float>  all_logits, all_out;
+        const int32_t       n_batch = (int32_t) ctx->cparams.n_batch;
         for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
             const int32_t        m = std::min(n_batch, n - i0);
             std::vector<int32_t> tok(tokens + i0, tokens + i0 + m), pos(m), rows(m);
@@ -210,14 +243,22 @@ extern "C" int32_t specee_draft_head_eval(specee_context * ctx, const int32_t * 
                 pos[i]  = i0 + i;
                 rows[i] = i;
             }
-            specee_draft_eval(h, tok, features + (size_t) i0 * h.n_embd, pos, nullptr, rows);
-            if (logits) {
-                std::copy(h.logits.begin(), h.logits.end(), logits + (size_t) i0 * h.n_dvocab);
-            }
-            if (out) {
-                std::copy(h.out.begin(), h.out.end(), out + (size_t) i0 * h.n_embd);
-            }
+            specee_draft_eval(h, tok, features + (size_t) i0 * h.n_feat, pos, nullptr, rows);
+            all_logits.insert(all_logits.end(), h.logits.begin(), h.logits.end());
+            all_out.insert(all_out.end(), h.out.begin(), h.out.end());
+        }
+        eval_chain(h, n, draft_tokens, n_draft, all_logits, all_out);
+        if (logits) {
+            std::copy(all_logits.begin(), all_logits.end(), logits);
+        }
+        if (out) {
+            std::copy(all_out.begin(), all_out.end(), out);
         }
         return 0;
     });
+}
+
+extern "C" int32_t specee_draft_head_eval(specee_context * ctx, const int32_t * tokens, const float * features,
+                                          int32_t n, float * logits, float * out) {
+    return specee_draft_head_eval_steps(ctx, tokens, features, n, nullptr, 0, logits, out);
 }

@@ -1,10 +1,11 @@
-// specee-draft-head.h: the EAGLE-1 draft head's state: its one-layer KV cache of (feature, token) pairs, the pairs
+// specee-draft-head.h: the EAGLE draft head's state: its one-layer KV cache of (feature, token) pairs, the pairs
 // not yet in that cache, and the evaluation of pairs. Both decoders (the tree decoder of specee-speculative.cpp and
 // the early-exit decoder of specee-early-exit.cpp) draft with one.
 //
-// A pair at position i is (f_i, t_{i+1}): the target's final-norm output at position i and the next token. Pairs are
-// committed with the target's real features once their tokens are emitted; tree nodes are drafted with the head's own
-// output feature in place of f, in cells dropped after the step.
+// A pair at position i is (f_i, t_{i+1}): the target's feature at position i (EAGLE-1: its final-norm output [n_embd];
+// EAGLE-3: the outputs of the head's three feature layers [3 n_embd]) and the next token. Pairs are committed with
+// the target's real features once their tokens are emitted; tree nodes are drafted with the head's own output
+// feature [n_embd] in place of f (EAGLE-3: its pre-norm output, which skips fc), in cells dropped after the step.
 #pragma once
 
 #include "specee-kv-cache.h"
@@ -19,6 +20,7 @@ struct specee_draft_head {
     specee_context *     ctx   = nullptr;
     const specee_model * model = nullptr;
     int32_t              n_embd = 0, n_vocab = 0, n_dvocab = 0; // n_dvocab: rows of the head's lm_head
+    int32_t              n_feat = 0; // width of a committed pair's feature: n_embd, or 3 n_embd (EAGLE-3)
 
     specee_kv_cache      kv;       // the head's one-layer cache
     std::vector<uint8_t> kv_tree;  // [kv.size] cell holds a node of the current tree (dropped after the step)
@@ -26,7 +28,7 @@ struct specee_draft_head {
 
     // pairs (feature, token) whose K/V are not cached yet, at positions pend_pos
     std::vector<int32_t> pend_tok, pend_pos;
-    std::vector<float>   pend_feat;
+    std::vector<float>   pend_feat; // [n][n_feat]
 
     // results of the last evaluation
     std::vector<float> out;    // output features [n][n_embd]
@@ -35,7 +37,7 @@ struct specee_draft_head {
 
 // a head over the context's model (which must have one); extra_cells: tree nodes in flight beyond n_ctx
 void specee_draft_head_init(specee_draft_head & h, specee_context & ctx, uint32_t extra_cells);
-// queue the pair (feature [n_embd], token) at position pos
+// queue the pair (the target's feature [n_feat], token) at position pos
 void specee_draft_add_pair(specee_draft_head & h, const float * feat, int32_t token, int32_t pos);
 // commit the pending pairs to the cache; afterwards h.out / h.logits row 0 hold the last pair's output (none pending:
 // both empty)
@@ -44,8 +46,9 @@ void specee_draft_commit(specee_draft_head & h);
 void specee_draft_truncate(specee_draft_head & h, int32_t p);
 // the positions 0.. whose pairs agree with `tokens` (pair i holds tokens[i + 1])
 int32_t specee_draft_matching_prefix(const specee_draft_head & h, const int32_t * tokens, int32_t n);
-// Evaluates pairs. anc != NULL: the pairs are tree nodes, which see the committed cells, their ancestors' cells
-// (anc[i]) and themselves; otherwise they are committed and causal. Output rows `rows` get logits; every pair's output
+// Evaluates pairs. anc != NULL: the pairs are tree nodes (features: the head's own outputs [n][n_embd]), which see the
+// committed cells, their ancestors' cells (anc[i]) and themselves; otherwise they are committed and causal (features:
+// the target's [n][n_feat]). Output rows `rows` get logits; every pair's output
 // feature lands in h.out. Returns the cells used.
 std::vector<int32_t> specee_draft_eval(specee_draft_head & h, const std::vector<int32_t> & tokens, const float * feats,
                                        const std::vector<int32_t> & pos, const std::vector<std::vector<int32_t>> * anc,

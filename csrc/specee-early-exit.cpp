@@ -195,6 +195,27 @@ static void fill_skipped_kv(specee_context & ctx, int32_t exited, int32_t pos) {
     }
 }
 
+// The head's feature of the decoded token: EAGLE-1 the final norm of the layer it left at (`norm`); EAGLE-3 the outputs
+// of its feature layers, those past the exit layer (not computed) taken as the exit layer's output
+static std::vector<float> exit_feature(specee_context & ctx, int32_t exited, const std::vector<float> & norm) {
+    const specee_eagle & e = ctx.model->eagle;
+    if (e.version != 3) {
+        return norm;
+    }
+    const int64_t      n_embd = ctx.model->hparams.n_embd;
+    const float *      f0     = specee_context_feature(ctx, 0);
+    std::vector<float> f(f0, f0 + 3 * n_embd);
+    if (exited >= 0) {
+        const std::vector<float> & h = specee_context_hidden(ctx); // the output of layer `exited`
+        for (size_t k = 0; k < e.feature_layers.size(); ++k) {
+            if (e.feature_layers[k] > exited) {
+                std::copy(h.begin(), h.begin() + n_embd, f.begin() + (int64_t) k * n_embd);
+            }
+        }
+    }
+    return f;
+}
+
 void specee_exit_init(specee_exit_decoder & dec, const specee_model & m, const specee_exit_params & params) {
     const int32_t n_layer = (int32_t) m.hparams.n_layer;
     dec.params = params;
@@ -304,7 +325,7 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
     specee_sampler_accept_impl(smpl, next);
 
     // ---- the pair (this token's feature, the next token) for the head; the next token becomes the root
-    specee_draft_add_pair(head, norm.data(), next, root_pos);
+    specee_draft_add_pair(head, exit_feature(ctx, exited, norm).data(), next, root_pos);
     root = next;
     root_pos += 1;
 

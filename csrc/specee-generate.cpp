@@ -289,9 +289,8 @@ static int32_t start_impl(specee_generator & g, const int32_t * tokens, int32_t 
                                                  n_vocab);
     specee_sampler_accept_impl(smpl, t);
     if (pairs) {
-        const float * norm = ctx.norm.data();
         for (int32_t i = e; i < n; ++i) {
-            specee_draft_add_pair(*g.head, norm + (size_t) (i - e) * m.hparams.n_embd, i + 1 < n ? tokens[i + 1] : t, i);
+            specee_draft_add_pair(*g.head, specee_context_feature(ctx, i - e), i + 1 < n ? tokens[i + 1] : t, i);
         }
     }
     g.root     = t;

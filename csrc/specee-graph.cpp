@@ -93,13 +93,12 @@ static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_layer & layer, 
     return cur;
 }
 
-ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
-                                 const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size) {
+// the inputs of a layer range: token embeddings (layer_begin == 0) or the hidden state of the previous range, and
+// the positions, cache cells and masks
+static ggml_tensor * build_inputs(ggml_context * ctx0, const specee_model & model, const specee_graph_params & gp,
+                                  specee_graph_io & io) {
     const specee_hparams & hp = model.hparams;
-    ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
-
-    // ---- inputs
-    ggml_tensor * inpL;
+    ggml_tensor *          inpL;
     if (gp.layer_begin == 0) {
         io.inp_tokens = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
         ggml_set_name(io.inp_tokens, "inp_tokens");
@@ -122,9 +121,51 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         ggml_format_name(io.inp_masks[i], "kq_mask-%d", i);
         ggml_set_input(io.inp_masks[i]);
     }
+    return inpL;
+}
+
+// a layer's output kept for reading after the graph: a copy of its own (the allocator reuses the plan of a graph of
+// the same shape, and l_out's memory is reused by later layers otherwise)
+static ggml_tensor * keep_output(ggml_context * ctx0, ggml_tensor * cur, const char * name, int il) {
+    ggml_tensor * keep = ggml_cont(ctx0, cur);
+    ggml_format_name(keep, "%s-%d", name, il);
+    ggml_set_output(keep);
+    return keep;
+}
+
+// the final norm, and the lm_head for the output rows
+static ggml_tensor * build_output(ggml_context * ctx0, const specee_model & model, const specee_graph_params & gp,
+                                  specee_graph_io & io, ggml_tensor * cur) {
+    cur = build_norm(ctx0, cur, model.output_norm, model.hparams.f_norm_rms_eps); // [n_embd, n_tokens]
+    ggml_set_name(cur, "result_norm");
+    ggml_set_output(cur);
+    io.result_norm = cur;
+    if (gp.n_outputs > 0) {
+        if (gp.n_outputs < gp.n_tokens) {
+            io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
+            ggml_set_name(io.inp_out_ids, "inp_out_ids");
+            ggml_set_input(io.inp_out_ids);
+            cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
+        }
+        cur = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, n_outputs]
+        ggml_set_name(cur, "result_output");
+        ggml_set_output(cur);
+        io.result_output = cur;
+    }
+    return cur;
+}
+
+ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                 const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size) {
+    const specee_hparams & hp = model.hparams;
+    ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
+
+    // ---- inputs
+    ggml_tensor * inpL = build_inputs(ctx0, model, gp, io);
 
     // ---- layers
     io.l_out.clear();
+    io.features.assign(gp.feature_layers.size(), nullptr);
     for (int il = gp.layer_begin; il < gp.layer_end; ++il) {
         const specee_layer & layer = model.layers[il];
         ggml_tensor *        inpSA = inpL;
@@ -146,12 +187,14 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         cur = ggml_add(ctx0, cur, ffn_inp);
         name_il(cur, "l_out", il);
         if (gp.hidden_all) {
-            // a copy of its own: the allocator reuses the plan of a graph of the same shape, and in graphs without
-            // hidden_all l_out's memory is reused by later layers
-            ggml_tensor * keep = ggml_cont(ctx0, cur);
-            ggml_format_name(keep, "l_out_kept-%d", il);
-            ggml_set_output(keep);
-            io.l_out.push_back(keep);
+            io.l_out.push_back(keep_output(ctx0, cur, "l_out_kept", il));
+        }
+        ggml_tensor * feature = nullptr; // EAGLE-3: the outputs of its feature layers, for every token
+        for (size_t k = 0; k < gp.feature_layers.size(); ++k) {
+            if (gp.feature_layers[k] == il) {
+                feature        = feature ? feature : keep_output(ctx0, cur, "eagle3_feature", il);
+                io.features[k] = feature;
+            }
         }
         inpL = cur;
     }
@@ -163,46 +206,28 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
     ggml_build_forward_expand(gf, state);
 
     // ---- final norm and lm_head
-    ggml_tensor * cur = inpL;
-    if (gp.final_norm) {
-        cur = build_norm(ctx0, cur, model.output_norm, hp.f_norm_rms_eps); // [n_embd, n_tokens]
-        ggml_set_name(cur, "result_norm");
-        ggml_set_output(cur);
-        io.result_norm = cur;
-        if (gp.n_outputs > 0) {
-            if (gp.n_outputs < gp.n_tokens) {
-                io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
-                ggml_set_name(io.inp_out_ids, "inp_out_ids");
-                ggml_set_input(io.inp_out_ids);
-                cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
-            }
-            cur = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, n_outputs]
-            ggml_set_name(cur, "result_output");
-            ggml_set_output(cur);
-            io.result_output = cur;
-        }
-    }
+    ggml_tensor * cur = gp.final_norm ? build_output(ctx0, model, gp, io, inpL) : inpL;
     ggml_build_forward_expand(gf, cur);
     for (ggml_tensor * t : io.l_out) {
         ggml_build_forward_expand(gf, t);
     }
+    for (ggml_tensor * t : io.features) {
+        if (t) {
+            ggml_build_forward_expand(gf, t);
+        }
+    }
     return gf;
 }
 
-// ---- EAGLE-1 draft head ------------------------------------------------------------------------------
+// ---- EAGLE draft heads -------------------------------------------------------------------------------
 
-ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
-                                       const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size) {
-    const specee_hparams & hp    = model.hparams;
-    const specee_eagle &   eagle = model.eagle;
-    const int              il    = SPECEE_IL_EAGLE;
-    ggml_cgraph *          gf    = ggml_new_graph_custom(ctx0, graph_size, false);
-
-    // ---- inputs: token t_{i+1} and the target's feature f_i (final-norm output) of each pair
+// the inputs of a head's batch of pairs: tokens, features [n_feat, n_tokens], positions, cache cells, the mask
+static void build_eagle_inputs(ggml_context * ctx0, const specee_graph_params & gp, int64_t n_feat,
+                               specee_graph_io & io) {
     io.inp_tokens = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
     ggml_set_name(io.inp_tokens, "eagle_inp_tokens");
     ggml_set_input(io.inp_tokens);
-    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, hp.n_embd, gp.n_tokens);
+    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, n_feat, gp.n_tokens);
     ggml_set_name(io.inp_embd, "eagle_inp_feature");
     ggml_set_input(io.inp_embd);
     io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
@@ -214,7 +239,53 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
     io.inp_masks.assign(1, ggml_new_tensor_2d(ctx0, GGML_TYPE_F16, gp.n_kv, gp.n_tokens));
     ggml_set_name(io.inp_masks[0], "eagle_kq_mask");
     ggml_set_input(io.inp_masks[0]);
+}
 
+// a head's logits for the output rows: output(norm(rows)) (norm_w NULL: no norm, EAGLE-1)
+static ggml_tensor * build_eagle_logits(ggml_context * ctx0, const specee_model & model, const specee_graph_params & gp,
+                                        specee_graph_io & io, ggml_tensor * cur, ggml_tensor * norm_w) {
+    const specee_eagle & eagle = model.eagle;
+    if (gp.n_outputs < gp.n_tokens) {
+        io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
+        ggml_set_name(io.inp_out_ids, "eagle_inp_out_ids");
+        ggml_set_input(io.inp_out_ids);
+        cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
+    }
+    if (norm_w) {
+        cur = build_norm(ctx0, cur, norm_w, model.hparams.f_norm_rms_eps);
+        name_il(cur, "output_norm", SPECEE_IL_EAGLE);
+    }
+    cur = ggml_mul_mat(ctx0, eagle.output ? eagle.output : model.output, cur); // [n_draft_vocab, n_outputs]
+    name_il(cur, "logits", SPECEE_IL_EAGLE);
+    ggml_set_output(cur);
+    io.result_output = cur;
+    return cur;
+}
+
+// the head layer's MLP half: post-attention norm, SwiGLU, residual; the head's output (eagle_out)
+static ggml_tensor * build_eagle_mlp(ggml_context * ctx0, const specee_model & model, ggml_tensor * attn_out,
+                                     ggml_tensor * residual, specee_graph_io & io) {
+    const int     il      = SPECEE_IL_EAGLE;
+    ggml_tensor * ffn_inp = ggml_add(ctx0, attn_out, residual);
+    name_il(ffn_inp, "ffn_inp", il);
+    ggml_tensor * cur = build_norm(ctx0, ffn_inp, model.eagle.layer.ffn_norm, model.hparams.f_norm_rms_eps);
+    name_il(cur, "ffn_norm", il);
+    cur = build_ffn(ctx0, model.eagle.layer, cur, il);
+    cur = ggml_add(ctx0, cur, ffn_inp); // [n_embd, n_tokens]: the next feature of the draft
+    name_il(cur, "out", il);
+    ggml_set_output(cur);
+    io.l_out.assign(1, cur);
+    return cur;
+}
+
+ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                       const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size) {
+    const specee_eagle & eagle = model.eagle;
+    const int            il    = SPECEE_IL_EAGLE;
+    ggml_cgraph *        gf    = ggml_new_graph_custom(ctx0, graph_size, false);
+
+    // ---- inputs: token t_{i+1} and the target's feature f_i (final-norm output) of each pair
+    build_eagle_inputs(ctx0, gp, model.hparams.n_embd, io);
     ggml_tensor * embd = ggml_get_rows(ctx0, eagle.tok_embd ? eagle.tok_embd : model.tok_embd, io.inp_tokens);
     name_il(embd, "inp_embd", il);                                  // [n_embd, n_tokens]
     ggml_tensor * cur = ggml_concat(ctx0, embd, io.inp_embd, 0);    // [2 n_embd, n_tokens]
@@ -225,28 +296,47 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
     // one decoder layer without its input norm
     ggml_tensor * inpSA = cur;
     cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], il);
-    ggml_tensor * ffn_inp = ggml_add(ctx0, cur, inpSA);
-    name_il(ffn_inp, "ffn_inp", il);
-    cur = build_norm(ctx0, ffn_inp, eagle.layer.ffn_norm, hp.f_norm_rms_eps);
-    name_il(cur, "ffn_norm", il);
-    cur = build_ffn(ctx0, eagle.layer, cur, il);
-    cur = ggml_add(ctx0, cur, ffn_inp); // [n_embd, n_tokens]: the next feature of the draft
-    name_il(cur, "out", il);
-    ggml_set_output(cur);
-    io.l_out.assign(1, cur);
+    cur = build_eagle_mlp(ctx0, model, cur, inpSA, io);
 
     // logits of the output tokens, no final norm
     if (gp.n_outputs > 0) {
-        if (gp.n_outputs < gp.n_tokens) {
-            io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
-            ggml_set_name(io.inp_out_ids, "eagle_inp_out_ids");
-            ggml_set_input(io.inp_out_ids);
-            cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
-        }
-        cur = ggml_mul_mat(ctx0, eagle.output ? eagle.output : model.output, cur); // [n_draft_vocab, n_outputs]
-        name_il(cur, "logits", il);
-        ggml_set_output(cur);
-        io.result_output = cur;
+        cur = build_eagle_logits(ctx0, model, gp, io, cur, nullptr);
+    }
+    ggml_build_forward_expand(gf, io.l_out[0]);
+    ggml_build_forward_expand(gf, cur);
+    return gf;
+}
+
+ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                        const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size) {
+    const specee_hparams & hp    = model.hparams;
+    const specee_eagle &   eagle = model.eagle;
+    const int              il    = SPECEE_IL_EAGLE;
+    ggml_cgraph *          gf    = ggml_new_graph_custom(ctx0, graph_size, false);
+
+    // ---- inputs: token t_{i+1} and the feature of each pair: the target's three layers, or the head's own output
+    build_eagle_inputs(ctx0, gp, gp.n_feat, io);
+    ggml_tensor * embd = ggml_get_rows(ctx0, eagle.tok_embd ? eagle.tok_embd : model.tok_embd, io.inp_tokens);
+    name_il(embd, "inp_embd", il); // [n_embd, n_tokens]
+    ggml_tensor * hidden = io.inp_embd;
+    if (gp.n_feat != (int32_t) hp.n_embd) {
+        hidden = ggml_mul_mat(ctx0, eagle.fc, hidden); // [n_embd, n_tokens]
+        name_il(hidden, "fc", il);
+    }
+
+    // one decoder layer whose attention reads both inputs, each normed; the residual is the un-normed feature
+    ggml_tensor * embd_norm = build_norm(ctx0, embd, eagle.layer.attn_norm, hp.f_norm_rms_eps);
+    name_il(embd_norm, "attn_norm", il);
+    ggml_tensor * hidden_norm = build_norm(ctx0, hidden, eagle.hidden_norm, hp.f_norm_rms_eps);
+    name_il(hidden_norm, "hidden_norm", il);
+    ggml_tensor * cur = ggml_concat(ctx0, embd_norm, hidden_norm, 0); // [2 n_embd, n_tokens]
+    name_il(cur, "inp_concat", il);
+    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], il);
+    cur = build_eagle_mlp(ctx0, model, cur, hidden, io);
+
+    // logits of the output tokens: the head's final norm, then its lm_head
+    if (gp.n_outputs > 0) {
+        cur = build_eagle_logits(ctx0, model, gp, io, cur, eagle.output_norm);
     }
     ggml_build_forward_expand(gf, io.l_out[0]);
     ggml_build_forward_expand(gf, cur);

@@ -17,6 +17,10 @@ struct specee_graph_params {
     int32_t layer_end   = 0;
     bool    hidden_all  = false; // keep every layer's output
     bool    final_norm  = false; // layer_end == n_layer: run the final norm (and the lm_head when n_outputs > 0)
+    // EAGLE-3: keep the outputs of these layers (those in [layer_begin, layer_end)) as io.features
+    std::vector<int32_t> feature_layers;
+    // the draft head: the width of its input features, n_embd or (EAGLE-3's target features) 3 n_embd
+    int32_t n_feat = 0;
 
     // attention masks: layer il uses mask mask_of_layer[il - layer_begin] of n_masks
     int32_t              n_masks = 1;
@@ -39,6 +43,7 @@ struct specee_graph_io {
 
     // outputs
     std::vector<ggml_tensor *> l_out;         // [n_embd, n_tokens] after each evaluated layer (hidden_all)
+    std::vector<ggml_tensor *> features;      // [n_embd, n_tokens] after gp.feature_layers[k] (NULL: not in range)
     ggml_tensor *              result_norm   = nullptr; // [n_embd, n_tokens]
     ggml_tensor *              result_output = nullptr; // [n_vocab, n_outputs]
 };
@@ -55,6 +60,13 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
 // tokens of io.inp_out_ids (over the draft vocabulary when the head has its own).
 ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                        const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);
+
+// The EAGLE-3 draft head over a batch of pairs, as the EAGLE-1 one; io.inp_embd is [gp.n_feat, n_tokens]: the
+// target's features (gp.n_feat = 3 n_embd, fused by fc) or the head's own outputs (n_embd, no fc). io.l_out[0] is
+// the head's output before its final norm (eagle_out), fed to the next draft step; io.result_output the logits
+// output(output_norm(eagle_out)) over the draft vocabulary for the rows io.inp_out_ids.
+ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                        const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);
 
 // SpecEE's exit at a layer: the final norm and the lm_head on one token's hidden state after that layer (the
 // first column of `state`); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]

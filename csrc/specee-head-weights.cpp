@@ -32,10 +32,13 @@ static bool has_pred_tensors(ggml_context * cm) {
 
 // ---- the EAGLE head ------------------------------------------------------------------------------
 
-// the head's tensors (its feed-forward size from the file), shapes checked; throws naming the misfit
+// the head's tensors (its feed-forward size from the file), shapes checked; throws naming the misfit. EAGLE-3's
+// attention reads 2 n_embd inputs and its fc fuses 3 n_embd; it has its own norms and lm_head and no fc bias.
 static void read_eagle_tensors(specee_eagle & e, const specee_hparams & hp, ggml_context * cm, const gguf_context * g,
                                const std::string & path) {
+    const bool    v3     = e.version == 3;
     const int64_t n_embd = hp.n_embd;
+    const int64_t n_in   = v3 ? 2 * n_embd : n_embd; // the attention's input width
     const int64_t n_q    = (int64_t) hp.n_embd_head_k * hp.n_head;
     const int64_t n_out  = (int64_t) hp.n_embd_head_v * hp.n_head;
     ggml_tensor * gate   = ggml_get_tensor(cm, specee_tensor_name(SPECEE_TENSOR_EAGLE_FFN_GATE).c_str());
@@ -46,20 +49,55 @@ static void read_eagle_tensors(specee_eagle & e, const specee_hparams & hp, ggml
     auto tensor = [&](specee_tensor which, std::vector<int64_t> shape, bool required = true) {
         return specee_gguf_tensor(cm, path, which, -1, std::move(shape), required);
     };
+    auto refuse = [&](specee_tensor which, const char * why) {
+        if (ggml_get_tensor(cm, specee_tensor_name(which).c_str())) {
+            specee_fail("'%s' %s", specee_tensor_name(which).c_str(), why);
+        }
+    };
     specee_layer & l = e.layer;
     e.tok_embd = tensor(SPECEE_TENSOR_EAGLE_TOKEN_EMBD, {n_embd, (int64_t) hp.n_vocab}, false);
-    e.fc       = tensor(SPECEE_TENSOR_EAGLE_FC, {2 * n_embd, n_embd});
-    e.fc_b     = tensor(SPECEE_TENSOR_EAGLE_FC_BIAS, {n_embd});
-    l.wq       = tensor(SPECEE_TENSOR_EAGLE_ATTN_Q, {n_embd, n_q});
-    l.wk       = tensor(SPECEE_TENSOR_EAGLE_ATTN_K, {n_embd, (int64_t) hp.n_embd_k_gqa()});
-    l.wv       = tensor(SPECEE_TENSOR_EAGLE_ATTN_V, {n_embd, (int64_t) hp.n_embd_v_gqa()});
+    e.fc       = tensor(SPECEE_TENSOR_EAGLE_FC, {(v3 ? 3 : 2) * n_embd, n_embd});
+    l.wq       = tensor(SPECEE_TENSOR_EAGLE_ATTN_Q, {n_in, n_q});
+    l.wk       = tensor(SPECEE_TENSOR_EAGLE_ATTN_K, {n_in, (int64_t) hp.n_embd_k_gqa()});
+    l.wv       = tensor(SPECEE_TENSOR_EAGLE_ATTN_V, {n_in, (int64_t) hp.n_embd_v_gqa()});
     l.wo       = tensor(SPECEE_TENSOR_EAGLE_ATTN_OUTPUT, {n_out, n_embd});
     l.ffn_norm = tensor(SPECEE_TENSOR_EAGLE_FFN_NORM, {n_embd});
     l.ffn_gate = tensor(SPECEE_TENSOR_EAGLE_FFN_GATE, {n_embd, n_ff});
     l.ffn_up   = tensor(SPECEE_TENSOR_EAGLE_FFN_UP, {n_embd, n_ff});
     l.ffn_down = tensor(SPECEE_TENSOR_EAGLE_FFN_DOWN, {n_ff, n_embd});
     ggml_tensor * out = ggml_get_tensor(cm, specee_tensor_name(SPECEE_TENSOR_EAGLE_OUTPUT).c_str());
-    e.output          = tensor(SPECEE_TENSOR_EAGLE_OUTPUT, {n_embd, out ? out->ne[1] : 0}, false);
+    e.output          = tensor(SPECEE_TENSOR_EAGLE_OUTPUT, {n_embd, out ? out->ne[1] : 0}, v3);
+    if (v3) {
+        refuse(SPECEE_TENSOR_EAGLE_FC_BIAS, "is an EAGLE-1 tensor: an EAGLE-3 head's fc has no bias");
+        l.attn_norm   = tensor(SPECEE_TENSOR_EAGLE_ATTN_NORM, {n_embd});
+        e.hidden_norm = tensor(SPECEE_TENSOR_EAGLE_HIDDEN_NORM, {n_embd});
+        e.output_norm = tensor(SPECEE_TENSOR_EAGLE_OUTPUT_NORM, {n_embd});
+    } else {
+        e.fc_b = tensor(SPECEE_TENSOR_EAGLE_FC_BIAS, {n_embd});
+        for (specee_tensor t : {SPECEE_TENSOR_EAGLE_ATTN_NORM, SPECEE_TENSOR_EAGLE_HIDDEN_NORM,
+                                SPECEE_TENSOR_EAGLE_OUTPUT_NORM}) {
+            refuse(t, "is an EAGLE-3 tensor, but the head is EAGLE-1 (specee.eagle.version 1)");
+        }
+    }
+}
+
+// EAGLE-3: the three target layers whose outputs form the feature
+static void read_feature_layers(specee_eagle & e, const specee_hparams & hp, const gguf_context * g,
+                                const std::string & path) {
+    const int64_t id = gguf_find_key(g, SPECEE_KEY_EAGLE_FEATURE_LAYERS);
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g, id) != GGUF_TYPE_INT32 ||
+        gguf_get_arr_n(g, id) != 3) {
+        specee_fail("the EAGLE-3 head in %s has no %s (an int32 array of the 3 target layers whose outputs form "
+                    "its feature)", path.c_str(), SPECEE_KEY_EAGLE_FEATURE_LAYERS);
+    }
+    const int32_t * v = (const int32_t *) gguf_get_arr_data(g, id);
+    e.feature_layers.assign(v, v + 3);
+    for (int32_t il : e.feature_layers) {
+        if (il < 0 || il >= (int32_t) hp.n_layer) {
+            specee_fail("the EAGLE-3 head in %s: %s lists layer %d but the model has layers 0..%u", path.c_str(),
+                        SPECEE_KEY_EAGLE_FEATURE_LAYERS, il, hp.n_layer - 1);
+        }
+    }
 }
 
 // a reduced draft vocabulary: eagle.output's rows are the target tokens listed in draft_vocab
@@ -99,19 +137,22 @@ specee_eagle specee_read_eagle(const specee_hparams & hp, ggml_context * cm, con
     e.source  = path;
     e.version = 1;
     specee_gguf_get_int(g, SPECEE_KEY_EAGLE_VERSION, e.version, 0, UINT32_MAX, false);
-    if (e.version != 1) {
-        specee_fail("the EAGLE head in %s is version %u; this runtime runs EAGLE-1 heads (%s = 1)", path.c_str(),
-                    e.version, SPECEE_KEY_EAGLE_VERSION);
+    if (e.version != 1 && e.version != 3) {
+        specee_fail("the EAGLE head in %s is version %u; this runtime runs EAGLE-1 and EAGLE-3 heads (%s = 1 or 3)",
+                    path.c_str(), e.version, SPECEE_KEY_EAGLE_VERSION);
     }
     try {
         read_eagle_tensors(e, hp, cm, g, path);
     } catch (const specee_error & err) {
-        specee_fail("the EAGLE head in %s does not fit the model (n_embd %u, %u heads / %u KV heads, vocab %u): %s",
-                    path.c_str(), hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_vocab, err.what());
+        specee_fail("the EAGLE-%u head in %s does not fit the model (n_embd %u, %u heads / %u KV heads, vocab %u): %s",
+                    e.version, path.c_str(), hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_vocab, err.what());
     }
     read_draft_vocab(e, hp, g, path);
     if (!specee_gguf_get_f32_in(g, SPECEE_KEY_EAGLE_ACCEPTANCE, e.acceptance, -1e-6f, 1.0f + 1e-6f)) {
         e.acceptance = -1.0f;
+    }
+    if (e.version == 3) {
+        read_feature_layers(e, hp, g, path);
     }
     return e;
 }

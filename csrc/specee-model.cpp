@@ -4,6 +4,8 @@
 
 #include "specee.h"
 
+#include <algorithm>
+
 int32_t specee_model_device_of_layer(const specee_model & m, int32_t il) {
     if (il >= 0 && il < (int32_t) m.layer_device.size()) {
         return m.layer_device[il];
@@ -45,4 +47,20 @@ extern "C" int32_t specee_model_eagle_n_vocab(const specee_model * model) {
         return 0;
     }
     return model->eagle.output ? (int32_t) model->eagle.draft_vocab.size() : (int32_t) model->hparams.n_vocab;
+}
+
+extern "C" int32_t specee_model_eagle_version(const specee_model * model) {
+    return specee_model_has_eagle(model) ? (int32_t) model->eagle.version : 0;
+}
+
+extern "C" int32_t specee_model_eagle_n_feature(const specee_model * model) {
+    return specee_model_has_eagle(model) ? specee_eagle_n_feat(model->eagle, model->hparams.n_embd) : 0;
+}
+
+extern "C" int32_t specee_model_eagle_feature_layers(const specee_model * model, int32_t * out, int32_t n_max) {
+    const int32_t n = specee_model_has_eagle(model) ? (int32_t) model->eagle.feature_layers.size() : 0;
+    for (int32_t i = 0; out && i < std::min(n, n_max); ++i) {
+        out[i] = model->eagle.feature_layers[i];
+    }
+    return n;
 }

@@ -28,21 +28,35 @@ struct specee_layer {
     ggml_tensor * ffn_down  = nullptr; // [n_ff, n_embd]
 };
 
-// EAGLE-1 draft head: x = fc(concat(embed(t), f)) + fc_b, then one decoder layer without its input norm
+// EAGLE draft head.
+// EAGLE-1 (version 1): x = fc(concat(embed(t), f)) + fc_b, then one decoder layer without its input norm
 // (layer.attn_norm is unused), no final norm; logits through the base lm_head or, with a reduced draft
-// vocabulary, through `output` whose rows are the target tokens draft_vocab[i]
+// vocabulary, through `output` whose rows are the target tokens draft_vocab[i]. f: the target's final-norm output.
+// EAGLE-3 (version 3): the feature is the target's hidden states after the three feature_layers [3 n_embd], fused
+// by fc (no bias), or the head's own output [n_embd] (draft steps, no fc); the decoder layer's attention reads
+// concat(attn_norm(embed(t)), hidden_norm(x)) [2 n_embd], the residual is x; then output(output_norm(.)).
 struct specee_eagle {
-    uint32_t      version  = 0; // 0: the model has no head
+    uint32_t      version  = 0; // 0: the model has no head; 1: EAGLE-1; 3: EAGLE-3
     uint32_t      n_ff     = 0;
     ggml_tensor * tok_embd = nullptr; // [n_embd, n_vocab] or NULL: the base model's token_embd
-    ggml_tensor * fc       = nullptr; // [2 * n_embd, n_embd] (input: embedding first, then feature)
-    ggml_tensor * fc_b     = nullptr; // [n_embd]
-    specee_layer  layer;              // wq, wk, wv, wo, ffn_norm, ffn_gate/up/down (n_ff)
-    ggml_tensor * output   = nullptr; // [n_embd, n_draft_vocab] or NULL: the base model's output
+    ggml_tensor * fc       = nullptr; // EAGLE-1 [2 n_embd, n_embd] (embedding first, then feature); EAGLE-3
+                                      // [3 n_embd, n_embd] (the feature layers low to high)
+    ggml_tensor * fc_b     = nullptr; // [n_embd] (EAGLE-1)
+    specee_layer  layer;              // wq, wk, wv, wo, ffn_norm, ffn_gate/up/down (n_ff); EAGLE-3: attn_norm (the
+                                      // embedding's norm), wq/wk/wv [2 n_embd, ...]
+    ggml_tensor * hidden_norm = nullptr; // [n_embd] (EAGLE-3)
+    ggml_tensor * output_norm = nullptr; // [n_embd] (EAGLE-3)
+    ggml_tensor * output   = nullptr; // [n_embd, n_draft_vocab] or NULL (EAGLE-1 only): the base model's output
     std::vector<int32_t> draft_vocab; // target id of each row of output
     float         acceptance = -1.0f; // held-out acceptance of the first drafted token (specee.eagle.acceptance), -1: unknown
+    std::vector<int32_t> feature_layers; // EAGLE-3: the 3 target layers whose outputs form the feature, low to high
     std::string   source;             // the file it was read from
 };
+
+// the width of the feature a committed pair takes: n_embd (EAGLE-1: the final-norm output), 3 n_embd (EAGLE-3)
+inline int32_t specee_eagle_n_feat(const specee_eagle & e, uint32_t n_embd) {
+    return (int32_t) (e.version == 3 ? 3 * n_embd : n_embd);
+}
 
 // SpecEE exit predictor of one layer: p = sigmoid(down . relu(up . features + up_b) + down_b)
 struct specee_predictor {

@@ -121,7 +121,7 @@ static std::vector<ggml_tensor **> output_weights(specee_model & m) {
         for (ggml_tensor ** t : layer_weights(e.layer)) {
             w.push_back(t);
         }
-        for (ggml_tensor ** t : {&e.tok_embd, &e.fc, &e.fc_b, &e.output}) {
+        for (ggml_tensor ** t : {&e.tok_embd, &e.fc, &e.fc_b, &e.output, &e.hidden_norm, &e.output_norm}) {
             w.push_back(t);
         }
     }
@@ -480,7 +480,7 @@ void specee_place_eagle(specee_model & m) {
     if (m.output_device >= 0 && m.eagle.version > 0) {
         specee_eagle &              e = m.eagle;
         std::vector<ggml_tensor **> t = layer_weights(e.layer);
-        for (ggml_tensor ** x : {&e.tok_embd, &e.fc, &e.fc_b, &e.output}) {
+        for (ggml_tensor ** x : {&e.tok_embd, &e.fc, &e.fc_b, &e.output, &e.hidden_norm, &e.output_norm}) {
             t.push_back(x);
         }
         copy_to_device(m, m.devices[m.output_device], t);

@@ -573,7 +573,7 @@ static void keep_accepted(specee_tree_decoder & dec, specee_draft_head & head, i
     specee_draft_drop_tree(head);
     for (size_t j = 0; j < emitted.size(); ++j) {
         const int32_t row = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
-        specee_draft_add_pair(head, ctx.norm.data() + (size_t) row * head.n_embd, emitted[j], root_pos + (int32_t) j);
+        specee_draft_add_pair(head, specee_context_feature(ctx, row), emitted[j], root_pos + (int32_t) j);
     }
 }
 

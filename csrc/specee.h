@@ -82,7 +82,7 @@ const char * specee_arch_tensor_name(int32_t i);
 // the same for the EAGLE draft head's tensors ("eagle.fc.weight", ...)
 const char * specee_arch_eagle_tensor_name(int32_t i);
 
-// EAGLE-1 draft head: read from the model file when it has eagle.* tensors (a merged file), or from a draft head
+// EAGLE-1 or EAGLE-3 draft head (specee.eagle.version): read from the model file when it has eagle.* tensors (a merged file), or from a draft head
 // file (eagle.* tensors and specee.eagle.* keys, e.g. `python -m specee.convert merge --draft-head-only`), which
 // replaces the model's head; exit predictors (blk.N.pred.*, specee.exit.* keys) in that file replace the model's
 // too (`merge --draft-head-only --eagle ... --predictors ...` writes such a file); what was replaced is noted in
@@ -95,6 +95,14 @@ int32_t specee_model_eagle_n_vocab(const specee_model * model);
 // the target token of each row of a reduced draft vocabulary [specee_model_eagle_n_vocab], NULL when the head
 // uses the model's lm_head
 const int32_t * specee_model_eagle_draft_vocab(const specee_model * model);
+// the head's version: 1 (EAGLE-1), 3 (EAGLE-3), 0 without a head
+int32_t specee_model_eagle_version(const specee_model * model);
+// the width of the target feature a committed pair takes: n_embd (EAGLE-1: the final-norm output), 3 n_embd
+// (EAGLE-3: the outputs of its feature layers); 0 without a head
+int32_t specee_model_eagle_n_feature(const specee_model * model);
+// EAGLE-3: the target layers whose outputs form the feature, low to high (0-based; the output of layer i is the
+// input of layer i + 1); writes up to n_max, returns how many (3; 0 for other heads)
+int32_t specee_model_eagle_feature_layers(const specee_model * model, int32_t * out, int32_t n_max);
 
 // ---- vocabulary (tokenizer.ggml.* metadata) ---------------------------------------------------
 
@@ -195,6 +203,10 @@ const float * specee_get_logits(const specee_context * ctx); // [n_outputs][n_vo
 const float * specee_get_hidden(const specee_context * ctx, int32_t il);
 // final-norm output of the last batch [n_tokens][n_embd] (the lm_head input, EAGLE's feature)
 const float * specee_get_norm(const specee_context * ctx);
+// EAGLE-3: the outputs of the head's feature layers for every token of the last batch [n_tokens][3 n_embd] (the
+// features its committed pairs take); NULL with specee_last_error() without an EAGLE-3 head or before they were
+// computed
+const float * specee_get_features(const specee_context * ctx);
 int32_t       specee_last_n_tokens(const specee_context * ctx);
 
 // Named intermediates: the next evaluations keep a copy of each graph node with one of these names ("l_out-12",
@@ -278,11 +290,16 @@ int32_t specee_exit_features(const specee_model * model, const float * h, const 
 // the layer's predictor on feat [3 n_cand]: a probability, or -1 with specee_last_error()
 float   specee_exit_predict(const specee_model * model, int32_t layer, const float * feat);
 
-// The draft head alone over n pairs (tokens[i], features[i] [n_embd]) at positions 0..n-1, causal: logits
-// [n][specee_model_eagle_n_vocab] (NULL: not needed) and the head's output features [n][n_embd] (out, NULL:
-// not needed). For tests and training's acceptance estimates; it uses a cache of its own.
+// The draft head alone over n pairs (tokens[i], features[i] [specee_model_eagle_n_feature]) at positions 0..n-1,
+// causal: logits [n][specee_model_eagle_n_vocab] (NULL: not needed) and the head's output features [n][n_embd] (out,
+// NULL: not needed). For tests and training's acceptance estimates; it uses a cache of its own.
 int32_t specee_draft_head_eval(specee_context * ctx, const int32_t * tokens, const float * features, int32_t n,
                                float * logits, float * out);
+// The same, then a chain of n_draft draft steps as the tree decoders run them: step j takes token draft_tokens[j]
+// at position n + j with the previous row's output feature (the head's own, [n_embd]: EAGLE-3 skips its fc) and
+// sees the pairs and the earlier steps; logits [n + n_draft][n_vocab of the head], out [n + n_draft][n_embd].
+int32_t specee_draft_head_eval_steps(specee_context * ctx, const int32_t * tokens, const float * features, int32_t n,
+                                     const int32_t * draft_tokens, int32_t n_draft, float * logits, float * out);
 
 // ---- generation: one decoding loop for every mode ----------------------------------------------------
 //

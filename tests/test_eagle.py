@@ -351,10 +351,14 @@ def chi2_stat(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
 
 @pytest.mark.parametrize("mode", ["eagle", "eagle2"])
 def test_sampling_keeps_the_target_distribution(mode: str, trained_gguf: Path) -> None:
+    check_sampling_distribution(trained_gguf, mode)
+
+
+def check_sampling_distribution(path: Path, mode: str, draft_head: Path | None = None) -> None:
     """The first two tokens of a speculative step over many seeds against the target's distributions (after
     the sampler's top-k and temperature): the first token's, and the second's given the most frequent first
     one. The trained head's q is sharper than p, so drafts are both accepted and rejected."""
-    m = specee.Model(trained_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32")
+    m = specee.Model(path, n_ctx=N_CTX, n_threads=1, type_v="f32", draft_head=draft_head)
     eagle = EagleParams(choices="[[0], [1], [2], [0, 0], [0, 1], [1, 0]]") if mode == "eagle" else \
         EagleParams(total_tokens=8, depth=3, topk=3)
     gen = _core.Generator(m._ctx, GenerateOptions(mode=mode, temp=0, eagle=eagle))

@@ -463,6 +463,10 @@ PYBIND11_MODULE(_core, m) {
                                    }
                                    return std::vector<int32_t>(ids, ids + specee_model_eagle_n_vocab(s.ptr));
                                })
+        .def_property_readonly("eagle_version", [](const Model & s) { return specee_model_eagle_version(s.ptr); })
+        .def_property_readonly("eagle_n_feature", [](const Model & s) { return specee_model_eagle_n_feature(s.ptr); })
+        .def_property_readonly("eagle_feature_layers",
+                               [](const Model & s) { return id_list(specee_model_eagle_feature_layers, s.ptr); })
         .def_property_readonly("exit_n_pred", [](const Model & s) { return specee_model_exit_n_pred(s.ptr); })
         .def("exit_has_pred", [](const Model & s, int32_t il) { return specee_model_exit_has_pred(s.ptr, il); })
         .def_property_readonly("exit_layers", [](const Model & s) { return id_list(specee_model_exit_layers, s.ptr); })
@@ -528,6 +532,17 @@ PYBIND11_MODULE(_core, m) {
         .def("hidden", [](const Context & s, int32_t il) { return s.hidden_copy(specee_get_hidden(s.ptr, il)); },
              py::arg("layer") = -1)
         .def("norm", [](const Context & s) { return s.hidden_copy(specee_get_norm(s.ptr)); })
+        .def("features",
+             [](const Context & s) {
+                 const float * data = specee_get_features(s.ptr);
+                 if (!data) {
+                     raise_last();
+                 }
+                 const int32_t      n = specee_last_n_tokens(s.ptr), width = specee_model_eagle_n_feature(s.model);
+                 py::array_t<float> out({n, width});
+                 memcpy(out.mutable_data(), data, sizeof(float) * n * width);
+                 return out;
+             })
         .def("set_capture",
              [](Context & s, const std::vector<std::string> & names) {
                  std::vector<const char *> ptrs;
@@ -625,27 +640,30 @@ PYBIND11_MODULE(_core, m) {
     m.attr("OFFLOAD_LAST")  = (int) SPECEE_OFFLOAD_LAST;
 
     m.def("draft_head_eval",
-          [](py::object ctx_obj, const i32_array & tokens, const f32_array & features) {
-              Context &     ctx    = ctx_obj.cast<Context &>();
-              const int32_t n      = (int32_t) tokens.size();
-              const int32_t n_embd = specee_model_n_embd(ctx.model);
-              if (features.ndim() != 2 || features.shape(0) != n || features.shape(1) != n_embd) {
-                  throw py::value_error("features must be [n_tokens, n_embd]");
+          [](py::object ctx_obj, const i32_array & tokens, const f32_array & features, const i32_array & draft_tokens) {
+              Context &     ctx     = ctx_obj.cast<Context &>();
+              const int32_t n       = (int32_t) tokens.size();
+              const int32_t n_draft = (int32_t) draft_tokens.size();
+              const int32_t n_embd  = specee_model_n_embd(ctx.model);
+              const int32_t n_feat  = specee_model_eagle_n_feature(ctx.model);
+              if (features.ndim() != 2 || features.shape(0) != n || (n_feat > 0 && features.shape(1) != n_feat)) {
+                  throw py::value_error("features must be [n_tokens, " + std::to_string(n_feat) +
+                                        "] (the target feature width of the model's draft head)");
               }
-              py::array_t<float> logits({n, specee_model_eagle_n_vocab(ctx.model)});
-              py::array_t<float> out({n, n_embd});
+              py::array_t<float> logits({n + n_draft, specee_model_eagle_n_vocab(ctx.model)});
+              py::array_t<float> out({n + n_draft, n_embd});
               int32_t            rc;
               {
                   py::gil_scoped_release release;
-                  rc = specee_draft_head_eval(ctx.ptr, tokens.data(), features.data(), n, logits.mutable_data(),
-                                              out.mutable_data());
+                  rc = specee_draft_head_eval_steps(ctx.ptr, tokens.data(), features.data(), n, draft_tokens.data(),
+                                                    n_draft, logits.mutable_data(), out.mutable_data());
               }
               if (rc != 0) {
                   raise_last();
               }
               return py::make_tuple(logits, out);
           },
-          py::arg("context"), py::arg("tokens"), py::arg("features"));
+          py::arg("context"), py::arg("tokens"), py::arg("features"), py::arg("draft_tokens") = i32_array(std::vector<py::ssize_t>{0}));
     m.def("eagle_check_choices",
           [](const std::string & choices) {
               const int32_t n = specee_eagle_check_choices(choices.c_str());

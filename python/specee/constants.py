@@ -47,14 +47,14 @@ KEY_ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
 KEY_ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # older files: the linear factor
 KEY_ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
 
-# ---- the draft head (EAGLE-1) and the per-layer exit predictors, merged into a model file or alone in a draft
+# ---- the draft head (EAGLE-1 or EAGLE-3) and the per-layer exit predictors, merged into a model file or alone in a draft
 # head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which
 # mirrors the base-model table.
 
 EAGLE_TOKEN_EMBD = "eagle.token_embd.weight"  # optional: the base model's token_embd is used without it
-EAGLE_FC = "eagle.fc.weight"  # [n_embd, 2 n_embd]: input concat(embedding, feature)
-EAGLE_FC_BIAS = "eagle.fc.bias"
-EAGLE_ATTN_Q = "eagle.attn_q.weight"  # q and k rows in GGML's RoPE order, as blk.N.attn_q/k
+EAGLE_FC = "eagle.fc.weight"  # EAGLE-1 [n_embd, 2 n_embd]: concat(embedding, feature); EAGLE-3 [n_embd, 3 n_embd]
+EAGLE_FC_BIAS = "eagle.fc.bias"  # EAGLE-1 only
+EAGLE_ATTN_Q = "eagle.attn_q.weight"  # q and k rows in GGML's RoPE order, as blk.N.attn_q/k (EAGLE-3: 2 n_embd inputs)
 EAGLE_ATTN_K = "eagle.attn_k.weight"
 EAGLE_ATTN_V = "eagle.attn_v.weight"
 EAGLE_ATTN_OUTPUT = "eagle.attn_output.weight"
@@ -62,13 +62,20 @@ EAGLE_FFN_NORM = "eagle.ffn_norm.weight"
 EAGLE_FFN_GATE = "eagle.ffn_gate.weight"
 EAGLE_FFN_UP = "eagle.ffn_up.weight"
 EAGLE_FFN_DOWN = "eagle.ffn_down.weight"
-EAGLE_OUTPUT = "eagle.output.weight"  # optional: lm_head over a reduced draft vocabulary (specee.eagle.draft_vocab)
+EAGLE_OUTPUT = "eagle.output.weight"  # lm_head over a reduced draft vocabulary (specee.eagle.draft_vocab); EAGLE-1: optional
+EAGLE_ATTN_NORM = "eagle.attn_norm.weight"  # EAGLE-3: RMSNorm of the token embedding (input_layernorm)
+EAGLE_HIDDEN_NORM = "eagle.hidden_norm.weight"  # EAGLE-3: RMSNorm of the fused feature (hidden_norm)
+EAGLE_OUTPUT_NORM = "eagle.output_norm.weight"  # EAGLE-3: the head's final norm, before eagle.output
 
 EAGLE_TENSOR_NAMES = (
     EAGLE_TOKEN_EMBD, EAGLE_FC, EAGLE_FC_BIAS, EAGLE_ATTN_Q, EAGLE_ATTN_K, EAGLE_ATTN_V, EAGLE_ATTN_OUTPUT,
     EAGLE_FFN_NORM, EAGLE_FFN_GATE, EAGLE_FFN_UP, EAGLE_FFN_DOWN, EAGLE_OUTPUT,
+    EAGLE_ATTN_NORM, EAGLE_HIDDEN_NORM, EAGLE_OUTPUT_NORM,
 )
-EAGLE_OPTIONAL = (EAGLE_TOKEN_EMBD, EAGLE_OUTPUT)
+EAGLE3_ONLY = (EAGLE_ATTN_NORM, EAGLE_HIDDEN_NORM, EAGLE_OUTPUT_NORM)
+# what each version may leave out
+EAGLE_OPTIONAL = (EAGLE_TOKEN_EMBD, EAGLE_OUTPUT) + EAGLE3_ONLY
+EAGLE3_OPTIONAL = (EAGLE_TOKEN_EMBD, EAGLE_FC_BIAS)
 
 PRED_UP = "blk.%d.pred.up.weight"  # [512, 3 n_candidates]: features [logits, softmax, softmax - previous]
 PRED_UP_BIAS = "blk.%d.pred.up.bias"
@@ -79,12 +86,15 @@ PRED_TENSOR_NAMES = (PRED_UP, PRED_UP_BIAS, PRED_DOWN, PRED_DOWN_BIAS)
 
 # ---- SpecEE metadata keys (merged files and draft head files; see docs/gguf.md)
 
-KEY_EAGLE_VERSION = "specee.eagle.version"  # 1: EAGLE-1 head (fc + one decoder layer without input norm)
+KEY_EAGLE_VERSION = "specee.eagle.version"  # 1: EAGLE-1 head (fc + one decoder layer without input norm); 3: EAGLE-3
 KEY_EAGLE_FEED_FORWARD_LENGTH = "specee.eagle.feed_forward_length"
 KEY_EAGLE_DRAFT_VOCAB = "specee.eagle.draft_vocab"  # int32 target ids of eagle.output's rows, when present
 # float32, optional: the head's held-out acceptance of its first drafted token (teacher-forced top-1 on the target's
 # own replies), which `--mode auto` weighs against the measured cost of a verification pass
 KEY_EAGLE_ACCEPTANCE = "specee.eagle.acceptance"
+# EAGLE-3: int32 [3], the target layers whose outputs (0-based; the output of layer i is the input of layer i + 1)
+# are concatenated, low to high, into the head's feature [3 n_embd]
+KEY_EAGLE_FEATURE_LAYERS = "specee.eagle.feature_layers"
 KEY_EXIT_LAYERS = "specee.exit.layers"  # int32 array: the static set of layers whose predictor is checked
 KEY_EXIT_THRESHOLD = "specee.exit.threshold"  # float32: a predictor fires above this (SpecEE: 0.5)
 KEY_EXIT_N_CANDIDATES = "specee.exit.n_candidates"  # uint32: EAGLE top-k candidates per token (SpecEE: 4)

@@ -432,14 +432,23 @@ class Model:
         with self._lock:
             return "".join(self.stream(prompt, max_tokens, **options))
 
-    def draft_head_eval(self, tokens: Sequence[int] | np.ndarray, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The draft head alone over the pairs (tokens[i], features[i]) at positions 0..n-1, causal: its logits
-        [n, n_draft_vocab] and output features [n, n_embd] (training's acceptance estimates; the model's own KV
-        cache is untouched)."""
+    def draft_head_eval(self, tokens: Sequence[int] | np.ndarray, features: np.ndarray,
+                        draft_tokens: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The draft head alone over the pairs (tokens[i], features[i]) at positions 0..n-1, causal (features: the
+        target's, [n, n_embd] for EAGLE-1, [n, 3 n_embd] for EAGLE-3), then, with draft_tokens, a chain of draft
+        steps at positions n.. each fed the previous row's own output feature: its logits [n + n_draft,
+        n_draft_vocab] and output features [n + n_draft, n_embd] (training's acceptance estimates; the model's own
+        KV cache is untouched)."""
         tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         feats = np.ascontiguousarray(features, dtype=np.float32)
+        drafts = np.ascontiguousarray(draft_tokens if draft_tokens is not None else [], dtype=np.int32).reshape(-1)
         with self._lock:
-            return _core.draft_head_eval(self._ctx, tok, feats)
+            return _core.draft_head_eval(self._ctx, tok, feats, drafts)
+
+    def features(self) -> np.ndarray:
+        """EAGLE-3: the outputs of the draft head's feature layers for every token of the last batch
+        [n_tokens, 3 n_embd] (what its committed pairs take); SpecEEError without an EAGLE-3 head."""
+        return self._ctx.features()
 
     def embed(self, text: str, normalize: bool = True) -> np.ndarray:
         """Pooled embedding [n_embd]: the mean final-norm hidden state over the text's tokens (unit length when
