@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specee._tools import tool_path
 
 
@@ -73,3 +75,27 @@ def test_bad_flags(tiny_gguf: Path) -> None:
                       (["--pass-cost", "0"], "--pass-cost sizes must be >= 1")):
         r = benchmark("-m", str(tiny_gguf), *args)
         assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_acceptance_per_drafted_position() -> None:
+    """bench.spec acceptance: P(drafted token j accepted | 1..j-1 accepted) from the tokens each step returned."""
+    from specee.bench.spec import parse_tree, position_acceptance
+
+    # steps returning 1 (nothing accepted), 2 (one draft), 3 (two drafts): 4 steps reach position 1, 3 accept it;
+    # 3 reach position 2, 1 accepts it; 1 reaches position 3, none accepts it; none reaches position 4 (nan)
+    acc = position_acceptance([1, 2, 2, 3], 4)
+    assert acc[:3] == [0.75, 1 / 3, 0.0] and acc[3] != acc[3]
+    assert position_acceptance([], 1)[0] != position_acceptance([], 1)[0]
+    assert parse_tree("4/3/2").total_tokens == 4
+    with pytest.raises(SystemExit, match="is not TOTAL/DEPTH/TOPK"):
+        parse_tree("4/3")
+
+
+@pytest.mark.slow
+def test_acceptance_command_checks_identity(smollm2_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "specee.bench.spec", "acceptance", "--mt-bench", "1", "--humaneval", "1",
+                          "-n", "12", "-t", "1", "--trees", "1/1/1,3/2/2"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert re.search(r"MT-Bench: the head on the plain greedy replies \(\d+ positions, teacher-forced\): top-1 "
+                     r"[0-9.]+, top-4 [0-9.]+", run.stdout)
+    assert "| HumanEval | 3/2/2 |" in run.stdout and run.stdout.count("| 1 of 1 |") == 4
