@@ -206,3 +206,40 @@ def test_bad_input_gives_one_clear_error(chat_gguf: Path, data: Path, uninterrup
         R.read_replies(broken)
     with pytest.raises(FileNotFoundError, match="no replies"):
         R.open_replies(tmp_path / "nowhere")
+
+
+def test_torch_features_equal_the_runtimes(chat_gguf: Path, uninterrupted: Path, tmp_path: Path) -> None:
+    """train-eagle --features torch: PyTorch's forward of the same GGUF gives the runtime's features (F32 file: within
+    the runtime's F16 K cache's rounding) and argmax, for every stored reply, in order, resuming where it stopped."""
+    from specee.autoee.torch_features import collect_torch, forward_features
+
+    target = R.load_target(chat_gguf, torch.float32)
+    runtime = specee.Model(chat_gguf, n_ctx=128, n_threads=1)
+    replies = R.open_replies(uninterrupted)
+    r = replies.records[3]
+    tokens = r["prompt_tokens"] + r["reply_tokens"]
+    assert target.config.num_hidden_layers == 2  # the last layer's output is not a feature layer (it comes normed)
+    with pytest.raises(ValueError, match="each must be below the last layer"):
+        forward_features(target, tokens, [1])
+    norm, feats3, argmax = forward_features(target, tokens, [0, 0])
+    logits = runtime.eval(tokens, output="all")
+    assert np.abs(norm - runtime.norm()).max() < 2e-2 and (argmax == logits.argmax(-1)).mean() > 0.95
+    runtime.kv_clear()
+    runtime.eval(tokens, hidden_all=True, logits=False)
+    assert np.abs(feats3 - np.concatenate([runtime.hidden(0), runtime.hidden(0)], -1)).max() < 2e-2
+
+    partial = R.Replies({i: rec for i, rec in replies.records.items() if i < 5}, 5)
+    store = create_store(tmp_path / "features", 4096, runtime.n_embd)
+    feats3_store = np.lib.format.open_memmap(tmp_path / "features3.npy", "w+", np.float16, (4096, 2 * runtime.n_embd))
+    collect_torch(target, partial, store, max_len=128, features3=feats3_store, layers=[0, 0], progress=False)
+    assert store.n_done == 5 and len(store.offsets) == 5
+    collect_torch(target, replies, store, max_len=128, features3=feats3_store, layers=[0, 0], progress=False)
+    assert store.n_done == replies.n_done and store.generated == list(range(12))
+    for (s, e), i in zip(store.spans(), range(12)):
+        rec = replies.records[i]
+        assert list(store.tokens[s:e]) == (rec["prompt_tokens"] + rec["reply_tokens"])[:128]
+        n, ids = e - s, list(store.tokens[s:e])
+        norm_i, f3_i, arg_i = forward_features(target, ids, [0, 0])
+        assert np.array_equal(store.features[s:e], norm_i.astype(np.float16)) and np.array_equal(store.targets[s:e],
+                                                                                                   arg_i)
+        assert np.array_equal(feats3_store[s:e], f3_i.astype(np.float16)) and n == len(ids)
