@@ -268,8 +268,11 @@ def unroll(head: Head, base: BaseWeights, batch: Batch, steps: int, first: torch
 
 def ttt_loss(head: Eagle3Head, base: BaseWeights, batch: Batch, cfg: TrainConfig) -> Losses:
     """EAGLE-3's training-time test over cfg.ttt_steps steps (module docstring)."""
-    with torch.no_grad():
-        soft = torch.softmax(target_logits(head, base, batch.target_feat), -1)  # [B, T, V_draft]
+    with torch.no_grad():  # the target's distribution where the loss may count (row `at[b, i]` of `soft`)
+        counts = batch.weight > 0
+        soft = torch.softmax(target_logits(head, base, batch.target_feat[counts]), -1)  # [N, V_draft]
+        at = torch.zeros_like(batch.tokens)
+        at[counts] = torch.arange(soft.shape[0])
         in_vocab = torch.zeros(base.lm_head.shape[0], dtype=torch.bool)
         in_vocab[head.draft_vocab_ids] = True
         weight = batch.weight * in_vocab[batch.target_id]  # the loss counts where the target's token is draftable
@@ -281,7 +284,7 @@ def ttt_loss(head: Eagle3Head, base: BaseWeights, batch: Batch, cfg: TrainConfig
         bi, ti = counted.nonzero(as_tuple=True)
         logits = head.logits(out[bi, ti])
         w = shifted(weight, sh)[bi, ti] * counted[bi, ti]
-        ce = -(soft[bi, ti + sh] * torch.log_softmax(logits, -1)).sum(-1).mul(w).sum() / n_ce
+        ce = -(soft[at[bi, ti + sh]] * torch.log_softmax(logits, -1)).sum(-1).mul(w).sum() / n_ce
         total = total + cfg.ttt_decay ** sh * ce
         ces.append(ce.item())
         with torch.no_grad():
