@@ -259,8 +259,8 @@ def extract(model: Model, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 def extract_layers(model: Model, tokens: list[int],
                    feature_layers: list[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """As `extract`: final-norm features [n, n_embd] float32, the target's next-token argmax [n] of one sequence and, with
-    feature_layers, the outputs of those layers concatenated [n, 3 n_embd] (EAGLE-3's features; what the runtime's
+    """As `extract`: final-norm features [n, n_embd] float32, the target's next-token argmax [n] of one sequence
+    and, with feature_layers, the outputs of those layers concatenated [n, 3 n_embd] (EAGLE-3's features; what the runtime's
     `Model.features()` gives an EAGLE-3 head with these layers), from the same pass."""
     model.kv_clear()
     feats, argmax, feats3 = [], [], []

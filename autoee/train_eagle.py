@@ -27,8 +27,9 @@ import torch
 
 from specee.autoee import eagle_trainer as T
 from specee.autoee.eagle_export import export_head
-from specee.autoee.eagle_features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
-from specee.autoee.eagle_head import Eagle3Head, EagleHead, read_base
+from specee.autoee.eagle_features import (STATE, Decontaminator, FeatureStore, collect, create_store, default_eval_files,
+                                          open_store)
+from specee.autoee.eagle_head import Eagle3Head, EagleHead, HeadConfig, read_base
 from specee.autoee.regenerate import open_replies
 from specee.autoee.sharegpt import read_sharegpt
 from specee.convert.draft_head import eagle3_default_layers
@@ -100,7 +101,8 @@ def train_config(args: argparse.Namespace) -> T.TrainConfig:
     )
 
 
-def make_head(cfg: T.TrainConfig, head_cfg, vocab: list[int] | None, store) -> EagleHead | Eagle3Head:
+def make_head(cfg: T.TrainConfig, head_cfg: HeadConfig, vocab: list[int] | None,
+              store: FeatureStore) -> EagleHead | Eagle3Head:
     """The head to train: EAGLE-1, or EAGLE-3 over the store's feature layers (features3 required)."""
     if cfg.eagle_version == 1:
         return EagleHead(head_cfg, vocab, train_output=cfg.train_draft_lm_head)
@@ -260,7 +262,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    help="1: an EAGLE-1 head (default); 3: an EAGLE-3 head, trained with the training-time test on "
                    "the store's features3")
     g.add_argument("--ttt-steps", type=int, metavar="K",
-                   help=f"EAGLE-3: draft steps unrolled per pair, step k fed the head's own output (default {d.ttt_steps})")
+                   help=f"EAGLE-3: draft steps unrolled per pair, step k fed the head's own output "
+                   f"(default {d.ttt_steps})")
     g.add_argument("--draft-vocab", type=int,
                    help="CE over the N most frequent target tokens through an own lm_head initialised from the "
                    "base lm_head's rows (0: the base lm_head, full vocabulary; default 0, EAGLE-3 8192)")
