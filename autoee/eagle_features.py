@@ -13,7 +13,11 @@ interrupted collection resumes where it stopped:
 
     tokens.npy [cap] int32, features.npy [cap, n_embd] float16, targets.npy [cap] int32,
     assistant.npy [cap] uint8, state.json {"n_tokens", "n_done", "offsets": [start of each conversation],
-    "generated": [indices of the conversations whose response the target generated]}
+    "generated": [indices of the conversations whose response the target generated], "feature_layers"}
+
+and, for EAGLE-3 heads, features3.npy [cap, 3 n_embd] float16: the outputs of the three target layers named by
+the state's "feature_layers" (0-based, low to high), concatenated, from the same pass; a store made without them
+(no "feature_layers") serves EAGLE-1 training only.
 """
 
 from __future__ import annotations
@@ -191,6 +195,8 @@ class FeatureStore:
     n_done: int = 0  # conversations of the source consumed (kept or skipped)
     offsets: list[int] = field(default_factory=list)  # start of each stored conversation
     generated: list[int] = field(default_factory=list)  # conversations whose response the target generated
+    features3: np.ndarray | None = None  # EAGLE-3 features [cap, 3 n_embd] of feature_layers, or None
+    feature_layers: list[int] | None = None
 
     @property
     def capacity(self) -> int:
@@ -206,15 +212,20 @@ class FeatureStore:
         return list(zip(self.offsets, ends))
 
     def save_state(self) -> None:
-        for a in (self.tokens, self.features, self.targets, self.assistant):
-            a.flush()
+        for a in (self.tokens, self.features, self.targets, self.assistant, self.features3):
+            if a is not None:
+                a.flush()
         tmp = self.root / (STATE + ".tmp")
         tmp.write_text(json.dumps({"n_tokens": self.n_tokens, "n_done": self.n_done, "offsets": self.offsets,
-                                   "generated": self.generated}))
+                                   "generated": self.generated, "feature_layers": self.feature_layers}))
         tmp.replace(self.root / STATE)
 
 
-def create_store(root: Path, capacity: int, n_embd: int) -> FeatureStore:
+def create_store(root: Path, capacity: int, n_embd: int, feature_layers: list[int] | None = None) -> FeatureStore:
+    """An empty store; with feature_layers (3 target layers, 0-based) it also keeps their outputs (features3)."""
+    if feature_layers is not None and (len(feature_layers) != 3 or sorted(set(feature_layers)) != list(feature_layers)
+                                       or feature_layers[0] < 0):
+        raise ValueError(f"feature layers {list(feature_layers)}: expected 3 distinct layers, low to high")
     root.mkdir(parents=True, exist_ok=True)
     mk = np.lib.format.open_memmap
     store = FeatureStore(
@@ -223,6 +234,9 @@ def create_store(root: Path, capacity: int, n_embd: int) -> FeatureStore:
         mk(root / "features.npy", "w+", np.float16, (capacity, n_embd)),
         mk(root / "targets.npy", "w+", np.int32, (capacity,)),
         mk(root / "assistant.npy", "w+", np.uint8, (capacity,)),
+        features3=None if feature_layers is None else mk(root / "features3.npy", "w+", np.float16,
+                                                         (capacity, 3 * n_embd)),
+        feature_layers=None if feature_layers is None else [int(i) for i in feature_layers],
     )
     store.save_state()
     return store
@@ -232,19 +246,31 @@ def open_store(root: Path, mode: str = "r") -> FeatureStore:
     """An existing store; mode "r+" to append."""
     state = json.loads((root / STATE).read_text())
     arrays = {name: np.load(root / f"{name}.npy", mmap_mode=mode) for name in ARRAYS}
+    layers = state.get("feature_layers")
+    features3 = np.load(root / "features3.npy", mmap_mode=mode) if layers is not None else None
     return FeatureStore(root, **arrays, n_tokens=state["n_tokens"], n_done=state["n_done"], offsets=state["offsets"],
-                        generated=state.get("generated", []))
+                        generated=state.get("generated", []), features3=features3, feature_layers=layers)
 
 
 def extract(model: Model, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Final-norm features [n, n_embd] float32 and the target's next-token argmax [n] of one sequence."""
+    return extract_layers(model, tokens)[:2]
+
+
+def extract_layers(model: Model, tokens: list[int],
+                   feature_layers: list[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """As `extract`: final-norm features [n, n_embd] float32, the target's next-token argmax [n] of one sequence
+    and, with feature_layers, the outputs of those layers concatenated [n, 3 n_embd] (EAGLE-3's features; what the runtime's
+    `Model.features()` gives an EAGLE-3 head with these layers), from the same pass."""
     model.kv_clear()
-    feats, argmax = [], []
+    feats, argmax, feats3 = [], [], []
     for i in range(0, len(tokens), model.n_batch):
-        logits = model.eval(tokens[i:i + model.n_batch], output="all")
+        logits = model.eval(tokens[i:i + model.n_batch], output="all", hidden_all=feature_layers is not None)
         argmax.append(logits.argmax(axis=-1).astype(np.int32))
         feats.append(model.norm())
-    return np.concatenate(feats), np.concatenate(argmax)
+        if feature_layers is not None:
+            feats3.append(np.concatenate([model.hidden(il) for il in feature_layers], -1))
+    return np.concatenate(feats), np.concatenate(argmax), np.concatenate(feats3) if feats3 else None
 
 
 def collect(
@@ -299,10 +325,12 @@ def collect(
             store.n_done = index
             break
         tokens, flags = tokens[:n], flags[:n]
-        feats, argmax = extract(model, tokens)
+        feats, argmax, feats3 = extract_layers(model, tokens, store.feature_layers)
         a, b = store.n_tokens, store.n_tokens + n
         store.tokens[a:b] = tokens
         store.features[a:b] = feats.astype(np.float16)
+        if feats3 is not None:
+            store.features3[a:b] = feats3.astype(np.float16)
         store.targets[a:b] = argmax
         store.assistant[a:b] = flags
         if record is not None or regenerate_tokens > 0:

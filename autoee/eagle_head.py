@@ -148,11 +148,16 @@ class EagleHead(nn.Module):
         n = self.ffn_norm(h)
         return h + self.ffn_down(F.silu(self.ffn_gate(n)) * self.ffn_up(n))
 
+    def step_inputs(self, emb: torch.Tensor, feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's residual input and its attention input (here the same) from embeddings and features."""
+        x = self.fc(torch.cat([emb, feat], -1))
+        return x, x
+
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Predicted features [B, T, H] from token embeddings and features [B, T, H], positions [B, T] and an
         attention mask [B, T, T] (True = attend; causal within each packed sequence)."""
-        x = self.fc(torch.cat([emb, feat], -1))
-        q, k, v = self.qkv(x, pos)
+        x, a = self.step_inputs(emb, feat)
+        q, k, v = self.qkv(a, pos)
         return self.finish(x, q, k, v, mask)
 
     def logits(self, pred: torch.Tensor, base: BaseWeights, full_vocab: bool = False) -> torch.Tensor:
@@ -203,12 +208,17 @@ class Eagle3Head(nn.Module):
                              f"not [.., {hidden.shape[-1]}]")
         return hidden
 
+    def step_inputs(self, emb: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's residual input x [.., H] and its attention input concat(norm(emb), norm(x)) [.., 2H]."""
+        x = self.project(hidden)
+        return x, torch.cat([self.attn_norm(emb), self.hidden_norm(x)], -1)
+
     def forward(self, emb: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The head's outputs before its final norm [B, T, H] (fed back at the next draft step) from token
         embeddings [B, T, H], features [B, T, 3H] or own outputs [B, T, H], positions [B, T] and an attention mask
         [B, T, T] (True = attend)."""
-        x = self.project(hidden)
-        q, k, v = self.qkv(torch.cat([self.attn_norm(emb), self.hidden_norm(x)], -1), pos)
+        x, a = self.step_inputs(emb, hidden)
+        q, k, v = self.qkv(a, pos)
         return self.finish(x, q, k, v, mask)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,13 @@
-"""python -m specee.autoee train-eagle: an EAGLE-1 draft head for a GGUF model, end to end.
+"""python -m specee.autoee train-eagle: an EAGLE-1 or EAGLE-3 (--eagle-version 3) draft head for a GGUF model, end
+to end.
 
 1. features: ShareGPT conversations rendered with the model's chat template, run through the runtime; the
-   final-norm output of every token stored under --work-dir (resumable; see eagle_features.py); with --regenerate
+   final-norm output of every token and the outputs of the three --feature-layers (EAGLE-3's features) stored
+   under --work-dir (resumable; see eagle_features.py); with --regenerate
    the responses are the target's own greedy replies to the first user turns, and with --replies those that
    `python -m specee.autoee regenerate` stored beforehand;
-2. training: the head on those features, AdamW with warmup and cosine decay, checkpoints (--resume);
+2. training: the head on those features (EAGLE-3: the training-time test over --ttt-steps), AdamW with warmup and
+   cosine decay, checkpoints (--resume);
 3. validation on held-out conversations: regression loss, 1-step acceptance estimate (top-1 against the
    target's argmax) and the chain estimate for --chain-steps drafted tokens;
 4. export: OUT.safetensors + OUT.json for `python -m specee.convert merge --eagle OUT.safetensors`, and with
@@ -24,15 +27,17 @@ import torch
 
 from specee.autoee import eagle_trainer as T
 from specee.autoee.eagle_export import export_head
-from specee.autoee.eagle_features import STATE, Decontaminator, collect, create_store, default_eval_files, open_store
-from specee.autoee.eagle_head import EagleHead, read_base
+from specee.autoee.eagle_features import (STATE, Decontaminator, FeatureStore, collect, create_store, default_eval_files,
+                                          open_store)
+from specee.autoee.eagle_head import Eagle3Head, EagleHead, HeadConfig, read_base
 from specee.autoee.regenerate import open_replies
 from specee.autoee.sharegpt import read_sharegpt
+from specee.convert.draft_head import eagle3_default_layers
 from specee.convert.merge import merge_gguf
 from specee.model import Model
 from specee.paths import default_model_path
 
-DESCRIPTION = "Train an EAGLE-1 draft head for a GGUF model on ShareGPT (features through the runtime)"
+DESCRIPTION = "Train an EAGLE-1 or EAGLE-3 draft head for a GGUF model on ShareGPT (features through the runtime)"
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -47,8 +52,11 @@ def collect_features(args: argparse.Namespace, root: Path) -> None:
         store = open_store(root, "r+")
         if store.n_embd != model.n_embd:
             raise ValueError(f"{root} holds features of width {store.n_embd}, the model's is {model.n_embd}")
+        if args.feature_layers is not None and args.feature_layers != store.feature_layers:
+            raise ValueError(f"{root} holds the features of layers {store.feature_layers}, not --feature-layers "
+                             f"{args.feature_layers}: collect into another --work-dir")
     else:
-        store = create_store(root, args.max_tokens, model.n_embd)
+        store = create_store(root, args.max_tokens, model.n_embd, store_layers(args, model.n_layer))
     if store.capacity - store.n_tokens < 16:
         return
     excludes = [Path(p) for p in args.exclude] + ([] if args.no_default_exclude else default_eval_files())
@@ -61,13 +69,47 @@ def collect_features(args: argparse.Namespace, root: Path) -> None:
           f"({store.n_done} read, {len(store.generated)} with the target's own responses) in {root}")
 
 
+def store_layers(args: argparse.Namespace, n_layer: int) -> list[int] | None:
+    """The feature layers a new store keeps: --feature-layers, else EAGLE's default for the model; none with
+    --no-features3."""
+    if args.no_features3:
+        if args.feature_layers is not None:
+            raise ValueError("--feature-layers and --no-features3 contradict each other")
+        return None
+    layers = args.feature_layers if args.feature_layers is not None else eagle3_default_layers(n_layer)
+    if len(layers) != 3 or not all(0 <= i < n_layer for i in layers) or sorted(set(layers)) != layers:
+        raise ValueError(f"--feature-layers {layers}: expected 3 distinct layers of the model's 0..{n_layer - 1}, "
+                         "low to high (the outputs of those layers)")
+    return layers
+
+
 def train_config(args: argparse.Namespace) -> T.TrainConfig:
+    v3 = args.eagle_version == 3
+    if not v3 and args.ttt_steps is not None:
+        raise ValueError("--ttt-steps is for EAGLE-3 heads (--eagle-version 3)")
+    if v3 and (args.ttt_steps or 7) < 1:
+        raise ValueError(f"--ttt-steps {args.ttt_steps}: at least 1")
+    if v3 and args.draft_vocab == 0:
+        raise ValueError("--draft-vocab 0: an EAGLE-3 head drafts over its own draft vocabulary (N > 0)")
+    d = T.TrainConfig()
     return T.TrainConfig(
         steps=args.steps, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, seq_len=args.seq_len,
-        rows=args.rows, noise=args.noise, ce_weight=args.ce_weight, loss_on=args.loss_on,
-        draft_vocab=args.draft_vocab, train_draft_lm_head=args.train_draft_lm_head, val_percent=args.val_percent,
-        seed=args.seed,
+        rows=args.rows, noise=0.0 if v3 else args.noise, ce_weight=args.ce_weight, loss_on=args.loss_on,
+        draft_vocab=args.draft_vocab if args.draft_vocab is not None else 8192 if v3 else d.draft_vocab,
+        train_draft_lm_head=v3 or args.train_draft_lm_head, val_percent=args.val_percent, seed=args.seed,
+        eagle_version=args.eagle_version, ttt_steps=args.ttt_steps or d.ttt_steps,
     )
+
+
+def make_head(cfg: T.TrainConfig, head_cfg: HeadConfig, vocab: list[int] | None,
+              store: FeatureStore) -> EagleHead | Eagle3Head:
+    """The head to train: EAGLE-1, or EAGLE-3 over the store's feature layers (features3 required)."""
+    if cfg.eagle_version == 1:
+        return EagleHead(head_cfg, vocab, train_output=cfg.train_draft_lm_head)
+    if store.features3 is None:
+        raise ValueError(f"{store.root}: the store has no EAGLE-3 features (features3.npy; it was collected "
+                         "without them): collect again into a new --work-dir to train an EAGLE-3 head")
+    return Eagle3Head(head_cfg, vocab, store.feature_layers)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -97,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
     head_cfg, base = read_base(args.model)
     vocab = state["draft_vocab"] if state else T.load_checkpoint(Path(args.init_from))["draft_vocab"] \
         if args.init_from else T.draft_vocabulary(store, train_spans, cfg.draft_vocab) if cfg.draft_vocab else None
-    head = EagleHead(head_cfg, vocab, train_output=cfg.train_draft_lm_head)
+    head = make_head(cfg, head_cfg, vocab, store)
     if vocab is not None:
         with torch.no_grad():
             head.output.weight.copy_(base.lm_head[vocab])
@@ -112,6 +154,9 @@ def run(args: argparse.Namespace) -> None:
         init = T.load_checkpoint(Path(args.init_from))
         if init["draft_vocab"] != vocab:
             raise ValueError(f"--init-from: {args.init_from} has another draft vocabulary")
+        if init["config"].get("eagle_version", 1) != cfg.eagle_version or \
+                init.get("feature_layers") != getattr(head, "feature_layers", None):
+            raise ValueError(f"--init-from: {args.init_from} is another kind of head (EAGLE version or feature layers)")
         head.load_state_dict(init["head"])
         init_from = {"checkpoint": Path(args.init_from).name, "step": init["step"], "config": init["config"]}
         print(f"weights from {args.init_from} (step {init['step']}); a new schedule of {cfg.steps} steps")
@@ -125,7 +170,7 @@ def run(args: argparse.Namespace) -> None:
 
     val = T.validate(head, base, store, val_spans, cfg, chain_steps=args.chain_steps)
     report = {
-        "regression_loss": round(val.regression, 4), "ce": round(val.ce, 4),
+        **({} if cfg.eagle_version == 3 else {"regression_loss": round(val.regression, 4)}), "ce": round(val.ce, 4),
         "top1_accuracy": round(val.accuracy, 4),
         "chain_acceptance": [round(c, 4) for c in val.chain],
         "expected_tokens_per_step_chain": round(val.expected_accepted, 3), "n_positions": val.n,
@@ -135,6 +180,7 @@ def run(args: argparse.Namespace) -> None:
     print("validation:", json.dumps(report))
     info = {
         "base_model": Path(args.model).name,
+        **({"feature_layers": head.feature_layers} if cfg.eagle_version == 3 else {}),
         "training": {**asdict(cfg), "train_conversations": len(train_spans), "train_tokens": n_train,
                      "val_conversations": len(val_spans), "val_tokens": n_val, "max_len": args.max_len,
                      "regenerated_conversations": len(store.generated), "train_seconds": round(train_seconds),
@@ -152,9 +198,11 @@ def export(head: EagleHead, cfg: T.TrainConfig, args: argparse.Namespace, info: 
     out = Path(args.out)
     out = out.with_suffix("") if out.suffix == ".safetensors" else out
     variants = []
-    if head.draft_vocab is None or not cfg.train_draft_lm_head:
+    if isinstance(head, Eagle3Head):  # its own lm_head only
+        variants.append((out, True))
+    elif head.draft_vocab is None or not cfg.train_draft_lm_head:
         variants.append((out, False))
-    if head.draft_vocab is not None:
+    if isinstance(head, EagleHead) and head.draft_vocab is not None:
         variants.append((out.with_name(f"{out.name}-vocab{len(head.draft_vocab)}"), True))
     for path, with_output in variants:
         weights, meta = export_head(head, path, info, with_output=with_output,
@@ -192,6 +240,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--replies", metavar="WORKDIR",
                    help="responses: the target's replies stored by `python -m specee.autoee regenerate` in WORKDIR; "
                    "conversations without one are regenerated with --regenerate N, else left out")
+    g.add_argument("--feature-layers", type=layer_list, metavar="LAYERS",
+                   help="EAGLE-3 features a new store keeps: the outputs of these 3 layers, 0-based (default: EAGLE's "
+                   "for the model, the outputs of 1, L//2-1, L-4)")
+    g.add_argument("--no-features3", action="store_true",
+                   help="a new store keeps no EAGLE-3 features (a third of the disk; EAGLE-1 training only)")
     g.add_argument("--collect-only", action="store_true", help="stop after collecting features")
     g.add_argument("--skip-collect", action="store_true", help="train on the features already stored")
     g = ap.add_argument_group("training")
@@ -205,12 +258,18 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--noise", type=float, default=d.noise, help="width of the uniform input-feature noise")
     g.add_argument("--ce-weight", type=float, default=d.ce_weight)
     g.add_argument("--loss-on", choices=["assistant", "all"], default=d.loss_on)
-    g.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
+    g.add_argument("--eagle-version", type=int, choices=[1, 3], default=1,
+                   help="1: an EAGLE-1 head (default); 3: an EAGLE-3 head, trained with the training-time test on "
+                   "the store's features3")
+    g.add_argument("--ttt-steps", type=int, metavar="K",
+                   help=f"EAGLE-3: draft steps unrolled per pair, step k fed the head's own output "
+                   f"(default {d.ttt_steps})")
+    g.add_argument("--draft-vocab", type=int,
                    help="CE over the N most frequent target tokens through an own lm_head initialised from the "
-                   "base lm_head's rows (0: the base lm_head, full vocabulary)")
+                   "base lm_head's rows (0: the base lm_head, full vocabulary; default 0, EAGLE-3 8192)")
     g.add_argument("--train-draft-lm-head", action="store_true",
-                   help="train that own lm_head (EAGLE-3); frozen (default) the head also runs with the full "
-                   "base lm_head, and both variants are exported")
+                   help="train that own lm_head (as EAGLE-3 heads always do); frozen (default) the head also runs "
+                   "with the full base lm_head, and both variants are exported")
     g.add_argument("--val-percent", type=float, default=d.val_percent, help="held-out conversations, percent")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--resume", action="store_true", help="continue from the work dir's checkpoint")
@@ -221,6 +280,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    help="stop training after this long (checkpointed; validation and export run on what is "
                    "trained; 0: no limit)")
     g.add_argument("--chain-steps", type=int, default=3, help="drafted tokens in the chain acceptance estimate")
+
+
+def layer_list(text: str) -> list[int]:
+    try:
+        return [int(i) for i in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated layer numbers, e.g. 1,14,26") from None
 
 
 def main() -> None:
