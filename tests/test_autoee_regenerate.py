@@ -243,3 +243,19 @@ def test_torch_features_equal_the_runtimes(chat_gguf: Path, uninterrupted: Path,
         assert np.array_equal(store.features[s:e], norm_i.astype(np.float16)) and np.array_equal(store.targets[s:e],
                                                                                                    arg_i)
         assert np.array_equal(feats3_store[s:e], f3_i.astype(np.float16)) and n == len(ids)
+
+
+def test_train_eagle_collects_torch_features_of_the_replies(chat_gguf: Path, uninterrupted: Path,
+                                                            tmp_path: Path) -> None:
+    base = ["train-eagle", "-m", str(chat_gguf), "--collect-only", "--work-dir", str(tmp_path), "--max-len", "128",
+            "--threads", "1", "--no-features3", "--features", "torch"]
+    with mock.patch.object(sys, "argv", ["specee.autoee", *base]):
+        with pytest.raises(SystemExit, match="give --replies DIR"):
+            autoee_main()
+    with mock.patch.object(sys, "argv", ["specee.autoee", *base, "--replies", str(uninterrupted)]):
+        autoee_main()
+    store = open_store(tmp_path / "features")
+    replies = R.open_replies(uninterrupted)
+    assert store.generated == list(range(12)) and store.n_done == replies.n_done
+    s, e = store.spans()[2]
+    assert list(store.tokens[s:e]) == replies.records[2]["prompt_tokens"] + replies.records[2]["reply_tokens"]
