@@ -11,7 +11,7 @@ docs/speculative.md). The targets are PyTorch's argmax, which is the runtime's a
 
 Each stored reply becomes one conversation of the store: its prompt (not trained on with --loss-on assistant) and
 its reply, cut at max_len, in the order of the conversations' indices; the collection resumes after the store's
-last one and stops where the replies end.
+last one and stops where the replies are final (their work dir's n_done).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def collect_torch(target, replies: Replies, store: FeatureStore, *, max_len: int
     """Append the stored replies after the store's last conversation until the store is full, the replies end or
     time.time() passes `deadline`; `features3` (the store's [cap, len(layers) H] array) receives the layers'
     outputs when given."""
-    todo = [i for i in sorted(replies.records) if i >= store.n_done]
+    # only below the replies' n_done is every conversation answered or skipped for good (a batched run finishes
+    # replies out of order): the rest waits for a later call
+    todo = [i for i in sorted(replies.records) if store.n_done <= i < replies.n_done]
     bar = tqdm(total=store.capacity, initial=store.n_tokens, unit="tok", desc="features (torch)", disable=not progress,
                smoothing=0.05)
     since_save, finished = 0, True

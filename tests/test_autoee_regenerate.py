@@ -231,8 +231,9 @@ def test_torch_features_equal_the_runtimes(chat_gguf: Path, uninterrupted: Path,
     partial = R.Replies({i: rec for i, rec in replies.records.items() if i < 5}, 5)
     store = create_store(tmp_path / "features", 4096, runtime.n_embd)
     feats3_store = np.lib.format.open_memmap(tmp_path / "features3.npy", "w+", np.float16, (4096, 2 * runtime.n_embd))
-    collect_torch(target, partial, store, max_len=128, features3=feats3_store, layers=[0, 0], progress=False)
-    assert store.n_done == 5 and len(store.offsets) == 5
+    early = R.Replies({i: rec for i, rec in replies.records.items() if i < 5 or i == 7}, 5)  # 7 ended before 5, 6
+    collect_torch(target, early, store, max_len=128, features3=feats3_store, layers=[0, 0], progress=False)
+    assert store.n_done == 5 and len(store.offsets) == 5  # 7 waits until every conversation before it is done
     collect_torch(target, replies, store, max_len=128, features3=feats3_store, layers=[0, 0], progress=False)
     assert store.n_done == replies.n_done and store.generated == list(range(12))
     for (s, e), i in zip(store.spans(), range(12)):
