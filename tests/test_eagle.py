@@ -503,7 +503,8 @@ def cli_speculative_equals_plain(model: Path, head: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_cli_speculative_equals_plain_on_smollm2(smollm2_path: Path, smollm2_head: Path) -> None:
-    assert all("mean accepted tokens per step" in err for err in cli_speculative_equals_plain(smollm2_path, smollm2_head))
+    errs = cli_speculative_equals_plain(smollm2_path, smollm2_head)
+    assert all("mean accepted tokens per step" in err for err in errs)
 
 
 def test_one_v_cache_rule_for_every_model(tiny_gguf: Path, random_gguf: Path) -> None:
