@@ -385,7 +385,8 @@ def teacher_forced(m, tokens: list[int], n_prompt: int, acc: Acceptance) -> None
     m.kv_clear()
     logits = m.eval(tokens, output="all")
     target = logits.argmax(-1)[1:]  # pair i = (t_{i+1}, f_i) drafts the token after t_{i+1}: the target's argmax there
-    draft_logits, _ = m.draft_head_eval(tokens[1:], m.norm()[:-1])
+    feats = m.features() if m._model.eagle_feature_layers else m.norm()  # EAGLE-3: its three layers' outputs
+    draft_logits, _ = m.draft_head_eval(tokens[1:], feats[:-1])
     best4 = np.argsort(-draft_logits, axis=-1)[:, :4]
     vocab = m.draft_vocab
     if vocab is not None:
