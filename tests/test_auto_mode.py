@@ -18,6 +18,7 @@ from specee.convert.output import Field, copy_tensor, read_fields, write_gguf
 from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_draft_head_path, weights_path
 
 SPEEDUP_RE = re.compile(r": ([0-9.]+)x plain$")
+pytestmark = pytest.mark.slow  # SmolLM2 and its shipped draft heads
 
 
 def with_keys(src: str | Path, out: Path, **floats: float) -> Path:
