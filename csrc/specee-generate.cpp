@@ -107,6 +107,16 @@ static double eagle_speedup(specee_context & ctx, std::string & why) {
     return speedup;
 }
 
+// settings of a mode the caller gave: EAGLE-2's tree, early exit's
+static bool eagle2_tree_given(const specee_generator_params & p) {
+    return p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
+}
+
+static bool exit_settings_given(const specee_generator_params & p) {
+    return p.exit.threshold >= 0.0f || p.exit.n_layers > 0 || p.exit.kv != SPECEE_EXIT_KV_MASK || p.exit.n_replay > 0 ||
+           !p.exit.dynamic;
+}
+
 // auto: early exit for a draft head with exit predictors at temperature 0 (SpecEE's merged files), EAGLE-2 for a
 // draft head, plain decoding without one; a speculative mode only where it can beat plain decoding here: early exit
 // unless its predictors' file says they cannot (specee.exit.speedup < 1), EAGLE-2 where eagle_speedup says >= 1.
@@ -114,10 +124,8 @@ static double eagle_speedup(specee_context & ctx, std::string & why) {
 static int32_t resolve_auto(specee_context & ctx, const specee_generator_params & p, std::string & why) {
     const specee_model & m        = *ctx.model;
     const bool           has_head = m.eagle.version > 0;
-    const bool dyn_set  = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
-    const bool exit_set = p.exit.threshold >= 0.0f || p.exit.n_layers > 0 || p.exit.kv != SPECEE_EXIT_KV_MASK ||
-                          p.exit.n_replay > 0 || !p.exit.dynamic;
-    why.clear();
+    const bool           dyn_set  = eagle2_tree_given(p);
+    const bool           exit_set = exit_settings_given(p);
     if (!has_head) {
         return SPECEE_MODE_PLAIN;
     }
@@ -148,9 +156,8 @@ static int32_t resolve_mode(specee_context & ctx, const specee_generator_params 
 // settings that the chosen mode would ignore are errors, so a typo in a command line does not go unnoticed
 static void check_params(const specee_model & m, const specee_generator_params & p, int32_t mode) {
     specee_generator_check_values(p);
-    const bool dyn_set  = p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
-    const bool exit_set = p.exit.threshold >= 0.0f || p.exit.n_layers > 0 || p.exit.kv != SPECEE_EXIT_KV_MASK ||
-                          p.exit.n_replay > 0 || !p.exit.dynamic;
+    const bool dyn_set  = eagle2_tree_given(p);
+    const bool exit_set = exit_settings_given(p);
     const bool has_head = m.eagle.version > 0;
     if (mode != SPECEE_MODE_PLAIN && !has_head) {
         specee_fail("mode %s needs an EAGLE draft head: the model has none (merge one with python -m specee.convert "
