@@ -55,7 +55,8 @@ def run(cmd: list[str], report: list[str], title: str, env: dict | None = None, 
 def make_files(work: Path, small: bool) -> tuple[Path, Path]:
     model, head = work / "synth-q4_0.gguf", work / "synth-q4_0-head.gguf"
     shape = ["--layers", "4", "--embd", "256", "--ff", "512", "--heads", "4", "--vocab", "2000"] if small else []
-    for path, extra in ((model, []), (head, ["--draft-head"])):
+    head_extra = ["--draft-head"] + (["--draft-vocab", "256"] if small else [])
+    for path, extra in ((model, []), (head, head_extra)):
         if not path.exists():
             subprocess.run([sys.executable, "-m", "specee.convert", "synth", "-o", str(path), "--type", "q4_0",
                             *shape, *extra], check=True)
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ngl_all, ngl_half = ("0", "0") if a.small else ("99", "16")
     n_gen, n_prompt, prompts = ("16", "64", "2") if a.small else ("64", "512", "4")
     t = str(a.threads)
+    replay = "1,3,2,3" if a.small else REPLAY  # --small: 4 layers
     report = ["# GPU benchmarks", "", f"Devices: {'; '.join(devices)}. Date: {time.strftime('%Y-%m-%d %H:%M')}.",
               f"Files: synthetic Llama-2-7B-shaped Q4_0 (random weights: cost only, never quality){' (--small)' * a.small}.",
               ""]
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "(b) EAGLE trees on the GPU: the cost of a step (random head: nothing accepted)")
     laptop = [f"upstream:llama.cpp plain -ngl {ngl_half}=-fa on --ignore-eos -ngl {ngl_half}",
               f"specee plain -ngl {ngl_half} first=--mode plain --ignore-eos -ngl {ngl_half} --offload-order first",
-              f"early exit, replayed (24 of 32)=--mode early-exit --ignore-eos --exit-replay {REPLAY} "
+              f"early exit, replayed (24 of 32)=--mode early-exit --ignore-eos --exit-replay {replay} "
               f"-ngl {ngl_half} --offload-order first"]
     laptop_cmd = spec + sum((["--config", c] for c in laptop), [])
     run(laptop_cmd + ["--json", str(out / "c-laptop.json")], report,

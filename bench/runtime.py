@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 TOOLS = ("llama.cpp", "specee")
@@ -332,10 +332,12 @@ def main(argv: list[str] | None = None) -> int:
                                          if args.rpc_local else "; no RPC server given: CPU only"))
     print("ratio = specee / llama.cpp (t/s: higher is better for specee; RSS: lower is better)\n")
     print(format_table(runs))
-    if args.pass_cost:
-        print("\nCost of one pass of N tokens (pp N) in single-token passes of the same tool")
-        print(format_pass_cost([r for r in runs if " " not in r.test], args.pass_cost) if not args.n_gpu_layers
-              else "(not shown with -ngl)")
+    for ngl in (args.n_gpu_layers or [None]) if args.pass_cost else []:
+        print("\nCost of one pass of N tokens (pp N) in single-token passes of the same tool"
+              + (f", -ngl {ngl}" if ngl is not None else ""))
+        picked = [r for r in runs if " " not in r.test] if ngl is None else \
+            [replace(r, test=r.test.split(" ")[0]) for r in runs if r.test.endswith(f" ngl{ngl}")]
+        print(format_pass_cost(picked, args.pass_cost))
     if args.json:
         report = {"llama_bench": exes["llama.cpp"], "specee_bench": exes["specee"], "llama_cpp_build": up_build,
                   "args": {k: v for k, v in vars(args).items() if k not in ("json", "rpc_endpoints")},
