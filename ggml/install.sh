@@ -13,7 +13,7 @@
 #                              PTX for later GPUs). Without a driver (libcuda) it builds without CUDA's virtual
 #                              memory management (GGML_CUDA_NO_VMM): it compiles and links but runs nothing.
 #                              SPECEE_CUDA_FA=OFF leaves out the CUDA flash-attention kernels' code (CI's
-#                              compile-only build).
+#                              compile-only build). SPECEE_GGML_VERBOSE=1 shows the build's own log (each file compiled).
 #
 # Source builds include ggml's RPC backend (-DGGML_RPC=ON): layers on another process or machine (--rpc,
 # specee-rpc-server). The prebuilt wheel has no RPC backend.
@@ -127,7 +127,7 @@ elif [ -n "${SPECEE_GGML_SDIST:-}" ]; then
 else
     echo "ggml: building libggml-python $GGML_VERSION from source ($cmake_args; CFLAGS=$cflags)"
     CFLAGS="${CFLAGS:-} $cflags" CXXFLAGS="${CXXFLAGS:-} $cflags" CMAKE_ARGS="$cmake_args" "$py" -m pip install --force-reinstall --no-deps --no-cache-dir \
-        --no-binary libggml-python "libggml-python==$GGML_VERSION"
+        ${SPECEE_GGML_VERBOSE:+-v} --no-binary libggml-python "libggml-python==$GGML_VERSION"
 fi
 m="$(marker)"
 echo "$want" > "$m"

@@ -3,7 +3,7 @@
 # environment, reduced to what fits CI's time (one GPU architecture, SPECEE_CUDA_ARCHS=89-real, and without the
 # CUDA flash-attention kernels' code, SPECEE_CUDA_FA=OFF: about 25 minutes on 2 cores instead of about an hour for
 # the three default architectures), then the fast tests against that build (the gpu tests skip: no driver, no GPU).
-# It shows what was compiled: the CUDA objects, the architectures in libggml-cuda.so, what it links.
+# It shows what was compiled: each file (the build's own log), the architectures in libggml-cuda.so, what it links.
 #   scripts/cuda-build-check.sh            # skips, saying why, where nvcc is missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ python3 -m venv "$venv"
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
 t0=$SECONDS
-SPECEE_GGML=cuda SPECEE_CUDA_ARCHS="${SPECEE_CUDA_ARCHS:-89-real}" SPECEE_CUDA_FA="${SPECEE_CUDA_FA:-OFF}" ./install.sh
+SPECEE_GGML_VERBOSE=1 SPECEE_GGML=cuda SPECEE_CUDA_ARCHS="${SPECEE_CUDA_ARCHS:-89-real}" SPECEE_CUDA_FA="${SPECEE_CUDA_FA:-OFF}" ./install.sh
 echo "cuda-build-check: ggml with CUDA and specee built in $((SECONDS - t0)) s"
 lib=$(python -c "from specee._ggml import ggml_lib_dir; print(ggml_lib_dir())")
 cuda_lib=$(ls "$lib"/libggml-cuda.so* | head -1)
