@@ -264,10 +264,22 @@ static bool computes(const ggml_tensor * t) {
            t->op != GGML_OP_TRANSPOSE;
 }
 
+// every GET_ROWS / SET_ROWS: indices the client filled, inside the rows, and no node computed before it (nodes run
+// in order; later ones may reuse the memory, as ggml's allocator does) writes over them
+// a computing node and its sources must lie in buffers; tensors in none may only be view sources (never read)
+static bool has_data(const ggml_tensor * t) {
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (t->src[i] && !t->src[i]->data) {
+            return false;
+        }
+    }
+    return t->data != nullptr;
+}
+
 static bool check_indices(const std::vector<ggml_tensor *> & nodes, const std::vector<specee_rpc_region> & regions,
                           const std::unordered_map<const ggml_tensor *, size_t> & index_of, std::string & why) {
-    std::vector<size_t> idx_tensors;
-    for (const ggml_tensor * t : nodes) {
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        const ggml_tensor * t = nodes[k];
         if (t->op != GGML_OP_GET_ROWS && t->op != GGML_OP_SET_ROWS) {
             continue;
         }
@@ -279,17 +291,11 @@ static bool check_indices(const std::vector<ggml_tensor *> & nodes, const std::v
         if (!index_values_ok(idx, n_rows)) {
             return fail(why, std::string(ggml_op_name(t->op)) + " with a row index outside the rows");
         }
-        idx_tensors.push_back(index_of.at(idx));
-    }
-    for (const ggml_tensor * t : nodes) {
-        if (!computes(t)) {
-            continue;
-        }
-        const specee_rpc_region & w = regions[index_of.at(t)];
-        for (size_t i : idx_tensors) {
-            const specee_rpc_region & r = regions[i];
-            if (w.data < r.data + r.extent && r.data < w.data + w.extent) {
-                return fail(why, "a node writes over row indices of the same graph");
+        const specee_rpc_region & r = regions[index_of.at(idx)];
+        for (size_t j = 0; j < k; ++j) {
+            const specee_rpc_region & w = regions[index_of.at(nodes[j])];
+            if (computes(nodes[j]) && w.data < r.data + r.extent && r.data < w.data + w.extent) {
+                return fail(why, "a node writes over the row indices of a later node");
             }
         }
     }
@@ -346,8 +352,10 @@ static bool make_tensors(ggml_context * ctx, const graph_header & h, const spece
         if (rt.op >= GGML_OP_COUNT) {
             return fail(why, "unknown op " + std::to_string(rt.op));
         }
-        if (!specee_rpc_check_tensor(buffers, rt, true, regions[i], why)) {
-            return false;
+        if (!specee_rpc_check_tensor(buffers, rt, false, regions[i], why)) {
+            char name[GGML_MAX_NAME + 1] = {};
+            memcpy(name, rt.name, GGML_MAX_NAME);
+            return fail(why, why + " (tensor '" + name + "', op " + std::to_string(rt.op) + ")");
         }
         ggml_tensor * t = ggml_new_tensor_4d(ctx, (ggml_type) rt.type, rt.ne[0], rt.ne[1], rt.ne[2], rt.ne[3]);
         for (int d = 0; d < GGML_MAX_DIMS; ++d) {
@@ -356,7 +364,7 @@ static bool make_tensors(ggml_context * ctx, const graph_header & h, const spece
         t->op = (ggml_op) rt.op;
         memcpy(t->op_params, rt.op_params, sizeof(rt.op_params));
         t->flags     = rt.flags;
-        t->buffer    = regions[i].buffer->buf;
+        t->buffer    = regions[i].buffer ? regions[i].buffer->buf : nullptr;
         t->data      = regions[i].data;
         t->view_offs = (size_t) rt.view_offs;
         char name[GGML_MAX_NAME];
@@ -456,6 +464,11 @@ ggml_cgraph * specee_rpc_graph_build(ggml_context * ctx, const uint8_t * payload
             return nullptr;
         }
         ggml_tensor * t = ts[it->second];
+        if (computes(t) && !has_data(t)) {
+            fail(why, std::string("node ") + std::to_string(i) + " (" + ggml_op_name(t->op) +
+                          ") or one of its sources lies in no buffer");
+            return nullptr;
+        }
         if (!check_op(t) || (computes(t) && !ggml_backend_dev_supports_op(dev, t))) {
             fail(why, std::string("node ") + std::to_string(i) + ": op " + ggml_op_name(t->op) +
                           " with these sources, types or shapes is not one this server runs");
