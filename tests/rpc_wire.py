@@ -27,7 +27,7 @@ CMD = dict(ALLOC_BUFFER=0, GET_ALIGNMENT=1, GET_MAX_SIZE=2, BUFFER_GET_BASE=3, F
            INIT_TENSOR=12, GET_ALLOC_SIZE=13, HELLO=14, DEVICE_COUNT=15, GRAPH_RECOMPUTE=16, MEMSET_TENSOR=17,
            AUTH=0xA0)
 NO_REPLY = {CMD["SET_TENSOR"], CMD["GRAPH_COMPUTE"], CMD["GRAPH_RECOMPUTE"]}
-F32, F16, I32 = 0, 1, 26
+F32, F16, I32, I64 = 0, 1, 26, 27
 
 
 def _ggml_ops() -> dict[str, int]:
@@ -44,13 +44,13 @@ OP = _ggml_ops()
 def tensor(id: int = 1, type: int = F32, buffer: int = 0, ne: Sequence[int] = (1, 1, 1, 1),
            nb: Sequence[int] | None = None, op: int = 0, op_params: Sequence[int] = (), flags: int | None = None,
            src: Sequence[int] = (), view_src: int = 0, view_offs: int = 0, data: int = 0, name: bytes = b"") -> bytes:
-    """One wire tensor; nb defaults to the contiguous strides of a 4-byte (or 2-byte for F16) element, flags to
+    """One wire tensor; nb defaults to the contiguous strides of a 4-byte (or 2-byte for F16) element (8 for I64), flags to
     GGML_TENSOR_FLAG_COMPUTE (16) for a tensor with an op (ggml's CPU backend skips nodes without it)."""
     if flags is None:
         flags = 16 if op else 0
     ne = list(ne) + [1] * (4 - len(ne))
     if nb is None:
-        nb = [2 if type == F16 else 4]
+        nb = [{F16: 2, I64: 8}.get(type, 4)]
         for i in range(3):
             nb.append(nb[-1] * ne[i])
     params = list(op_params) + [0] * (16 - len(op_params))

@@ -362,3 +362,19 @@ def test_python_against_a_silent_peer_raises_a_clear_error(tiny_gguf: Path) -> N
             specee.Model(tiny_gguf, n_ctx=64, n_threads=1, n_gpu_layers=1, rpc_servers=[f"127.0.0.1:{peer.port}"])
     finally:
         peer.close()
+
+
+# ---- the fuzzer, bounded
+
+
+def test_the_protocol_fuzzer_finds_no_crash_or_hang(tmp_path: Path) -> None:
+    """500 structured and random messages (tests/fuzz_rpc.py; scripts/sanitize.sh runs it under the sanitizers)."""
+    import json
+    import sys
+
+    fuzzer = Path(__file__).with_name("fuzz_rpc.py")
+    r = subprocess.run([sys.executable, str(fuzzer), "--messages", "500", "--seed", "7", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and summary["crashes"] == 0 and summary["hangs"] == 0, (summary, r.stderr[-2000:])
+    assert summary["messages"] == 500 and summary["answered"] > 50 and summary["refused"] > 50
