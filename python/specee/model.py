@@ -321,7 +321,7 @@ class Model:
 
     # ---- text
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`. add_special: BOS/EOS as the vocabulary asks; parse_special: the text of
         special tokens ("<|im_start|>") becomes those tokens instead of plain text. bytes are decoded as UTF-8;
         text with a lone surrogate raises UnicodeEncodeError naming its position."""
