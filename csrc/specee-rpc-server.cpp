@@ -189,8 +189,9 @@ static bool cmd_alloc_buffer(connection & c, uint64_t size) {
         return c.refuse("no such device");
     }
     specee_rpc_alloc_buffer_rsp rsp = { 0, 0 };
-    // a request over the budget gets the reply of a failed allocation (buffer 0), as upstream gives
-    if (req.size < VBASE_STEP && c.next_id <= MAX_BUFFER_ID && mem_reserve(c.s, req.size)) {
+    // a request over the budget (or of 0 bytes, which ggml's client never sends) gets the reply of a failed
+    // allocation (buffer 0), as upstream gives
+    if (req.size > 0 && req.size < VBASE_STEP && c.next_id <= MAX_BUFFER_ID && mem_reserve(c.s, req.size)) {
         ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(c.s.buft, req.size);
         if (buf && ggml_backend_buffer_get_size(buf) == req.size) {
             const uint64_t id = c.next_id++;
