@@ -55,7 +55,8 @@ bool specee_rpc_check_tensor(const specee_rpc_buffers & buffers, const specee_rp
         out.extent = (uint64_t) extent; // < 2^100 is not a concern: packed <= extent, both checked below when used
         return extent <= UINT64_MAX || fail(why, "tensor size overflows");
     }
-    const auto it = buffers.find(t.buffer);
+    const uint64_t buffer_id = t.buffer; // a copy: the wire struct is packed, its fields may be misaligned
+    const auto     it        = buffers.find(buffer_id);
     if (it == buffers.end()) {
         return fail(why, "buffer id " + std::to_string(t.buffer) + " was not handed out on this connection");
     }
@@ -77,6 +78,18 @@ bool specee_rpc_range_ok(const specee_rpc_region & r, uint64_t offset, uint64_t 
 
 static bool rows_dense(const ggml_tensor * t) {
     return (size_t) t->nb[0] == ggml_type_size(t->type);
+}
+
+// ggml_is_contiguous ignores the strides of dimensions of size 1, but kernels that index rows by one flat counter
+// (row i at i * nb[1]) use them; "flat": dense rows, and dimensions 2 and 3 packed behind dimension 1
+static bool flat(const ggml_tensor * t) {
+    return rows_dense(t) && (size_t) t->nb[1] >= ggml_row_size(t->type, t->ne[0]) && t->nb[2] == t->nb[1] * t->ne[1] &&
+           t->nb[3] == t->nb[2] * t->ne[2];
+}
+
+// every stride exactly what ggml's constructors give a new tensor
+static bool dense(const ggml_tensor * t) {
+    return flat(t) && (size_t) t->nb[1] == ggml_row_size(t->type, t->ne[0]);
 }
 
 static bool is_float(const ggml_tensor * t) {
@@ -101,11 +114,11 @@ static bool check_mul_mat(const ggml_tensor * t, const ggml_tensor * a, const gg
 
 static bool check_rope(const ggml_tensor * t, const ggml_tensor * a, const ggml_tensor * pos, const ggml_tensor * freq) {
     const int32_t n_dims = t->op_params[1], mode = t->op_params[2];
-    bool          ok     = pos && pos->type == GGML_TYPE_I32 && ggml_is_contiguous(pos) && pos->ne[0] >= a->ne[2];
+    bool          ok     = pos && pos->type == GGML_TYPE_I32 && dense(pos) && pos->ne[0] >= a->ne[2];
     ok = ok && (mode == 0 || mode == GGML_ROPE_TYPE_NEOX) && n_dims > 0 && n_dims % 2 == 0 && n_dims <= a->ne[0];
     ok = ok && (a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16) && t->type == a->type;
     ok = ok && ggml_are_same_shape(a, t) && rows_dense(a) && rows_dense(t);
-    return ok && (!freq || (freq->type == GGML_TYPE_F32 && ggml_is_contiguous(freq) && freq->ne[0] >= n_dims / 2));
+    return ok && (!freq || (freq->type == GGML_TYPE_F32 && dense(freq) && freq->ne[0] >= n_dims / 2));
 }
 
 static bool check_flash_attn(const ggml_tensor * t, const ggml_tensor * const * s) {
@@ -117,13 +130,13 @@ static bool check_flash_attn(const ggml_tensor * t, const ggml_tensor * const * 
     ok = ok && q->ne[0] == k->ne[0] && k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2] && k->ne[3] == v->ne[3];
     ok = ok && q->ne[2] % k->ne[2] == 0 && q->ne[3] % k->ne[3] == 0;
     ok = ok && t->ne[0] == v->ne[0] && t->ne[1] == q->ne[2] && t->ne[2] == q->ne[1] && t->ne[3] == q->ne[3];
-    ok = ok && ggml_is_contiguous(t); // the kernel writes its rows by index, not by stride
+    ok = ok && dense(t); // the kernel writes its rows by index, not by stride
     if (mask) {
-        ok = ok && ggml_is_contiguous(mask) && (mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32) &&
+        ok = ok && dense(mask) && (mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32) &&
              mask->ne[0] >= k->ne[1] && mask->ne[1] >= q->ne[1] && q->ne[2] % mask->ne[2] == 0 &&
              q->ne[3] % mask->ne[3] == 0;
     }
-    return ok && (!sinks || (sinks->type == GGML_TYPE_F32 && ggml_is_contiguous(sinks) && sinks->ne[0] >= q->ne[2]));
+    return ok && (!sinks || (sinks->type == GGML_TYPE_F32 && dense(sinks) && sinks->ne[0] >= q->ne[2]));
 }
 
 static bool check_concat(const ggml_tensor * t, const ggml_tensor * a, const ggml_tensor * b) {
@@ -143,9 +156,9 @@ static bool check_concat(const ggml_tensor * t, const ggml_tensor * a, const ggm
 static bool check_glu(const ggml_tensor * t, const ggml_tensor * a, const ggml_tensor * b) {
     const int32_t op = t->op_params[0];
     bool ok = op >= 0 && op < GGML_GLU_OP_COUNT && a->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 &&
-              ggml_is_contiguous_1(a) && ggml_is_contiguous_1(t) && ggml_nrows(a) == ggml_nrows(t);
+              flat(a) && flat(t) && ggml_nrows(a) == ggml_nrows(t);
     if (b) {
-        return ok && b->type == a->type && ggml_is_contiguous_1(b) && ggml_are_same_shape(a, b) &&
+        return ok && b->type == a->type && flat(b) && ggml_are_same_shape(a, b) &&
                ggml_are_same_shape(a, t);
     }
     return ok && a->ne[0] == 2 * t->ne[0] && a->ne[1] == t->ne[1] && a->ne[2] == t->ne[2] && a->ne[3] == t->ne[3];
@@ -153,14 +166,14 @@ static bool check_glu(const ggml_tensor * t, const ggml_tensor * a, const ggml_t
 
 static bool check_soft_max(const ggml_tensor * t, const ggml_tensor * a, const ggml_tensor * mask,
                            const ggml_tensor * sinks) {
-    bool ok = a->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 && ggml_is_contiguous(a) &&
-              ggml_is_contiguous(t) && ggml_are_same_shape(a, t);
+    bool ok = a->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 && dense(a) &&
+              dense(t) && ggml_are_same_shape(a, t);
     if (mask) {
-        ok = ok && (mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32) && ggml_is_contiguous(mask) &&
+        ok = ok && (mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32) && dense(mask) &&
              mask->ne[0] == a->ne[0] && mask->ne[1] >= a->ne[1] && a->ne[2] % mask->ne[2] == 0 &&
              a->ne[3] % mask->ne[3] == 0;
     }
-    return ok && (!sinks || (sinks->type == GGML_TYPE_F32 && ggml_is_contiguous(sinks) && sinks->ne[0] >= a->ne[2]));
+    return ok && (!sinks || (sinks->type == GGML_TYPE_F32 && dense(sinks) && sinks->ne[0] >= a->ne[2]));
 }
 
 // the op of node t is one this server runs, with the sources, types and shapes its kernel relies on (index values
@@ -197,11 +210,11 @@ static bool check_op(const ggml_tensor * t) {
                    rows_dense(a) && rows_dense(t) && op_param_f32(t, 0) >= 0.0f;
         case GGML_OP_SCALE:
             return a->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 && ggml_are_same_shape(a, t) &&
-                   ggml_is_contiguous(a) && ggml_is_contiguous(t);
+                   dense(a) && dense(t);
         case GGML_OP_UNARY:
             return t->op_params[0] >= 0 && t->op_params[0] < GGML_UNARY_OP_COUNT && a->type == GGML_TYPE_F32 &&
-                   t->type == GGML_TYPE_F32 && ggml_are_same_shape(a, t) && ggml_is_contiguous_1(a) &&
-                   ggml_is_contiguous_1(t);
+                   t->type == GGML_TYPE_F32 && ggml_are_same_shape(a, t) && flat(a) &&
+                   flat(t);
         case GGML_OP_MUL_MAT:
             return b && check_mul_mat(t, a, b);
         case GGML_OP_ROPE:
@@ -346,8 +359,9 @@ static bool make_tensors(ggml_context * ctx, const graph_header & h, const spece
     for (uint32_t i = 0; i < h.n_tensors; ++i) {
         specee_rpc_tensor rt;
         memcpy(&rt, h.tensors + (size_t) i * sizeof(rt), sizeof(rt));
-        if (rt.id == 0 || !by_id.emplace(rt.id, i).second) {
-            return fail(why, "tensor id " + std::to_string(rt.id) + " is zero or repeated");
+        const uint64_t id = rt.id; // a copy: the wire struct is packed
+        if (id == 0 || !by_id.emplace(id, i).second) {
+            return fail(why, "tensor id " + std::to_string(id) + " is zero or repeated");
         }
         if (rt.op >= GGML_OP_COUNT) {
             return fail(why, "unknown op " + std::to_string(rt.op));

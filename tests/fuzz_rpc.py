@@ -307,15 +307,24 @@ def main() -> None:
     server = Server(args.out / "server.log")
     counts = {"answered": 0, "refused": 0, "crashes": 0, "hangs": 0}
     t0, sent = time.time(), 0
+    last_sent: list[bytes] = []
     try:
         while sent < args.messages:
             try:
                 s = Session(server.port)
             except (Closed, Hang, OSError):
+                # the server may still be writing its sanitizer report: give it time to end
+                for _ in range(100):
+                    if not server.alive():
+                        break
+                    time.sleep(0.05)
                 if server.alive():
                     raise
                 counts["crashes"] += 1
-                print("fuzz_rpc: the server died between sessions", file=sys.stderr)
+                name = args.out / f"crashes-{sent}.bin"
+                name.write_bytes(b"".join(last_sent))
+                print(f"fuzz_rpc: the server died after message {sent}; the last session saved to {name}",
+                      file=sys.stderr)
                 server.stop()
                 server.start()
                 continue
@@ -333,6 +342,7 @@ def main() -> None:
                     outcome = "crashes"
                 counts[outcome] += 1
             s.close()
+            last_sent = s.sent
             if outcome in ("crashes", "hangs") or not server.alive():
                 name = args.out / f"{outcome}-{sent}.bin"
                 name.write_bytes(b"".join(s.sent))
