@@ -73,7 +73,8 @@ class Model:
         as one; -1: all) go to the devices other than the CPU, in offload_order "first" (SpecEE's: the first layers,
         the output and the draft head), "last" (llama.cpp's) or "auto" (first when there are exit predictors);
         devices: their names (default: every GPU and RPC server); rpc_servers: "HOST:PORT" of ggml RPC servers
-        (specee-rpc-server), added as devices; tensor_split: each device's share of the offloaded layers. Where
+        (specee-rpc-server), added as devices once each answers a check within 5 s (SpecEEError naming the server
+        otherwise; a server's token comes from the environment variable SPECEE_RPC_TOKEN); tensor_split: each device's share of the offloaded layers. Where
         everything went: `placement`.
         n_ctx: KV cache cells; 0: the file's training context, at most 4096 (ask for more explicitly). A context whose
         KV cache and compute buffers would not fit in the available memory is refused (SpecEEError with the sizes).
