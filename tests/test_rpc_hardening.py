@@ -295,6 +295,21 @@ def test_the_cli_sends_the_token_through_its_relay(tmp_path: Path) -> None:
         bad = subprocess.run([cli, "--rpc", f"127.0.0.1:{port}", "--list-devices"], capture_output=True, text=True,
                              timeout=60, env=env)
         assert bad.returncode == 1 and "does not answer as a ggml RPC server" in bad.stderr, bad.stderr
+        env["SPECEE_RPC_TOKEN"] = "not-the-token"
+        wrong = subprocess.run([cli, "--rpc", f"127.0.0.1:{port}", "--list-devices"], capture_output=True, text=True,
+                               timeout=60, env=env)
+        assert wrong.returncode == 1 and "the token was refused" in wrong.stderr, wrong.stderr
+
+
+def test_python_sends_the_token_too(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import specee
+
+    with rpc_server(tmp_path / "log", token=TOKEN) as (port, _):
+        monkeypatch.setenv("SPECEE_RPC_TOKEN", TOKEN)
+        with specee.Model(tiny_gguf, n_ctx=64, n_threads=1, n_gpu_layers=2,
+                          rpc_servers=[f"127.0.0.1:{port}"]) as m:
+            assert "RPC" in m.placement
+            assert len(m.generate_tokens([1, 2, 3], max_tokens=4, mode="plain", ignore_eos=True)) == 4
 
 
 # ---- the client against junk and silence
