@@ -34,7 +34,7 @@ class _Closed:
 _CLOSED = _Closed()
 
 
-def _prompt_text(text: str | bytes, what: str = "prompt") -> str:
+def _prompt_text(text: str | bytes | bytearray, what: str = "prompt") -> str:
     """`text` as a str the runtime can take: bytes decoded as UTF-8 (UnicodeDecodeError, with the position, when they
     are not), and no lone surrogates (UnicodeEncodeError naming the first one's position); TypeError otherwise."""
     if isinstance(text, (bytes, bytearray)):
@@ -375,10 +375,10 @@ class Model:
         self._check_open()
         if isinstance(prompt, (str, bytes, bytearray)):
             return self.tokenize(prompt, add_special=True, parse_special=False)
-        if not all(isinstance(m, dict) for m in prompt):
-            raise TypeError("chat messages must be dicts with 'role' and 'content'")
-        messages = [{"role": _prompt_text(m["role"], "role"), "content": _prompt_text(m["content"], "content")}
-                    for m in prompt]
+        def text(v: object) -> str:
+            return _prompt_text(v if isinstance(v, (bytes, bytearray)) else str(v))
+
+        messages = [{"role": text(m["role"]), "content": text(m["content"])} for m in prompt]
         try:
             return _core.chat_tokenize(self._model, chat_template, messages, True)
         except _core.SpecEEError as e:
