@@ -118,13 +118,15 @@ static bool wait_readable(int fd, int timeout_ms) {
     }
 }
 
-// exactly n bytes, each wait for more at most the receive timeout (the first wait: `first_wait_ms`)
-static bool recv_all(connection & c, void * dst, size_t n, int first_wait_ms) {
+// exactly n bytes, each wait for more at most the receive timeout (the first wait: `first_wait_ms`, and what its
+// timing out means: `first_late`)
+static bool recv_all(connection & c, void * dst, size_t n, int first_wait_ms,
+                     const char * first_late = "timed out waiting for a message") {
     uint8_t * p    = (uint8_t *) dst;
     int       wait = first_wait_ms;
     while (n > 0) {
         if (!wait_readable(c.fd, wait)) {
-            return c.refuse("timed out waiting for the rest of a message");
+            return c.refuse(p == (uint8_t *) dst ? first_late : "timed out waiting for the rest of a message");
         }
         const ssize_t got = recv(c.fd, p, n, 0);
         if (got <= 0) {
@@ -516,8 +518,11 @@ static void serve_connection(server_state & s, int fd, std::string peer) {
         while (ok) {
             uint8_t  cmd;
             uint64_t size;
-            // between commands a client may idle as long as it likes; inside one, the receive timeout holds
-            ok = recv_all(c, &cmd, 1, -1) && recv_all(c, &size, sizeof(size)) && dispatch(c, cmd, size);
+            // between commands a client may idle (as long as --idle-timeout allows); inside one, the receive
+            // timeout holds
+            const int idle = s.p.idle_timeout_ms > 0 ? s.p.idle_timeout_ms : -1;
+            ok = recv_all(c, &cmd, 1, idle, "idle longer than --idle-timeout") && recv_all(c, &size, sizeof(size)) &&
+                 dispatch(c, cmd, size);
         }
         if (!c.why.empty()) {
             fprintf(stderr, "specee-rpc-server: %s: refused: %s; connection closed\n", peer.c_str(), c.why.c_str());

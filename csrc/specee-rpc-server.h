@@ -17,6 +17,7 @@ struct specee_rpc_server_params {
     uint64_t    max_memory      = 0;           // bytes of buffers and messages held for all clients; 0: all RAM
     int         max_clients     = 64;          // connections served at once; more are closed at once
     int         recv_timeout_ms = 10000;       // the longest wait for the rest of a message, and for the handshake
+    int         idle_timeout_ms = 0;           // the longest wait for a client's next command; 0: no limit
 };
 
 // true when `host` is an IPv4 loopback address (127.0.0.0/8) or "localhost"

@@ -266,6 +266,14 @@ def test_too_many_clients_are_turned_away_and_the_rest_served(tmp_path: Path) ->
     assert "2 clients already" in (tmp_path / "log").read_text()
 
 
+def test_an_idle_client_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+    with rpc_server(tmp_path / "log", "--idle-timeout", "1") as (port, _):
+        c = Conn(port)
+        assert refused(c)
+        assert alive(port)
+    assert "idle longer than --idle-timeout" in (tmp_path / "log").read_text()
+
+
 # ---- the token
 
 

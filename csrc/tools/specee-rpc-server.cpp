@@ -6,6 +6,7 @@
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -38,8 +39,9 @@ static void print_usage(const char * argv0) {
     printf("      --max-clients N      connections served at once (default: %d); more are closed at once\n",
            d.max_clients);
     printf("      --recv-timeout S     the longest wait for the rest of a started message, and for the handshake\n");
-    printf("                           after connecting, in seconds (default: %d); between commands a client may idle\n",
+    printf("                           after connecting, in seconds (default: %d; between commands: --idle-timeout)\n",
            d.recv_timeout_ms / 1000);
+    printf("      --idle-timeout S     close a client that sends no command for this long (default: 0 = no limit)\n");
     printf("      --timeout SECONDS    stop after this long (default: 0 = until stopped)\n");
 }
 
@@ -77,6 +79,7 @@ static bool set_option(specee_rpc_server_params & p, long & timeout_s, const std
                   : arg == "-t" || arg == "--threads" ? parse_int(v, 1, 1024, n)
                   : arg == "--max-clients"          ? parse_int(v, 1, 4096, n)
                   : arg == "--recv-timeout"         ? parse_int(v, 1, 86400, n)
+                  : arg == "--idle-timeout"         ? parse_int(v, 0, 86400 * 365, n)
                                                     : parse_int(v, 0, INT_MAX, n);
     if (arg == "-p" || arg == "--port") {
         p.port = (int) n;
@@ -88,6 +91,8 @@ static bool set_option(specee_rpc_server_params & p, long & timeout_s, const std
         p.max_clients = (int) n;
     } else if (arg == "--recv-timeout") {
         p.recv_timeout_ms = (int) n * 1000;
+    } else if (arg == "--idle-timeout") {
+        p.idle_timeout_ms = (int) std::min<long>(n * 1000, INT_MAX);
     } else {
         timeout_s = n;
     }
@@ -109,7 +114,7 @@ int main(int argc, char ** argv) {
         }
         static const char * known[] = { "-H", "--host", "-p", "--port", "-t", "--threads", "-c", "--cache",
                                         "--timeout", "--auth-token-file", "--max-memory", "--max-clients",
-                                        "--recv-timeout" };
+                                        "--recv-timeout", "--idle-timeout" };
         bool is_known = false;
         for (const char * k : known) {
             is_known = is_known || arg == k;
