@@ -4,7 +4,7 @@ A server is started on 127.0.0.1 (one thread, a 1 s receive timeout, a 256 MiB b
 sessions of a few dozen messages (a handshake, then buffers allocated), the fuzzer sends:
 - structured messages: every command with well-formed payloads, and graphs of the ops the server runs (ADD, MUL,
   RMS_NORM, SCALE, UNARY, MUL_MAT, GET_ROWS, SET_ROWS, SOFT_MAX, ROPE, CPY, CONT, CONCAT, GLU, FLASH_ATTN_EXT) with
-  consistent small shapes, most of them then mutated: one field of one tensor (type, shape, strides, op, op
+  consistent small shapes, one op each or a chain of them with views (a layer's start), most of them then mutated: one field of one tensor (type, shape, strides, op, op
   parameters, sources, buffer, address, flags) or of the message (offsets, sizes, ids, node ids) set to an
   interesting value (0, +-1, 2^31, 2^32-1, 2^63, 2^64-1, a neighbour of the right value, a random one);
 - random messages: a random command byte, declared size and payload bytes (then the fuzzer closes its side, so a
@@ -147,14 +147,20 @@ def region(rng: random.Random, s: Session, nbytes: int) -> tuple[int, int]:
 class GraphBuilder:
     def __init__(self, rng: random.Random, s: Session) -> None:
         self.rng, self.s, self.tensors, self.next_id = rng, s, [], 1
+        self.where: dict[int, tuple[int, int]] = {}
 
-    def add(self, ne: tuple[int, ...], type: int = F32, op: str = "NONE", src: tuple[int, ...] = (), **kw) -> int:
+    def add(self, ne: tuple[int, ...], type: int = F32, op: str = "NONE", src: tuple[int, ...] = (),
+            view_of: int = 0, **kw) -> int:
+        """A tensor in a fresh region, or (view_of) over the bytes of an earlier one, as views and reshapes are."""
         ne = tuple(ne) + (1,) * (4 - len(ne))
         size = {F16: 2, I64: 8}.get(type, 4)
         n = ne[0] * ne[1] * ne[2] * ne[3] * size
-        buf, data = region(self.rng, self.s, n)
+        buf, data = self.where[view_of] if view_of else region(self.rng, self.s, n)
         tid = self.next_id
         self.next_id += 1
+        self.where[tid] = (buf, data)
+        if view_of:
+            kw["view_src"] = view_of
         self.tensors.append(tensor(id=tid, type=type, buffer=buf, ne=ne, nb=kw.pop("nb", None), op=OP[op], src=src,
                                    data=data, **kw))
         return tid
@@ -201,6 +207,28 @@ def op_graph(rng: random.Random, s: Session) -> bytes:
         mask = g.add((8, n1), type=F16)
         out = g.add((n0, n2, n1), op=kind, src=(a, k, v, mask), op_params=(0x3F800000, 0, 0))
     return graph([out], g.tensors)
+
+
+def layer_graph(rng: random.Random, s: Session) -> bytes:
+    """A chain as a Llama layer's start has it: RMS_NORM, MUL by a weight, MUL_MAT, RESHAPE to heads, ROPE, then a
+    PERMUTE view, CONT, SCALE and GLU."""
+    g = GraphBuilder(rng, s)
+    hd, n_head, n_tok = rng.choice([4, 8]), rng.randint(1, 3), rng.randint(1, 4)
+    d = hd * n_head
+    x = g.add((d, n_tok))
+    norm = g.add((d, n_tok), op="RMS_NORM", src=(x,), op_params=(0x3727C5AC,))
+    mul = g.add((d, n_tok), op="MUL", src=(norm, g.add((d,))))
+    q = g.add((d, n_tok), op="MUL_MAT", src=(g.add((d, d), type=rng.choice([F32, F16])), mul))
+    q3 = g.add((hd, n_head, n_tok), op="RESHAPE", src=(q,), view_of=q)
+    pos = g.add((n_tok,), type=I32)
+    qr = g.add((hd, n_head, n_tok), op="ROPE", src=(q3, pos), op_params=(0, hd, 2, 0, 0, 0x461C4000, 0x3F800000, 0,
+                                                                         0x3F800000, 0x42000000, 0x3F800000))
+    perm = g.add((hd, n_tok, n_head), op="PERMUTE", src=(qr,), view_of=qr,
+                 nb=(4, 4 * hd * n_head, 4 * hd, 4 * hd * n_head * n_tok), op_params=(0, 2, 1, 3))
+    cont = g.add((hd, n_tok, n_head), op="CONT", src=(perm,))
+    scaled = g.add((hd, n_tok, n_head), op="SCALE", src=(cont,), op_params=(0x3F000000, 0))
+    out = g.add((hd, n_tok, n_head), op="GLU", src=(scaled, cont), op_params=(2, 0))
+    return graph([norm, mul, q, q3, qr, perm, cont, scaled, out], g.tensors)
 
 
 def mutate_tensor(rng: random.Random, raw: bytes) -> bytes:
@@ -256,7 +284,8 @@ def structured(rng: random.Random, s: Session) -> tuple[int, bytes, int | None]:
         "GET_TENSOR": lambda: t + q("<QQ", off, size),
         "COPY_TENSOR": lambda: t + mutate_tensor(rng, tensor(buffer=buf, ne=(16,), data=data)),
         "MEMSET_TENSOR": lambda: t + q("<QQB", off, size, 7),
-        "GRAPH_COMPUTE": lambda: mutate_graph(rng, op_graph(rng, s)) if rng.random() < 0.8 else op_graph(rng, s),
+        "GRAPH_COMPUTE": lambda: (mutate_graph if rng.random() < 0.8 else lambda _, m: m)(
+            rng, (op_graph if rng.random() < 0.7 else layer_graph)(rng, s)),
         "GRAPH_RECOMPUTE": lambda: q("<I", rng.choice([0, 0, 1])),
         "ALLOC_BUFFER": lambda: q("<IQ", rng.choice([0, 0, 1]), rng.choice([0, 64, 4096, 2**28, 2**40, 2**64 - 1])),
         "FREE_BUFFER": lambda: q("<Q", rng.choice([buf, buf + 1, 0, 2**64 - 1])),
