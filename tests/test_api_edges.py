@@ -71,7 +71,8 @@ def test_bytes_prompts_are_utf8(model: specee.Model) -> None:
 
 def test_a_lone_surrogate_is_a_unicode_error_at_its_position(model: specee.Model) -> None:
     for call in (lambda t: model.tokenize(t), lambda t: model.generate(t, max_tokens=2),
-                 lambda t: model.prompt_tokens([{"role": "user", "content": t}])):
+                 lambda t: model.prompt_tokens([{"role": "user", "content": t}]),
+                 lambda t: model.prompt_tokens([{"role": "user", "content": "hi"}], chat_template=t)):
         with pytest.raises(UnicodeEncodeError) as e:
             call("ab\udc80cd")
         assert e.value.start == 2

@@ -365,7 +365,7 @@ class Model:
         template's markers), else the GGUF's own. ValueError when it is not known."""
         self._check_open()
         try:
-            return _core.chat_template_resolve(self._model, name)
+            return _core.chat_template_resolve(self._model, None if name is None else _prompt_text(name, "template"))
         except _core.SpecEEError as e:
             raise ValueError(str(e)) from None
 
@@ -380,7 +380,8 @@ class Model:
 
         messages = [{"role": text(m["role"]), "content": text(m["content"])} for m in prompt]
         try:
-            return _core.chat_tokenize(self._model, chat_template, messages, True)
+            template = None if chat_template is None else _prompt_text(chat_template, "template")
+            return _core.chat_tokenize(self._model, template, messages, True)
         except _core.SpecEEError as e:
             raise ValueError(str(e)) from None
 
