@@ -7,7 +7,10 @@
 
 #include "ggml.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -289,27 +292,65 @@ static bool has_data(const ggml_tensor * t) {
     return t->data != nullptr;
 }
 
+// the bytes written by the nodes computed so far, as disjoint [start, end) ranges (merged as they are added), so
+// that each check is a lookup, not a walk over the earlier nodes
+struct written_ranges {
+    std::map<const uint8_t *, const uint8_t *> by_start;
+
+    void add(const uint8_t * a, const uint8_t * b) {
+        if (a == b) {
+            return;
+        }
+        auto it = by_start.upper_bound(a);
+        if (it != by_start.begin() && std::prev(it)->second >= a) {
+            --it;
+        }
+        while (it != by_start.end() && it->first <= b) { // merge every range that touches [a, b)
+            a  = std::min(a, it->first);
+            b  = std::max(b, it->second);
+            it = by_start.erase(it);
+        }
+        by_start[a] = b;
+    }
+    bool overlaps(const uint8_t * a, const uint8_t * b) const {
+        auto it = by_start.lower_bound(b); // the first range starting at or after b cannot overlap
+        return a != b && it != by_start.begin() && std::prev(it)->second > a;
+    }
+};
+
+constexpr int64_t MAX_INDEX_VALUES = 1 << 26; // row indices checked per graph, at most
+
 static bool check_indices(const std::vector<ggml_tensor *> & nodes, const std::vector<specee_rpc_region> & regions,
                           const std::unordered_map<const ggml_tensor *, size_t> & index_of, std::string & why) {
-    for (size_t k = 0; k < nodes.size(); ++k) {
-        const ggml_tensor * t = nodes[k];
-        if (t->op != GGML_OP_GET_ROWS && t->op != GGML_OP_SET_ROWS) {
-            continue;
-        }
-        const ggml_tensor * idx    = t->src[1];
-        const int64_t       n_rows = t->op == GGML_OP_GET_ROWS ? t->src[0]->ne[1] : t->ne[1];
-        if (idx->op != GGML_OP_NONE) {
-            return fail(why, std::string(ggml_op_name(t->op)) + " with computed row indices");
-        }
-        if (!index_values_ok(idx, n_rows)) {
-            return fail(why, std::string(ggml_op_name(t->op)) + " with a row index outside the rows");
-        }
-        const specee_rpc_region & r = regions[index_of.at(idx)];
-        for (size_t j = 0; j < k; ++j) {
-            const specee_rpc_region & w = regions[index_of.at(nodes[j])];
-            if (computes(nodes[j]) && w.data < r.data + r.extent && r.data < w.data + w.extent) {
+    written_ranges                                        written;
+    std::map<const ggml_tensor *, int64_t>                checked; // index tensor -> the fewest rows it was checked for
+    int64_t                                               n_values = 0;
+    for (const ggml_tensor * t : nodes) {
+        if (t->op == GGML_OP_GET_ROWS || t->op == GGML_OP_SET_ROWS) {
+            const ggml_tensor * idx    = t->src[1];
+            const int64_t       n_rows = t->op == GGML_OP_GET_ROWS ? t->src[0]->ne[1] : t->ne[1];
+            if (idx->op != GGML_OP_NONE) {
+                return fail(why, std::string(ggml_op_name(t->op)) + " with computed row indices");
+            }
+            auto seen = checked.find(idx);
+            if (seen == checked.end() || seen->second > n_rows) {
+                n_values += ggml_nelements(idx);
+                if (n_values > MAX_INDEX_VALUES) {
+                    return fail(why, "more row indices than this server checks in one graph");
+                }
+                if (!index_values_ok(idx, n_rows)) {
+                    return fail(why, std::string(ggml_op_name(t->op)) + " with a row index outside the rows");
+                }
+                checked[idx] = n_rows;
+            }
+            const specee_rpc_region & r = regions[index_of.at(idx)];
+            if (written.overlaps(r.data, r.data + r.extent)) {
                 return fail(why, "a node writes over the row indices of a later node");
             }
+        }
+        if (computes(t)) {
+            const specee_rpc_region & w = regions[index_of.at(t)];
+            written.add(w.data, w.data + w.extent);
         }
     }
     return true;

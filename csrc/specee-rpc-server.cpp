@@ -70,6 +70,7 @@ constexpr uint64_t VBASE_STEP    = 1ull << 40; // buffer i's made-up base is i *
 constexpr uint64_t MAX_BUFFER_ID = (1ull << 23) - 1;
 constexpr size_t   MAX_GRAPH_MSG = 256u << 20;
 constexpr size_t   RECV_CHUNK    = 1u << 20;
+constexpr uint64_t ZEROED_BELOW  = 32u << 20;
 
 struct connection {
     server_state &       s;
@@ -196,6 +197,11 @@ static bool cmd_alloc_buffer(connection & c, uint64_t size) {
     if (req.size > 0 && req.size < VBASE_STEP && c.next_id <= MAX_BUFFER_ID && mem_reserve(c.s, req.size)) {
         ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(c.s.buft, req.size);
         if (buf && ggml_backend_buffer_get_size(buf) == req.size) {
+            // no client reads what another left in freed memory: small buffers come from the heap and are cleared;
+            // large ones (above glibc's largest mmap threshold) are fresh pages from the kernel, zero without RSS
+            if (req.size <= ZEROED_BELOW) {
+                memset(ggml_backend_buffer_get_base(buf), 0, req.size);
+            }
             const uint64_t id = c.next_id++;
             c.buffers[id]     = { buf, (uint8_t *) ggml_backend_buffer_get_base(buf), id * VBASE_STEP, req.size };
             rsp               = { id, req.size };

@@ -125,6 +125,20 @@ def test_set_get_copy_inside_the_buffer_work(server) -> None:
         assert c.call(CMD["GET_TENSOR"], b + struct.pack("<QQ", 60, 4)) == data[60:]
 
 
+def test_a_new_buffer_holds_nothing_of_another_clients(server) -> None:
+    port, _, _ = server
+    secret = bytes(range(1, 65)) * 64
+    with Conn(port) as a:
+        buf, base = a.alloc(4096)
+        a.send(CMD["SET_TENSOR"], tensor(buffer=buf, ne=(1024,), data=base) + struct.pack("<Q", 0) + secret)
+        assert a.call(CMD["FREE_BUFFER"], struct.pack("<Q", buf)) == b""
+    with Conn(port) as b:
+        for _ in range(4):
+            buf, base = b.alloc(4096)
+            assert b.call(CMD["GET_TENSOR"], tensor(buffer=buf, ne=(1024,), data=base) + struct.pack("<QQ", 0, 4096)) \
+                == bytes(4096)
+
+
 # ---- graphs
 
 
@@ -193,6 +207,33 @@ def test_get_rows_with_an_index_outside_the_rows_is_refused(server) -> None:
         assert refused(c)
     assert "row index outside the rows" in log.read_text()
     assert alive(port)
+
+
+def test_row_indices_written_over_by_an_earlier_node_are_refused(server) -> None:
+    """(Row indices are set first: a fresh buffer holds whatever its memory held.)"""
+    port, _, log = server
+    with Conn(port) as c:
+        buf, base = c.alloc(4096)
+        x = tensor(id=1, buffer=buf, ne=(4, 4), data=base)
+        idx = tensor(id=3, type=I32, buffer=buf, ne=(2,), data=base + 64)
+        over = tensor(id=5, buffer=buf, ne=(4,), data=base + 64, op=OP["ADD"], src=(6, 6))  # writes idx's bytes
+        y = tensor(id=6, buffer=buf, ne=(4,), data=base + 256)
+        rows = tensor(id=4, buffer=buf, ne=(4, 2), data=base + 128, op=OP["GET_ROWS"], src=(1, 3))
+        c.send(CMD["SET_TENSOR"], idx + struct.pack("<Q2i", 0, 0, 3))
+        c.send(CMD["GRAPH_COMPUTE"], graph([5, 4], [x, idx, over, y, rows]))
+        assert refused(c)
+        with Conn(port) as d:  # the same graph, the writer after the reader: fine (ggml's allocator reuses memory so)
+            buf, base = d.alloc(4096)
+            x, idx, over, y, rows = (tensor(id=1, buffer=buf, ne=(4, 4), data=base),
+                                     tensor(id=3, type=I32, buffer=buf, ne=(2,), data=base + 64),
+                                     tensor(id=5, buffer=buf, ne=(4,), data=base + 64, op=OP["ADD"], src=(6, 6)),
+                                     tensor(id=6, buffer=buf, ne=(4,), data=base + 256),
+                                     tensor(id=4, buffer=buf, ne=(4, 2), data=base + 128, op=OP["GET_ROWS"],
+                                            src=(1, 3)))
+            d.send(CMD["SET_TENSOR"], idx + struct.pack("<Q2i", 0, 0, 3))
+            d.send(CMD["GRAPH_COMPUTE"], graph([4, 5], [x, idx, over, y, rows]))
+            assert d.call(CMD["DEVICE_COUNT"]) == struct.pack("<I", 1)
+    assert "writes over the row indices" in log.read_text()
 
 
 def test_a_very_deep_chain_is_refused_without_recursion(server) -> None:
