@@ -208,6 +208,10 @@ static void read_exit_settings(specee_exit_cfg & x, const specee_hparams & hp, c
             specee_fail("%s in %s is not a float32", SPECEE_KEY_EXIT_THRESHOLD, path.c_str());
         }
         x.threshold = gguf_get_val_f32(g, tid);
+        if (!(x.threshold >= 0.0f && x.threshold <= 1.0f)) { // NaN fails too, as the CLI's --exit-threshold refuses it
+            specee_fail("%s = %g in %s: expected a number in [0, 1]", SPECEE_KEY_EXIT_THRESHOLD, (double) x.threshold,
+                        path.c_str());
+        }
     }
     if (!specee_gguf_get_f32_in(g, SPECEE_KEY_EXIT_SPEEDUP, x.speedup, 0.0f, 1e3f)) {
         x.speedup = -1.0f;

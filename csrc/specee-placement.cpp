@@ -10,6 +10,7 @@
 
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-rpc-client.h"
 
 #include "ggml-backend.h"
 
@@ -52,7 +53,13 @@ std::vector<ggml_backend_dev_t> specee_rpc_add(const char * servers) {
             ep.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
             specee_fail("bad RPC server '%s': expected HOST:PORT, e.g. 127.0.0.1:50052", ep.c_str());
         }
-        ggml_backend_reg_t reg = add(ep.c_str());
+        // ggml's client aborts on a malformed reply and waits forever on a silent peer: check the peer first, with
+        // timeouts; with a token, ggml talks to a local relay that sent it
+        const std::string host  = ep.substr(0, colon);
+        const char *      token = getenv("SPECEE_RPC_TOKEN");
+        specee_rpc_check_peer(host, port, token ? token : "");
+        const std::string via = token && *token ? specee_rpc_relay(host, port, token) : ep;
+        ggml_backend_reg_t reg = add(via.c_str());
         if (!reg) {
             specee_fail("cannot reach the ggml RPC server at %s (is specee-rpc-server running there?)", ep.c_str());
         }

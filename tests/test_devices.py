@@ -65,10 +65,12 @@ def test_the_server_binds_loopback_only(rpc_server: str) -> None:
     assert addrs == [f"127.0.0.1:{port}"], addrs
 
 
-def test_the_server_warns_when_bound_elsewhere(tmp_path: Path) -> None:
+def test_the_server_wants_a_token_to_listen_elsewhere(tmp_path: Path) -> None:
+    """Any address but loopback needs a token: without one the server refuses to start (it binds nothing)."""
+    env = {k: v for k, v in os.environ.items() if k != "SPECEE_RPC_TOKEN"}
     proc = subprocess.run([str(tool_path("specee-rpc-server")), "-H", "0.0.0.0", "-p", str(free_port()), "--timeout",
-                           "1"], capture_output=True, text=True, timeout=60)
-    assert "no authentication" in proc.stderr and "trusted network" in proc.stderr
+                           "1"], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 1 and "give a token" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("order", ["first", "last"])

@@ -278,13 +278,15 @@ struct Generator {
         return reused;
     }
 
-    // (tokens, layers run per token); empty when the context is full
+    // (tokens, layers run per token); empty when the context is full. One step never yields more tokens than the
+    // context has cells, so the buffers are sized by that, not by n_max (max_tokens of a whole generation)
     py::tuple next(int32_t n_max) {
-        std::vector<int32_t> toks(std::max(n_max, 1)), layers(std::max(n_max, 1));
+        const int32_t cap = std::max(1, (int32_t) std::min<int64_t>(n_max, specee_n_ctx(ctx_ref.cast<Context &>().ptr)));
+        std::vector<int32_t> toks(cap), layers(cap);
         int32_t              n;
         {
             py::gil_scoped_release release;
-            n = specee_generator_next(ptr, toks.data(), layers.data(), n_max);
+            n = specee_generator_next(ptr, toks.data(), layers.data(), n_max <= 0 ? n_max : cap);
         }
         if (n < 0) {
             raise_last();

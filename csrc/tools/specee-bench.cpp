@@ -59,7 +59,8 @@ static void print_usage(const char * argv0, const bench_params & d) {
     printf("  -ctv, --cache-type-v <t>         V cache type, f32 (the runtime's default) or f16, comma list\n");
     printf("  -ngl, --n-gpu-layers <n>         layers on devices other than the CPU, comma list (default: -1 = all)\n");
     printf("  --offload-order <o>              first, last or auto, comma list (default: auto)\n");
-    printf("  --rpc <servers>                  comma-separated HOST:PORT of ggml RPC servers to offload to\n");
+    printf("  --rpc <servers>                  comma-separated HOST:PORT of ggml RPC servers to offload to (a token:\n");
+    printf("                                   the environment variable SPECEE_RPC_TOKEN)\n");
     printf("  -b, --batch-size <n>             most tokens in one graph, capped to the context (default: %d)\n",
            d.n_batch);
     printf("  -r, --repetitions <n>            timed runs of each test (default: %d)\n", d.reps);

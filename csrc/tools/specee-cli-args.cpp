@@ -204,7 +204,7 @@ static std::vector<cli_option> make_options(cli_params & p) {
          }},
         {{"-dev", "--device"}, "LIST", "comma-separated devices to offload to (default: every GPU and --rpc server; see --list-devices)", "", s(p.devices)},
         {{"--list-devices"}, "", "print the devices (after adding the --rpc servers) and exit", "", flag([&p] { p.list_devices = true; })},
-        {{"--rpc"}, "SERVERS", "comma-separated HOST:PORT of ggml RPC servers (specee-rpc-server, or llama.cpp's rpc-server) to offload layers to", "", s(p.rpc_servers)},
+        {{"--rpc"}, "SERVERS", "comma-separated HOST:PORT of ggml RPC servers (specee-rpc-server, or llama.cpp's rpc-server) to offload layers to; each must answer a check within 5 s first; a server's token comes from the environment variable SPECEE_RPC_TOKEN", "", s(p.rpc_servers)},
         {{"-fa", "--flash-attn"}, "on|off|auto", "accepted for compatibility; attention is always computed with ggml's flash attention here (off is ignored with a warning)", "on, off or auto",
          [](const std::string & v) {
              if (v == "off") {

@@ -1,65 +1,125 @@
 // specee-rpc-server: this machine's CPU as a ggml RPC device for another process or machine (`specee-cli --rpc
-// HOST:PORT`, llama.cpp's --rpc too), on ggml's own RPC server. The protocol has no authentication: it binds
-// 127.0.0.1 unless told otherwise, and warns when it is told otherwise.
-#include "ggml-backend.h"
+// HOST:PORT`, llama.cpp's --rpc too). Only parses flags; the server is csrc/specee-rpc-server.cpp.
+#include "specee-rpc-server.h"
 
 #include <cerrno>
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
-#include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include <unistd.h>
 
-struct server_params {
-    std::string host      = "127.0.0.1";
-    int         port      = 50052;
-    int         n_threads = std::max(1, (int) std::thread::hardware_concurrency());
-    std::string cache_dir;
-    int         timeout_s = 0; // 0: until stopped
-};
-
 static void print_usage(const char * argv0) {
-    const server_params d;
+    const specee_rpc_server_params d;
     printf("usage: %s [options]\n\n", argv0);
-    printf("Serves this machine's CPU as a ggml RPC device: layers placed on it by `specee-cli --rpc HOST:PORT -ngl N`\n");
-    printf("(or upstream llama.cpp's --rpc) run here. The protocol has no authentication: whoever reaches the port can\n");
-    printf("use it, so it listens on 127.0.0.1 unless -H says otherwise.\n\noptions:\n");
+    printf("Serves this machine's CPU as a ggml RPC device (protocol 5, as ggml's own rpc-server): layers placed on\n");
+    printf("it by `specee-cli --rpc HOST:PORT -ngl N` (or upstream llama.cpp's --rpc) run here. Each connection has\n");
+    printf("its own thread and buffers; every message is checked before it is acted on, and one that breaks a rule\n");
+    printf("closes its connection (one log line) while the server goes on. Ops outside the Llama family's are refused.\n");
+    printf("\noptions:\n");
     printf("  -h, --help               print this help and exit\n");
-    printf("  -H, --host HOST          address to listen on (default: %s; anything else is reachable from other\n",
+    printf("  -H, --host HOST          IPv4 address to listen on (default: %s). Any address other than loopback\n",
            d.host.c_str());
-    printf("                           machines: use it on a trusted network only)\n");
+    printf("                           (127.x.x.x) is reachable from other machines and needs a token\n");
     printf("  -p, --port PORT          port (default: %d)\n", d.port);
-    printf("  -t, --threads N          CPU threads for the graphs it computes (default: %d)\n", d.n_threads);
+    printf("  -t, --threads N          CPU threads for the graphs it computes (default: all cores)\n");
     printf("  -c, --cache DIR          keep received weights in DIR, so a later load of the same file sends hashes only\n");
+    printf("      --auth-token-file F  a shared secret (the file's first line, 1-256 bytes) every client must send\n");
+    printf("                           before any command; the environment variable SPECEE_RPC_TOKEN gives it too.\n");
+    printf("                           Clients (specee-cli --rpc, Model(rpc_servers=...)) send SPECEE_RPC_TOKEN. The\n");
+    printf("                           token is sent in clear: it keeps others out, it does not hide the traffic\n");
+    printf("      --max-memory MIB     buffers and messages held for all clients together, in MiB (default: 0 = the\n");
+    printf("                           machine's RAM); a request beyond it gets a failed allocation\n");
+    printf("      --max-clients N      connections served at once (default: %d); more are closed at once\n",
+           d.max_clients);
+    printf("      --recv-timeout S     the longest wait for the rest of a started message, and for the handshake\n");
+    printf("                           after connecting, in seconds (default: %d; between commands: --idle-timeout)\n",
+           d.recv_timeout_ms / 1000);
+    printf("      --idle-timeout S     close a client that sends no command for this long (default: 0 = no limit)\n");
     printf("      --timeout SECONDS    stop after this long (default: 0 = until stopped)\n");
 }
 
-static bool parse_int(const char * s, int lo, int hi, int & out) {
+static bool parse_int(const char * s, long lo, long hi, long & out) {
     errno    = 0;
     char * e = nullptr;
     long   v = strtol(s, &e, 10);
     if (!*s || *e || errno == ERANGE || v < lo || v > hi) {
         return false;
     }
-    out = (int) v;
+    out = v;
     return true;
 }
 
+static bool read_token(const std::string & path, std::string & token) {
+    std::ifstream in(path);
+    return in && std::getline(in, token) && !token.empty();
+}
+
+static bool set_option(specee_rpc_server_params & p, long & timeout_s, const std::string & arg, const char * v) {
+    long n = 0;
+    if (arg == "-H" || arg == "--host") {
+        p.host = v;
+        return !p.host.empty();
+    }
+    if (arg == "-c" || arg == "--cache") {
+        p.cache_dir = v;
+        return !p.cache_dir.empty();
+    }
+    if (arg == "--auth-token-file") {
+        return read_token(v, p.token);
+    }
+    const bool ok = arg == "-p" || arg == "--port"  ? parse_int(v, 1, 65535, n)
+                  : arg == "--max-memory"           ? parse_int(v, 0, LONG_MAX / 1048576, n)
+                  : arg == "-t" || arg == "--threads" ? parse_int(v, 1, 1024, n)
+                  : arg == "--max-clients"          ? parse_int(v, 1, 4096, n)
+                  : arg == "--recv-timeout"         ? parse_int(v, 1, 86400, n)
+                  : arg == "--idle-timeout"         ? parse_int(v, 0, 86400 * 365, n)
+                                                    : parse_int(v, 0, INT_MAX, n);
+    if (arg == "-p" || arg == "--port") {
+        p.port = (int) n;
+    } else if (arg == "--max-memory") {
+        p.max_memory = (uint64_t) n << 20;
+    } else if (arg == "-t" || arg == "--threads") {
+        p.n_threads = (int) n;
+    } else if (arg == "--max-clients") {
+        p.max_clients = (int) n;
+    } else if (arg == "--recv-timeout") {
+        p.recv_timeout_ms = (int) n * 1000;
+    } else if (arg == "--idle-timeout") {
+        p.idle_timeout_ms = (int) std::min<long>(n * 1000, INT_MAX);
+    } else {
+        timeout_s = n;
+    }
+    return ok;
+}
+
 int main(int argc, char ** argv) {
-    server_params p;
+    specee_rpc_server_params p;
+    p.n_threads    = std::max(1, (int) std::thread::hardware_concurrency());
+    long timeout_s = 0;
+    if (const char * env = getenv("SPECEE_RPC_TOKEN")) {
+        p.token = env;
+    }
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         if (arg == "-h" || arg == "--help") {
             print_usage(argv[0]);
             return 0;
         }
-        const bool known = arg == "-H" || arg == "--host" || arg == "-p" || arg == "--port" || arg == "-t" ||
-                           arg == "--threads" || arg == "-c" || arg == "--cache" || arg == "--timeout";
-        if (!known) {
+        static const char * known[] = { "-H", "--host", "-p", "--port", "-t", "--threads", "-c", "--cache",
+                                        "--timeout", "--auth-token-file", "--max-memory", "--max-clients",
+                                        "--recv-timeout", "--idle-timeout" };
+        bool is_known = false;
+        for (const char * k : known) {
+            is_known = is_known || arg == k;
+        }
+        if (!is_known) {
             fprintf(stderr, "error: unknown argument: %s (see --help)\n", arg.c_str());
             return 1;
         }
@@ -67,48 +127,28 @@ int main(int argc, char ** argv) {
             fprintf(stderr, "error: %s needs a value\n", arg.c_str());
             return 1;
         }
-        const char * v  = argv[++i];
-        bool         ok = true;
-        if (arg == "-H" || arg == "--host") {
-            p.host = v;
-            ok     = !p.host.empty();
-        } else if (arg == "-p" || arg == "--port") {
-            ok = parse_int(v, 1, 65535, p.port);
-        } else if (arg == "-t" || arg == "--threads") {
-            ok = parse_int(v, 1, 1024, p.n_threads);
-        } else if (arg == "-c" || arg == "--cache") {
-            p.cache_dir = v;
-            ok          = !p.cache_dir.empty();
-        } else {
-            ok = parse_int(v, 0, INT_MAX, p.timeout_s);
-        }
-        if (!ok) {
+        const char * v = argv[++i];
+        if (!set_option(p, timeout_s, arg, v)) {
             fprintf(stderr, "error: invalid value for %s: '%s' (see --help)\n", arg.c_str(), v);
             return 1;
         }
     }
-    if (p.host != "127.0.0.1" && p.host != "localhost" && p.host != "::1") {
-        fprintf(stderr, "warning: listening on %s: the ggml RPC protocol has no authentication, so anyone who can reach "
-                        "%s:%d can run graphs and read or write memory on this machine; use it on a trusted network "
-                        "only\n", p.host.c_str(), p.host.c_str(), p.port);
-    }
-    ggml_backend_reg_t rpc   = ggml_backend_reg_by_name("RPC");
-    auto               start = rpc ? (void (*)(const char *, const char *, size_t, size_t, ggml_backend_dev_t *))
-                                         ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_start_server")
-                                   : nullptr;
-    ggml_backend_dev_t cpu   = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (!start || !cpu) {
-        fprintf(stderr, "error: this build of ggml has no RPC backend (ggml/install.sh builds it in; the prebuilt "
-                        "wheel has none)\n");
+    if (p.token.size() > 256) {
+        fprintf(stderr, "error: the token is longer than 256 bytes\n");
         return 1;
     }
-    if (p.timeout_s > 0) {
-        signal(SIGALRM, SIG_DFL);
-        alarm((unsigned) p.timeout_s); // a bounded run: the alarm ends the process
+    if (p.token.empty() && !specee_rpc_host_is_loopback(p.host)) {
+        fprintf(stderr, "error: listening on %s makes this machine's memory and compute reachable from other "
+                        "machines: give a token (--auth-token-file FILE or SPECEE_RPC_TOKEN), or listen on 127.0.0.1\n",
+                p.host.c_str());
+        return 1;
     }
-    const std::string endpoint = p.host + ":" + std::to_string(p.port);
-    fflush(stdout);
-    start(endpoint.c_str(), p.cache_dir.empty() ? nullptr : p.cache_dir.c_str(), (size_t) p.n_threads, 1, &cpu);
-    fprintf(stderr, "error: the RPC server on %s stopped (is the port in use?)\n", endpoint.c_str());
+    if (timeout_s > 0) {
+        signal(SIGALRM, SIG_DFL);
+        alarm((unsigned) timeout_s); // a bounded run: the alarm ends the process
+    }
+    std::string err;
+    specee_rpc_serve(p, err);
+    fprintf(stderr, "error: specee-rpc-server: %s\n", err.c_str());
     return 1;
 }

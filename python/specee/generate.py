@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from specee.model import Model
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
-Prompt = Union[str, Sequence[Message]]
+Prompt = Union[str, bytes, Sequence[Message]]
 # the names of the modes and of the exit KV policies, as the runtime defines them
 MODES: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "mode"))
 EXIT_KV: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "exit.kv"))

@@ -24,6 +24,27 @@ def _default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+class _Closed:
+    """What a closed Model holds instead of its native model and context: any use says so."""
+
+    def __getattr__(self, name: str):
+        raise ValueError("Model is closed")
+
+
+_CLOSED = _Closed()
+
+
+def _prompt_text(text: str | bytes | bytearray, what: str = "prompt") -> str:
+    """`text` as a str the runtime can take: bytes decoded as UTF-8 (UnicodeDecodeError, with the position, when they
+    are not), and no lone surrogates (UnicodeEncodeError naming the first one's position); TypeError otherwise."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8")
+    if not isinstance(text, str):
+        raise TypeError(f"the {what} must be str, bytes or chat messages, not {type(text).__name__}")
+    text.encode("utf-8")  # raises UnicodeEncodeError at the first lone surrogate, with its position
+    return text
+
+
 class Model:
     def __init__(
         self,
@@ -52,7 +73,8 @@ class Model:
         as one; -1: all) go to the devices other than the CPU, in offload_order "first" (SpecEE's: the first layers,
         the output and the draft head), "last" (llama.cpp's) or "auto" (first when there are exit predictors);
         devices: their names (default: every GPU and RPC server); rpc_servers: "HOST:PORT" of ggml RPC servers
-        (specee-rpc-server), added as devices; tensor_split: each device's share of the offloaded layers. Where
+        (specee-rpc-server), added as devices once each answers a check within 5 s (SpecEEError naming the server
+        otherwise; a server's token comes from the environment variable SPECEE_RPC_TOKEN); tensor_split: each device's share of the offloaded layers. Where
         everything went: `placement`.
         n_ctx: KV cache cells; 0: the file's training context, at most 4096 (ask for more explicitly). A context whose
         KV cache and compute buffers would not fit in the available memory is refused (SpecEEError with the sizes).
@@ -95,10 +117,18 @@ class Model:
         """Free the native model, context and generator now (their devices' memory too; an RPC server's included)
         instead of when the object is collected; the model cannot be used afterwards."""
         with self._lock:
-            # a closed Model holds None: any later call fails on it (AttributeError), which is what closing means
+            # a closed Model holds _CLOSED: any later use raises ValueError("Model is closed"); streams too
             self._gen = None
-            self._ctx = None  # type: ignore[assignment]
-            self._model = None  # type: ignore[assignment]
+            self._ctx = _CLOSED  # type: ignore[assignment]
+            self._model = _CLOSED  # type: ignore[assignment]
+
+    @property
+    def closed(self) -> bool:
+        return self._model is _CLOSED
+
+    def _check_open(self) -> None:
+        if self._model is _CLOSED:
+            raise ValueError("Model is closed")
 
     def __enter__(self) -> Model:
         return self
@@ -292,10 +322,11 @@ class Model:
 
     # ---- text
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`. add_special: BOS/EOS as the vocabulary asks; parse_special: the text of
-        special tokens ("<|im_start|>") becomes those tokens instead of plain text."""
-        return self._model.tokenize(text, add_special, parse_special)
+        special tokens ("<|im_start|>") becomes those tokens instead of plain text. bytes are decoded as UTF-8;
+        text with a lone surrogate raises UnicodeEncodeError naming its position."""
+        return self._model.tokenize(_prompt_text(text, "text"), add_special, parse_special)
 
     def detokenize(
         self, tokens: Sequence[int] | np.ndarray, remove_special: bool = False, unparse_special: bool = False
@@ -332,19 +363,25 @@ class Model:
     def chat_template(self, name: str | None = None) -> str:
         """The template messages are rendered with: `name` when given (a template name, or a Jinja text with a known
         template's markers), else the GGUF's own. ValueError when it is not known."""
+        self._check_open()
         try:
-            return _core.chat_template_resolve(self._model, name)
+            return _core.chat_template_resolve(self._model, None if name is None else _prompt_text(name, "template"))
         except _core.SpecEEError as e:
             raise ValueError(str(e)) from None
 
     def prompt_tokens(self, prompt: Prompt, chat_template: str | None = None) -> list[int]:
         """Token ids of a plain prompt (BOS as the vocabulary asks), or of chat messages rendered with the chat
         template (`chat_template`, or the model's own) and ready for the assistant's reply."""
-        if isinstance(prompt, str):
+        self._check_open()
+        if isinstance(prompt, (str, bytes, bytearray)):
             return self.tokenize(prompt, add_special=True, parse_special=False)
-        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+        def text(v: object) -> str:
+            return _prompt_text(v if isinstance(v, (bytes, bytearray)) else str(v))
+
+        messages = [{"role": text(m["role"]), "content": text(m["content"])} for m in prompt]
         try:
-            return _core.chat_tokenize(self._model, chat_template, messages, True)
+            template = None if chat_template is None else _prompt_text(chat_template, "template")
+            return _core.chat_tokenize(self._model, template, messages, True)
         except _core.SpecEEError as e:
             raise ValueError(str(e)) from None
 
@@ -354,6 +391,7 @@ class Model:
         """The model's generator with these options (one per model, so that its draft head's cache and the KV cache
         stay in step for prompt-prefix reuse) and the number of this generation."""
         with self._lock:
+            self._check_open()
             if self._gen is None:
                 self._gen = _core.Generator(self._ctx, opts)
             else:
@@ -373,6 +411,7 @@ class Model:
         stats.n_layer, stats.mode, stats.mode_why = self.n_layer, gen.mode, gen.why
 
         def step(fn, *args):
+            self._check_open()
             if self._generation != me:
                 raise RuntimeError("this generation was superseded by a later call on the same Model; its state is gone")
             with self._lock:
@@ -406,7 +445,7 @@ class Model:
             stats.update(gen.stats())
 
     def stream(self, prompt: Prompt, max_tokens: int = 256, **options) -> Iterator[str]:
-        """Generate from a prompt (str) or chat messages ([{"role", "content"}]), yielding text pieces.
+        """Generate from a prompt (str, or UTF-8 bytes) or chat messages ([{"role", "content"}]), yielding text pieces.
 
         options: the fields of specee.generate.GenerateOptions as keywords: mode ("auto", "plain", "eagle",
         "eagle2", "early-exit"), temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ignore_eos,
