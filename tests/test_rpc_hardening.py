@@ -350,15 +350,19 @@ def test_the_cli_sends_the_token_through_its_relay(tmp_path: Path) -> None:
         assert wrong.returncode == 1 and "the token was refused" in wrong.stderr, wrong.stderr
 
 
-def test_python_sends_the_token_too(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import specee
+def test_python_sends_the_token_too(tiny_gguf: Path, tmp_path: Path) -> None:
+    """In a process of its own: the RPC device it registers stays in ggml's registry after the server stops, and
+    ggml's client aborts the process that later asks a stopped server for its memory."""
+    import sys
 
+    code = ("import sys, specee\n"
+            "with specee.Model(sys.argv[1], n_ctx=64, n_threads=1, n_gpu_layers=2, rpc_servers=[sys.argv[2]]) as m:\n"
+            "    assert 'RPC' in m.placement, m.placement\n"
+            "    print(len(m.generate_tokens([1, 2, 3], max_tokens=4, mode='plain', ignore_eos=True)))\n")
     with rpc_server(tmp_path / "log", token=TOKEN) as (port, _):
-        monkeypatch.setenv("SPECEE_RPC_TOKEN", TOKEN)
-        with specee.Model(tiny_gguf, n_ctx=64, n_threads=1, n_gpu_layers=2,
-                          rpc_servers=[f"127.0.0.1:{port}"]) as m:
-            assert "RPC" in m.placement
-            assert len(m.generate_tokens([1, 2, 3], max_tokens=4, mode="plain", ignore_eos=True)) == 4
+        r = subprocess.run([sys.executable, "-c", code, str(tiny_gguf), f"127.0.0.1:{port}"], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "SPECEE_RPC_TOKEN": TOKEN})
+    assert r.returncode == 0 and r.stdout.strip() == "4", r.stderr[-2000:]
 
 
 # ---- the client against junk and silence
