@@ -24,7 +24,8 @@ struct specee_generator {
     specee_context *          ctx = nullptr;
     specee_generator_params   params{};
     int32_t                   mode = SPECEE_MODE_PLAIN; // resolved
-    std::string               why;                      // what `auto` chose and why ("" for another mode)
+    std::string               why;                      // what `auto` chose and why, and that a replayed
+                                                        // acceptance makes the text meaningless ("" otherwise)
     std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl{nullptr, specee_sampler_free};
     std::unique_ptr<specee_draft_head> head; // eagle, eagle2, early_exit
     specee_tree_decoder       tree;
@@ -206,6 +207,11 @@ static void set_params_impl(specee_generator & g, const specee_generator_params 
     }
     if (mode == SPECEE_MODE_EARLY_EXIT) {
         specee_exit_init(exit, m, p.exit);
+    }
+    if ((mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2) && p.eagle.n_replay > 0) {
+        why += std::string(why.empty() ? "" : "\n") +
+               "eagle: replayed acceptance (--eagle-replay): each step accepts the given number of drafted tokens "
+               "whatever the model says; the output text is meaningless (cost benchmarks only)";
     }
     // the draft head: kept when its cache is large enough for the tree, so its pairs stay
     if (mode != SPECEE_MODE_PLAIN) {

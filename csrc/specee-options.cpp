@@ -93,6 +93,10 @@ static const option_def OPTIONS[] = {
       "EAGLE-2: children per expanded node and nodes expanded per depth (default: 2 where the CPU's layer matrices "
       "are repacked, else 1)"},
      OFF(eagle.topk), 0, nullptr, 0, 1, INT_MAX},
+    {{"eagle.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated counts like 3,2,4,1",
+      "EAGLE for cost benchmarks: step i accepts COUNTS[i mod n] drafted tokens along the tree's best path whatever the "
+      "target says (every pass, draft and check still runs; the output text is meaningless)"},
+     OFF(eagle.replay), OFF(eagle.n_replay), nullptr, 0, 0, 0},
     {{"exit.threshold", SPECEE_OPTION_FLOAT, nullptr, "a number in [0, 1]",
       "early exit: a predictor fires above it (default: the file's specee.exit.threshold, SpecEE's 0.5)"},
      OFF(exit.threshold), 0, nullptr, 0, 0, 1},
@@ -139,6 +143,14 @@ void specee_generator_check_values(const specee_generator_params & p) {
     if (p.eagle.total_tokens < 0 || p.eagle.depth < 0 || p.eagle.topk < 0) {
         specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1 (0: the default)",
                     p.eagle.total_tokens, p.eagle.depth, p.eagle.topk);
+    }
+    if (p.eagle.n_replay < 0 || p.eagle.n_replay > SPECEE_MAX_EXIT_LAYERS) {
+        specee_fail("eagle replay: %d counts (0..%d)", p.eagle.n_replay, SPECEE_MAX_EXIT_LAYERS);
+    }
+    for (int32_t i = 0; i < p.eagle.n_replay; ++i) {
+        if (p.eagle.replay[i] < 0) {
+            specee_fail("eagle replay: accepted counts must be >= 0, got %d", p.eagle.replay[i]);
+        }
     }
     if (p.eagle.topk > 256 || p.eagle.depth > 64) {
         specee_fail("bad EAGLE-2 tree: topk (%d) must be <= 256 and depth (%d) <= 64", p.eagle.topk, p.eagle.depth);

@@ -523,10 +523,22 @@ static int32_t walk_tree(specee_tree_decoder & dec, specee_draft_head & head, sp
         q.resize(n_vocab);
     }
     int32_t cur = 0, n_acc = 0;
+    // a replay forces how many drafted tokens this step accepts: the best-ranked verified child at each depth
+    const int32_t replay = dec.params.n_replay > 0 ?
+                               dec.params.replay[dec.n_replayed++ % (size_t) dec.params.n_replay] : -1;
     for (;;) {
         const float * lg    = logits + (size_t) dec.nodes[cur].row * n_vocab;
         int32_t       child = -1, t;
-        if (greedy) {
+        if (replay >= 0) {
+            t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the bonus token, where the replay stops
+            for (int32_t c : dec.nodes[cur].children) {
+                if (n_acc < replay && dec.nodes[c].row >= 0) {
+                    child = c;
+                    t     = dec.nodes[c].token;
+                    break;
+                }
+            }
+        } else if (greedy) {
             t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the (penalised) argmax
             for (int32_t c : dec.nodes[cur].children) {
                 if (dec.nodes[c].row >= 0 && dec.nodes[c].token == t) {
@@ -615,6 +627,7 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
 void specee_tree_init(specee_tree_decoder & dec, bool dynamic, const specee_eagle_params & params) {
     dec.dynamic    = dynamic;
     dec.params     = params;
+    dec.n_replayed = 0;
     dec.max_expand = 0;
     if (!dynamic) {
         dec.shape     = parse_choices(params.choices);

@@ -38,6 +38,7 @@ struct specee_tree_decoder {
     int32_t                 max_nodes  = 0; // draft tokens per step at most
     int32_t                 max_expand = 0; // tree nodes whose K/V the head caches at once, at most
     std::vector<draft_node> nodes;          // the current step's tree
+    size_t                  n_replayed = 0; // steps taken with params.replay
 };
 
 // checks the parameters; the head's cache must hold max_expand cells beyond n_ctx (specee_tree_extra_cells)

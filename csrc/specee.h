@@ -327,7 +327,7 @@ enum specee_mode {
     SPECEE_MODE_EARLY_EXIT = 4,
 };
 
-// the longest choices text and the most layers in an exit schedule or replay that the parameters hold
+// the longest choices text, and the most entries in an exit schedule or a replay that the parameters hold
 #define SPECEE_MAX_CHOICES     4096
 #define SPECEE_MAX_EXIT_LAYERS 256
 
@@ -340,6 +340,9 @@ struct specee_eagle_params {
     int32_t total_tokens;                // eagle2: draft tokens verified per step
     int32_t depth;                       // eagle2: most draft tokens on one path
     int32_t topk;                        // eagle2: children per expanded node, and nodes expanded per depth
+    int32_t replay[SPECEE_MAX_EXIT_LAYERS]; // cost benchmarks: step i accepts replay[i % n_replay] drafted tokens
+    int32_t n_replay;                       // along the tree's best path, whatever the target says (the output is
+                                            // meaningless; the passes, drafts and checks all run); 0: off
 };
 
 enum specee_exit_kv {

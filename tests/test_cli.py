@@ -91,7 +91,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--chat-template", "--verbose-prompt", "--no-display-prompt", "-sp", "--special", "-h", "--help",
                 "-ctv", "--cache-type-v", "--mode", "--draft-head", "--eagle-choices", "--eagle_choices",
                 "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
-                "--exit-threshold", "--exit-layers", "--no-exit-dynamic", "--exit-kv", "--exit-replay",
+                "--eagle-replay", "--exit-threshold", "--exit-layers", "--no-exit-dynamic", "--exit-kv", "--exit-replay",
                 "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
                 "--list-devices", "--rpc"]
     assert sorted(flags) == sorted(expected)
@@ -101,7 +101,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
               "--top-p": "0.5", "--top_p": "0.5", "--min-p": "0.1", "--min_p": "0.1", "--repeat-penalty": "1.1",
               "-ctv": "f32", "--cache-type-v": "f16", "--mode": "plain", "--draft-head": str(tmp_path / "head.gguf"),
               "--eagle-choices": "[[0]]", "--eagle_choices": "[[0], [1]]", "--exit-threshold": "0.5",
-              "--exit-layers": "16,20", "--exit-kv": "fill", "--exit-replay": "3,4", "-fa": "on",
+              "--exit-layers": "16,20", "--exit-kv": "fill", "--exit-replay": "3,4", "--eagle-replay": "3,1", "-fa": "on",
               "--flash-attn": "on", "--offload-order": "first", "-ts": "1,1", "--tensor-split": "3,1"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")

@@ -334,6 +334,35 @@ def test_context_fills_up(trained_gguf: Path) -> None:
     assert spec == plain and m.last_stats.stop_reason == "context"
 
 
+@pytest.mark.parametrize("mode,eagle", [("eagle", EagleParams(choices="[[0], [1], [0, 0], [0, 0, 0]]")),
+                                        ("eagle2", EagleParams(total_tokens=6, depth=3, topk=2))])
+def test_replayed_acceptance_forces_the_tokens_per_step(random_gguf: Path, mode: str, eagle: EagleParams) -> None:
+    """--eagle-replay: step i accepts replay[i % n] drafted tokens (at most the tree's depth) whatever the target
+    says, with a random head whose drafts the target would reject; the KV cache stays one cell per token; the line
+    that says the output is meaningless comes with it."""
+    m = specee.Model(random_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32")
+    prompt, n = PROMPTS[0], 40
+    eagle.replay = [2, 0, 5, 1]  # 5 is more than the depth (3): the whole best path
+    out = m.generate_tokens(prompt, n, temp=0, mode=mode, ignore_eos=True, eagle=eagle)
+    s = m.last_stats
+    accepted = [2, 0, 3, 1]  # per step: the replay, capped by the depth; each step also emits the target's token
+    want, left = [], n - 1  # the first token comes from the prompt's pass; the last step is cut to what is left
+    while left > 0:
+        want.append(min(accepted[len(want) % 4] + 1, left))
+        left -= want[-1]
+    assert len(out) == n and s.step_tokens == want, (s.step_tokens, want)
+    assert s.n_accepted == sum(min(t - 1, accepted[i % 4]) for i, t in enumerate(want))  # a cut step drafts t - 1
+    assert "output text is meaningless" in s.mode_why
+    assert sum(m.kv_cell_pos(c) >= 0 for c in range(m.n_ctx)) == len(prompt) + n - 1
+    m.kv_clear()
+    eagle.replay = None
+    assert m.generate_tokens(prompt, n, temp=0, mode=mode, ignore_eos=True, eagle=eagle) == \
+        m.generate_tokens(prompt, n, temp=0, mode="plain", ignore_eos=True)
+    assert m.last_stats.mode_why == ""
+    with pytest.raises(ValueError, match="eagle.replay must be comma-separated counts"):
+        EagleParams(replay=[1, -1])
+
+
 # ---- sampling: the target's distribution
 
 

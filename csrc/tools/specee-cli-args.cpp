@@ -115,7 +115,7 @@ static void add_generation_options(std::vector<cli_option> & opts, cli_params & 
         std::string              value = name.substr(name.rfind('.') + 1);
         std::transform(value.begin(), value.end(), value.begin(), ::toupper);
         value = o->type == SPECEE_OPTION_INT || o->type == SPECEE_OPTION_FLOAT ? (name == "seed" ? "SEED" : "N")
-                : o->type == SPECEE_OPTION_LIST                                 ? "LAYERS"
+                : o->type == SPECEE_OPTION_LIST ? (name == "eagle.replay" ? "COUNTS" : "LAYERS")
                                                                                 : value;
         auto set = [&p, name](const std::string & v) { return specee_generator_params_set(&p.gen, name.c_str(), v.c_str()) == 0; };
         if (o->type == SPECEE_OPTION_BOOL) {

@@ -33,12 +33,15 @@ class EagleParams:
     """EAGLE trees. eagle: `choices`, child-rank paths such as [[0], [1], [0, 0]] (or their text) or the preset
     "mc_sim_7b_63". eagle2: the best `total_tokens` of a tree grown `topk` by `topk`, `depth` deep. None: the
     runtime's defaults, from the cost of a verification pass on the model's layers: three draft tokens ([[0], [1],
-    [0, 0]]; 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0), else one (docs/speculative.md)."""
+    [0, 0]]; 3/2/2) where the CPU's layer matrices are repacked (e.g. Q4_0), else one (docs/speculative.md).
+    replay: cost benchmarks: step i accepts replay[i % len(replay)] drafted tokens along the tree's best path whatever
+    the target says (the output is meaningless)."""
 
     choices: str | Sequence[Sequence[int]] | None = None
     total_tokens: int | None = None
     depth: int | None = None
     topk: int | None = None
+    replay: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if self.choices is not None and not isinstance(self.choices, str):
@@ -127,7 +130,7 @@ class GenerationStats:
     mean_layers_run: float = 0.0  # early-exit: layers per decoded token (SpecEE's "average exit layer")
     # this call's record
     mode: str = ""
-    mode_why: str = ""  # mode "auto": what it chose and why (one line), else ""
+    mode_why: str = ""  # mode "auto": what it chose and why (one line); a replayed acceptance says so; else ""
     stop_reason: str = ""  # "eog", "stop", "length", "context", "interrupted"; "" while running or abandoned
     tokens: list[int] = field(default_factory=list)  # generated ids (an end-of-generation token not included)
     n_layer: int = 0
