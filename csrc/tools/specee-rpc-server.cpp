@@ -143,6 +143,9 @@ int main(int argc, char ** argv) {
                 p.host.c_str());
         return 1;
     }
+    // Ctrl-C and kill stop it, also when started from a script's background job (which inherits SIGINT ignored)
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     if (timeout_s > 0) {
         signal(SIGALRM, SIG_DFL);
         alarm((unsigned) timeout_s); // a bounded run: the alarm ends the process
