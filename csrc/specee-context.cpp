@@ -134,7 +134,7 @@ static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, in
     masks.resize(columns.size());
     const uint8_t * tree = ctx.tree_mask.empty() ? nullptr : ctx.tree_mask.data();
     for (size_t g = 0; g < columns.size(); ++g) {
-        specee_build_mask(kv, ctx.cells, ctx.pos, tree, columns[g], n_kv, masks[g]);
+        specee_build_mask(kv, ctx.cells, ctx.pos, ctx.seqs, tree, columns[g], n_kv, masks[g]);
     }
 }
 
@@ -153,31 +153,63 @@ static void check_batch(const specee_context & ctx, const specee_batch * batch) 
         if (batch->pos && batch->pos[i] < 0) {
             specee_fail("negative position %d at index %d", batch->pos[i], i);
         }
+        if (batch->seq_id && (batch->seq_id[i] < 0 || batch->seq_id[i] >= SPECEE_MAX_SEQ)) {
+            specee_fail("sequence id %d at index %d is out of range [0, %d)", batch->seq_id[i], i, SPECEE_MAX_SEQ);
+        }
     }
 }
 
 // begin a batch: copy it, choose its cells (nothing in the cache changes yet)
 // the position of the first of n tokens that continue the cache (positions are int32: an overflow is an error)
-static int32_t next_pos(const specee_context & ctx, int32_t n) {
-    const int64_t p0 = (int64_t) ctx.kv.pos_max() + 1;
+static int32_t next_pos(const specee_context & ctx, int32_t n, int32_t s = -1) {
+    const int64_t p0 = (int64_t) ctx.kv.pos_max(s) + 1;
     if (p0 + n - 1 > INT32_MAX) {
         specee_fail("position overflow: %d tokens after position %d pass the largest position, %d (give positions, "
-                    "or clear the cache)", n, ctx.kv.pos_max(), INT32_MAX);
+                    "or clear the cache)", n, ctx.kv.pos_max(s), INT32_MAX);
     }
     return (int32_t) p0;
 }
 
+// the positions of a batch's tokens: given, or each sequence's continuing after its last cached position
+static void batch_positions(const specee_context & ctx, const specee_batch * batch, std::vector<int32_t> & pos) {
+    const int32_t n = batch->n_tokens;
+    pos.resize(n);
+    if (batch->pos) {
+        pos.assign(batch->pos, batch->pos + n);
+    } else if (!batch->seq_id) {
+        const int32_t p0 = next_pos(ctx, n);
+        for (int32_t i = 0; i < n; ++i) {
+            pos[i] = p0 + i;
+        }
+    } else {
+        std::map<int32_t, int32_t> next;
+        for (int32_t i = 0; i < n; ++i) {
+            const int32_t s  = batch->seq_id[i];
+            auto          it = next.find(s);
+            if (it == next.end()) {
+                int32_t count = 0;
+                for (int32_t j = i; j < n; ++j) {
+                    count += batch->seq_id[j] == s;
+                }
+                it = next.emplace(s, next_pos(ctx, count, s)).first;
+            }
+            pos[i] = it->second++;
+        }
+    }
+}
+
 static void start_batch(specee_context & ctx, const specee_batch * batch) {
     const int32_t n  = batch->n_tokens;
-    const int32_t p0 = batch->pos ? 0 : next_pos(ctx, n);
     ctx.cells        = ctx.kv.find_slots((uint32_t) n);
     ctx.n_tokens    = n;
     ctx.layer_done  = 0;
     ctx.tokens.assign(batch->token, batch->token + n);
-    ctx.pos.resize(n);
-    for (int32_t i = 0; i < n; ++i) {
-        ctx.pos[i] = batch->pos ? batch->pos[i] : p0 + i;
+    if (batch->seq_id) {
+        ctx.seqs.assign(batch->seq_id, batch->seq_id + n);
+    } else {
+        ctx.seqs.clear();
     }
+    batch_positions(ctx, batch, ctx.pos);
     if (batch->tree_mask) {
         ctx.tree_mask.assign(batch->tree_mask, batch->tree_mask + (size_t) n * n);
     } else {
@@ -342,12 +374,13 @@ void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, i
         if (first) {
             ctx.n_tokens = 0; // the cache was not touched: the cells were never occupied
             ctx.cells.clear();
+            ctx.seqs.clear();
         }
         throw;
     }
     if (first) {
         for (int32_t i = 0; i < ctx.n_tokens; ++i) {
-            ctx.kv.occupy(ctx.cells[i], ctx.pos[i], ctx.tokens[i]);
+            ctx.kv.occupy(ctx.cells[i], ctx.pos[i], ctx.tokens[i], ctx.seqs.empty() ? -1 : ctx.seqs[i]);
         }
     }
     for (int32_t c : ctx.cells) {
@@ -370,17 +403,17 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     if ((uint32_t) n > ctx.kv.size - ctx.kv.used) {
         ctx.kv.find_slots((uint32_t) n); // throws the context-overflow error before anything is written
     }
-    const int32_t        p0 = batch->pos ? 0 : next_pos(ctx, n);
-    std::vector<int32_t> pos(n), cells;
+    std::vector<int32_t> pos, cells;
     std::vector<int8_t>  out(n);
+    batch_positions(ctx, batch, pos);
     for (int32_t i = 0; i < n; ++i) {
-        pos[i] = batch->pos ? batch->pos[i] : p0 + i;
         out[i] = batch->output ? batch->output[i] : (int8_t) (i == n - 1);
     }
     std::vector<float> logits, norm, hidden, features;
     int32_t            n_outputs = 0;
     for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
-        specee_batch chunk = {std::min(n_batch, n - i0), batch->token + i0, pos.data() + i0, nullptr, out.data() + i0};
+        specee_batch chunk = {std::min(n_batch, n - i0), batch->token + i0, pos.data() + i0, nullptr, out.data() + i0,
+                              batch->seq_id ? batch->seq_id + i0 : nullptr};
         specee_eval_layers_impl(ctx, &chunk, 0, n_layer, 0);
         const std::vector<float> & h = specee_context_hidden(ctx);
         logits.insert(logits.end(), ctx.logits.begin(), ctx.logits.end());
@@ -392,6 +425,9 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     }
     ctx.n_tokens = n;
     ctx.tokens.assign(batch->token, batch->token + n);
+    if (batch->seq_id) {
+        ctx.seqs.assign(batch->seq_id, batch->seq_id + n);
+    }
     ctx.pos         = pos;
     ctx.cells       = cells;
     ctx.logits      = std::move(logits);
@@ -797,6 +833,39 @@ extern "C" int32_t specee_kv_remove_cells(specee_context * ctx, const int32_t * 
         }
     }
     return removed;
+}
+
+static bool seq_ok(int32_t s) { return s >= 0 && s < SPECEE_MAX_SEQ; }
+
+extern "C" int32_t specee_kv_seq_remove(specee_context * ctx, int32_t seq, int32_t p0, int32_t p1) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    if (seq >= SPECEE_MAX_SEQ) {
+        specee_set_error(specee_format("sequence id %d is out of range [0, %d)", seq, SPECEE_MAX_SEQ));
+        return -1;
+    }
+    return ctx->kv.seq_remove(seq, p0, p1);
+}
+
+extern "C" int32_t specee_kv_seq_copy(specee_context * ctx, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    if (!seq_ok(src) || !seq_ok(dst)) {
+        specee_set_error(specee_format("sequence ids %d, %d: each must be in [0, %d)", src, dst, SPECEE_MAX_SEQ));
+        return -1;
+    }
+    return ctx->kv.seq_copy(src, dst, p0, p1);
+}
+
+extern "C" int32_t specee_kv_seq_pos_max(const specee_context * ctx, int32_t seq) {
+    return seq_ok(seq) ? ctx->kv.pos_max(seq) : -1;
+}
+
+extern "C" int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq) {
+    return seq_ok(seq) ? ctx->kv.seq_n_cells(seq) : 0;
+}
+
+extern "C" bool specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq) {
+    return seq_ok(seq) && cell >= 0 && (uint32_t) cell < ctx->kv.size && ctx->kv.pos[cell] >= 0 &&
+           ctx->kv.has_seq(cell, seq);
 }
 
 extern "C" int32_t specee_kv_cell_pos(const specee_context * ctx, int32_t cell) {

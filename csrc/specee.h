@@ -172,11 +172,17 @@ struct specee_batch {
     int32_t         n_tokens;
     const int32_t * token;     // [n_tokens] token ids
     const int32_t * pos;       // [n_tokens] positions (>= 0), or NULL: continue after the highest cached position
-                               // (an error when that passes INT32_MAX)
+                               // of each token's sequence (an error when that passes INT32_MAX)
     const uint8_t * tree_mask; // [n_tokens * n_tokens] or NULL (causal): tree_mask[i*n_tokens + j] != 0 when
                                // token i attends to batch token j; cached cells are seen when their pos <= pos[i]
     const int8_t *  output;    // [n_tokens] which tokens get logits, or NULL: the last one only
+    const int32_t * seq_id;    // [n_tokens] the sequence of each token, 0..SPECEE_MAX_SEQ-1, or NULL: all in sequence
+                               // 0. A token sees only its own sequence's cells and batch tokens (the tree mask too
+                               // applies within a sequence).
 };
+
+// the most sequences one context holds
+#define SPECEE_MAX_SEQ 64
 
 enum specee_eval_flag {
     SPECEE_EVAL_HIDDEN_ALL = 1 << 0, // keep the hidden state after every evaluated layer
@@ -232,6 +238,20 @@ int32_t specee_kv_remove_cells(specee_context * ctx, const int32_t * cells, int3
 int32_t specee_kv_cell_pos(const specee_context * ctx, int32_t cell);
 // whether a cell holds real K/V in layer il
 bool    specee_kv_cell_valid(const specee_context * ctx, int32_t cell, int32_t il);
+
+// Several sequences share one cache: each cell belongs to one or more sequences (several after a copy: a shared
+// prefix is stored once). The calls above without a sequence act on sequence 0 (and specee_kv_clear on all).
+// take sequence seq out of its cells with positions in [p0, p1) (p1 < 0: to the end; seq < 0: every sequence); a
+// cell no other sequence shares is freed. Returns the cells it left, or -1 for a bad sequence id.
+int32_t specee_kv_seq_remove(specee_context * ctx, int32_t seq, int32_t p0, int32_t p1);
+// sequence dst shares sequence src's cells with positions in [p0, p1) (no K/V is copied); returns how many, or -1
+int32_t specee_kv_seq_copy(specee_context * ctx, int32_t src, int32_t dst, int32_t p0, int32_t p1);
+// the highest position of sequence seq, -1 when it has none
+int32_t specee_kv_seq_pos_max(const specee_context * ctx, int32_t seq);
+// cells sequence seq owns (shared cells counted for each owner)
+int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq);
+// whether a cell belongs to sequence seq
+bool    specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq);
 
 // ---- sampling ----------------------------------------------------------------------------------
 
