@@ -557,6 +557,7 @@ async def metrics(request: Request) -> Response:
         ("slots_total", "gauge", "parallel slots (-np)", e.slots.n_slots),
         ("slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.slots.n_slots),
         ("passes_total", "counter", "passes of the model", tot["n_passes"]),
+        ("pass_tokens_total", "counter", "tokens evaluated in the shared passes", tot["n_pass_tokens"]),
         ("tokens_per_pass", "gauge", "tokens evaluated per shared pass (batching)",
          tot["n_pass_tokens"] / tot["n_passes"] if tot["n_passes"] else 0.0),
         ("accepted_tokens_per_step", "gauge", "EAGLE requests: tokens per draft-and-verify step",
