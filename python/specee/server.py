@@ -23,7 +23,7 @@ import uuid
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 import numpy as np
 
@@ -225,7 +225,7 @@ class Result:
 
 
 async def generate(state: ServerState, request: Request, tokens: list[int], n_predict: int, options: GenerateOptions,
-                   stop: list[str], result: Result) -> AsyncIterator[str]:
+                   stop: list[str], result: Result) -> AsyncGenerator[str, None]:
     """Text pieces of one generation as they complete; `result` holds the rest when it ends. The slot is freed when
     the client goes away, or a stop string is found."""
     engine = state.engine
