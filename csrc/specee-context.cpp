@@ -138,6 +138,56 @@ static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, in
     }
 }
 
+// The order attention reads cells [0, n_kv) in, when some sequence's cells are not in increasing positions (cells
+// freed by one sequence and taken by another): every cell by position (free ones first), so that each sequence's
+// cells are summed in position order, as they are for a sequence alone in a fresh cache. Empty when the cells are
+// already in order for every sequence (a single sequence's usual case), so nothing is gathered then.
+static std::vector<int32_t> attention_order(const specee_context & ctx, int32_t n_kv) {
+    const specee_kv_cache & kv = ctx.kv;
+    std::vector<int32_t>    pos(n_kv, -1);
+    std::vector<uint64_t>   seqs(n_kv, 0);
+    for (int32_t c = 0; c < n_kv; ++c) {
+        pos[c]  = kv.pos[c];
+        seqs[c] = kv.seq[c];
+    }
+    for (int32_t i = 0; i < ctx.n_tokens; ++i) {
+        pos[ctx.cells[i]]  = ctx.pos[i];
+        seqs[ctx.cells[i]] = (uint64_t) 1 << (ctx.seqs.empty() ? kv.seq_cur : ctx.seqs[i]);
+    }
+    std::vector<int32_t> last(SPECEE_KV_MAX_SEQ, -1);
+    bool                 sorted = true;
+    for (int32_t c = 0; c < n_kv && sorted; ++c) {
+        for (int32_t s = 0; s < SPECEE_KV_MAX_SEQ && pos[c] >= 0; ++s) {
+            if ((seqs[c] >> s) & 1u) {
+                sorted = sorted && pos[c] >= last[s];
+                last[s] = pos[c];
+            }
+        }
+    }
+    if (sorted) {
+        return {};
+    }
+    std::vector<int32_t> order(n_kv);
+    for (int32_t c = 0; c < n_kv; ++c) {
+        order[c] = c;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return pos[a] < pos[b]; });
+    return order;
+}
+
+// the masks' columns in that order
+static void order_masks(std::vector<std::vector<ggml_fp16_t>> & masks, const std::vector<int32_t> & order, int32_t n) {
+    const int32_t n_kv = (int32_t) order.size();
+    for (std::vector<ggml_fp16_t> & m : masks) {
+        const std::vector<ggml_fp16_t> by_cell = m;
+        for (int32_t i = 0; i < n; ++i) {
+            for (int32_t j = 0; j < n_kv; ++j) {
+                m[(size_t) i * n_kv + j] = by_cell[(size_t) i * n_kv + order[j]];
+            }
+        }
+    }
+}
+
 static void check_batch(const specee_context & ctx, const specee_batch * batch) {
     if (!batch || batch->n_tokens <= 0 || !batch->token) {
         specee_fail("empty batch: nothing to evaluate");
@@ -290,8 +340,13 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     std::vector<std::vector<ggml_fp16_t>> masks;
     build_masks(ctx, n_kv, l0, l1, masks, gp.mask_of_layer);
     gp.n_masks = (int32_t) masks.size();
+    const std::vector<int32_t> order = attention_order(ctx, n_kv);
+    gp.kv_order                      = !order.empty();
+    if (gp.kv_order) {
+        order_masks(masks, order, n);
+    }
 
-    std::vector<int32_t> key = {n, n_kv, l0, l1, gp.hidden_all, gp.final_norm, gp.n_outputs, gp.n_masks};
+    std::vector<int32_t> key = {n, n_kv, l0, l1, gp.hidden_all, gp.final_norm, gp.n_outputs, gp.n_masks, gp.kv_order};
     key.insert(key.end(), gp.mask_of_layer.begin(), gp.mask_of_layer.end());
     key.insert(key.end(), gp.feature_layers.begin(), gp.feature_layers.end());
     specee_graph_io & io = ctx.reuse_io;
@@ -313,6 +368,9 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     ggml_backend_tensor_set(io.inp_kv_idxs, idxs.data(), 0, n * sizeof(int64_t));
     for (size_t g = 0; g < masks.size(); ++g) {
         ggml_backend_tensor_set(io.inp_masks[g], masks[g].data(), 0, masks[g].size() * sizeof(ggml_fp16_t));
+    }
+    if (io.inp_kv_order) {
+        ggml_backend_tensor_set(io.inp_kv_order, order.data(), 0, n_kv * sizeof(int32_t));
     }
     if (io.inp_out_ids) {
         ggml_backend_tensor_set(io.inp_out_ids, ctx.out_ids.data(), 0, ctx.out_ids.size() * sizeof(int32_t));

@@ -68,6 +68,23 @@ def test_sequence_removal_frees_cells_and_copies_share_them(tiny: specee.Model) 
         tiny.eval([1, 2], seq_id=[0, 64])
 
 
+def test_a_sequence_in_cells_out_of_order_gives_what_it_gives_alone(tiny: specee.Model) -> None:
+    """Cells another sequence freed are taken by later positions: attention still sums the sequence's cells in
+    position order, so the logits are those of the sequence alone, bit for bit."""
+    a, b = PROMPTS[3], PROMPTS[2][:4]
+    tiny.kv_clear()
+    tiny.eval(a)
+    want = tiny.eval(b, output="all")
+    tiny.kv_clear()
+    tiny.eval(PROMPTS[1], seq_id=[2] * len(PROMPTS[1]))  # the lowest cells
+    tiny.eval(a, seq_id=[1] * len(a))
+    tiny.kv_seq_remove(2)
+    got = tiny.eval(b, output="all", seq_id=[1] * len(b))  # into the freed, lower cells
+    assert max(tiny.kv_batch_cells()) < len(PROMPTS[1])
+    np.testing.assert_array_equal(got, want)
+    tiny.kv_clear()
+
+
 def test_a_shared_prefix_gives_the_same_continuation(tiny: specee.Model) -> None:
     p = PROMPTS[3]
     tiny.kv_clear()
