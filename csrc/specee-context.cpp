@@ -250,7 +250,8 @@ static void batch_positions(const specee_context & ctx, const specee_batch * bat
 
 static void start_batch(specee_context & ctx, const specee_batch * batch) {
     const int32_t n  = batch->n_tokens;
-    ctx.cells        = ctx.kv.find_slots((uint32_t) n);
+    ctx.cells        = batch->seq_id ? ctx.kv.find_slots_seq(std::vector<int32_t>(batch->seq_id, batch->seq_id + n))
+                                     : ctx.kv.find_slots((uint32_t) n);
     ctx.n_tokens    = n;
     ctx.layer_done  = 0;
     ctx.tokens.assign(batch->token, batch->token + n);

@@ -83,6 +83,50 @@ std::vector<int32_t> specee_kv_cache::find_slots(uint32_t n) const {
     return cells;
 }
 
+std::vector<int32_t> specee_kv_cache::find_slots_seq(const std::vector<int32_t> & seqs) const {
+    const int32_t        n     = (int32_t) seqs.size();
+    std::vector<int32_t> cells = find_slots((uint32_t) n); // checks the room; the fallback cells
+    std::vector<int32_t> next(SPECEE_KV_MAX_SEQ, 0);       // where each sequence's next cell is searched from
+    for (uint32_t c = 0; c < size; ++c) {
+        for (int32_t s = 0; s < SPECEE_KV_MAX_SEQ && pos[c] >= 0; ++s) {
+            if (has_seq((int32_t) c, s)) {
+                next[s] = (int32_t) c + 1;
+            }
+        }
+    }
+    std::vector<uint8_t> taken(size, 0);
+    std::vector<int32_t> out(n, -1);
+    for (int32_t i = 0; i < n; ++i) {
+        int32_t & c = next[seqs[i]];
+        while (c < (int32_t) size && (pos[c] >= 0 || taken[c])) {
+            ++c;
+        }
+        if (c < (int32_t) size) {
+            out[i]   = c;
+            taken[c] = 1;
+        }
+    }
+    size_t k = 0; // no room above: the lowest free cells left
+    for (int32_t i = 0; i < n; ++i) {
+        while (out[i] < 0 && k < cells.size()) {
+            if (!taken[cells[k]]) {
+                out[i]          = cells[k];
+                taken[cells[k]] = 1;
+            }
+            ++k;
+        }
+        if (out[i] < 0) { // the fallback cells were taken above: any free cell
+            for (uint32_t c = 0; c < size && out[i] < 0; ++c) {
+                if (pos[c] < 0 && !taken[c]) {
+                    out[i]  = (int32_t) c;
+                    taken[c] = 1;
+                }
+            }
+        }
+    }
+    return out;
+}
+
 uint32_t specee_kv_cache::n_kv() const {
     for (uint32_t c = size; c > 0; --c) {
         if (pos[c - 1] >= 0) {

@@ -46,6 +46,10 @@ struct specee_kv_cache {
 
     // lowest free cells for n tokens; throws "context overflow" when there are too few
     std::vector<int32_t> find_slots(uint32_t n) const;
+    // free cells for tokens of sequences seqs[i], each above the last cell of its sequence where there is one (so a
+    // sequence's cells stay in position order and attention needs no reordering), else the lowest free; throws as
+    // find_slots
+    std::vector<int32_t> find_slots_seq(const std::vector<int32_t> & seqs) const;
     // cells [0, n_kv) cover every used cell (of every sequence)
     uint32_t n_kv() const;
     // the highest position of sequence s (-1: seq_cur), -1 when it has none

@@ -78,6 +78,8 @@ def test_a_sequence_in_cells_out_of_order_gives_what_it_gives_alone(tiny: specee
     tiny.kv_clear()
     tiny.eval(PROMPTS[1], seq_id=[2] * len(PROMPTS[1]))  # the lowest cells
     tiny.eval(a, seq_id=[1] * len(a))
+    fill = N_CTX - len(PROMPTS[1]) - len(a)
+    tiny.eval([7] * fill, seq_id=[3] * fill)  # every cell above: no room for sequence 1 there
     tiny.kv_seq_remove(2)
     got = tiny.eval(b, output="all", seq_id=[1] * len(b))  # into the freed, lower cells
     assert max(tiny.kv_batch_cells()) < len(PROMPTS[1])
