@@ -345,15 +345,12 @@ struct Slots {
         return r;
     }
 
-    // (tokens, layers run per token, finish reason, error message)
+    // (tokens, layers run per token, finish reason, error message); read and release keep the GIL: they are quick,
+    // and handing the GIL to another thread and back costs a switch interval
     py::tuple read(int32_t slot) {
         int32_t              finish = 0;
         std::vector<int32_t> toks(4096), layers(4096);
-        int32_t              n;
-        {
-            py::gil_scoped_release release;
-            n = specee_slots_read(ptr, slot, toks.data(), layers.data(), (int32_t) toks.size(), &finish);
-        }
+        const int32_t        n = specee_slots_read(ptr, slot, toks.data(), layers.data(), (int32_t) toks.size(), &finish);
         if (n < 0) {
             raise_last();
         }
@@ -363,12 +360,7 @@ struct Slots {
     }
 
     void release(int32_t slot) {
-        int32_t r;
-        {
-            py::gil_scoped_release release;
-            r = specee_slots_release(ptr, slot);
-        }
-        if (r != 0) {
+        if (specee_slots_release(ptr, slot) != 0) {
             raise_last();
         }
     }

@@ -158,13 +158,16 @@ class Engine:
             self.running[slot] = job
             job.send("start", self.slots.mode(slot))
 
-    def _deliver(self) -> None:
+    def _drop_cancelled(self) -> None:
         for slot, job in list(self.running.items()):
             if job.cancelled:
                 self.slots.release(slot)
                 del self.running[slot]
                 self.metrics["requests_cancelled"] += 1
-                continue
+
+    def _deliver(self) -> None:
+        self._drop_cancelled()
+        for slot, job in list(self.running.items()):
             out = self.slots.read(slot)
             if out.tokens:
                 job.send("tokens", out.tokens)
@@ -196,8 +199,8 @@ class Engine:
                     self.cond.wait(timeout=1.0)
                 if self.stopping:
                     return
+                self._drop_cancelled()  # before the next pass
                 self._admit()
-                self._deliver()
             if self.running:
                 try:
                     self.slots.step()  # the GIL is released for the pass
@@ -667,6 +670,7 @@ def main(argv: list[str] | None = None) -> None:
     alias = args.alias or os.path.basename(model.path)
     state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics)
     app = make_app(state)
+    sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
     print(f"specee-server: {alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
           f"{engine.slots.n_ctx_slot} tokens)", file=sys.stderr, flush=True)
