@@ -259,8 +259,7 @@ static void shared_pass(specee_slots & s) {
 
 // a speculative slot's own prefill or step, on its sequence
 static void alone_step(specee_slots & s, specee_slot & sl) {
-    specee_generator & g       = *sl.gen;
-    const int32_t      n_layer = (int32_t) s.ctx->model->hparams.n_layer;
+    specee_generator & g = *sl.gen;
     specee_seq_scope   seq(g);
     int32_t            n_max = 1;
     if (sl.state == SLOT_PREFILL) {
@@ -284,7 +283,6 @@ static void alone_step(specee_slots & s, specee_slot & sl) {
     for (int32_t i = 0; i < n && sl.state != SLOT_DONE; ++i) {
         emit(s, sl, toks[i], layers[i]);
     }
-    (void) n_layer;
 }
 
 static int32_t step_impl(specee_slots & s) {

@@ -391,8 +391,8 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
     """A generation's response: one JSON body, or server-sent events when body["stream"]."""
     opts, n_predict, stop = sampling_options(state, body, llama)
     stream = _field(body, "stream", bool, False)
-    include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage")) \
-        if isinstance(body.get("stream_options") or {}, dict) else False
+    stream_options = _field(body, "stream_options", dict, {})
+    include_usage = stream and bool(stream_options.get("include_usage"))
     res = Result()
     pieces = generate(state, request, tokens, n_predict, opts, stop, res)
     first = await pieces.__anext__()  # admitted (or an ApiError now, before any header)
