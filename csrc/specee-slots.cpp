@@ -85,6 +85,35 @@ static int32_t choose_slot(specee_slots & s, const int32_t * tokens, int32_t n, 
     return best;
 }
 
+// A longer prefix of the prompt that another slot's sequence holds (a shared system prompt, a conversation moved to
+// another slot) becomes the slot's too: its cells are shared (a cell belongs to several sequences), not evaluated
+// again. Returns the prefix the slot now holds.
+static int32_t share_prefix(specee_slots & s, int32_t id, const int32_t * tokens, int32_t n, int32_t cached) {
+    specee_kv_cache & kv    = s.ctx->kv;
+    int32_t           from  = -1;
+    int32_t           best  = cached;
+    const int32_t     saved = kv.seq_cur;
+    for (int32_t j = 0; j < (int32_t) s.slots.size(); ++j) {
+        if (j == id) {
+            continue;
+        }
+        kv.seq_cur      = s.slots[j].gen->seq;
+        const int32_t k = specee_cached_prefix(kv, tokens, n);
+        if (k > best) {
+            best = k;
+            from = s.slots[j].gen->seq;
+        }
+    }
+    kv.seq_cur = saved;
+    if (from < 0) {
+        return cached;
+    }
+    const int32_t seq = s.slots[id].gen->seq;
+    kv.seq_remove(seq, 0, -1);
+    kv.seq_copy(from, seq, 0, best);
+    return best;
+}
+
 static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, const specee_generator_params & p,
                            int32_t n_predict) {
     specee_context & ctx     = *s.ctx;
@@ -123,9 +152,10 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     sl.n_past = 0;
     if (!sl.alone) {
         // keep the cached prefix, and evaluate at least the last two tokens (as specee_generator_start does)
-        specee_seq_scope seq(g);
         const auto       t0 = specee_clock::now();
-        const int32_t    e  = std::min(cached, std::max(n - 2, 0));
+        cached              = share_prefix(s, id, tokens, n, cached);
+        specee_seq_scope seq(g);
+        const int32_t    e = std::min(cached, std::max(n - 2, 0));
         ctx.kv.remove(e, -1);
         specee_sampler_reset_impl(*g.smpl);
         for (int32_t i = 0; i < n; ++i) {

@@ -191,6 +191,30 @@ def test_a_follow_up_prefills_only_its_new_tokens(tiny: specee.Model) -> None:
     assert st["n_prompt"] == len(turn) + 3 - st["n_reused"]
 
 
+def test_a_prefix_another_slot_holds_is_shared_not_evaluated(tiny: specee.Model) -> None:
+    system = np.random.default_rng(5).integers(0, 256, 30).tolist()
+    want = alone(tiny, system + [1, 2, 3], 6, temp=0, mode="plain")
+    tiny.kv_clear()
+    slots = tiny.slots(2)
+    a = slots.submit(system + [9, 9], 4, temp=0, mode="plain")
+    for _ in range(20):
+        if slots.step() == 0:
+            break
+    used = tiny.kv_n_used
+    b = slots.submit(system + [1, 2, 3], 6, temp=0, mode="plain")  # slot a still holds its request
+    assert b != a
+    for _ in range(20):
+        if slots.step() == 0:
+            break
+    assert slots.read(b).tokens == want
+    st = slots.stats(b)
+    assert st["n_reused"] == len(system)  # all of it (at least the last two prompt tokens are evaluated)
+    assert st["n_prompt"] == len(system) + 3 - st["n_reused"]
+    assert tiny.kv_n_used < used + len(system)  # the prefix is stored once
+    slots.release(a)
+    slots.release(b)
+
+
 def test_bad_requests(tiny: specee.Model) -> None:
     slots = tiny.slots(4)
     assert slots.n_ctx_slot == N_CTX // 4
