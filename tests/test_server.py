@@ -218,7 +218,8 @@ def test_batched_requests_equal_each_alone(server: Server) -> None:
     prompts = [[5 + i, 40 + 3 * i, 7, 99 - i, 12 + i] for i in range(6)]
 
     def ask(p: list[int]) -> str:
-        r = call(server.port, "POST", "/v1/completions", {"prompt": p, "max_tokens": 16, "temperature": 0})
+        r = call(server.port, "POST", "/v1/completions", {"prompt": p, "max_tokens": 32, "temperature": 0,
+                                                           "ignore_eos": True})
         return r.json()["choices"][0]["text"]
 
     alone = [ask(p) for p in prompts]
@@ -228,7 +229,7 @@ def test_batched_requests_equal_each_alone(server: Server) -> None:
         together = list(pool.map(ask, prompts))
     assert together == alone
     per_pass = (metric(server, "pass_tokens_total") - tokens) / (metric(server, "passes_total") - passes)
-    assert per_pass > 1.5 and per_pass > alone_per_pass  # the passes held several sequences
+    assert per_pass > alone_per_pass + 0.2  # the passes held several sequences
 
 
 def test_eagle_per_request_equals_plain(server: Server) -> None:

@@ -146,7 +146,7 @@ class Engine:
                 continue
             try:
                 slot = self.slots.submit(job.tokens, job.n_predict, **vars(job.options))
-            except (_core.SpecEEError, ValueError) as e:
+            except Exception as e:  # a bad prompt or options: the request's 400, never the thread's end
                 self.waiting.popleft()
                 self.metrics["requests_error"] += 1
                 job.send("error", str(e))
@@ -192,26 +192,36 @@ class Engine:
             m["exit_steps"] += int(st["n_steps"])
             m["exit_exits"] += int(st["n_exits"])
 
+    def _fail_running(self, message: str) -> None:
+        with self.cond:
+            for slot, job in self.running.items():
+                self.slots.release(slot)
+                job.send("error", message)
+            self.running.clear()
+
     def _run(self) -> None:
-        while True:
-            with self.cond:
-                while not self.stopping and not self.waiting and not self.running:
-                    self.cond.wait(timeout=1.0)
-                if self.stopping:
-                    return
-                self._drop_cancelled()  # before the next pass
-                self._admit()
-            if self.running:
-                try:
-                    self.slots.step()  # the GIL is released for the pass
-                except _core.SpecEEError as e:
-                    with self.cond:
-                        for slot, job in self.running.items():
-                            self.slots.release(slot)
-                            job.send("error", str(e))
-                        self.running.clear()
-            with self.cond:
-                self._deliver()
+        while not self.stopping:
+            try:
+                self._pass()
+            except Exception as e:  # whatever failed, the requests on the slots get it and the loop goes on
+                self._fail_running(f"internal error: {e}")
+
+    def _pass(self) -> None:
+        """Admit waiting requests, run one pass, hand out its tokens."""
+        with self.cond:
+            while not self.stopping and not self.waiting and not self.running:
+                self.cond.wait(timeout=1.0)
+            if self.stopping:
+                return
+            self._drop_cancelled()  # before the next pass
+            self._admit()
+        if self.running:
+            try:
+                self.slots.step()  # the GIL is released for the pass
+            except _core.SpecEEError as e:
+                self._fail_running(str(e))
+        with self.cond:
+            self._deliver()
 
 
 # ---- generation as text -----------------------------------------------------------------------------------
@@ -239,14 +249,19 @@ async def generate(state: ServerState, request: Request, tokens: list[int], n_pr
     engine.submit(job)
     out = StopText(stop)
     result.n_prompt = len(tokens)
+    checked = time.perf_counter()
     try:
         while True:
             try:
-                event = await asyncio.wait_for(job.events.get(), timeout=1.0)
+                event = await asyncio.wait_for(job.events.get(), timeout=0.5)
             except asyncio.TimeoutError:
+                event = None
+            if event is None or time.perf_counter() - checked > 0.5:  # a client gone frees its slot
+                checked = time.perf_counter()
                 if await request.is_disconnected():
                     return
-                continue
+                if event is None:
+                    continue
             if event[0] == "error":
                 raise ApiError(400, event[1])
             if event[0] == "start":
