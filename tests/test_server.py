@@ -321,3 +321,21 @@ def test_api_key_and_full_queue(chat_gguf: Path) -> None:
         assert (503, "1") in answers  # one running, one waiting: the rest are refused
     finally:
         s.stop()
+
+
+def test_a_follow_up_turn_prefills_only_its_new_tokens(server: Server) -> None:
+    first = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    call(server.port, "POST", "/completion", {"prompt": first, "n_predict": 4, "temperature": 0})
+    r = call(server.port, "POST", "/completion", {"prompt": first + [30, 31, 32], "n_predict": 4, "temperature": 0})
+    t = r.json()["timings"]
+    assert t["cache_n"] == len(first) and t["prompt_n"] == 3
+
+
+def test_flags_in_llama_cpp_spelling() -> None:
+    from specee.server import parse_args
+
+    a = parse_args(["-m", "x.gguf", "-c", "2048", "-np", "3", "-t", "2", "-ngl", "0", "-a", "name", "--api-key", "k",
+                    "--rpc", "127.0.0.1:50052", "--draft-head", "default", "--mode", "eagle2", "--metrics"])
+    assert (a.model, a.ctx_size, a.parallel, a.threads, a.n_gpu_layers, a.alias) == ("x.gguf", 2048, 3, 2, 0, "name")
+    assert (a.api_key, a.rpc, a.draft_head, a.mode, a.metrics) == ("k", "127.0.0.1:50052", "default", "eagle2", True)
+    assert parse_args([]).host == "127.0.0.1"
