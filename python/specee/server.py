@@ -304,12 +304,16 @@ def sampling_options(state: ServerState, body: dict, llama: bool = False) -> tup
                        "a positive integer")
     if n_predict is None:
         n_predict = _field(body, "max_completion_tokens", int, -1, lambda v: 1 <= v < 2**31, "a positive integer")
-    temp = _field(body, "temperature", (int, float), 0.8, lambda v: 0 <= v <= 100, "a number >= 0")
-    top_p = _field(body, "top_p", (int, float), 0.95, lambda v: 0 < v <= 1, "a number in (0, 1]")
-    top_k = _field(body, "top_k", int, 40, lambda v: 0 <= v < 2**31, "an integer >= 0")
-    min_p = _field(body, "min_p", (int, float), 0.05, lambda v: 0 <= v <= 1, "a number in [0, 1]")
-    seed = _field(body, "seed", int, None, lambda v: -1 <= v < 2**32, "an integer in [-1, 2**32)")
-    mode = _field(body, "mode", str, state.mode, lambda v: v in MODES, "one of " + ", ".join(MODES))
+    # the API's own bounds on the sampling fields; a field not given keeps the library's default (GenerateOptions)
+    given = {
+        "temp": _field(body, "temperature", (int, float), None, lambda v: 0 <= v <= 100, "a number >= 0"),
+        "top_p": _field(body, "top_p", (int, float), None, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        "top_k": _field(body, "top_k", int, None, lambda v: 0 <= v < 2**31, "an integer >= 0"),
+        "min_p": _field(body, "min_p", (int, float), None, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        "seed": _field(body, "seed", int, None, lambda v: -1 <= v < 2**32, "an integer in [-1, 2**32)"),
+        "ignore_eos": _field(body, "ignore_eos", bool, None),
+        "mode": _field(body, "mode", str, state.mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
+    }
     stop = _field(body, "stop", (str, list), [], expect="a string or a list of strings")
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
@@ -319,8 +323,7 @@ def sampling_options(state: ServerState, body: dict, llama: bool = False) -> tup
     if _field(body, "logprobs", (bool, int), None) or _field(body, "n_probs", int, 0):
         raise ApiError(400, "logprobs are not available from this server", param="logprobs")
     try:
-        opts = GenerateOptions(mode=mode, temp=float(temp), top_p=float(top_p), top_k=top_k, min_p=float(min_p),
-                               seed=seed, ignore_eos=bool(_field(body, "ignore_eos", bool, False)))
+        opts = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:
         raise ApiError(400, str(e)) from None
     return opts, n_predict, stop
