@@ -134,7 +134,57 @@ static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, in
     masks.resize(columns.size());
     const uint8_t * tree = ctx.tree_mask.empty() ? nullptr : ctx.tree_mask.data();
     for (size_t g = 0; g < columns.size(); ++g) {
-        specee_build_mask(kv, ctx.cells, ctx.pos, tree, columns[g], n_kv, masks[g]);
+        specee_build_mask(kv, ctx.cells, ctx.pos, ctx.seqs, tree, columns[g], n_kv, masks[g]);
+    }
+}
+
+// The order attention reads cells [0, n_kv) in, when some sequence's cells are not in increasing positions (cells
+// freed by one sequence and taken by another): every cell by position (free ones first), so that each sequence's
+// cells are summed in position order, as they are for a sequence alone in a fresh cache. Empty when the cells are
+// already in order for every sequence (a single sequence's usual case), so nothing is gathered then.
+static std::vector<int32_t> attention_order(const specee_context & ctx, int32_t n_kv) {
+    const specee_kv_cache & kv = ctx.kv;
+    std::vector<int32_t>    pos(n_kv, -1);
+    std::vector<uint64_t>   seqs(n_kv, 0);
+    for (int32_t c = 0; c < n_kv; ++c) {
+        pos[c]  = kv.pos[c];
+        seqs[c] = kv.seq[c];
+    }
+    for (int32_t i = 0; i < ctx.n_tokens; ++i) {
+        pos[ctx.cells[i]]  = ctx.pos[i];
+        seqs[ctx.cells[i]] = (uint64_t) 1 << (ctx.seqs.empty() ? kv.seq_cur : ctx.seqs[i]);
+    }
+    std::vector<int32_t> last(SPECEE_KV_MAX_SEQ, -1);
+    bool                 sorted = true;
+    for (int32_t c = 0; c < n_kv && sorted; ++c) {
+        for (int32_t s = 0; s < SPECEE_KV_MAX_SEQ && pos[c] >= 0; ++s) {
+            if ((seqs[c] >> s) & 1u) {
+                sorted = sorted && pos[c] >= last[s];
+                last[s] = pos[c];
+            }
+        }
+    }
+    if (sorted) {
+        return {};
+    }
+    std::vector<int32_t> order(n_kv);
+    for (int32_t c = 0; c < n_kv; ++c) {
+        order[c] = c;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return pos[a] < pos[b]; });
+    return order;
+}
+
+// the masks' columns in that order
+static void order_masks(std::vector<std::vector<ggml_fp16_t>> & masks, const std::vector<int32_t> & order, int32_t n) {
+    const int32_t n_kv = (int32_t) order.size();
+    for (std::vector<ggml_fp16_t> & m : masks) {
+        const std::vector<ggml_fp16_t> by_cell = m;
+        for (int32_t i = 0; i < n; ++i) {
+            for (int32_t j = 0; j < n_kv; ++j) {
+                m[(size_t) i * n_kv + j] = by_cell[(size_t) i * n_kv + order[j]];
+            }
+        }
     }
 }
 
@@ -153,31 +203,64 @@ static void check_batch(const specee_context & ctx, const specee_batch * batch) 
         if (batch->pos && batch->pos[i] < 0) {
             specee_fail("negative position %d at index %d", batch->pos[i], i);
         }
+        if (batch->seq_id && (batch->seq_id[i] < 0 || batch->seq_id[i] >= SPECEE_MAX_SEQ)) {
+            specee_fail("sequence id %d at index %d is out of range [0, %d)", batch->seq_id[i], i, SPECEE_MAX_SEQ);
+        }
     }
 }
 
 // begin a batch: copy it, choose its cells (nothing in the cache changes yet)
 // the position of the first of n tokens that continue the cache (positions are int32: an overflow is an error)
-static int32_t next_pos(const specee_context & ctx, int32_t n) {
-    const int64_t p0 = (int64_t) ctx.kv.pos_max() + 1;
+static int32_t next_pos(const specee_context & ctx, int32_t n, int32_t s = -1) {
+    const int64_t p0 = (int64_t) ctx.kv.pos_max(s) + 1;
     if (p0 + n - 1 > INT32_MAX) {
         specee_fail("position overflow: %d tokens after position %d pass the largest position, %d (give positions, "
-                    "or clear the cache)", n, ctx.kv.pos_max(), INT32_MAX);
+                    "or clear the cache)", n, ctx.kv.pos_max(s), INT32_MAX);
     }
     return (int32_t) p0;
 }
 
+// the positions of a batch's tokens: given, or each sequence's continuing after its last cached position
+static void batch_positions(const specee_context & ctx, const specee_batch * batch, std::vector<int32_t> & pos) {
+    const int32_t n = batch->n_tokens;
+    pos.resize(n);
+    if (batch->pos) {
+        pos.assign(batch->pos, batch->pos + n);
+    } else if (!batch->seq_id) {
+        const int32_t p0 = next_pos(ctx, n);
+        for (int32_t i = 0; i < n; ++i) {
+            pos[i] = p0 + i;
+        }
+    } else {
+        std::map<int32_t, int32_t> next;
+        for (int32_t i = 0; i < n; ++i) {
+            const int32_t s  = batch->seq_id[i];
+            auto          it = next.find(s);
+            if (it == next.end()) {
+                int32_t count = 0;
+                for (int32_t j = i; j < n; ++j) {
+                    count += batch->seq_id[j] == s;
+                }
+                it = next.emplace(s, next_pos(ctx, count, s)).first;
+            }
+            pos[i] = it->second++;
+        }
+    }
+}
+
 static void start_batch(specee_context & ctx, const specee_batch * batch) {
     const int32_t n  = batch->n_tokens;
-    const int32_t p0 = batch->pos ? 0 : next_pos(ctx, n);
-    ctx.cells        = ctx.kv.find_slots((uint32_t) n);
+    ctx.cells        = batch->seq_id ? ctx.kv.find_slots_seq(std::vector<int32_t>(batch->seq_id, batch->seq_id + n))
+                                     : ctx.kv.find_slots((uint32_t) n);
     ctx.n_tokens    = n;
     ctx.layer_done  = 0;
     ctx.tokens.assign(batch->token, batch->token + n);
-    ctx.pos.resize(n);
-    for (int32_t i = 0; i < n; ++i) {
-        ctx.pos[i] = batch->pos ? batch->pos[i] : p0 + i;
+    if (batch->seq_id) {
+        ctx.seqs.assign(batch->seq_id, batch->seq_id + n);
+    } else {
+        ctx.seqs.clear();
     }
+    batch_positions(ctx, batch, ctx.pos);
     if (batch->tree_mask) {
         ctx.tree_mask.assign(batch->tree_mask, batch->tree_mask + (size_t) n * n);
     } else {
@@ -258,8 +341,13 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     std::vector<std::vector<ggml_fp16_t>> masks;
     build_masks(ctx, n_kv, l0, l1, masks, gp.mask_of_layer);
     gp.n_masks = (int32_t) masks.size();
+    const std::vector<int32_t> order = attention_order(ctx, n_kv);
+    gp.kv_order                      = !order.empty();
+    if (gp.kv_order) {
+        order_masks(masks, order, n);
+    }
 
-    std::vector<int32_t> key = {n, n_kv, l0, l1, gp.hidden_all, gp.final_norm, gp.n_outputs, gp.n_masks};
+    std::vector<int32_t> key = {n, n_kv, l0, l1, gp.hidden_all, gp.final_norm, gp.n_outputs, gp.n_masks, gp.kv_order};
     key.insert(key.end(), gp.mask_of_layer.begin(), gp.mask_of_layer.end());
     key.insert(key.end(), gp.feature_layers.begin(), gp.feature_layers.end());
     specee_graph_io & io = ctx.reuse_io;
@@ -281,6 +369,9 @@ static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t fl
     ggml_backend_tensor_set(io.inp_kv_idxs, idxs.data(), 0, n * sizeof(int64_t));
     for (size_t g = 0; g < masks.size(); ++g) {
         ggml_backend_tensor_set(io.inp_masks[g], masks[g].data(), 0, masks[g].size() * sizeof(ggml_fp16_t));
+    }
+    if (io.inp_kv_order) {
+        ggml_backend_tensor_set(io.inp_kv_order, order.data(), 0, n_kv * sizeof(int32_t));
     }
     if (io.inp_out_ids) {
         ggml_backend_tensor_set(io.inp_out_ids, ctx.out_ids.data(), 0, ctx.out_ids.size() * sizeof(int32_t));
@@ -342,12 +433,13 @@ void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, i
         if (first) {
             ctx.n_tokens = 0; // the cache was not touched: the cells were never occupied
             ctx.cells.clear();
+            ctx.seqs.clear();
         }
         throw;
     }
     if (first) {
         for (int32_t i = 0; i < ctx.n_tokens; ++i) {
-            ctx.kv.occupy(ctx.cells[i], ctx.pos[i], ctx.tokens[i]);
+            ctx.kv.occupy(ctx.cells[i], ctx.pos[i], ctx.tokens[i], ctx.seqs.empty() ? -1 : ctx.seqs[i]);
         }
     }
     for (int32_t c : ctx.cells) {
@@ -370,17 +462,17 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     if ((uint32_t) n > ctx.kv.size - ctx.kv.used) {
         ctx.kv.find_slots((uint32_t) n); // throws the context-overflow error before anything is written
     }
-    const int32_t        p0 = batch->pos ? 0 : next_pos(ctx, n);
-    std::vector<int32_t> pos(n), cells;
+    std::vector<int32_t> pos, cells;
     std::vector<int8_t>  out(n);
+    batch_positions(ctx, batch, pos);
     for (int32_t i = 0; i < n; ++i) {
-        pos[i] = batch->pos ? batch->pos[i] : p0 + i;
         out[i] = batch->output ? batch->output[i] : (int8_t) (i == n - 1);
     }
     std::vector<float> logits, norm, hidden, features;
     int32_t            n_outputs = 0;
     for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
-        specee_batch chunk = {std::min(n_batch, n - i0), batch->token + i0, pos.data() + i0, nullptr, out.data() + i0};
+        specee_batch chunk = {std::min(n_batch, n - i0), batch->token + i0, pos.data() + i0, nullptr, out.data() + i0,
+                              batch->seq_id ? batch->seq_id + i0 : nullptr};
         specee_eval_layers_impl(ctx, &chunk, 0, n_layer, 0);
         const std::vector<float> & h = specee_context_hidden(ctx);
         logits.insert(logits.end(), ctx.logits.begin(), ctx.logits.end());
@@ -392,6 +484,9 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     }
     ctx.n_tokens = n;
     ctx.tokens.assign(batch->token, batch->token + n);
+    if (batch->seq_id) {
+        ctx.seqs.assign(batch->seq_id, batch->seq_id + n);
+    }
     ctx.pos         = pos;
     ctx.cells       = cells;
     ctx.logits      = std::move(logits);
@@ -797,6 +892,39 @@ extern "C" int32_t specee_kv_remove_cells(specee_context * ctx, const int32_t * 
         }
     }
     return removed;
+}
+
+static bool seq_ok(int32_t s) { return s >= 0 && s < SPECEE_MAX_SEQ; }
+
+extern "C" int32_t specee_kv_seq_remove(specee_context * ctx, int32_t seq, int32_t p0, int32_t p1) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    if (seq >= SPECEE_MAX_SEQ) {
+        specee_set_error(specee_format("sequence id %d is out of range [0, %d)", seq, SPECEE_MAX_SEQ));
+        return -1;
+    }
+    return ctx->kv.seq_remove(seq, p0, p1);
+}
+
+extern "C" int32_t specee_kv_seq_copy(specee_context * ctx, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    if (!seq_ok(src) || !seq_ok(dst)) {
+        specee_set_error(specee_format("sequence ids %d, %d: each must be in [0, %d)", src, dst, SPECEE_MAX_SEQ));
+        return -1;
+    }
+    return ctx->kv.seq_copy(src, dst, p0, p1);
+}
+
+extern "C" int32_t specee_kv_seq_pos_max(const specee_context * ctx, int32_t seq) {
+    return seq_ok(seq) ? ctx->kv.pos_max(seq) : -1;
+}
+
+extern "C" int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq) {
+    return seq_ok(seq) ? ctx->kv.seq_n_cells(seq) : 0;
+}
+
+extern "C" bool specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq) {
+    return seq_ok(seq) && cell >= 0 && (uint32_t) cell < ctx->kv.size && ctx->kv.pos[cell] >= 0 &&
+           ctx->kv.has_seq(cell, seq);
 }
 
 extern "C" int32_t specee_kv_cell_pos(const specee_context * ctx, int32_t cell) {

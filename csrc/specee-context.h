@@ -55,6 +55,7 @@ struct specee_context {
     int32_t              n_tokens   = 0;
     int32_t              layer_done = 0; // layers [0, layer_done) evaluated for it
     std::vector<int32_t> tokens, pos, cells;
+    std::vector<int32_t> seqs; // [n_tokens] each token's sequence, or empty: every token of kv.seq_cur
     std::vector<uint8_t> tree_mask; // [n_tokens * n_tokens] or empty: causal
     std::vector<int32_t> out_ids;
 

@@ -86,7 +86,7 @@ std::vector<int32_t> specee_draft_eval(specee_draft_head & h, const std::vector<
         }
     }
     std::vector<ggml_fp16_t> mask;
-    specee_build_mask(h.kv, cells, pos, tree ? identity.data() : nullptr, committed, n_kv, mask);
+    specee_build_mask(h.kv, cells, pos, {}, tree ? identity.data() : nullptr, committed, n_kv, mask);
     if (tree) {
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
         for (int32_t i = 0; i < n; ++i) {

@@ -8,6 +8,7 @@
 #include "specee-context.h"
 #include "specee-draft-head.h"
 #include "specee-early-exit.h"
+#include "specee-generate.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-options.h"
@@ -20,23 +21,13 @@
 #include <cstring>
 #include <memory>
 
-struct specee_generator {
-    specee_context *          ctx = nullptr;
-    specee_generator_params   params{};
-    int32_t                   mode = SPECEE_MODE_PLAIN; // resolved
-    std::string               why;                      // what `auto` chose and why, and that a replayed
-                                                        // acceptance makes the text meaningless ("" otherwise)
-    std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl{nullptr, specee_sampler_free};
-    std::unique_ptr<specee_draft_head> head; // eagle, eagle2, early_exit
-    specee_tree_decoder       tree;
-    specee_exit_decoder       exit;
+// ---- the sequence a generator decodes
 
-    bool                 started  = false;
-    int32_t              root     = -1; // the last emitted token, not in the cache yet
-    int32_t              root_pos = -1; // its position
-    std::vector<int32_t> queue;         // the first token, sampled by start, until next returns it
-    specee_generator_stats stats{};
-};
+specee_seq_scope::specee_seq_scope(specee_generator & g) : kv(g.ctx->kv), saved(g.ctx->kv.seq_cur) {
+    kv.seq_cur = g.seq;
+}
+
+specee_seq_scope::~specee_seq_scope() { kv.seq_cur = saved; }
 
 // ---- modes and parameters ---------------------------------------------------------------------------
 
@@ -180,7 +171,8 @@ static void check_params(const specee_model & m, const specee_generator_params &
     }
 }
 
-static void set_params_impl(specee_generator & g, const specee_generator_params & params) {
+void specee_generator_set_params_impl(specee_generator & g, const specee_generator_params & params) {
+    specee_seq_scope              seq(g); // auto may time a pass, on the generator's sequence
     const specee_model &          m    = *g.ctx->model;
     std::string                   why;
     const int32_t                 mode = resolve_mode(*g.ctx, params, why);
@@ -239,11 +231,11 @@ static void set_params_impl(specee_generator & g, const specee_generator_params 
 
 // ---- the loop -----------------------------------------------------------------------------------------
 
-// leading tokens whose cells hold them at positions 0.. with every layer valid
-static int32_t cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n) {
+// leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
+int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n) {
     std::vector<int32_t> cell_at(n, -1); // only positions of the prompt can be part of its prefix
     for (uint32_t c = 0; c < kv.size; ++c) {
-        if (kv.pos[c] >= 0 && kv.pos[c] < n) {
+        if (kv.pos[c] >= 0 && kv.pos[c] < n && kv.has_seq((int32_t) c, kv.seq_cur)) {
             cell_at[kv.pos[c]] = (int32_t) c;
         }
     }
@@ -255,7 +247,7 @@ static int32_t cached_prefix(const specee_kv_cache & kv, const int32_t * tokens,
     return k;
 }
 
-static int32_t start_impl(specee_generator & g, const int32_t * tokens, int32_t n) {
+int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens, int32_t n) {
     specee_context &     ctx     = *g.ctx;
     const specee_model & m       = *ctx.model;
     const int32_t        n_vocab = (int32_t) m.hparams.n_vocab;
@@ -278,7 +270,7 @@ static int32_t start_impl(specee_generator & g, const int32_t * tokens, int32_t 
     // fresh run gives; from two tokens on the rows agree bit for bit (measured on F16, Q8_0, Q4_0, Q4_1). With a
     // draft head, only as far as its pairs agree (the pair at e - 1 needs the feature of position e - 1, which is
     // not kept).
-    int32_t e = std::min(cached_prefix(ctx.kv, tokens, n), std::max(n - 2, 0));
+    int32_t e = std::min(specee_cached_prefix(ctx.kv, tokens, n), std::max(n - 2, 0));
     if (g.head && g.mode != SPECEE_MODE_PLAIN) {
         e = std::min(e, specee_draft_matching_prefix(*g.head, tokens, n));
     }
@@ -316,7 +308,7 @@ static int32_t start_impl(specee_generator & g, const int32_t * tokens, int32_t 
     return e;
 }
 
-static int32_t next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max) {
+int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max) {
     specee_context &     ctx     = *g.ctx;
     const specee_model & m       = *ctx.model;
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
@@ -405,7 +397,7 @@ extern "C" specee_generator * specee_generator_init(specee_context * ctx, struct
     return specee_guard<specee_generator *>(nullptr, [&] {
         auto g = std::make_unique<specee_generator>();
         g->ctx = ctx;
-        set_params_impl(*g, params);
+        specee_generator_set_params_impl(*g, params);
         return g.release();
     });
 }
@@ -413,7 +405,7 @@ extern "C" specee_generator * specee_generator_init(specee_context * ctx, struct
 extern "C" int32_t specee_generator_set_params(specee_generator * gen, struct specee_generator_params params) {
     std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
-        set_params_impl(*gen, params);
+        specee_generator_set_params_impl(*gen, params);
         return 0;
     });
 }
@@ -428,12 +420,18 @@ extern "C" uint32_t specee_generator_seed(const specee_generator * gen) { return
 
 extern "C" int32_t specee_generator_start(specee_generator * gen, const int32_t * tokens, int32_t n_tokens) {
     std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
-    return specee_guard<int32_t>(-1, [&] { return start_impl(*gen, tokens, n_tokens); });
+    return specee_guard<int32_t>(-1, [&] {
+        specee_seq_scope seq(*gen);
+        return specee_generator_start_impl(*gen, tokens, n_tokens);
+    });
 }
 
 extern "C" int32_t specee_generator_next(specee_generator * gen, int32_t * tokens, int32_t * layers_run, int32_t n_max) {
     std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
-    return specee_guard<int32_t>(-1, [&] { return next_impl(*gen, tokens, layers_run, n_max); });
+    return specee_guard<int32_t>(-1, [&] {
+        specee_seq_scope seq(*gen);
+        return specee_generator_next_impl(*gen, tokens, layers_run, n_max);
+    });
 }
 
 extern "C" struct specee_generator_stats specee_generator_get_stats(const specee_generator * gen) {

@@ -46,6 +46,18 @@ static void build_kv_store(ggml_context * ctx0, ggml_cgraph * gf, const specee_m
     ggml_build_forward_expand(gf, v_store);
 }
 
+// a cache's cells [0, n_kv) in the order io.inp_kv_order gives, in the cache's type (the values exactly)
+static ggml_tensor * build_kv_gather(ggml_context * ctx0, ggml_tensor * cache, const specee_graph_params & gp,
+                                     specee_graph_io & io, int il, const char * name) {
+    ggml_tensor * cells = ggml_view_2d(ctx0, cache, cache->ne[0], gp.n_kv, cache->nb[1], 0);
+    ggml_tensor * cur   = ggml_get_rows(ctx0, cells, io.inp_kv_order); // [row, n_kv] F32
+    if (cur->type != cache->type) {
+        cur = ggml_cast(ctx0, cur, cache->type);
+    }
+    name_il(cur, name, il);
+    return cur;
+}
+
 // self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv)
 static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
                                 const specee_layer & layer, ggml_tensor * k_cache, ggml_tensor * v_cache,
@@ -64,8 +76,12 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
     name_il(Qcur, "Qcur_rope", il);
     build_kv_store(ctx0, gf, model, layer, k_cache, v_cache, io, cur, n_tokens, il);
 
-    // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv]
+    // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv] (or of its cells gathered in order)
     ggml_tensor * q = ggml_permute(ctx0, Qcur, 0, 2, 1, 3); // [head_k, n_tokens, n_head]
+    if (gp.kv_order) {
+        k_cache = build_kv_gather(ctx0, k_cache, gp, io, il, "k_ordered");
+        v_cache = build_kv_gather(ctx0, v_cache, gp, io, il, "v_ordered");
+    }
     ggml_tensor * k = ggml_view_3d(ctx0, k_cache, head_k, gp.n_kv, hp.n_head_kv, k_cache->nb[1],
                                    ggml_row_size(k_cache->type, head_k), 0);
     ggml_tensor * v = ggml_view_3d(ctx0, v_cache, head_v, gp.n_kv, hp.n_head_kv, v_cache->nb[1],
@@ -115,6 +131,11 @@ static ggml_tensor * build_inputs(ggml_context * ctx0, const specee_model & mode
     io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, gp.n_tokens);
     ggml_set_name(io.inp_kv_idxs, "inp_kv_idxs");
     ggml_set_input(io.inp_kv_idxs);
+    if (gp.kv_order) {
+        io.inp_kv_order = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_kv);
+        ggml_set_name(io.inp_kv_order, "inp_kv_order");
+        ggml_set_input(io.inp_kv_order);
+    }
     io.inp_masks.resize(gp.n_masks);
     for (int i = 0; i < gp.n_masks; ++i) {
         io.inp_masks[i] = ggml_new_tensor_2d(ctx0, GGML_TYPE_F16, gp.n_kv, gp.n_tokens);

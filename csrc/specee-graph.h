@@ -22,6 +22,11 @@ struct specee_graph_params {
     // the draft head: the width of its input features, n_embd or (EAGLE-3's target features) 3 n_embd
     int32_t n_feat = 0;
 
+    // attention reads the cells [0, n_kv) in the order io.inp_kv_order gives (a gathered copy of K and V) instead of
+    // in place: several sequences' cells interleave, and attention must sum a sequence's cells in position order to
+    // give what that sequence gives alone
+    bool kv_order = false;
+
     // attention masks: layer il uses mask mask_of_layer[il - layer_begin] of n_masks
     int32_t              n_masks = 1;
     std::vector<int32_t> mask_of_layer;
@@ -39,6 +44,7 @@ struct specee_graph_io {
     ggml_tensor *              inp_pos     = nullptr; // I32 [n_tokens]
     ggml_tensor *              inp_kv_idxs = nullptr; // I64 [n_tokens] cache cell of each token
     ggml_tensor *              inp_out_ids = nullptr; // I32 [n_outputs]
+    ggml_tensor *              inp_kv_order = nullptr; // I32 [n_kv] the cells in the order attention reads them
     std::vector<ggml_tensor *> inp_masks;             // F16 [n_kv, n_tokens] each
 
     // outputs

@@ -22,8 +22,10 @@ void specee_kv_cache::init(const specee_hparams & hp, uint32_t n_ctx,
     n_layer = hp.n_layer;
     pos.assign(size, -1);
     tok.assign(size, -1);
+    seq.assign(size, 0);
     valid.assign((size_t) size * n_layer, 0);
-    used = 0;
+    used    = 0;
+    seq_cur = 0;
 
     std::vector<ggml_backend_buffer_type_t> types;
     for (uint32_t il = 0; il < n_layer; ++il) {
@@ -81,6 +83,50 @@ std::vector<int32_t> specee_kv_cache::find_slots(uint32_t n) const {
     return cells;
 }
 
+std::vector<int32_t> specee_kv_cache::find_slots_seq(const std::vector<int32_t> & seqs) const {
+    const int32_t        n     = (int32_t) seqs.size();
+    std::vector<int32_t> cells = find_slots((uint32_t) n); // checks the room; the fallback cells
+    std::vector<int32_t> next(SPECEE_KV_MAX_SEQ, 0);       // where each sequence's next cell is searched from
+    for (uint32_t c = 0; c < size; ++c) {
+        for (int32_t s = 0; s < SPECEE_KV_MAX_SEQ && pos[c] >= 0; ++s) {
+            if (has_seq((int32_t) c, s)) {
+                next[s] = (int32_t) c + 1;
+            }
+        }
+    }
+    std::vector<uint8_t> taken(size, 0);
+    std::vector<int32_t> out(n, -1);
+    for (int32_t i = 0; i < n; ++i) {
+        int32_t & c = next[seqs[i]];
+        while (c < (int32_t) size && (pos[c] >= 0 || taken[c])) {
+            ++c;
+        }
+        if (c < (int32_t) size) {
+            out[i]   = c;
+            taken[c] = 1;
+        }
+    }
+    size_t k = 0; // no room above: the lowest free cells left
+    for (int32_t i = 0; i < n; ++i) {
+        while (out[i] < 0 && k < cells.size()) {
+            if (!taken[cells[k]]) {
+                out[i]          = cells[k];
+                taken[cells[k]] = 1;
+            }
+            ++k;
+        }
+        if (out[i] < 0) { // the fallback cells were taken above: any free cell
+            for (uint32_t c = 0; c < size && out[i] < 0; ++c) {
+                if (pos[c] < 0 && !taken[c]) {
+                    out[i]  = (int32_t) c;
+                    taken[c] = 1;
+                }
+            }
+        }
+    }
+    return out;
+}
+
 uint32_t specee_kv_cache::n_kv() const {
     for (uint32_t c = size; c > 0; --c) {
         if (pos[c - 1] >= 0) {
@@ -90,17 +136,20 @@ uint32_t specee_kv_cache::n_kv() const {
     return 0;
 }
 
-int32_t specee_kv_cache::pos_max() const {
+int32_t specee_kv_cache::pos_max(int32_t s) const {
+    s         = s < 0 ? seq_cur : s;
     int32_t p = -1;
     for (uint32_t c = 0; c < size; ++c) {
-        p = std::max(p, pos[c]);
+        if (pos[c] > p && has_seq((int32_t) c, s)) {
+            p = pos[c];
+        }
     }
     return p;
 }
 
 int32_t specee_kv_cache::cell_of(int32_t p) const {
     for (uint32_t c = 0; c < size; ++c) {
-        if (pos[c] == p) {
+        if (pos[c] == p && has_seq((int32_t) c, seq_cur)) {
             return (int32_t) c;
         }
     }
@@ -112,12 +161,13 @@ bool specee_kv_cache::is_valid_all(int32_t cell) const {
     return std::all_of(row, row + n_layer, [](uint8_t x) { return x != 0; });
 }
 
-void specee_kv_cache::occupy(int32_t cell, int32_t p, int32_t token) {
+void specee_kv_cache::occupy(int32_t cell, int32_t p, int32_t token, int32_t s) {
     if (pos[cell] < 0) {
         used++;
     }
     pos[cell] = p;
     tok[cell] = token;
+    seq[cell] = (specee_seq_set) 1 << (s < 0 ? seq_cur : s);
     std::fill(valid.begin() + (size_t) cell * n_layer, valid.begin() + (size_t) (cell + 1) * n_layer, 0);
 }
 
@@ -127,23 +177,50 @@ void specee_kv_cache::free_cell(int32_t cell) {
     }
     pos[cell] = -1;
     tok[cell] = -1;
+    seq[cell] = 0;
     std::fill(valid.begin() + (size_t) cell * n_layer, valid.begin() + (size_t) (cell + 1) * n_layer, 0);
 }
 
-int32_t specee_kv_cache::remove(int32_t p0, int32_t p1) {
-    int32_t removed = 0;
+int32_t specee_kv_cache::remove(int32_t p0, int32_t p1) { return seq_remove(seq_cur, p0, p1); }
+
+int32_t specee_kv_cache::seq_remove(int32_t s, int32_t p0, int32_t p1) {
+    const specee_seq_set drop    = s < 0 ? ~(specee_seq_set) 0 : (specee_seq_set) 1 << s;
+    int32_t              removed = 0;
     for (uint32_t c = 0; c < size; ++c) {
-        if (pos[c] >= 0 && pos[c] >= p0 && (p1 < 0 || pos[c] < p1)) {
-            free_cell((int32_t) c);
+        if (pos[c] >= 0 && (seq[c] & drop) && pos[c] >= p0 && (p1 < 0 || pos[c] < p1)) {
+            seq[c] &= ~drop;
+            if (seq[c] == 0) {
+                free_cell((int32_t) c);
+            }
             removed++;
         }
     }
     return removed;
 }
 
+int32_t specee_kv_cache::seq_copy(int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    int32_t n = 0;
+    for (uint32_t c = 0; c < size; ++c) {
+        if (pos[c] >= 0 && has_seq((int32_t) c, src) && pos[c] >= p0 && (p1 < 0 || pos[c] < p1)) {
+            seq[c] |= (specee_seq_set) 1 << dst;
+            n++;
+        }
+    }
+    return n;
+}
+
+int32_t specee_kv_cache::seq_n_cells(int32_t s) const {
+    int32_t n = 0;
+    for (uint32_t c = 0; c < size; ++c) {
+        n += pos[c] >= 0 && has_seq((int32_t) c, s);
+    }
+    return n;
+}
+
 void specee_kv_cache::clear() {
     std::fill(pos.begin(), pos.end(), -1);
     std::fill(tok.begin(), tok.end(), -1);
+    std::fill(seq.begin(), seq.end(), 0);
     std::fill(valid.begin(), valid.end(), 0);
     used = 0;
 }
@@ -165,15 +242,17 @@ void specee_kv_cache::move_cell(int32_t src, int32_t dst) {
         }
     }
     occupy(dst, pos[src], tok[src]);
+    seq[dst] = seq[src];
     std::copy(valid.begin() + (size_t) src * n_layer, valid.begin() + (size_t) (src + 1) * n_layer,
               valid.begin() + (size_t) dst * n_layer);
     free_cell(src);
 }
 
 void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & cells, const std::vector<int32_t> & pos,
-                       const uint8_t * tree_mask, const std::vector<uint8_t> & cached, int32_t n_kv,
-                       std::vector<ggml_fp16_t> & mask) {
+                       const std::vector<int32_t> & seqs, const uint8_t * tree_mask,
+                       const std::vector<uint8_t> & cached, int32_t n_kv, std::vector<ggml_fp16_t> & mask) {
     const int32_t        n = (int32_t) cells.size();
+    const bool           one_seq = seqs.empty();
     std::vector<int32_t> batch_index(n_kv, -1);
     for (int32_t j = 0; j < n; ++j) {
         batch_index[cells[j]] = j;
@@ -183,10 +262,15 @@ void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & 
     mask.assign((size_t) n_kv * n, neg_inf);
     for (int32_t i = 0; i < n; ++i) {
         ggml_fp16_t * row = mask.data() + (size_t) i * n_kv;
+        const int32_t s   = one_seq ? kv.seq_cur : seqs[i];
         for (int32_t c = 0; c < n_kv; ++c) {
-            const int32_t j   = batch_index[c];
-            const bool    see = j >= 0 ? (tree_mask ? tree_mask[(size_t) i * n + j] != 0 : pos[j] <= pos[i])
-                                       : cached[c] && kv.pos[c] >= 0 && kv.pos[c] <= pos[i];
+            const int32_t j = batch_index[c];
+            bool          see;
+            if (j >= 0) {
+                see = (one_seq || seqs[j] == s) && (tree_mask ? tree_mask[(size_t) i * n + j] != 0 : pos[j] <= pos[i]);
+            } else {
+                see = cached[c] && kv.pos[c] >= 0 && kv.pos[c] <= pos[i] && kv.has_seq(c, s);
+            }
             if (see) {
                 row[c] = zero;
             }

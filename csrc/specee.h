@@ -172,11 +172,17 @@ struct specee_batch {
     int32_t         n_tokens;
     const int32_t * token;     // [n_tokens] token ids
     const int32_t * pos;       // [n_tokens] positions (>= 0), or NULL: continue after the highest cached position
-                               // (an error when that passes INT32_MAX)
+                               // of each token's sequence (an error when that passes INT32_MAX)
     const uint8_t * tree_mask; // [n_tokens * n_tokens] or NULL (causal): tree_mask[i*n_tokens + j] != 0 when
                                // token i attends to batch token j; cached cells are seen when their pos <= pos[i]
     const int8_t *  output;    // [n_tokens] which tokens get logits, or NULL: the last one only
+    const int32_t * seq_id;    // [n_tokens] the sequence of each token, 0..SPECEE_MAX_SEQ-1, or NULL: all in sequence
+                               // 0. A token sees only its own sequence's cells and batch tokens (the tree mask too
+                               // applies within a sequence).
 };
+
+// the most sequences one context holds
+#define SPECEE_MAX_SEQ 64
 
 enum specee_eval_flag {
     SPECEE_EVAL_HIDDEN_ALL = 1 << 0, // keep the hidden state after every evaluated layer
@@ -232,6 +238,20 @@ int32_t specee_kv_remove_cells(specee_context * ctx, const int32_t * cells, int3
 int32_t specee_kv_cell_pos(const specee_context * ctx, int32_t cell);
 // whether a cell holds real K/V in layer il
 bool    specee_kv_cell_valid(const specee_context * ctx, int32_t cell, int32_t il);
+
+// Several sequences share one cache: each cell belongs to one or more sequences (several after a copy: a shared
+// prefix is stored once). The calls above without a sequence act on sequence 0 (and specee_kv_clear on all).
+// take sequence seq out of its cells with positions in [p0, p1) (p1 < 0: to the end; seq < 0: every sequence); a
+// cell no other sequence shares is freed. Returns the cells it left, or -1 for a bad sequence id.
+int32_t specee_kv_seq_remove(specee_context * ctx, int32_t seq, int32_t p0, int32_t p1);
+// sequence dst shares sequence src's cells with positions in [p0, p1) (no K/V is copied); returns how many, or -1
+int32_t specee_kv_seq_copy(specee_context * ctx, int32_t src, int32_t dst, int32_t p0, int32_t p1);
+// the highest position of sequence seq, -1 when it has none
+int32_t specee_kv_seq_pos_max(const specee_context * ctx, int32_t seq);
+// cells sequence seq owns (shared cells counted for each owner)
+int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq);
+// whether a cell belongs to sequence seq
+bool    specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq);
 
 // ---- sampling ----------------------------------------------------------------------------------
 
@@ -438,6 +458,74 @@ struct specee_generator_stats specee_generator_get_stats(const specee_generator 
 void                          specee_generator_reset_stats(specee_generator * gen);
 // number of draft tokens of a choices list or preset, or -1 with the reason in specee_last_error()
 int32_t specee_eagle_check_choices(const char * choices);
+
+// ---- parallel slots: continuous batching of several sequences on one context -----------------------------
+//
+// A slots object serves up to n_slots requests at once on a context, each on a sequence of its own (slot i holds
+// sequence i + 1; sequence 0 stays the single-sequence calls'). specee_slots_step is one pass: the next token of
+// every plain request that is decoding and a chunk (n_chunk tokens at most) of the prompts waiting to be
+// prefilled, in one batch; requests join and leave between passes. Requests in a speculative mode (eagle, eagle2,
+// early-exit) run their sequence alone after the shared pass, with the same generator as specee_generator_next
+// (EAGLE greedy output stays equal to plain; early exit exits as it does alone). A slot keeps its cache after a
+// request, and a new request goes to the free slot that holds the longest prefix of its prompt. Each slot may use
+// n_ctx / n_slots cells. Every call locks the context.
+
+typedef struct specee_slots specee_slots;
+
+enum specee_finish {
+    SPECEE_FINISH_NONE    = 0, // still running (or tokens left to read)
+    SPECEE_FINISH_STOP    = 1, // an end-of-generation token (not returned)
+    SPECEE_FINISH_LENGTH  = 2, // n_predict tokens
+    SPECEE_FINISH_CONTEXT = 3, // the slot's share of the context is full
+    SPECEE_FINISH_ERROR   = 4, // specee_slots_error says why
+};
+
+// specee_slots_submit's answer when every slot holds a request
+#define SPECEE_SLOTS_BUSY (-2)
+
+// What the slots did since they were made (the server's /metrics)
+struct specee_slots_totals {
+    int64_t n_requests;    // requests submitted
+    int64_t n_cancelled;   // released before they finished
+    int64_t n_tokens;      // tokens generated
+    int64_t n_passes;      // passes: shared ones and speculative slots' own steps
+    int64_t n_pass_tokens; // tokens evaluated in the shared passes (decoding and prompts)
+    double  t_pass_ms;     // in the shared passes
+};
+
+// n_chunk: most prompt tokens in one pass (<= 0: n_batch). NULL with specee_last_error() on bad sizes.
+specee_slots * specee_slots_init(specee_context * ctx, int32_t n_slots, int32_t n_chunk);
+// frees the slots' sequences too
+void           specee_slots_free(specee_slots * slots);
+int32_t        specee_slots_n_slots(const specee_slots * slots);
+// cells a slot may use: n_ctx / n_slots (a prompt must be shorter)
+int32_t        specee_slots_n_ctx_slot(const specee_slots * slots);
+// slots holding a request (running, or finished and not yet released)
+int32_t        specee_slots_n_busy(const specee_slots * slots);
+// A request: generate up to n_predict tokens (< 0: until the slot's context is full) after the prompt's tokens with
+// these parameters. Returns its slot, SPECEE_SLOTS_BUSY when every slot holds a request, or -1 with
+// specee_last_error() (a bad prompt or parameters; a prompt of n_ctx_slot tokens or more).
+int32_t specee_slots_submit(specee_slots * slots, const int32_t * tokens, int32_t n_tokens,
+                            struct specee_generator_params params, int32_t n_predict);
+// One pass (see above). Returns the slots still running, or -1 with specee_last_error() (a failure of the shared
+// pass; a speculative slot's own failure finishes that request with SPECEE_FINISH_ERROR).
+int32_t specee_slots_step(specee_slots * slots);
+// The slot's tokens generated since the last read, up to n_max (layers_run [n_max] or NULL: layers each token's pass
+// ran); *finish (NULL: not needed) the request's enum specee_finish once every token is read. Returns their count,
+// or -1 (no request on the slot).
+int32_t specee_slots_read(specee_slots * slots, int32_t slot, int32_t * tokens, int32_t * layers_run, int32_t n_max,
+                          int32_t * finish);
+// why the slot's request finished with SPECEE_FINISH_ERROR ("" otherwise)
+const char * specee_slots_error(const specee_slots * slots, int32_t slot);
+// End the slot's request, finished or not (a client gone): the slot is free at once, its cache kept for reuse
+int32_t specee_slots_release(specee_slots * slots, int32_t slot);
+// the stats of the slot's current (or last) request, and the mode it runs in
+struct specee_generator_stats specee_slots_stats(const specee_slots * slots, int32_t slot);
+int32_t                       specee_slots_mode(const specee_slots * slots, int32_t slot);
+struct specee_slots_totals    specee_slots_get_totals(const specee_slots * slots);
+// The mean final-norm output over the tokens [n_embd] (a pooled embedding, not normalised), evaluated between
+// passes on a sequence of its own; 0, or -1 with specee_last_error()
+int32_t specee_slots_embed(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, float * out);
 
 // ---- generation options and stats: one table of names for every frontend ------------------------------------
 //

@@ -340,3 +340,31 @@ def test_the_docs_links_resolve_inside_the_repo(path: Path) -> None:
 @pytest.mark.parametrize("commands", [b for _, b in BLOCKS], ids=[name for name, _ in BLOCKS])
 def test_readme_block(commands: list[str], work: Path) -> None:
     run_block(commands, work)
+
+
+def test_the_server_command_and_client_snippets_work() -> None:
+    """The README's specee-server command (a ```sh block: it does not end), started on a free port, and the `openai`
+    snippets of the README and docs/server.md run against it as written."""
+    section = (REPO / "README.md").read_text().split("### Server", 1)[1].split("\n### ", 1)[0]
+    command = re.search(r"```sh\n(.*?)```", section, re.S).group(1).split("#")[0].strip()
+    snippets = [re.search(r"```python\n(.*?)```", text, re.S).group(1)
+                for text in (section, (REPO / "docs" / "server.md").read_text())]
+    port = str(free_port())
+    argv = shlex.split(command.replace("8080", port)) + ["-t", "1", "-c", "1024"]
+    assert argv[0] == "specee-server"
+    server = subprocess.Popen([executable(argv[0]), *argv[1:]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(300):  # 30 s at most, until it listens
+            try:
+                socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
+                time.sleep(0.1)
+        for code in snippets:
+            r = subprocess.run([sys.executable, "-c", code.replace("8080", port)], capture_output=True, text=True,
+                               timeout=300)
+            assert r.returncode == 0 and r.stdout.strip(), r.stderr[-3000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=15)

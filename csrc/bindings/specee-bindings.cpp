@@ -101,8 +101,12 @@ struct Context {
 
     py::array_t<float> run(const i32_array & tokens, const std::optional<i32_array> & pos,
                            const std::optional<u8_array> & tree_mask, const std::optional<i8_array> & output,
-                           int32_t l0, int32_t l1, uint32_t flags, bool all_layers) {
+                           int32_t l0, int32_t l1, uint32_t flags, bool all_layers,
+                           const std::optional<i32_array> & seq_id) {
         const int32_t n = (int32_t) tokens.size();
+        if (seq_id && (int32_t) seq_id->size() != n) {
+            throw py::value_error("seq_id must have one entry per token");
+        }
         if (pos && (int32_t) pos->size() != n) {
             throw py::value_error("pos must have one entry per token");
         }
@@ -113,7 +117,7 @@ struct Context {
             throw py::value_error("output must have one entry per token");
         }
         specee_batch b = {n, tokens.data(), pos ? pos->data() : nullptr, tree_mask ? tree_mask->data() : nullptr,
-                          output ? output->data() : nullptr};
+                          output ? output->data() : nullptr, seq_id ? seq_id->data() : nullptr};
         int32_t      rc;
         {
             py::gil_scoped_release release;
@@ -299,6 +303,97 @@ struct Generator {
     py::dict stats() const { return stats_dict(specee_generator_get_stats(ptr)); }
 };
 
+// parallel slots over a context (specee.h, "parallel slots"); the calls run without the GIL
+struct Slots {
+    py::object     ctx_ref; // keeps the context (and its model) alive
+    specee_slots * ptr    = nullptr;
+    int32_t        n_embd = 0;
+
+    Slots(py::object ctx_obj, int32_t n_slots, int32_t n_chunk) : ctx_ref(ctx_obj) {
+        Context & c = ctx_obj.cast<Context &>();
+        ptr         = specee_slots_init(c.ptr, n_slots, n_chunk);
+        if (!ptr) {
+            raise_last();
+        }
+        n_embd = specee_model_n_embd(c.model);
+    }
+    Slots(const Slots &)             = delete;
+    Slots & operator=(const Slots &) = delete;
+    ~Slots() { specee_slots_free(ptr); }
+
+    // the slot, or SLOTS_BUSY when every slot holds a request
+    int32_t submit(const i32_array & tokens, const py::object & options, int32_t n_predict) {
+        const specee_generator_params p = params_of(options);
+        int32_t                       r;
+        {
+            py::gil_scoped_release release;
+            r = specee_slots_submit(ptr, tokens.data(), (int32_t) tokens.size(), p, n_predict);
+        }
+        if (r == -1) {
+            raise_last();
+        }
+        return r;
+    }
+
+    int32_t step() {
+        int32_t r;
+        {
+            py::gil_scoped_release release;
+            r = specee_slots_step(ptr);
+        }
+        if (r < 0) {
+            raise_last();
+        }
+        return r;
+    }
+
+    // (tokens, layers run per token, finish reason, error message); read and release keep the GIL: they are quick,
+    // and handing the GIL to another thread and back costs a switch interval
+    py::tuple read(int32_t slot) {
+        int32_t              finish = 0;
+        std::vector<int32_t> toks(4096), layers(4096);
+        const int32_t        n = specee_slots_read(ptr, slot, toks.data(), layers.data(), (int32_t) toks.size(), &finish);
+        if (n < 0) {
+            raise_last();
+        }
+        toks.resize(n);
+        layers.resize(n);
+        return py::make_tuple(toks, layers, finish, std::string(specee_slots_error(ptr, slot)));
+    }
+
+    void release(int32_t slot) {
+        if (specee_slots_release(ptr, slot) != 0) {
+            raise_last();
+        }
+    }
+
+    py::dict totals() const {
+        const specee_slots_totals t = specee_slots_get_totals(ptr);
+        py::dict                  d;
+        d["n_requests"]    = t.n_requests;
+        d["n_cancelled"]   = t.n_cancelled;
+        d["n_tokens"]      = t.n_tokens;
+        d["n_passes"]      = t.n_passes;
+        d["n_pass_tokens"] = t.n_pass_tokens;
+        d["t_pass_ms"]     = t.t_pass_ms;
+        return d;
+    }
+
+    py::array_t<float> embed(const i32_array & tokens) {
+        py::array_t<float> out(n_embd);
+        float *            data = out.mutable_data();
+        int32_t            r;
+        {
+            py::gil_scoped_release release;
+            r = specee_slots_embed(ptr, tokens.data(), (int32_t) tokens.size(), data);
+        }
+        if (r != 0) {
+            raise_last();
+        }
+        return out;
+    }
+};
+
 // {"role": ..., "content": ...} dicts as the C API's messages (pointing into the dicts)
 static std::vector<specee_chat_message> chat_messages(const std::vector<std::map<std::string, std::string>> & messages) {
     std::vector<specee_chat_message> msgs;
@@ -319,6 +414,13 @@ PYBIND11_MODULE(_core, m) {
     static py::exception<std::runtime_error> error(m, "SpecEEError", PyExc_RuntimeError);
     g_error = error.ptr();
 
+    m.attr("SLOTS_BUSY")      = (int) SPECEE_SLOTS_BUSY;
+    m.attr("FINISH_NONE")     = (int) SPECEE_FINISH_NONE;
+    m.attr("FINISH_STOP")     = (int) SPECEE_FINISH_STOP;
+    m.attr("FINISH_LENGTH")   = (int) SPECEE_FINISH_LENGTH;
+    m.attr("FINISH_CONTEXT")  = (int) SPECEE_FINISH_CONTEXT;
+    m.attr("FINISH_ERROR")    = (int) SPECEE_FINISH_ERROR;
+    m.attr("MAX_SEQ")         = (int) SPECEE_MAX_SEQ;
     m.attr("EVAL_HIDDEN_ALL") = (int) SPECEE_EVAL_HIDDEN_ALL;
     m.attr("EVAL_NO_LOGITS")  = (int) SPECEE_EVAL_NO_LOGITS;
 
@@ -522,14 +624,15 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("kv_nbytes", [](const Context & s) { return specee_kv_nbytes(s.ptr); })
         .def("eval",
              [](Context & s, const i32_array & tokens, const std::optional<i32_array> & pos,
-                const std::optional<u8_array> & tree_mask, const std::optional<i8_array> & output) {
-                 return s.run(tokens, pos, tree_mask, output, 0, 0, 0, true);
+                const std::optional<u8_array> & tree_mask, const std::optional<i8_array> & output,
+                const std::optional<i32_array> & seq_id) {
+                 return s.run(tokens, pos, tree_mask, output, 0, 0, 0, true, seq_id);
              },
              py::arg("tokens"), py::arg("pos") = py::none(), py::arg("tree_mask") = py::none(),
-             py::arg("output") = py::none())
+             py::arg("output") = py::none(), py::arg("seq_id") = py::none())
         .def("eval_layers", &Context::run, py::arg("tokens"), py::arg("pos"), py::arg("tree_mask"),
              py::arg("output"), py::arg("layer_begin"), py::arg("layer_end"), py::arg("flags") = 0,
-             py::arg("all_layers") = false)
+             py::arg("all_layers") = false, py::arg("seq_id") = py::none())
         .def("logits", &Context::logits)
         .def("hidden", [](const Context & s, int32_t il) { return s.hidden_copy(specee_get_hidden(s.ptr, il)); },
              py::arg("layer") = -1)
@@ -588,7 +691,44 @@ PYBIND11_MODULE(_core, m) {
         .def("kv_n_used", [](const Context & s) { return specee_kv_n_used(s.ptr); })
         .def("kv_cell_pos", [](const Context & s, int32_t c) { return specee_kv_cell_pos(s.ptr, c); })
         .def("kv_cell_valid",
-             [](const Context & s, int32_t c, int32_t il) { return specee_kv_cell_valid(s.ptr, c, il); });
+             [](const Context & s, int32_t c, int32_t il) { return specee_kv_cell_valid(s.ptr, c, il); })
+        .def("kv_seq_remove",
+             [](Context & s, int32_t seq, int32_t p0, int32_t p1) {
+                 const int32_t n = specee_kv_seq_remove(s.ptr, seq, p0, p1);
+                 if (n < 0) {
+                     raise_last();
+                 }
+                 return n;
+             },
+             py::arg("seq"), py::arg("p0") = 0, py::arg("p1") = -1)
+        .def("kv_seq_copy",
+             [](Context & s, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+                 const int32_t n = specee_kv_seq_copy(s.ptr, src, dst, p0, p1);
+                 if (n < 0) {
+                     raise_last();
+                 }
+                 return n;
+             },
+             py::arg("src"), py::arg("dst"), py::arg("p0") = 0, py::arg("p1") = -1)
+        .def("kv_seq_pos_max", [](const Context & s, int32_t seq) { return specee_kv_seq_pos_max(s.ptr, seq); })
+        .def("kv_seq_n_cells", [](const Context & s, int32_t seq) { return specee_kv_seq_n_cells(s.ptr, seq); })
+        .def("kv_cell_has_seq",
+             [](const Context & s, int32_t c, int32_t seq) { return specee_kv_cell_has_seq(s.ptr, c, seq); });
+
+    py::class_<Slots>(m, "Slots")
+        .def(py::init<py::object, int32_t, int32_t>(), py::arg("context"), py::arg("n_slots"), py::arg("n_chunk") = 0)
+        .def_property_readonly("n_slots", [](const Slots & s) { return specee_slots_n_slots(s.ptr); })
+        .def_property_readonly("n_ctx_slot", [](const Slots & s) { return specee_slots_n_ctx_slot(s.ptr); })
+        .def_property_readonly("n_busy", [](const Slots & s) { return specee_slots_n_busy(s.ptr); })
+        .def("submit", &Slots::submit, py::arg("tokens"), py::arg("options"), py::arg("n_predict") = -1)
+        .def("step", &Slots::step)
+        .def("read", &Slots::read, py::arg("slot"))
+        .def("release", &Slots::release, py::arg("slot"))
+        .def("stats", [](const Slots & s, int32_t slot) { return stats_dict(specee_slots_stats(s.ptr, slot)); })
+        .def("mode",
+             [](const Slots & s, int32_t slot) { return std::string(specee_mode_name(specee_slots_mode(s.ptr, slot))); })
+        .def("totals", &Slots::totals)
+        .def("embed", &Slots::embed, py::arg("tokens"));
 
     const specee_sampler_params sd = specee_sampler_default_params();
     py::class_<Sampler>(m, "Sampler")

@@ -8,6 +8,7 @@ from specee._core import SpecEEError  # noqa: E402
 from specee.generate import EagleParams, ExitParams, GenerateOptions, GenerationStats  # noqa: E402
 from specee.model import Model  # noqa: E402
 from specee.paths import default_model_path  # noqa: E402
+from specee.slots import SlotOutput, Slots  # noqa: E402
 
-__all__ = ["EagleParams", "ExitParams", "GenerateOptions", "GenerationStats", "Model", "SpecEEError",
-           "default_model_path"]
+__all__ = ["EagleParams", "ExitParams", "GenerateOptions", "GenerationStats", "Model", "SlotOutput", "Slots",
+           "SpecEEError", "default_model_path"]

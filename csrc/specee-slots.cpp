@@ -1,0 +1,518 @@
+// specee-slots.cpp: continuous batching: requests on parallel slots of one context, each slot a sequence of the KV
+// cache, stepped together.
+//
+// One call of specee_slots_step is one pass of the model over a batch that holds the next token of every plain
+// slot that is decoding and, in the room left (n_chunk tokens at most), the next chunk of the prompts waiting to be
+// prefilled, oldest first: a long prompt joins over several passes while the running sequences keep decoding.
+// Requests join (specee_slots_submit) and leave (specee_slots_release) between passes.
+//
+// Speculative requests run their sequence alone: an EAGLE step drafts and verifies a tree whose size depends on the
+// request, and an early-exit step stops each token at its own layer, so neither shape joins a batch of plain
+// tokens without giving up what makes it pay. After the shared pass, each such slot takes its own prefill and
+// steps with the generator of specee-generate.cpp on its sequence, unchanged (EAGLE stays lossless, early exit
+// exits as alone). docs/server.md says why.
+//
+// Each slot owns a generator (sampler, draft head, stats) bound to its sequence (slot i: sequence i + 1; sequence 0
+// is the single-sequence API's). A slot's cells stay after its request for the next one (a chat's next turn
+// prefills only its new tokens): a request goes to the free slot whose cache holds the longest prefix of its
+// prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out.
+#include "specee-context.h"
+#include "specee-generate.h"
+#include "specee-impl.h"
+#include "specee-model.h"
+#include "specee.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+
+enum slot_state {
+    SLOT_FREE    = 0,
+    SLOT_PREFILL = 1,
+    SLOT_DECODE  = 2,
+    SLOT_DONE    = 3, // finished; its tokens wait to be read until the slot is released
+};
+
+struct specee_slot {
+    std::unique_ptr<specee_generator, void (*)(specee_generator *)> gen{nullptr, specee_generator_free};
+    int32_t              state  = SLOT_FREE;
+    bool                 alone  = false; // a speculative mode: passes of its own
+    std::vector<int32_t> prompt;
+    int32_t              n_past    = 0;  // prompt tokens in the cache
+    int32_t              n_predict = -1; // most tokens to generate, < 0: until the slot's context is full
+    int32_t              n_generated = 0;
+    std::vector<int32_t> out, out_layers; // generated, not read yet
+    int32_t              finish = SPECEE_FINISH_NONE;
+    std::string          error;
+    uint64_t             order = 0; // when the request came (prefill order), or was last used (slot choice)
+};
+
+struct specee_slots {
+    specee_context *         ctx = nullptr;
+    std::vector<specee_slot> slots;
+    int32_t                  n_chunk    = 0;
+    int32_t                  n_ctx_slot = 0;
+    uint64_t                 clock      = 0;
+    specee_slots_totals      totals{};
+};
+
+// ---- requests ---------------------------------------------------------------------------------------
+
+static specee_slot & slot_at(specee_slots & s, int32_t i) {
+    if (i < 0 || i >= (int32_t) s.slots.size()) {
+        specee_fail("slot %d is out of range [0, %d)", i, (int32_t) s.slots.size());
+    }
+    return s.slots[i];
+}
+
+// the free slot whose cache holds the longest prefix of the prompt (the least recently used of equals), -1: none
+static int32_t choose_slot(specee_slots & s, const int32_t * tokens, int32_t n, int32_t & cached) {
+    int32_t best = -1;
+    cached       = -1;
+    for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
+        specee_slot & sl = s.slots[i];
+        if (sl.state != SLOT_FREE) {
+            continue;
+        }
+        specee_seq_scope seq(*sl.gen);
+        const int32_t    k = specee_cached_prefix(s.ctx->kv, tokens, n);
+        if (k > cached || (k == cached && sl.order < s.slots[best].order)) {
+            best   = i;
+            cached = k;
+        }
+    }
+    return best;
+}
+
+// A longer prefix of the prompt that another slot's sequence holds (a shared system prompt, a conversation moved to
+// another slot) becomes the slot's too: its cells are shared (a cell belongs to several sequences), not evaluated
+// again. Returns the prefix the slot now holds.
+static int32_t share_prefix(specee_slots & s, int32_t id, const int32_t * tokens, int32_t n, int32_t cached) {
+    specee_kv_cache & kv    = s.ctx->kv;
+    int32_t           from  = -1;
+    int32_t           best  = cached;
+    const int32_t     saved = kv.seq_cur;
+    for (int32_t j = 0; j < (int32_t) s.slots.size(); ++j) {
+        if (j == id) {
+            continue;
+        }
+        kv.seq_cur      = s.slots[j].gen->seq;
+        const int32_t k = specee_cached_prefix(kv, tokens, n);
+        if (k > best) {
+            best = k;
+            from = s.slots[j].gen->seq;
+        }
+    }
+    kv.seq_cur = saved;
+    if (from < 0) {
+        return cached;
+    }
+    const int32_t seq = s.slots[id].gen->seq;
+    kv.seq_remove(seq, 0, -1);
+    kv.seq_copy(from, seq, 0, best);
+    return best;
+}
+
+static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, const specee_generator_params & p,
+                           int32_t n_predict) {
+    specee_context & ctx     = *s.ctx;
+    const int32_t    n_vocab = (int32_t) ctx.model->hparams.n_vocab;
+    if (!tokens || n <= 0) {
+        specee_fail("empty prompt: nothing to generate from");
+    }
+    if (n >= s.n_ctx_slot) {
+        specee_fail("the prompt has %d tokens, more than fit a slot's context of %d (n_ctx %u over %d slots; one more "
+                    "cell is needed to decode)", n, s.n_ctx_slot, ctx.cparams.n_ctx, (int32_t) s.slots.size());
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            specee_fail("token id %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab);
+        }
+    }
+    int32_t       cached = 0;
+    const int32_t id     = choose_slot(s, tokens, n, cached);
+    if (id < 0) {
+        return SPECEE_SLOTS_BUSY;
+    }
+    specee_slot &      sl = s.slots[id];
+    specee_generator & g  = *sl.gen;
+    specee_generator_set_params_impl(g, p);
+    g.stats     = specee_generator_stats{};
+    g.started   = false;
+    sl.alone    = g.mode != SPECEE_MODE_PLAIN;
+    sl.prompt.assign(tokens, tokens + n);
+    sl.n_predict   = n_predict;
+    sl.n_generated = 0;
+    sl.out.clear();
+    sl.out_layers.clear();
+    sl.finish = SPECEE_FINISH_NONE;
+    sl.error.clear();
+    sl.order = ++s.clock;
+    sl.n_past = 0;
+    if (!sl.alone) {
+        // keep the cached prefix, and evaluate at least the last two tokens (as specee_generator_start does)
+        const auto       t0 = specee_clock::now();
+        cached              = share_prefix(s, id, tokens, n, cached);
+        specee_seq_scope seq(g);
+        const int32_t    e = std::min(cached, std::max(n - 2, 0));
+        ctx.kv.remove(e, -1);
+        specee_sampler_reset_impl(*g.smpl);
+        for (int32_t i = 0; i < n; ++i) {
+            specee_sampler_accept_impl(*g.smpl, tokens[i]);
+        }
+        sl.n_past          = e;
+        g.stats.n_reused   = e;
+        g.stats.t_prompt_ms += specee_ms_since(t0);
+    }
+    sl.state = SLOT_PREFILL;
+    s.totals.n_requests++;
+    return id;
+}
+
+// a token the slot's request produced: kept for reading, or the end of the request
+static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers) {
+    const specee_generator & g = *sl.gen;
+    if (!g.params.ignore_eos && specee_token_is_eog(s.ctx->model, t)) {
+        sl.finish = SPECEE_FINISH_STOP;
+    } else {
+        sl.out.push_back(t);
+        sl.out_layers.push_back(layers);
+        sl.n_generated++;
+        s.totals.n_tokens++;
+        if (sl.n_predict >= 0 && sl.n_generated >= sl.n_predict) {
+            sl.finish = SPECEE_FINISH_LENGTH;
+        } else if (g.root_pos >= s.n_ctx_slot) {
+            sl.finish = SPECEE_FINISH_CONTEXT; // the next token's cell would pass the slot's share
+        }
+    }
+    if (sl.finish != SPECEE_FINISH_NONE) {
+        sl.state = SLOT_DONE;
+    }
+}
+
+// ---- one pass -------------------------------------------------------------------------------------
+
+// the plain slots' shared pass: every decoding slot's next token and a chunk of the waiting prompts
+static void shared_pass(specee_slots & s) {
+    specee_context &     ctx     = *s.ctx;
+    const int32_t        n_layer = (int32_t) ctx.model->hparams.n_layer;
+    const int32_t        n_vocab = (int32_t) ctx.model->hparams.n_vocab;
+    std::vector<int32_t> tok, pos, seq, decoding;
+    std::vector<int8_t>  out;
+    for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
+        specee_slot & sl = s.slots[i];
+        if (sl.state == SLOT_DECODE && !sl.alone) {
+            tok.push_back(sl.gen->root);
+            pos.push_back(sl.gen->root_pos);
+            seq.push_back(sl.gen->seq);
+            out.push_back(1);
+            decoding.push_back(i);
+        }
+    }
+    // prompts in the order they came, n_chunk tokens at most (and what is left of the batch)
+    std::vector<int32_t> waiting;
+    for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
+        if (s.slots[i].state == SLOT_PREFILL && !s.slots[i].alone) {
+            waiting.push_back(i);
+        }
+    }
+    std::sort(waiting.begin(), waiting.end(),
+              [&](int32_t a, int32_t b) { return s.slots[a].order < s.slots[b].order; });
+    int32_t              budget = std::min(s.n_chunk, (int32_t) ctx.cparams.n_batch - (int32_t) tok.size());
+    std::vector<int32_t> prefilling, taken;
+    for (int32_t i : waiting) {
+        if (budget <= 0) {
+            break;
+        }
+        specee_slot & sl = s.slots[i];
+        const int32_t n  = (int32_t) sl.prompt.size();
+        const int32_t k  = std::min(budget, n - sl.n_past);
+        for (int32_t j = sl.n_past; j < sl.n_past + k; ++j) {
+            tok.push_back(sl.prompt[j]);
+            pos.push_back(j);
+            seq.push_back(sl.gen->seq);
+            out.push_back(j == n - 1);
+        }
+        prefilling.push_back(i);
+        taken.push_back(k);
+        budget -= k;
+    }
+    if (tok.empty()) {
+        return;
+    }
+
+    const auto   t0 = specee_clock::now();
+    specee_batch b  = {(int32_t) tok.size(), tok.data(), pos.data(), nullptr, out.data(), seq.data()};
+    specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
+    const double ms = specee_ms_since(t0);
+    s.totals.n_passes++;
+    s.totals.n_pass_tokens += (int64_t) tok.size();
+    s.totals.t_pass_ms += ms;
+
+    int32_t row = 0;
+    for (int32_t i : decoding) {
+        specee_slot &      sl = s.slots[i];
+        specee_generator & g  = *sl.gen;
+        const auto         ts = specee_clock::now();
+        const int32_t      t  = specee_sampler_sample_impl(*g.smpl, ctx.logits.data() + (size_t) row++ * n_vocab, n_vocab);
+        specee_sampler_accept_impl(*g.smpl, t);
+        g.stats.t_sample_ms += specee_ms_since(ts);
+        g.stats.t_decode_ms += ms + specee_ms_since(ts);
+        g.stats.n_steps++;
+        g.stats.n_decoded++;
+        g.stats.n_tokens++;
+        g.root = t;
+        g.root_pos++;
+        emit(s, sl, t, n_layer);
+    }
+    for (size_t k = 0; k < prefilling.size(); ++k) {
+        specee_slot &      sl = s.slots[prefilling[k]];
+        specee_generator & g  = *sl.gen;
+        const int32_t      n  = (int32_t) sl.prompt.size();
+        sl.n_past += taken[k];
+        g.stats.n_prompt += taken[k];
+        g.stats.t_prompt_ms += ms;
+        if (sl.n_past < n) {
+            continue;
+        }
+        const int32_t t = specee_sampler_sample_impl(*g.smpl, ctx.logits.data() + (size_t) row++ * n_vocab, n_vocab);
+        specee_sampler_accept_impl(*g.smpl, t);
+        g.root     = t;
+        g.root_pos = n;
+        g.started  = true;
+        g.stats.n_tokens++;
+        sl.state = SLOT_DECODE;
+        emit(s, sl, t, n_layer);
+    }
+}
+
+// a speculative slot's own prefill or step, on its sequence
+static void alone_step(specee_slots & s, specee_slot & sl) {
+    specee_generator & g = *sl.gen;
+    specee_seq_scope   seq(g);
+    int32_t            n_max = 1;
+    if (sl.state == SLOT_PREFILL) {
+        specee_generator_start_impl(g, sl.prompt.data(), (int32_t) sl.prompt.size());
+        sl.n_past = (int32_t) sl.prompt.size();
+        sl.state  = SLOT_DECODE; // next returns the prompt's token without a pass
+    } else {
+        n_max = s.n_ctx_slot - g.root_pos;
+        if (sl.n_predict >= 0) {
+            n_max = std::min(n_max, sl.n_predict - sl.n_generated);
+        }
+        n_max = std::max(n_max, 1);
+        s.totals.n_passes++;
+    }
+    std::vector<int32_t> toks(n_max), layers(n_max);
+    const int32_t        n = specee_generator_next_impl(g, toks.data(), layers.data(), n_max);
+    if (n == 0) {
+        sl.finish = SPECEE_FINISH_CONTEXT;
+        sl.state  = SLOT_DONE;
+    }
+    for (int32_t i = 0; i < n && sl.state != SLOT_DONE; ++i) {
+        emit(s, sl, toks[i], layers[i]);
+    }
+}
+
+static int32_t step_impl(specee_slots & s) {
+    shared_pass(s);
+    for (specee_slot & sl : s.slots) {
+        if (!sl.alone || (sl.state != SLOT_PREFILL && sl.state != SLOT_DECODE)) {
+            continue;
+        }
+        try {
+            alone_step(s, sl);
+        } catch (const std::exception & e) {
+            sl.error  = e.what();
+            sl.finish = SPECEE_FINISH_ERROR;
+            sl.state  = SLOT_DONE;
+        }
+    }
+    int32_t busy = 0;
+    for (const specee_slot & sl : s.slots) {
+        busy += sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE;
+    }
+    return busy;
+}
+
+// ---- embeddings between passes -------------------------------------------------------------------------
+
+// the mean final-norm output over the tokens, on a sequence of its own, removed afterwards; free slots' cached
+// prompts make room when the free cells are too few
+static void embed_impl(specee_slots & s, const int32_t * tokens, int32_t n, float * out) {
+    specee_context & ctx    = *s.ctx;
+    const int32_t    n_embd = (int32_t) ctx.model->hparams.n_embd;
+    if (!tokens || n <= 0) {
+        specee_fail("cannot embed an empty text");
+    }
+    if (n > s.n_ctx_slot) {
+        specee_fail("the text has %d tokens, more than fit a slot's context of %d", n, s.n_ctx_slot);
+    }
+    for (int32_t i = 0; i < (int32_t) s.slots.size() && (uint32_t) n > ctx.kv.size - ctx.kv.used; ++i) {
+        if (s.slots[i].state == SLOT_FREE) {
+            ctx.kv.seq_remove(s.slots[i].gen->seq, 0, -1);
+        }
+    }
+    const int32_t        seq_embd = SPECEE_MAX_SEQ - 1;
+    std::vector<int32_t> seq(n, seq_embd), pos(n);
+    std::vector<int8_t>  no_out(n, 0);
+    for (int32_t i = 0; i < n; ++i) {
+        pos[i] = i;
+    }
+    ctx.kv.seq_remove(seq_embd, 0, -1);
+    specee_batch b = {n, tokens, pos.data(), nullptr, no_out.data(), seq.data()};
+    try {
+        specee_eval_impl(ctx, &b);
+    } catch (...) {
+        ctx.kv.seq_remove(seq_embd, 0, -1);
+        throw;
+    }
+    std::fill(out, out + n_embd, 0.0f);
+    for (int32_t i = 0; i < n; ++i) {
+        for (int32_t j = 0; j < n_embd; ++j) {
+            out[j] += ctx.norm[(size_t) i * n_embd + j] / (float) n;
+        }
+    }
+    ctx.kv.seq_remove(seq_embd, 0, -1);
+}
+
+// ---- C API -------------------------------------------------------------------------------------------
+
+extern "C" specee_slots * specee_slots_init(specee_context * ctx, int32_t n_slots, int32_t n_chunk) {
+    if (!ctx) {
+        specee_set_error("no context");
+        return nullptr;
+    }
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return specee_guard<specee_slots *>(nullptr, [&] {
+        if (n_slots < 1 || n_slots > SPECEE_MAX_SEQ - 2) {
+            specee_fail("n_slots=%d: a context serves 1 to %d slots", n_slots, SPECEE_MAX_SEQ - 2);
+        }
+        auto s        = std::make_unique<specee_slots>();
+        s->ctx        = ctx;
+        s->n_ctx_slot = (int32_t) (ctx->cparams.n_ctx / (uint32_t) n_slots);
+        s->n_chunk    = n_chunk > 0 ? std::min(n_chunk, (int32_t) ctx->cparams.n_batch) : (int32_t) ctx->cparams.n_batch;
+        if (s->n_ctx_slot < 2) {
+            specee_fail("n_ctx=%u over %d slots leaves %d cells a slot: too few", ctx->cparams.n_ctx, n_slots,
+                        s->n_ctx_slot);
+        }
+        specee_generator_params p = specee_generator_default_params();
+        p.mode                    = SPECEE_MODE_PLAIN;
+        s->slots.resize(n_slots);
+        for (int32_t i = 0; i < n_slots; ++i) {
+            s->slots[i].gen.reset(new specee_generator());
+            s->slots[i].gen->ctx = ctx;
+            s->slots[i].gen->seq = i + 1;
+            specee_generator_set_params_impl(*s->slots[i].gen, p);
+        }
+        return s.release();
+    });
+}
+
+extern "C" void specee_slots_free(specee_slots * s) {
+    if (!s) {
+        return;
+    }
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    for (specee_slot & sl : s->slots) {
+        s->ctx->kv.seq_remove(sl.gen->seq, 0, -1);
+    }
+    delete s;
+}
+
+extern "C" int32_t specee_slots_n_slots(const specee_slots * s) { return (int32_t) s->slots.size(); }
+extern "C" int32_t specee_slots_n_ctx_slot(const specee_slots * s) { return s->n_ctx_slot; }
+
+extern "C" int32_t specee_slots_submit(specee_slots * s, const int32_t * tokens, int32_t n_tokens,
+                                       struct specee_generator_params params, int32_t n_predict) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    const int32_t r = specee_guard<int32_t>(-1, [&] { return submit_impl(*s, tokens, n_tokens, params, n_predict); });
+    if (r == SPECEE_SLOTS_BUSY) {
+        specee_set_error(specee_format("all %d slots are busy", (int32_t) s->slots.size()));
+    }
+    return r;
+}
+
+extern "C" int32_t specee_slots_step(specee_slots * s) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] { return step_impl(*s); });
+}
+
+extern "C" int32_t specee_slots_read(specee_slots * s, int32_t slot, int32_t * tokens, int32_t * layers_run,
+                                     int32_t n_max, int32_t * finish) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        specee_slot & sl = slot_at(*s, slot);
+        if (sl.state == SLOT_FREE) {
+            specee_fail("slot %d has no request", slot);
+        }
+        const int32_t n = std::min<int32_t>(std::max(n_max, 0), (int32_t) sl.out.size());
+        if (n > 0 && !tokens) {
+            specee_fail("specee_slots_read: no room for tokens");
+        }
+        std::copy(sl.out.begin(), sl.out.begin() + n, tokens);
+        if (layers_run) {
+            std::copy(sl.out_layers.begin(), sl.out_layers.begin() + n, layers_run);
+        }
+        sl.out.erase(sl.out.begin(), sl.out.begin() + n);
+        sl.out_layers.erase(sl.out_layers.begin(), sl.out_layers.begin() + n);
+        if (finish) {
+            *finish = sl.out.empty() ? sl.finish : SPECEE_FINISH_NONE;
+        }
+        return n;
+    });
+}
+
+extern "C" const char * specee_slots_error(const specee_slots * s, int32_t slot) {
+    return slot >= 0 && slot < (int32_t) s->slots.size() ? s->slots[slot].error.c_str() : "";
+}
+
+extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        specee_slot & sl = slot_at(*s, slot);
+        if (sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE) {
+            s->totals.n_cancelled++;
+        }
+        sl.state = SLOT_FREE;
+        sl.out.clear();
+        sl.out_layers.clear();
+        sl.order = ++s->clock;
+        return 0;
+    });
+}
+
+extern "C" int32_t specee_slots_n_busy(const specee_slots * s) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    int32_t n = 0;
+    for (const specee_slot & sl : s->slots) {
+        n += sl.state != SLOT_FREE;
+    }
+    return n;
+}
+
+extern "C" struct specee_generator_stats specee_slots_stats(const specee_slots * s, int32_t slot) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    if (slot < 0 || slot >= (int32_t) s->slots.size()) {
+        return specee_generator_stats{};
+    }
+    return specee_generator_get_stats(s->slots[slot].gen.get());
+}
+
+extern "C" int32_t specee_slots_mode(const specee_slots * s, int32_t slot) {
+    return slot >= 0 && slot < (int32_t) s->slots.size() ? s->slots[slot].gen->mode : -1;
+}
+
+extern "C" struct specee_slots_totals specee_slots_get_totals(const specee_slots * s) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return s->totals;
+}
+
+extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, float * out) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        embed_impl(*s, tokens, n_tokens, out);
+        return 0;
+    });
+}

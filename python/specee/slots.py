@@ -1,0 +1,131 @@
+"""Several requests decoded together on one model's context: the runtime's parallel slots (csrc/specee-slots.cpp).
+
+Each slot is a sequence of the KV cache. One `step()` is one pass of the model over the next token of every plain
+request that is decoding and a chunk of the prompts waiting to be prefilled; requests join (`submit`) and leave
+(`release`) between passes. Requests in a speculative mode (eagle, eagle2, early-exit) run their sequence alone after
+the shared pass, so their output is what they give alone. `step()` releases the GIL: a server thread can step while
+others submit and read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from specee import _core
+from specee.generate import GenerateOptions
+
+if TYPE_CHECKING:
+    from specee.model import Model
+
+# why a request finished, by the runtime's enum specee_finish
+FINISH_REASONS = {
+    _core.FINISH_NONE: None,
+    _core.FINISH_STOP: "stop",
+    _core.FINISH_LENGTH: "length",
+    _core.FINISH_CONTEXT: "context",
+    _core.FINISH_ERROR: "error",
+}
+
+
+@dataclass
+class SlotOutput:
+    """What `Slots.read` returns: the tokens generated since the last read, the layers each one's pass ran, and,
+    once every token is read, why the request finished ("stop": an end-of-generation token, not included;
+    "length": max_tokens; "context": the slot's share of the context is full; "error": see `error`)."""
+
+    tokens: list[int] = field(default_factory=list)
+    layers_run: list[int] = field(default_factory=list)
+    finish: str | None = None
+    error: str = ""
+
+
+class Slots:
+    """n_slots parallel slots on a model's context (make them with `Model.slots`). Slot i decodes KV sequence i + 1;
+    the model's own single-sequence calls use sequence 0, and `Model.kv_clear` clears every sequence. Each slot may
+    use n_ctx // n_slots cells."""
+
+    def __init__(self, ctx: _core.Context, n_slots: int, n_chunk: int = 0) -> None:
+        self._slots = _core.Slots(ctx, n_slots, n_chunk)
+
+    @property
+    def n_slots(self) -> int:
+        return self._slots.n_slots
+
+    @property
+    def n_ctx_slot(self) -> int:
+        """Cells a slot may use; a prompt must be shorter."""
+        return self._slots.n_ctx_slot
+
+    @property
+    def n_busy(self) -> int:
+        """Slots holding a request (running, or finished and not released)."""
+        return self._slots.n_busy
+
+    def submit(self, tokens: Sequence[int], max_tokens: int = -1, **options) -> int | None:
+        """Start a request: generate up to max_tokens (< 0: until the slot's context is full) after the prompt's
+        token ids, with the options of `Model.stream` (stop strings and chat templates are the caller's). Returns
+        its slot, or None when every slot holds a request. SpecEEError on a bad prompt (one of n_ctx_slot tokens or
+        more) or options."""
+        opts = GenerateOptions(**options)
+        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), opts, max_tokens)
+        return None if slot == _core.SLOTS_BUSY else slot
+
+    def step(self) -> int:
+        """One pass; returns how many slots are still running."""
+        return self._slots.step()
+
+    def read(self, slot: int) -> SlotOutput:
+        toks, layers, finish, error = self._slots.read(slot)
+        return SlotOutput(toks, layers, FINISH_REASONS[finish], error)
+
+    def release(self, slot: int) -> None:
+        """End the slot's request, finished or not: the slot is free at once (its cache is kept for a prompt that
+        begins the same way)."""
+        self._slots.release(slot)
+
+    def mode(self, slot: int) -> str:
+        """The decoding mode of the slot's request (auto resolved)."""
+        return self._slots.mode(slot)
+
+    def stats(self, slot: int) -> dict[str, float]:
+        """The runtime's stats of the slot's request (the fields of `specee_generator_stats`)."""
+        return self._slots.stats(slot)
+
+    def totals(self) -> dict[str, float]:
+        """Requests, tokens and passes since the slots were made (`specee_slots_totals`)."""
+        return self._slots.totals()
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """The mean final-norm output over the tokens [n_embd], evaluated between passes on a sequence of its own."""
+        return self._slots.embed(np.asarray(tokens, dtype=np.int32))
+
+
+def generate_batch(model: Model, prompts: Sequence[Sequence[int]], max_tokens: int = 256,
+                   **options) -> list[list[int]]:
+    """Token ids generated after each prompt's token ids, the prompts decoded together in one batch per pass (one
+    slot each; options as for `Model.stream`). Each list is what `Model.generate_tokens` gives for that prompt."""
+    if not prompts:
+        return []
+    slots = model.slots(len(prompts))
+    out: list[list[int]] = [[] for _ in prompts]
+    ids = []
+    for tokens in prompts:
+        slot = slots.submit(tokens, max_tokens, **options)
+        assert slot is not None  # one slot per prompt
+        ids.append(slot)
+    # every pass emits a token for each running request or prefills a chunk: bounded by the prompts and max_tokens
+    limit = sum(len(p) for p in prompts) + len(prompts) * (max(max_tokens, 0) + 2) + 8
+    running = len(prompts)
+    for _ in range(limit):
+        if running == 0:
+            break
+        running = slots.step()
+    for i, slot in enumerate(ids):
+        res = slots.read(slot)
+        if res.finish == "error":
+            raise RuntimeError(res.error)
+        out[i] = res.tokens
+    return out

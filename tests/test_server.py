@@ -1,0 +1,341 @@
+"""specee-server (python -m specee.server) on 127.0.0.1, driven by the official `openai` client and by plain HTTP: chat,
+completions, streaming, embeddings, models, llama.cpp's /completion; batched requests equal the same requests one at a
+time, EAGLE per request equals plain; bad requests get OpenAI-shaped 4xx errors; a bounded load test leaks no slot.
+Every server is started and stopped by the fixture that needs it; every loop is bounded."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from openai import OpenAI
+
+from specee.convert.hf import convert_hf_to_gguf
+from specee.convert.merge import merge_gguf
+from specee.generate import StopText
+from test_convert_cli import bpe_dir, eagle_state  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_eagle import save_published
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def chat_gguf(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """The tiny BPE Llama with a random EAGLE-1 head merged in (its chat template renders messages)."""
+    folder = tmp_path_factory.mktemp("server")
+    plain = folder / "chat-f32.gguf"
+    convert_hf_to_gguf(bpe_dir, plain, "f32")
+    cfg = json.loads((bpe_dir / "config.json").read_text())
+    head = save_published(eagle_state(cfg, seed=3), cfg, folder / "head")
+    out = folder / "chat-eagle.gguf"
+    merge_gguf(plain, out, eagle=head, eagle_type="f32", progress=False)
+    return out
+
+
+@dataclass
+class Reply:
+    status_code: int
+    headers: dict[str, str]
+    text: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def call(port: int, method: str, path: str, body: Any = None, raw: bytes | None = None,
+         headers: dict[str, str] | None = None, drop: bool = False) -> Reply:
+    """One HTTP request to the server on 127.0.0.1 (the standard library's client); drop: read one line of the
+    response and go away."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+    try:
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        text = r.readline().decode() if drop else r.read().decode()
+        return Reply(r.status, {k.lower(): v for k, v in r.getheaders()}, text)
+    finally:
+        conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A specee-server subprocess on 127.0.0.1; stopped by `stop` (the fixture's teardown)."""
+
+    def __init__(self, model: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "specee.server", "-m", str(model), "--port", str(self.port),
+                                      "-t", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(150):  # 30 s at most
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.proc.stdout.read() if self.proc.stdout else ''}")
+            try:
+                if call(self.port, "GET", "/health").status_code == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("the server did not answer /health in 30 s")
+
+    def rss_kb(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def server(chat_gguf: Path) -> Iterator[Server]:
+    s = Server(chat_gguf, "-np", "4", "-c", "2048", "--metrics", "--mode", "plain", "-a", "tiny")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
+
+
+def metric(server: Server, name: str) -> float:
+    text = call(server.port, "GET", "/metrics").text
+    for line in text.splitlines():
+        if line.startswith(f"specee:{name} "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+def wait_idle(server: Server) -> None:
+    for _ in range(100):  # 10 s at most
+        if metric(server, "requests_processing") == 0 and metric(server, "requests_deferred") == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError("slots still busy")
+
+
+# ---- the openai client
+
+
+def test_chat_completion(client: OpenAI) -> None:
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello world"}],
+                                       max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and r.model == "tiny"
+    assert r.choices[0].message.role == "assistant" and isinstance(r.choices[0].message.content, str)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage is not None and r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 2
+
+
+def test_streaming_equals_one_response(client: OpenAI) -> None:
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "the quick brown fox"}], max_tokens=12,
+              temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    text = client.completions.create(model="tiny", prompt="the lazy dog", max_tokens=10, temperature=0).choices[0].text
+    streamed = client.completions.create(model="tiny", prompt="the lazy dog", max_tokens=10, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text
+
+
+def test_embeddings_and_models(client: OpenAI) -> None:
+    e = client.embeddings.create(model="tiny", input=["hello world", "tiny corpus"])
+    assert len(e.data) == 2 and len(e.data[0].embedding) == 64
+    assert abs(sum(x * x for x in e.data[0].embedding) - 1.0) < 1e-3
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_sampling_fields_and_seed(client: OpenAI) -> None:
+    kw = dict(model="tiny", prompt="hello", max_tokens=10, temperature=0.9, top_p=0.9, seed=7,
+              extra_body={"top_k": 20, "min_p": 0.01})
+    a = client.completions.create(**kw).choices[0].text
+    b = client.completions.create(**kw).choices[0].text
+    assert a == b  # the same seed, the same text
+
+
+def test_stop_strings(client: OpenAI, server: Server) -> None:
+    full = client.completions.create(model="tiny", prompt="the", max_tokens=16, temperature=0).choices[0].text
+    if len(full) < 4:
+        pytest.skip("too short a text to cut")
+    stop = full[2:4]
+    r = client.completions.create(model="tiny", prompt="the", max_tokens=16, temperature=0, stop=[stop])
+    assert r.choices[0].text == full[: full.find(stop)] and r.choices[0].finish_reason == "stop"
+    wait_idle(server)  # the stop freed the slot
+
+
+def test_stop_text_holds_back_what_may_begin_a_stop() -> None:
+    out = StopText(["END"])
+    assert out.push(b"abc E") == "abc " and out.push(b"N") == "" and out.push(b"x") == "ENx"
+    assert out.push(b"yEND and more") == "y" and out.stopped and out.finish() == ""
+    split = StopText([])
+    assert split.push("é".encode()[:1]) == "" and split.push("é".encode()[1:]) == "é"
+
+
+# ---- llama.cpp's endpoints
+
+
+def test_llama_completion_tokenize_detokenize(server: Server) -> None:
+    r = call(server.port, "POST", "/completion", {"prompt": "hello world", "n_predict": 6, "temperature": 0}).json()
+    assert r["stop"] is True and r["tokens_predicted"] <= 6
+    t = r["timings"]
+    assert {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"} <= set(t)
+    toks = call(server.port, "POST", "/tokenize", {"content": "hello world"}).json()["tokens"]
+    assert toks and all(isinstance(x, int) for x in toks)
+    text = call(server.port, "POST", "/detokenize", {"tokens": toks}).json()["content"]
+    assert text == "hello world"
+    stream = call(server.port, "POST", "/completion", {"prompt": "hello", "n_predict": 4, "stream": True})
+    lines = [ln for ln in stream.text.split("\n") if ln.startswith("data: ")]
+    assert json.loads(lines[-1][6:])["stop"] is True
+    m = call(server.port, "GET", "/metrics")
+    assert m.status_code == 200 and "specee:tokens_predicted_total" in m.text and "specee:exit_ratio" in m.text
+
+
+# ---- batching and modes
+
+
+def test_batched_requests_equal_each_alone(server: Server) -> None:
+    prompts = [[5 + i, 40 + 3 * i, 7, 99 - i, 12 + i] for i in range(6)]
+
+    def ask(p: list[int]) -> str:
+        r = call(server.port, "POST", "/v1/completions", {"prompt": p, "max_tokens": 32, "temperature": 0,
+                                                           "ignore_eos": True})
+        return r.json()["choices"][0]["text"]
+
+    alone = [ask(p) for p in prompts]
+    passes, tokens = metric(server, "passes_total"), metric(server, "pass_tokens_total")
+    alone_per_pass = tokens / passes
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == alone
+    per_pass = (metric(server, "pass_tokens_total") - tokens) / (metric(server, "passes_total") - passes)
+    assert per_pass > alone_per_pass + 0.2  # the passes held several sequences
+
+
+def test_eagle_per_request_equals_plain(server: Server) -> None:
+    def ask(mode: str, p: list[int]) -> dict:
+        return call(server.port, "POST", "/completion", {"prompt": p, "n_predict": 20, "temperature": 0,
+                                                         "mode": mode}).json()
+
+    for p in ([3, 50, 60, 70], [9, 8, 7, 6, 5, 4]):
+        plain, eagle = ask("plain", p), ask("eagle2", p)
+        assert eagle["mode"] == "eagle2" and plain["mode"] == "plain"
+        assert eagle["content"] == plain["content"]
+    assert metric(server, "accepted_tokens_per_step") >= 1.0
+
+
+# ---- bad requests
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"prompt": "hi", "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "hi", "max_tokens": -5}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "hi", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "hi", "top_p": 2}).encode(), 400, "top_p"),
+    (json.dumps({"prompt": "hi", "stream": "yes"}).encode(), 400, "stream"),
+    (json.dumps({"prompt": "hi", "mode": "fast"}).encode(), 400, "mode"),
+    (json.dumps({"prompt": 5}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": [1, 100000]}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "hi", "mode": "early-exit", "temperature": 0}).encode(), 400, None),
+])
+def test_bad_requests_get_openai_errors(server: Server, body: bytes, status: int, param: str | None) -> None:
+    r = call(server.port, "POST", "/v1/completions", raw=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_limits(server: Server, client: OpenAI) -> None:
+    r = call(server.port, "POST", "/v1/completions", raw=b'{"prompt": "' + b"a" * (10 << 20) + b'"}')
+    assert r.status_code == 413 and "error" in r.json()
+    long = call(server.port, "POST", "/v1/completions", {"prompt": list(range(3, 300)) * 2, "max_tokens": 2})
+    assert long.status_code == 400 and "more than the context" in long.json()["error"]["message"]
+    huge = client.completions.create(model="tiny", prompt="hi", max_tokens=2**31 - 1, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert huge.choices[0].finish_reason == "length" and huge.usage.completion_tokens < 2048  # the slot's context
+    extra = client.completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body={"unknown_field": 1})
+    assert extra.choices[0].text is not None  # unknown fields are ignored, as OpenAI's API does
+    assert call(server.port, "GET", "/v1/nothing").status_code == 404
+    wait_idle(server)
+
+
+def test_load_with_disconnects_loses_nothing(server: Server) -> None:
+    """200 requests from 16 clients, every fourth one dropped mid-stream: each is answered, no slot stays taken, and the
+    server's memory does not grow with a second round."""
+
+    def one(i: int) -> int:
+        body = {"prompt": [4 + i % 50, 17, 23], "max_tokens": 24, "temperature": 0, "stream": i % 2 == 0}
+        return call(server.port, "POST", "/v1/completions", body, drop=i % 4 == 0).status_code  # drop: gone
+
+    def round_() -> list[int]:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            return list(pool.map(one, range(200)))
+
+    assert set(round_()) == {200}
+    wait_idle(server)
+    rss = server.rss_kb()
+    assert set(round_()) == {200}
+    wait_idle(server)
+    assert server.rss_kb() - rss < 20_000  # KiB
+
+
+def test_api_key_and_full_queue(chat_gguf: Path) -> None:
+    s = Server(chat_gguf, "-np", "1", "--max-queue", "1", "--api-key", "sekrit", "-c", "512")
+    try:
+        assert call(s.port, "GET", "/health").status_code == 200
+        r = call(s.port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        ok = OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0, timeout=TIMEOUT)
+        assert [m.id for m in ok.models.list()] == ["chat-eagle.gguf"]
+
+        def one(_: int) -> tuple[int, str | None]:
+            r = call(s.port, "POST", "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 400, "temperature": 0,
+                                                          "ignore_eos": True}, headers={"Authorization": "Bearer sekrit"})
+            return r.status_code, r.headers.get("retry-after")
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(one, range(6)))
+        assert {st for st, _ in answers} <= {200, 503} and (200, None) in answers
+        assert (503, "1") in answers  # one running, one waiting: the rest are refused
+    finally:
+        s.stop()
+
+
+def test_a_follow_up_turn_prefills_only_its_new_tokens(server: Server) -> None:
+    first = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    call(server.port, "POST", "/completion", {"prompt": first, "n_predict": 4, "temperature": 0})
+    r = call(server.port, "POST", "/completion", {"prompt": first + [30, 31, 32], "n_predict": 4, "temperature": 0})
+    t = r.json()["timings"]
+    assert t["cache_n"] == len(first) and t["prompt_n"] == 3
+
+
+def test_flags_in_llama_cpp_spelling() -> None:
+    from specee.server import parse_args
+
+    a = parse_args(["-m", "x.gguf", "-c", "2048", "-np", "3", "-t", "2", "-ngl", "0", "-a", "name", "--api-key", "k",
+                    "--rpc", "127.0.0.1:50052", "--draft-head", "default", "--mode", "eagle2", "--metrics"])
+    assert (a.model, a.ctx_size, a.parallel, a.threads, a.n_gpu_layers, a.alias) == ("x.gguf", 2048, 3, 2, 0, "name")
+    assert (a.api_key, a.rpc, a.draft_head, a.mode, a.metrics) == ("k", "127.0.0.1:50052", "default", "eagle2", True)
+    assert parse_args([]).host == "127.0.0.1"

@@ -1,0 +1,281 @@
+"""Several sequences in one KV cache and the parallel slots that batch them (csrc/specee-slots.cpp): a token sees only
+its own sequence, a batched run gives each sequence the tokens it gets alone, requests join and leave between
+passes, removal frees cells, speculative requests stay what they are alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specee
+from specee import EagleParams, ExitParams
+from test_early_exit import merged, predictors, with_head  # noqa: F401 (fixtures: a tiny model with exit predictors)
+from test_eagle import cfg, random_gguf, random_state  # noqa: F401 (fixtures: a tiny model with an EAGLE-1 head)
+
+N_CTX = 512
+PROMPTS = [np.random.default_rng(20 + s).integers(0, 256, 4 + 3 * s).tolist() for s in range(4)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_gguf: Path) -> specee.Model:
+    return specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+
+
+def alone(m: specee.Model, prompt: list[int], n: int, **options) -> list[int]:
+    m.kv_clear()
+    return m.generate_tokens(prompt, n, **options)
+
+
+# ---- sequences in the KV cache
+
+
+def test_a_batch_of_two_sequences_equals_each_alone(tiny: specee.Model) -> None:
+    a, b = PROMPTS[1], PROMPTS[2]
+    tiny.kv_clear()
+    ref_a = tiny.eval(a, output="all")
+    tiny.kv_clear()
+    ref_b = tiny.eval(b, output="all")
+    tiny.kv_clear()
+    both = tiny.eval(a + b, output="all", seq_id=[1] * len(a) + [2] * len(b))  # positions continue per sequence
+    np.testing.assert_allclose(both[: len(a)], ref_a, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(both[len(a):], ref_b, rtol=1e-4, atol=1e-4)
+    assert tiny.kv_seq_pos_max(1) == len(a) - 1 and tiny.kv_seq_pos_max(2) == len(b) - 1
+    assert tiny.kv_seq_pos_max(0) == -1
+    # the next token of each sequence, in one batch, sees its own sequence only
+    nxt = tiny.eval([5, 7], output="all", seq_id=[1, 2])
+    tiny.kv_clear()
+    tiny.eval(a)
+    ref = tiny.eval([5])
+    np.testing.assert_allclose(nxt[0], ref[0], rtol=1e-4, atol=1e-4)
+    tiny.kv_clear()
+
+
+def test_sequence_removal_frees_cells_and_copies_share_them(tiny: specee.Model) -> None:
+    tiny.kv_clear()
+    tiny.eval(PROMPTS[3], seq_id=[1] * len(PROMPTS[3]))
+    n = len(PROMPTS[3])
+    assert tiny.kv_n_used == n and tiny.kv_seq_n_cells(1) == n
+    assert tiny.kv_seq_copy(1, 2, 0, 4) == 4  # a shared prefix: no new cells
+    assert tiny.kv_n_used == n and tiny.kv_seq_n_cells(2) == 4
+    assert tiny.kv_seq_remove(1) == n
+    assert tiny.kv_n_used == 4  # the shared cells stay for sequence 2
+    assert tiny.kv_seq_remove(2) == 4 and tiny.kv_n_used == 0
+    with pytest.raises(specee.SpecEEError):
+        tiny.kv_seq_copy(1, 64)
+    with pytest.raises(specee.SpecEEError):
+        tiny.eval([1, 2], seq_id=[0, 64])
+
+
+def test_a_sequence_in_cells_out_of_order_gives_what_it_gives_alone(tiny: specee.Model) -> None:
+    """Cells another sequence freed are taken by later positions: attention still sums the sequence's cells in
+    position order, so the logits are those of the sequence alone, bit for bit."""
+    a, b = PROMPTS[3], PROMPTS[2][:4]
+    tiny.kv_clear()
+    tiny.eval(a)
+    want = tiny.eval(b, output="all")
+    tiny.kv_clear()
+    tiny.eval(PROMPTS[1], seq_id=[2] * len(PROMPTS[1]))  # the lowest cells
+    tiny.eval(a, seq_id=[1] * len(a))
+    fill = N_CTX - len(PROMPTS[1]) - len(a)
+    tiny.eval([7] * fill, seq_id=[3] * fill)  # every cell above: no room for sequence 1 there
+    tiny.kv_seq_remove(2)
+    got = tiny.eval(b, output="all", seq_id=[1] * len(b))  # into the freed, lower cells
+    assert max(tiny.kv_batch_cells()) < len(PROMPTS[1])
+    np.testing.assert_array_equal(got, want)
+    tiny.kv_clear()
+
+
+def test_a_shared_prefix_gives_the_same_continuation(tiny: specee.Model) -> None:
+    p = PROMPTS[3]
+    tiny.kv_clear()
+    tiny.eval(p[:6], seq_id=[1] * 6)
+    tiny.kv_seq_copy(1, 2)
+    out = tiny.eval(p[6:] + p[6:], output="all", seq_id=[1] * (len(p) - 6) + [2] * (len(p) - 6))
+    k = len(p) - 6
+    np.testing.assert_allclose(out[:k], out[k:], rtol=1e-5, atol=1e-5)
+    tiny.kv_clear()
+
+
+# ---- parallel slots
+
+
+def test_batched_greedy_equals_alone(tiny: specee.Model) -> None:
+    want = [alone(tiny, p, 20, temp=0, mode="plain") for p in PROMPTS]
+    tiny.kv_clear()
+    assert tiny.generate_batch(PROMPTS, 20, temp=0, mode="plain") == want
+
+
+def test_chunked_prefill_and_joining_between_passes(tiny: specee.Model) -> None:
+    want = [alone(tiny, p, 12, temp=0, mode="plain") for p in PROMPTS]
+    tiny.kv_clear()
+    slots = tiny.slots(3, n_chunk=3)  # prompts join over several passes while others decode
+    got: dict[int, list[int]] = {}
+    first = slots.submit(PROMPTS[0], 12, temp=0, mode="plain")
+    for _ in range(4):
+        slots.step()
+    second = slots.submit(PROMPTS[3], 12, temp=0, mode="plain")
+    third = slots.submit(PROMPTS[1], 12, temp=0, mode="plain")
+    assert slots.submit(PROMPTS[2], 12, temp=0) is None  # every slot holds a request
+    ids = {first: 0, second: 3, third: 1}
+    for _ in range(100):
+        for slot, i in ids.items():
+            got.setdefault(i, []).extend(slots.read(slot).tokens)
+        if slots.step() == 0:
+            break
+    for slot, i in ids.items():
+        res = slots.read(slot)
+        got[i].extend(res.tokens)
+        assert res.finish == "length"
+        assert got[i] == want[i]
+    for slot in ids:
+        slots.release(slot)
+    assert slots.n_busy == 0
+
+
+def test_a_request_can_leave_mid_way_and_its_slot_is_reused(tiny: specee.Model) -> None:
+    want = alone(tiny, PROMPTS[2], 10, temp=0, mode="plain")
+    tiny.kv_clear()
+    slots = tiny.slots(2)
+    a = slots.submit(PROMPTS[0], 50, temp=0, mode="plain")
+    b = slots.submit(PROMPTS[2], 10, temp=0, mode="plain")
+    for _ in range(3):
+        slots.step()
+    slots.release(a)  # a client gone: the slot is free at once
+    assert slots.n_busy == 1
+    c = slots.submit(PROMPTS[1], 5, temp=0, mode="plain")
+    assert c == a
+    for _ in range(50):
+        if slots.step() == 0:
+            break
+    res = slots.read(b)
+    assert res.tokens == want and res.finish == "length"
+    assert slots.read(c).finish == "length"
+    assert slots.totals()["n_cancelled"] == 1
+
+
+def test_request_output_is_read_in_order(tiny: specee.Model) -> None:
+    want = alone(tiny, PROMPTS[2], 10, temp=0, mode="plain")
+    tiny.kv_clear()
+    slots = tiny.slots(2)
+    a = slots.submit(PROMPTS[0], 50, temp=0, mode="plain")
+    b = slots.submit(PROMPTS[2], 10, temp=0, mode="plain")
+    got: list[int] = []
+    for step in range(50):
+        got += slots.read(b).tokens
+        if step == 3:
+            slots.release(a)
+        if slots.step() == 0:
+            break
+    res = slots.read(b)
+    assert got + res.tokens == want and res.finish == "length"
+
+
+def test_a_follow_up_prefills_only_its_new_tokens(tiny: specee.Model) -> None:
+    tiny.kv_clear()
+    slots = tiny.slots(2)
+    s = slots.submit(PROMPTS[3], 4, temp=0, mode="plain")
+    for _ in range(20):
+        if slots.step() == 0:
+            break
+    turn = PROMPTS[3] + slots.read(s).tokens
+    slots.release(s)
+    s2 = slots.submit(turn + [9, 10, 11], 4, temp=0, mode="plain")
+    assert s2 == s  # the slot that holds the conversation
+    for _ in range(20):
+        if slots.step() == 0:
+            break
+    st = slots.stats(s2)
+    assert st["n_reused"] >= len(PROMPTS[3])
+    assert st["n_prompt"] == len(turn) + 3 - st["n_reused"]
+
+
+def test_a_prefix_another_slot_holds_is_shared_not_evaluated(tiny: specee.Model) -> None:
+    system = np.random.default_rng(5).integers(0, 256, 30).tolist()
+    want = alone(tiny, system + [1, 2, 3], 6, temp=0, mode="plain")
+    tiny.kv_clear()
+    slots = tiny.slots(2)
+    a = slots.submit(system + [9, 9], 4, temp=0, mode="plain")
+    for _ in range(20):
+        if slots.step() == 0:
+            break
+    used = tiny.kv_n_used
+    b = slots.submit(system + [1, 2, 3], 6, temp=0, mode="plain")  # slot a still holds its request
+    assert b != a
+    for _ in range(20):
+        if slots.step() == 0:
+            break
+    assert slots.read(b).tokens == want
+    st = slots.stats(b)
+    assert st["n_reused"] == len(system)  # all of it (at least the last two prompt tokens are evaluated)
+    assert st["n_prompt"] == len(system) + 3 - st["n_reused"]
+    assert tiny.kv_n_used < used + len(system)  # the prefix is stored once
+    slots.release(a)
+    slots.release(b)
+
+
+def test_bad_requests(tiny: specee.Model) -> None:
+    slots = tiny.slots(4)
+    assert slots.n_ctx_slot == N_CTX // 4
+    with pytest.raises(specee.SpecEEError, match="more than fit a slot"):
+        slots.submit([1] * (N_CTX // 4), 4)
+    with pytest.raises(specee.SpecEEError, match="empty prompt"):
+        slots.submit([], 4)
+    with pytest.raises(specee.SpecEEError, match="out of range"):
+        slots.submit([1, 999], 4)
+    with pytest.raises(specee.SpecEEError):
+        tiny.slots(0)
+    assert slots.n_busy == 0
+
+
+def test_embeddings_between_passes_equal_the_model_s(tiny: specee.Model) -> None:
+    slots = tiny.slots(2)
+    toks = PROMPTS[3]
+    vec = slots.embed(toks)
+    tiny.kv_clear()
+    tiny.eval(toks, logits=False)
+    np.testing.assert_allclose(vec, tiny.norm().mean(axis=0), rtol=1e-4, atol=1e-5)
+
+
+def test_eagle_and_early_exit_requests_equal_alone(random_gguf: Path, with_head: Path) -> None:  # noqa: F811
+    m = specee.Model(random_gguf, n_ctx=N_CTX, n_threads=1)
+    eagle = dict(temp=0, mode="eagle2", eagle=EagleParams(total_tokens=6, depth=3, topk=2))
+    want_plain = [alone(m, p, 16, temp=0, mode="plain") for p in PROMPTS[:3]]
+    want_eagle = [alone(m, p, 16, **eagle) for p in PROMPTS[:3]]
+    assert want_eagle == want_plain  # lossless
+    m.kv_clear()
+    slots = m.slots(3)
+    ids = [slots.submit(PROMPTS[0], 16, **eagle), slots.submit(PROMPTS[1], 16, temp=0, mode="plain"),
+           slots.submit(PROMPTS[2], 16, **eagle)]
+    assert slots.mode(ids[0]) == "eagle2" and slots.mode(ids[1]) == "plain"
+    for _ in range(100):
+        if slots.step() == 0:
+            break
+    assert [slots.read(s).tokens for s in ids] == want_plain
+    assert slots.stats(ids[0])["n_drafted"] > 0
+
+    e = specee.Model(with_head, n_ctx=N_CTX, n_threads=1)
+    ee = dict(temp=0, mode="early-exit", exit=ExitParams(replay=[1, 3, 2]))
+    want_exit = [alone(e, p, 12, **ee) for p in PROMPTS[:2]]
+    want_plain = alone(e, PROMPTS[2], 12, temp=0, mode="plain")
+    e.kv_clear()
+    slots = e.slots(3)
+    ids = [slots.submit(PROMPTS[0], 12, **ee), slots.submit(PROMPTS[2], 12, temp=0, mode="plain"),
+           slots.submit(PROMPTS[1], 12, **ee)]
+    for _ in range(100):
+        if slots.step() == 0:
+            break
+    assert slots.read(ids[0]).tokens == want_exit[0]
+    assert slots.read(ids[1]).tokens == want_plain
+    assert slots.read(ids[2]).tokens == want_exit[1]
+
+
+@pytest.mark.slow
+def test_smollm2_batched_greedy_equals_alone(smollm2_path: Path) -> None:
+    m = specee.Model(smollm2_path, n_ctx=2048, n_threads=1)
+    prompts = [m.tokenize(t) for t in ("The capital of France is", "def fibonacci(n):", "Once upon a time",
+                                       "List three colors:")]
+    want = [alone(m, p, 24, temp=0, mode="plain") for p in prompts]
+    m.kv_clear()
+    assert m.generate_batch(prompts, 24, temp=0, mode="plain") == want
