@@ -134,7 +134,9 @@ run_tests() {
     [ "$dry" = 1 ] && sel=(tests/test_gpu.py tests/test_layers.py)  # here: the gpu tests skip; the rest runs in CI
     say "pytest ${sel[*]}"
     set +e
-    python -m pytest -q -rs -p no:cacheprovider "${sel[@]}" 2>&1 | tee "$out/tests.txt"
+    # a test module needing a package the machine lacks (the server's: starlette, uvicorn, openai) is reported as a
+    # collection error, and the rest still runs
+    python -m pytest -q -rs -p no:cacheprovider --continue-on-collection-errors "${sel[@]}" 2>&1 | tee "$out/tests.txt"
     local rc=${PIPESTATUS[0]}
     set -e
     say "pytest exit status $rc: $(tail -1 "$out/tests.txt")"

@@ -30,6 +30,7 @@ OLD = b"an older file"
 SLOW_WRITER = r'''
 import signal, sys, time
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a user's shell, also when the tests run under nohup
+signal.signal(signal.SIGINT, signal.default_int_handler)  # and from a background job (SIGINT ignored there)
 from pathlib import Path
 import gguf, numpy as np
 from specee.convert.output import OutTensor, string_field, write_gguf

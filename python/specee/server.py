@@ -381,6 +381,13 @@ async def json_body(request: Request) -> Any:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
 
 
+async def json_object(request: Request) -> dict:
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
 # ---- responses ------------------------------------------------------------------------------------------
 
 
@@ -444,9 +451,7 @@ def base(state: ServerState, kind: str, rid: str) -> dict:
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    body = await json_body(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    body = await json_object(request)
     tokens = messages_of(state, body)
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
 
@@ -464,9 +469,7 @@ async def chat_completions(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    body = await json_body(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    body = await json_object(request)
     tokens = prompt_of(state, body)
     rid = "cmpl-" + uuid.uuid4().hex[:24]
 
@@ -484,9 +487,7 @@ async def completions(request: Request) -> Response:
 async def llama_completion(request: Request) -> Response:
     """llama.cpp's /completion: {prompt, n_predict, ...} -> {content, stop, timings, ...}"""
     state: ServerState = request.app.state.server
-    body = await json_body(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    body = await json_object(request)
     tokens = prompt_of(state, body)
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
@@ -503,9 +504,7 @@ async def llama_completion(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    body = await json_body(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    body = await json_object(request)
     inputs = body.get("input", body.get("content"))
     if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
         inputs = [inputs]
