@@ -73,27 +73,32 @@ def test_the_server_wants_a_token_to_listen_elsewhere(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "give a token" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("order", ["first", "last"])
-def test_ngl_gives_the_cpus_logits_and_tokens(tiny_gguf: Path, rpc_server: str, order: str) -> None:
-    cpu = specee.Model(tiny_gguf, n_ctx=128, n_threads=1, n_gpu_layers=0)
+def check_ngl(path: Path, order: str, device: str, atol: float, **model_kwargs) -> None:
+    """-ngl 0, 1, half, all and more than all in one offload order: the CPU's logits (within atol) and greedy tokens,
+    and the layers on `device` (a name's prefix: RPC, CUDA) where the order puts them. tests/test_gpu.py uses it too."""
+    cpu = specee.Model(path, n_ctx=128, n_threads=1, n_gpu_layers=0)
     tokens = [1, 5, 17, 42, 7, 99, 3]
     want = cpu.eval(tokens, output="all")
-    want_gen = cpu.generate_tokens(tokens, 16, temp=0)
+    want_gen = cpu.generate_tokens(tokens, 24, temp=0)
     n_layer = cpu.n_layer
     for k in (0, 1, n_layer // 2, n_layer, n_layer + 1):
-        with specee.Model(tiny_gguf, n_ctx=128, n_threads=1, n_gpu_layers=k, offload_order=order,
-                          rpc_servers=[rpc_server]) as m:
-            assert ("RPC" in m.placement) == (k > 0), m.placement
-            np.testing.assert_allclose(m.eval(tokens, output="all"), want, rtol=0, atol=ATOL)
+        with specee.Model(path, n_ctx=128, n_threads=1, n_gpu_layers=k, offload_order=order, **model_kwargs) as m:
+            where = re.search(rf"^{device}\d* \([^)]*\): ((layers [0-9-]+, )?output)?", m.placement, re.M)
+            assert (where is not None) == (k > 0), m.placement
+            np.testing.assert_allclose(m.eval(tokens, output="all"), want, rtol=0, atol=atol)
             m.kv_clear()
-            assert m.generate_tokens(tokens, 16, temp=0) == want_gen, (order, k, m.placement)
+            assert m.generate_tokens(tokens, 24, temp=0) == want_gen, (order, k, m.placement)
             # first: layers 0..k-1 and the output; last: as llama.cpp counts, the output and layers n-k+1..
-            on_rpc = re.search(r"RPC\d+ \([^)]*\): (layers [0-9-]+, )?output", m.placement)
             span = (0, min(k, n_layer) - 1) if order == "first" else (n_layer + 1 - k, n_layer - 1)
             want_layers = None if span[1] < span[0] else \
                 f"layers {span[0]}, " if span[0] == span[1] else f"layers {span[0]}-{span[1]}, "
             if k > 0:
-                assert on_rpc and on_rpc.group(1) == want_layers, (k, m.placement)
+                assert where.group(1) and where.group(2) == want_layers, (k, m.placement)
+
+
+@pytest.mark.parametrize("order", ["first", "last"])
+def test_ngl_gives_the_cpus_logits_and_tokens(tiny_gguf: Path, rpc_server: str, order: str) -> None:
+    check_ngl(tiny_gguf, order, "RPC", ATOL, rpc_servers=[rpc_server])
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 import specee
 from specee import EagleParams, ExitParams
 from specee._tools import tool_path
-from test_devices import exit_model  # noqa: F401  (the tiny model with a random head and predictors: a fixture)
+from test_devices import check_ngl, exit_model  # noqa: F401  (exit_model: a fixture, the tiny model with a random head and predictors)
 
 pytestmark = pytest.mark.gpu
 
@@ -54,23 +54,7 @@ def on_gpu(placement: str, gpu: str) -> str | None:
 
 @pytest.mark.parametrize("order", ["first", "last"])
 def test_ngl_gives_the_cpus_logits_and_tokens(tiny_gguf: Path, gpu: str, order: str) -> None:
-    cpu = specee.Model(tiny_gguf, n_ctx=128, n_threads=1, n_gpu_layers=0)
-    tokens = [1, 5, 17, 42, 7, 99, 3]
-    want = cpu.eval(tokens, output="all")
-    want_gen = cpu.generate_tokens(tokens, 24, temp=0)
-    n_layer = cpu.n_layer
-    for k in (0, 1, n_layer // 2, n_layer, n_layer + 1):
-        with specee.Model(tiny_gguf, n_ctx=128, n_threads=1, n_gpu_layers=k, offload_order=order) as m:
-            where = on_gpu(m.placement, gpu)
-            assert (where is not None) == (k > 0), m.placement
-            np.testing.assert_allclose(m.eval(tokens, output="all"), want, rtol=0, atol=ATOL)
-            m.kv_clear()
-            assert m.generate_tokens(tokens, 24, temp=0) == want_gen, (order, k, m.placement)
-            if 0 < k <= n_layer:
-                span = (0, k - 1) if order == "first" else (n_layer + 1 - k, n_layer - 1)
-                if span[0] <= span[1]:
-                    want_layers = f"layers {span[0]}" if span[0] == span[1] else f"layers {span[0]}-{span[1]}"
-                    assert where.startswith(want_layers), (k, m.placement)
+    check_ngl(tiny_gguf, order, "CUDA", ATOL)
 
 
 @pytest.mark.parametrize("ngl", [2, 99])
