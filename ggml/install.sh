@@ -118,16 +118,14 @@ fi
 
 if [ "$mode" = prebuilt ]; then
     "$py" -m pip install --force-reinstall --no-deps "libggml-python==$GGML_VERSION"
-elif [ -n "${SPECEE_GGML_SDIST:-}" ]; then
-    # a local copy of the sdist (a folder or archive; scripts/gpu-run.sh on a machine without network): built with
-    # the build tools already installed
-    echo "ggml: building libggml-python $GGML_VERSION from $SPECEE_GGML_SDIST ($cmake_args; CFLAGS=$cflags)"
-    CFLAGS="${CFLAGS:-} $cflags" CXXFLAGS="${CXXFLAGS:-} $cflags" CMAKE_ARGS="$cmake_args" "$py" -m pip install --force-reinstall \
-        --no-deps --no-cache-dir --no-index --no-build-isolation "$SPECEE_GGML_SDIST"
 else
-    echo "ggml: building libggml-python $GGML_VERSION from source ($cmake_args; CFLAGS=$cflags)"
-    CFLAGS="${CFLAGS:-} $cflags" CXXFLAGS="${CXXFLAGS:-} $cflags" CMAKE_ARGS="$cmake_args" "$py" -m pip install --force-reinstall --no-deps --no-cache-dir \
-        ${SPECEE_GGML_VERBOSE:+-v} --no-binary libggml-python "libggml-python==$GGML_VERSION"
+    # from PyPI's sdist, or from a local copy of it (a folder or archive: scripts/gpu-run.sh on a machine without
+    # network, built with the build tools already installed)
+    source=(--no-binary libggml-python "libggml-python==$GGML_VERSION")
+    [ -n "${SPECEE_GGML_SDIST:-}" ] && source=(--no-index --no-build-isolation "$SPECEE_GGML_SDIST")
+    echo "ggml: building libggml-python $GGML_VERSION from ${SPECEE_GGML_SDIST:-source} ($cmake_args; CFLAGS=$cflags)"
+    CFLAGS="${CFLAGS:-} $cflags" CXXFLAGS="${CXXFLAGS:-} $cflags" CMAKE_ARGS="$cmake_args" "$py" -m pip install \
+        --force-reinstall --no-deps --no-cache-dir ${SPECEE_GGML_VERBOSE:+-v} "${source[@]}"
 fi
 m="$(marker)"
 echo "$want" > "$m"

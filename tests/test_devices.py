@@ -129,6 +129,20 @@ def exit_model(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path, tiny_h
     return out
 
 
+def replayed_exits(model: specee.Model, prompt: list[int]) -> tuple[list[int], list[int]]:
+    """Early exit with a replayed schedule (layer 3 of 4: no exit): each exited token's cell is valid exactly up to
+    its exit layer; returns the tokens and the layers each ran. tests/test_gpu.py uses it too."""
+    model.kv_clear()
+    out = model.generate_tokens(prompt, 12, mode="early-exit", temp=0, ignore_eos=True,
+                                exit=ExitParams(replay=[0, 3, 1, 2, 0, 3]))
+    cells = {model.kv_cell_pos(c): c for c in range(model.n_ctx) if model.kv_cell_pos(c) >= 0}
+    for k, ran in enumerate(model.last_stats.layers_run):
+        cell = cells[len(prompt) + k]  # decode step k evaluated generated token k, at position P + k
+        assert [model.kv_cell_valid(cell, il) for il in range(model.n_layer)] == \
+            [il < ran for il in range(model.n_layer)], (model.placement, k)
+    return out, list(model.last_stats.layers_run)
+
+
 @pytest.mark.parametrize("order", ["first", "last"])
 def test_eagle_and_early_exit_on_a_split(exit_model: Path, rpc_server: str, order: str,
                                          request: pytest.FixtureRequest) -> None:
@@ -146,20 +160,9 @@ def test_eagle_and_early_exit_on_a_split(exit_model: Path, rpc_server: str, orde
                         ("eagle2", EagleParams(total_tokens=4, depth=3, topk=2))):
         m.kv_clear()
         assert m.generate_tokens(prompt, 24, mode=mode, temp=0, eagle=eagle) == plain, mode
-    replay = [0, 3, 1, 2, 0, 3]  # layer 3 of 4: no exit
-    runs = {}
-    for name, model in (("split", m), ("cpu", cpu)):
-        model.kv_clear()
-        out = model.generate_tokens(prompt, 12, mode="early-exit", temp=0, ignore_eos=True,
-                                    exit=ExitParams(replay=replay))
-        runs[name] = (out, list(model.last_stats.layers_run))
-        cells = {model.kv_cell_pos(c): c for c in range(model.n_ctx) if model.kv_cell_pos(c) >= 0}
-        for k, ran in enumerate(model.last_stats.layers_run):
-            cell = cells[len(prompt) + k]  # decode step k evaluated generated token k, at position P + k
-            assert [model.kv_cell_valid(cell, il) for il in range(model.n_layer)] == \
-                [il < ran for il in range(model.n_layer)], (name, k)
-    assert runs["split"] == runs["cpu"]
-    assert runs["split"][1][:6] == [1, 4, 2, 3, 1, 4]
+    split = replayed_exits(m, prompt)
+    assert split == replayed_exits(cpu, prompt)
+    assert split[1][:6] == [1, 4, 2, 3, 1, 4]
 
 
 def test_list_devices_shows_the_server(rpc_server: str) -> None:

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import specee
-from specee import EagleParams, ExitParams
+from specee import EagleParams
 from specee._tools import tool_path
-from test_devices import check_ngl, exit_model  # noqa: F401  (exit_model: a fixture, the tiny model with a random head and predictors)
+from test_devices import check_ngl, exit_model, replayed_exits  # noqa: F401  (exit_model: a fixture, the tiny model with a random head and predictors)
 
 pytestmark = pytest.mark.gpu
 
@@ -76,19 +76,7 @@ def test_eagle_and_early_exit_on_the_gpu(exit_model: Path, gpu: str, ngl: int,  
                         ("eagle2", EagleParams(total_tokens=8, depth=4, topk=2))):
         m.kv_clear()
         assert m.generate_tokens(prompt, 32, mode=mode, temp=0, eagle=eagle) == plain, mode
-    replay = [0, 3, 1, 2, 0, 3]
-    runs = {}
-    for name, model in (("gpu", m), ("cpu", cpu)):
-        model.kv_clear()
-        out = model.generate_tokens(prompt, 12, mode="early-exit", temp=0, ignore_eos=True,
-                                    exit=ExitParams(replay=replay))
-        runs[name] = (out, list(model.last_stats.layers_run))
-        cells = {model.kv_cell_pos(c): c for c in range(model.n_ctx) if model.kv_cell_pos(c) >= 0}
-        for k, ran in enumerate(model.last_stats.layers_run):
-            cell = cells[len(prompt) + k]
-            assert [model.kv_cell_valid(cell, il) for il in range(model.n_layer)] == \
-                [il < ran for il in range(model.n_layer)], (name, k)
-    assert runs["gpu"] == runs["cpu"]
+    assert replayed_exits(m, prompt) == replayed_exits(cpu, prompt)
 
 
 def test_memory_printed_at_load_is_what_the_device_lost(tiny_gguf: Path, gpu: str) -> None:
