@@ -450,6 +450,62 @@ void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, i
     ctx.layer_done = l1;
 }
 
+// Tokens already in the cache, continued at layer l0 from hidden states the caller kept: a new batch of the cells'
+// tokens at their positions (sequence kv.seq_cur, causal among themselves), whose rows start from hidden[i] (the
+// output of layer l0 - 1). The cells must hold their tokens' K/V in layers [0, l0); every row gets logits at the last
+// layer. Further ranges continue it as any batch (specee_eval_layers_impl with ctx.tokens).
+void specee_eval_resume_impl(specee_context & ctx, const std::vector<int32_t> & cells, const float * hidden, int32_t l0,
+                             int32_t l1, uint32_t flags) {
+    const specee_hparams & hp = ctx.model->hparams;
+    const int32_t          n  = (int32_t) cells.size();
+    if (l0 <= 0 || l1 > (int32_t) hp.n_layer || l0 >= l1) {
+        specee_fail("resume: invalid layer range [%d, %d) for a model of %u layers", l0, l1, hp.n_layer);
+    }
+    if (n <= 0 || (uint32_t) n > ctx.cparams.n_batch) {
+        specee_fail("resume: %d tokens (1..n_batch=%u)", n, ctx.cparams.n_batch);
+    }
+    for (int32_t c : cells) {
+        if (c < 0 || (uint32_t) c >= ctx.kv.size || ctx.kv.pos[c] < 0 || !ctx.kv.has_seq(c, ctx.kv.seq_cur)) {
+            specee_fail("resume: cell %d holds no token of sequence %d", c, ctx.kv.seq_cur);
+        }
+        for (int32_t il = 0; il < l0; ++il) {
+            if (!ctx.kv.is_valid(c, il)) {
+                specee_fail("resume: cell %d has no K/V in layer %d, below layer %d", c, il, l0);
+            }
+        }
+    }
+    ctx.cells      = cells;
+    ctx.n_tokens   = n;
+    ctx.layer_done = l0;
+    ctx.tokens.resize(n);
+    ctx.pos.resize(n);
+    ctx.out_ids.resize(n);
+    for (int32_t i = 0; i < n; ++i) {
+        ctx.tokens[i]  = ctx.kv.tok[cells[i]];
+        ctx.pos[i]     = ctx.kv.pos[cells[i]];
+        ctx.out_ids[i] = i;
+    }
+    ctx.seqs.clear();
+    ctx.tree_mask.clear();
+    ctx.hidden_layers.clear();
+    ctx.norm.clear();
+    ctx.features.clear();
+    if (ctx.model->eagle.version == 3) {
+        ctx.features.assign((size_t) n * 3 * hp.n_embd, 0.0f);
+    }
+    ctx.logits.clear();
+    ctx.n_outputs = 0;
+    ggml_tensor * state_in = ctx.state[specee_context_backend_of_layer(ctx, l0 - 1)];
+    ggml_backend_tensor_set(state_in, hidden, 0, (size_t) n * hp.n_embd * sizeof(float));
+    eval_range(ctx, l0, l1, flags);
+    for (int32_t c : ctx.cells) {
+        for (int32_t il = l0; il < l1; ++il) {
+            ctx.kv.set_valid(c, il);
+        }
+    }
+    ctx.layer_done = l1;
+}
+
 // all layers; plain causal batches longer than n_batch go through in chunks whose results are joined
 void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     const int32_t n_layer = (int32_t) ctx.model->hparams.n_layer;

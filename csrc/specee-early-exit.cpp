@@ -163,12 +163,13 @@ static std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const
     return out;
 }
 
-// the norm and full logits of the token's hidden state after layer il (on that layer's device)
-static void exit_logits(specee_context & ctx, int32_t il, std::vector<float> & norm, std::vector<float> & logits) {
+// the norm and full logits of row `row`'s hidden state after layer il (on that layer's device)
+static void exit_logits(specee_context & ctx, int32_t il, int32_t row, std::vector<float> & norm,
+                        std::vector<float> & logits) {
     const specee_model & m  = *ctx.model;
     specee_graph_io      io;
     ggml_cgraph *        gf = specee_build_exit_graph(specee_graph_begin(ctx), m,
-                                                      ctx.state[specee_context_backend_of_layer(ctx, il)], io, 16);
+                                                      ctx.state[specee_context_backend_of_layer(ctx, il)], row, io, 16);
     specee_graph_alloc(ctx, gf, "the exit layer's lm_head");
     specee_graph_compute(ctx, gf, 1);
     norm.resize(m.hparams.n_embd);
@@ -245,26 +246,24 @@ void specee_exit_init(specee_exit_decoder & dec, const specee_model & m, const s
     }
 }
 
-int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                         int32_t & root_pos, int32_t & layers_run, specee_generator_stats & st) {
-    specee_context &     ctx     = *head.ctx;
-    const specee_model & m       = *head.model;
-    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    const int32_t        n_cand  = (int32_t) m.exit.n_cand;
-
-    // ---- candidates: the head's top n_cand after the pending pairs
-    auto t0 = specee_clock::now();
+// the draft head's top n_cand candidates for the token after the root (target ids)
+static std::vector<int32_t> exit_candidates(specee_draft_head & head, int32_t n_cand, specee_generator_stats & st) {
+    const auto t0 = specee_clock::now();
     specee_draft_commit(head);
     std::vector<int32_t> cand = specee_top_k(head.logits.data(), head.n_dvocab, n_cand);
     for (int32_t & c : cand) {
         c = specee_draft_target_id(head, c);
     }
     st.t_head_ms += specee_ms_since(t0);
+    return cand;
+}
 
-    // ---- the token's layers, checked at the scheduled ones; a replay exits where it says, after the checks before
-    // that layer (they cost what they cost, but decide nothing)
-    std::vector<int32_t> sched  = exit_schedule(dec, m);
-    int32_t              forced = -1;
+// the layers checked for this token; a replay exits where it says (*forced), after the checks before that layer
+// (they cost what they cost, but decide nothing)
+static std::vector<int32_t> token_schedule(specee_exit_decoder & dec, const specee_model & m, int32_t & forced) {
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    std::vector<int32_t> sched   = exit_schedule(dec, m);
+    forced                       = -1;
     if (!dec.replay.empty()) {
         forced = dec.replay[dec.n_replayed++ % dec.replay.size()];
         sched.erase(std::remove_if(sched.begin(), sched.end(), [&](int32_t il) { return il >= forced; }), sched.end());
@@ -272,35 +271,71 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
             sched.push_back(forced);
         }
     }
-    int32_t            tok = root, pos = root_pos;
-    specee_batch       b   = {1, &tok, &pos, nullptr, nullptr};
-    int32_t            l = 0, exited = -1, next = -1;
-    std::vector<float> feat(3 * n_cand), p(n_cand), p_prev, norm, logits;
+    return sched;
+}
+
+// whether the token in row `row` of the batch leaves at scheduled layer s (its predictor fires; a replay fires at its
+// layer only); p_prev carries the candidates' softmax from one check to the next
+static bool check_fires(const specee_exit_decoder & dec, specee_context & ctx, int32_t s, int32_t forced,
+                        const std::vector<int32_t> & cand, int32_t row, std::vector<float> & p_prev,
+                        specee_generator_stats & st) {
+    const specee_model & m      = *ctx.model;
+    const int32_t        n_cand = (int32_t) m.exit.n_cand;
+    bool                 fire   = s == forced;
+    if (!fire && m.exit.pred[s].up) {
+        const auto t0 = specee_clock::now();
+        if ((int32_t) cand.size() == n_cand) {
+            std::vector<float> feat(3 * n_cand), p(n_cand);
+            const float *      h = specee_context_hidden(ctx).data() + (size_t) row * m.hparams.n_embd;
+            specee_exit_features_impl(m, h, cand.data(), p_prev.empty() ? nullptr : p_prev.data(), feat.data(),
+                                      p.data());
+            fire   = specee_exit_predict_impl(m, s, feat.data()) > dec.params.threshold && forced < 0;
+            p_prev = p;
+        }
+        st.n_checks += 1;
+        st.n_fired += fire;
+        st.t_check_ms += specee_ms_since(t0);
+    }
+    return fire;
+}
+
+static void count_step(specee_exit_decoder & dec, int32_t exited, int32_t n_layer, specee_generator_stats & st) {
+    st.n_steps += 1;
+    st.n_exits += exited >= 0;
+    st.n_layers_run += exited >= 0 ? exited + 1 : n_layer;
+    if (exited >= 0) {
+        dec.recent_exits.push_back(exited);
+        if (dec.recent_exits.size() > 5) {
+            dec.recent_exits.erase(dec.recent_exits.begin());
+        }
+    }
+}
+
+int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                         int32_t & root_pos, int32_t & layers_run, specee_generator_stats & st) {
+    specee_context &     ctx     = *head.ctx;
+    const specee_model & m       = *head.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+
+    const std::vector<int32_t> cand = exit_candidates(head, (int32_t) m.exit.n_cand, st);
+
+    // ---- the token's layers, checked at the scheduled ones
+    int32_t                    forced = -1;
+    const std::vector<int32_t> sched  = token_schedule(dec, m, forced);
+    int32_t                    tok = root, pos = root_pos;
+    specee_batch               b   = {1, &tok, &pos, nullptr, nullptr};
+    int32_t                    l = 0, exited = -1, next = -1;
+    std::vector<float>         p_prev, norm, logits;
     for (int32_t s : sched) {
-        t0 = specee_clock::now();
+        auto t0 = specee_clock::now();
         specee_eval_layers_impl(ctx, &b, l, s + 1, SPECEE_EVAL_NO_LOGITS);
         st.t_layers_ms += specee_ms_since(t0);
         l = s + 1;
-
-        bool fire = s == forced;
-        if (!fire && m.exit.pred[s].up) {
-            t0 = specee_clock::now();
-            if ((int32_t) cand.size() == n_cand) {
-                const float * h = specee_context_hidden(ctx).data();
-                specee_exit_features_impl(m, h, cand.data(), p_prev.empty() ? nullptr : p_prev.data(), feat.data(),
-                                          p.data());
-                fire   = specee_exit_predict_impl(m, s, feat.data()) > dec.params.threshold && forced < 0;
-                p_prev = p;
-            }
-            st.n_checks += 1;
-            st.n_fired += fire;
-            st.t_check_ms += specee_ms_since(t0);
-        }
-        if (!fire) {
+        if (!check_fires(dec, ctx, s, forced, cand, 0, p_prev, st)) {
             continue;
         }
         t0 = specee_clock::now();
-        exit_logits(ctx, s, norm, logits);
+        exit_logits(ctx, s, 0, norm, logits);
         const int32_t t = specee_sampler_sample_impl(smpl, logits.data(), head.n_vocab);
         st.t_exit_ms += specee_ms_since(t0);
         if (forced >= 0 || std::find(cand.begin(), cand.end(), t) != cand.end()) {
@@ -316,7 +351,7 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
         st.n_rejected += 1;
     }
     if (exited < 0) {
-        t0 = specee_clock::now();
+        const auto t0 = specee_clock::now();
         specee_eval_layers_impl(ctx, &b, l, n_layer, 0);
         st.t_layers_ms += specee_ms_since(t0);
         next = specee_sampler_sample_impl(smpl, ctx.logits.data(), head.n_vocab);
@@ -330,16 +365,235 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
     root_pos += 1;
 
     layers_run = exited >= 0 ? exited + 1 : n_layer;
-    st.n_steps += 1;
-    st.n_exits += exited >= 0;
-    st.n_layers_run += layers_run;
-    if (exited >= 0) {
-        dec.recent_exits.push_back(exited);
-        if (dec.recent_exits.size() > 5) {
-            dec.recent_exits.erase(dec.recent_exits.begin());
-        }
-    }
+    count_step(dec, exited, n_layer, st);
     return next;
+}
+
+// ---- checked exits ------------------------------------------------------------------------------------
+//
+// A token t_i that exits at layer e has run layers [0, e]; the token it emitted, t_{i+1}, is unchecked. t_{i+1}'s own
+// pass runs layers [0, e] alone, and from layer e + 1 on the batch holds t_i (from its kept hidden state) beside it:
+// t_i's skipped layers cost no pass of their own, and t_{i+1} attends to t_i's real K/V in every layer. If t_{i+1}
+// exits too, both stop there and wait for the next token; whenever a token runs every layer, every waiting token has
+// run every layer with it, and its logits are the full model's: each waiting token's emitted successor is compared
+// with the full model's greedy token (drawn with the sampler's history as it stood then, so penalties count as in
+// plain decoding). The first disagreement takes the sequence back: the full model's token replaces the exited one,
+// and the cells and draft pairs after it are dropped. Tokens are put out only once checked, so a caller sees
+// exactly plain decoding's greedy tokens (up to batch-vs-single rounding, as EAGLE's verification).
+//
+// Waiting tokens join the batch at the layer where they stopped (pending[k].resume): a later token stops no later
+// than the tokens before it still wait (it stops where its own pass ended, and those before it joined that pass below
+// it), so the joined ones are always the newest; a batch's rows are in position order, the current token last.
+
+// Layers [l, b) of a checked pass: the current token (when `current`) and the waiting tokens pending[first..], which
+// grows as l reaches their resume layers. l advances to b. EAGLE-3: the current row's feature-layer outputs are kept
+// in feat3.
+static void run_checked(specee_exit_decoder & dec, specee_context & ctx, int32_t & first, bool & have_rows,
+                        int32_t * cur_tok, int32_t * cur_pos, int32_t & l, int32_t b, std::vector<float> & feat3) {
+    const specee_model & m       = *ctx.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    const int64_t        n_embd  = m.hparams.n_embd;
+    while (l < b) {
+        int32_t join = first;
+        while (join > 0 && dec.pending[join - 1].resume <= l) {
+            --join;
+        }
+        const int32_t  stop  = join > 0 ? std::min(b, dec.pending[join - 1].resume) : b;
+        const uint32_t flags = stop == n_layer ? 0 : SPECEE_EVAL_NO_LOGITS;
+        if (!have_rows) {
+            if (join == first) {
+                // nothing waits at layer l: the current token alone, from its first layer
+                specee_batch bt = {1, cur_tok, cur_pos, nullptr, nullptr};
+                specee_eval_layers_impl(ctx, &bt, l, stop, flags);
+            } else {
+                std::vector<int32_t> cells;
+                std::vector<float>   hid;
+                for (int32_t k = join; k < first; ++k) {
+                    cells.push_back(dec.pending[k].cell);
+                    hid.insert(hid.end(), dec.pending[k].h.begin(), dec.pending[k].h.end());
+                }
+                specee_eval_resume_impl(ctx, cells, hid.data(), l, stop, flags);
+            }
+        } else if (join == first) {
+            const std::vector<int32_t> toks = ctx.tokens;
+            specee_batch               bt   = {(int32_t) toks.size(), toks.data(), nullptr, nullptr, nullptr};
+            specee_eval_layers_impl(ctx, &bt, l, stop, flags);
+        } else {
+            // rows join: their kept hidden states, then the batch's rows as they stand after layer l - 1
+            std::vector<int32_t> cells;
+            std::vector<float>   hid;
+            for (int32_t k = join; k < first; ++k) {
+                cells.push_back(dec.pending[k].cell);
+                hid.insert(hid.end(), dec.pending[k].h.begin(), dec.pending[k].h.end());
+            }
+            const std::vector<float> & h = specee_context_hidden(ctx);
+            cells.insert(cells.end(), ctx.cells.begin(), ctx.cells.end());
+            hid.insert(hid.end(), h.begin(), h.end());
+            specee_eval_resume_impl(ctx, cells, hid.data(), l, stop, flags);
+        }
+        have_rows = true;
+        first     = join;
+        if (cur_tok && m.eagle.version == 3) {
+            const int32_t row = ctx.n_tokens - 1;
+            for (size_t k = 0; k < m.eagle.feature_layers.size(); ++k) {
+                const int32_t fl = m.eagle.feature_layers[k];
+                if (fl >= l && fl < stop) {
+                    const float * f = ctx.features.data() + ((size_t) row * 3 + k) * n_embd;
+                    std::copy(f, f + n_embd, feat3.begin() + (int64_t) k * n_embd);
+                }
+            }
+        }
+        l = stop;
+    }
+}
+
+// The checks after a pass that ran every layer for every waiting token (and the current one, last, when `current`):
+// see the banner above. Puts out the checked tokens; returns how many.
+static int32_t check_chain(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                           int32_t & root_pos, bool current, const std::vector<float> & feat3,
+                           std::vector<std::pair<int32_t, int32_t>> & out, specee_generator_stats & st) {
+    specee_context &     ctx     = *head.ctx;
+    const specee_model & m       = *head.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    const int32_t        n_vocab = head.n_vocab;
+    const int32_t        n_pend  = (int32_t) dec.pending.size();
+    const size_t         out0    = out.size();
+    if (ctx.n_tokens != n_pend + (current ? 1 : 0) || ctx.n_outputs != ctx.n_tokens) {
+        specee_fail("checked exits: the pass has %d rows with %d logits, expected %d", ctx.n_tokens, ctx.n_outputs,
+                    n_pend + (current ? 1 : 0));
+    }
+    const auto t0 = specee_clock::now();
+    if (n_pend > 0) {
+        specee_sampler_set_history(smpl, dec.chain_history);
+    }
+    for (int32_t i = 0; i < n_pend; ++i) {
+        const exit_pending & pd = dec.pending[i];
+        const int32_t        t  = specee_sampler_sample_impl(smpl, ctx.logits.data() + (size_t) i * n_vocab, n_vocab);
+        specee_sampler_accept_impl(smpl, t);
+        if (t == pd.next) {
+            out.emplace_back(t, pd.layers);
+            st.n_verified += 1;
+            continue;
+        }
+        // the full model disagrees: its token follows pd, and whatever was emitted after pd is taken back
+        out.emplace_back(t, n_layer);
+        st.n_rollbacks += 1;
+        st.n_discarded += n_pend - i;
+        ctx.kv.remove(pd.pos + 1, -1);
+        specee_draft_truncate(head, pd.pos);
+        const float * f = m.eagle.version == 3 ? pd.feat.data() : ctx.norm.data() + (size_t) i * m.hparams.n_embd;
+        specee_draft_add_pair(head, f, t, pd.pos);
+        root     = t;
+        root_pos = pd.pos + 1;
+        dec.pending.clear();
+        st.t_sample_ms += specee_ms_since(t0);
+        return (int32_t) (out.size() - out0);
+    }
+    if (current) {
+        const int32_t t = specee_sampler_sample_impl(smpl, ctx.logits.data() + (size_t) n_pend * n_vocab, n_vocab);
+        specee_sampler_accept_impl(smpl, t);
+        out.emplace_back(t, n_layer);
+        const float * f = m.eagle.version == 3 ? feat3.data() : ctx.norm.data() + (size_t) n_pend * m.hparams.n_embd;
+        specee_draft_add_pair(head, f, t, root_pos);
+        root = t;
+        root_pos += 1;
+    }
+    dec.pending.clear();
+    st.t_sample_ms += specee_ms_since(t0);
+    return (int32_t) (out.size() - out0);
+}
+
+int32_t specee_exit_flush(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                          int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
+                          specee_generator_stats & st) {
+    if (dec.pending.empty()) {
+        return 0;
+    }
+    specee_context &   ctx   = *head.ctx;
+    int32_t            first = (int32_t) dec.pending.size();
+    bool               rows  = false;
+    int32_t            l     = dec.pending.back().resume;
+    std::vector<float> feat3;
+    const auto         t0 = specee_clock::now();
+    run_checked(dec, ctx, first, rows, nullptr, nullptr, l, (int32_t) head.model->hparams.n_layer, feat3);
+    st.t_layers_ms += specee_ms_since(t0);
+    return check_chain(dec, head, smpl, root, root_pos, false, feat3, out, st);
+}
+
+int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+                                 int32_t & root, int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
+                                 specee_generator_stats & st) {
+    specee_context &     ctx     = *head.ctx;
+    const specee_model & m       = *head.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    const int64_t        n_embd  = m.hparams.n_embd;
+
+    const std::vector<int32_t> cand   = exit_candidates(head, (int32_t) m.exit.n_cand, st);
+    int32_t                    forced = -1;
+    const std::vector<int32_t> sched  = token_schedule(dec, m, forced);
+    int32_t                    tok = root, pos = root_pos;
+    int32_t                    first = (int32_t) dec.pending.size(), l = 0;
+    bool                       rows  = false;
+    std::vector<float>         p_prev, norm, logits, feat3(m.eagle.version == 3 ? 3 * n_embd : 0);
+    for (int32_t s : sched) {
+        auto t0 = specee_clock::now();
+        run_checked(dec, ctx, first, rows, &tok, &pos, l, s + 1, feat3);
+        st.t_layers_ms += specee_ms_since(t0);
+        const int32_t row = ctx.n_tokens - 1;
+        if (!check_fires(dec, ctx, s, forced, cand, row, p_prev, st)) {
+            continue;
+        }
+        t0 = specee_clock::now();
+        exit_logits(ctx, s, row, norm, logits);
+        const int32_t t = specee_sampler_sample_impl(smpl, logits.data(), head.n_vocab);
+        st.t_exit_ms += specee_ms_since(t0);
+        if (forced < 0 && std::find(cand.begin(), cand.end(), t) == cand.end()) {
+            st.n_rejected += 1;
+            continue;
+        }
+        // ---- this token exits: it and the waiting tokens in the batch stop after layer s, unchecked
+        const std::vector<float> & h = specee_context_hidden(ctx);
+        for (int32_t k = first; k < (int32_t) dec.pending.size(); ++k) {
+            exit_pending & pd = dec.pending[k];
+            pd.resume         = l;
+            pd.h.assign(h.begin() + (size_t) (k - first) * n_embd, h.begin() + (size_t) (k - first + 1) * n_embd);
+        }
+        if (dec.pending.empty()) {
+            dec.chain_history = specee_sampler_history(smpl);
+        }
+        exit_pending np;
+        np.cell   = ctx.cells[row];
+        np.pos    = root_pos;
+        np.resume = l;
+        np.h.assign(h.begin() + (size_t) row * n_embd, h.begin() + (size_t) (row + 1) * n_embd);
+        if (m.eagle.version == 3) {
+            np.feat = feat3;
+            for (size_t k = 0; k < m.eagle.feature_layers.size(); ++k) {
+                if (m.eagle.feature_layers[k] > s) {
+                    std::copy(np.h.begin(), np.h.end(), np.feat.begin() + (int64_t) k * n_embd);
+                }
+            }
+        } else {
+            np.feat = norm;
+        }
+        np.next   = t;
+        np.layers = s + 1;
+        specee_sampler_accept_impl(smpl, t);
+        specee_draft_add_pair(head, np.feat.data(), t, root_pos);
+        dec.pending.push_back(std::move(np));
+        root = t;
+        root_pos += 1;
+        count_step(dec, s, n_layer, st);
+        if (specee_token_is_eog(&m, t)) {
+            return specee_exit_flush(dec, head, smpl, root, root_pos, out, st); // nothing follows it: check it now
+        }
+        return 0;
+    }
+    const auto t0 = specee_clock::now();
+    run_checked(dec, ctx, first, rows, &tok, &pos, l, n_layer, feat3);
+    st.t_layers_ms += specee_ms_since(t0);
+    count_step(dec, -1, n_layer, st);
+    return check_chain(dec, head, smpl, root, root_pos, true, feat3, out, st);
 }
 
 // ---- C API ---------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ static bool eagle2_tree_given(const specee_generator_params & p) {
 
 static bool exit_settings_given(const specee_generator_params & p) {
     return p.exit.threshold >= 0.0f || p.exit.n_layers > 0 || p.exit.kv != SPECEE_EXIT_KV_MASK || p.exit.n_replay > 0 ||
-           !p.exit.dynamic;
+           !p.exit.dynamic || p.exit.check;
 }
 
 // auto: early exit for a draft head with exit predictors at temperature 0 (SpecEE's merged files), EAGLE-2 for a
@@ -164,6 +164,10 @@ static void check_params(const specee_model & m, const specee_generator_params &
     if (dyn_set && mode != SPECEE_MODE_EAGLE2) {
         specee_fail("eagle total_tokens, depth and topk set the EAGLE-2 tree, but the mode is %s (use mode eagle2)",
                     specee_mode_name(mode));
+    }
+    if (p.exit.check && p.exit.kv != SPECEE_EXIT_KV_MASK) {
+        specee_fail("checked exits run an exited token's skipped layers with the next pass, so they hold its real K/V: "
+                    "exit kv (fill) does not apply with exit check");
     }
     if (exit_set && mode != SPECEE_MODE_EARLY_EXIT) {
         specee_fail("exit settings are given, but the mode is %s (early exit: mode early-exit, or auto with a draft "
@@ -281,6 +285,7 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
     const bool pairs = g.head && g.mode != SPECEE_MODE_PLAIN;
     g.started = false;
     g.queue.clear();
+    g.exit.pending.clear(); // a checked chain of the last generation is gone with its cells
 
     specee_batch b = {n - e, tokens + e, nullptr, nullptr, nullptr};
     specee_eval_impl(ctx, &b);
@@ -300,7 +305,7 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
     }
     g.root     = t;
     g.root_pos = n;
-    g.queue    = {t};
+    g.queue    = {{t, (int32_t) m.hparams.n_layer}};
     g.started  = true;
     g.stats.n_prompt += n - e;
     g.stats.n_reused += e;
@@ -319,21 +324,42 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         specee_fail("specee_generator_next: no room for tokens (n_max = %d)", n_max);
     }
     if (!g.queue.empty()) {
-        out[0] = g.queue[0];
-        if (layers_run) {
-            layers_run[0] = n_layer;
+        const int32_t n = std::min(n_max, (int32_t) g.queue.size());
+        for (int32_t i = 0; i < n; ++i) {
+            out[i] = g.queue[i].first;
+            if (layers_run) {
+                layers_run[i] = g.queue[i].second;
+            }
         }
-        g.queue.clear();
-        g.stats.n_tokens += 1;
-        return 1;
+        g.queue.erase(g.queue.begin(), g.queue.begin() + n);
+        g.stats.n_tokens += n;
+        return n;
     }
     if ((int64_t) ctx.kv.pos_max() + 1 != g.root_pos) {
         specee_fail("the KV cache was changed since this generation started (start again)");
     }
+    const auto t0 = specee_clock::now();
+    if (g.mode == SPECEE_MODE_EARLY_EXIT && g.params.exit.check) {
+        // checked exits: steps until a chain is checked (a token that runs every layer, or a full context)
+        std::vector<std::pair<int32_t, int32_t>> done;
+        while (done.empty()) {
+            if (ctx.kv.used >= ctx.cparams.n_ctx) {
+                if (g.exit.pending.empty()) {
+                    return 0; // context full
+                }
+                specee_exit_flush(g.exit, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
+            } else {
+                specee_exit_step_checked(g.exit, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
+            }
+        }
+        g.stats.t_decode_ms += specee_ms_since(t0);
+        g.stats.n_decoded += (int32_t) done.size(); // n_tokens counts them as the queue returns them
+        g.queue = std::move(done);
+        return specee_generator_next_impl(g, out, layers_run, n_max);
+    }
     if (ctx.kv.used >= ctx.cparams.n_ctx) {
         return 0; // context full
     }
-    const auto t0 = specee_clock::now();
     int32_t    n  = 0;
     switch (g.mode) {
         case SPECEE_MODE_PLAIN: {

@@ -29,7 +29,9 @@ struct specee_generator {
     bool                 started  = false;
     int32_t              root     = -1; // the last emitted token, not in the cache yet
     int32_t              root_pos = -1; // its position
-    std::vector<int32_t> queue;         // the first token, sampled by start, until next returns it
+    // tokens to return before decoding more, with the layers their steps ran: the first token (sampled by start), and
+    // checked exits' tokens beyond what a call of next had room for
+    std::vector<std::pair<int32_t, int32_t>> queue;
     specee_generator_stats stats{};
     int32_t              seq = 0; // the KV cache's sequence this generator decodes
 };

@@ -365,11 +365,11 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
 }
 
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
-                                      specee_graph_io & io, int32_t graph_size) {
+                                      int32_t row, specee_graph_io & io, int32_t graph_size) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
 
-    ggml_tensor * h = ggml_view_2d(ctx0, state, hp.n_embd, 1, state->nb[1], 0); // a layer's output [n_embd, 1]
+    ggml_tensor * h = ggml_view_2d(ctx0, state, hp.n_embd, 1, state->nb[1], row * state->nb[1]); // row's [n_embd, 1]
     ggml_set_name(h, "inp_hidden");
 
     ggml_tensor * cur = build_norm(ctx0, h, model.output_norm, hp.f_norm_rms_eps); // [n_embd, 1]

@@ -74,10 +74,10 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
 ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                         const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);
 
-// SpecEE's exit at a layer: the final norm and the lm_head on one token's hidden state after that layer (the
-// first column of `state`); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]
+// SpecEE's exit at a layer: the final norm and the lm_head on one token's hidden state after that layer (column
+// `row` of `state`); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
-                                      specee_graph_io & io, int32_t graph_size);
+                                      int32_t row, specee_graph_io & io, int32_t graph_size);
 
 // SpecEE's other KV policy after an exit: the K/V of layers [layer_begin, layer_end) for one token computed
 // from the exit layer's output (the first column of `state`; each layer's attn_norm, K/V projections, RoPE at

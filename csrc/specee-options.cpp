@@ -114,6 +114,11 @@ static const option_def OPTIONS[] = {
       "early exit for benchmarks: token i exits after block LAYERS[i mod n] whatever the predictors say (cost only: "
       "the tokens are the exit layers' argmax)"},
      OFF(exit.replay), OFF(exit.n_replay), nullptr, 0, 0, 0},
+    {{"exit.check", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "early exit: check every exit: the exited token's skipped layers run with the next token's pass and a token "
+      "the full model disagrees with is taken back, so greedy output equals plain decoding (tokens come out once "
+      "checked; default: off, it costs more than it saves on a CPU: docs/early-exit.md)"},
+     OFF(exit.check), 0, nullptr, 0, 0, 0},
 };
 
 #undef OFF
@@ -398,8 +403,8 @@ static const stat_def STATS[] = {
     STAT(n_drafted, 'i'),  STAT(n_accepted, 'i'),  STAT(t_draft_ms, 'd'),   STAT(t_verify_ms, 'd'),
     STAT(n_exits, 'i'),    STAT(n_layers_run, 'l'), STAT(n_checks, 'i'),    STAT(n_fired, 'i'),
     STAT(n_rejected, 'i'), STAT(t_layers_ms, 'd'), STAT(t_check_ms, 'd'),   STAT(t_exit_ms, 'd'),
-    STAT(t_head_ms, 'd'),  STAT(t_fill_ms, 'd'),   STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'),
-    STAT(mean_layers_run, 'd'),
+    STAT(t_head_ms, 'd'),  STAT(t_fill_ms, 'd'),   STAT(n_verified, 'i'),   STAT(n_rollbacks, 'i'),
+    STAT(n_discarded, 'i'), STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'), STAT(mean_layers_run, 'd'),
 };
 
 #undef STAT

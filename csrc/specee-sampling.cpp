@@ -360,6 +360,10 @@ uint32_t specee_sampler_seed(const specee_sampler & s) { return s.seed_cur; }
 
 void specee_sampler_copy_history(specee_sampler & dst, const specee_sampler & src) { dst.history = src.history; }
 
+std::vector<int32_t> specee_sampler_history(const specee_sampler & s) { return s.history; }
+
+void specee_sampler_set_history(specee_sampler & s, const std::vector<int32_t> & history) { s.history = history; }
+
 extern "C" void specee_sampler_accept(specee_sampler * smpl, int32_t token) { specee_sampler_accept_impl(*smpl, token); }
 
 extern "C" void specee_sampler_reset(specee_sampler * smpl) { specee_sampler_reset_impl(*smpl); }

@@ -29,3 +29,7 @@ void             specee_sampler_set_logit_bias_impl(specee_sampler & s, int32_t 
 uint32_t         specee_sampler_seed(const specee_sampler & s);
 // dst's history (repetition penalties) becomes src's
 void             specee_sampler_copy_history(specee_sampler & dst, const specee_sampler & src);
+// the accepted tokens the penalties look back over, and putting such a record back (checked exits draw again from an
+// earlier point)
+std::vector<int32_t> specee_sampler_history(const specee_sampler & s);
+void                 specee_sampler_set_history(specee_sampler & s, const std::vector<int32_t> & history);

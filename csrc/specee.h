@@ -380,6 +380,9 @@ struct specee_exit_params {
                                             // exited token
     int32_t replay[SPECEE_MAX_EXIT_LAYERS]; // benchmarks and tests: token i exits after block replay[i % n_replay]
     int32_t n_replay;                       // whatever the predictors say (n_layer - 1 or more: all layers); 0: off
+    bool    check;                          // checked exits: an exited token's skipped layers run with the next
+                                            // token's pass, and a token the full model disagrees with is taken back
+                                            // (lossless; tokens are returned once checked)
 };
 
 struct specee_generator_params {
@@ -419,6 +422,10 @@ struct specee_generator_stats {
     double  t_exit_ms;     // norm + full lm_head at fired layers
     double  t_head_ms;     // the draft head (candidates)
     double  t_fill_ms;     // K/V of the skipped layers (SPECEE_EXIT_KV_FILL)
+    // checked exits (exit.check)
+    int32_t n_verified;    // exited tokens the full model agreed with
+    int32_t n_rollbacks;   // exited tokens it disagreed with: the sequence went back to the full model's token
+    int32_t n_discarded;   // tokens emitted after a wrong exit, taken back by the rollbacks
     // derived by specee_generator_get_stats (0 where a mode does not count them)
     double  mean_accepted_tokens; // eagle, eagle2: n_decoded / n_steps, tokens per step (1: no draft accepted)
     double  exit_ratio;           // early-exit: n_exits / n_steps

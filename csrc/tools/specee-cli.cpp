@@ -222,6 +222,11 @@ static void perf_print(const session & s) {
                         "lm_head %.2f ms)\n",
                 st.n_steps, st.exit_ratio, st.mean_layers_run, L, st.n_exits, st.n_checks, st.n_fired, st.n_rejected,
                 st.t_head_ms, st.t_check_ms, st.t_exit_ms);
+        if (st.n_verified + st.n_rollbacks > 0) {
+            fprintf(stderr, "llama_perf_context_print:   checked exits = %5d agreed with the full model, %d rolled back "
+                            "(%d tokens taken back)\n",
+                    st.n_verified, st.n_rollbacks, st.n_discarded);
+        }
         std::string hist;
         for (int32_t l = 0; l < L; ++l) {
             hist += s.hist[l] > 0 ? " " + std::to_string(l + 1) + ":" + std::to_string(s.hist[l]) : "";
@@ -460,9 +465,12 @@ static void print_settings(const session & s, bool cnv, const char * tmpl) {
     if (*specee_generator_why(s.gen)) {
         fprintf(stderr, "%s\n", specee_generator_why(s.gen));
     }
-    if (mode == SPECEE_MODE_EARLY_EXIT) {
-        fprintf(stderr, "generate: mode early-exit (SpecEE): lossy, tokens may differ from plain decoding; --mode "
-                        "eagle2 or --mode plain for lossless output\n");
+    if (mode == SPECEE_MODE_EARLY_EXIT && p.gen.exit.check) {
+        fprintf(stderr, "generate: mode early-exit (SpecEE) with checked exits: every exit is checked by the full "
+                        "model, so greedy output equals plain decoding\n");
+    } else if (mode == SPECEE_MODE_EARLY_EXIT) {
+        fprintf(stderr, "generate: mode early-exit (SpecEE): lossy, tokens may differ from plain decoding; --exit-check "
+                        "for checked exits, --mode eagle2 or --mode plain for lossless output\n");
     } else if (mode != SPECEE_MODE_PLAIN) {
         fprintf(stderr, "generate: mode %s (lossless speculative decoding with the EAGLE head)\n", specee_mode_name(mode));
     }

@@ -55,13 +55,16 @@ class ExitParams:
     None: the model file's (specee.exit.threshold / specee.exit.layers). dynamic: also check e-2, e, e+2 around the
     last 5 exit layers. kv: what the skipped layers' cache holds for an exited token, "mask" (nothing; SpecEE's) or
     "fill" (K/V from the exit layer's output). replay: benchmarks and tests: token i exits after block
-    replay[i % len(replay)] whatever the predictors say."""
+    replay[i % len(replay)] whatever the predictors say. check: checked exits: an exited token's skipped layers run
+    with the next token's pass, and a token the full model disagrees with is taken back (greedy output equals plain
+    decoding; tokens come out once checked; kv does not apply)."""
 
     threshold: float | None = None
     layers: Sequence[int] | None = None
     dynamic: bool = True
     kv: str = "mask"
     replay: Sequence[int] | None = None
+    check: bool = False
 
     def __post_init__(self) -> None:
         _core.generate_options_values(self, "exit")
@@ -125,6 +128,9 @@ class GenerationStats:
     t_exit_ms: float = 0.0
     t_head_ms: float = 0.0
     t_fill_ms: float = 0.0
+    n_verified: int = 0  # checked exits: exited tokens the full model agreed with
+    n_rollbacks: int = 0  # exited tokens it disagreed with (the sequence went back to the full model's token)
+    n_discarded: int = 0  # tokens emitted after a wrong exit, taken back by the rollbacks
     mean_accepted_tokens: float = 0.0  # eagle, eagle2: tokens per step (1.0: no draft token accepted)
     exit_ratio: float = 0.0  # early-exit: share of decoded tokens that exited
     mean_layers_run: float = 0.0  # early-exit: layers per decoded token (SpecEE's "average exit layer")
