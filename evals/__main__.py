@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="early-exit: the skipped layers' cache of an exited token (default: mask, SpecEE's)")
     ap.add_argument("--exit-replay", help="early-exit, cost only: comma-separated exit layers that token i takes in "
                                           "turn whatever the predictors say")
+    ap.add_argument("--exit-check", action="store_true",
+                    help="early-exit: checked exits (every exit checked by the full model and taken back when wrong; "
+                         "the output equals plain decoding's)")
     ap.add_argument("--llama-cli", help="upstream llama.cpp's llama-completion (or llama-cli) for mode llama.cpp; "
                                         "without it llama-cpp-python is used when installed")
     ap.add_argument("--llama-cli-args", default="",
@@ -283,7 +286,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
         eagle=specee.EagleParams(choices=args.eagle_choices, total_tokens=args.eagle_total_tokens,
                                  depth=args.eagle_depth, topk=args.eagle_topk),
         exit=specee.ExitParams(threshold=args.exit_threshold, layers=layer_lists["--exit-layers"], kv=args.exit_kv,
-                               replay=layer_lists["--exit-replay"]))
+                               replay=layer_lists["--exit-replay"], check=args.exit_check))
     cfg = RunConfig(model_path, args.max_tokens, args.threads, args.ctx_size, args.cache_type_v, head,
                     str(Path(args.llama_cli).resolve()) if args.llama_cli else None, args.llama_cli_args,
                     exit_draft_head, options)
