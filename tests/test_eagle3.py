@@ -402,6 +402,15 @@ def test_draft_head_file_with_early_exit(tiny_gguf: Path, trained_gguf: Path, tm
     assert st.n_generated == 24 and st.n_exits > 0
     plain, spec = plain_and_spec(m, PROMPTS[1], 32, "eagle2")
     assert spec == plain
+    # checked exits with an EAGLE-3 head: the waiting tokens' feature layers past their exit run later; the output is
+    # plain decoding's
+    for prompt in PROMPTS:
+        m.kv_clear()
+        plain = m.generate_tokens(prompt, 24, temp=0, mode="plain")
+        m.kv_clear()
+        checked = m.generate_tokens(prompt, 24, temp=0, mode="early-exit",
+                                    exit=ExitParams(layers=[0, 1, 2], check=True))
+        assert checked == plain and m.last_stats.n_exits > 0
 
 
 # ---- SmolLM2 with a random head (slow)
