@@ -92,6 +92,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "-ctv", "--cache-type-v", "--mode", "--draft-head", "--eagle-choices", "--eagle_choices",
                 "--eagle-total-tokens", "--eagle-depth", "--eagle-topk", "--eagle_dynamic_tree_max_top_k",
                 "--eagle-replay", "--exit-threshold", "--exit-layers", "--no-exit-dynamic", "--exit-kv", "--exit-replay",
+                "--exit-check",
                 "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
                 "--list-devices", "--rpc"]
     assert sorted(flags) == sorted(expected)
