@@ -451,11 +451,11 @@ void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, i
 }
 
 // Tokens already in the cache, continued at layer l0 from hidden states the caller kept: a new batch of the cells'
-// tokens at their positions (sequence kv.seq_cur, causal among themselves), whose rows start from hidden[i] (the
-// output of layer l0 - 1). The cells must hold their tokens' K/V in layers [0, l0); every row gets logits at the last
+// tokens at their positions (sequence kv.seq_cur; tree_mask [n * n] as a batch's, NULL: causal by position), whose
+// rows start from hidden[i] (the output of layer l0 - 1). The cells must hold their tokens' K/V in layers [0, l0); every row gets logits at the last
 // layer. Further ranges continue it as any batch (specee_eval_layers_impl with ctx.tokens).
 void specee_eval_resume_impl(specee_context & ctx, const std::vector<int32_t> & cells, const float * hidden, int32_t l0,
-                             int32_t l1, uint32_t flags) {
+                             int32_t l1, uint32_t flags, const uint8_t * tree_mask) {
     const specee_hparams & hp = ctx.model->hparams;
     const int32_t          n  = (int32_t) cells.size();
     if (l0 <= 0 || l1 > (int32_t) hp.n_layer || l0 >= l1) {
@@ -486,7 +486,11 @@ void specee_eval_resume_impl(specee_context & ctx, const std::vector<int32_t> & 
         ctx.out_ids[i] = i;
     }
     ctx.seqs.clear();
-    ctx.tree_mask.clear();
+    if (tree_mask) {
+        ctx.tree_mask.assign(tree_mask, tree_mask + (size_t) n * n);
+    } else {
+        ctx.tree_mask.clear();
+    }
     ctx.hidden_layers.clear();
     ctx.norm.clear();
     ctx.features.clear();

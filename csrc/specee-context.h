@@ -90,10 +90,10 @@ void           specee_graph_reserve(specee_context & ctx, ggml_cgraph * gf, cons
 void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, int32_t l0, int32_t l1, uint32_t flags);
 void specee_eval_impl(specee_context & ctx, const specee_batch * batch);
 // Tokens already in cells (K/V valid in layers [0, l0)) continued through layers [l0, l1) from the hidden states
-// hidden [n * n_embd] (after layer l0 - 1): a new batch, every row with logits at the last layer; how checked exits
-// run an exited token's skipped layers with a later token's pass
+// hidden [n * n_embd] (after layer l0 - 1) with tree_mask (NULL: causal): a new batch, every row with logits at the
+// last layer; how checked exits run an exited token's skipped layers with a later token's pass
 void specee_eval_resume_impl(specee_context & ctx, const std::vector<int32_t> & cells, const float * hidden, int32_t l0,
-                             int32_t l1, uint32_t flags);
+                             int32_t l1, uint32_t flags, const uint8_t * tree_mask);
 // the hidden state after the last evaluated layer of the last batch [n_tokens * n_embd]
 const std::vector<float> & specee_context_hidden(specee_context & ctx);
 // The draft head's feature of row i of the last batch (the target's, for a committed pair): EAGLE-1 the final-norm

@@ -369,156 +369,7 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
     return next;
 }
 
-// ---- checked exits ------------------------------------------------------------------------------------
-//
-// A token t_i that exits at layer e has run layers [0, e]; the token it emitted, t_{i+1}, is unchecked. t_{i+1}'s own
-// pass runs layers [0, e] alone, and from layer e + 1 on the batch holds t_i (from its kept hidden state) beside it:
-// t_i's skipped layers cost no pass of their own, and t_{i+1} attends to t_i's real K/V in every layer. If t_{i+1}
-// exits too, both stop there and wait for the next token; whenever a token runs every layer, every waiting token has
-// run every layer with it, and its logits are the full model's: each waiting token's emitted successor is compared
-// with the full model's greedy token (drawn with the sampler's history as it stood then, so penalties count as in
-// plain decoding). The first disagreement takes the sequence back: the full model's token replaces the exited one,
-// and the cells and draft pairs after it are dropped. Tokens are put out only once checked, so a caller sees
-// exactly plain decoding's greedy tokens (up to batch-vs-single rounding, as EAGLE's verification).
-//
-// Waiting tokens join the batch at the layer where they stopped (pending[k].resume): a later token stops no later
-// than the tokens before it still wait (it stops where its own pass ended, and those before it joined that pass below
-// it), so the joined ones are always the newest; a batch's rows are in position order, the current token last.
-
-// Layers [l, b) of a checked pass: the current token (when `current`) and the waiting tokens pending[first..], which
-// grows as l reaches their resume layers. l advances to b. EAGLE-3: the current row's feature-layer outputs are kept
-// in feat3.
-static void run_checked(specee_exit_decoder & dec, specee_context & ctx, int32_t & first, bool & have_rows,
-                        int32_t * cur_tok, int32_t * cur_pos, int32_t & l, int32_t b, std::vector<float> & feat3) {
-    const specee_model & m       = *ctx.model;
-    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    const int64_t        n_embd  = m.hparams.n_embd;
-    while (l < b) {
-        int32_t join = first;
-        while (join > 0 && dec.pending[join - 1].resume <= l) {
-            --join;
-        }
-        const int32_t  stop  = join > 0 ? std::min(b, dec.pending[join - 1].resume) : b;
-        const uint32_t flags = stop == n_layer ? 0 : SPECEE_EVAL_NO_LOGITS;
-        if (!have_rows) {
-            if (join == first) {
-                // nothing waits at layer l: the current token alone, from its first layer
-                specee_batch bt = {1, cur_tok, cur_pos, nullptr, nullptr};
-                specee_eval_layers_impl(ctx, &bt, l, stop, flags);
-            } else {
-                std::vector<int32_t> cells;
-                std::vector<float>   hid;
-                for (int32_t k = join; k < first; ++k) {
-                    cells.push_back(dec.pending[k].cell);
-                    hid.insert(hid.end(), dec.pending[k].h.begin(), dec.pending[k].h.end());
-                }
-                specee_eval_resume_impl(ctx, cells, hid.data(), l, stop, flags);
-            }
-        } else if (join == first) {
-            const std::vector<int32_t> toks = ctx.tokens;
-            specee_batch               bt   = {(int32_t) toks.size(), toks.data(), nullptr, nullptr, nullptr};
-            specee_eval_layers_impl(ctx, &bt, l, stop, flags);
-        } else {
-            // rows join: their kept hidden states, then the batch's rows as they stand after layer l - 1
-            std::vector<int32_t> cells;
-            std::vector<float>   hid;
-            for (int32_t k = join; k < first; ++k) {
-                cells.push_back(dec.pending[k].cell);
-                hid.insert(hid.end(), dec.pending[k].h.begin(), dec.pending[k].h.end());
-            }
-            const std::vector<float> & h = specee_context_hidden(ctx);
-            cells.insert(cells.end(), ctx.cells.begin(), ctx.cells.end());
-            hid.insert(hid.end(), h.begin(), h.end());
-            specee_eval_resume_impl(ctx, cells, hid.data(), l, stop, flags);
-        }
-        have_rows = true;
-        first     = join;
-        if (cur_tok && m.eagle.version == 3) {
-            const int32_t row = ctx.n_tokens - 1;
-            for (size_t k = 0; k < m.eagle.feature_layers.size(); ++k) {
-                const int32_t fl = m.eagle.feature_layers[k];
-                if (fl >= l && fl < stop) {
-                    const float * f = ctx.features.data() + ((size_t) row * 3 + k) * n_embd;
-                    std::copy(f, f + n_embd, feat3.begin() + (int64_t) k * n_embd);
-                }
-            }
-        }
-        l = stop;
-    }
-}
-
-// The checks after a pass that ran every layer for every waiting token (and the current one, last, when `current`):
-// see the banner above. Puts out the checked tokens; returns how many.
-static int32_t check_chain(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                           int32_t & root_pos, bool current, const std::vector<float> & feat3,
-                           std::vector<std::pair<int32_t, int32_t>> & out, specee_generator_stats & st) {
-    specee_context &     ctx     = *head.ctx;
-    const specee_model & m       = *head.model;
-    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    const int32_t        n_vocab = head.n_vocab;
-    const int32_t        n_pend  = (int32_t) dec.pending.size();
-    const size_t         out0    = out.size();
-    if (ctx.n_tokens != n_pend + (current ? 1 : 0) || ctx.n_outputs != ctx.n_tokens) {
-        specee_fail("checked exits: the pass has %d rows with %d logits, expected %d", ctx.n_tokens, ctx.n_outputs,
-                    n_pend + (current ? 1 : 0));
-    }
-    const auto t0 = specee_clock::now();
-    if (n_pend > 0) {
-        specee_sampler_set_history(smpl, dec.chain_history);
-    }
-    for (int32_t i = 0; i < n_pend; ++i) {
-        const exit_pending & pd = dec.pending[i];
-        const int32_t        t  = specee_sampler_sample_impl(smpl, ctx.logits.data() + (size_t) i * n_vocab, n_vocab);
-        specee_sampler_accept_impl(smpl, t);
-        if (t == pd.next) {
-            out.emplace_back(t, pd.layers);
-            st.n_verified += 1;
-            continue;
-        }
-        // the full model disagrees: its token follows pd, and whatever was emitted after pd is taken back
-        out.emplace_back(t, n_layer);
-        st.n_rollbacks += 1;
-        st.n_discarded += n_pend - i;
-        ctx.kv.remove(pd.pos + 1, -1);
-        specee_draft_truncate(head, pd.pos);
-        const float * f = m.eagle.version == 3 ? pd.feat.data() : ctx.norm.data() + (size_t) i * m.hparams.n_embd;
-        specee_draft_add_pair(head, f, t, pd.pos);
-        root     = t;
-        root_pos = pd.pos + 1;
-        dec.pending.clear();
-        st.t_sample_ms += specee_ms_since(t0);
-        return (int32_t) (out.size() - out0);
-    }
-    if (current) {
-        const int32_t t = specee_sampler_sample_impl(smpl, ctx.logits.data() + (size_t) n_pend * n_vocab, n_vocab);
-        specee_sampler_accept_impl(smpl, t);
-        out.emplace_back(t, n_layer);
-        const float * f = m.eagle.version == 3 ? feat3.data() : ctx.norm.data() + (size_t) n_pend * m.hparams.n_embd;
-        specee_draft_add_pair(head, f, t, root_pos);
-        root = t;
-        root_pos += 1;
-    }
-    dec.pending.clear();
-    st.t_sample_ms += specee_ms_since(t0);
-    return (int32_t) (out.size() - out0);
-}
-
-int32_t specee_exit_flush(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                          int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
-                          specee_generator_stats & st) {
-    if (dec.pending.empty()) {
-        return 0;
-    }
-    specee_context &   ctx   = *head.ctx;
-    int32_t            first = (int32_t) dec.pending.size();
-    bool               rows  = false;
-    int32_t            l     = dec.pending.back().resume;
-    std::vector<float> feat3;
-    const auto         t0 = specee_clock::now();
-    run_checked(dec, ctx, first, rows, nullptr, nullptr, l, (int32_t) head.model->hparams.n_layer, feat3);
-    st.t_layers_ms += specee_ms_since(t0);
-    return check_chain(dec, head, smpl, root, root_pos, false, feat3, out, st);
-}
+// ---- checked exits (specee-exit-check.cpp): the token's batch is one row, the waiting tokens join it
 
 int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
                                  int32_t & root, int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
@@ -527,73 +378,67 @@ int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & 
     const specee_model & m       = *head.model;
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
     const int64_t        n_embd  = m.hparams.n_embd;
+    const size_t         out0    = out.size();
 
     const std::vector<int32_t> cand   = exit_candidates(head, (int32_t) m.exit.n_cand, st);
     int32_t                    forced = -1;
     const std::vector<int32_t> sched  = token_schedule(dec, m, forced);
-    int32_t                    tok = root, pos = root_pos;
-    int32_t                    first = (int32_t) dec.pending.size(), l = 0;
-    bool                       rows  = false;
-    std::vector<float>         p_prev, norm, logits, feat3(m.eagle.version == 3 ? 3 * n_embd : 0);
+    checked_pass               cp;
+    checked_pass_begin(cp, dec.chain, ctx, 1, &root, &root_pos, nullptr, nullptr);
+    std::vector<float> p_prev, norm, logits;
     for (int32_t s : sched) {
         auto t0 = specee_clock::now();
-        run_checked(dec, ctx, first, rows, &tok, &pos, l, s + 1, feat3);
+        checked_pass_run(cp, s + 1, 0);
         st.t_layers_ms += specee_ms_since(t0);
-        const int32_t row = ctx.n_tokens - 1;
-        if (!check_fires(dec, ctx, s, forced, cand, row, p_prev, st)) {
+        if (!check_fires(dec, ctx, s, forced, cand, 0, p_prev, st)) {
             continue;
         }
         t0 = specee_clock::now();
-        exit_logits(ctx, s, row, norm, logits);
+        exit_logits(ctx, s, 0, norm, logits);
         const int32_t t = specee_sampler_sample_impl(smpl, logits.data(), head.n_vocab);
         st.t_exit_ms += specee_ms_since(t0);
         if (forced < 0 && std::find(cand.begin(), cand.end(), t) == cand.end()) {
             st.n_rejected += 1;
             continue;
         }
-        // ---- this token exits: it and the waiting tokens in the batch stop after layer s, unchecked
-        const std::vector<float> & h = specee_context_hidden(ctx);
-        for (int32_t k = first; k < (int32_t) dec.pending.size(); ++k) {
-            exit_pending & pd = dec.pending[k];
-            pd.resume         = l;
-            pd.h.assign(h.begin() + (size_t) (k - first) * n_embd, h.begin() + (size_t) (k - first + 1) * n_embd);
-        }
-        if (dec.pending.empty()) {
-            dec.chain_history = specee_sampler_history(smpl);
-        }
-        exit_pending np;
-        np.cell   = ctx.cells[row];
-        np.pos    = root_pos;
-        np.resume = l;
-        np.h.assign(h.begin() + (size_t) row * n_embd, h.begin() + (size_t) (row + 1) * n_embd);
+        // ---- this token exits: it waits, unchecked, with the waiting tokens of the pass
+        std::vector<float> feat = norm; // EAGLE-3: its feature layers, those past the exit the exit layer's output
         if (m.eagle.version == 3) {
-            np.feat = feat3;
+            feat                  = cp.features;
+            const float * h       = specee_context_hidden(ctx).data();
             for (size_t k = 0; k < m.eagle.feature_layers.size(); ++k) {
                 if (m.eagle.feature_layers[k] > s) {
-                    std::copy(np.h.begin(), np.h.end(), np.feat.begin() + (int64_t) k * n_embd);
+                    std::copy(h, h + n_embd, feat.begin() + (int64_t) k * n_embd);
                 }
             }
-        } else {
-            np.feat = norm;
         }
-        np.next   = t;
-        np.layers = s + 1;
+        checked_pass_stop(cp);
+        checked_pass_wait(cp, 0, ctx.cells[0], root_pos, feat, t, specee_sampler_history(smpl));
         specee_sampler_accept_impl(smpl, t);
-        specee_draft_add_pair(head, np.feat.data(), t, root_pos);
-        dec.pending.push_back(std::move(np));
+        specee_draft_add_pair(head, feat.data(), t, root_pos);
         root = t;
         root_pos += 1;
         count_step(dec, s, n_layer, st);
         if (specee_token_is_eog(&m, t)) {
-            return specee_exit_flush(dec, head, smpl, root, root_pos, out, st); // nothing follows it: check it now
+            // nothing follows it: check the chain now
+            return specee_exit_chain_flush(dec.chain, head, smpl, root, root_pos, out, st);
         }
         return 0;
     }
     const auto t0 = specee_clock::now();
-    run_checked(dec, ctx, first, rows, &tok, &pos, l, n_layer, feat3);
+    checked_pass_run(cp, n_layer, 0);
     st.t_layers_ms += specee_ms_since(t0);
     count_step(dec, -1, n_layer, st);
-    return check_chain(dec, head, smpl, root, root_pos, true, feat3, out, st);
+    if (checked_pass_check(cp, head, smpl, root, root_pos, out, st)) {
+        // every waiting token agreed: this token's own next token is the full model's (row 0)
+        const int32_t t = specee_sampler_sample_impl(smpl, ctx.logits.data(), head.n_vocab);
+        specee_sampler_accept_impl(smpl, t);
+        out.emplace_back(t, n_layer);
+        specee_draft_add_pair(head, m.eagle.version == 3 ? cp.features.data() : ctx.norm.data(), t, root_pos);
+        root = t;
+        root_pos += 1;
+    }
+    return (int32_t) (out.size() - out0);
 }
 
 // ---- C API ---------------------------------------------------------------------------------------

@@ -285,7 +285,7 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
     const bool pairs = g.head && g.mode != SPECEE_MODE_PLAIN;
     g.started = false;
     g.queue.clear();
-    g.exit.pending.clear(); // a checked chain of the last generation is gone with its cells
+    g.exit.chain.pending.clear(); // a checked chain of the last generation is gone with its cells
 
     specee_batch b = {n - e, tokens + e, nullptr, nullptr, nullptr};
     specee_eval_impl(ctx, &b);
@@ -344,10 +344,10 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         std::vector<std::pair<int32_t, int32_t>> done;
         while (done.empty()) {
             if (ctx.kv.used >= ctx.cparams.n_ctx) {
-                if (g.exit.pending.empty()) {
+                if (g.exit.chain.pending.empty()) {
                     return 0; // context full
                 }
-                specee_exit_flush(g.exit, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
+                specee_exit_chain_flush(g.exit.chain, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
             } else {
                 specee_exit_step_checked(g.exit, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
             }
