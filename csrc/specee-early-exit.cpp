@@ -66,7 +66,7 @@ static const ggml_tensor * lm_head_in_file(const specee_model & m) {
     return t ? t : in_file(m, SPECEE_TENSOR_TOKEN_EMBD);
 }
 
-static void specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
+void specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
                                float * feat, float * p_out) {
     const specee_hparams & hp     = m.hparams;
     const int32_t          n_cand = (int32_t) m.exit.n_cand;
@@ -115,7 +115,7 @@ static void specee_exit_features_impl(const specee_model & m, const float * h, c
     }
 }
 
-static float specee_exit_predict_impl(const specee_model & m, int32_t layer, const float * feat) {
+float specee_exit_predict_impl(const specee_model & m, int32_t layer, const float * feat) {
     if (layer < 0 || layer >= (int32_t) m.hparams.n_layer || !m.exit.pred[layer].up) {
         specee_fail("layer %d has no exit predictor", layer);
     }
@@ -142,7 +142,7 @@ static float specee_exit_predict_impl(const specee_model & m, int32_t layer, con
 
 // the layers checked for this token: the static set, plus e-2, e, e+2 around each of the last 5 exits;
 // only layers with a predictor, before the last layer (exiting there saves nothing)
-static std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee_model & m) {
+std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee_model & m) {
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
     std::vector<int32_t> layers  = dec.layers;
     if (dec.params.dynamic) {
