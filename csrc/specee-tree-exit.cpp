@@ -378,6 +378,8 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
 
     t0                   = specee_clock::now();
     const pass_rows rows = {&tree, ctx.logits.data(), head.n_vocab};
+    res.emitted.clear(); // a rejected check's walk left its tokens
+    res.path.clear();
     res.n_acc            = specee_tree_walk(tree, head, smpl, n_max, pass_logits_of, &rows, res.emitted, res.path);
     specee_tree_keep(tree, head, n, root_pos, res.emitted, res.path, nullptr);
     st.t_sample_ms += specee_ms_since(t0);
