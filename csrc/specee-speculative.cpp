@@ -409,6 +409,17 @@ std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_draft_h
     for (size_t r = 0; r < chosen.size(); ++r) {
         dec.nodes[chosen[r]].row = (int32_t) r + 1;
     }
+    if (dec.n_cand > 0) {
+        // tree exit: the verified leaves get candidates too (one more head pass, no children), so that a pass that
+        // exits at a leaf still ends with the target's own token there, as a full pass does
+        std::vector<int32_t> leaves;
+        for (int32_t ni : chosen) {
+            if (dec.nodes[ni].h.empty()) {
+                leaves.push_back(ni);
+            }
+        }
+        draft_expand(dec, head, smpl, root_pos, leaves, [](int32_t) { return 0; });
+    }
     return chosen;
 }
 
@@ -531,7 +542,7 @@ static int32_t verify_tree(specee_tree_decoder & dec, specee_draft_head & head, 
 }
 
 // Walks the verified tree from the root: each step draws the target's token at the current node and moves to the
-// child that drafted it, until no child did (or n_max tokens, or an end of generation, or a node without logits).
+// child that drafted it, until no child did (or n_max tokens, or an end of generation).
 int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
                          specee_node_logits logits_of, const void * user, std::vector<int32_t> & emitted,
                          std::vector<int32_t> & path) {
@@ -547,17 +558,8 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, sp
     const int32_t replay = dec.params.n_replay > 0 ?
                                dec.params.replay[dec.n_replayed++ % (size_t) dec.params.n_replay] : -1;
     for (;;) {
-        const float * lg = logits_of(user, cur);
-        if (!lg) {
-            // no logits here (tree exit: a node its head never expanded): its token, emitted already, ends the step,
-            // and its cell goes, as the last emitted token is the next step's root
-            if (path.empty()) {
-                specee_fail("tree walk: the root has no logits");
-            }
-            path.pop_back();
-            break;
-        }
-        int32_t child = -1, t;
+        const float * lg    = logits_of(user, cur);
+        int32_t       child = -1, t;
         if (replay >= 0) {
             t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the bonus token, where the replay stops
             for (int32_t c : dec.nodes[cur].children) {

@@ -28,7 +28,8 @@ struct draft_node {
     std::vector<int32_t> children;      // in the order they were drawn
     std::vector<float>   h;             // the head's output feature for this node (expanded nodes)
     sparse_dist          q;             // the distribution its children were drawn from (sampling)
-    std::vector<int32_t> cand;          // tree exit: the head's top n_cand tokens here (expanded nodes; target ids)
+    std::vector<int32_t> cand;          // tree exit: the head's top n_cand tokens here (target ids; every verified
+                                        // node, its leaves expanded for them)
 };
 
 struct specee_tree_decoder {
@@ -52,8 +53,7 @@ struct specee_tree_batch {
     specee_batch         view() const;
 };
 
-// where a walk reads the target's logits of a verified node [n_vocab]; nullptr: the node has none, and a walk that
-// reaches it stops there with the node's token as the step's last (no token of its own)
+// where a walk reads the target's logits of a verified node [n_vocab]
 using specee_node_logits = const float * (*) (const void * user, int32_t node);
 
 // checks the parameters; the head's cache must hold max_expand cells beyond n_ctx (specee_tree_extra_cells)

@@ -2,25 +2,28 @@
 // design; mode tree-exit).
 //
 // One step drafts a tree as EAGLE does (specee-speculative.cpp: EAGLE-2's dynamic tree, or EAGLE-1's static one), and
-// keeps, for every node the head expanded (the root included), the head's top n_cand tokens there: its candidates,
-// as single-token early exit takes them (specee-early-exit.cpp). The target then verifies root + tree layer range by
-// layer range, over early exit's schedule (the static set, plus e-2, e, e+2 around the last exits). At a scheduled
-// layer s:
+// keeps, for every node the head expands, the head's top n_cand tokens there: its candidates, as single-token early
+// exit takes them (specee-early-exit.cpp). The verified leaves, which EAGLE never expands, are expanded too (one more
+// head pass over them, drawing no children): every verified row has candidates, so a pass that exits at a leaf still
+// ends with the target's own token there, as a full pass does. (Without it a step whose walk reaches a leaf would end
+// one token short; on the 7B-shaped file's default tree, where the deepest accepted node is always a leaf, that cost
+// 0.6 tokens a step for a head pass worth ~0.05 of one: docs/early-exit.md.) The target then verifies root + tree
+// layer range by layer range, over early exit's schedule (the static set, plus e-2, e, e+2 around the last exits). At
+// a scheduled layer s:
 //
-//   features   for every verified row whose node has candidates, SpecEE's 12 features of the row's hidden state
-//              after layer s: c = lm_head[cand] . final_norm(h_s), p = softmax(c), p - p_prev, with p_prev the row's
-//              p at the previous checked layer (at its first check, p itself)
+//   features   for every verified row, SpecEE's 12 features of the row's hidden state after layer s:
+//              c = lm_head[cand] . final_norm(h_s), p = softmax(c), p - p_prev, with p_prev the row's p at the
+//              previous checked layer (at its first check, p itself)
 //   path       from the root, the verified child whose token is the node's best candidate (its largest c), while
-//              there is one and it has candidates (an unexpanded leaf ends the path); under a replayed acceptance
-//              (eagle.replay) the replay's path instead: the first verified child, as many times as the replay says
+//              there is one; under a replayed acceptance (eagle.replay) the replay's path instead: the first verified
+//              child, as many times as the replay says
 //   fire       layer s's predictor on every row of the path: the pass fires when each of them is > threshold
 //   check      the full logits at layer s (final norm + lm_head) of the path's rows, then the greedy walk over them
 //              exactly as a verification pass's walk (specee_tree_walk): the target's argmax at each node, to the
-//              child that drafted it. The pass exits iff every emitted token is among the candidates of the node it
-//              was drawn at. A walk that leaves the scored path gets the logits of the rows it reaches as it
-//              reaches them. A node without candidates (a leaf the head never expanded) has no check: when the walk
-//              reaches one, its token (emitted at its parent) is the step's last, with no token of its own, and its
-//              cell is dropped, as the last emitted token is the next step's root.
+//              child that drafted it, and the argmax where no child did. The pass exits iff every emitted token is
+//              among the candidates of the node it was drawn at. A walk that leaves the scored path (a near-tie
+//              between the host's candidate logits and the graph's) gets the rows it reaches computed as it reaches
+//              them.
 //
 // A check that fails goes on to the next scheduled layer; past the last one the pass runs every layer and the step is
 // EAGLE's own. A replayed exit layer (exit.replay) ends the pass there whatever the predictors and candidates say.
@@ -87,13 +90,9 @@ static void compute_exit_rows(exit_rows & er, const std::vector<int32_t> & nodes
     er.n_graphs += 1;
 }
 
-// specee_node_logits for the walk: a node with candidates gets its row's logits at the exit layer (computed when
-// first needed); a node without (an unexpanded leaf) none, which ends the walk there
+// specee_node_logits for the walk: a node's row's logits at the exit layer, computed when first needed
 static const float * exit_logits_of(const void * user, int32_t node) {
     exit_rows & er = *(exit_rows *) const_cast<void *>(user);
-    if (er.dec->nodes[node].cand.empty()) {
-        return nullptr;
-    }
     if (er.slot[node] < 0) {
         compute_exit_rows(er, {node});
     }
@@ -121,8 +120,8 @@ struct pass_checks {
     std::vector<std::vector<float>> p_prev;   // [rows] p at the previous checked layer (empty: not checked yet)
 };
 
-// the features of every verified row whose node has n_cand candidates, from the rows' hidden states after the
-// layer just evaluated
+// the features of every verified row (whose node has n_cand candidates: all, unless the head's vocabulary is
+// smaller), from the rows' hidden states after the layer just evaluated
 static void row_features(specee_context & ctx, const specee_tree_decoder & dec, pass_checks & pc) {
     const specee_model &       m      = *ctx.model;
     const int32_t              n_cand = (int32_t) m.exit.n_cand;
@@ -143,7 +142,7 @@ static void row_features(specee_context & ctx, const specee_tree_decoder & dec, 
 }
 
 // The nodes the checks score (see the top of the file): from the root, the verified child that the node's best
-// candidate (or, replayed, the first verified child) names, while it has candidates; at most n_max nodes
+// candidate (or, replayed, the first verified child) names; at most n_max nodes
 static std::vector<int32_t> scored_path(const specee_tree_decoder & dec, const pass_checks & pc, int32_t n_cand,
                                         int32_t replay, int32_t n_max) {
     std::vector<int32_t> path = {0};
@@ -167,7 +166,7 @@ static std::vector<int32_t> scored_path(const specee_tree_decoder & dec, const p
                 }
             }
         }
-        if (next < 0 || dec.nodes[next].cand.empty() || pc.feat[dec.nodes[next].row].empty()) {
+        if (next < 0) {
             break;
         }
         path.push_back(next);
@@ -431,4 +430,5 @@ void specee_tree_exit_init(specee_tree_decoder & tree, specee_exit_decoder & exi
     }
     specee_exit_init(exit, model, params);
     tree.n_cand = std::max<int32_t>(1, (int32_t) model.exit.n_cand);
+    tree.max_expand += tree.max_nodes; // the verified leaves are expanded too (specee_tree_draft)
 }
