@@ -66,7 +66,7 @@ static const ggml_tensor * lm_head_in_file(const specee_model & m) {
     return t ? t : in_file(m, SPECEE_TENSOR_TOKEN_EMBD);
 }
 
-static void specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
+void specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
                                float * feat, float * p_out) {
     const specee_hparams & hp     = m.hparams;
     const int32_t          n_cand = (int32_t) m.exit.n_cand;
@@ -115,7 +115,7 @@ static void specee_exit_features_impl(const specee_model & m, const float * h, c
     }
 }
 
-static float specee_exit_predict_impl(const specee_model & m, int32_t layer, const float * feat) {
+float specee_exit_predict_impl(const specee_model & m, int32_t layer, const float * feat) {
     if (layer < 0 || layer >= (int32_t) m.hparams.n_layer || !m.exit.pred[layer].up) {
         specee_fail("layer %d has no exit predictor", layer);
     }
@@ -142,7 +142,7 @@ static float specee_exit_predict_impl(const specee_model & m, int32_t layer, con
 
 // the layers checked for this token: the static set, plus e-2, e, e+2 around each of the last 5 exits;
 // only layers with a predictor, before the last layer (exiting there saves nothing)
-static std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee_model & m) {
+std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee_model & m) {
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
     std::vector<int32_t> layers  = dec.layers;
     if (dec.params.dynamic) {
@@ -163,13 +163,13 @@ static std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const
     return out;
 }
 
-// the norm and full logits of row `row`'s hidden state after layer il (on that layer's device)
-static void exit_logits(specee_context & ctx, int32_t il, int32_t row, std::vector<float> & norm,
-                        std::vector<float> & logits) {
+// the norm and full logits of the token's hidden state after layer il (on that layer's device; the token's row is the
+// first of the batch)
+static void exit_logits(specee_context & ctx, int32_t il, std::vector<float> & norm, std::vector<float> & logits) {
     const specee_model & m  = *ctx.model;
     specee_graph_io      io;
     ggml_cgraph *        gf = specee_build_exit_graph(specee_graph_begin(ctx), m,
-                                                      ctx.state[specee_context_backend_of_layer(ctx, il)], row, io, 16);
+                                                      ctx.state[specee_context_backend_of_layer(ctx, il)], io, 16);
     specee_graph_alloc(ctx, gf, "the exit layer's lm_head");
     specee_graph_compute(ctx, gf, 1);
     norm.resize(m.hparams.n_embd);
@@ -335,7 +335,7 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
             continue;
         }
         t0 = specee_clock::now();
-        exit_logits(ctx, s, 0, norm, logits);
+        exit_logits(ctx, s, norm, logits);
         const int32_t t = specee_sampler_sample_impl(smpl, logits.data(), head.n_vocab);
         st.t_exit_ms += specee_ms_since(t0);
         if (forced >= 0 || std::find(cand.begin(), cand.end(), t) != cand.end()) {
@@ -394,7 +394,7 @@ int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & 
             continue;
         }
         t0 = specee_clock::now();
-        exit_logits(ctx, s, 0, norm, logits);
+        exit_logits(ctx, s, norm, logits);
         const int32_t t = specee_sampler_sample_impl(smpl, logits.data(), head.n_vocab);
         st.t_exit_ms += specee_ms_since(t0);
         if (forced < 0 && std::find(cand.begin(), cand.end(), t) == cand.end()) {

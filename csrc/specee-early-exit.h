@@ -32,3 +32,14 @@ int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, sp
 int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
                                  int32_t & root, int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
                                  specee_generator_stats & st);
+
+// The parts tree exit (specee-tree-exit.cpp) shares:
+// the layers checked for the next token (or tree pass): the static set, plus e-2, e, e+2 around each of the last 5
+// exits, those with a predictor before the last layer, ascending
+std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee_model & m);
+// SpecEE's 12 features of a layer's output h [n_embd] for the candidates cand [n_cand]; p_prev: p at the previously
+// checked layer, or nullptr; p_out [n_cand] (nullptr: not needed) receives p
+void  specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,
+                                float * feat, float * p_out);
+// the layer's predictor on feat: a probability; throws for a layer without one
+float specee_exit_predict_impl(const specee_model & m, int32_t layer, const float * feat);

@@ -3,8 +3,9 @@
 // The policy lives here once: which mode `auto` means for a model, what each mode needs, the sampler chain with
 // ignore-EOS, the prompt (with the longest cached prefix kept), and one pass per call of next() in plain decoding,
 // one draft-and-verify step in eagle / eagle2 (specee-speculative.cpp), one layer-range walk in early exit
-// (specee-early-exit.cpp). The decoders share the generator's draft head, so its cache of pairs outlives a change of
-// parameters (specee_generator_set_params) and prompt-prefix reuse covers the head too.
+// (specee-early-exit.cpp), one draft-and-verify step whose pass may exit early in tree-exit (specee-tree-exit.cpp).
+// The decoders share the generator's draft head, so its cache of pairs outlives a change of parameters
+// (specee_generator_set_params) and prompt-prefix reuse covers the head too.
 #include "specee-context.h"
 #include "specee-draft-head.h"
 #include "specee-early-exit.h"
@@ -14,6 +15,7 @@
 #include "specee-options.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
+#include "specee-tree-exit.h"
 #include "specee.h"
 
 #include <algorithm>
@@ -158,10 +160,19 @@ static void check_params(const specee_model & m, const specee_generator_params &
     if (mode == SPECEE_MODE_EARLY_EXIT && p.sampling.temp > 0.0f) {
         specee_fail("early exit decodes greedily (the exit layer's argmax): use temperature 0, or another mode");
     }
-    if (p.eagle.choices[0] && mode != SPECEE_MODE_EAGLE) {
+    const bool tree_exit = mode == SPECEE_MODE_TREE_EXIT;
+    if (tree_exit && p.sampling.temp > 0.0f) {
+        specee_fail("tree exit decodes greedily (the exit layer's argmax along the tree): use temperature 0, or mode "
+                    "eagle2 / eagle for sampling");
+    }
+    if (tree_exit && p.eagle.choices[0] && dyn_set) {
+        specee_fail("tree exit takes one tree: eagle choices (EAGLE-1) or eagle total_tokens, depth and topk "
+                    "(EAGLE-2), not both");
+    }
+    if (p.eagle.choices[0] && mode != SPECEE_MODE_EAGLE && !tree_exit) {
         specee_fail("eagle choices set the EAGLE-1 tree, but the mode is %s (use mode eagle)", specee_mode_name(mode));
     }
-    if (dyn_set && mode != SPECEE_MODE_EAGLE2) {
+    if (dyn_set && mode != SPECEE_MODE_EAGLE2 && !tree_exit) {
         specee_fail("eagle total_tokens, depth and topk set the EAGLE-2 tree, but the mode is %s (use mode eagle2)",
                     specee_mode_name(mode));
     }
@@ -169,9 +180,9 @@ static void check_params(const specee_model & m, const specee_generator_params &
         specee_fail("checked exits run an exited token's skipped layers with the next pass, so they hold its real K/V: "
                     "exit kv (fill) does not apply with exit check");
     }
-    if (exit_set && mode != SPECEE_MODE_EARLY_EXIT) {
-        specee_fail("exit settings are given, but the mode is %s (early exit: mode early-exit, or auto with a draft "
-                    "head and exit predictors at temperature 0)", specee_mode_name(mode));
+    if (exit_set && mode != SPECEE_MODE_EARLY_EXIT && !tree_exit) {
+        specee_fail("exit settings are given, but the mode is %s (early exit: mode early-exit or tree-exit, or auto "
+                    "with a draft head and exit predictors at temperature 0)", specee_mode_name(mode));
     }
 }
 
@@ -194,8 +205,11 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
     }
     specee_tree_decoder tree;
     specee_exit_decoder exit;
-    if (mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2) {
-        specee_tree_init(tree, mode == SPECEE_MODE_EAGLE2, resolve_eagle(m, p.eagle));
+    const bool tree_mode = mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2 || mode == SPECEE_MODE_TREE_EXIT;
+    if (tree_mode) {
+        // tree exit: EAGLE-2's dynamic tree unless choices give EAGLE-1's
+        const bool dynamic = mode == SPECEE_MODE_EAGLE2 || (mode == SPECEE_MODE_TREE_EXIT && !p.eagle.choices[0]);
+        specee_tree_init(tree, dynamic, resolve_eagle(m, p.eagle));
         if (tree.max_nodes + 1 > (int32_t) g.ctx->cparams.n_batch) {
             specee_fail("the draft tree has %d tokens, more than fit in one verification batch (n_batch = %u, root "
                         "included)", tree.max_nodes, g.ctx->cparams.n_batch);
@@ -204,7 +218,10 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
     if (mode == SPECEE_MODE_EARLY_EXIT) {
         specee_exit_init(exit, m, p.exit);
     }
-    if ((mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2) && p.eagle.n_replay > 0) {
+    if (mode == SPECEE_MODE_TREE_EXIT) {
+        specee_tree_exit_init(tree, exit, m, p.exit);
+    }
+    if (tree_mode && p.eagle.n_replay > 0) {
         why += std::string(why.empty() ? "" : "\n") +
                "eagle: replayed acceptance (--eagle-replay): each step accepts the given number of drafted tokens "
                "whatever the model says; the output text is meaningless (cost benchmarks only)";
@@ -385,6 +402,14 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
                 layers_run[i] = n_layer;
             }
             break;
+        case SPECEE_MODE_TREE_EXIT: {
+            int32_t run = n_layer;
+            n = specee_tree_exit_step(g.tree, g.exit, *g.head, *g.smpl, g.root, g.root_pos, out, n_max, run, g.stats);
+            for (int32_t i = 0; layers_run && i < n; ++i) {
+                layers_run[i] = run;
+            }
+            break;
+        }
         case SPECEE_MODE_EARLY_EXIT: {
             int32_t run = n_layer;
             out[0]      = specee_exit_step(g.exit, *g.head, *g.smpl, g.root, g.root_pos, run, g.stats);

@@ -5,6 +5,7 @@
 #include "specee-kv-cache.h"
 #include "specee-model.h"
 
+#include <algorithm>
 #include <cmath>
 
 static void name_il(ggml_tensor * t, const char * name, int il) {
@@ -364,19 +365,35 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
     return gf;
 }
 
+// a layer's output for the rows an exit takes: the first column of `state`, or (n_rows > 0) the columns io.inp_out_ids
+// lists [n_embd, max(n_rows, 1)]
+static ggml_tensor * exit_rows(ggml_context * ctx0, const specee_hparams & hp, ggml_tensor * state,
+                               specee_graph_io & io, int32_t n_rows) {
+    if (n_rows <= 0) {
+        ggml_tensor * h = ggml_view_2d(ctx0, state, hp.n_embd, 1, state->nb[1], 0);
+        ggml_set_name(h, "inp_hidden");
+        return h;
+    }
+    io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_rows);
+    ggml_set_name(io.inp_out_ids, "inp_out_ids");
+    ggml_set_input(io.inp_out_ids);
+    ggml_tensor * h = ggml_get_rows(ctx0, state, io.inp_out_ids);
+    ggml_set_name(h, "inp_hidden");
+    return h;
+}
+
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
-                                      int32_t row, specee_graph_io & io, int32_t graph_size) {
+                                      specee_graph_io & io, int32_t graph_size, int32_t n_rows) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
 
-    ggml_tensor * h = ggml_view_2d(ctx0, state, hp.n_embd, 1, state->nb[1], row * state->nb[1]); // row's [n_embd, 1]
-    ggml_set_name(h, "inp_hidden");
+    ggml_tensor * h = exit_rows(ctx0, hp, state, io, n_rows); // a layer's output [n_embd, rows]
 
-    ggml_tensor * cur = build_norm(ctx0, h, model.output_norm, hp.f_norm_rms_eps); // [n_embd, 1]
+    ggml_tensor * cur = build_norm(ctx0, h, model.output_norm, hp.f_norm_rms_eps); // [n_embd, rows]
     ggml_set_name(cur, "result_norm");
     ggml_set_output(cur);
     io.result_norm = cur;
-    cur            = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, 1]
+    cur            = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, rows]
     ggml_set_name(cur, "result_output");
     ggml_set_output(cur);
     io.result_output = cur;
@@ -386,16 +403,16 @@ ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & 
 
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                          ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
-                                         specee_graph_io & io, int32_t graph_size) {
+                                         specee_graph_io & io, int32_t graph_size, int32_t n_rows) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
+    const int64_t          n  = std::max(n_rows, 1);
 
-    ggml_tensor * h = ggml_view_2d(ctx0, state, hp.n_embd, 1, state->nb[1], 0); // the exit layer's output [n_embd, 1]
-    ggml_set_name(h, "inp_hidden");
-    io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, 1);
+    ggml_tensor * h = exit_rows(ctx0, hp, state, io, n_rows); // the exit layer's output [n_embd, n]
+    io.inp_pos      = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n);
     ggml_set_name(io.inp_pos, "inp_pos");
     ggml_set_input(io.inp_pos);
-    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, 1);
+    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, n);
     ggml_set_name(io.inp_kv_idxs, "inp_kv_idxs");
     ggml_set_input(io.inp_kv_idxs);
 
@@ -403,7 +420,7 @@ ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model
         const specee_layer & layer = model.layers[il];
         ggml_tensor *        cur   = build_norm(ctx0, h, layer.attn_norm, hp.f_norm_rms_eps);
         name_il(cur, "attn_norm", il);
-        build_kv_store(ctx0, gf, model, layer, kv.k[il], kv.v[il], io, cur, 1, il);
+        build_kv_store(ctx0, gf, model, layer, kv.k[il], kv.v[il], io, cur, n, il);
     }
     return gf;
 }

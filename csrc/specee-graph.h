@@ -74,14 +74,16 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
 ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                         const specee_graph_params & gp, specee_graph_io & io, int32_t graph_size);
 
-// SpecEE's exit at a layer: the final norm and the lm_head on one token's hidden state after that layer (column
-// `row` of `state`); io.result_norm [n_embd, 1], io.result_output [n_vocab, 1]
+// SpecEE's exit at a layer: the final norm and the lm_head on a layer's output: one token's (n_rows = 0: the first
+// column of `state`) or (n_rows > 0, tree exit) the n_rows columns io.inp_out_ids lists; io.result_norm [n_embd,
+// rows], io.result_output [n_vocab, rows]
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
-                                      int32_t row, specee_graph_io & io, int32_t graph_size);
+                                      specee_graph_io & io, int32_t graph_size, int32_t n_rows = 0);
 
-// SpecEE's other KV policy after an exit: the K/V of layers [layer_begin, layer_end) for one token computed
-// from the exit layer's output (the first column of `state`; each layer's attn_norm, K/V projections, RoPE at
-// io.inp_pos) into the token's cell io.inp_kv_idxs; nothing else of those layers runs
+// SpecEE's other KV policy after an exit: the K/V of layers [layer_begin, layer_end) computed from the exit layer's
+// output (one token's: the first column of `state`, n_rows = 0; or the n_rows columns io.inp_out_ids lists) at the
+// positions io.inp_pos into the cells io.inp_kv_idxs (each layer's attn_norm, K/V projections, RoPE); nothing else
+// of those layers runs
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                          ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
-                                         specee_graph_io & io, int32_t graph_size);
+                                         specee_graph_io & io, int32_t graph_size, int32_t n_rows = 0);

@@ -21,11 +21,12 @@
 
 // ---- names --------------------------------------------------------------------------------------------
 
-static const char * const MODE_NAMES[]    = {"auto", "plain", "eagle", "eagle2", "early-exit"};
+static const char * const MODE_NAMES[]    = {"auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit"};
+static const int32_t      N_MODES         = (int32_t) (sizeof(MODE_NAMES) / sizeof(MODE_NAMES[0]));
 static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
 
 extern "C" const char * specee_mode_name(int32_t mode) {
-    return mode >= SPECEE_MODE_AUTO && mode <= SPECEE_MODE_EARLY_EXIT ? MODE_NAMES[mode] : "?";
+    return mode >= SPECEE_MODE_AUTO && mode < N_MODES ? MODE_NAMES[mode] : "?";
 }
 
 static int32_t index_of(const char * const * names, int32_t n, const char * name) {
@@ -37,7 +38,7 @@ static int32_t index_of(const char * const * names, int32_t n, const char * name
     return -1;
 }
 
-extern "C" int32_t specee_mode_by_name(const char * name) { return index_of(MODE_NAMES, 5, name); }
+extern "C" int32_t specee_mode_by_name(const char * name) { return index_of(MODE_NAMES, N_MODES, name); }
 
 // ---- the option table ---------------------------------------------------------------------------------
 
@@ -53,11 +54,13 @@ struct option_def {
 #define OFF(f) offsetof(specee_generator_params, f)
 
 static const option_def OPTIONS[] = {
-    {{"mode", SPECEE_OPTION_CHOICE, "auto,plain,eagle,eagle2,early-exit", "plain, eagle, eagle2, early-exit or auto",
+    {{"mode", SPECEE_OPTION_CHOICE, "auto,plain,eagle,eagle2,early-exit,tree-exit",
+      "plain, eagle, eagle2, early-exit, tree-exit or auto",
       "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, "
-      "lossy) or auto (default): early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way "
-      "with its merged files), eagle2 with a draft head, else plain"},
-     OFF(mode), 0, MODE_NAMES, 5, 0, 0},
+      "lossy), tree-exit (early exit inside the EAGLE tree's verification pass, greedy, lossy) or auto (default): "
+      "early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way with its merged files), "
+      "eagle2 with a draft head, else plain"},
+     OFF(mode), 0, MODE_NAMES, N_MODES, 0, 0},
     {{"temp", SPECEE_OPTION_FLOAT, nullptr, "a number", "temperature (default: 0.80, <= 0 = greedy)"},
      OFF(sampling.temp), 0, nullptr, 0, -INFINITY, INFINITY},
     {{"top_k", SPECEE_OPTION_INT, nullptr, "an integer", "top-k sampling (default: 40, 0 = off)"},
@@ -111,8 +114,8 @@ static const option_def OPTIONS[] = {
       "SpecEE's; default) or fill (K/V from the exit layer's output)"},
      OFF(exit.kv), 0, EXIT_KV_NAMES, 2, 0, 0},
     {{"exit.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated layer numbers",
-      "early exit for benchmarks: token i exits after block LAYERS[i mod n] whatever the predictors say (cost only: "
-      "the tokens are the exit layers' argmax)"},
+      "early exit for benchmarks: token i (tree-exit: step i) exits after block LAYERS[i mod n] whatever the "
+      "predictors say (cost only: the tokens are the exit layers' argmax)"},
      OFF(exit.replay), OFF(exit.n_replay), nullptr, 0, 0, 0},
     {{"exit.check", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "early exit: check every exit: the exited token's skipped layers run with the next token's pass and a token "
@@ -142,8 +145,8 @@ static const option_def * find_option(const char * name) {
 
 void specee_generator_check_values(const specee_generator_params & p) {
     specee_sampler_check_params(p.sampling);
-    if (p.mode < SPECEE_MODE_AUTO || p.mode > SPECEE_MODE_EARLY_EXIT) {
-        specee_fail("unknown mode %d (auto, plain, eagle, eagle2, early-exit)", p.mode);
+    if (p.mode < SPECEE_MODE_AUTO || p.mode >= N_MODES) {
+        specee_fail("unknown mode %d (auto, plain, eagle, eagle2, early-exit, tree-exit)", p.mode);
     }
     if (p.eagle.total_tokens < 0 || p.eagle.depth < 0 || p.eagle.topk < 0) {
         specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1 (0: the default)",
@@ -423,8 +426,8 @@ extern "C" double specee_generator_stat_value(const struct specee_generator_stat
 }
 
 void specee_generator_stats_derive(specee_generator_stats & st, int32_t mode) {
-    const bool   tree  = mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2;
-    const bool   exit  = mode == SPECEE_MODE_EARLY_EXIT;
+    const bool   tree  = mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2 || mode == SPECEE_MODE_TREE_EXIT;
+    const bool   exit  = mode == SPECEE_MODE_EARLY_EXIT || mode == SPECEE_MODE_TREE_EXIT;
     const double steps = st.n_steps > 0 ? st.n_steps : 0.0;
     st.mean_accepted_tokens = tree && steps > 0 ? st.n_decoded / steps : 0.0;
     st.exit_ratio           = exit && steps > 0 ? st.n_exits / steps : 0.0;

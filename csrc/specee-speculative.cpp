@@ -198,6 +198,14 @@ static double uniform_open(specee_sampler & smpl) {
 // the best nodes keeps whole prefixes of each node's children.
 static void draft_children(specee_tree_decoder & dec, const specee_draft_head & head, specee_sampler & smpl, int32_t ni,
                            const float * logits, int32_t k) {
+    if (dec.n_cand > 0) {
+        // tree exit: the candidates its checks score at this node, as early exit takes them (the head's top n_cand)
+        std::vector<int32_t> & cand = dec.nodes[ni].cand;
+        cand                        = specee_top_k(logits, head.n_dvocab, dec.n_cand);
+        for (int32_t & c : cand) {
+            c = specee_draft_target_id(head, c);
+        }
+    }
     std::vector<std::pair<int32_t, float>> picks; // (draft row, log-probability)
     if (specee_sampler_greedy(smpl)) {
         float mx = -INFINITY;
@@ -375,7 +383,7 @@ static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_draf
 
 // Drafts the tree of this step: dec.nodes (root first); the nodes to verify get rows 1.. in breadth-first
 // order, at most `budget` of them. Returns the verified nodes in row order.
-static std::vector<int32_t> draft_tree(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
                                        int32_t root, int32_t root_pos, int32_t budget) {
     dec.nodes.clear();
     draft_node rn;
@@ -387,6 +395,9 @@ static std::vector<int32_t> draft_tree(specee_tree_decoder & dec, specee_draft_h
 
     if (budget <= 0) {
         dec.nodes[0].row = 0;
+        if (dec.n_cand > 0) {
+            draft_children(dec, head, smpl, 0, root_logits.data(), 0); // the root's candidates only
+        }
         return {};
     }
     std::vector<int32_t> chosen = dec.dynamic ? draft_dynamic(dec, head, smpl, root_pos, budget, root_logits.data())
@@ -397,6 +408,17 @@ static std::vector<int32_t> draft_tree(specee_tree_decoder & dec, specee_draft_h
     dec.nodes[0].row = 0;
     for (size_t r = 0; r < chosen.size(); ++r) {
         dec.nodes[chosen[r]].row = (int32_t) r + 1;
+    }
+    if (dec.n_cand > 0) {
+        // tree exit: the verified leaves get candidates too (one more head pass, no children), so that a pass that
+        // exits at a leaf still ends with the target's own token there, as a full pass does
+        std::vector<int32_t> leaves;
+        for (int32_t ni : chosen) {
+            if (dec.nodes[ni].h.empty()) {
+                leaves.push_back(ni);
+            }
+        }
+        draft_expand(dec, head, smpl, root_pos, leaves, [](int32_t) { return 0; });
     }
     return chosen;
 }
@@ -481,40 +503,49 @@ static int32_t accept_sampled(const specee_tree_decoder & dec, specee_sampler & 
     return last;
 }
 
-// One pass of the target over root + the drafted nodes (rows 1.. in `nodes` order), each row attending to itself and
-// its ancestors; returns the number of rows
-static int32_t verify_tree(specee_tree_decoder & dec, specee_draft_head & head, int32_t root, int32_t root_pos,
-                           const std::vector<int32_t> & nodes) {
-    specee_context &     ctx = *head.ctx;
-    const int32_t        n   = (int32_t) nodes.size() + 1;
-    std::vector<int32_t> tok(n), pos(n), row_node(n, 0);
-    std::vector<uint8_t> mask((size_t) n * n, 0);
-    std::vector<int8_t>  outputs(n, 1);
-    tok[0] = root;
-    pos[0] = root_pos;
+specee_batch specee_tree_batch::view() const {
+    return {(int32_t) tok.size(), tok.data(), pos.data(), mask.data(), outputs.data()};
+}
+
+specee_tree_batch specee_tree_verify_batch(const specee_tree_decoder & dec, int32_t root, int32_t root_pos,
+                                           const std::vector<int32_t> & nodes) {
+    const int32_t        n = (int32_t) nodes.size() + 1;
+    specee_tree_batch    b;
+    std::vector<int32_t> row_node(n, 0);
+    b.tok.resize(n);
+    b.pos.resize(n);
+    b.mask.assign((size_t) n * n, 0);
+    b.outputs.assign(n, 1);
+    b.tok[0] = root;
+    b.pos[0] = root_pos;
     for (int32_t r = 1; r < n; ++r) {
         const draft_node & nd = dec.nodes[nodes[r - 1]];
-        tok[r]                = nd.token;
-        pos[r]                = root_pos + nd.depth;
+        b.tok[r]              = nd.token;
+        b.pos[r]              = root_pos + nd.depth;
         row_node[r]           = nodes[r - 1];
     }
     for (int32_t r = 0; r < n; ++r) {
         for (int32_t a = row_node[r]; a >= 0; a = dec.nodes[a].parent) {
-            mask[(size_t) r * n + dec.nodes[a].row] = 1; // itself and its ancestors
+            b.mask[(size_t) r * n + dec.nodes[a].row] = 1; // itself and its ancestors
         }
     }
-    specee_batch b = {n, tok.data(), pos.data(), mask.data(), outputs.data()};
-    specee_eval_layers_impl(ctx, &b, 0, (int32_t) head.model->hparams.n_layer, 0);
-    return n;
+    return b;
+}
+
+// One pass of the target over root + the drafted nodes; returns the number of rows
+static int32_t verify_tree(specee_tree_decoder & dec, specee_draft_head & head, int32_t root, int32_t root_pos,
+                           const std::vector<int32_t> & nodes) {
+    const specee_tree_batch tb = specee_tree_verify_batch(dec, root, root_pos, nodes);
+    const specee_batch      b  = tb.view();
+    specee_eval_layers_impl(*head.ctx, &b, 0, (int32_t) head.model->hparams.n_layer, 0);
+    return b.n_tokens;
 }
 
 // Walks the verified tree from the root: each step draws the target's token at the current node and moves to the
-// child that drafted it, until no child did (or n_max tokens, or an end of generation). Fills the emitted tokens
-// and the accepted nodes whose tokens stay in the cache (all emitted tokens but the last); returns how many
-// drafted tokens were accepted.
-static int32_t walk_tree(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
-                         std::vector<int32_t> & emitted, std::vector<int32_t> & path) {
-    const float *       logits  = head.ctx->logits.data();
+// child that drafted it, until no child did (or n_max tokens, or an end of generation).
+int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
+                         specee_node_logits logits_of, const void * user, std::vector<int32_t> & emitted,
+                         std::vector<int32_t> & path) {
     const int32_t       n_vocab = head.n_vocab;
     const bool          greedy  = specee_sampler_greedy(smpl);
     std::vector<double> p, q;
@@ -527,7 +558,7 @@ static int32_t walk_tree(specee_tree_decoder & dec, specee_draft_head & head, sp
     const int32_t replay = dec.params.n_replay > 0 ?
                                dec.params.replay[dec.n_replayed++ % (size_t) dec.params.n_replay] : -1;
     for (;;) {
-        const float * lg    = logits + (size_t) dec.nodes[cur].row * n_vocab;
+        const float * lg    = logits_of(user, cur);
         int32_t       child = -1, t;
         if (replay >= 0) {
             t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the bonus token, where the replay stops
@@ -561,11 +592,20 @@ static int32_t walk_tree(specee_tree_decoder & dec, specee_draft_head & head, sp
     return n_acc;
 }
 
-// The caches after a walk: the target's keeps root + path in position order in the batch's first cells (the
-// rejected cells dropped); the head's drops the tree's cells and takes the emitted tokens' pairs with the target's
-// features
-static void keep_accepted(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
-                          const std::vector<int32_t> & emitted, const std::vector<int32_t> & path) {
+// a full verification pass's logits: every row has them, in row order
+struct pass_rows {
+    const specee_tree_decoder * dec;
+    const float *               logits;
+    int32_t                     n_vocab;
+};
+
+static const float * pass_logits(const void * user, int32_t node) {
+    const pass_rows & pr = *(const pass_rows *) user;
+    return pr.logits + (size_t) pr.dec->nodes[node].row * pr.n_vocab;
+}
+
+void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
+                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats) {
     specee_context &           ctx   = *head.ctx;
     const std::vector<int32_t> cells = ctx.cells;
     std::vector<uint8_t>       keep(n, 0);
@@ -584,8 +624,9 @@ static void keep_accepted(specee_tree_decoder & dec, specee_draft_head & head, i
 
     specee_draft_drop_tree(head);
     for (size_t j = 0; j < emitted.size(); ++j) {
-        const int32_t row = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
-        specee_draft_add_pair(head, specee_context_feature(ctx, row), emitted[j], root_pos + (int32_t) j);
+        const int32_t row  = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
+        const float * feat = feats ? feats + j * (size_t) head.n_feat : specee_context_feature(ctx, row);
+        specee_draft_add_pair(head, feat, emitted[j], root_pos + (int32_t) j);
     }
 }
 
@@ -598,7 +639,7 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
 
     // ---- draft
     auto                       t0    = specee_clock::now();
-    const std::vector<int32_t> nodes = draft_tree(dec, head, smpl, root, root_pos, budget);
+    const std::vector<int32_t> nodes = specee_tree_draft(dec, head, smpl, root, root_pos, budget);
     st.t_draft_ms += specee_ms_since(t0);
 
     // ---- verify root + tree in one pass
@@ -609,8 +650,9 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
     // ---- walk from the root, then keep what was accepted in both caches
     t0 = specee_clock::now();
     std::vector<int32_t> emitted, path;
-    const int32_t        n_acc = walk_tree(dec, head, smpl, n_max, emitted, path);
-    keep_accepted(dec, head, n, root_pos, emitted, path);
+    const pass_rows      rows  = {&dec, ctx.logits.data(), head.n_vocab};
+    const int32_t        n_acc = specee_tree_walk(dec, head, smpl, n_max, pass_logits, &rows, emitted, path);
+    specee_tree_keep(dec, head, n, root_pos, emitted, path, nullptr);
     root = emitted.back();
     root_pos += (int32_t) emitted.size();
     st.t_sample_ms += specee_ms_since(t0);

@@ -28,6 +28,8 @@ struct draft_node {
     std::vector<int32_t> children;      // in the order they were drawn
     std::vector<float>   h;             // the head's output feature for this node (expanded nodes)
     sparse_dist          q;             // the distribution its children were drawn from (sampling)
+    std::vector<int32_t> cand;          // tree exit: the head's top n_cand tokens here (target ids; every verified
+                                        // node, its leaves expanded for them)
 };
 
 struct specee_tree_decoder {
@@ -39,7 +41,20 @@ struct specee_tree_decoder {
     int32_t                 max_expand = 0; // tree nodes whose K/V the head caches at once, at most
     std::vector<draft_node> nodes;          // the current step's tree
     size_t                  n_replayed = 0; // steps taken with params.replay
+    int32_t                 n_cand     = 0; // tree exit: candidates kept per expanded node (0: none kept)
 };
+
+// The batch of a verification pass: root + the drafted nodes (rows 1.. in `nodes` order), each row attending to
+// itself and its ancestors, every row with logits
+struct specee_tree_batch {
+    std::vector<int32_t> tok, pos;
+    std::vector<uint8_t> mask;
+    std::vector<int8_t>  outputs;
+    specee_batch         view() const;
+};
+
+// where a walk reads the target's logits of a verified node [n_vocab]
+using specee_node_logits = const float * (*) (const void * user, int32_t node);
 
 // checks the parameters; the head's cache must hold max_expand cells beyond n_ctx (specee_tree_extra_cells)
 void    specee_tree_init(specee_tree_decoder & dec, bool dynamic, const specee_eagle_params & params);
@@ -47,5 +62,23 @@ void    specee_tree_init(specee_tree_decoder & dec, bool dynamic, const specee_e
 // tokens (it stops after an end-of-generation token) and advances root / root_pos; returns the count.
 int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
                          int32_t & root_pos, int32_t * out, int32_t n_max, specee_generator_stats & st);
+// The parts of a step, for the tree-exit decoder (specee-tree-exit.cpp):
+// the tree of this step in dec.nodes (root first, its pending pairs committed); the nodes to verify get rows 1.. in
+// breadth-first order, at most `budget` of them; returns them in row order
+std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+                                       int32_t root, int32_t root_pos, int32_t budget);
+specee_tree_batch    specee_tree_verify_batch(const specee_tree_decoder & dec, int32_t root, int32_t root_pos,
+                                              const std::vector<int32_t> & nodes);
+// Walks the verified tree from the root (the acceptance rule of the mode: greedy, sampled or replayed), reading each
+// node's logits through logits_of(user, node); fills the emitted tokens and the accepted nodes whose tokens stay in
+// the cache (the nodes the emitted tokens but the last were drawn at); returns the drafted tokens accepted
+int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
+                         specee_node_logits logits_of, const void * user, std::vector<int32_t> & emitted,
+                         std::vector<int32_t> & path);
+// The caches after a walk: the target's keeps root + path in position order in the batch's first cells (the rejected
+// cells dropped); the head's drops the tree's cells and takes the emitted tokens' pairs, each with the feature of the
+// row its token was drawn at: feats [emitted][n_feat], or nullptr: the pass's (specee_context_feature)
+void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
+                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats);
 // number of draft tokens of a choices list or preset; throws with the reason
 int32_t specee_tree_count_choices(const char * choices);

@@ -323,7 +323,7 @@ int32_t specee_draft_head_eval_steps(specee_context * ctx, const int32_t * token
 
 // ---- generation: one decoding loop for every mode ----------------------------------------------------
 //
-// A generator decodes on a context with a sampler chain and one of four modes:
+// A generator decodes on a context with a sampler chain and one of five modes:
 //   plain       one token per pass of the model;
 //   eagle       EAGLE-1 speculative decoding: the draft head drafts a static tree (eagle.choices), the model
 //               verifies it in one batched pass; lossless (greedy output = plain output; sampling keeps the
@@ -331,6 +331,10 @@ int32_t specee_draft_head_eval_steps(specee_context * ctx, const int32_t * token
 //   eagle2      EAGLE-2: a dynamic tree (eagle.total_tokens, depth, topk), lossless likewise;
 //   early-exit  SpecEE: each token's pass stops at a checked layer when its predictor fires and that layer's
 //               argmax is one of the draft head's candidates; greedy only, lossy by design.
+//   tree-exit   SpecEE's early exit inside an EAGLE tree (EAGLE-2's dynamic tree, or EAGLE-1's with eagle.choices):
+//               the verification pass stops at a checked layer when the predictors fire on the tree's best path and
+//               every token the walk emits from that layer's logits is a candidate (specee-tree-exit.cpp); greedy
+//               only, lossy by design; auto never picks it.
 // auto picks early-exit for a model with a draft head and exit predictors when decoding greedily (SpecEE's
 // behaviour for its merged files), else eagle2 with a draft head, else plain.
 //
@@ -345,6 +349,7 @@ enum specee_mode {
     SPECEE_MODE_EAGLE      = 2,
     SPECEE_MODE_EAGLE2     = 3,
     SPECEE_MODE_EARLY_EXIT = 4,
+    SPECEE_MODE_TREE_EXIT  = 5,
 };
 
 // the longest choices text, and the most entries in an exit schedule or a replay that the parameters hold
@@ -403,20 +408,20 @@ struct specee_generator_stats {
     int32_t n_tokens;      // tokens returned by next (the first one of each start comes from the prompt's pass)
     int32_t n_decoded;     // of which produced by decoding steps (every token but the first of each start)
     int32_t n_steps;       // decoding steps after the first token: one per token (plain, early exit) or per
-                           // draft-and-verify step (eagle, eagle2)
+                           // draft-and-verify step (eagle, eagle2, tree-exit)
     double  t_decode_ms;   // in next, after the first token
     double  t_sample_ms;   // sampling and acceptance, inside t_decode_ms
-    // eagle, eagle2
+    // eagle, eagle2, tree-exit
     int32_t n_drafted;     // draft tokens verified
     int32_t n_accepted;    // of which accepted
     double  t_draft_ms;    // in the draft head, tree building included
     double  t_verify_ms;   // in the model's verification passes
-    // early-exit (decoding steps only)
-    int32_t n_exits;       // tokens that left before the last layer
-    int64_t n_layers_run;  // layers evaluated, summed over tokens
-    int32_t n_checks;      // predictor checks
-    int32_t n_fired;       // checks whose predictor fired
-    int32_t n_rejected;    // fired, but the layer's argmax was not a candidate
+    // early-exit (decoding steps only); tree-exit counts per step (verification pass) instead of per token
+    int32_t n_exits;       // tokens (tree-exit: passes) that left before the last layer
+    int64_t n_layers_run;  // layers evaluated, summed over tokens (tree-exit: passes)
+    int32_t n_checks;      // predictor checks (tree-exit: checked layers, each scoring the tree's best path)
+    int32_t n_fired;       // checks whose predictor fired (tree-exit: on every row of the path)
+    int32_t n_rejected;    // fired, but the layer's argmax was not a candidate (tree-exit: some emitted token)
     double  t_layers_ms;   // in the model's layers
     double  t_check_ms;    // features + predictors
     double  t_exit_ms;     // norm + full lm_head at fired layers
@@ -427,14 +432,15 @@ struct specee_generator_stats {
     int32_t n_rollbacks;   // exited tokens it disagreed with: the sequence went back to the full model's token
     int32_t n_discarded;   // tokens emitted after a wrong exit, taken back by the rollbacks
     // derived by specee_generator_get_stats (0 where a mode does not count them)
-    double  mean_accepted_tokens; // eagle, eagle2: n_decoded / n_steps, tokens per step (1: no draft accepted)
-    double  exit_ratio;           // early-exit: n_exits / n_steps
-    double  mean_layers_run;      // early-exit: n_layers_run / n_steps (SpecEE's "average exit layer")
+    double  mean_accepted_tokens; // eagle, eagle2, tree-exit: n_decoded / n_steps, tokens per step (1: no draft
+                                  // accepted)
+    double  exit_ratio;           // early-exit, tree-exit: n_exits / n_steps
+    double  mean_layers_run;      // early-exit, tree-exit: n_layers_run / n_steps (SpecEE's "average exit layer")
 };
 
 typedef struct specee_generator specee_generator;
 
-// "auto", "plain", "eagle", "eagle2", "early-exit" (the names of option "mode"), "?" for an unknown mode
+// "auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit" (the names of option "mode"), "?" for an unknown mode
 const char * specee_mode_name(int32_t mode);
 // the mode of a name, -1 when unknown
 int32_t      specee_mode_by_name(const char * name);

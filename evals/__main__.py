@@ -80,9 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eagle-total-tokens", type=int, help="EAGLE-2: draft tokens verified per step (default: the runtime's)")
     ap.add_argument("--eagle-depth", type=int, help="EAGLE-2: longest draft path (default: the runtime's)")
     ap.add_argument("--eagle-topk", type=int, help="EAGLE-2: children per expanded node (default: the runtime's)")
-    ap.add_argument("--exit-draft-head", help="draft head file with exit predictors for mode early-exit (default: "
-                                              "--draft-head when given, else the model file's own; for the default "
-                                              f"model the shipped {DEFAULT_DRAFT_HEAD})")
+    ap.add_argument("--exit-draft-head", help="draft head file with exit predictors for modes early-exit and "
+                                              "tree-exit (default: --draft-head when given, else the model file's "
+                                              f"own; for the default model the shipped {DEFAULT_DRAFT_HEAD})")
     ap.add_argument("--exit-threshold", type=float, help="early-exit: predictor threshold (default: the file's)")
     ap.add_argument("--exit-layers", help="early-exit: comma-separated static exit layers (default: the file's)")
     ap.add_argument("--exit-kv", choices=EXIT_KV, default=ExitParams().kv,
@@ -274,7 +274,8 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     if not Path(model_path).is_file():
         raise DataError(f"model file not found: {model_path}")
     head = default_head(args, model_path) if any(m.startswith("eagle") for m in modes) else None
-    exit_draft_head = default_exit_draft_head(args, model_path) if "early-exit" in modes else None
+    exits = [m for m in modes if m in ("early-exit", "tree-exit")]
+    exit_draft_head = default_exit_draft_head(args, model_path) if exits else None
     layer_lists = {}
     for flag, text in (("--exit-layers", args.exit_layers), ("--exit-replay", args.exit_replay)):
         try:
@@ -299,9 +300,9 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
 
     # plain, the EAGLE modes, the tokenizer and the chat template
     model = load(head)
-    exit_model = model if "early-exit" not in modes or exit_draft_head == head else load(exit_draft_head)
+    exit_model = model if not exits or exit_draft_head == head else load(exit_draft_head)
     template = model.chat_template(args.chat_template)
-    runners = {m: make_runner(m, exit_model if m == "early-exit" else model, cfg) for m in modes}
+    runners = {m: make_runner(m, exit_model if m in exits else model, cfg) for m in modes}
     out.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(cfg), "chat_template": template, "n_layer": model.n_layer,
                 "data": {d: str(p.resolve()) for d, p in files.items()}}

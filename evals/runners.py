@@ -78,8 +78,8 @@ def decode_count(n_generated: int, stop_reason: str) -> int:
 
 
 class NativeRunner:
-    """This runtime in one mode: plain, eagle, eagle2 or early-exit (each sample from an empty KV cache, as a user
-    runs the CLI)."""
+    """This runtime in one mode: plain, eagle, eagle2, early-exit or tree-exit (each sample from an empty KV cache, as
+    a user runs the CLI)."""
 
     def __init__(self, model: specee.Model, cfg: RunConfig, mode: str) -> None:
         self.model, self.cfg, self.mode = model, cfg, mode
@@ -87,8 +87,9 @@ class NativeRunner:
         eagle = o.eagle  # EAGLE-1 takes the choices, EAGLE-2 the dynamic tree's sizes
         eagle = (specee.EagleParams(choices=eagle.choices) if mode == "eagle" else
                  specee.EagleParams(total_tokens=eagle.total_tokens, depth=eagle.depth, topk=eagle.topk)
-                 if mode == "eagle2" else specee.EagleParams())
-        self.options = replace(o, mode=mode, eagle=eagle, exit=o.exit if mode == "early-exit" else specee.ExitParams())
+                 if mode in ("eagle2", "tree-exit") else specee.EagleParams())
+        exits = mode in ("early-exit", "tree-exit")
+        self.options = replace(o, mode=mode, eagle=eagle, exit=o.exit if exits else specee.ExitParams())
         if mode != "plain" and not model.has_eagle:
             raise ModeError(f"mode {mode} needs an EAGLE head: {cfg.model} has none; pass --draft-head "
                             "HEAD.gguf (a draft head file, `python -m specee.convert merge --draft-head-only`)")
@@ -102,7 +103,7 @@ class NativeRunner:
         turn = Turn(m.detokenize(out), out, st.n_prompt, st.t_prompt_ms / 1e3,
                     decode_count(st.n_generated, st.stop_reason), st.t_decode_ms / 1e3, st.stop_reason,
                     list(st.step_tokens))
-        if self.mode == "early-exit":
+        if self.mode in ("early-exit", "tree-exit"):  # tree-exit: each token gets its step's layers run
             turn.layers_run = list(st.layers_run)
             turn.exit_correct = self.full_model_agrees(tokens, out, st.stop_reason == "eog", len(st.layers_run))
         return turn
@@ -258,6 +259,15 @@ def make_early_exit(model: specee.Model, cfg: RunConfig) -> Runner:
     return NativeRunner(model, cfg, "early-exit")
 
 
+def make_tree_exit(model: specee.Model, cfg: RunConfig) -> Runner:
+    if not model.has_eagle or (not model.has_exit_predictors and not cfg.options.exit.replay):
+        raise ModeError("mode tree-exit needs an EAGLE head and exit predictors: pass --exit-draft-head HEAD.gguf "
+                        "(as for mode early-exit)")
+    if cfg.options.temp > 0:
+        raise ModeError("mode tree-exit decodes greedily: use --temp 0")
+    return NativeRunner(model, cfg, "tree-exit")
+
+
 # A mode whose function is None is listed as not available in this build.
 MODES: dict[str, tuple[str, Callable[[specee.Model, RunConfig], Runner] | None]] = {
     "plain": ("this runtime, plain decoding", make_plain),
@@ -265,6 +275,8 @@ MODES: dict[str, tuple[str, Callable[[specee.Model, RunConfig], Runner] | None]]
     "eagle2": ("EAGLE-2 dynamic tree (--eagle-total-tokens/--eagle-depth/--eagle-topk)", make_eagle2),
     "early-exit": ("SpecEE early exit, greedy (--exit-draft-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay)",
                    make_early_exit),
+    "tree-exit": ("SpecEE early exit inside the EAGLE-2 tree's verification pass, greedy (the early-exit and EAGLE-2 "
+                  "flags)", make_tree_exit),
     "llama.cpp": ("upstream llama.cpp on the same GGUF (--llama-cli PATH, or llama-cpp-python)", make_llama_cpp),
 }
 

@@ -29,6 +29,8 @@ MODES = [
     ("eagle2", ["--mode", "eagle2", "--eagle-total-tokens", "4", "--eagle-depth", "3", "--eagle-topk", "2"],
      dict(mode="eagle2", eagle=EagleParams(total_tokens=4, depth=3, topk=2))),
     ("early-exit", ["--mode", "early-exit"], dict(mode="early-exit")),
+    ("tree-exit", ["--mode", "tree-exit", "--eagle-total-tokens", "4", "--eagle-depth", "3", "--eagle-topk", "2"],
+     dict(mode="tree-exit", eagle=EagleParams(total_tokens=4, depth=3, topk=2))),
 ]
 SAMPLING = [("greedy", ["--temp", "0"], dict(temp=0)),
             ("seeded", ["--temp", "0.8", "-s", "5"], dict(temp=0.8, seed=5))]
@@ -45,8 +47,8 @@ def model(smollm2_path: Path) -> specee.Model:
     return specee.Model(smollm2_path, n_ctx=512, n_threads=1, draft_head="default")
 
 
-# early exit decodes greedily only
-CASES = [(m, s) for m in MODES for s in SAMPLING if not (m[0] == "early-exit" and s[0] == "seeded")]
+# early exit and tree exit decode greedily only
+CASES = [(m, s) for m in MODES for s in SAMPLING if not (m[0] in ("early-exit", "tree-exit") and s[0] == "seeded")]
 
 
 @pytest.mark.slow

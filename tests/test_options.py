@@ -68,12 +68,12 @@ def test_python_defaults_are_the_runtime_defaults() -> None:
 
 
 def test_names_are_defined_once_in_the_runtime() -> None:
-    assert MODES == ("auto", "plain", "eagle", "eagle2", "early-exit") == tuple(OPTIONS["mode"]["choices"])
+    assert MODES == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit") == tuple(OPTIONS["mode"]["choices"])
     assert OPTIONS["exit.kv"]["choices"] == ["mask", "fill"]
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, not 'eagle3'"),
+    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, not 'eagle3'"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(min_p=1.5), "min_p must be in [0, 1]"),
     (dict(top_k=2.5), "top_k must be an integer"),

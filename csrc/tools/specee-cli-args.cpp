@@ -228,8 +228,9 @@ static void print_usage(const char * argv0, const std::vector<cli_option> & opts
     printf("streams to stdout, and timing lines in llama_perf_context_print's format go to stderr.\n");
     printf("Sampling chain: repetition penalty -> top-k -> top-p -> min-p -> temperature -> seeded draw.\n");
     printf("Modes (--mode): plain decoding; EAGLE speculative decoding, lossless (greedy output = plain output,\n");
-    printf("sampling keeps the distribution); SpecEE early exit, greedy and lossy. The perf lines add the mean accepted\n");
-    printf("tokens per step or the exit ratio, mean layers run and a histogram.\n\noptions:\n");
+    printf("sampling keeps the distribution); SpecEE early exit, alone or inside the EAGLE tree (tree-exit), greedy and\n");
+    printf("lossy. The perf lines add the mean accepted tokens per step and/or the exit ratio, mean layers run and a\n");
+    printf("histogram.\n\noptions:\n");
     for (const cli_option & o : opts) {
         std::string head = "  ";
         for (size_t k = 0; k < o.names.size(); ++k) {

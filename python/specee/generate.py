@@ -74,7 +74,8 @@ class ExitParams:
 class GenerateOptions:
     """Everything a generation call takes besides the prompt and max_tokens.
 
-    mode: "plain", "eagle", "eagle2", "early-exit" or "auto": early-exit with a draft head and exit predictors at
+    mode: "plain", "eagle", "eagle2", "early-exit", "tree-exit" (early exit inside the EAGLE tree's verification
+    pass: eagle's tree settings and exit's, greedy) or "auto": early-exit with a draft head and exit predictors at
     temp 0 (SpecEE's behaviour), eagle2 with a draft head, else plain. Sampling: llama.cpp's chain and defaults
     (temp <= 0: greedy; seed None or -1: random); ignore_eos: end-of-generation tokens are never sampled. eagle and
     exit: the trees and the early-exit settings. stop: strings that end generation (not included). chat_template:
@@ -111,15 +112,16 @@ class GenerationStats:
     t_prompt_ms: float = 0.0
     n_tokens: int = 0  # tokens the runtime returned (an end-of-generation token included)
     n_decoded: int = 0  # of which from decoding steps (all but the first, which comes from the prompt's pass)
-    n_steps: int = 0  # decoding steps: one per token (plain, early-exit) or per draft-and-verify step (eagle, eagle2)
+    n_steps: int = 0  # decoding steps: one per token (plain, early-exit) or per draft-and-verify step (eagle, eagle2,
+    # tree-exit)
     t_decode_ms: float = 0.0
     t_sample_ms: float = 0.0
-    n_drafted: int = 0  # eagle, eagle2: draft tokens verified
+    n_drafted: int = 0  # eagle, eagle2, tree-exit: draft tokens verified
     n_accepted: int = 0  # of which accepted
     t_draft_ms: float = 0.0
     t_verify_ms: float = 0.0
-    n_exits: int = 0  # early-exit: decoded tokens that left before the last layer
-    n_layers_run: int = 0  # layers evaluated, summed over decoded tokens
+    n_exits: int = 0  # early-exit: decoded tokens that left before the last layer (tree-exit: steps whose pass did)
+    n_layers_run: int = 0  # layers evaluated, summed over decoded tokens (tree-exit: over steps)
     n_checks: int = 0
     n_fired: int = 0
     n_rejected: int = 0
@@ -131,17 +133,17 @@ class GenerationStats:
     n_verified: int = 0  # checked exits: exited tokens the full model agreed with
     n_rollbacks: int = 0  # exited tokens it disagreed with (the sequence went back to the full model's token)
     n_discarded: int = 0  # tokens emitted after a wrong exit, taken back by the rollbacks
-    mean_accepted_tokens: float = 0.0  # eagle, eagle2: tokens per step (1.0: no draft token accepted)
-    exit_ratio: float = 0.0  # early-exit: share of decoded tokens that exited
-    mean_layers_run: float = 0.0  # early-exit: layers per decoded token (SpecEE's "average exit layer")
+    mean_accepted_tokens: float = 0.0  # eagle, eagle2, tree-exit: tokens per step (1.0: no draft token accepted)
+    exit_ratio: float = 0.0  # early-exit: share of decoded tokens that exited (tree-exit: of steps)
+    mean_layers_run: float = 0.0  # early-exit: layers per decoded token, SpecEE's "average exit layer" (tree-exit: per step)
     # this call's record
     mode: str = ""
     mode_why: str = ""  # mode "auto": what it chose and why (one line); a replayed acceptance says so; else ""
     stop_reason: str = ""  # "eog", "stop", "length", "context", "interrupted"; "" while running or abandoned
     tokens: list[int] = field(default_factory=list)  # generated ids (an end-of-generation token not included)
     n_layer: int = 0
-    step_tokens: list[int] = field(default_factory=list)  # eagle, eagle2: tokens each decoding step returned
-    layers_run: list[int] = field(default_factory=list)  # early-exit: layers each decoded token ran
+    step_tokens: list[int] = field(default_factory=list)  # eagle, eagle2, tree-exit: tokens each decoding step returned
+    layers_run: list[int] = field(default_factory=list)  # early-exit, tree-exit: layers each decoded token's pass ran
 
     @property
     def n_generated(self) -> int:

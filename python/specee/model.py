@@ -431,9 +431,9 @@ class Model:
                 if not toks:
                     stats.stop_reason = "context"
                     return
-                if not first and stats.mode in ("eagle", "eagle2"):
+                if not first and stats.mode in ("eagle", "eagle2", "tree-exit"):
                     stats.step_tokens.append(len(toks))
-                if not first and stats.mode == "early-exit":
+                if not first and stats.mode in ("early-exit", "tree-exit"):
                     stats.layers_run += runs
                 first = False
                 for tok in toks:
@@ -453,7 +453,7 @@ class Model:
         """Generate from a prompt (str, or UTF-8 bytes) or chat messages ([{"role", "content"}]), yielding text pieces.
 
         options: the fields of specee.generate.GenerateOptions as keywords: mode ("auto", "plain", "eagle",
-        "eagle2", "early-exit"), temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ignore_eos,
+        "eagle2", "early-exit", "tree-exit"), temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ignore_eos,
         eagle=EagleParams(...), exit=ExitParams(...), stop, chat_template. The KV cache keeps the longest prefix
         of the prompt it already holds (an earlier turn of the conversation), so only the rest is evaluated.
         Statistics are in `last_stats` once the iterator is exhausted; a later generation call makes this

@@ -40,7 +40,7 @@ with missing_package_exits("specee-server"):  # the [server] extra
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-MODES = ("auto", "plain", "eagle", "eagle2", "early-exit")
+MODES = ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit")
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
 FINISH = {"stop": "stop", "length": "length", "context": "length", None: None, "error": "error"}
 
@@ -185,10 +185,10 @@ class Engine:
         m["prompt_ms"] += st["t_prompt_ms"]
         m["predicted_tokens"] += int(st["n_tokens"])
         m["predicted_ms"] += st["t_decode_ms"]
-        if mode in ("eagle", "eagle2"):
+        if mode in ("eagle", "eagle2", "tree-exit"):
             m["spec_steps"] += int(st["n_steps"])
             m["spec_tokens"] += int(st["n_decoded"])
-        if mode == "early-exit":
+        if mode in ("early-exit", "tree-exit"):
             m["exit_steps"] += int(st["n_steps"])
             m["exit_exits"] += int(st["n_exits"])
 

@@ -1,0 +1,434 @@
+// specee-tree-exit.cpp: tree exit, SpecEE's early exit inside an EAGLE tree's verification pass (greedy, lossy by
+// design; mode tree-exit).
+//
+// One step drafts a tree as EAGLE does (specee-speculative.cpp: EAGLE-2's dynamic tree, or EAGLE-1's static one), and
+// keeps, for every node the head expands, the head's top n_cand tokens there: its candidates, as single-token early
+// exit takes them (specee-early-exit.cpp). The verified leaves, which EAGLE never expands, are expanded too (one more
+// head pass over them, drawing no children): every verified row has candidates, so a pass that exits at a leaf still
+// ends with the target's own token there, as a full pass does. (Without it a step whose walk reaches a leaf would end
+// one token short; on the 7B-shaped file's default tree, where the deepest accepted node is always a leaf, that cost
+// 0.6 tokens a step for a head pass worth ~0.05 of one: docs/early-exit.md.) The target then verifies root + tree
+// layer range by layer range, over early exit's schedule (the static set, plus e-2, e, e+2 around the last exits). At
+// a scheduled layer s:
+//
+//   features   for every verified row, SpecEE's 12 features of the row's hidden state after layer s:
+//              c = lm_head[cand] . final_norm(h_s), p = softmax(c), p - p_prev, with p_prev the row's p at the
+//              previous checked layer (at its first check, p itself)
+//   path       from the root, the verified child whose token is the node's best candidate (its largest c), while
+//              there is one; under a replayed acceptance (eagle.replay) the replay's path instead: the first verified
+//              child, as many times as the replay says
+//   fire       layer s's predictor on every row of the path: the pass fires when each of them is > threshold
+//   check      the full logits at layer s (final norm + lm_head) of the path's rows, then the greedy walk over them
+//              exactly as a verification pass's walk (specee_tree_walk): the target's argmax at each node, to the
+//              child that drafted it, and the argmax where no child did. The pass exits iff every emitted token is
+//              among the candidates of the node it was drawn at. A walk that leaves the scored path (a near-tie
+//              between the host's candidate logits and the graph's) gets the rows it reaches computed as it reaches
+//              them.
+//
+// A check that fails goes on to the next scheduled layer; past the last one the pass runs every layer and the step is
+// EAGLE's own. A replayed exit layer (exit.replay) ends the pass there whatever the predictors and candidates say.
+// After an exit the accepted rows' K/V in the skipped layers follow exit.kv as single-token exits do: `mask` leaves
+// them invalid (later tokens do not see them there), `fill` computes them from the exit layer's output. The draft
+// head's pairs take the exit layer's final-norm output as the feature (EAGLE-3: its feature layers past the exit
+// layer are the exit layer's output).
+//
+// Stats (specee_generator_stats): per step n_steps, n_drafted, n_accepted as EAGLE; n_exits (passes that stopped
+// early), n_layers_run (layers the pass ran), n_checks (scheduled layers checked), n_fired (checks whose whole path
+// fired), n_rejected (fired, but a token was not a candidate); t_verify_ms the pass's layers, t_check_ms the features
+// and predictors, t_exit_ms the exit layers' lm_head, t_fill_ms the filled K/V.
+#include "specee-tree-exit.h"
+
+#include "specee-context.h"
+#include "specee-graph.h"
+#include "specee-impl.h"
+#include "specee-model.h"
+#include "specee-sampling.h"
+
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+// ---- the exit layer's logits, computed for the rows a walk needs ---------------------------------------------
+
+struct exit_rows {
+    specee_context *            ctx   = nullptr;
+    const specee_tree_decoder * dec   = nullptr;
+    int32_t                     layer = -1;  // the exit layer (its output is in the context's state)
+    std::vector<int32_t>        slot;        // [nodes] where a node's rows are in logits / norm, -1: not computed
+    std::vector<float>          logits;      // [slots][n_vocab]
+    std::vector<float>          norm;        // [slots][n_embd]
+    int32_t                     n_graphs = 0; // exit graphs run
+};
+
+// the final norm and lm_head at the exit layer for these nodes' rows, in one graph
+static void compute_exit_rows(exit_rows & er, const std::vector<int32_t> & nodes) {
+    specee_context &     ctx     = *er.ctx;
+    const specee_model & m       = *ctx.model;
+    const int32_t        n_rows  = (int32_t) nodes.size();
+    const int64_t        n_vocab = m.hparams.n_vocab, n_embd = m.hparams.n_embd;
+    std::vector<int32_t> rows(n_rows);
+    for (int32_t i = 0; i < n_rows; ++i) {
+        rows[i] = er.dec->nodes[nodes[i]].row;
+    }
+    specee_graph_io io;
+    ggml_cgraph *   gf = specee_build_exit_graph(specee_graph_begin(ctx), m,
+                                                 ctx.state[specee_context_backend_of_layer(ctx, er.layer)], io, 16,
+                                                 n_rows);
+    specee_graph_alloc(ctx, gf, "the exit layer's lm_head");
+    ggml_backend_tensor_set(io.inp_out_ids, rows.data(), 0, rows.size() * sizeof(int32_t));
+    specee_graph_compute(ctx, gf, n_rows);
+    const size_t first = er.logits.size() / n_vocab;
+    er.logits.resize((first + n_rows) * n_vocab);
+    er.norm.resize((first + n_rows) * n_embd);
+    ggml_backend_tensor_get(io.result_output, er.logits.data() + first * n_vocab, 0, n_rows * n_vocab * sizeof(float));
+    ggml_backend_tensor_get(io.result_norm, er.norm.data() + first * n_embd, 0, n_rows * n_embd * sizeof(float));
+    for (int32_t i = 0; i < n_rows; ++i) {
+        er.slot[nodes[i]] = (int32_t) first + i;
+    }
+    er.n_graphs += 1;
+}
+
+// specee_node_logits for the walk: a node's row's logits at the exit layer, computed when first needed
+static const float * exit_logits_of(const void * user, int32_t node) {
+    exit_rows & er = *(exit_rows *) const_cast<void *>(user);
+    if (er.slot[node] < 0) {
+        compute_exit_rows(er, {node});
+    }
+    return er.logits.data() + (size_t) er.slot[node] * er.ctx->model->hparams.n_vocab;
+}
+
+// a full pass's logits: every row has them (the step of a pass that did not exit is EAGLE's)
+struct pass_rows {
+    const specee_tree_decoder * dec;
+    const float *               logits;
+    int32_t                     n_vocab;
+};
+
+static const float * pass_logits_of(const void * user, int32_t node) {
+    const pass_rows & pr = *(const pass_rows *) user;
+    return pr.logits + (size_t) pr.dec->nodes[node].row * pr.n_vocab;
+}
+
+// ---- the checks at a layer ----------------------------------------------------------------------------------
+
+// what the checks know of the pass so far
+struct pass_checks {
+    std::vector<int32_t>            row_node; // [rows] the node of each verified row
+    std::vector<std::vector<float>> feat;     // [rows] the 12 features at the last checked layer (empty: none)
+    std::vector<std::vector<float>> p_prev;   // [rows] p at the previous checked layer (empty: not checked yet)
+};
+
+// the features of every verified row (whose node has n_cand candidates: all, unless the head's vocabulary is
+// smaller), from the rows' hidden states after the layer just evaluated
+static void row_features(specee_context & ctx, const specee_tree_decoder & dec, pass_checks & pc) {
+    const specee_model &       m      = *ctx.model;
+    const int32_t              n_cand = (int32_t) m.exit.n_cand;
+    const int64_t              n_embd = m.hparams.n_embd;
+    const std::vector<float> & h      = specee_context_hidden(ctx);
+    std::vector<float>         p(n_cand);
+    for (size_t r = 0; r < pc.row_node.size(); ++r) {
+        const std::vector<int32_t> & cand = dec.nodes[pc.row_node[r]].cand;
+        if ((int32_t) cand.size() != n_cand) {
+            pc.feat[r].clear();
+            continue;
+        }
+        pc.feat[r].resize(3 * n_cand);
+        specee_exit_features_impl(m, h.data() + r * n_embd, cand.data(),
+                                  pc.p_prev[r].empty() ? nullptr : pc.p_prev[r].data(), pc.feat[r].data(), p.data());
+        pc.p_prev[r] = p;
+    }
+}
+
+// The nodes the checks score (see the top of the file): from the root, the verified child that the node's best
+// candidate (or, replayed, the first verified child) names; at most n_max nodes
+static std::vector<int32_t> scored_path(const specee_tree_decoder & dec, const pass_checks & pc, int32_t n_cand,
+                                        int32_t replay, int32_t n_max) {
+    std::vector<int32_t> path = {0};
+    for (int32_t cur = 0; (int32_t) path.size() < n_max;) {
+        const draft_node &         nd   = dec.nodes[cur];
+        const std::vector<float> & feat = pc.feat[nd.row];
+        int32_t                    next = -1;
+        for (int32_t c : nd.children) {
+            if (dec.nodes[c].row < 0) {
+                continue;
+            }
+            if (replay >= 0) {
+                next = (int32_t) path.size() <= replay ? c : -1;
+                break;
+            }
+            if (!feat.empty()) {
+                const int32_t best = (int32_t) (std::max_element(feat.begin(), feat.begin() + n_cand) - feat.begin());
+                if (dec.nodes[c].token == nd.cand[best]) {
+                    next = c;
+                    break;
+                }
+            }
+        }
+        if (next < 0) {
+            break;
+        }
+        path.push_back(next);
+        cur = next;
+    }
+    return path;
+}
+
+// whether layer il's predictor fires on every node of the path
+static bool path_fires(const specee_model & m, int32_t il, const specee_tree_decoder & dec, const pass_checks & pc,
+                       const std::vector<int32_t> & path, float threshold) {
+    for (int32_t ni : path) {
+        const std::vector<float> & feat = pc.feat[dec.nodes[ni].row];
+        if (feat.empty() || !(specee_exit_predict_impl(m, il, feat.data()) > threshold)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// every emitted token is among the candidates of the node it was drawn at (the root for the first, path[j - 1] for
+// token j)
+static bool tokens_are_candidates(const specee_tree_decoder & dec, const std::vector<int32_t> & emitted,
+                                  const std::vector<int32_t> & path) {
+    for (size_t j = 0; j < emitted.size(); ++j) {
+        const std::vector<int32_t> & cand = dec.nodes[j == 0 ? 0 : path[j - 1]].cand;
+        if (std::find(cand.begin(), cand.end(), emitted[j]) == cand.end()) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- after an exit ---------------------------------------------------------------------------------------
+
+// SPECEE_EXIT_KV_FILL: the kept rows' K/V in layers (exited, n_layer) from the exit layer's output, in their cells
+static void fill_skipped_rows(specee_context & ctx, int32_t exited, const std::vector<int32_t> & rows) {
+    const specee_model & m       = *ctx.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    const int32_t        n_rows  = (int32_t) rows.size();
+    std::vector<int32_t> pos(n_rows);
+    std::vector<int64_t> cells(n_rows);
+    for (int32_t i = 0; i < n_rows; ++i) {
+        pos[i]   = ctx.pos[rows[i]];
+        cells[i] = ctx.cells[rows[i]];
+    }
+    specee_graph_io io;
+    ggml_cgraph *   gf = specee_build_kv_fill_graph(specee_graph_begin(ctx), m, ctx.kv,
+                                                    ctx.state[specee_context_backend_of_layer(ctx, exited)],
+                                                    exited + 1, n_layer, io, ctx.graph_size, n_rows);
+    specee_graph_alloc(ctx, gf, "the skipped layers' K/V");
+    ggml_backend_tensor_set(io.inp_out_ids, rows.data(), 0, rows.size() * sizeof(int32_t));
+    ggml_backend_tensor_set(io.inp_pos, pos.data(), 0, pos.size() * sizeof(int32_t));
+    ggml_backend_tensor_set(io.inp_kv_idxs, cells.data(), 0, cells.size() * sizeof(int64_t));
+    specee_graph_compute(ctx, gf, n_rows);
+    for (int64_t c : cells) {
+        for (int32_t il = exited + 1; il < n_layer; ++il) {
+            ctx.kv.set_valid((int32_t) c, il);
+        }
+    }
+}
+
+// The head's features of the emitted tokens' rows [emitted][n_feat]: EAGLE-1 the exit layer's final-norm output;
+// EAGLE-3 the outputs of its feature layers, those past the exit layer (not computed) taken as the exit layer's
+static std::vector<float> exit_features(specee_context & ctx, const specee_draft_head & head, const exit_rows & er,
+                                        const std::vector<int32_t> & draw_nodes) {
+    const specee_eagle &       e      = ctx.model->eagle;
+    const int64_t              n_embd = ctx.model->hparams.n_embd;
+    const std::vector<float> & h      = specee_context_hidden(ctx);
+    std::vector<float>         feats;
+    for (int32_t ni : draw_nodes) {
+        const int32_t row = er.dec->nodes[ni].row;
+        if (e.version != 3) {
+            const float * nrm = er.norm.data() + (size_t) er.slot[ni] * n_embd;
+            feats.insert(feats.end(), nrm, nrm + n_embd);
+            continue;
+        }
+        const float * f0 = specee_context_feature(ctx, row);
+        std::vector<float> f(f0, f0 + head.n_feat);
+        for (size_t k = 0; k < e.feature_layers.size(); ++k) {
+            if (e.feature_layers[k] > er.layer) {
+                std::copy(h.begin() + row * n_embd, h.begin() + (row + 1) * n_embd, f.begin() + (int64_t) k * n_embd);
+            }
+        }
+        feats.insert(feats.end(), f.begin(), f.end());
+    }
+    return feats;
+}
+
+// ---- the step --------------------------------------------------------------------------------------------
+
+// what one step decided
+struct step_result {
+    int32_t              exited = -1; // the exit layer, -1: every layer ran
+    int32_t              n_acc  = 0;
+    std::vector<int32_t> emitted, path;
+};
+
+// The walk at the exit layer il: accepted when every emitted token is a candidate (or the exit is replayed); a
+// rejected walk leaves the sampler and the replay's counter as they were. On acceptance the skipped layers' cache
+// follows the KV policy and both caches keep the accepted rows.
+static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exit, specee_draft_head & head,
+                     specee_sampler & smpl, int32_t il, bool forced, const std::vector<int32_t> & scored, int32_t n,
+                     int32_t root_pos, int32_t n_max, step_result & res, specee_generator_stats & st) {
+    specee_context & ctx = *head.ctx;
+    auto             t0  = specee_clock::now();
+    exit_rows        er;
+    er.ctx   = &ctx;
+    er.dec   = &tree;
+    er.layer = il;
+    er.slot.assign(tree.nodes.size(), -1);
+    compute_exit_rows(er, scored);
+
+    specee_sampler_params sp = specee_sampler_default_params();
+    sp.seed                  = 0; // only its history is used
+    std::unique_ptr<specee_sampler, void (*)(specee_sampler *)> saved(specee_sampler_init_impl(sp),
+                                                                      specee_sampler_free);
+    specee_sampler_copy_history(*saved, smpl);
+    const size_t n_replayed = tree.n_replayed;
+    res.emitted.clear();
+    res.path.clear();
+    res.n_acc = specee_tree_walk(tree, head, smpl, n_max, exit_logits_of, &er, res.emitted, res.path);
+    st.t_exit_ms += specee_ms_since(t0);
+    if (!forced && !tokens_are_candidates(tree, res.emitted, res.path)) {
+        specee_sampler_copy_history(smpl, *saved);
+        tree.n_replayed = n_replayed;
+        return false;
+    }
+
+    std::vector<int32_t> kept = {0}, draw_nodes = {0};
+    for (int32_t ni : res.path) {
+        kept.push_back(tree.nodes[ni].row);
+        draw_nodes.push_back(ni);
+    }
+    draw_nodes.resize(res.emitted.size());
+    if (exit.params.kv == SPECEE_EXIT_KV_FILL) {
+        t0 = specee_clock::now();
+        fill_skipped_rows(ctx, il, kept);
+        st.t_fill_ms += specee_ms_since(t0);
+    }
+    t0                             = specee_clock::now();
+    const std::vector<float> feats = exit_features(ctx, head, er, draw_nodes);
+    specee_tree_keep(tree, head, n, root_pos, res.emitted, res.path, feats.data());
+    st.t_sample_ms += specee_ms_since(t0);
+    res.exited = il;
+    return true;
+}
+
+// the scheduled layers of this pass; a replayed exit layer replaces those from it on
+static std::vector<int32_t> pass_schedule(specee_exit_decoder & exit, const specee_model & m, int32_t & forced) {
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    std::vector<int32_t> sched   = exit_schedule(exit, m);
+    forced                       = -1;
+    if (!exit.replay.empty()) {
+        forced = exit.replay[exit.n_replayed++ % exit.replay.size()];
+        sched.erase(std::remove_if(sched.begin(), sched.end(), [&](int32_t il) { return il >= forced; }), sched.end());
+        if (forced < n_layer - 1) {
+            sched.push_back(forced);
+        }
+    }
+    return sched;
+}
+
+// The verification pass, layer range by layer range over the schedule, until a check exits; then the rest of it
+static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
+                              specee_sampler & smpl, const specee_batch & b, int32_t root_pos, int32_t n_max,
+                              step_result & res, specee_generator_stats & st) {
+    specee_context &     ctx     = *head.ctx;
+    const specee_model & m       = *head.model;
+    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    const int32_t        n       = b.n_tokens;
+    pass_checks          pc;
+    pc.row_node.assign(n, 0);
+    for (int32_t ni = 1; ni < (int32_t) tree.nodes.size(); ++ni) {
+        if (tree.nodes[ni].row >= 0) {
+            pc.row_node[tree.nodes[ni].row] = ni;
+        }
+    }
+    pc.feat.resize(n);
+    pc.p_prev.resize(n);
+    const int32_t replay = tree.params.n_replay > 0 ?
+                               tree.params.replay[tree.n_replayed % (size_t) tree.params.n_replay] : -1;
+    int32_t       forced = -1, l = 0;
+    for (int32_t s : pass_schedule(exit, m, forced)) {
+        auto t0 = specee_clock::now();
+        specee_eval_layers_impl(ctx, &b, l, s + 1, SPECEE_EVAL_NO_LOGITS);
+        st.t_verify_ms += specee_ms_since(t0);
+        l = s + 1;
+
+        t0 = specee_clock::now();
+        row_features(ctx, tree, pc);
+        const std::vector<int32_t> scored = scored_path(tree, pc, (int32_t) m.exit.n_cand, replay, n_max);
+        bool                       fire   = s == forced;
+        if (!fire && m.exit.pred[s].up) {
+            fire = path_fires(m, s, tree, pc, scored, exit.params.threshold) && forced < 0;
+            st.n_checks += 1;
+            st.n_fired += fire;
+        }
+        st.t_check_ms += specee_ms_since(t0);
+        if (fire && try_exit(tree, exit, head, smpl, s, s == forced, scored, n, root_pos, n_max, res, st)) {
+            return;
+        }
+        st.n_rejected += fire;
+    }
+    auto t0 = specee_clock::now();
+    specee_eval_layers_impl(ctx, &b, l, n_layer, 0);
+    st.t_verify_ms += specee_ms_since(t0);
+
+    t0                   = specee_clock::now();
+    const pass_rows rows = {&tree, ctx.logits.data(), head.n_vocab};
+    res.emitted.clear(); // a rejected check's walk left its tokens
+    res.path.clear();
+    res.n_acc            = specee_tree_walk(tree, head, smpl, n_max, pass_logits_of, &rows, res.emitted, res.path);
+    specee_tree_keep(tree, head, n, root_pos, res.emitted, res.path, nullptr);
+    st.t_sample_ms += specee_ms_since(t0);
+}
+
+int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
+                              specee_sampler & smpl, int32_t & root, int32_t & root_pos, int32_t * out, int32_t n_max,
+                              int32_t & layers_run, specee_generator_stats & st) {
+    specee_context & ctx     = *head.ctx;
+    const int32_t    n_layer = (int32_t) head.model->hparams.n_layer;
+    const int32_t    n_free  = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
+    const int32_t budget = std::min({tree.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
+
+    // ---- draft (each expanded node keeps its candidates)
+    auto                       t0    = specee_clock::now();
+    const std::vector<int32_t> nodes = specee_tree_draft(tree, head, smpl, root, root_pos, budget);
+    st.t_draft_ms += specee_ms_since(t0);
+
+    // ---- verify, checking the scheduled layers
+    const specee_tree_batch tb = specee_tree_verify_batch(tree, root, root_pos, nodes);
+    const specee_batch      b  = tb.view();
+    step_result             res;
+    verify_with_exits(tree, exit, head, smpl, b, root_pos, n_max, res, st);
+
+    root = res.emitted.back();
+    root_pos += (int32_t) res.emitted.size();
+    layers_run = res.exited >= 0 ? res.exited + 1 : n_layer;
+    st.n_steps += 1;
+    st.n_drafted += b.n_tokens - 1;
+    st.n_accepted += res.n_acc;
+    st.n_exits += res.exited >= 0;
+    st.n_layers_run += layers_run;
+    if (res.exited >= 0) {
+        exit.recent_exits.push_back(res.exited);
+        if (exit.recent_exits.size() > 5) {
+            exit.recent_exits.erase(exit.recent_exits.begin());
+        }
+    }
+    std::copy(res.emitted.begin(), res.emitted.end(), out);
+    return (int32_t) res.emitted.size();
+}
+
+void specee_tree_exit_init(specee_tree_decoder & tree, specee_exit_decoder & exit, const specee_model & model,
+                           const specee_exit_params & params) {
+    const bool predicts = params.n_replay == 0 && !(params.threshold >= 1.0f);
+    if (predicts && model.exit.n_pred == 0) {
+        specee_fail("tree exit needs exit predictors (blk.N.pred.*): merge them into the model with python -m "
+                    "specee.convert merge --predictors, or load a draft head file that has them (--draft-head)");
+    }
+    specee_exit_init(exit, model, params);
+    tree.n_cand = std::max<int32_t>(1, (int32_t) model.exit.n_cand);
+    tree.max_expand += tree.max_nodes; // the verified leaves are expanded too (specee_tree_draft)
+}

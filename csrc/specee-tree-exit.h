@@ -1,0 +1,19 @@
+// specee-tree-exit.h: tree exit: SpecEE's early exit inside an EAGLE tree's verification pass (greedy, lossy by design)
+#pragma once
+
+#include "specee-draft-head.h"
+#include "specee-early-exit.h"
+#include "specee-speculative.h"
+#include "specee.h"
+
+#include <cstdint>
+
+// Sets the tree decoder up to keep each expanded node's candidates (the model's specee.exit.n_candidates) and checks
+// the exit parameters as early exit does (specee_exit_init); the tree itself is set up by specee_tree_init.
+void    specee_tree_exit_init(specee_tree_decoder & tree, specee_exit_decoder & exit, const specee_model & model,
+                              const specee_exit_params & params);
+// One draft-and-verify step whose verification pass may stop at a checked layer: writes 1..n_max tokens and advances
+// root / root_pos as specee_tree_step does; *layers_run receives the layers the pass ran; returns the count.
+int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
+                              specee_sampler & smpl, int32_t & root, int32_t & root_pos, int32_t * out, int32_t n_max,
+                              int32_t & layers_run, specee_generator_stats & st);
