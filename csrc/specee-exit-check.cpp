@@ -101,13 +101,17 @@ void checked_pass_run(checked_pass & cp, int32_t b, uint32_t flags) {
             const std::vector<uint8_t> mask   = cp.tree_mask.empty() ? std::vector<uint8_t>() : joined_mask(cp, n_wait);
             specee_eval_resume_impl(ctx, cells, hid.data(), cp.l, stop, fl, mask.empty() ? nullptr : mask.data());
         }
-        // EAGLE-3: the decoder's rows' feature-layer outputs computed in this range
+        // EAGLE-3: the decoder's rows' feature-layer outputs computed in this range, kept across the pass's batches
+        // and put back in the context's (a batch that rows joined holds only its own range's)
         for (size_t k = 0; m.eagle.version == 3 && k < m.eagle.feature_layers.size(); ++k) {
             const int32_t fl_k = m.eagle.feature_layers[k];
             for (int32_t r = 0; fl_k >= cp.l && fl_k < stop && r < cp.n_cur; ++r) {
                 const float * f = ctx.features.data() + ((size_t) r * 3 + k) * n_embd;
                 std::copy(f, f + n_embd, cp.features.begin() + ((size_t) r * 3 + k) * n_embd);
             }
+        }
+        if (m.eagle.version == 3 && cp.n_cur > 0) {
+            std::copy(cp.features.begin(), cp.features.end(), ctx.features.begin());
         }
         cp.started = true;
         cp.first   = join;

@@ -356,8 +356,8 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         specee_fail("the KV cache was changed since this generation started (start again)");
     }
     const auto t0 = specee_clock::now();
-    if (g.mode == SPECEE_MODE_EARLY_EXIT && g.params.exit.check) {
-        // checked exits: steps until a chain is checked (a token that runs every layer, or a full context)
+    if ((g.mode == SPECEE_MODE_EARLY_EXIT || g.mode == SPECEE_MODE_TREE_EXIT) && g.params.exit.check) {
+        // checked exits: steps until a chain is checked (a pass that runs every layer, or a full context)
         std::vector<std::pair<int32_t, int32_t>> done;
         while (done.empty()) {
             if (ctx.kv.used >= ctx.cparams.n_ctx) {
@@ -365,6 +365,9 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
                     return 0; // context full
                 }
                 specee_exit_chain_flush(g.exit.chain, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
+            } else if (g.mode == SPECEE_MODE_TREE_EXIT) {
+                specee_tree_exit_step_checked(g.tree, g.exit, *g.head, *g.smpl, g.root, g.root_pos, n_max, done,
+                                              g.stats);
             } else {
                 specee_exit_step_checked(g.exit, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
             }

@@ -38,6 +38,8 @@
 // and predictors, t_exit_ms the exit layers' lm_head, t_fill_ms the filled K/V.
 #include "specee-tree-exit.h"
 
+#include "specee-exit-check.h"
+
 #include "specee-context.h"
 #include "specee-graph.h"
 #include "specee-impl.h"
@@ -263,6 +265,7 @@ struct step_result {
     int32_t              exited = -1; // the exit layer, -1: every layer ran
     int32_t              n_acc  = 0;
     std::vector<int32_t> emitted, path;
+    bool                 rolled_back = false; // checked exits: a waiting token was wrong, this step's tree is gone
 };
 
 // The walk at the exit layer il: accepted when every emitted token is a candidate (or the exit is replayed); a
@@ -270,7 +273,8 @@ struct step_result {
 // follows the KV policy and both caches keep the accepted rows.
 static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exit, specee_draft_head & head,
                      specee_sampler & smpl, int32_t il, bool forced, const std::vector<int32_t> & scored, int32_t n,
-                     int32_t root_pos, int32_t n_max, step_result & res, specee_generator_stats & st) {
+                     int32_t root_pos, int32_t n_max, step_result & res, std::vector<float> & feats,
+                     specee_generator_stats & st) {
     specee_context & ctx = *head.ctx;
     auto             t0  = specee_clock::now();
     exit_rows        er;
@@ -307,8 +311,8 @@ static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exi
         fill_skipped_rows(ctx, il, kept);
         st.t_fill_ms += specee_ms_since(t0);
     }
-    t0                             = specee_clock::now();
-    const std::vector<float> feats = exit_features(ctx, head, er, draw_nodes);
+    t0    = specee_clock::now();
+    feats = exit_features(ctx, head, er, draw_nodes);
     specee_tree_keep(tree, head, n, root_pos, res.emitted, res.path, feats.data());
     st.t_sample_ms += specee_ms_since(t0);
     res.exited = il;
@@ -330,14 +334,32 @@ static std::vector<int32_t> pass_schedule(specee_exit_decoder & exit, const spec
     return sched;
 }
 
-// The verification pass, layer range by layer range over the schedule, until a check exits; then the rest of it
+// Checked exits: the rows an exited pass keeps (the root and the accepted path) wait, unchecked, for their skipped
+// layers (specee-exit-check.h); kept row j sits in the batch's cell j after specee_tree_keep, at root_pos + j, paired
+// in the head with feats[j] and followed by emitted[j]
+static void wait_kept_rows(checked_pass & cp, const specee_tree_decoder & tree, const step_result & res,
+                           int32_t root_pos, const std::vector<float> & feats, int32_t n_feat,
+                           const std::vector<int32_t> & history) {
+    checked_pass_stop(cp);
+    for (size_t j = 0; j < res.emitted.size(); ++j) {
+        const int32_t      row = j == 0 ? 0 : tree.nodes[res.path[j - 1]].row;
+        std::vector<float> f(feats.begin() + (int64_t) j * n_feat, feats.begin() + (int64_t) (j + 1) * n_feat);
+        checked_pass_wait(cp, row, cp.ctx->cells[j], root_pos + (int32_t) j, f, res.emitted[j], history);
+    }
+}
+
+// The verification pass, layer range by layer range over the schedule, until a check exits; then the rest of it. With
+// checked exits the waiting tokens join the pass (rows after the tree's), an exit makes the kept rows wait too, and a
+// pass that reaches the last layer checks the waiting tokens first (their tokens, or a rollback's, go to `out`).
 static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
-                              specee_sampler & smpl, const specee_batch & b, int32_t root_pos, int32_t n_max,
-                              step_result & res, specee_generator_stats & st) {
+                              specee_sampler & smpl, const specee_batch & b, int32_t & root, int32_t & root_pos,
+                              int32_t n_max, step_result & res, std::vector<std::pair<int32_t, int32_t>> & out,
+                              specee_generator_stats & st) {
     specee_context &     ctx     = *head.ctx;
     const specee_model & m       = *head.model;
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
     const int32_t        n       = b.n_tokens;
+    const bool           check   = exit.params.check;
     pass_checks          pc;
     pc.row_node.assign(n, 0);
     for (int32_t ni = 1; ni < (int32_t) tree.nodes.size(); ++ni) {
@@ -347,14 +369,15 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
     }
     pc.feat.resize(n);
     pc.p_prev.resize(n);
+    checked_pass cp;
+    checked_pass_begin(cp, exit.chain, ctx, n, b.token, b.pos, b.tree_mask, b.output);
     const int32_t replay = tree.params.n_replay > 0 ?
                                tree.params.replay[tree.n_replayed % (size_t) tree.params.n_replay] : -1;
-    int32_t       forced = -1, l = 0;
+    int32_t       forced = -1;
     for (int32_t s : pass_schedule(exit, m, forced)) {
         auto t0 = specee_clock::now();
-        specee_eval_layers_impl(ctx, &b, l, s + 1, SPECEE_EVAL_NO_LOGITS);
+        checked_pass_run(cp, s + 1, 0);
         st.t_verify_ms += specee_ms_since(t0);
-        l = s + 1;
 
         t0 = specee_clock::now();
         row_features(ctx, tree, pc);
@@ -366,14 +389,26 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
             st.n_fired += fire;
         }
         st.t_check_ms += specee_ms_since(t0);
-        if (fire && try_exit(tree, exit, head, smpl, s, s == forced, scored, n, root_pos, n_max, res, st)) {
+        if (!fire) {
+            continue;
+        }
+        const std::vector<int32_t> history = check ? specee_sampler_history(smpl) : std::vector<int32_t>();
+        std::vector<float>         feats;
+        if (try_exit(tree, exit, head, smpl, s, s == forced, scored, n, root_pos, n_max, res, feats, st)) {
+            if (check) {
+                wait_kept_rows(cp, tree, res, root_pos, feats, head.n_feat, history);
+            }
             return;
         }
-        st.n_rejected += fire;
+        st.n_rejected += 1;
     }
     auto t0 = specee_clock::now();
-    specee_eval_layers_impl(ctx, &b, l, n_layer, 0);
+    checked_pass_run(cp, n_layer, 0);
     st.t_verify_ms += specee_ms_since(t0);
+    if (!checked_pass_check(cp, head, smpl, root, root_pos, out, st)) {
+        res.rolled_back = true; // the tree followed a wrong token: the check took it back
+        return;
+    }
 
     t0                   = specee_clock::now();
     const pass_rows rows = {&tree, ctx.logits.data(), head.n_vocab};
@@ -384,9 +419,11 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
     st.t_sample_ms += specee_ms_since(t0);
 }
 
-int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
-                              specee_sampler & smpl, int32_t & root, int32_t & root_pos, int32_t * out, int32_t n_max,
-                              int32_t & layers_run, specee_generator_stats & st) {
+// One step; the tokens it puts out go to `out` (token, layers its pass ran): the walk's, and with checked exits the
+// checked waiting tokens before them, or nothing while the step's own tokens wait
+static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
+                           specee_sampler & smpl, int32_t & root, int32_t & root_pos, int32_t n_max,
+                           std::vector<std::pair<int32_t, int32_t>> & out, specee_generator_stats & st) {
     specee_context & ctx     = *head.ctx;
     const int32_t    n_layer = (int32_t) head.model->hparams.n_layer;
     const int32_t    n_free  = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
@@ -401,24 +438,55 @@ int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & 
     const specee_tree_batch tb = specee_tree_verify_batch(tree, root, root_pos, nodes);
     const specee_batch      b  = tb.view();
     step_result             res;
-    verify_with_exits(tree, exit, head, smpl, b, root_pos, n_max, res, st);
+    verify_with_exits(tree, exit, head, smpl, b, root, root_pos, n_max, res, out, st);
 
-    root = res.emitted.back();
-    root_pos += (int32_t) res.emitted.size();
-    layers_run = res.exited >= 0 ? res.exited + 1 : n_layer;
+    const int32_t layers_run = res.exited >= 0 ? res.exited + 1 : n_layer;
     st.n_steps += 1;
     st.n_drafted += b.n_tokens - 1;
+    st.n_layers_run += layers_run;
+    if (res.rolled_back) {
+        return; // root and root_pos follow the full model's token
+    }
+    root = res.emitted.back();
+    root_pos += (int32_t) res.emitted.size();
     st.n_accepted += res.n_acc;
     st.n_exits += res.exited >= 0;
-    st.n_layers_run += layers_run;
     if (res.exited >= 0) {
         exit.recent_exits.push_back(res.exited);
         if (exit.recent_exits.size() > 5) {
             exit.recent_exits.erase(exit.recent_exits.begin());
         }
     }
-    std::copy(res.emitted.begin(), res.emitted.end(), out);
-    return (int32_t) res.emitted.size();
+    if (res.exited >= 0 && exit.params.check) {
+        if (specee_token_is_eog(head.model, root)) {
+            specee_exit_chain_flush(exit.chain, head, smpl, root, root_pos, out, st); // nothing follows it
+        }
+        return; // the step's tokens wait for their check
+    }
+    for (int32_t t : res.emitted) {
+        out.emplace_back(t, layers_run);
+    }
+}
+
+int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
+                              specee_sampler & smpl, int32_t & root, int32_t & root_pos, int32_t * out, int32_t n_max,
+                              int32_t & layers_run, specee_generator_stats & st) {
+    std::vector<std::pair<int32_t, int32_t>> done;
+    tree_exit_step(tree, exit, head, smpl, root, root_pos, n_max, done, st);
+    layers_run = done.empty() ? (int32_t) head.model->hparams.n_layer : done.back().second;
+    for (size_t i = 0; i < done.size(); ++i) {
+        out[i] = done[i].first;
+    }
+    return (int32_t) done.size();
+}
+
+int32_t specee_tree_exit_step_checked(specee_tree_decoder & tree, specee_exit_decoder & exit,
+                                      specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                                      int32_t & root_pos, int32_t n_max, std::vector<std::pair<int32_t, int32_t>> & out,
+                                      specee_generator_stats & st) {
+    const size_t out0 = out.size();
+    tree_exit_step(tree, exit, head, smpl, root, root_pos, n_max, out, st);
+    return (int32_t) (out.size() - out0);
 }
 
 void specee_tree_exit_init(specee_tree_decoder & tree, specee_exit_decoder & exit, const specee_model & model,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specee
-from specee import ExitParams, GenerateOptions
+from specee import EagleParams, ExitParams, GenerateOptions
 from specee import _core
 from test_early_exit import PROMPTS, exit_decode, predictors, with_head  # noqa: F401 (fixtures)
 
@@ -133,10 +133,51 @@ def test_a_full_context_checks_what_waits(with_head: Path) -> None:
     assert out == plain and m.last_stats.stop_reason == "context"
 
 
+# ---- tree exit: the rows an exited tree pass keeps wait, and join the next tree's pass after its rows
+
+TREES = [EagleParams(total_tokens=6, depth=3, topk=2), EagleParams(choices="[[0], [1], [0, 0], [0, 1]]")]
+
+
+@pytest.mark.parametrize("eagle", TREES, ids=["eagle2-6-3-2", "eagle1-4"])
+@pytest.mark.parametrize("schedule", [[0], [2, 0, 1, -1], [1, 1, -1]])
+def test_checked_tree_exits_equal_plain_greedy(with_head: Path, eagle: EagleParams, schedule: list[int]) -> None:
+    m = specee.Model(str(with_head), n_ctx=128, n_threads=1)
+    replay = [m.n_layer - 1 if x < 0 else x for x in schedule]
+    rollbacks = 0
+    for prompt in PROMPTS:
+        plain = plain_decode(m, prompt, N)
+        plain_cache = cache_state(m)
+        m.kv_clear()
+        out = m.generate_tokens(prompt, N, temp=0, mode="tree-exit", eagle=eagle,
+                                exit=ExitParams(threshold=1.0, replay=replay, check=True))
+        st = m.last_stats
+        assert out == plain, (schedule, out, plain)
+        assert st.n_exits > 0
+        rollbacks += st.n_rollbacks
+        state = cache_state(m)
+        assert state[: len(plain_cache) - 1] == plain_cache[: len(plain_cache) - 1]
+        assert all(all(v) for _, v in state) and [p for p, _ in state] == list(range(len(state)))
+    assert rollbacks > 0
+
+
+def test_checked_tree_exits_with_predictors_and_a_full_context(with_head: Path) -> None:
+    """The predictors deciding (threshold 0), and a context that fills up while tokens wait."""
+    for n_ctx, n in ((128, N), (40, 64)):
+        m = specee.Model(str(with_head), n_ctx=n_ctx, n_threads=1)
+        for prompt in PROMPTS:
+            m.kv_clear()
+            plain = [int(t) for t in m.generate_tokens(prompt, n, mode="plain", temp=0)]
+            m.kv_clear()
+            out = m.generate_tokens(prompt, n, temp=0, mode="tree-exit", eagle=TREES[0],
+                                    exit=ExitParams(threshold=0.0, check=True))
+            assert out == plain and m.last_stats.n_fired > 0
+
+
 @pytest.mark.slow
 def test_checked_exits_equal_plain_greedy_on_smollm2(smollm2_path: Path) -> None:
     """The default model with its shipped head and predictors: 20 MT-Bench first turns and 20 HumanEval prompts in
-    the chat template, 32 tokens each; checked early exit gives plain greedy decoding's tokens on every prompt."""
+    the chat template, 32 tokens each; checked early exit and checked tree exit give plain greedy decoding's tokens
+    on every prompt."""
     from specee.eval import datasets as ds
 
     prompts = []
@@ -147,15 +188,17 @@ def test_checked_exits_equal_plain_greedy_on_smollm2(smollm2_path: Path) -> None
         prompts += [s.code_prompt or s.turns[0] for s in ds.load_dataset(name, path, limit=20)]
     assert len(prompts) == 40
     m = specee.Model(smollm2_path, n_ctx=1024, n_threads=2, draft_head="default")
-    exits = rollbacks = 0
+    exits = {"early-exit": 0, "tree-exit": 0}
+    rollbacks = dict(exits)
     for text in prompts:
-        msgs = [{"role": "user", "content": text}]
+        tokens = m.prompt_tokens([{"role": "user", "content": text}])
         m.kv_clear()
-        plain = m.generate_tokens(m.prompt_tokens(msgs), 32, mode="plain", temp=0)
-        m.kv_clear()
-        checked = m.generate_tokens(m.prompt_tokens(msgs), 32, mode="early-exit", temp=0,
-                                    exit=ExitParams(check=True))
-        assert checked == plain, text[:60]
-        exits += m.last_stats.n_exits
-        rollbacks += m.last_stats.n_rollbacks
-    assert exits > 0 and rollbacks > 0  # the shipped predictors exit, and some of their exits were wrong
+        plain = m.generate_tokens(tokens, 32, mode="plain", temp=0)
+        for mode in exits:
+            m.kv_clear()
+            checked = m.generate_tokens(tokens, 32, mode=mode, temp=0, exit=ExitParams(check=True))
+            assert checked == plain, (mode, text[:60])
+            exits[mode] += m.last_stats.n_exits
+            rollbacks[mode] += m.last_stats.n_rollbacks
+    # the shipped predictors exit in both modes, and some of their exits were wrong
+    assert all(exits.values()) and all(rollbacks.values()), (exits, rollbacks)
