@@ -43,6 +43,8 @@ struct specee_slot {
     int32_t              n_predict = -1; // most tokens to generate, < 0: until the slot's context is full
     int32_t              n_generated = 0;
     std::vector<int32_t> out, out_layers; // generated, not read yet
+    int32_t              n_probs = -1;   // alternatives per token; < 0: no log-probabilities
+    std::vector<specee_token_logprob> out_probs; // 1 + n_probs per token of out
     int32_t              finish = SPECEE_FINISH_NONE;
     std::string          error;
     uint64_t             order = 0; // when the request came (prefill order), or was last used (slot choice)
@@ -115,7 +117,7 @@ static int32_t share_prefix(specee_slots & s, int32_t id, const int32_t * tokens
 }
 
 static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, const specee_generator_params & p,
-                           int32_t n_predict) {
+                           int32_t n_predict, int32_t n_probs) {
     specee_context & ctx     = *s.ctx;
     const int32_t    n_vocab = (int32_t) ctx.model->hparams.n_vocab;
     if (!tokens || n <= 0) {
@@ -130,6 +132,9 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
             specee_fail("token id %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab);
         }
     }
+    if (n_probs > SPECEE_MAX_PROBS) {
+        specee_fail("n_probs=%d: at most %d alternatives per token", n_probs, SPECEE_MAX_PROBS);
+    }
     int32_t       cached = 0;
     const int32_t id     = choose_slot(s, tokens, n, cached);
     if (id < 0) {
@@ -141,6 +146,12 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     g.stats     = specee_generator_stats{};
     g.started   = false;
     sl.alone    = g.mode != SPECEE_MODE_PLAIN;
+    if (n_probs >= 0 && sl.alone) {
+        specee_fail("log-probabilities need mode plain, not %s: a speculative step's tokens come from drafts and "
+                    "verification passes", specee_mode_name(g.mode));
+    }
+    sl.n_probs = std::min(n_probs, n_vocab);
+    sl.out_probs.clear();
     sl.prompt.assign(tokens, tokens + n);
     sl.n_predict   = n_predict;
     sl.n_generated = 0;
@@ -170,14 +181,43 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     return id;
 }
 
-// a token the slot's request produced: kept for reading, or the end of the request
-static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers) {
+// the token's log-probability and the n_probs most likely tokens', from the logits of its step (log-softmax)
+static void push_logprobs(specee_slot & sl, const float * logits, int32_t n_vocab, int32_t t) {
+    const float max_logit = *std::max_element(logits, logits + n_vocab);
+    double      sum       = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        sum += std::exp((double) (logits[i] - max_logit));
+    }
+    const float lse = max_logit + (float) std::log(sum);
+    sl.out_probs.push_back({t, logits[t] - lse});
+    if (sl.n_probs == 0) {
+        return;
+    }
+    std::vector<int32_t> ids(n_vocab);
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        ids[i] = i;
+    }
+    // most likely first; equal logits by token id, so the order is the same every time
+    std::partial_sort(ids.begin(), ids.begin() + sl.n_probs, ids.end(), [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int32_t k = 0; k < sl.n_probs; ++k) {
+        sl.out_probs.push_back({ids[k], logits[ids[k]] - lse});
+    }
+}
+
+// a token the slot's request produced (logits: its step's, for log-probabilities; NULL in a speculative step): kept
+// for reading, or the end of the request
+static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, const float * logits = nullptr) {
     const specee_generator & g = *sl.gen;
     if (!g.params.ignore_eos && specee_token_is_eog(s.ctx->model, t)) {
         sl.finish = SPECEE_FINISH_STOP;
     } else {
         sl.out.push_back(t);
         sl.out_layers.push_back(layers);
+        if (sl.n_probs >= 0 && logits) {
+            push_logprobs(sl, logits, (int32_t) s.ctx->model->hparams.n_vocab, t);
+        }
         sl.n_generated++;
         s.totals.n_tokens++;
         if (sl.n_predict >= 0 && sl.n_generated >= sl.n_predict) {
@@ -255,7 +295,8 @@ static void shared_pass(specee_slots & s) {
         specee_slot &      sl = s.slots[i];
         specee_generator & g  = *sl.gen;
         const auto         ts = specee_clock::now();
-        const int32_t      t  = specee_sampler_sample_impl(*g.smpl, ctx.logits.data() + (size_t) row++ * n_vocab, n_vocab);
+        const float *      lg = ctx.logits.data() + (size_t) row++ * n_vocab;
+        const int32_t      t  = specee_sampler_sample_impl(*g.smpl, lg, n_vocab);
         specee_sampler_accept_impl(*g.smpl, t);
         g.stats.t_sample_ms += specee_ms_since(ts);
         g.stats.t_decode_ms += ms + specee_ms_since(ts);
@@ -264,7 +305,7 @@ static void shared_pass(specee_slots & s) {
         g.stats.n_tokens++;
         g.root = t;
         g.root_pos++;
-        emit(s, sl, t, n_layer);
+        emit(s, sl, t, n_layer, lg);
     }
     for (size_t k = 0; k < prefilling.size(); ++k) {
         specee_slot &      sl = s.slots[prefilling[k]];
@@ -276,14 +317,15 @@ static void shared_pass(specee_slots & s) {
         if (sl.n_past < n) {
             continue;
         }
-        const int32_t t = specee_sampler_sample_impl(*g.smpl, ctx.logits.data() + (size_t) row++ * n_vocab, n_vocab);
+        const float * lg = ctx.logits.data() + (size_t) row++ * n_vocab;
+        const int32_t t  = specee_sampler_sample_impl(*g.smpl, lg, n_vocab);
         specee_sampler_accept_impl(*g.smpl, t);
         g.root     = t;
         g.root_pos = n;
         g.started  = true;
         g.stats.n_tokens++;
         sl.state = SLOT_DECODE;
-        emit(s, sl, t, n_layer);
+        emit(s, sl, t, n_layer, lg);
     }
 }
 
@@ -425,9 +467,10 @@ extern "C" int32_t specee_slots_n_slots(const specee_slots * s) { return (int32_
 extern "C" int32_t specee_slots_n_ctx_slot(const specee_slots * s) { return s->n_ctx_slot; }
 
 extern "C" int32_t specee_slots_submit(specee_slots * s, const int32_t * tokens, int32_t n_tokens,
-                                       struct specee_generator_params params, int32_t n_predict) {
+                                       struct specee_generator_params params, int32_t n_predict, int32_t n_probs) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
-    const int32_t r = specee_guard<int32_t>(-1, [&] { return submit_impl(*s, tokens, n_tokens, params, n_predict); });
+    const int32_t r = specee_guard<int32_t>(
+        -1, [&] { return submit_impl(*s, tokens, n_tokens, params, n_predict, n_probs); });
     if (r == SPECEE_SLOTS_BUSY) {
         specee_set_error(specee_format("all %d slots are busy", (int32_t) s->slots.size()));
     }
@@ -440,7 +483,7 @@ extern "C" int32_t specee_slots_step(specee_slots * s) {
 }
 
 extern "C" int32_t specee_slots_read(specee_slots * s, int32_t slot, int32_t * tokens, int32_t * layers_run,
-                                     int32_t n_max, int32_t * finish) {
+                                     specee_token_logprob * probs, int32_t n_max, int32_t * finish) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
         specee_slot & sl = slot_at(*s, slot);
@@ -457,6 +500,13 @@ extern "C" int32_t specee_slots_read(specee_slots * s, int32_t slot, int32_t * t
         }
         sl.out.erase(sl.out.begin(), sl.out.begin() + n);
         sl.out_layers.erase(sl.out_layers.begin(), sl.out_layers.begin() + n);
+        if (sl.n_probs >= 0) {
+            const size_t k = (size_t) n * (size_t) (1 + sl.n_probs);
+            if (probs) {
+                std::copy(sl.out_probs.begin(), sl.out_probs.begin() + k, probs);
+            }
+            sl.out_probs.erase(sl.out_probs.begin(), sl.out_probs.begin() + k);
+        }
         if (finish) {
             *finish = sl.out.empty() ? sl.finish : SPECEE_FINISH_NONE;
         }
@@ -478,6 +528,7 @@ extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
         sl.state = SLOT_FREE;
         sl.out.clear();
         sl.out_layers.clear();
+        sl.out_probs.clear();
         sl.order = ++s->clock;
         return 0;
     });
@@ -498,6 +549,10 @@ extern "C" struct specee_generator_stats specee_slots_stats(const specee_slots *
         return specee_generator_stats{};
     }
     return specee_generator_get_stats(s->slots[slot].gen.get());
+}
+
+extern "C" int32_t specee_slots_n_probs(const specee_slots * s, int32_t slot) {
+    return slot >= 0 && slot < (int32_t) s->slots.size() ? s->slots[slot].n_probs : -1;
 }
 
 extern "C" int32_t specee_slots_mode(const specee_slots * s, int32_t slot) {

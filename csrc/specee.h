@@ -506,6 +506,16 @@ struct specee_slots_totals {
     double  t_pass_ms;     // in the shared passes
 };
 
+// A generated token's log-probability under the model's distribution at its step: the log-softmax of the logits,
+// before the sampler's penalties, temperature and truncation (what OpenAI's logprobs give)
+struct specee_token_logprob {
+    int32_t token;
+    float   logprob;
+};
+
+// most alternatives a request may ask for per token (specee_slots_submit's n_probs)
+#define SPECEE_MAX_PROBS 100
+
 // n_chunk: most prompt tokens in one pass (<= 0: n_batch). NULL with specee_last_error() on bad sizes.
 specee_slots * specee_slots_init(specee_context * ctx, int32_t n_slots, int32_t n_chunk);
 // frees the slots' sequences too
@@ -518,16 +528,22 @@ int32_t        specee_slots_n_busy(const specee_slots * slots);
 // A request: generate up to n_predict tokens (< 0: until the slot's context is full) after the prompt's tokens with
 // these parameters. Returns its slot, SPECEE_SLOTS_BUSY when every slot holds a request, or -1 with
 // specee_last_error() (a bad prompt or parameters; a prompt of n_ctx_slot tokens or more).
+// n_probs >= 0: each generated token comes with its log-probability and those of the n_probs most likely tokens at
+// its step (specee_slots_read), 0 to SPECEE_MAX_PROBS, in mode plain only (a speculative step's tokens come from
+// several passes and drafts); < 0: none (nothing computed).
 int32_t specee_slots_submit(specee_slots * slots, const int32_t * tokens, int32_t n_tokens,
-                            struct specee_generator_params params, int32_t n_predict);
+                            struct specee_generator_params params, int32_t n_predict, int32_t n_probs);
 // One pass (see above). Returns the slots still running, or -1 with specee_last_error() (a failure of the shared
 // pass; a speculative slot's own failure finishes that request with SPECEE_FINISH_ERROR).
 int32_t specee_slots_step(specee_slots * slots);
 // The slot's tokens generated since the last read, up to n_max (layers_run [n_max] or NULL: layers each token's pass
-// ran); *finish (NULL: not needed) the request's enum specee_finish once every token is read. Returns their count,
-// or -1 (no request on the slot).
-int32_t specee_slots_read(specee_slots * slots, int32_t slot, int32_t * tokens, int32_t * layers_run, int32_t n_max,
-                          int32_t * finish);
+// ran; probs [n_max * (1 + n_probs)] or NULL, with the request's n_probs >= 0: per token, the token itself then the
+// n_probs most likely, most likely first, each with its log-probability); *finish (NULL: not needed) the request's
+// enum specee_finish once every token is read. Returns their count, or -1 (no request on the slot).
+int32_t specee_slots_read(specee_slots * slots, int32_t slot, int32_t * tokens, int32_t * layers_run,
+                          struct specee_token_logprob * probs, int32_t n_max, int32_t * finish);
+// the n_probs of the slot's request (< 0: none)
+int32_t specee_slots_n_probs(const specee_slots * slots, int32_t slot);
 // why the slot's request finished with SPECEE_FINISH_ERROR ("" otherwise)
 const char * specee_slots_error(const specee_slots * slots, int32_t slot);
 // End the slot's request, finished or not (a client gone): the slot is free at once, its cache kept for reuse

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 from openai import OpenAI
 
 from specee.convert.hf import convert_hf_to_gguf
 from specee.convert.merge import merge_gguf
 from specee.generate import StopText
+from specee.model import Model
 from test_convert_cli import bpe_dir, eagle_state  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
 from test_eagle import save_published
 
@@ -242,6 +244,65 @@ def test_eagle_per_request_equals_plain(server: Server) -> None:
         assert eagle["mode"] == "eagle2" and plain["mode"] == "plain"
         assert eagle["content"] == plain["content"]
     assert metric(server, "accepted_tokens_per_step") >= 1.0
+
+
+# ---- log-probabilities
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+
+
+def test_logprobs_are_the_models_log_softmax(server: Server, client: OpenAI, chat_gguf: Path) -> None:
+    prompt = [5, 40, 7, 99, 12]
+    r = call(server.port, "POST", "/completion", {"prompt": prompt, "n_predict": 6, "temperature": 0,
+                                                   "ignore_eos": True, "n_probs": 4}).json()
+    probs = r["completion_probabilities"]
+    assert len(probs) == r["tokens_predicted"] == 6
+    ids = [p["id"] for p in probs]
+    with Model(chat_gguf, n_ctx=64, n_threads=1) as model:  # the same prefixes, evaluated independently
+        logits = model.eval(prompt + ids[:-1], output="all")[len(prompt) - 1:]
+    for p, row in zip(probs, logits):
+        ref = log_softmax(row)
+        top = p["top_logprobs"]
+        assert abs(p["logprob"] - ref[p["id"]]) < 1e-3
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert top[0]["id"] == p["id"] == int(np.argmax(row)) and top[0]["logprob"] == p["logprob"]  # greedy: top-1
+        assert [t["id"] for t in top] == [int(i) for i in np.argsort(-row, kind="stable")[:4]]
+        assert all(abs(t["logprob"] - ref[t["id"]]) < 1e-3 for t in top)
+        assert sum(np.exp(t["logprob"]) for t in top) <= 1.0 + 1e-6 and all(t["logprob"] <= 0 for t in top)
+    # the same numbers through OpenAI's two shapes, with the official client
+    c = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = c.choices[0].logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert np.allclose(lp.token_logprobs, [p["logprob"] for p in probs], atol=1e-5)
+    assert all(len(t) <= 3 and max(t.values()) == lp.token_logprobs[i] for i, t in enumerate(lp.top_logprobs))
+    assert len(lp.tokens or []) == 6 and lp.text_offset is not None and lp.text_offset[0] == 0
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for e in content:
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob == e.logprob
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob and e.bytes is not None
+    streamed = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=5, temperature=0, logprobs=True, stream=True)
+    chunks = [e for ch in streamed if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.logprob for e in chunks] == [e.logprob for e in content]
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert plain.choices[0].logprobs is None  # not asked, not computed
+
+
+def test_logprobs_need_mode_plain(server: Server) -> None:
+    for body in ({"prompt": "hi", "logprobs": 2, "mode": "eagle2", "temperature": 0},
+                 {"prompt": "hi", "logprobs": 1000}, {"prompt": "hi", "logprobs": True}):
+        r = call(server.port, "POST", "/v1/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+    r = call(server.port, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                            "top_logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
 
 
 # ---- bad requests

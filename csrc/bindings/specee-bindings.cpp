@@ -322,12 +322,12 @@ struct Slots {
     ~Slots() { specee_slots_free(ptr); }
 
     // the slot, or SLOTS_BUSY when every slot holds a request
-    int32_t submit(const i32_array & tokens, const py::object & options, int32_t n_predict) {
+    int32_t submit(const i32_array & tokens, const py::object & options, int32_t n_predict, int32_t n_probs) {
         const specee_generator_params p = params_of(options);
         int32_t                       r;
         {
             py::gil_scoped_release release;
-            r = specee_slots_submit(ptr, tokens.data(), (int32_t) tokens.size(), p, n_predict);
+            r = specee_slots_submit(ptr, tokens.data(), (int32_t) tokens.size(), p, n_predict, n_probs);
         }
         if (r == -1) {
             raise_last();
@@ -347,18 +347,32 @@ struct Slots {
         return r;
     }
 
-    // (tokens, layers run per token, finish reason, error message); read and release keep the GIL: they are quick,
-    // and handing the GIL to another thread and back costs a switch interval
+    // (tokens, layers run per token, finish reason, error message, log-probabilities: per token a list of
+    // (token, logprob), the token itself first then the n_probs most likely; empty without n_probs); read and release
+    // keep the GIL: they are quick, and handing the GIL to another thread and back costs a switch interval
     py::tuple read(int32_t slot) {
-        int32_t              finish = 0;
-        std::vector<int32_t> toks(4096), layers(4096);
-        const int32_t        n = specee_slots_read(ptr, slot, toks.data(), layers.data(), (int32_t) toks.size(), &finish);
+        const int32_t                     n_probs = specee_slots_n_probs(ptr, slot);
+        const int32_t                     n_max   = n_probs >= 0 ? 256 : 4096; // the rest at the next read
+        int32_t                           finish  = 0;
+        std::vector<int32_t>              toks(n_max), layers(n_max);
+        std::vector<specee_token_logprob> probs(n_probs >= 0 ? (size_t) n_max * (1 + n_probs) : 0);
+        const int32_t n = specee_slots_read(ptr, slot, toks.data(), layers.data(), probs.empty() ? nullptr : probs.data(),
+                                            n_max, &finish);
         if (n < 0) {
             raise_last();
         }
         toks.resize(n);
         layers.resize(n);
-        return py::make_tuple(toks, layers, finish, std::string(specee_slots_error(ptr, slot)));
+        py::list logprobs;
+        for (int32_t i = 0; i < n && n_probs >= 0; ++i) {
+            py::list row;
+            for (int32_t k = 0; k <= n_probs; ++k) {
+                const specee_token_logprob & e = probs[(size_t) i * (1 + n_probs) + k];
+                row.append(py::make_tuple(e.token, e.logprob));
+            }
+            logprobs.append(row);
+        }
+        return py::make_tuple(toks, layers, finish, std::string(specee_slots_error(ptr, slot)), logprobs);
     }
 
     void release(int32_t slot) {
@@ -415,6 +429,7 @@ PYBIND11_MODULE(_core, m) {
     g_error = error.ptr();
 
     m.attr("SLOTS_BUSY")      = (int) SPECEE_SLOTS_BUSY;
+    m.attr("MAX_PROBS")       = (int) SPECEE_MAX_PROBS;
     m.attr("FINISH_NONE")     = (int) SPECEE_FINISH_NONE;
     m.attr("FINISH_STOP")     = (int) SPECEE_FINISH_STOP;
     m.attr("FINISH_LENGTH")   = (int) SPECEE_FINISH_LENGTH;
@@ -720,7 +735,8 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("n_slots", [](const Slots & s) { return specee_slots_n_slots(s.ptr); })
         .def_property_readonly("n_ctx_slot", [](const Slots & s) { return specee_slots_n_ctx_slot(s.ptr); })
         .def_property_readonly("n_busy", [](const Slots & s) { return specee_slots_n_busy(s.ptr); })
-        .def("submit", &Slots::submit, py::arg("tokens"), py::arg("options"), py::arg("n_predict") = -1)
+        .def("submit", &Slots::submit, py::arg("tokens"), py::arg("options"), py::arg("n_predict") = -1,
+             py::arg("n_probs") = -1)
         .def("step", &Slots::step)
         .def("read", &Slots::read, py::arg("slot"))
         .def("release", &Slots::release, py::arg("slot"))

@@ -167,7 +167,7 @@ class Context:
 class Slots:
     def __init__(self, context: typing.Any, n_slots: typing.SupportsInt | typing.SupportsIndex, n_chunk: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
-    def submit(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], options: typing.Any, n_predict: typing.SupportsInt | typing.SupportsIndex = -1) -> int:
+    def submit(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], options: typing.Any, n_predict: typing.SupportsInt | typing.SupportsIndex = -1, n_probs: typing.SupportsInt | typing.SupportsIndex = -1) -> int:
         ...
     def step(self) -> int:
         ...
@@ -271,6 +271,7 @@ FINISH_ERROR: int = 4
 FINISH_LENGTH: int = 2
 FINISH_NONE: int = 0
 FINISH_STOP: int = 1
+MAX_PROBS: int = 100
 MAX_SEQ: int = 64
 SLOTS_BUSY: int = -2
 EVAL_NO_LOGITS: int = 2

@@ -86,6 +86,7 @@ class Job:
     tokens: list[int]
     n_predict: int
     options: GenerateOptions
+    n_probs: int  # alternatives per token with log-probabilities; < 0: none
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     slot: int | None = None
@@ -145,7 +146,7 @@ class Engine:
                 self.waiting.popleft()
                 continue
             try:
-                slot = self.slots.submit(job.tokens, job.n_predict, **vars(job.options))
+                slot = self.slots.submit(job.tokens, job.n_predict, job.n_probs, **vars(job.options))
             except Exception as e:  # a bad prompt or options: the request's 400, never the thread's end
                 self.waiting.popleft()
                 self.metrics["requests_error"] += 1
@@ -170,7 +171,7 @@ class Engine:
         for slot, job in list(self.running.items()):
             out = self.slots.read(slot)
             if out.tokens:
-                job.send("tokens", out.tokens)
+                job.send("tokens", out.tokens, out.logprobs)
             if out.finish is not None:
                 stats = self.slots.stats(slot)
                 self._count(stats, self.slots.mode(slot))
@@ -228,6 +229,16 @@ class Engine:
 
 
 @dataclass
+class TokenProb:
+    """A generated token's log-probability and its step's most likely tokens' (token id, bytes, logprob)."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: list[tuple[int, bytes, float]]
+
+
+@dataclass
 class Result:
     text: str = ""
     finish: str | None = None
@@ -235,17 +246,26 @@ class Result:
     n_generated: int = 0
     stats: dict[str, float] = field(default_factory=dict)
     mode: str = ""
+    n_probs: int = -1  # the request's alternatives per token; < 0: no log-probabilities
+    probs: list[TokenProb] = field(default_factory=list)  # with n_probs >= 0, per generated token
+    probs_sent: int = 0  # of probs, given out in stream chunks so far
+
+    def new_probs(self, whole: bool) -> list[TokenProb] | None:
+        """The tokens' log-probabilities not yet given out; None where there are none to give (whole: a whole
+        response, which has them, maybe [], when the request asked)."""
+        new, self.probs_sent = self.probs[self.probs_sent:], len(self.probs)
+        return new if new or (whole and self.n_probs >= 0) else None
 
 
 async def generate(state: ServerState, request: Request, tokens: list[int], n_predict: int, options: GenerateOptions,
-                   stop: list[str], result: Result) -> AsyncGenerator[str, None]:
+                   stop: list[str], n_probs: int, result: Result) -> AsyncGenerator[str, None]:
     """Text pieces of one generation as they complete; `result` holds the rest when it ends. The slot is freed when
     the client goes away, or a stop string is found."""
     engine = state.engine
     if len(tokens) >= engine.slots.n_ctx_slot:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens, more than the context allows: {engine.slots.n_ctx_slot}"
                        f" per slot (-c {engine.model.n_ctx} over -np {engine.slots.n_slots})", param="prompt")
-    job = Job(tokens, n_predict, options, asyncio.get_running_loop())
+    job = Job(tokens, n_predict, options, n_probs, asyncio.get_running_loop())
     engine.submit(job)
     out = StopText(stop)
     result.n_prompt = len(tokens)
@@ -268,9 +288,13 @@ async def generate(state: ServerState, request: Request, tokens: list[int], n_pr
                 result.mode = event[1]
                 yield ""  # admitted: a stream's headers can go
             elif event[0] == "tokens":
-                for tok in event[1]:
+                for i, tok in enumerate(event[1]):
                     result.n_generated += 1
-                    piece = out.push(engine.model.token_to_piece(tok))
+                    raw = engine.model.token_to_piece(tok)
+                    if n_probs >= 0:
+                        top = [(t, engine.model.token_to_piece(t), lp) for t, lp in event[2][i][1:]]
+                        result.probs.append(TokenProb(tok, raw, event[2][i][0][1], top))
+                    piece = out.push(raw)
                     result.text += piece
                     if piece:
                         yield piece
@@ -293,6 +317,24 @@ async def generate(state: ServerState, request: Request, tokens: list[int], n_pr
 
 
 # ---- request parsing ----------------------------------------------------------------------------------
+
+
+def probs_wanted(body: dict, api: str) -> int:
+    """The alternatives per token a request asks log-probabilities for, -1 for none (400 on a bad field): chat's
+    `logprobs` + `top_logprobs`, /v1/completions' `logprobs: N`, llama.cpp's `n_probs` (api: chat, completions,
+    llama)."""
+    top = f"an integer in [0, {_core.MAX_PROBS}]"
+    if api == "chat":
+        n = _field(body, "top_logprobs", int, None, lambda v: 0 <= v <= _core.MAX_PROBS, top)
+        if not _field(body, "logprobs", bool, False):
+            if n is not None:
+                raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            return -1
+        return n or 0
+    if api == "completions":
+        return _field(body, "logprobs", int, -1, lambda v: 0 <= v <= _core.MAX_PROBS, top)
+    n = _field(body, "n_probs", int, 0, lambda v: 0 <= v <= _core.MAX_PROBS, top)
+    return n if n > 0 else -1
 
 
 def sampling_options(state: ServerState, body: dict, llama: bool = False) -> tuple[GenerateOptions, int, list[str]]:
@@ -320,8 +362,6 @@ def sampling_options(state: ServerState, body: dict, llama: bool = False) -> tup
         raise ApiError(400, "'stop' must be a string or a list of at most 16 non-empty strings", param="stop")
     if _field(body, "n", int, 1) != 1:
         raise ApiError(400, "'n' must be 1: one choice per request", param="n")
-    if _field(body, "logprobs", (bool, int), None) or _field(body, "n_probs", int, 0):
-        raise ApiError(400, "logprobs are not available from this server", param="logprobs")
     try:
         opts = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:
@@ -412,14 +452,22 @@ def timings(res: Result) -> dict:
 
 
 async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., dict],
-                  llama: bool = False) -> Response:
-    """A generation's response: one JSON body, or server-sent events when body["stream"]."""
+                  api: str) -> Response:
+    """A generation's response (api: chat, completions, llama): one JSON body, or server-sent events when
+    body["stream"]."""
+    llama = api == "llama"
     opts, n_predict, stop = sampling_options(state, body, llama)
+    n_probs = probs_wanted(body, api)
+    if n_probs >= 0 and opts.mode not in ("plain", "auto"):
+        raise ApiError(400, f"log-probabilities need mode plain, not {opts.mode}: a speculative step's tokens come "
+                       "from drafts and verification passes", param="logprobs")
+    if n_probs >= 0:
+        opts.mode = "plain"  # mode auto: a request asking for log-probabilities decodes plainly
     stream = _field(body, "stream", bool, False)
     stream_options = _field(body, "stream_options", dict, {})
     include_usage = stream and bool(stream_options.get("include_usage"))
-    res = Result()
-    pieces = generate(state, request, tokens, n_predict, opts, stop, res)
+    res = Result(n_probs=n_probs)
+    pieces = generate(state, request, tokens, n_predict, opts, stop, n_probs, res)
     first = await pieces.__anext__()  # admitted (or an ApiError now, before any header)
     assert first == ""
     if not stream:
@@ -449,6 +497,45 @@ def base(state: ServerState, kind: str, rid: str) -> dict:
     return {"id": rid, "object": kind, "created": int(time.time()), "model": state.alias}
 
 
+def text_of(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(probs: list[TokenProb]) -> dict:
+    """OpenAI chat's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+
+    def entry(piece: bytes, lp: float) -> dict:
+        return {"token": text_of(piece), "logprob": lp, "bytes": list(piece)}
+
+    return {"content": [{**entry(p.piece, p.logprob), "top_logprobs": [entry(b, lp) for _, b, lp in p.top]}
+                        for p in probs]}
+
+
+def completion_logprobs(probs: list[TokenProb], offset: int = 0) -> dict:
+    """OpenAI completions' `logprobs`: tokens, token_logprobs, top_logprobs ({text: logprob}), text_offset (from
+    `offset`, characters of the completion's text before these tokens)."""
+    offsets, tops = [], []
+    for p in probs:
+        offsets.append(offset)
+        offset += len(text_of(p.piece))
+        top: dict[str, float] = {}
+        for _, b, lp in p.top:
+            top.setdefault(text_of(b), lp)  # tokens of the same text: the likelier one
+        tops.append(top)
+    return {"tokens": [text_of(p.piece) for p in probs], "token_logprobs": [p.logprob for p in probs],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
+def llama_probs(probs: list[TokenProb]) -> list[dict]:
+    """llama.cpp's `completion_probabilities`: [{id, token, bytes, logprob, top_logprobs: [{id, token, bytes,
+    logprob}]}]."""
+
+    def entry(tok: int, piece: bytes, lp: float) -> dict:
+        return {"id": tok, "token": text_of(piece), "bytes": list(piece), "logprob": lp}
+
+    return [{**entry(p.token, p.piece, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in probs]
+
+
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
@@ -456,15 +543,17 @@ async def chat_completions(request: Request) -> Response:
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
+        new = res.new_probs(final and not body.get("stream"))
+        logprobs = None if new is None else chat_logprobs(new)
         if piece is None and final and not body.get("stream"):
             msg = {"role": "assistant", "content": res.text}
             return {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
-                    "finish_reason": res.finish, "logprobs": None}], "usage": usage(res), "mode": res.mode}
+                    "finish_reason": res.finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
         delta = {"role": "assistant", "content": ""} if first else {} if final else {"content": piece}
         return {**base(state, "chat.completion.chunk", rid), "choices": [{"index": 0, "delta": delta,
-                "finish_reason": res.finish if final else None, "logprobs": None}]}
+                "finish_reason": res.finish if final else None, "logprobs": logprobs}]}
 
-    return await respond(state, request, tokens, body, shape)
+    return await respond(state, request, tokens, body, shape, "chat")
 
 
 async def completions(request: Request) -> Response:
@@ -475,13 +564,16 @@ async def completions(request: Request) -> Response:
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
         text = res.text if final and not body.get("stream") else "" if piece is None else piece
-        out = {**base(state, "text_completion", rid), "choices": [{"index": 0, "text": text, "logprobs": None,
+        offset = sum(len(text_of(p.piece)) for p in res.probs[:res.probs_sent])
+        new = res.new_probs(final and not body.get("stream"))
+        logprobs = None if new is None else completion_logprobs(new, offset)
+        out = {**base(state, "text_completion", rid), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                "finish_reason": res.finish if final else None}]}
         if final and not body.get("stream"):
             out["usage"], out["mode"] = usage(res), res.mode
         return out
 
-    return await respond(state, request, tokens, body, shape)
+    return await respond(state, request, tokens, body, shape, "completions")
 
 
 async def llama_completion(request: Request) -> Response:
@@ -491,15 +583,17 @@ async def llama_completion(request: Request) -> Response:
     tokens = prompt_of(state, body)
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
+        new = res.new_probs(final and not body.get("stream"))
+        probs = {} if new is None else {"completion_probabilities": llama_probs(new)}
         if not final:
-            return {"content": piece or "", "stop": False}
-        out = {"content": "" if body.get("stream") else res.text, "stop": True, "model": state.alias,
+            return {"content": piece or "", "stop": False, **probs}
+        out = {"content": "" if body.get("stream") else res.text, "stop": True, "model": state.alias, **probs,
                "tokens_predicted": res.n_generated, "tokens_evaluated": res.n_prompt, "mode": res.mode,
                "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(
                    res.finish or "", "none"), "timings": timings(res)}
         return out
 
-    return await respond(state, request, tokens, body, shape, llama=True)
+    return await respond(state, request, tokens, body, shape, "llama")
 
 
 async def embeddings(request: Request) -> Response:
@@ -578,6 +672,7 @@ async def metrics(request: Request) -> Response:
         ("slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.slots.n_slots),
         ("passes_total", "counter", "passes of the model", tot["n_passes"]),
         ("pass_tokens_total", "counter", "tokens evaluated in the shared passes", tot["n_pass_tokens"]),
+        ("pass_seconds_total", "counter", "time in the shared passes", tot["t_pass_ms"] / 1e3),
         ("tokens_per_pass", "gauge", "tokens evaluated per shared pass (batching)",
          tot["n_pass_tokens"] / tot["n_passes"] if tot["n_passes"] else 0.0),
         ("accepted_tokens_per_step", "gauge", "EAGLE requests: tokens per draft-and-verify step",

@@ -34,12 +34,15 @@ FINISH_REASONS = {
 class SlotOutput:
     """What `Slots.read` returns: the tokens generated since the last read, the layers each one's pass ran, and,
     once every token is read, why the request finished ("stop": an end-of-generation token, not included;
-    "length": max_tokens; "context": the slot's share of the context is full; "error": see `error`)."""
+    "length": max_tokens; "context": the slot's share of the context is full; "error": see `error`). With a
+    request's n_probs >= 0, `logprobs` holds per token a list of (token, log-probability) under the model's
+    distribution at its step (log-softmax of the logits): the token itself first, then the n_probs most likely."""
 
     tokens: list[int] = field(default_factory=list)
     layers_run: list[int] = field(default_factory=list)
     finish: str | None = None
     error: str = ""
+    logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class Slots:
@@ -64,13 +67,14 @@ class Slots:
         """Slots holding a request (running, or finished and not released)."""
         return self._slots.n_busy
 
-    def submit(self, tokens: Sequence[int], max_tokens: int = -1, **options) -> int | None:
+    def submit(self, tokens: Sequence[int], max_tokens: int = -1, n_probs: int = -1, **options) -> int | None:
         """Start a request: generate up to max_tokens (< 0: until the slot's context is full) after the prompt's
-        token ids, with the options of `Model.stream` (stop strings and chat templates are the caller's). Returns
-        its slot, or None when every slot holds a request. SpecEEError on a bad prompt (one of n_ctx_slot tokens or
-        more) or options."""
+        token ids, with the options of `Model.stream` (stop strings and chat templates are the caller's); n_probs
+        >= 0 (mode plain, at most `_core.MAX_PROBS`): each token's log-probability and the n_probs most likely
+        tokens' (`SlotOutput.logprobs`). Returns its slot, or None when every slot holds a request. SpecEEError on a
+        bad prompt (one of n_ctx_slot tokens or more) or options."""
         opts = GenerateOptions(**options)
-        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), opts, max_tokens)
+        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), opts, max_tokens, n_probs)
         return None if slot == _core.SLOTS_BUSY else slot
 
     def step(self) -> int:
@@ -78,8 +82,8 @@ class Slots:
         return self._slots.step()
 
     def read(self, slot: int) -> SlotOutput:
-        toks, layers, finish, error = self._slots.read(slot)
-        return SlotOutput(toks, layers, FINISH_REASONS[finish], error)
+        toks, layers, finish, error, logprobs = self._slots.read(slot)
+        return SlotOutput(toks, layers, FINISH_REASONS[finish], error, logprobs)
 
     def release(self, slot: int) -> None:
         """End the slot's request, finished or not: the slot is free at once (its cache is kept for a prompt that
