@@ -6,11 +6,12 @@
 // prefilled, oldest first: a long prompt joins over several passes while the running sequences keep decoding.
 // Requests join (specee_slots_submit) and leave (specee_slots_release) between passes.
 //
-// Speculative requests run their sequence alone: an EAGLE step drafts and verifies a tree whose size depends on the
-// request, and an early-exit step stops each token at its own layer, so neither shape joins a batch of plain
-// tokens without giving up what makes it pay. After the shared pass, each such slot takes its own prefill and
-// steps with the generator of specee-generate.cpp on its sequence, unchanged (EAGLE stays lossless, early exit
-// exits as alone). docs/server.md says why.
+// EAGLE requests share the pass too: each drafts its tree on its own sequence before the pass, the tree is a block
+// of rows with its own tree mask, and after the pass each walks its block's logits and keeps what it accepted, as a
+// step alone does (the same functions of specee-speculative.cpp: EAGLE stays lossless). Early-exit and tree-exit
+// requests run their sequence alone: each token's pass stops at its own layer, which a shared pass cannot. Their
+// prefill, and an EAGLE request's (whose draft head needs the prompt's features), run alone too, after the shared
+// pass, with the generator of specee-generate.cpp on the slot's sequence. docs/server.md says why.
 //
 // Each slot owns a generator (sampler, draft head, stats) bound to its sequence (slot i: sequence i + 1; sequence 0
 // is the single-sequence API's). A slot's cells stay after its request for the next one (a chat's next turn
@@ -20,6 +21,7 @@
 #include "specee-generate.h"
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-speculative.h"
 #include "specee.h"
 
 #include <algorithm>
@@ -233,11 +235,79 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
 
 // ---- one pass -------------------------------------------------------------------------------------
 
-// the plain slots' shared pass: every decoding slot's next token and a chunk of the waiting prompts
-static void shared_pass(specee_slots & s) {
+// the most tokens a slot's request may still produce in one step
+static int32_t slot_n_max(const specee_slots & s, const specee_slot & sl) {
+    int32_t n_max = s.n_ctx_slot - sl.gen->root_pos;
+    if (sl.n_predict >= 0) {
+        n_max = std::min(n_max, sl.n_predict - sl.n_generated);
+    }
+    return std::max(n_max, 1);
+}
+
+// An EAGLE slot whose step joins the shared pass: its tree (drafted before the pass) is a block of rows of the batch
+// with its own tree mask; after the pass the slot walks it with its rows' logits
+struct tree_block {
+    int32_t           slot = -1;
+    int32_t           row0 = 0; // its first row in the batch (and in the pass's logits: every row has them)
+    int32_t           n_max = 1;
+    specee_tree_batch tb;
+};
+
+// whether a slot's next step is an EAGLE draft-and-verify step that can share the pass (its first token, sampled by
+// its prefill, is returned without a pass)
+static bool shares_tree(const specee_slot & sl) {
+    const specee_generator & g = *sl.gen;
+    return sl.state == SLOT_DECODE && (g.mode == SPECEE_MODE_EAGLE || g.mode == SPECEE_MODE_EAGLE2) && g.started &&
+           g.queue.empty();
+}
+
+// the rows' logits of a tree block, for the walk
+struct block_logits {
+    const specee_tree_decoder * dec;
+    const float *               logits; // the block's first row
+    int32_t                     n_vocab;
+};
+
+static const float * block_logits_of(const void * user, int32_t node) {
+    const block_logits & bl = *(const block_logits *) user;
+    return bl.logits + (size_t) bl.dec->nodes[node].row * bl.n_vocab;
+}
+
+// after the pass: the slot's walk over its block and what it keeps, as specee_tree_step does alone
+static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms) {
+    specee_context &     ctx     = *s.ctx;
+    const int32_t        n_layer = (int32_t) ctx.model->hparams.n_layer;
+    specee_slot &        sl      = s.slots[tbk.slot];
+    specee_generator &   g       = *sl.gen;
+    specee_seq_scope     seq(g);
+    const int32_t        n  = (int32_t) tbk.tb.tok.size();
+    const auto           t0 = specee_clock::now();
+    const block_logits   bl = {&g.tree, ctx.logits.data() + (size_t) tbk.row0 * g.head->n_vocab, g.head->n_vocab};
+    std::vector<int32_t> emitted, path;
+    const int32_t n_acc = specee_tree_walk(g.tree, *g.head, *g.smpl, tbk.n_max, block_logits_of, &bl, emitted, path);
+    specee_tree_keep(g.tree, *g.head, n, g.root_pos, emitted, path, nullptr, tbk.row0);
+    g.root = emitted.back();
+    g.root_pos += (int32_t) emitted.size();
+    g.stats.t_sample_ms += specee_ms_since(t0);
+    g.stats.t_verify_ms += pass_ms;
+    g.stats.t_decode_ms += pass_ms + specee_ms_since(t0);
+    g.stats.n_steps++;
+    g.stats.n_drafted += n - 1;
+    g.stats.n_accepted += n_acc;
+    g.stats.n_decoded += (int32_t) emitted.size();
+    g.stats.n_tokens += (int32_t) emitted.size();
+    for (size_t i = 0; i < emitted.size() && sl.state != SLOT_DONE; ++i) {
+        emit(s, sl, emitted[i], n_layer);
+    }
+}
+
+// The shared pass: every plain decoding slot's next token, every EAGLE slot's tree (its own mask; the draft runs
+// before the pass) and a chunk of the waiting prompts. `stepped` marks the EAGLE slots it stepped.
+static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
     specee_context &     ctx     = *s.ctx;
     const int32_t        n_layer = (int32_t) ctx.model->hparams.n_layer;
     const int32_t        n_vocab = (int32_t) ctx.model->hparams.n_vocab;
+    const int32_t        n_batch = (int32_t) ctx.cparams.n_batch;
     std::vector<int32_t> tok, pos, seq, decoding;
     std::vector<int8_t>  out;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
@@ -249,6 +319,45 @@ static void shared_pass(specee_slots & s) {
             out.push_back(1);
             decoding.push_back(i);
         }
+    }
+    // EAGLE trees, each drafted on its slot's sequence, as long as the batch has room for its root and a draft token
+    std::vector<tree_block> trees;
+    for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
+        specee_slot & sl = s.slots[i];
+        const int32_t room = n_batch - (int32_t) tok.size();
+        if (!shares_tree(sl) || room < 2) {
+            continue;
+        }
+        specee_generator & g = *sl.gen;
+        specee_seq_scope   scope(g);
+        tree_block         tbk;
+        tbk.slot  = i;
+        tbk.row0  = (int32_t) tok.size();
+        tbk.n_max = slot_n_max(s, sl);
+        const int32_t n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used - (int32_t) tok.size();
+        const int32_t budget = std::min({g.tree.max_nodes, room - 1, tbk.n_max - 1, n_free - 1});
+        const auto t0 = specee_clock::now();
+        try {
+            const std::vector<int32_t> nodes = specee_tree_draft(g.tree, *g.head, *g.smpl, g.root, g.root_pos,
+                                                                 std::max(budget, 0));
+            tbk.tb                           = specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes);
+        } catch (const std::exception & e) {
+            sl.error  = e.what();
+            sl.finish = SPECEE_FINISH_ERROR;
+            sl.state  = SLOT_DONE;
+            stepped[i] = 1;
+            continue;
+        }
+        g.stats.t_draft_ms += specee_ms_since(t0);
+        g.stats.t_decode_ms += specee_ms_since(t0);
+        for (size_t r = 0; r < tbk.tb.tok.size(); ++r) {
+            tok.push_back(tbk.tb.tok[r]);
+            pos.push_back(tbk.tb.pos[r]);
+            seq.push_back(g.seq);
+            out.push_back(1);
+        }
+        stepped[i] = 1;
+        trees.push_back(std::move(tbk));
     }
     // prompts in the order they came, n_chunk tokens at most (and what is left of the batch)
     std::vector<int32_t> waiting;
@@ -282,14 +391,53 @@ static void shared_pass(specee_slots & s) {
         return;
     }
 
+    // with trees, the batch's mask: each tree block its own, every other row causal (rows of other sequences are
+    // never seen whatever the mask says)
+    const int32_t        n_rows = (int32_t) tok.size();
+    std::vector<uint8_t> mask;
+    if (!trees.empty()) {
+        std::vector<int32_t> block(n_rows, -1);
+        for (size_t k = 0; k < trees.size(); ++k) {
+            std::fill(block.begin() + trees[k].row0, block.begin() + trees[k].row0 + (int64_t) trees[k].tb.tok.size(),
+                      (int32_t) k);
+        }
+        mask.assign((size_t) n_rows * n_rows, 0);
+        for (int32_t i = 0; i < n_rows; ++i) {
+            for (int32_t j = 0; j < n_rows; ++j) {
+                const int32_t k = block[i];
+                const int32_t m = (int32_t) trees[std::max(k, 0)].tb.tok.size();
+                mask[(size_t) i * n_rows + j] =
+                    k >= 0 ? (block[j] == k && trees[k].tb.mask[(size_t) (i - trees[k].row0) * m + j - trees[k].row0])
+                           : (block[j] < 0 && pos[j] <= pos[i]);
+            }
+        }
+    }
+
     const auto   t0 = specee_clock::now();
-    specee_batch b  = {(int32_t) tok.size(), tok.data(), pos.data(), nullptr, out.data(), seq.data()};
-    specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
+    specee_batch b  = {n_rows, tok.data(), pos.data(), mask.empty() ? nullptr : mask.data(), out.data(), seq.data()};
+    try {
+        specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
+    } catch (...) {
+        for (const tree_block & tbk : trees) {
+            specee_draft_drop_tree(*s.slots[tbk.slot].gen->head); // the trees' draft cells go with the failed pass
+        }
+        throw;
+    }
     const double ms = specee_ms_since(t0);
     s.totals.n_passes++;
     s.totals.n_pass_tokens += (int64_t) tok.size();
     s.totals.t_pass_ms += ms;
 
+    for (const tree_block & tbk : trees) {
+        specee_slot & sl = s.slots[tbk.slot];
+        try {
+            finish_tree(s, tbk, ms);
+        } catch (const std::exception & e) {
+            sl.error  = e.what();
+            sl.finish = SPECEE_FINISH_ERROR;
+            sl.state  = SLOT_DONE;
+        }
+    }
     int32_t row = 0;
     for (int32_t i : decoding) {
         specee_slot &      sl = s.slots[i];
@@ -306,6 +454,9 @@ static void shared_pass(specee_slots & s) {
         g.root = t;
         g.root_pos++;
         emit(s, sl, t, n_layer, lg);
+    }
+    for (const tree_block & tbk : trees) {
+        row += (int32_t) tbk.tb.tok.size(); // the trees' rows, walked above
     }
     for (size_t k = 0; k < prefilling.size(); ++k) {
         specee_slot &      sl = s.slots[prefilling[k]];
@@ -339,11 +490,7 @@ static void alone_step(specee_slots & s, specee_slot & sl) {
         sl.n_past = (int32_t) sl.prompt.size();
         sl.state  = SLOT_DECODE; // next returns the prompt's token without a pass
     } else {
-        n_max = s.n_ctx_slot - g.root_pos;
-        if (sl.n_predict >= 0) {
-            n_max = std::min(n_max, sl.n_predict - sl.n_generated);
-        }
-        n_max = std::max(n_max, 1);
+        n_max = slot_n_max(s, sl);
         s.totals.n_passes++;
     }
     std::vector<int32_t> toks(n_max), layers(n_max);
@@ -358,9 +505,11 @@ static void alone_step(specee_slots & s, specee_slot & sl) {
 }
 
 static int32_t step_impl(specee_slots & s) {
-    shared_pass(s);
-    for (specee_slot & sl : s.slots) {
-        if (!sl.alone || (sl.state != SLOT_PREFILL && sl.state != SLOT_DECODE)) {
+    std::vector<uint8_t> stepped(s.slots.size(), 0);
+    shared_pass(s, stepped);
+    for (size_t i = 0; i < s.slots.size(); ++i) {
+        specee_slot & sl = s.slots[i];
+        if (!sl.alone || stepped[i] || (sl.state != SLOT_PREFILL && sl.state != SLOT_DECODE)) {
             continue;
         }
         try {

@@ -605,9 +605,10 @@ static const float * pass_logits(const void * user, int32_t node) {
 }
 
 void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
-                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats) {
-    specee_context &           ctx   = *head.ctx;
-    const std::vector<int32_t> cells = ctx.cells;
+                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats,
+                      int32_t row0) {
+    specee_context &           ctx = *head.ctx;
+    const std::vector<int32_t> cells(ctx.cells.begin() + row0, ctx.cells.begin() + row0 + n);
     std::vector<uint8_t>       keep(n, 0);
     keep[0] = 1;
     for (int32_t ni : path) {
@@ -625,7 +626,7 @@ void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32
     specee_draft_drop_tree(head);
     for (size_t j = 0; j < emitted.size(); ++j) {
         const int32_t row  = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
-        const float * feat = feats ? feats + j * (size_t) head.n_feat : specee_context_feature(ctx, row);
+        const float * feat = feats ? feats + j * (size_t) head.n_feat : specee_context_feature(ctx, row0 + row);
         specee_draft_add_pair(head, feat, emitted[j], root_pos + (int32_t) j);
     }
 }

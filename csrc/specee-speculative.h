@@ -75,10 +75,12 @@ specee_tree_batch    specee_tree_verify_batch(const specee_tree_decoder & dec, i
 int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
                          specee_node_logits logits_of, const void * user, std::vector<int32_t> & emitted,
                          std::vector<int32_t> & path);
-// The caches after a walk: the target's keeps root + path in position order in the batch's first cells (the rejected
+// The caches after a walk: the target's keeps root + path in position order in the tree's first cells (the rejected
 // cells dropped); the head's drops the tree's cells and takes the emitted tokens' pairs, each with the feature of the
-// row its token was drawn at: feats [emitted][n_feat], or nullptr: the pass's (specee_context_feature)
+// row its token was drawn at: feats [emitted][n_feat], or nullptr: the pass's (specee_context_feature). The tree's n
+// rows are the pass's rows row0.. (a block of a shared pass; 0: the pass is the tree's).
 void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
-                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats);
+                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats,
+                      int32_t row0 = 0);
 // number of draft tokens of a choices list or preset; throws with the reason
 int32_t specee_tree_count_choices(const char * choices);

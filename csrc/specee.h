@@ -476,10 +476,12 @@ int32_t specee_eagle_check_choices(const char * choices);
 //
 // A slots object serves up to n_slots requests at once on a context, each on a sequence of its own (slot i holds
 // sequence i + 1; sequence 0 stays the single-sequence calls'). specee_slots_step is one pass: the next token of
-// every plain request that is decoding and a chunk (n_chunk tokens at most) of the prompts waiting to be
-// prefilled, in one batch; requests join and leave between passes. Requests in a speculative mode (eagle, eagle2,
-// early-exit) run their sequence alone after the shared pass, with the same generator as specee_generator_next
-// (EAGLE greedy output stays equal to plain; early exit exits as it does alone). A slot keeps its cache after a
+// every plain request that is decoding, the tree of every EAGLE request (eagle, eagle2: drafted before the pass, a
+// block of rows with its own tree mask, walked after it) and a chunk (n_chunk tokens at most) of the prompts waiting
+// to be prefilled, in one batch; requests join and leave between passes. Early-exit and tree-exit requests (and the
+// speculative requests' prefill) run their sequence alone after the shared pass, with the same generator as
+// specee_generator_next; every request gives what it gives alone (EAGLE greedy output stays equal to plain; early
+// exit exits as it does alone). A slot keeps its cache after a
 // request, and a new request goes to the free slot that holds the longest prefix of its prompt. Each slot may use
 // n_ctx / n_slots cells. Every call locks the context.
 
@@ -501,7 +503,7 @@ struct specee_slots_totals {
     int64_t n_requests;    // requests submitted
     int64_t n_cancelled;   // released before they finished
     int64_t n_tokens;      // tokens generated
-    int64_t n_passes;      // passes: shared ones and speculative slots' own steps
+    int64_t n_passes;      // passes: shared ones (EAGLE requests' trees among them) and early-exit slots' own steps
     int64_t n_pass_tokens; // tokens evaluated in the shared passes (decoding and prompts)
     double  t_pass_ms;     // in the shared passes
 };

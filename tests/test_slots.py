@@ -271,6 +271,35 @@ def test_eagle_and_early_exit_requests_equal_alone(random_gguf: Path, with_head:
     assert slots.read(ids[2]).tokens == want_exit[1]
 
 
+def test_eagle_trees_of_several_requests_share_one_pass(random_gguf: Path) -> None:  # noqa: F811
+    """EAGLE requests' trees are blocks of the shared pass (each with its own tree mask) beside plain tokens and a
+    prompt being prefilled: every request gets what it gets alone (greedy EAGLE-1 and EAGLE-2 trees, and EAGLE-2
+    sampling with a fixed seed: the same draws in the same order), and the passes are shared, not one per request."""
+    m = specee.Model(random_gguf, n_ctx=N_CTX, n_threads=1)
+    requests = [(PROMPTS[0], dict(temp=0, mode="eagle2", eagle=EagleParams(total_tokens=6, depth=3, topk=2))),
+                (PROMPTS[1], dict(temp=0, mode="eagle", eagle=EagleParams(choices="[[0], [1], [0, 0]]"))),
+                (PROMPTS[2], dict(temp=0.9, seed=11, mode="eagle2",
+                                  eagle=EagleParams(total_tokens=4, depth=2, topk=2))),
+                (PROMPTS[3], dict(temp=0, mode="plain"))]
+    want = [alone(m, p, 20, **o) for p, o in requests]
+    long_prompt = np.random.default_rng(9).integers(0, 256, 60).tolist()
+    want_late = alone(m, long_prompt, 8, temp=0, mode="plain")
+    m.kv_clear()
+    slots = m.slots(5, n_chunk=16)  # the late prompt takes several passes beside the trees
+    ids = [slots.submit(p, 20, **o) for p, o in requests]
+    late = None
+    for step in range(200):
+        if step == 2:
+            late = slots.submit(long_prompt, 8, temp=0, mode="plain")
+        if slots.step() == 0 and late is not None:
+            break
+    assert [slots.read(i).tokens for i in ids] == want
+    assert slots.read(late).tokens == want_late
+    steps = sum(slots.stats(i)["n_steps"] for i in ids[:3])
+    assert all(slots.stats(i)["n_drafted"] > 0 for i in ids[:3])
+    assert slots.totals()["n_passes"] < steps  # three requests' trees, fewer passes than their steps
+
+
 @pytest.mark.slow
 def test_smollm2_batched_greedy_equals_alone(smollm2_path: Path) -> None:
     m = specee.Model(smollm2_path, n_ctx=2048, n_threads=1)
