@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 from openai import OpenAI
+from safetensors.torch import save_file
 
 from specee.convert.hf import convert_hf_to_gguf
 from specee.convert.merge import merge_gguf
@@ -26,6 +27,7 @@ from specee.generate import StopText
 from specee.model import Model
 from test_convert_cli import bpe_dir, eagle_state  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
 from test_eagle import save_published
+from test_eagle3 import random_predictors
 
 TIMEOUT = 60.0
 
@@ -38,8 +40,11 @@ def chat_gguf(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path: 
     convert_hf_to_gguf(bpe_dir, plain, "f32")
     cfg = json.loads((bpe_dir / "config.json").read_text())
     head = save_published(eagle_state(cfg, seed=3), cfg, folder / "head")
+    # and exit predictors that fire on every check (a token exits where the layer's argmax is a candidate)
+    save_file(random_predictors([0]), folder / "pred.safetensors")  # the model has 2 layers
+    (folder / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": [0]}))
     out = folder / "chat-eagle.gguf"
-    merge_gguf(plain, out, eagle=head, eagle_type="f32", progress=False)
+    merge_gguf(plain, out, eagle=head, eagle_type="f32", predictors=folder / "pred.safetensors", progress=False)
     return out
 
 
@@ -246,6 +251,21 @@ def test_eagle_per_request_equals_plain(server: Server) -> None:
     assert metric(server, "accepted_tokens_per_step") >= 1.0
 
 
+def test_checked_exits_per_request_equal_plain(server: Server) -> None:
+    def ask(p: list[int], **extra) -> Reply:
+        return call(server.port, "POST", "/completion", {"prompt": p, "n_predict": 16, "temperature": 0, **extra})
+
+    for p in ([3, 50, 60, 70], [9, 8, 7, 6, 5, 4]):
+        plain = ask(p, mode="plain").json()
+        for mode in ("early-exit", "tree-exit"):
+            r = ask(p, mode=mode, exit_check=True)
+            assert r.status_code == 200 and r.json()["mode"] == mode, r.text
+            assert r.json()["content"] == plain["content"], (mode, p, r.json(), plain)
+    bad = ask([3, 4], mode="eagle2", exit_check=True)
+    assert bad.status_code == 400 and "exit settings are given, but the mode is eagle2" in bad.text
+    assert ask([3, 4], mode="early-exit", exit_check="yes").status_code == 400
+
+
 # ---- log-probabilities
 
 
@@ -319,7 +339,7 @@ def test_logprobs_need_mode_plain(server: Server) -> None:
     (json.dumps({"prompt": "hi", "mode": "fast"}).encode(), 400, "mode"),
     (json.dumps({"prompt": 5}).encode(), 400, "prompt"),
     (json.dumps({"prompt": [1, 100000]}).encode(), 400, "prompt"),
-    (json.dumps({"prompt": "hi", "mode": "early-exit", "temperature": 0}).encode(), 400, None),
+    (json.dumps({"prompt": "hi", "mode": "early-exit", "temperature": 0.7}).encode(), 400, None),
 ])
 def test_bad_requests_get_openai_errors(server: Server, body: bytes, status: int, param: str | None) -> None:
     r = call(server.port, "POST", "/v1/completions", raw=body)

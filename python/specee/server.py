@@ -4,8 +4,9 @@
 
 The batching loop is the library's (csrc/specee-slots.cpp): one thread here calls `Slots.step()` (one pass of the
 model, the GIL released) while the event loop takes requests; each pass decodes the next token of every plain
-request at once, and prefills a chunk of a new prompt beside them. Requests in a speculative mode (eagle, eagle2,
-early-exit, per request with the extra field "mode") run their sequence alone after the shared pass. This module only
+request at once, verifies the draft trees of EAGLE requests (eagle, eagle2: per request with the extra field "mode")
+and prefills a chunk of a new prompt beside them; early-exit and tree-exit requests (checked with the extra field
+"exit_check") run their sequence alone after the shared pass. This module only
 parses requests, turns tokens into text (stop strings included) and writes responses. HTTP is Starlette on uvicorn
 (docs/server.md says why).
 """
@@ -29,7 +30,7 @@ import numpy as np
 
 from specee import _core
 from specee._optional import missing_package_exits
-from specee.generate import GenerateOptions, StopText
+from specee.generate import ExitParams, GenerateOptions, StopText
 from specee.model import Model
 
 with missing_package_exits("specee-server"):  # the [server] extra
@@ -356,6 +357,8 @@ def sampling_options(state: ServerState, body: dict, llama: bool = False) -> tup
         "ignore_eos": _field(body, "ignore_eos", bool, None),
         "mode": _field(body, "mode", str, state.mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
     }
+    if _field(body, "exit_check", bool, False):  # checked exits: early-exit and tree-exit output equals plain's
+        given["exit"] = ExitParams(check=True)
     stop = _field(body, "stop", (str, list), [], expect="a string or a list of strings")
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
