@@ -197,20 +197,21 @@ static void fill_skipped_kv(specee_context & ctx, int32_t exited, int32_t pos) {
 }
 
 // The head's feature of the decoded token: EAGLE-1 the final norm of the layer it left at (`norm`); EAGLE-3 the outputs
-// of its feature layers, those past the exit layer (not computed) taken as the exit layer's output
-static std::vector<float> exit_feature(specee_context & ctx, int32_t exited, const std::vector<float> & norm) {
+// of its feature layers (feat3: the pass's, checked_pass.features), those past the exit layer (not computed) taken as
+// the exit layer's output (the token's row of the state)
+static std::vector<float> exit_feature(specee_context & ctx, int32_t exited, const std::vector<float> & norm,
+                                       const std::vector<float> & feat3) {
     const specee_eagle & e = ctx.model->eagle;
     if (e.version != 3) {
         return norm;
     }
     const int64_t      n_embd = ctx.model->hparams.n_embd;
-    const float *      f0     = specee_context_feature(ctx, 0);
-    std::vector<float> f(f0, f0 + 3 * n_embd);
+    std::vector<float> f(feat3.begin(), feat3.begin() + 3 * n_embd);
     if (exited >= 0) {
-        const std::vector<float> & h = specee_context_hidden(ctx); // the output of layer `exited`
+        const float * h = specee_context_hidden(ctx).data(); // the output of layer `exited`, the token's row first
         for (size_t k = 0; k < e.feature_layers.size(); ++k) {
             if (e.feature_layers[k] > exited) {
-                std::copy(h.begin(), h.begin() + n_embd, f.begin() + (int64_t) k * n_embd);
+                std::copy(h, h + n_embd, f.begin() + (int64_t) k * n_embd);
             }
         }
     }
@@ -311,80 +312,24 @@ static void count_step(specee_exit_decoder & dec, int32_t exited, int32_t n_laye
     }
 }
 
-int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                         int32_t & root_pos, int32_t & layers_run, specee_generator_stats & st) {
+// One token's step; `out` receives what it puts out (token, layers its step ran): without checks its next token;
+// with checks (dec.params.check) what checked_pass_check lets out, or nothing while the token waits
+static void exit_step(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                      int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out, specee_generator_stats & st) {
     specee_context &     ctx     = *head.ctx;
     const specee_model & m       = *head.model;
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
+    const bool           check   = dec.params.check;
 
     const std::vector<int32_t> cand = exit_candidates(head, (int32_t) m.exit.n_cand, st);
 
-    // ---- the token's layers, checked at the scheduled ones
-    int32_t                    forced = -1;
-    const std::vector<int32_t> sched  = token_schedule(dec, m, forced);
-    int32_t                    tok = root, pos = root_pos;
-    specee_batch               b   = {1, &tok, &pos, nullptr, nullptr};
-    int32_t                    l = 0, exited = -1, next = -1;
-    std::vector<float>         p_prev, norm, logits;
-    for (int32_t s : sched) {
-        auto t0 = specee_clock::now();
-        specee_eval_layers_impl(ctx, &b, l, s + 1, SPECEE_EVAL_NO_LOGITS);
-        st.t_layers_ms += specee_ms_since(t0);
-        l = s + 1;
-        if (!check_fires(dec, ctx, s, forced, cand, 0, p_prev, st)) {
-            continue;
-        }
-        t0 = specee_clock::now();
-        exit_logits(ctx, s, norm, logits);
-        const int32_t t = specee_sampler_sample_impl(smpl, logits.data(), head.n_vocab);
-        st.t_exit_ms += specee_ms_since(t0);
-        if (forced >= 0 || std::find(cand.begin(), cand.end(), t) != cand.end()) {
-            exited = s;
-            next   = t;
-            if (dec.params.kv == SPECEE_EXIT_KV_FILL) {
-                t0 = specee_clock::now();
-                fill_skipped_kv(ctx, s, pos);
-                st.t_fill_ms += specee_ms_since(t0);
-            }
-            break;
-        }
-        st.n_rejected += 1;
-    }
-    if (exited < 0) {
-        const auto t0 = specee_clock::now();
-        specee_eval_layers_impl(ctx, &b, l, n_layer, 0);
-        st.t_layers_ms += specee_ms_since(t0);
-        next = specee_sampler_sample_impl(smpl, ctx.logits.data(), head.n_vocab);
-        norm = ctx.norm;
-    }
-    specee_sampler_accept_impl(smpl, next);
-
-    // ---- the pair (this token's feature, the next token) for the head; the next token becomes the root
-    specee_draft_add_pair(head, exit_feature(ctx, exited, norm).data(), next, root_pos);
-    root = next;
-    root_pos += 1;
-
-    layers_run = exited >= 0 ? exited + 1 : n_layer;
-    count_step(dec, exited, n_layer, st);
-    return next;
-}
-
-// ---- checked exits (specee-exit-check.cpp): the token's batch is one row, the waiting tokens join it
-
-int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
-                                 int32_t & root, int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
-                                 specee_generator_stats & st) {
-    specee_context &     ctx     = *head.ctx;
-    const specee_model & m       = *head.model;
-    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    const int64_t        n_embd  = m.hparams.n_embd;
-    const size_t         out0    = out.size();
-
-    const std::vector<int32_t> cand   = exit_candidates(head, (int32_t) m.exit.n_cand, st);
+    // ---- the token's layers, checked at the scheduled ones; with checks the waiting tokens join the pass as rows
+    // after the token's (specee-exit-check.cpp), else the pass is the token's alone
     int32_t                    forced = -1;
     const std::vector<int32_t> sched  = token_schedule(dec, m, forced);
     checked_pass               cp;
     checked_pass_begin(cp, dec.chain, ctx, 1, &root, &root_pos, nullptr, nullptr);
+    int32_t            exited = -1, next = -1;
     std::vector<float> p_prev, norm, logits;
     for (int32_t s : sched) {
         auto t0 = specee_clock::now();
@@ -401,43 +346,59 @@ int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & 
             st.n_rejected += 1;
             continue;
         }
-        // ---- this token exits: it waits, unchecked, with the waiting tokens of the pass
-        std::vector<float> feat = norm; // EAGLE-3: its feature layers, those past the exit the exit layer's output
-        if (m.eagle.version == 3) {
-            feat                  = cp.features;
-            const float * h       = specee_context_hidden(ctx).data();
-            for (size_t k = 0; k < m.eagle.feature_layers.size(); ++k) {
-                if (m.eagle.feature_layers[k] > s) {
-                    std::copy(h, h + n_embd, feat.begin() + (int64_t) k * n_embd);
-                }
-            }
+        exited = s;
+        next   = t;
+        if (dec.params.kv == SPECEE_EXIT_KV_FILL) {
+            t0 = specee_clock::now();
+            fill_skipped_kv(ctx, s, root_pos);
+            st.t_fill_ms += specee_ms_since(t0);
         }
+        break;
+    }
+    if (exited < 0) {
+        const auto t0 = specee_clock::now();
+        checked_pass_run(cp, n_layer, 0);
+        st.t_layers_ms += specee_ms_since(t0);
+        if (!checked_pass_check(cp, head, smpl, root, root_pos, out, st)) {
+            count_step(dec, -1, n_layer, st);
+            return; // a waiting token was wrong: the sequence goes on from the full model's token there
+        }
+        next = specee_sampler_sample_impl(smpl, ctx.logits.data(), head.n_vocab); // the token's row is the first
+        norm.assign(ctx.norm.begin(), ctx.norm.begin() + m.hparams.n_embd);
+    }
+    const std::vector<float> feat = exit_feature(ctx, exited, norm, cp.features);
+    if (exited >= 0 && check) {
+        // the token waits, unchecked, with the waiting tokens of the pass
         checked_pass_stop(cp);
-        checked_pass_wait(cp, 0, ctx.cells[0], root_pos, feat, t, specee_sampler_history(smpl));
-        specee_sampler_accept_impl(smpl, t);
-        specee_draft_add_pair(head, feat.data(), t, root_pos);
-        root = t;
-        root_pos += 1;
-        count_step(dec, s, n_layer, st);
-        if (specee_token_is_eog(&m, t)) {
-            // nothing follows it: check the chain now
-            return specee_exit_chain_flush(dec.chain, head, smpl, root, root_pos, out, st);
-        }
-        return 0;
+        checked_pass_wait(cp, 0, ctx.cells[0], root_pos, feat, next, specee_sampler_history(smpl));
+    } else {
+        out.emplace_back(next, exited >= 0 ? exited + 1 : n_layer);
     }
-    const auto t0 = specee_clock::now();
-    checked_pass_run(cp, n_layer, 0);
-    st.t_layers_ms += specee_ms_since(t0);
-    count_step(dec, -1, n_layer, st);
-    if (checked_pass_check(cp, head, smpl, root, root_pos, out, st)) {
-        // every waiting token agreed: this token's own next token is the full model's (row 0)
-        const int32_t t = specee_sampler_sample_impl(smpl, ctx.logits.data(), head.n_vocab);
-        specee_sampler_accept_impl(smpl, t);
-        out.emplace_back(t, n_layer);
-        specee_draft_add_pair(head, m.eagle.version == 3 ? cp.features.data() : ctx.norm.data(), t, root_pos);
-        root = t;
-        root_pos += 1;
+    specee_sampler_accept_impl(smpl, next);
+
+    // ---- the pair (this token's feature, the next token) for the head; the next token becomes the root
+    specee_draft_add_pair(head, feat.data(), next, root_pos);
+    root = next;
+    root_pos += 1;
+    count_step(dec, exited, n_layer, st);
+    if (exited >= 0 && check && specee_token_is_eog(&m, next)) {
+        specee_exit_chain_flush(dec.chain, head, smpl, root, root_pos, out, st); // nothing follows it: check it now
     }
+}
+
+int32_t specee_exit_step(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
+                         int32_t & root_pos, int32_t & layers_run, specee_generator_stats & st) {
+    std::vector<std::pair<int32_t, int32_t>> out;
+    exit_step(dec, head, smpl, root, root_pos, out, st);
+    layers_run = out[0].second;
+    return out[0].first;
+}
+
+int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
+                                 int32_t & root, int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
+                                 specee_generator_stats & st) {
+    const size_t out0 = out.size();
+    exit_step(dec, head, smpl, root, root_pos, out, st);
     return (int32_t) (out.size() - out0);
 }
 
