@@ -471,7 +471,7 @@ int32_t specee_eagle_check_choices(const char * choices);
 // sequence i + 1; sequence 0 stays the single-sequence calls'). specee_slots_step is one pass: the next token of
 // every plain request that is decoding and a chunk (n_chunk tokens at most) of the prompts waiting to be
 // prefilled, in one batch; requests join and leave between passes. Requests in a speculative mode (eagle, eagle2,
-// early-exit) run their sequence alone after the shared pass, with the same generator as specee_generator_next
+// early-exit, tree-exit) run their sequence alone after the shared pass, with the same generator as specee_generator_next
 // (EAGLE greedy output stays equal to plain; early exit exits as it does alone). A slot keeps its cache after a
 // request, and a new request goes to the free slot that holds the longest prefix of its prompt. Each slot may use
 // n_ctx / n_slots cells. Every call locks the context.

@@ -5,9 +5,9 @@
 The batching loop is the library's (csrc/specee-slots.cpp): one thread here calls `Slots.step()` (one pass of the
 model, the GIL released) while the event loop takes requests; each pass decodes the next token of every plain
 request at once, and prefills a chunk of a new prompt beside them. Requests in a speculative mode (eagle, eagle2,
-early-exit, per request with the extra field "mode") run their sequence alone after the shared pass. This module only
-parses requests, turns tokens into text (stop strings included) and writes responses. HTTP is Starlette on uvicorn
-(docs/server.md says why).
+early-exit, tree-exit, per request with the extra field "mode") run their sequence alone after the shared pass. This
+module only parses requests, turns tokens into text (stop strings included) and writes responses. HTTP is Starlette
+on uvicorn (docs/server.md says why).
 """
 
 from __future__ import annotations

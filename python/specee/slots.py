@@ -2,9 +2,9 @@
 
 Each slot is a sequence of the KV cache. One `step()` is one pass of the model over the next token of every plain
 request that is decoding and a chunk of the prompts waiting to be prefilled; requests join (`submit`) and leave
-(`release`) between passes. Requests in a speculative mode (eagle, eagle2, early-exit) run their sequence alone after
-the shared pass, so their output is what they give alone. `step()` releases the GIL: a server thread can step while
-others submit and read.
+(`release`) between passes. Requests in a speculative mode (eagle, eagle2, early-exit, tree-exit) run their sequence
+alone after the shared pass, so their output is what they give alone. `step()` releases the GIL: a server thread can
+step while others submit and read.
 """
 
 from __future__ import annotations
