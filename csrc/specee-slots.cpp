@@ -261,18 +261,6 @@ static bool shares_tree(const specee_slot & sl) {
            g.queue.empty();
 }
 
-// the rows' logits of a tree block, for the walk
-struct block_logits {
-    const specee_tree_decoder * dec;
-    const float *               logits; // the block's first row
-    int32_t                     n_vocab;
-};
-
-static const float * block_logits_of(const void * user, int32_t node) {
-    const block_logits & bl = *(const block_logits *) user;
-    return bl.logits + (size_t) bl.dec->nodes[node].row * bl.n_vocab;
-}
-
 // after the pass: the slot's walk over its block and what it keeps, as specee_tree_step does alone
 static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms) {
     specee_context &     ctx     = *s.ctx;
@@ -282,9 +270,11 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     specee_seq_scope     seq(g);
     const int32_t        n  = (int32_t) tbk.tb.tok.size();
     const auto           t0 = specee_clock::now();
-    const block_logits   bl = {&g.tree, ctx.logits.data() + (size_t) tbk.row0 * g.head->n_vocab, g.head->n_vocab};
-    std::vector<int32_t> emitted, path;
-    const int32_t n_acc = specee_tree_walk(g.tree, *g.head, *g.smpl, tbk.n_max, block_logits_of, &bl, emitted, path);
+    // the block's logits: the pass's rows row0.. (every row has them)
+    specee_tree_pass_rows rows = {&g.tree, ctx.logits.data() + (size_t) tbk.row0 * g.head->n_vocab, g.head->n_vocab};
+    std::vector<int32_t>  emitted, path;
+    const int32_t n_acc = specee_tree_walk(g.tree, *g.head, *g.smpl, tbk.n_max, specee_tree_pass_logits, &rows, emitted,
+                                           path);
     specee_tree_keep(g.tree, *g.head, n, g.root_pos, emitted, path, nullptr, tbk.row0);
     g.root = emitted.back();
     g.root_pos += (int32_t) emitted.size();

@@ -544,7 +544,7 @@ static int32_t verify_tree(specee_tree_decoder & dec, specee_draft_head & head, 
 // Walks the verified tree from the root: each step draws the target's token at the current node and moves to the
 // child that drafted it, until no child did (or n_max tokens, or an end of generation).
 int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
-                         specee_node_logits logits_of, const void * user, std::vector<int32_t> & emitted,
+                         specee_node_logits logits_of, void * user, std::vector<int32_t> & emitted,
                          std::vector<int32_t> & path) {
     const int32_t       n_vocab = head.n_vocab;
     const bool          greedy  = specee_sampler_greedy(smpl);
@@ -592,15 +592,8 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, sp
     return n_acc;
 }
 
-// a full verification pass's logits: every row has them, in row order
-struct pass_rows {
-    const specee_tree_decoder * dec;
-    const float *               logits;
-    int32_t                     n_vocab;
-};
-
-static const float * pass_logits(const void * user, int32_t node) {
-    const pass_rows & pr = *(const pass_rows *) user;
+const float * specee_tree_pass_logits(void * user, int32_t node) {
+    const specee_tree_pass_rows & pr = *(const specee_tree_pass_rows *) user;
     return pr.logits + (size_t) pr.dec->nodes[node].row * pr.n_vocab;
 }
 
@@ -651,8 +644,8 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, sp
     // ---- walk from the root, then keep what was accepted in both caches
     t0 = specee_clock::now();
     std::vector<int32_t> emitted, path;
-    const pass_rows      rows  = {&dec, ctx.logits.data(), head.n_vocab};
-    const int32_t        n_acc = specee_tree_walk(dec, head, smpl, n_max, pass_logits, &rows, emitted, path);
+    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), head.n_vocab};
+    const int32_t n_acc = specee_tree_walk(dec, head, smpl, n_max, specee_tree_pass_logits, &rows, emitted, path);
     specee_tree_keep(dec, head, n, root_pos, emitted, path, nullptr);
     root = emitted.back();
     root_pos += (int32_t) emitted.size();

@@ -54,7 +54,7 @@ struct specee_tree_batch {
 };
 
 // where a walk reads the target's logits of a verified node [n_vocab]
-using specee_node_logits = const float * (*) (const void * user, int32_t node);
+using specee_node_logits = const float * (*) (void * user, int32_t node);
 
 // checks the parameters; the head's cache must hold max_expand cells beyond n_ctx (specee_tree_extra_cells)
 void    specee_tree_init(specee_tree_decoder & dec, bool dynamic, const specee_eagle_params & params);
@@ -73,8 +73,15 @@ specee_tree_batch    specee_tree_verify_batch(const specee_tree_decoder & dec, i
 // node's logits through logits_of(user, node); fills the emitted tokens and the accepted nodes whose tokens stay in
 // the cache (the nodes the emitted tokens but the last were drawn at); returns the drafted tokens accepted
 int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
-                         specee_node_logits logits_of, const void * user, std::vector<int32_t> & emitted,
+                         specee_node_logits logits_of, void * user, std::vector<int32_t> & emitted,
                          std::vector<int32_t> & path);
+// a full verification pass's logits for specee_tree_walk: every row's, in row order (the context's logits)
+struct specee_tree_pass_rows {
+    const specee_tree_decoder * dec;
+    const float *               logits;
+    int32_t                     n_vocab;
+};
+const float * specee_tree_pass_logits(void * user, int32_t node); // user: a specee_tree_pass_rows
 // The caches after a walk: the target's keeps root + path in position order in the tree's first cells (the rejected
 // cells dropped); the head's drops the tree's cells and takes the emitted tokens' pairs, each with the feature of the
 // row its token was drawn at: feats [emitted][n_feat], or nullptr: the pass's (specee_context_feature). The tree's n

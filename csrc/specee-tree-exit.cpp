@@ -57,11 +57,10 @@
 struct exit_rows {
     specee_context *            ctx   = nullptr;
     const specee_tree_decoder * dec   = nullptr;
-    int32_t                     layer = -1;  // the exit layer (its output is in the context's state)
-    std::vector<int32_t>        slot;        // [nodes] where a node's rows are in logits / norm, -1: not computed
-    std::vector<float>          logits;      // [slots][n_vocab]
-    std::vector<float>          norm;        // [slots][n_embd]
-    int32_t                     n_graphs = 0; // exit graphs run
+    int32_t                     layer = -1; // the exit layer (its output is in the context's state)
+    std::vector<int32_t>        slot;       // [nodes] where a node's rows are in logits / norm, -1: not computed
+    std::vector<float>          logits;     // [slots][n_vocab]
+    std::vector<float>          norm;       // [slots][n_embd]
 };
 
 // the final norm and lm_head at the exit layer for these nodes' rows, in one graph
@@ -89,28 +88,15 @@ static void compute_exit_rows(exit_rows & er, const std::vector<int32_t> & nodes
     for (int32_t i = 0; i < n_rows; ++i) {
         er.slot[nodes[i]] = (int32_t) first + i;
     }
-    er.n_graphs += 1;
 }
 
 // specee_node_logits for the walk: a node's row's logits at the exit layer, computed when first needed
-static const float * exit_logits_of(const void * user, int32_t node) {
-    exit_rows & er = *(exit_rows *) const_cast<void *>(user);
+static const float * exit_logits_of(void * user, int32_t node) {
+    exit_rows & er = *(exit_rows *) user;
     if (er.slot[node] < 0) {
         compute_exit_rows(er, {node});
     }
     return er.logits.data() + (size_t) er.slot[node] * er.ctx->model->hparams.n_vocab;
-}
-
-// a full pass's logits: every row has them (the step of a pass that did not exit is EAGLE's)
-struct pass_rows {
-    const specee_tree_decoder * dec;
-    const float *               logits;
-    int32_t                     n_vocab;
-};
-
-static const float * pass_logits_of(const void * user, int32_t node) {
-    const pass_rows & pr = *(const pass_rows *) user;
-    return pr.logits + (size_t) pr.dec->nodes[node].row * pr.n_vocab;
 }
 
 // ---- the checks at a layer ----------------------------------------------------------------------------------
@@ -410,11 +396,11 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
         return;
     }
 
-    t0                   = specee_clock::now();
-    const pass_rows rows = {&tree, ctx.logits.data(), head.n_vocab};
+    t0 = specee_clock::now();
     res.emitted.clear(); // a rejected check's walk left its tokens
     res.path.clear();
-    res.n_acc            = specee_tree_walk(tree, head, smpl, n_max, pass_logits_of, &rows, res.emitted, res.path);
+    specee_tree_pass_rows rows = {&tree, ctx.logits.data(), head.n_vocab}; // a full pass: the step is EAGLE's
+    res.n_acc = specee_tree_walk(tree, head, smpl, n_max, specee_tree_pass_logits, &rows, res.emitted, res.path);
     specee_tree_keep(tree, head, n, root_pos, res.emitted, res.path, nullptr);
     st.t_sample_ms += specee_ms_since(t0);
 }

@@ -473,17 +473,18 @@ def test_run_all_datasets_and_modes(chat_gguf: Path, fake_cli: Path, tmp_path: P
     exits after layers 1 and 3 in turn (layer 3 of 4: no exit), so exits happen whatever the random predictors say."""
     out = tmp_path / "out"
     main(["all", "--data-dir", str(SPECEE_BENCH), "--limit", "2", "-n", "6", "-m", str(chat_gguf), "-t", "1",
-          "--cache-type-v", "f32", "--modes", "plain,eagle,eagle2,early-exit,llama.cpp", "--llama-cli", str(fake_cli),
+          "--cache-type-v", "f32", "--modes", "plain,eagle,eagle2,early-exit,tree-exit,llama.cpp", "--llama-cli",
+          str(fake_cli),
           "--exit-replay", "1,3",
           "-o", str(out)])
     recs = records(out)
-    assert len(recs) == 6 * 2 * 5 and not any(r.get("error") for r in recs)
+    assert len(recs) == 6 * 2 * 6 and not any(r.get("error") for r in recs)
     for r in recs:
         assert len(r["turns"]) == (2 if r["dataset"] == "mt-bench" else 1)
         t = r["turns"][0]
         assert t["n_prompt"] > 0 and t["prompt_seconds"] > 0 and t["stop_reason"] in ("eog", "length")
         assert len(t["tokens"]) <= 6 or r["mode"] == "llama.cpp"  # the stand-in's reply is longer
-        if r["mode"].startswith("eagle"):
+        if r["mode"].startswith("eagle") or r["mode"] == "tree-exit":
             assert t["step_tokens"] and sum(t["step_tokens"]) >= len(t["tokens"]) - 1  # the first: from prefill
         if r["mode"] == "llama.cpp":
             assert t["text"].startswith("reply to ") and (t["n_prompt"], t["n_decode"]) == (10, 5)
@@ -491,6 +492,11 @@ def test_run_all_datasets_and_modes(chat_gguf: Path, fake_cli: Path, tmp_path: P
             assert len(t["layers_run"]) == t["n_decode"] == len(t["exit_correct"])
             assert t["layers_run"] == [[2, 4][i % 2] for i in range(len(t["layers_run"]))]
             # a token that ran every layer is the full model's token: checks how steps and tokens line up
+            assert all(ok for e, ok in zip(t["layers_run"], t["exit_correct"]) if e == 4)
+        if r["mode"] == "tree-exit":  # one entry per decoded token: its step's pass, exiting after layer 1, 3, 1, ...
+            assert len(t["layers_run"]) == t["n_decode"] == len(t["exit_correct"])
+            steps = [[2, 4][i % 2] for i, k in enumerate(t["step_tokens"]) for _ in range(k)]
+            assert t["layers_run"] == steps[:len(t["layers_run"])]
             assert all(ok for e, ok in zip(t["layers_run"], t["exit_correct"]) if e == 4)
         want = {"gsm8k": "accuracy", "sum": "rouge_l",  # SpecEE's qa file has no references: no score
                 "humaneval": "pass@1" if ds.embedded_path("humaneval") else None}.get(r["dataset"])

@@ -17,7 +17,11 @@ import torch
 import specee
 from specee import EagleParams, ExitParams
 from specee import _core
+from safetensors.torch import save_file
+
+from specee.convert.merge import merge_gguf
 from test_eagle import cfg, random_gguf, random_state  # noqa: F401  (fixtures: a random head without predictors)
+from test_eagle3 import random_predictors, trained_gguf  # noqa: F401  (an EAGLE-3 head trained on the tiny model)
 from test_early_exit import (PROMPTS, check_against_masked_forward, forward_with_filled_kv,  # noqa: F401
                              predictors, with_head)
 
@@ -152,6 +156,21 @@ def test_predictor_exits_are_checked_against_the_candidates(with_head: Path, tin
         assert st.n_exits + st.n_rejected >= 1
         assert st.n_exits == sum(1 for x in step_layers(st) if x < m.n_layer - 1)
         check_against_masked_forward(tiny_hf, prompt, out, [r - 1 for r in st.layers_run], llama_forward)
+
+
+def test_an_eagle3_head(tiny_gguf: Path, trained_gguf: Path, tmp_path: Path) -> None:  # noqa: F811
+    """An EAGLE-3 draft head file with predictors that always fire: passes exit (the head's pairs then take the exit
+    layer's output for its feature layers past it), and never exiting is EAGLE-2 and plain decoding."""
+    save_file(random_predictors([0, 1, 2]), tmp_path / "pred.safetensors")
+    head = tmp_path / "head3.gguf"
+    merge_gguf(tiny_gguf, head, eagle=trained_gguf, predictors=tmp_path / "pred.safetensors", eagle_type="f32",
+               draft_head_only=True, progress=False)
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, type_v="f32", draft_head=head)
+    assert m._model.eagle_version == 3
+    out, st = tree_exit(m, PROMPTS[0], 24, TREES[0], layers=[0, 1, 2])
+    assert len(out) == 24 and st.n_exits > 0 and st.n_fired == st.n_checks
+    plain = m.generate_tokens(PROMPTS[1], 24, temp=0, mode="plain", ignore_eos=True)
+    assert tree_exit(m, PROMPTS[1], 24, TREES[0], threshold=1.0)[0] == plain
 
 
 # ---- (3) the skipped layers' cache

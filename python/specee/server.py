@@ -30,7 +30,7 @@ import numpy as np
 
 from specee import _core
 from specee._optional import missing_package_exits
-from specee.generate import ExitParams, GenerateOptions, StopText
+from specee.generate import MODES, ExitParams, GenerateOptions, StopText
 from specee.model import Model
 
 with missing_package_exits("specee-server"):  # the [server] extra
@@ -41,7 +41,6 @@ with missing_package_exits("specee-server"):  # the [server] extra
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-MODES = ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit")
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
 FINISH = {"stop": "stop", "length": "length", "context": "length", None: None, "error": "error"}
 

@@ -3,8 +3,8 @@
 Each slot is a sequence of the KV cache. One `step()` is one pass of the model over the next token of every plain
 request that is decoding, the draft tree of every EAGLE request (eagle, eagle2) and a chunk of the prompts waiting to
 be prefilled; requests join (`submit`) and leave (`release`) between passes. Early-exit and tree-exit requests run
-their sequence alone after the shared pass. Every request's output is what it gives alone. `step()` releases the GIL: a server thread can step while
-others submit and read.
+their sequence alone after the shared pass. Every request's output is what it gives alone. `step()` releases the GIL:
+a server thread can step while others submit and read.
 """
 
 from __future__ import annotations

@@ -1,0 +1,88 @@
+"""python -m specee.bench.modes: plain decoding, EAGLE-2, early exit and tree exit side by side in one process.
+
+One Model (loaded once; each generation keeps the prompt's cached prefix, so only decoding differs), the four modes in
+rotating order for --rounds rounds; per mode and prompt the fastest round counts (on a machine shared with other work a
+run is only ever slowed), and the table gives tokens per second, the ratios to plain and to EAGLE-2, tokens per step,
+layers run per step (per token for early exit) and the share of steps that exited. --replay forces the cost
+benchmark's figures on a file whose drafts and exits mean nothing (the 7B-shaped synthetic file): each step accepts
+the replayed counts (--eagle-replay) and every pass exits after --exit-layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+import specee
+from specee import EagleParams, ExitParams
+from specee.bench.spec import mt_bench_prompts, pick
+
+MODES = ("plain", "eagle2", "early-exit", "tree-exit")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m specee.bench.modes", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", help="GGUF (default: the embedded SmolLM2-135M Q4_1)")
+    ap.add_argument("--draft-head", default="default", help="draft head file with exit predictors (default: the "
+                                                             "shipped one for the default model)")
+    ap.add_argument("--mt-bench", type=int, default=4, help="MT-Bench first turns in the chat template (0: one "
+                                                            "prompt of 48 random token ids, for synthetic files)")
+    ap.add_argument("-n", "--n-predict", type=int, default=32)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--replay", action="store_true", help="replayed acceptance and exits (cost only)")
+    ap.add_argument("--eagle-replay", default="2,0,2,1,2,2,0,2,1,2",
+                    help="--replay: drafted tokens accepted per step, in turn")
+    ap.add_argument("--exit-layer", type=int, help="--replay: the layer every pass exits after (default: n_layer - 9, "
+                                                   "24 of 32 layers run)")
+    return ap.parse_args(argv)
+
+
+def mode_options(m: specee.Model, args: argparse.Namespace) -> dict[str, dict]:
+    eagle, exit_ = EagleParams(), ExitParams()
+    if args.replay:
+        eagle = EagleParams(replay=[int(x) for x in args.eagle_replay.split(",")])
+        exit_ = ExitParams(replay=[args.exit_layer if args.exit_layer is not None else m.n_layer - 9])
+    return {"plain": dict(mode="plain"), "eagle2": dict(mode="eagle2", eagle=eagle),
+            "early-exit": dict(mode="early-exit", exit=exit_),
+            "tree-exit": dict(mode="tree-exit", eagle=eagle, exit=exit_)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    m = specee.Model(args.model, draft_head=args.draft_head, n_ctx=1024, n_threads=args.threads)
+    if args.mt_bench > 0:
+        prompts = [m.tokenize(p.text, add_special=True, parse_special=True)
+                   for p in pick(mt_bench_prompts(m.chat_template(), None), args.mt_bench)]
+    else:
+        prompts = [np.random.default_rng(0).integers(100, min(30000, m.n_vocab), 48).tolist()]
+    options = mode_options(m, args)
+    ms_per_token: dict[str, list[list[float]]] = {k: [[] for _ in prompts] for k in MODES}
+    stats: dict[str, list[specee.GenerationStats]] = {k: [] for k in MODES}
+    for r in range(args.rounds):
+        for k in MODES[r % 4:] + MODES[:r % 4]:  # rotated, so no mode always runs first
+            for i, p in enumerate(prompts):
+                m.generate_tokens(p, args.n_predict, temp=0, ignore_eos=True, **options[k])
+                st = m.last_stats
+                ms_per_token[k][i].append(st.t_decode_ms / st.n_decoded)
+                stats[k].append(st)
+    fastest = {k: float(np.mean([min(v) for v in ms_per_token[k]])) for k in MODES}
+    print(f"{m.desc}, {len(prompts)} prompt(s) x {args.n_predict} tokens, -t {args.threads}, greedy, the fastest of "
+          f"{args.rounds} rounds{', replayed acceptance and exits' if args.replay else ''}")
+    print("| mode | decode t/s | x plain | x EAGLE-2 | tokens/step | layers run/step | steps exited |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for k in MODES:
+        sts = stats[k]
+        steps = sum(s.n_steps for s in sts)
+        layers = sum(s.n_layers_run for s in sts) / steps if k in ("early-exit", "tree-exit") else m.n_layer
+        exited = sum(s.n_exits for s in sts) / steps
+        print(f"| {k} | {1000 / fastest[k]:.2f} | {fastest['plain'] / fastest[k]:.2f}x | "
+              f"{fastest['eagle2'] / fastest[k]:.2f}x | {sum(s.n_decoded for s in sts) / steps:.2f} | "
+              f"{layers:.2f} of {m.n_layer} | {exited:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
