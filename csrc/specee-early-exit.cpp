@@ -259,9 +259,7 @@ static std::vector<int32_t> exit_candidates(specee_draft_head & head, int32_t n_
     return cand;
 }
 
-// the layers checked for this token; a replay exits where it says (*forced), after the checks before that layer
-// (they cost what they cost, but decide nothing)
-static std::vector<int32_t> token_schedule(specee_exit_decoder & dec, const specee_model & m, int32_t & forced) {
+std::vector<int32_t> exit_pass_schedule(specee_exit_decoder & dec, const specee_model & m, int32_t & forced) {
     const int32_t        n_layer = (int32_t) m.hparams.n_layer;
     std::vector<int32_t> sched   = exit_schedule(dec, m);
     forced                       = -1;
@@ -326,7 +324,7 @@ static void exit_step(specee_exit_decoder & dec, specee_draft_head & head, spece
     // ---- the token's layers, checked at the scheduled ones; with checks the waiting tokens join the pass as rows
     // after the token's (specee-exit-check.cpp), else the pass is the token's alone
     int32_t                    forced = -1;
-    const std::vector<int32_t> sched  = token_schedule(dec, m, forced);
+    const std::vector<int32_t> sched  = exit_pass_schedule(dec, m, forced);
     checked_pass               cp;
     checked_pass_begin(cp, dec.chain, ctx, 1, &root, &root_pos, nullptr, nullptr);
     int32_t            exited = -1, next = -1;

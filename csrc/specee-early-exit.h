@@ -37,6 +37,9 @@ int32_t specee_exit_step_checked(specee_exit_decoder & dec, specee_draft_head & 
 // the layers checked for the next token (or tree pass): the static set, plus e-2, e, e+2 around each of the last 5
 // exits, those with a predictor before the last layer, ascending
 std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee_model & m);
+// the layers checked in this pass (of a token, or a tree); a replay (exit.replay) exits where it says (*forced, else -1),
+// after the checks before that layer (they cost what they cost, but decide nothing)
+std::vector<int32_t> exit_pass_schedule(specee_exit_decoder & dec, const specee_model & m, int32_t & forced);
 // SpecEE's 12 features of a layer's output h [n_embd] for the candidates cand [n_cand]; p_prev: p at the previously
 // checked layer, or nullptr; p_out [n_cand] (nullptr: not needed) receives p
 void  specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,

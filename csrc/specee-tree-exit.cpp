@@ -305,21 +305,6 @@ static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exi
     return true;
 }
 
-// the scheduled layers of this pass; a replayed exit layer replaces those from it on
-static std::vector<int32_t> pass_schedule(specee_exit_decoder & exit, const specee_model & m, int32_t & forced) {
-    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    std::vector<int32_t> sched   = exit_schedule(exit, m);
-    forced                       = -1;
-    if (!exit.replay.empty()) {
-        forced = exit.replay[exit.n_replayed++ % exit.replay.size()];
-        sched.erase(std::remove_if(sched.begin(), sched.end(), [&](int32_t il) { return il >= forced; }), sched.end());
-        if (forced < n_layer - 1) {
-            sched.push_back(forced);
-        }
-    }
-    return sched;
-}
-
 // Checked exits: the rows an exited pass keeps (the root and the accepted path) wait, unchecked, for their skipped
 // layers (specee-exit-check.h); kept row j sits in the batch's cell j after specee_tree_keep, at root_pos + j, paired
 // in the head with feats[j] and followed by emitted[j]
@@ -360,7 +345,7 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
     const int32_t replay = tree.params.n_replay > 0 ?
                                tree.params.replay[tree.n_replayed % (size_t) tree.params.n_replay] : -1;
     int32_t       forced = -1;
-    for (int32_t s : pass_schedule(exit, m, forced)) {
+    for (int32_t s : exit_pass_schedule(exit, m, forced)) {
         auto t0 = specee_clock::now();
         checked_pass_run(cp, s + 1, 0);
         st.t_verify_ms += specee_ms_since(t0);
