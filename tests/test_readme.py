@@ -143,6 +143,9 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return set_flag(out, "--rounds", "1") if "--rounds" in out else out
     if module == "specee.eval":
         return set_flag(set_flag(set_flag(argv, "--limit", "1"), "-n", "8"), "-t", "1")
+    if module == "specee.bench.modes":  # one round of a few tokens, at most one MT-Bench prompt
+        out = set_flag(set_flag(set_flag(argv, "-n", "4"), "-t", "1"), "--rounds", "1")
+        return set_flag(out, "--mt-bench", "0" if flag_value(argv, "--mt-bench") == "0" else "1")
     if module == "specee.bench.runtime":
         out = set_flag(set_flag(set_flag(argv, "-r", "1"), "-t", "1"), "--rounds", "1")
         for flag, value in (("-p", "8"), ("-n", "4")):
