@@ -254,7 +254,7 @@ def main() -> None:
         print(f"\n| clients | specee-server t/s | vs its 1 client |"
               + (" llama-server t/s | vs its 1 client | specee / llama |" if up else "")
               + " specee p50 / p99 s |" + (" llama p50 / p99 s |" if up else ""))
-        print("|---" * (7 if up else 4) + "|")
+        print("|---" * (8 if up else 4) + "|")
         for c in counts:
             row = f"| {c} | {med(sp, c):.1f} | {med(sp, c) / med(sp, counts[0]):.2f}x |"
             if up:

@@ -313,17 +313,40 @@ static ggml_cgraph * build_layers(specee_context & ctx, specee_graph_params & gp
     return specee_build_graph(specee_graph_begin(ctx), *ctx.model, ctx.kv, gp, io, ctx.graph_size);
 }
 
+// one past the highest cell that holds a sequence of the batch (a batch without sequence ids: kv.seq_cur's) or
+// one of the batch's own cells
+static int32_t kv_span(const specee_context & ctx) {
+    const specee_kv_cache & kv   = ctx.kv;
+    specee_seq_set          mine = 0;
+    if (ctx.seqs.empty()) {
+        mine = (specee_seq_set) 1 << kv.seq_cur;
+    }
+    for (int32_t s : ctx.seqs) {
+        mine |= (specee_seq_set) 1 << s;
+    }
+    int32_t n_kv = 0;
+    for (int32_t c = (int32_t) kv.n_kv(); c > 0; --c) {
+        if (kv.pos[c - 1] >= 0 && (kv.seq[c - 1] & mine) != 0) {
+            n_kv = c;
+            break;
+        }
+    }
+    for (int32_t c : ctx.cells) {
+        n_kv = std::max(n_kv, c + 1);
+    }
+    return n_kv;
+}
+
 static void eval_range(specee_context & ctx, int32_t l0, int32_t l1, uint32_t flags) {
     const specee_hparams & hp   = ctx.model->hparams;
     const int32_t          n    = ctx.n_tokens;
     const bool             last = l1 == (int32_t) hp.n_layer;
 
-    // cells attended to: every used cell and this batch's cells, padded (as llama.cpp pads them) so that graphs of
-    // consecutive tokens have the same shape; the padding is masked
-    int32_t n_kv = (int32_t) ctx.kv.n_kv();
-    for (int32_t c : ctx.cells) {
-        n_kv = std::max(n_kv, c + 1);
-    }
+    // cells attended to: up to the highest cell of the batch's sequences and this batch's cells, padded (as
+    // llama.cpp pads them) so that graphs of consecutive tokens have the same shape; the padding and other
+    // sequences' cells below it are masked, and other sequences' cells above it are left out (another slot's cached
+    // prompt high in the cache does not widen a request's attention)
+    int32_t n_kv = kv_span(ctx);
     n_kv = std::min((n_kv + KV_PAD - 1) / KV_PAD * KV_PAD, (int32_t) ctx.kv.size);
 
     specee_graph_params gp;

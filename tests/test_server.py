@@ -363,8 +363,9 @@ def test_limits(server: Server, client: OpenAI) -> None:
 
 
 def test_load_with_disconnects_loses_nothing(server: Server) -> None:
-    """200 requests from 16 clients, every fourth one dropped mid-stream: each is answered, no slot stays taken, and the
-    server's memory does not grow with a second round."""
+    """200 requests from 16 clients, every fourth one dropped mid-stream: each is answered, no slot stays taken, and
+    identical rounds after the first leave the server's memory where the first left it (measured: +60 KiB over the
+    two, 8-12 KiB for the last; a leak of 1.3 KiB a request would pass the bound of the last round)."""
 
     def one(i: int) -> int:
         body = {"prompt": [4 + i % 50, 17, 23], "max_tokens": 24, "temperature": 0, "stream": i % 2 == 0}
@@ -374,12 +375,15 @@ def test_load_with_disconnects_loses_nothing(server: Server) -> None:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             return list(pool.map(one, range(200)))
 
-    assert set(round_()) == {200}
-    wait_idle(server)
-    rss = server.rss_kb()
-    assert set(round_()) == {200}
-    wait_idle(server)
-    assert server.rss_kb() - rss < 20_000  # KiB
+    rss = []
+    for _ in range(3):
+        requests = metric(server, "requests_total")
+        assert set(round_()) == {200}
+        wait_idle(server)
+        assert metric(server, "requests_total") - requests <= 200  # dropped before a slot: never submitted
+        rss.append(server.rss_kb())
+    # the first round warms (allocator arenas, uvicorn's and asyncio's pools); the next two add nothing that stays
+    assert rss[2] - rss[0] < 512 and rss[2] - rss[1] < 256, rss  # KiB
 
 
 def test_api_key_and_full_queue(chat_gguf: Path) -> None:

@@ -215,6 +215,33 @@ def test_a_prefix_another_slot_holds_is_shared_not_evaluated(tiny: specee.Model)
     slots.release(b)
 
 
+def test_log_probabilities_per_token(tiny: specee.Model) -> None:
+    """n_probs: each token's log-softmax of its step's logits and the n most likely, batched as alone; none asked,
+    none given; a speculative mode refuses them."""
+    prompt = PROMPTS[1]
+    want = alone(tiny, prompt, 6, temp=0, mode="plain")
+    tiny.kv_clear()
+    logits = tiny.eval(prompt + want[:-1], output="all")[len(prompt) - 1:]
+    tiny.kv_clear()
+    slots = tiny.slots(2)
+    a = slots.submit(prompt, 6, n_probs=3, temp=0, mode="plain")
+    b = slots.submit(PROMPTS[2], 6, temp=0, mode="plain")  # beside it, without
+    for _ in range(50):
+        if slots.step() == 0:
+            break
+    ra, rb = slots.read(a), slots.read(b)
+    assert ra.tokens == want and len(ra.logprobs) == 6 and rb.logprobs == []
+    for tok, row, ref in zip(ra.tokens, ra.logprobs, logits):
+        lsm = ref - (ref.max() + np.log(np.exp(ref - ref.max()).sum()))
+        assert row[0][0] == tok == row[1][0] == int(np.argmax(ref)) and len(row) == 4  # greedy: the top one
+        assert all(abs(lp - lsm[t]) < 1e-3 for t, lp in row)
+        assert [t for t, _ in row[1:]] == [int(i) for i in np.argsort(-ref, kind="stable")[:3]]
+    slots.release(a)
+    slots.release(b)
+    with pytest.raises(specee.SpecEEError, match="at most 100"):
+        slots.submit(prompt, 2, n_probs=101, temp=0)
+
+
 def test_bad_requests(tiny: specee.Model) -> None:
     slots = tiny.slots(4)
     assert slots.n_ctx_slot == N_CTX // 4

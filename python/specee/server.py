@@ -272,10 +272,13 @@ async def generate(state: ServerState, request: Request, tokens: list[int], n_pr
     checked = time.perf_counter()
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(job.events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                event = None
+            if not job.events.empty():  # tokens waiting: no timer to set up
+                event = job.events.get_nowait()
+            else:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    event = None
             if event is None or time.perf_counter() - checked > 0.5:  # a client gone frees its slot
                 checked = time.perf_counter()
                 if await request.is_disconnected():
