@@ -291,42 +291,54 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     }
 }
 
-// The shared pass: every plain decoding slot's next token, every EAGLE slot's tree (its own mask; the draft runs
-// before the pass) and a chunk of the waiting prompts. `stepped` marks the EAGLE slots it stepped.
-static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
-    specee_context &     ctx     = *s.ctx;
-    const int32_t        n_layer = (int32_t) ctx.model->hparams.n_layer;
-    const int32_t        n_vocab = (int32_t) ctx.model->hparams.n_vocab;
-    const int32_t        n_batch = (int32_t) ctx.cparams.n_batch;
-    std::vector<int32_t> tok, pos, seq, decoding;
-    std::vector<int8_t>  out;
+// The batch of a shared pass, gathered slot by slot: the plain slots' tokens, the EAGLE slots' tree blocks, the prompt
+// chunks, in that order (the logits' rows follow it)
+struct shared_batch {
+    std::vector<int32_t>    tok, pos, seq;
+    std::vector<int8_t>     out;
+    std::vector<int32_t>    decoding;           // plain slots with a token in the batch
+    std::vector<tree_block> trees;              // EAGLE slots' trees
+    std::vector<int32_t>    prefilling, taken;  // slots with a prompt chunk, and its length
+
+    void add(int32_t t, int32_t p, int32_t s, bool logits) {
+        tok.push_back(t);
+        pos.push_back(p);
+        seq.push_back(s);
+        out.push_back(logits);
+    }
+};
+
+// every plain decoding slot's next token
+static void gather_decoding(specee_slots & s, shared_batch & sb) {
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
         specee_slot & sl = s.slots[i];
         if (sl.state == SLOT_DECODE && !sl.alone) {
-            tok.push_back(sl.gen->root);
-            pos.push_back(sl.gen->root_pos);
-            seq.push_back(sl.gen->seq);
-            out.push_back(1);
-            decoding.push_back(i);
+            sb.add(sl.gen->root, sl.gen->root_pos, sl.gen->seq, true);
+            sb.decoding.push_back(i);
         }
     }
-    // EAGLE trees, each drafted on its slot's sequence, as long as the batch has room for its root and a draft token
-    std::vector<tree_block> trees;
+}
+
+// EAGLE slots' trees, each drafted on its slot's sequence, as long as the batch has room for its root and a draft
+// token; `stepped` marks the slots taken (a draft that fails ends its request)
+static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_t> & stepped) {
+    specee_context & ctx = *s.ctx;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
-        specee_slot & sl = s.slots[i];
-        const int32_t room = n_batch - (int32_t) tok.size();
+        specee_slot & sl   = s.slots[i];
+        const int32_t room = (int32_t) ctx.cparams.n_batch - (int32_t) sb.tok.size();
         if (!shares_tree(sl) || room < 2) {
             continue;
         }
         specee_generator & g = *sl.gen;
         specee_seq_scope   scope(g);
         tree_block         tbk;
-        tbk.slot  = i;
-        tbk.row0  = (int32_t) tok.size();
-        tbk.n_max = slot_n_max(s, sl);
-        const int32_t n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used - (int32_t) tok.size();
+        tbk.slot             = i;
+        tbk.row0             = (int32_t) sb.tok.size();
+        tbk.n_max            = slot_n_max(s, sl);
+        const int32_t n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used - (int32_t) sb.tok.size();
         const int32_t budget = std::min({g.tree.max_nodes, room - 1, tbk.n_max - 1, n_free - 1});
-        const auto t0 = specee_clock::now();
+        const auto    t0     = specee_clock::now();
+        stepped[i]           = 1;
         try {
             const std::vector<int32_t> nodes = specee_tree_draft(g.tree, *g.head, *g.smpl, g.root, g.root_pos,
                                                                  std::max(budget, 0));
@@ -335,21 +347,19 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
             sl.error  = e.what();
             sl.finish = SPECEE_FINISH_ERROR;
             sl.state  = SLOT_DONE;
-            stepped[i] = 1;
             continue;
         }
         g.stats.t_draft_ms += specee_ms_since(t0);
         g.stats.t_decode_ms += specee_ms_since(t0);
         for (size_t r = 0; r < tbk.tb.tok.size(); ++r) {
-            tok.push_back(tbk.tb.tok[r]);
-            pos.push_back(tbk.tb.pos[r]);
-            seq.push_back(g.seq);
-            out.push_back(1);
+            sb.add(tbk.tb.tok[r], tbk.tb.pos[r], g.seq, true);
         }
-        stepped[i] = 1;
-        trees.push_back(std::move(tbk));
+        sb.trees.push_back(std::move(tbk));
     }
-    // prompts in the order they came, n_chunk tokens at most (and what is left of the batch)
+}
+
+// prompts in the order they came, n_chunk tokens at most (and what is left of the batch)
+static void gather_prompts(specee_slots & s, shared_batch & sb) {
     std::vector<int32_t> waiting;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
         if (s.slots[i].state == SLOT_PREFILL && !s.slots[i].alone) {
@@ -358,8 +368,7 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
     }
     std::sort(waiting.begin(), waiting.end(),
               [&](int32_t a, int32_t b) { return s.slots[a].order < s.slots[b].order; });
-    int32_t              budget = std::min(s.n_chunk, (int32_t) ctx.cparams.n_batch - (int32_t) tok.size());
-    std::vector<int32_t> prefilling, taken;
+    int32_t budget = std::min(s.n_chunk, (int32_t) s.ctx->cparams.n_batch - (int32_t) sb.tok.size());
     for (int32_t i : waiting) {
         if (budget <= 0) {
             break;
@@ -368,57 +377,84 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         const int32_t n  = (int32_t) sl.prompt.size();
         const int32_t k  = std::min(budget, n - sl.n_past);
         for (int32_t j = sl.n_past; j < sl.n_past + k; ++j) {
-            tok.push_back(sl.prompt[j]);
-            pos.push_back(j);
-            seq.push_back(sl.gen->seq);
-            out.push_back(j == n - 1);
+            sb.add(sl.prompt[j], j, sl.gen->seq, j == n - 1);
         }
-        prefilling.push_back(i);
-        taken.push_back(k);
+        sb.prefilling.push_back(i);
+        sb.taken.push_back(k);
         budget -= k;
     }
-    if (tok.empty()) {
+}
+
+// with trees, the batch's mask: each tree block its own, every other row causal (rows of other sequences are never
+// seen whatever the mask says); empty without trees (causal)
+static std::vector<uint8_t> shared_mask(const shared_batch & sb) {
+    const int32_t        n_rows = (int32_t) sb.tok.size();
+    std::vector<uint8_t> mask;
+    if (sb.trees.empty()) {
+        return mask;
+    }
+    std::vector<int32_t> block(n_rows, -1);
+    for (size_t k = 0; k < sb.trees.size(); ++k) {
+        const tree_block & t = sb.trees[k];
+        std::fill(block.begin() + t.row0, block.begin() + t.row0 + (int64_t) t.tb.tok.size(), (int32_t) k);
+    }
+    mask.assign((size_t) n_rows * n_rows, 0);
+    for (int32_t i = 0; i < n_rows; ++i) {
+        for (int32_t j = 0; j < n_rows; ++j) {
+            const int32_t k = block[i];
+            if (k < 0) {
+                mask[(size_t) i * n_rows + j] = block[j] < 0 && sb.pos[j] <= sb.pos[i];
+                continue;
+            }
+            const tree_block & t = sb.trees[k];
+            const int32_t      m = (int32_t) t.tb.tok.size();
+            mask[(size_t) i * n_rows + j] = block[j] == k && t.tb.mask[(size_t) (i - t.row0) * m + j - t.row0];
+        }
+    }
+    return mask;
+}
+
+// after the pass: a token from a row's logits for a slot (its next token, or a prefilled prompt's first)
+static int32_t sample_row(specee_slots & s, specee_slot & sl, int32_t row) {
+    const int32_t n_vocab = (int32_t) s.ctx->model->hparams.n_vocab;
+    const float * lg      = s.ctx->logits.data() + (size_t) row * n_vocab;
+    const int32_t t       = specee_sampler_sample_impl(*sl.gen->smpl, lg, n_vocab);
+    specee_sampler_accept_impl(*sl.gen->smpl, t);
+    return t;
+}
+
+// The shared pass: every plain decoding slot's next token, every EAGLE slot's tree (its own mask; the draft runs
+// before the pass) and a chunk of the waiting prompts. `stepped` marks the EAGLE slots it stepped.
+static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
+    specee_context & ctx     = *s.ctx;
+    const int32_t    n_layer = (int32_t) ctx.model->hparams.n_layer;
+    const int32_t    n_vocab = (int32_t) ctx.model->hparams.n_vocab;
+    shared_batch     sb;
+    gather_decoding(s, sb);
+    gather_trees(s, sb, stepped);
+    gather_prompts(s, sb);
+    if (sb.tok.empty()) {
         return;
     }
-
-    // with trees, the batch's mask: each tree block its own, every other row causal (rows of other sequences are
-    // never seen whatever the mask says)
-    const int32_t        n_rows = (int32_t) tok.size();
-    std::vector<uint8_t> mask;
-    if (!trees.empty()) {
-        std::vector<int32_t> block(n_rows, -1);
-        for (size_t k = 0; k < trees.size(); ++k) {
-            std::fill(block.begin() + trees[k].row0, block.begin() + trees[k].row0 + (int64_t) trees[k].tb.tok.size(),
-                      (int32_t) k);
-        }
-        mask.assign((size_t) n_rows * n_rows, 0);
-        for (int32_t i = 0; i < n_rows; ++i) {
-            for (int32_t j = 0; j < n_rows; ++j) {
-                const int32_t k = block[i];
-                const int32_t m = (int32_t) trees[std::max(k, 0)].tb.tok.size();
-                mask[(size_t) i * n_rows + j] =
-                    k >= 0 ? (block[j] == k && trees[k].tb.mask[(size_t) (i - trees[k].row0) * m + j - trees[k].row0])
-                           : (block[j] < 0 && pos[j] <= pos[i]);
-            }
-        }
-    }
+    const std::vector<uint8_t> mask = shared_mask(sb);
 
     const auto   t0 = specee_clock::now();
-    specee_batch b  = {n_rows, tok.data(), pos.data(), mask.empty() ? nullptr : mask.data(), out.data(), seq.data()};
+    specee_batch b  = {(int32_t) sb.tok.size(), sb.tok.data(), sb.pos.data(), mask.empty() ? nullptr : mask.data(),
+                       sb.out.data(), sb.seq.data()};
     try {
         specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
     } catch (...) {
-        for (const tree_block & tbk : trees) {
+        for (const tree_block & tbk : sb.trees) {
             specee_draft_drop_tree(*s.slots[tbk.slot].gen->head); // the trees' draft cells go with the failed pass
         }
         throw;
     }
     const double ms = specee_ms_since(t0);
     s.totals.n_passes++;
-    s.totals.n_pass_tokens += (int64_t) tok.size();
+    s.totals.n_pass_tokens += (int64_t) sb.tok.size();
     s.totals.t_pass_ms += ms;
 
-    for (const tree_block & tbk : trees) {
+    for (const tree_block & tbk : sb.trees) {
         specee_slot & sl = s.slots[tbk.slot];
         try {
             finish_tree(s, tbk, ms);
@@ -429,13 +465,11 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         }
     }
     int32_t row = 0;
-    for (int32_t i : decoding) {
+    for (int32_t i : sb.decoding) {
         specee_slot &      sl = s.slots[i];
         specee_generator & g  = *sl.gen;
         const auto         ts = specee_clock::now();
-        const float *      lg = ctx.logits.data() + (size_t) row++ * n_vocab;
-        const int32_t      t  = specee_sampler_sample_impl(*g.smpl, lg, n_vocab);
-        specee_sampler_accept_impl(*g.smpl, t);
+        const int32_t      t  = sample_row(s, sl, row);
         g.stats.t_sample_ms += specee_ms_since(ts);
         g.stats.t_decode_ms += ms + specee_ms_since(ts);
         g.stats.n_steps++;
@@ -443,30 +477,28 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         g.stats.n_tokens++;
         g.root = t;
         g.root_pos++;
-        emit(s, sl, t, n_layer, lg);
+        emit(s, sl, t, n_layer, ctx.logits.data() + (size_t) row++ * n_vocab);
     }
-    for (const tree_block & tbk : trees) {
+    for (const tree_block & tbk : sb.trees) {
         row += (int32_t) tbk.tb.tok.size(); // the trees' rows, walked above
     }
-    for (size_t k = 0; k < prefilling.size(); ++k) {
-        specee_slot &      sl = s.slots[prefilling[k]];
+    for (size_t k = 0; k < sb.prefilling.size(); ++k) {
+        specee_slot &      sl = s.slots[sb.prefilling[k]];
         specee_generator & g  = *sl.gen;
         const int32_t      n  = (int32_t) sl.prompt.size();
-        sl.n_past += taken[k];
-        g.stats.n_prompt += taken[k];
+        sl.n_past += sb.taken[k];
+        g.stats.n_prompt += sb.taken[k];
         g.stats.t_prompt_ms += ms;
         if (sl.n_past < n) {
             continue;
         }
-        const float * lg = ctx.logits.data() + (size_t) row++ * n_vocab;
-        const int32_t t  = specee_sampler_sample_impl(*g.smpl, lg, n_vocab);
-        specee_sampler_accept_impl(*g.smpl, t);
-        g.root     = t;
-        g.root_pos = n;
-        g.started  = true;
+        const int32_t t = sample_row(s, sl, row);
+        g.root          = t;
+        g.root_pos      = n;
+        g.started       = true;
         g.stats.n_tokens++;
         sl.state = SLOT_DECODE;
-        emit(s, sl, t, n_layer, lg);
+        emit(s, sl, t, n_layer, ctx.logits.data() + (size_t) row++ * n_vocab);
     }
 }
 
