@@ -273,11 +273,10 @@ std::vector<int32_t> exit_pass_schedule(specee_exit_decoder & dec, const specee_
     return sched;
 }
 
-// whether the token in row `row` of the batch leaves at scheduled layer s (its predictor fires; a replay fires at its
+// whether the token (the first row of the pass) leaves at scheduled layer s (its predictor fires; a replay fires at its
 // layer only); p_prev carries the candidates' softmax from one check to the next
 static bool check_fires(const specee_exit_decoder & dec, specee_context & ctx, int32_t s, int32_t forced,
-                        const std::vector<int32_t> & cand, int32_t row, std::vector<float> & p_prev,
-                        specee_generator_stats & st) {
+                        const std::vector<int32_t> & cand, std::vector<float> & p_prev, specee_generator_stats & st) {
     const specee_model & m      = *ctx.model;
     const int32_t        n_cand = (int32_t) m.exit.n_cand;
     bool                 fire   = s == forced;
@@ -285,7 +284,7 @@ static bool check_fires(const specee_exit_decoder & dec, specee_context & ctx, i
         const auto t0 = specee_clock::now();
         if ((int32_t) cand.size() == n_cand) {
             std::vector<float> feat(3 * n_cand), p(n_cand);
-            const float *      h = specee_context_hidden(ctx).data() + (size_t) row * m.hparams.n_embd;
+            const float *      h = specee_context_hidden(ctx).data();
             specee_exit_features_impl(m, h, cand.data(), p_prev.empty() ? nullptr : p_prev.data(), feat.data(),
                                       p.data());
             fire   = specee_exit_predict_impl(m, s, feat.data()) > dec.params.threshold && forced < 0;
@@ -298,7 +297,7 @@ static bool check_fires(const specee_exit_decoder & dec, specee_context & ctx, i
     return fire;
 }
 
-static void count_step(specee_exit_decoder & dec, int32_t exited, int32_t n_layer, specee_generator_stats & st) {
+void exit_count_pass(specee_exit_decoder & dec, int32_t exited, int32_t n_layer, specee_generator_stats & st) {
     st.n_steps += 1;
     st.n_exits += exited >= 0;
     st.n_layers_run += exited >= 0 ? exited + 1 : n_layer;
@@ -333,7 +332,7 @@ static void exit_step(specee_exit_decoder & dec, specee_draft_head & head, spece
         auto t0 = specee_clock::now();
         checked_pass_run(cp, s + 1, 0);
         st.t_layers_ms += specee_ms_since(t0);
-        if (!check_fires(dec, ctx, s, forced, cand, 0, p_prev, st)) {
+        if (!check_fires(dec, ctx, s, forced, cand, p_prev, st)) {
             continue;
         }
         t0 = specee_clock::now();
@@ -358,7 +357,7 @@ static void exit_step(specee_exit_decoder & dec, specee_draft_head & head, spece
         checked_pass_run(cp, n_layer, 0);
         st.t_layers_ms += specee_ms_since(t0);
         if (!checked_pass_check(cp, head, smpl, root, root_pos, out, st)) {
-            count_step(dec, -1, n_layer, st);
+            exit_count_pass(dec, -1, n_layer, st);
             return; // a waiting token was wrong: the sequence goes on from the full model's token there
         }
         next = specee_sampler_sample_impl(smpl, ctx.logits.data(), head.n_vocab); // the token's row is the first
@@ -378,7 +377,7 @@ static void exit_step(specee_exit_decoder & dec, specee_draft_head & head, spece
     specee_draft_add_pair(head, feat.data(), next, root_pos);
     root = next;
     root_pos += 1;
-    count_step(dec, exited, n_layer, st);
+    exit_count_pass(dec, exited, n_layer, st);
     if (exited >= 0 && check && specee_token_is_eog(&m, next)) {
         specee_exit_chain_flush(dec.chain, head, smpl, root, root_pos, out, st); // nothing follows it: check it now
     }

@@ -40,6 +40,9 @@ std::vector<int32_t> exit_schedule(const specee_exit_decoder & dec, const specee
 // the layers checked in this pass (of a token, or a tree); a replay (exit.replay) exits where it says (*forced, else -1),
 // after the checks before that layer (they cost what they cost, but decide nothing)
 std::vector<int32_t> exit_pass_schedule(specee_exit_decoder & dec, const specee_model & m, int32_t & forced);
+// a pass's stats (n_steps, n_exits, n_layers_run; exited < 0: every layer ran) and, after an exit, its layer among the
+// recent ones the dynamic schedule checks around
+void exit_count_pass(specee_exit_decoder & dec, int32_t exited, int32_t n_layer, specee_generator_stats & st);
 // SpecEE's 12 features of a layer's output h [n_embd] for the candidates cand [n_cand]; p_prev: p at the previously
 // checked layer, or nullptr; p_out [n_cand] (nullptr: not needed) receives p
 void  specee_exit_features_impl(const specee_model & m, const float * h, const int32_t * cand, const float * p_prev,

@@ -412,22 +412,14 @@ static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exi
     verify_with_exits(tree, exit, head, smpl, b, root, root_pos, n_max, res, out, st);
 
     const int32_t layers_run = res.exited >= 0 ? res.exited + 1 : n_layer;
-    st.n_steps += 1;
     st.n_drafted += b.n_tokens - 1;
-    st.n_layers_run += layers_run;
+    exit_count_pass(exit, res.exited, n_layer, st); // a rolled-back pass ran every layer (exited < 0)
     if (res.rolled_back) {
         return; // root and root_pos follow the full model's token
     }
     root = res.emitted.back();
     root_pos += (int32_t) res.emitted.size();
     st.n_accepted += res.n_acc;
-    st.n_exits += res.exited >= 0;
-    if (res.exited >= 0) {
-        exit.recent_exits.push_back(res.exited);
-        if (exit.recent_exits.size() > 5) {
-            exit.recent_exits.erase(exit.recent_exits.begin());
-        }
-    }
     if (res.exited >= 0 && exit.params.check) {
         if (specee_token_is_eog(head.model, root)) {
             specee_exit_chain_flush(exit.chain, head, smpl, root, root_pos, out, st); // nothing follows it
