@@ -248,6 +248,18 @@ static void batch_positions(const specee_context & ctx, const specee_batch * bat
     }
 }
 
+// a new batch's results, none computed yet (EAGLE-3: its features zeroed, ctx.n_tokens rows)
+static void clear_results(specee_context & ctx) {
+    ctx.hidden_layers.clear();
+    ctx.norm.clear();
+    ctx.features.clear();
+    if (ctx.model->eagle.version == 3) {
+        ctx.features.assign((size_t) ctx.n_tokens * 3 * ctx.model->hparams.n_embd, 0.0f);
+    }
+    ctx.logits.clear();
+    ctx.n_outputs = 0;
+}
+
 static void start_batch(specee_context & ctx, const specee_batch * batch) {
     const int32_t n  = batch->n_tokens;
     ctx.cells        = batch->seq_id ? ctx.kv.find_slots_seq(std::vector<int32_t>(batch->seq_id, batch->seq_id + n))
@@ -272,14 +284,7 @@ static void start_batch(specee_context & ctx, const specee_batch * batch) {
             ctx.out_ids.push_back(i);
         }
     }
-    ctx.hidden_layers.clear();
-    ctx.norm.clear();
-    ctx.features.clear();
-    if (ctx.model->eagle.version == 3) {
-        ctx.features.assign((size_t) n * 3 * ctx.model->hparams.n_embd, 0.0f);
-    }
-    ctx.logits.clear();
-    ctx.n_outputs = 0;
+    clear_results(ctx);
 }
 
 // EAGLE-3: the outputs of the head's feature layers computed by this range, into ctx.features (token-major, the
@@ -475,8 +480,9 @@ void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, i
 
 // Tokens already in the cache, continued at layer l0 from hidden states the caller kept: a new batch of the cells'
 // tokens at their positions (sequence kv.seq_cur; tree_mask [n * n] as a batch's, NULL: causal by position), whose
-// rows start from hidden[i] (the output of layer l0 - 1). The cells must hold their tokens' K/V in layers [0, l0); every row gets logits at the last
-// layer. Further ranges continue it as any batch (specee_eval_layers_impl with ctx.tokens).
+// rows start from hidden[i] (the output of layer l0 - 1). The cells must hold their tokens' K/V in layers [0, l0);
+// every row gets logits at the last layer. Further ranges continue it as any batch (specee_eval_layers_impl with
+// ctx.tokens).
 void specee_eval_resume_impl(specee_context & ctx, const std::vector<int32_t> & cells, const float * hidden, int32_t l0,
                              int32_t l1, uint32_t flags, const uint8_t * tree_mask) {
     const specee_hparams & hp = ctx.model->hparams;
@@ -514,14 +520,7 @@ void specee_eval_resume_impl(specee_context & ctx, const std::vector<int32_t> & 
     } else {
         ctx.tree_mask.clear();
     }
-    ctx.hidden_layers.clear();
-    ctx.norm.clear();
-    ctx.features.clear();
-    if (ctx.model->eagle.version == 3) {
-        ctx.features.assign((size_t) n * 3 * hp.n_embd, 0.0f);
-    }
-    ctx.logits.clear();
-    ctx.n_outputs = 0;
+    clear_results(ctx);
     ggml_tensor * state_in = ctx.state[specee_context_backend_of_layer(ctx, l0 - 1)];
     ggml_backend_tensor_set(state_in, hidden, 0, (size_t) n * hp.n_embd * sizeof(float));
     eval_range(ctx, l0, l1, flags);
