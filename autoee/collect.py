@@ -8,7 +8,14 @@ For each prompt (the first user turn of a ShareGPT conversation, rendered with t
 4. at every layer l: the 12 features (exit_features.py, p_prev from layer l-1) and argmax(lm_head(norm(h_l))).
 
 Only decode positions are kept (the generated tokens as inputs, not the prompt; not an end-of-generation
-input). The full model's token at j is the argmax of the batch's final logits. Stored under the work dir as
+input).
+
+With --tree-depth D (tree exit's data) each decode position j is kept once per depth d = 0..D at which a tree
+drafted from an earlier root can hold it: as the node d steps below the root j - d (itself a decode position),
+with the candidates the head drafts there from its own features (the head's chain from that root along the
+sequence, seeing only the pairs up to the root: Model.draft_head_chains); the hidden states, and so the labels,
+are the sequence's, since a tree row on the accepted path sees what the sequential token sees. Depth 0 is the
+single-token data. The full model's token at j is the argmax of the batch's final logits. Stored under the work dir as
 shards (shard-NNNNN.npz) plus state.json, so an interrupted collection resumes after the last saved shard.
 """
 
@@ -38,7 +45,7 @@ from specee.paths import default_eagle_head_path, default_model_path
 
 DESCRIPTION = "Collect exit-predictor features and labels: greedy decoding on ShareGPT prompts through the runtime"
 STATE = "state.json"
-ARRAYS = ("features", "argmax", "final", "cand", "token", "prompt", "pos")
+ARRAYS = ("features", "argmax", "final", "cand", "token", "prompt", "pos", "depth")
 
 
 # ---- the store
@@ -58,6 +65,7 @@ class CollectConfig:
     skip: int = 0  # conversations of the source skipped first
     chat_template: str = ""
     excluded_prompts: int = 0
+    tree_depth: int = 0  # > 0: tree exit's data (each position also as a node 1..tree_depth below a root)
 
 
 @dataclass
@@ -89,10 +97,13 @@ class ExitStore:
 
     def load(self) -> dict[str, np.ndarray]:
         """All stored arrays, concatenated: features [n, L, 3k] f32, argmax [n, L], final [n], cand [n, k],
-        token [n] (the input token), prompt [n] (source index), pos [n]."""
-        parts = [np.load(self.root / s) for s in self.shards]
+        token [n] (the input token), prompt [n] (source index), pos [n], depth [n] (the node's depth below its
+        tree's root: 0 in single-token data, whose earlier shards have no depth array)."""
+        parts = [dict(np.load(self.root / s)) for s in self.shards]
         if not parts:
             raise ValueError(f"{self.root}: no collected data")
+        for p in parts:
+            p.setdefault("depth", np.zeros(len(p["final"]), dtype=np.int32))
         return {k: np.concatenate([p[k] for p in parts]) for k in ARRAYS}
 
 
@@ -102,6 +113,8 @@ def open_store(root: Path, config: dict | None = None) -> ExitStore:
     if path.is_file():
         state = json.loads(path.read_text())
         store = ExitStore(root, **state)
+        if config is not None and "tree_depth" in config:
+            store.config = {"tree_depth": 0, **store.config}  # collected before tree exit's data existed
         if config is not None and store.config != config:
             diff = {k: (store.config.get(k), v) for k, v in config.items() if store.config.get(k) != v}
             raise ValueError(f"{root} was collected with other settings (stored, now): {diff}; "
@@ -152,9 +165,28 @@ def candidates(model: Model, seq: list[int], feats: np.ndarray, start: int, k: i
     return (draft_vocab[top] if draft_vocab is not None else top).astype(np.int32)
 
 
+def tree_candidates(model: Model, seq: list[int], feats: np.ndarray, start: int, k: int, depth: int,
+                    draft_vocab: np.ndarray | None) -> np.ndarray:
+    """Top-k candidates [len(seq) - start, depth + 1, k] of the positions start.. of seq as nodes d = 0..depth below
+    the root at j - d (from the head's chain from there, Model.draft_head_chains); -1 where j - d < start."""
+    n = len(seq) - 1
+    tokens = np.asarray(seq[1:] + [0] * depth, dtype=np.int32)  # pairs past the end are never seen by a chain
+    pairs = np.concatenate([feats[:n], np.zeros((depth, feats.shape[1]), np.float32)])
+    roots = np.arange(start - 1, n, dtype=np.int32)  # the pair of root j is j - 1
+    logits = model.draft_head_chains(tokens, pairs, roots, depth)  # [G, depth + 1, n_dvocab]
+    top = np.argsort(-logits, axis=-1, kind="stable")[..., :k]
+    top = (draft_vocab[top] if draft_vocab is not None else top).astype(np.int32)
+    G = len(seq) - start
+    out = np.full((G, depth + 1, k), -1, dtype=np.int32)
+    for d in range(depth + 1):
+        out[d:, d] = top[:G - d, d]  # node j at depth d: the chain from root j - d, step d
+    return out
+
+
 def sequence_records(model: Model, head: LmHead, prompt: list[int], max_new: int, k: int,
-                     draft_vocab: np.ndarray | None) -> dict[str, np.ndarray] | None:
-    """Features and labels of the decode positions of one greedy generation (None: nothing to keep)."""
+                     draft_vocab: np.ndarray | None, tree_depth: int = 0) -> dict[str, np.ndarray] | None:
+    """Features and labels of the decode positions of one greedy generation (None: nothing to keep); with
+    tree_depth, each position once per depth it can take in a tree (the module's docstring)."""
     model.kv_clear()
     gen = model.generate_tokens(prompt, max_new, mode="plain", temp=0)
     if gen and model.is_eog(gen[-1]):
@@ -169,19 +201,30 @@ def sequence_records(model: Model, head: LmHead, prompt: list[int], max_new: int
     hidden = torch.from_numpy(np.stack([model.hidden(il) for il in range(model.n_layer)]))  # [L, G, n_embd]
     f_gen = model.norm()
     seq = prompt + gen
-    cand = candidates(model, seq, np.concatenate([f_prompt, f_gen]), P, k, draft_vocab)
-    feats = layer_features(hidden, head, torch.from_numpy(cand))  # [L, G, 3k]
-    argmax = layer_argmax(hidden, head)  # [L, G]
+    feats = np.concatenate([f_prompt, f_gen])
+    if tree_depth > 0:
+        cands = tree_candidates(model, seq, feats, P, k, tree_depth, draft_vocab)
+    else:
+        cands = candidates(model, seq, feats, P, k, draft_vocab)[:, None]
+    argmax = layer_argmax(hidden, head).T.numpy().astype(np.int32)  # [G, L]
     G = len(gen)
-    return {
-        "features": feats.permute(1, 0, 2).numpy().astype(np.float32),
-        "argmax": argmax.T.numpy().astype(np.int32),
-        "final": logits.argmax(-1).astype(np.int32),
-        "cand": cand,
-        "token": np.asarray(gen, dtype=np.int32),
-        "prompt": np.zeros(G, dtype=np.int32),
-        "pos": np.arange(P, P + G, dtype=np.int32),
-    }
+    final = logits.argmax(-1).astype(np.int32)
+    parts = []
+    for d in range(cands.shape[1]):
+        rows = np.arange(d, G)  # a node d below a root that is itself a decode position
+        cand = cands[rows, d]
+        f = layer_features(hidden[:, torch.from_numpy(rows)], head, torch.from_numpy(cand))  # [L, n, 3k]
+        parts.append({
+            "features": f.permute(1, 0, 2).numpy().astype(np.float32),
+            "argmax": argmax[rows],
+            "final": final[rows],
+            "cand": cand,
+            "token": np.asarray(gen, dtype=np.int32)[rows],
+            "prompt": np.zeros(len(rows), dtype=np.int32),
+            "pos": (P + rows).astype(np.int32),
+            "depth": np.full(len(rows), d, dtype=np.int32),
+        })
+    return {key: np.concatenate([p[key] for p in parts]) for key in ARRAYS}
 
 
 # ---- prompts
@@ -254,7 +297,8 @@ def collect(model: Model, head: LmHead, store: ExitStore, source: Iterator[Conve
             text = _core.chat_apply_template(template, messages, True)
             prompt = model.tokenize(text, add_special=True, parse_special=True)
             if len(prompt) <= cfg["max_prompt"]:
-                rec = sequence_records(model, head, prompt, cfg["max_new"], cfg["n_candidates"], draft_vocab)
+                rec = sequence_records(model, head, prompt, cfg["max_new"], cfg["n_candidates"], draft_vocab,
+                                       cfg.get("tree_depth", 0))
                 if rec is not None:
                     rec["prompt"][:] = index
                     pending.append(rec)
@@ -297,6 +341,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-prompt", type=int, default=448, help="longer prompts are left out (default 448 tokens)")
     ap.add_argument("--max-tokens", type=int, default=1_000_000, help="stop after this many decode positions")
     ap.add_argument("--minutes", type=float, default=0, help="stop collecting after this long (0: no limit)")
+    ap.add_argument("--tree-depth", type=int, default=0, metavar="D",
+                    help="tree exit's data: each position also as a tree node 1..D below a root, with the candidates "
+                    "the head drafts there from its own features (default 0: single-token early exit's data)")
     ap.add_argument("--questions", action="append", default=[], metavar="PATH",
                     help="collect on the first turns of question files (SpecEE's format; a folder: its "
                     "*/question.jsonl) instead of ShareGPT: evaluation prompts, for `select-layers --oracle` "
@@ -324,12 +371,14 @@ def run(args: argparse.Namespace) -> None:
     config = asdict(CollectConfig(
         model=Path(args.model).name, model_sha256=file_sha256(args.model), head=head_path.name,
         head_sha256=file_sha256(head_path), max_new=args.max_new, max_prompt=args.max_prompt,
-        skip=0 if args.questions else args.skip, chat_template=template, excluded_prompts=len(keep.keys)))
+        skip=0 if args.questions else args.skip, chat_template=template, excluded_prompts=len(keep.keys),
+        tree_depth=args.tree_depth))
     if args.questions:
         config["questions"] = {"paths": [Path(q).name for q in args.questions], "per_file": args.questions_per_file}
     store = open_store(root, config)
     deadline = time.time() + 60 * args.minutes if args.minutes > 0 else None
     collect(model, read_lm_head(args.model), store, source, keep, template,
             max_tokens=args.max_tokens, deadline=deadline, draft_vocab=draft_vocab_of(head_path))
-    print(f"exit data: {store.n_tokens} decode positions of {store.n_prompts} prompts "
+    what = f"rows (positions x depths 0..{args.tree_depth})" if args.tree_depth else "decode positions"
+    print(f"exit data: {store.n_tokens} {what} of {store.n_prompts} prompts "
           f"({store.n_done} conversations read, {store.seconds / 60:.1f} min) in {root}")

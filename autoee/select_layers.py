@@ -34,8 +34,9 @@ import torch
 
 from specee import constants as C
 from specee.autoee.collect import add_common, head_gguf, open_store, work_dir
+from specee.autoee import tree_passes
 from specee.autoee.exit_features import ExitPredictor, exit_features
-from specee.autoee.train import CHECKPOINT, Data, load_checkpoint, load_data, predictors_of
+from specee.autoee.train import CHECKPOINT, Data, is_validation, load_checkpoint, load_data, predictors_of
 from specee.paths import default_eagle_head_path
 
 DESCRIPTION = "Choose the static exit layer set from the held-out data under a cost model (per-layer stats too)"
@@ -176,6 +177,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="stop when a layer lowers the cost by no more than this share of the plain cost (0.002)")
     ap.add_argument("--check-cost", type=float, default=0.05, help="cost of one predictor check, in layers (0.05)")
     ap.add_argument("--layers", help="evaluate this comma-separated set instead of selecting one")
+    ap.add_argument("--tree-draft", type=int, default=0, metavar="N",
+                    help="tree data (collect --tree-depth >= N): also replay tree exit's passes over a chain tree of "
+                    "N draft tokens with the set's predictors, and the bound the data allows (tree_passes.py)")
     ap.add_argument("--oracle", action="store_true",
                     help="print only the upper bounds on the speedup that the data allows (perfect predictors; "
                     "all positions; no trained predictors needed)")
@@ -189,7 +193,8 @@ def run(args: argparse.Namespace) -> None:
     ckpt = load_checkpoint(work / CHECKPOINT)
     threshold = args.threshold if args.threshold is not None else ckpt["threshold"]
     store = open_store(work / "data")
-    data = load_data(store.load(), ckpt["config"]["val_percent"])
+    arrays = store.load()
+    data = load_data(single_token(arrays), ckpt["config"]["val_percent"])
     val = Data(data.features[data.val], data.labels[data.val], data.in_cand[data.val], data.val[data.val])
     preds = predictors_of(ckpt)
     k = store.config["n_candidates"]
@@ -204,6 +209,8 @@ def run(args: argparse.Namespace) -> None:
     for s in steps:
         print(f"  {s['layers']}: cost {s['cost']:.2f}, exit ratio {s['exit_ratio']:.3f}, error {s['error']:.4f}")
     print(f"exit layers {layers}: {json.dumps(out)}")
+    if args.tree_draft:
+        print_tree(arrays, args.tree_draft, layers, preds, threshold, k, ckpt["config"]["val_percent"])
     if not args.layers:
         sel = {"exit_layers": layers, "threshold": threshold, "rule": {
             "max_error": args.max_error, "min_gain": args.min_gain, "check_cost": args.check_cost},
@@ -212,9 +219,36 @@ def run(args: argparse.Namespace) -> None:
         print(f"wrote {work / SELECTION}")
 
 
+def single_token(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Early exit's data: tree data's rows at depth 0 (a tree's root is a token decoded on its own)."""
+    top = arrays["depth"] == 0
+    return arrays if top.all() else {k: v[top] for k, v in arrays.items()}
+
+
+def print_tree(arrays: dict[str, np.ndarray], n_draft: int, layers: list[int],
+               preds: dict[int, ExitPredictor] | None, threshold: float, k: int, val_percent: float) -> None:
+    if arrays["depth"].max() < n_draft:
+        raise ValueError(f"--tree-draft {n_draft} needs data collected with --tree-depth >= {n_draft} "
+                         f"(this store's deepest node: {arrays['depth'].max()})")
+    if val_percent > 0:
+        val = is_validation(arrays["prompt"], val_percent)
+        arrays = {key: v[val] for key, v in arrays.items()}
+    out = tree_passes.replay(arrays, n_draft, layers, preds, threshold, k)
+    L = arrays["features"].shape[1]
+    print(f"tree exit, a chain of {n_draft} draft token(s), {out.n_passes} passes"
+          f"{' (held-out prompts)' if val_percent > 0 else ''}, {out.tokens_per_pass:.2f} tokens a pass:")
+    if preds is not None:
+        precision = "-" if out.exit_precision is None else f"{out.exit_precision:.2f}"
+        print(f"  layers {layers}: exit ratio {out.exit_ratio:.3f}, exit precision {precision}, mean layers run "
+              f"{out.mean_layers:.2f} of {L}")
+    print(f"  bound (every pass exits at its first right layer): exit ratio {out.oracle_exit_ratio:.3f}, "
+          f"mean layers run {out.oracle_mean_layers:.2f} of {L}")
+
+
 def print_oracle(work: Path, args: argparse.Namespace) -> None:
     store = open_store(work / "data")
-    arrays = store.load()
+    tree_arrays = store.load()
+    arrays = single_token(tree_arrays)
     data = load_data(arrays, 0)
     costs = model_costs(args.model, head_gguf(args.head or default_eagle_head_path()), args.check_cost)
     L = data.n_layer
@@ -227,3 +261,5 @@ def print_oracle(work: Path, args: argparse.Namespace) -> None:
     print("| bound | exit ratio | mean layers run | speedup |\n| --- | ---: | ---: | ---: |")
     for r in oracle_bounds(data, costs):
         print(f"| {r['bound']} | {r['exit_ratio']:.3f} | {r['mean_layers']:.2f} / {L} | {r['speedup']:.3f}x |")
+    if args.tree_draft:
+        print_tree(tree_arrays, args.tree_draft, [], None, 0.5, store.config["n_candidates"], 0)

@@ -7,6 +7,7 @@
 #include "specee-model.h"
 
 #include <algorithm>
+#include <cmath>
 
 // the graph of the head over n pairs attending to cells [0, n_kv), their features gp.n_feat wide
 static ggml_cgraph * build_head(specee_draft_head & h, specee_graph_params & gp, specee_graph_io & io) {
@@ -63,7 +64,7 @@ void specee_draft_add_pair(specee_draft_head & h, const float * feat, int32_t to
 
 std::vector<int32_t> specee_draft_eval(specee_draft_head & h, const std::vector<int32_t> & tokens, const float * feats,
                                        const std::vector<int32_t> & pos, const std::vector<std::vector<int32_t>> * anc,
-                                       const std::vector<int32_t> & rows) {
+                                       const std::vector<int32_t> & rows, const std::vector<int32_t> * seen_upto) {
     const int32_t        n    = (int32_t) tokens.size();
     const bool           tree = anc != nullptr;
     std::vector<int32_t> cells = h.kv.find_slots((uint32_t) n);
@@ -92,6 +93,16 @@ std::vector<int32_t> specee_draft_eval(specee_draft_head & h, const std::vector<
         for (int32_t i = 0; i < n; ++i) {
             for (int32_t c : (*anc)[i]) {
                 mask[(size_t) i * n_kv + c] = zero;
+            }
+        }
+    }
+    if (tree && seen_upto) {
+        const ggml_fp16_t hidden = ggml_fp32_to_fp16(-INFINITY);
+        for (int32_t i = 0; i < n; ++i) {
+            for (int32_t c = 0; c < n_kv; ++c) {
+                if (committed[c] && h.kv.pos[c] > (*seen_upto)[i]) {
+                    mask[(size_t) i * n_kv + c] = hidden;
+                }
             }
         }
     }
@@ -253,6 +264,95 @@ extern "C" int32_t specee_draft_head_eval_steps(specee_context * ctx, const int3
         }
         if (out) {
             std::copy(all_out.begin(), all_out.end(), out);
+        }
+        return 0;
+    });
+}
+
+// chains from many roots at once: step k of every chain in one batch; a chain from root q takes tokens[q + k] at
+// position q + k with its previous step's output (step 1: pair q's), seeing pairs 0..q and its own earlier steps
+// (logits: [chain][depth + 1][n_dvocab]; the chains' cells are dropped after)
+static void eval_root_chains(specee_draft_head & h, const int32_t * tokens, const std::vector<float> & pair_out,
+                             const std::vector<int32_t> & roots, int32_t depth, float * logits) {
+    const int32_t                     m = (int32_t) roots.size();
+    std::vector<std::vector<int32_t>> anc(m);
+    std::vector<float>                prev((size_t) m * h.n_embd);
+    for (int32_t i = 0; i < m; ++i) {
+        std::copy_n(pair_out.begin() + (size_t) roots[i] * h.n_embd, h.n_embd, prev.begin() + (size_t) i * h.n_embd);
+    }
+    std::vector<int32_t> rows(m);
+    for (int32_t i = 0; i < m; ++i) {
+        rows[i] = i;
+    }
+    for (int32_t k = 1; k <= depth; ++k) {
+        std::vector<int32_t> tok(m), pos(m);
+        for (int32_t i = 0; i < m; ++i) {
+            tok[i] = tokens[roots[i] + k];
+            pos[i] = roots[i] + k;
+        }
+        const std::vector<int32_t> cells = specee_draft_eval(h, tok, prev.data(), pos, &anc, rows, &roots);
+        for (int32_t i = 0; i < m; ++i) {
+            anc[i].push_back(cells[i]);
+            std::copy_n(h.logits.begin() + (size_t) i * h.n_dvocab, h.n_dvocab,
+                        logits + ((size_t) i * (depth + 1) + k) * h.n_dvocab);
+        }
+        prev = h.out;
+    }
+    specee_draft_drop_tree(h);
+}
+
+extern "C" int32_t specee_draft_head_eval_chains(specee_context * ctx, const int32_t * tokens, const float * features,
+                                                 int32_t n, const int32_t * roots, int32_t n_roots, int32_t depth,
+                                                 float * logits) {
+    if (!ctx) {
+        specee_set_error("no context");
+        return -1;
+    }
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        if (!tokens || !features || !logits || n <= 0 || depth < 0 || n_roots <= 0 || !roots) {
+            specee_fail("no pairs or no roots to evaluate");
+        }
+        const std::vector<int32_t> root(roots, roots + n_roots);
+        for (int32_t i = 0; i < n_roots; ++i) {
+            if (root[i] < 0 || root[i] + depth >= n || (i > 0 && root[i] <= root[i - 1])) {
+                specee_fail("root %d at index %d: roots must increase and a chain of %d steps needs 0 <= root < %d",
+                            root[i], i, depth, n - depth);
+            }
+        }
+        const int32_t     n_batch = (int32_t) ctx->cparams.n_batch;
+        const int32_t     n_group = std::min(n_roots, n_batch); // chains evaluated together
+        specee_draft_head h;
+        specee_draft_head_init(h, *ctx, (uint32_t) (n_group * depth));
+        if (n + n_group * depth > (int32_t) h.kv.size) {
+            specee_fail("%d pairs and %d chain steps do not fit the head's cache of %u cells", n, n_group * depth,
+                        h.kv.size);
+        }
+        check_tokens(h, tokens, n);
+        std::vector<float>   pair_out;
+        std::vector<int32_t> slot(n, -1); // where each pair's logits go: the chain of the root there, step 0
+        for (int32_t i = 0; i < n_roots; ++i) {
+            slot[root[i]] = i;
+        }
+        for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
+            const int32_t        m = std::min(n_batch, n - i0);
+            std::vector<int32_t> tok(tokens + i0, tokens + i0 + m), pos(m), rows;
+            for (int32_t i = 0; i < m; ++i) {
+                pos[i] = i0 + i;
+                if (slot[i0 + i] >= 0) {
+                    rows.push_back(i);
+                }
+            }
+            specee_draft_eval(h, tok, features + (size_t) i0 * h.n_feat, pos, nullptr, rows);
+            pair_out.insert(pair_out.end(), h.out.begin(), h.out.end());
+            for (size_t r = 0; r < rows.size(); ++r) {
+                std::copy_n(h.logits.begin() + r * h.n_dvocab, h.n_dvocab,
+                            logits + (size_t) slot[i0 + rows[r]] * (depth + 1) * h.n_dvocab);
+            }
+        }
+        for (int32_t i0 = 0; i0 < n_roots && depth > 0; i0 += n_group) {
+            const std::vector<int32_t> group(root.begin() + i0, root.begin() + std::min(n_roots, i0 + n_group));
+            eval_root_chains(h, tokens, pair_out, group, depth, logits + (size_t) i0 * (depth + 1) * h.n_dvocab);
         }
         return 0;
     });

@@ -49,10 +49,12 @@ int32_t specee_draft_matching_prefix(const specee_draft_head & h, const int32_t 
 // Evaluates pairs. anc != NULL: the pairs are tree nodes (features: the head's own outputs [n][n_embd]), which see the
 // committed cells, their ancestors' cells (anc[i]) and themselves; otherwise they are committed and causal (features:
 // the target's [n][n_feat]). Output rows `rows` get logits; every pair's output
-// feature lands in h.out. Returns the cells used.
+// feature lands in h.out. seen_upto (tree nodes only; NULL: their own positions): node i sees the committed cells at
+// positions <= seen_upto[i] only, as if the cache ended there. Returns the cells used.
 std::vector<int32_t> specee_draft_eval(specee_draft_head & h, const std::vector<int32_t> & tokens, const float * feats,
                                        const std::vector<int32_t> & pos, const std::vector<std::vector<int32_t>> * anc,
-                                       const std::vector<int32_t> & rows);
+                                       const std::vector<int32_t> & rows,
+                                       const std::vector<int32_t> * seen_upto = nullptr);
 // free the current tree's cells
 void specee_draft_drop_tree(specee_draft_head & h);
 // the target token of a row of the head's lm_head

@@ -320,6 +320,13 @@ int32_t specee_draft_head_eval(specee_context * ctx, const int32_t * tokens, con
 // sees the pairs and the earlier steps; logits [n + n_draft][n_vocab of the head], out [n + n_draft][n_embd].
 int32_t specee_draft_head_eval_steps(specee_context * ctx, const int32_t * tokens, const float * features, int32_t n,
                                      const int32_t * draft_tokens, int32_t n_draft, float * logits, float * out);
+// The drafts a tree decoder makes along a known sequence, from many roots at once (tree exit's training data): the n
+// pairs as above, then from each root q (roots increasing, 0 <= q < n - depth) a chain of `depth` draft steps as the
+// tree decoder runs them from a root there: step k takes tokens[q + k] at position q + k with the previous step's
+// output feature (step 1: pair q's) and sees pairs 0..q and the chain's earlier steps only. logits
+// [n_roots][depth + 1][n_vocab of the head]: step 0 is pair q's own row.
+int32_t specee_draft_head_eval_chains(specee_context * ctx, const int32_t * tokens, const float * features, int32_t n,
+                                      const int32_t * roots, int32_t n_roots, int32_t depth, float * logits);
 
 // ---- generation: one decoding loop for every mode ----------------------------------------------------
 //

@@ -19,6 +19,7 @@ from specee import _core
 from specee import constants as C
 from specee.autoee import collect as X
 from specee.autoee import train as train_command
+from specee.autoee import tree_passes
 from specee.autoee.exit_features import (ExitPredictor, LmHead, layer_features, load_predictor_tensors,
                                          predictor_tensors, read_lm_head, scheduled_features)
 from specee.autoee.export import export_predictors
@@ -98,6 +99,53 @@ def test_features_and_labels_equal_a_from_scratch_computation(tiny_gguf: Path, t
     assert (rec["argmax"][:, -1] == rec["final"]).all()  # the last layer's argmax is the model's token
 
 
+def test_draft_head_chains_equal_one_chain_per_root(tiny_gguf: Path, tiny_head: Path) -> None:
+    # every root's chain in one call == draft_head_eval over that root's pairs then its chain alone
+    m = specee.Model(tiny_gguf, n_ctx=128, n_batch=8, n_threads=1, draft_head=tiny_head)
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, TINY["vocab_size"], 21).astype(np.int32)
+    feats = np.tanh(rng.standard_normal((21, TINY["hidden_size"]))).astype(np.float32)
+    roots, depth = [0, 1, 4, 9, 10, 17], 3
+    got = m.draft_head_chains(tokens, feats, roots, depth)
+    assert got.shape == (len(roots), depth + 1, TINY["vocab_size"])
+    for i, q in enumerate(roots):
+        want, _ = m.draft_head_eval(tokens[:q + 1], feats[:q + 1], tokens[q + 1:q + 1 + depth])
+        np.testing.assert_allclose(got[i], want[q:], atol=2e-3, rtol=1e-3)
+    many = list(range(18))  # 18 chains: evaluated in groups of n_batch (8)
+    np.testing.assert_allclose(m.draft_head_chains(tokens, feats, many, depth)[roots], got, atol=1e-5)
+    with pytest.raises(specee.SpecEEError, match="roots must increase"):
+        m.draft_head_chains(tokens, feats, [3, 3], depth)
+    with pytest.raises(specee.SpecEEError, match="needs 0 <= root < 18"):
+        m.draft_head_chains(tokens, feats, [18], depth)
+
+
+def test_tree_data_adds_each_position_at_each_depth(tiny_gguf: Path, tiny_head: Path) -> None:
+    m = specee.Model(tiny_gguf, n_ctx=128, n_batch=64, n_threads=1, draft_head=tiny_head)
+    head = read_lm_head(tiny_gguf)
+    prompt = np.random.default_rng(8).integers(3, TINY["vocab_size"], 7).tolist()
+    one = X.sequence_records(m, head, prompt, 10, K, None)
+    tree = X.sequence_records(m, head, prompt, 10, K, None, tree_depth=2)
+    G, P = len(one["final"]), len(prompt)
+    assert np.bincount(tree["depth"]).tolist() == [G, G - 1, G - 2]
+    top = tree["depth"] == 0
+    for key in X.ARRAYS:  # depth 0 is the single-token data
+        np.testing.assert_array_equal(tree[key][top], one[key])
+    seq = prompt + one["token"].tolist()
+    m.kv_clear()
+    m.eval(seq, logits=False)
+    feats = m.norm()
+    for d in (1, 2):
+        rows = tree["depth"] == d
+        for pos, cand in zip(tree["pos"][rows], tree["cand"][rows]):
+            q = pos - d - 1  # the pair of the root pos - d
+            logits, _ = m.draft_head_eval(seq[1:q + 2], feats[:q + 1], seq[q + 2:pos + 1])
+            assert cand.tolist() == np.argsort(-logits[-1], kind="stable")[:K].tolist()
+        # the labels are the sequence's: the same layer argmax and full-model token as at depth 0
+        same = np.searchsorted(one["pos"], tree["pos"][rows])
+        np.testing.assert_array_equal(tree["argmax"][rows], one["argmax"][same])
+        np.testing.assert_array_equal(tree["final"][rows], one["final"][same])
+
+
 def test_scheduled_features_take_p_prev_from_the_previous_scheduled_layer() -> None:
     g = torch.Generator().manual_seed(0)
     head = LmHead(1 + 0.1 * torch.randn(16, generator=g), 1e-5, torch.randn(50, 16, generator=g))
@@ -173,8 +221,8 @@ def test_training_is_deterministic_resumable_and_learns(tmp_path: Path) -> None:
 # ---- layer selection
 
 
-def constant(fires: bool) -> ExitPredictor:
-    pred = ExitPredictor()
+def constant(fires: bool, n_features: int = 3 * K) -> ExitPredictor:
+    pred = ExitPredictor(n_features)
     with torch.no_grad():
         pred.up.weight.zero_()
         pred.up.bias.zero_()
@@ -224,6 +272,38 @@ def test_oracle_bounds_on_hand_made_positions() -> None:
     assert both["mean_layers"] == pytest.approx((2 + 1 + 4 + 4) / 4) and both["exit_ratio"] == 0.5
     free = rows["layers only (lm_head and head free)"]
     assert free["speedup"] == pytest.approx(4 / 2.75, abs=1e-4)
+
+
+def test_tree_passes_replayed_on_hand_made_rows() -> None:
+    # one sequence at positions 10..14, nodes at depth 0 and 1, 4 layers, 2 candidates (the first is the drafted
+    # child); columns: position, depth, the model's token, candidates, argmax per layer, best candidate drafted
+    rows = [(10, 0, 5, [5, 1], [0, 5, 5, 5], True),   # root 10: its draft 5 accepted
+            (11, 0, 6, [2, 6], [6, 6, 6, 6], True),
+            (11, 1, 6, [6, 4], [0, 4, 6, 6], True),   # ...its child: argmax 4 at layer 1, a wrong candidate
+            (12, 0, 7, [3, 7], [7, 7, 7, 7], False),  # root 12: its draft 3 rejected
+            (12, 1, 7, [7, 0], [7, 7, 7, 7], True),
+            (13, 0, 8, [8, 2], [8, 8, 8, 8], True),   # root 13: its draft 8 accepted
+            (13, 1, 8, [8, 0], [8, 8, 8, 8], True),
+            (14, 0, 9, [9, 0], [9, 9, 9, 9], True),
+            (14, 1, 9, [9, 0], [1, 1, 9, 9], True)]   # ...its child: not a candidate before layer 2
+    features = np.zeros((len(rows), 4, 6), np.float32)
+    features[:, :, 0] = np.asarray([r[5] for r in rows], np.float32)[:, None]  # c: the drafted one's largest
+    features[:, :, 1] = 1 - features[:, :, 0]
+    arrays = {"pos": np.asarray([r[0] for r in rows]), "depth": np.asarray([r[1] for r in rows]),
+              "final": np.asarray([r[2] for r in rows]), "cand": np.asarray([r[3] for r in rows]),
+              "argmax": np.asarray([r[4] for r in rows]), "prompt": np.zeros(len(rows), int), "features": features}
+    assert tree_passes.passes(arrays, 1) == [[0, 2], [3], [5, 8]]
+    out = tree_passes.replay(arrays, 1, [1], {1: constant(True, 6)}, k=2)
+    assert (out.n_passes, out.tokens_per_pass) == (3, 5 / 3)
+    # pass 1 exits at layer 1 with a wrong child token, pass 2 (its root alone) exits right, pass 3's child's
+    # argmax is no candidate at layer 1: it runs every layer
+    assert out.exit_ratio == 2 / 3 and out.exit_precision == 0.5 and out.mean_layers == (2 + 2 + 4) / 3
+    # the bound: first layers where every row is right and a candidate: 2, 0, 2
+    assert out.oracle_exit_ratio == 1 and out.oracle_mean_layers == (3 + 1 + 3) / 3
+    assert tree_passes.replay(arrays, 1, [1], {1: constant(False, 6)}, k=2).exit_ratio == 0
+    # root 12's best candidate at layer 1 now its rejected draft: the path reaches a node not in the data
+    features[3, :, :2] = [1, 0]
+    assert tree_passes.replay(arrays, 1, [1], {1: constant(True, 6)}, k=2).exit_ratio == 1 / 3
 
 
 def test_question_files_and_that_training_refuses_them(tmp_path: Path) -> None:

@@ -822,6 +822,33 @@ PYBIND11_MODULE(_core, m) {
               return py::make_tuple(logits, out);
           },
           py::arg("context"), py::arg("tokens"), py::arg("features"), py::arg("draft_tokens") = i32_array(std::vector<py::ssize_t>{0}));
+    m.def("draft_head_eval_chains",
+          [](py::object ctx_obj, const i32_array & tokens, const f32_array & features, const i32_array & roots,
+             int32_t depth) {
+              Context &     ctx     = ctx_obj.cast<Context &>();
+              const int32_t n       = (int32_t) tokens.size();
+              const int32_t n_roots = (int32_t) roots.size();
+              const int32_t n_feat  = specee_model_eagle_n_feature(ctx.model);
+              if (features.ndim() != 2 || features.shape(0) != n || (n_feat > 0 && features.shape(1) != n_feat)) {
+                  throw py::value_error("features must be [n_tokens, " + std::to_string(n_feat) +
+                                        "] (the target feature width of the model's draft head)");
+              }
+              if (depth < 0) {
+                  throw py::value_error("depth must be >= 0");
+              }
+              py::array_t<float> logits({n_roots, depth + 1, specee_model_eagle_n_vocab(ctx.model)});
+              int32_t            rc;
+              {
+                  py::gil_scoped_release release;
+                  rc = specee_draft_head_eval_chains(ctx.ptr, tokens.data(), features.data(), n, roots.data(), n_roots,
+                                                     depth, logits.mutable_data());
+              }
+              if (rc != 0) {
+                  raise_last();
+              }
+              return logits;
+          },
+          py::arg("context"), py::arg("tokens"), py::arg("features"), py::arg("roots"), py::arg("depth"));
     m.def("eagle_check_choices",
           [](const std::string & choices) {
               const int32_t n = specee_eagle_check_choices(choices.c_str());

@@ -8,7 +8,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'OFFLOAD_AUTO', 'OFFLOAD_FIRST', 'OFFLOAD_LAST', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'devices', 'draft_head_eval', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'rpc_add_servers', 'set_verbose']
+__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'OFFLOAD_AUTO', 'OFFLOAD_FIRST', 'OFFLOAD_LAST', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'rpc_add_servers', 'set_verbose']
 class SpecEEError(RuntimeError):
     pass
 class Model:
@@ -246,6 +246,8 @@ def chat_tokenize(model: Model, name: str | None, messages: collections.abc.Sequ
 def devices() -> list:
     ...
 def draft_head_eval(context: typing.Any, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], features: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], draft_tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] = ...) -> tuple[numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.float32]]:
+    ...
+def draft_head_eval_chains(context: typing.Any, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], features: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], roots: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], depth: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
     ...
 def eagle_check_choices(choices: str) -> int:
     ...

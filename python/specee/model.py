@@ -516,6 +516,18 @@ class Model:
         with self._lock:
             return _core.draft_head_eval(self._ctx, tok, feats, drafts)
 
+    def draft_head_chains(self, tokens: Sequence[int] | np.ndarray, features: np.ndarray,
+                          roots: Sequence[int] | np.ndarray, depth: int) -> np.ndarray:
+        """The drafts a tree decoder makes along a known sequence (tree exit's training data): the pairs as in
+        draft_head_eval, then from each root q (increasing) a chain of `depth` draft steps taking tokens[q + 1..q +
+        depth], each fed the previous step's own output and seeing pairs 0..q only, as a tree drafted from there:
+        logits [n_roots, depth + 1, n_draft_vocab], step 0 the root pair's own row."""
+        tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        feats = np.ascontiguousarray(features, dtype=np.float32)
+        root = np.ascontiguousarray(roots, dtype=np.int32).reshape(-1)
+        with self._lock:
+            return _core.draft_head_eval_chains(self._ctx, tok, feats, root, depth)
+
     def features(self) -> np.ndarray:
         """EAGLE-3: the outputs of the draft head's feature layers for every token of the last batch
         [n_tokens, 3 n_embd] (what its committed pairs take); SpecEEError without an EAGLE-3 head."""
