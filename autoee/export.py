@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> None:
         "base_model": data["model"], "base_model_sha256": data["model_sha256"],
         "eagle_head": data["head"], "eagle_head_sha256": data["head_sha256"],
         "data": {k: data[k] for k in ("n_tokens", "n_prompts", "n_done", "skip", "max_new", "max_prompt",
-                                      "chat_template", "excluded_prompts")},
+                                      "chat_template", "excluded_prompts")} | {"tree_depth": data.get("tree_depth", 0)},
         "training": ckpt["config"],
         "selection": {k: selection[k] for k in ("rule", "costs", "validation")} if selection else None,
         "per_layer_validation": {layer: s["val"] for layer, s in sorted(ckpt["stats"].items(), key=lambda x: int(x[0]))},

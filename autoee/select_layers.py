@@ -196,6 +196,9 @@ def run(args: argparse.Namespace) -> None:
     arrays = store.load()
     data = load_data(single_token(arrays), ckpt["config"]["val_percent"])
     val = Data(data.features[data.val], data.labels[data.val], data.in_cand[data.val], data.val[data.val])
+    if not len(val.labels):
+        raise ValueError(f"{work / 'data'}: none of its {store.n_prompts} prompt(s) is held out for validation "
+                         "(collect more: `collect --minutes N` continues the store)")
     preds = predictors_of(ckpt)
     k = store.config["n_candidates"]
     costs = model_costs(args.model, head_gguf(args.head or default_eagle_head_path()), args.check_cost)
@@ -209,12 +212,14 @@ def run(args: argparse.Namespace) -> None:
     for s in steps:
         print(f"  {s['layers']}: cost {s['cost']:.2f}, exit ratio {s['exit_ratio']:.3f}, error {s['error']:.4f}")
     print(f"exit layers {layers}: {json.dumps(out)}")
-    if args.tree_draft:
-        print_tree(arrays, args.tree_draft, layers, preds, threshold, k, ckpt["config"]["val_percent"])
+    tree = print_tree(arrays, args.tree_draft, layers, preds, threshold, k, ckpt["config"]["val_percent"]) \
+        if args.tree_draft else None
     if not args.layers:
         sel = {"exit_layers": layers, "threshold": threshold, "rule": {
             "max_error": args.max_error, "min_gain": args.min_gain, "check_cost": args.check_cost},
             "costs": asdict(costs), "validation": out, "steps": steps}
+        if tree is not None:
+            sel["tree"] = {"n_draft": args.tree_draft, **asdict(tree)}
         (work / SELECTION).write_text(json.dumps(sel, indent=1) + "\n")
         print(f"wrote {work / SELECTION}")
 
@@ -225,14 +230,17 @@ def single_token(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return arrays if top.all() else {k: v[top] for k, v in arrays.items()}
 
 
-def print_tree(arrays: dict[str, np.ndarray], n_draft: int, layers: list[int],
-               preds: dict[int, ExitPredictor] | None, threshold: float, k: int, val_percent: float) -> None:
+def print_tree(arrays: dict[str, np.ndarray], n_draft: int, layers: list[int], preds: dict[int, ExitPredictor] | None,
+               threshold: float, k: int, val_percent: float) -> tree_passes.TreeOutcome | None:
     if arrays["depth"].max() < n_draft:
         raise ValueError(f"--tree-draft {n_draft} needs data collected with --tree-depth >= {n_draft} "
                          f"(this store's deepest node: {arrays['depth'].max()})")
     if val_percent > 0:
         val = is_validation(arrays["prompt"], val_percent)
         arrays = {key: v[val] for key, v in arrays.items()}
+    if not len(arrays["final"]):
+        print("tree exit: no held-out positions in this data (collect more)")
+        return None
     out = tree_passes.replay(arrays, n_draft, layers, preds, threshold, k)
     L = arrays["features"].shape[1]
     print(f"tree exit, a chain of {n_draft} draft token(s), {out.n_passes} passes"
@@ -243,6 +251,7 @@ def print_tree(arrays: dict[str, np.ndarray], n_draft: int, layers: list[int],
               f"{out.mean_layers:.2f} of {L}")
     print(f"  bound (every pass exits at its first right layer): exit ratio {out.oracle_exit_ratio:.3f}, "
           f"mean layers run {out.oracle_mean_layers:.2f} of {L}")
+    return out
 
 
 def print_oracle(work: Path, args: argparse.Namespace) -> None:

@@ -129,7 +129,8 @@ def limit(argv: list[str], work: Path) -> list[str]:
                       "--work-dir", str(work / ("train-eagle-replies" if replies else "train-eagle"))]
         return set_flag(out, "--replies", str(work / "autoee-work" / Path(replies).name)) if replies else out
     if module == "specee.autoee" and sub == "collect":
-        out = set_flag(set_flag(set_flag(argv, "--max-new", "8"), "--max-tokens", "24"), "--threads", "1")
+        rows = 24 * (1 + int(flag_value(argv, "--tree-depth") or 0))  # a position is a row per depth
+        out = set_flag(set_flag(set_flag(argv, "--max-new", "8"), "--max-tokens", str(rows)), "--threads", "1")
         out = set_flag(out, "--questions-per-file", "1") if "--questions" in out else out
         return autoee_work_dir(out, work)
     if module == "specee.autoee" and sub == "train":
