@@ -7,6 +7,9 @@ command, their tables gathered into one Markdown report under --out, with the de
   (c) SpecEE's laptop setting: -ngl 16 --offload-order first, early exit with a replayed schedule at SpecEE's mean
       depth (24 of 32), against plain at the same placement and upstream -ngl 16; again with the GPU held to 8 GB
   (d) the pass-cost curve, N = 1..64 tokens in one pass, in single-token passes: what verification costs there
+      (and what a checked exit's extra row costs: docs/early-exit.md's break-even reads it)
+  (e) tree exit on the GPU: replayed acceptance (EAGLE's per-position figures for its 7B heads) and every pass
+      exiting after layer 23 (24 of 32), against EAGLE-2 with the same acceptance, early exit, plain and upstream
 
 The files are synthetic (python -m specee.convert synth: random weights, Llama-2-7B's shapes, a random draft head
 and predictors): they measure cost only, never quality, and their drafts are never accepted, so (b) shows what a tree
@@ -31,6 +34,7 @@ from pathlib import Path
 import specee
 
 REPLAY = "15,19,23,31,17,27,31,21"  # a mean of 24 of 32 layers run: SpecEE's reported mean exit depth on Llama-2-7B
+ACCEPTED = "2,0,2,1,2,2,0,2,1,2"  # drafted tokens accepted per step (docs/early-exit.md, "Tree exit against EAGLE-2")
 TREES = {  # name: specee-cli arguments (docs/speculative.md)
     "eagle-1, one draft token": "--mode eagle --eagle-choices [[0]]",
     "eagle-2 default tree": "--mode eagle2",
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="CPU threads for both runtimes (default: up to 8)")
     a = ap.parse_args(argv)
     out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("SPECEE_GPU_WORK", out.parent / "gpu-files"))
     work.mkdir(parents=True, exist_ok=True)
     up = Path(a.upstream)
@@ -133,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     run(rt + ["-ngl", ngl_all, "-n", "0", "--pass-cost", "2,3,4,6,8,12,16,24,32,48,64",
               "--json", str(out / "d-pass-cost.json")], report,
         "(d) the pass-cost curve on the GPU: a pass of N tokens in single-token passes")
+    exit_layer = "2" if a.small else "23"
+    trees = [f"upstream:llama.cpp plain=-fa on --ignore-eos -ngl {ngl_all}",
+             f"specee plain=--mode plain --ignore-eos -ngl {ngl_all}",
+             f"EAGLE-2, replayed=--mode eagle2 --eagle-replay {ACCEPTED} --ignore-eos -ngl {ngl_all}",
+             f"early exit, replayed=--mode early-exit --exit-replay {exit_layer} --ignore-eos -ngl {ngl_all}",
+             f"tree exit, replayed=--mode tree-exit --eagle-replay {ACCEPTED} --exit-replay {exit_layer} "
+             f"--ignore-eos -ngl {ngl_all}"]
+    run(spec + sum((["--config", c] for c in trees), []) + ["--json", str(out / "e-tree-exit.json")], report,
+        "(e) tree exit on the GPU: replayed acceptance, every pass exiting after layer 23, vs EAGLE-2 and plain")
     (out / "gpu-report.md").write_text("\n".join(report) + "\n")
     print(f"bench.gpu: wrote {out / 'gpu-report.md'}")
     return 0
