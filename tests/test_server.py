@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -382,6 +383,8 @@ def test_load_with_disconnects_loses_nothing(server: Server) -> None:
         wait_idle(server)
         assert metric(server, "requests_total") - requests <= 200  # dropped before a slot: never submitted
         rss.append(server.rss_kb())
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):  # scripts/sanitize.sh: the server runs under AddressSanitizer,
+        return  # whose quarantine holds freed memory back (RSS grew 1.6 MiB there): the plain run checks the bound
     # the first round warms (allocator arenas, uvicorn's and asyncio's pools); the next two add nothing that stays
     assert rss[2] - rss[0] < 512 and rss[2] - rss[1] < 256, rss  # KiB
 
