@@ -8,15 +8,17 @@ For each prompt (the first user turn of a ShareGPT conversation, rendered with t
 4. at every layer l: the 12 features (exit_features.py, p_prev from layer l-1) and argmax(lm_head(norm(h_l))).
 
 Only decode positions are kept (the generated tokens as inputs, not the prompt; not an end-of-generation
-input).
+input). The full model's token at j is the argmax of the batch's final logits.
 
 With --tree-depth D (tree exit's data) each decode position j is kept once per depth d = 0..D at which a tree
 drafted from an earlier root can hold it: as the node d steps below the root j - d (itself a decode position),
 with the candidates the head drafts there from its own features (the head's chain from that root along the
 sequence, seeing only the pairs up to the root: Model.draft_head_chains); the hidden states, and so the labels,
 are the sequence's, since a tree row on the accepted path sees what the sequential token sees. Depth 0 is the
-single-token data. The full model's token at j is the argmax of the batch's final logits. Stored under the work dir as
-shards (shard-NNNNN.npz) plus state.json, so an interrupted collection resumes after the last saved shard.
+single-token data.
+
+Stored under the work dir as shards (shard-NNNNN.npz) plus state.json, so an interrupted collection resumes after
+the last saved shard.
 """
 
 from __future__ import annotations

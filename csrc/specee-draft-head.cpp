@@ -218,6 +218,27 @@ static void eval_chain(specee_draft_head & h, int32_t n, const int32_t * draft_t
     }
 }
 
+// the n pairs (tokens[i], features[i]) committed at positions 0..n-1 in batches of n_batch: every pair's output
+// appended to out, the logits of the pairs with want_logits[i] to logits (in pair order)
+static void eval_pairs(specee_draft_head & h, const int32_t * tokens, const float * features, int32_t n,
+                       const std::vector<uint8_t> & want_logits, std::vector<float> & logits,
+                       std::vector<float> & out) {
+    const int32_t n_batch = (int32_t) h.ctx->cparams.n_batch;
+    for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
+        const int32_t        m = std::min(n_batch, n - i0);
+        std::vector<int32_t> tok(tokens + i0, tokens + i0 + m), pos(m), rows;
+        for (int32_t i = 0; i < m; ++i) {
+            pos[i] = i0 + i;
+            if (want_logits[i0 + i]) {
+                rows.push_back(i);
+            }
+        }
+        specee_draft_eval(h, tok, features + (size_t) i0 * h.n_feat, pos, nullptr, rows);
+        logits.insert(logits.end(), h.logits.begin(), h.logits.end());
+        out.insert(out.end(), h.out.begin(), h.out.end());
+    }
+}
+
 static void check_tokens(const specee_draft_head & h, const int32_t * tokens, int32_t n) {
     for (int32_t i = 0; i < n; ++i) {
         if (tokens[i] < 0 || tokens[i] >= h.n_vocab) {
@@ -245,19 +266,8 @@ extern "C" int32_t specee_draft_head_eval_steps(specee_context * ctx, const int3
         }
         check_tokens(h, tokens, n);
         check_tokens(h, draft_tokens, n_draft);
-        std::vector<float>  all_logits, all_out;
-        const int32_t       n_batch = (int32_t) ctx->cparams.n_batch;
-        for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
-            const int32_t        m = std::min(n_batch, n - i0);
-            std::vector<int32_t> tok(tokens + i0, tokens + i0 + m), pos(m), rows(m);
-            for (int32_t i = 0; i < m; ++i) {
-                pos[i]  = i0 + i;
-                rows[i] = i;
-            }
-            specee_draft_eval(h, tok, features + (size_t) i0 * h.n_feat, pos, nullptr, rows);
-            all_logits.insert(all_logits.end(), h.logits.begin(), h.logits.end());
-            all_out.insert(all_out.end(), h.out.begin(), h.out.end());
-        }
+        std::vector<float> all_logits, all_out;
+        eval_pairs(h, tokens, features, n, std::vector<uint8_t>(n, 1), all_logits, all_out);
         eval_chain(h, n, draft_tokens, n_draft, all_logits, all_out);
         if (logits) {
             std::copy(all_logits.begin(), all_logits.end(), logits);
@@ -329,26 +339,15 @@ extern "C" int32_t specee_draft_head_eval_chains(specee_context * ctx, const int
                         h.kv.size);
         }
         check_tokens(h, tokens, n);
-        std::vector<float>   pair_out;
-        std::vector<int32_t> slot(n, -1); // where each pair's logits go: the chain of the root there, step 0
-        for (int32_t i = 0; i < n_roots; ++i) {
-            slot[root[i]] = i;
+        std::vector<uint8_t> is_root(n, 0);
+        for (int32_t q : root) {
+            is_root[q] = 1;
         }
-        for (int32_t i0 = 0; i0 < n; i0 += n_batch) {
-            const int32_t        m = std::min(n_batch, n - i0);
-            std::vector<int32_t> tok(tokens + i0, tokens + i0 + m), pos(m), rows;
-            for (int32_t i = 0; i < m; ++i) {
-                pos[i] = i0 + i;
-                if (slot[i0 + i] >= 0) {
-                    rows.push_back(i);
-                }
-            }
-            specee_draft_eval(h, tok, features + (size_t) i0 * h.n_feat, pos, nullptr, rows);
-            pair_out.insert(pair_out.end(), h.out.begin(), h.out.end());
-            for (size_t r = 0; r < rows.size(); ++r) {
-                std::copy_n(h.logits.begin() + r * h.n_dvocab, h.n_dvocab,
-                            logits + (size_t) slot[i0 + rows[r]] * (depth + 1) * h.n_dvocab);
-            }
+        std::vector<float> root_logits, pair_out; // the roots' rows in root order (roots increase)
+        eval_pairs(h, tokens, features, n, is_root, root_logits, pair_out);
+        for (int32_t i = 0; i < n_roots; ++i) { // step 0 of each chain: its root pair's own row
+            std::copy_n(root_logits.begin() + (size_t) i * h.n_dvocab, h.n_dvocab,
+                        logits + (size_t) i * (depth + 1) * h.n_dvocab);
         }
         for (int32_t i0 = 0; i0 < n_roots && depth > 0; i0 += n_group) {
             const std::vector<int32_t> group(root.begin() + i0, root.begin() + std::min(n_roots, i0 + n_group));
