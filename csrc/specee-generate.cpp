@@ -150,39 +150,35 @@ static int32_t resolve_mode(specee_context & ctx, const specee_generator_params 
 // settings that the chosen mode would ignore are errors, so a typo in a command line does not go unnoticed
 static void check_params(const specee_model & m, const specee_generator_params & p, int32_t mode) {
     specee_generator_check_values(p);
-    const bool dyn_set  = eagle2_tree_given(p);
-    const bool exit_set = exit_settings_given(p);
-    const bool has_head = m.eagle.version > 0;
-    if (mode != SPECEE_MODE_PLAIN && !has_head) {
+    const specee_mode_info & mi       = specee_mode_row_impl(mode);
+    const bool               dyn_set  = eagle2_tree_given(p);
+    const bool               exit_set = exit_settings_given(p);
+    if (mi.needs_head && m.eagle.version <= 0) {
         specee_fail("mode %s needs an EAGLE draft head: the model has none (merge one with python -m specee.convert "
-                    "merge, or load one with --draft-head / Model(draft_head=...))", specee_mode_name(mode));
+                    "merge, or load one with --draft-head / Model(draft_head=...))", mi.name);
     }
-    if (mode == SPECEE_MODE_EARLY_EXIT && p.sampling.temp > 0.0f) {
-        specee_fail("early exit decodes greedily (the exit layer's argmax): use temperature 0, or another mode");
+    if (mi.greedy_only && p.sampling.temp > 0.0f) {
+        specee_fail("%s", mi.greedy_only);
     }
-    const bool tree_exit = mode == SPECEE_MODE_TREE_EXIT;
-    if (tree_exit && p.sampling.temp > 0.0f) {
-        specee_fail("tree exit decodes greedily (the exit layer's argmax along the tree): use temperature 0, or mode "
-                    "eagle2 / eagle for sampling");
+    const uint32_t both = SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE;
+    if ((mi.reads & both) == both && p.eagle.choices[0] && dyn_set) {
+        specee_fail("%s takes one tree: eagle choices (EAGLE-1) or eagle total_tokens, depth and topk (EAGLE-2), not "
+                    "both", mi.name);
     }
-    if (tree_exit && p.eagle.choices[0] && dyn_set) {
-        specee_fail("tree exit takes one tree: eagle choices (EAGLE-1) or eagle total_tokens, depth and topk "
-                    "(EAGLE-2), not both");
+    if (p.eagle.choices[0] && !(mi.reads & SPECEE_READS_EAGLE1_TREE)) {
+        specee_fail("eagle choices set the EAGLE-1 tree, but the mode is %s (use mode eagle)", mi.name);
     }
-    if (p.eagle.choices[0] && mode != SPECEE_MODE_EAGLE && !tree_exit) {
-        specee_fail("eagle choices set the EAGLE-1 tree, but the mode is %s (use mode eagle)", specee_mode_name(mode));
-    }
-    if (dyn_set && mode != SPECEE_MODE_EAGLE2 && !tree_exit) {
+    if (dyn_set && !(mi.reads & SPECEE_READS_EAGLE2_TREE)) {
         specee_fail("eagle total_tokens, depth and topk set the EAGLE-2 tree, but the mode is %s (use mode eagle2)",
-                    specee_mode_name(mode));
+                    mi.name);
     }
     if (p.exit.check && p.exit.kv != SPECEE_EXIT_KV_MASK) {
         specee_fail("checked exits run an exited token's skipped layers with the next pass, so they hold its real K/V: "
                     "exit kv (fill) does not apply with exit check");
     }
-    if (exit_set && mode != SPECEE_MODE_EARLY_EXIT && !tree_exit) {
+    if (exit_set && !(mi.reads & SPECEE_READS_EXIT)) {
         specee_fail("exit settings are given, but the mode is %s (early exit: mode early-exit or tree-exit, or auto "
-                    "with a draft head and exit predictors at temperature 0)", specee_mode_name(mode));
+                    "with a draft head and exit predictors at temperature 0)", mi.name);
     }
 }
 
@@ -203,31 +199,32 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
             specee_sampler_set_logit_bias_impl(*smpl, t, -INFINITY);
         }
     }
-    specee_tree_decoder tree;
-    specee_exit_decoder exit;
-    const bool tree_mode = mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2 || mode == SPECEE_MODE_TREE_EXIT;
-    if (tree_mode) {
-        // tree exit: EAGLE-2's dynamic tree unless choices give EAGLE-1's
-        const bool dynamic = mode == SPECEE_MODE_EAGLE2 || (mode == SPECEE_MODE_TREE_EXIT && !p.eagle.choices[0]);
+    specee_tree_decoder      tree;
+    specee_exit_decoder      exit;
+    const specee_mode_info & mi = specee_mode_row_impl(mode);
+    if (mi.tree) {
+        // a mode that reads both trees (tree exit): EAGLE-2's dynamic tree unless choices give EAGLE-1's
+        const bool dynamic = (mi.reads & SPECEE_READS_EAGLE2_TREE) &&
+                             !((mi.reads & SPECEE_READS_EAGLE1_TREE) && p.eagle.choices[0]);
         specee_tree_init(tree, dynamic, resolve_eagle(m, p.eagle));
         if (tree.max_nodes + 1 > (int32_t) g.ctx->cparams.n_batch) {
             specee_fail("the draft tree has %d tokens, more than fit in one verification batch (n_batch = %u, root "
                         "included)", tree.max_nodes, g.ctx->cparams.n_batch);
         }
     }
-    if (mode == SPECEE_MODE_EARLY_EXIT) {
+    if (mi.exits && !mi.tree) {
         specee_exit_init(exit, m, p.exit);
     }
-    if (mode == SPECEE_MODE_TREE_EXIT) {
+    if (mi.exits && mi.tree) {
         specee_tree_exit_init(tree, exit, m, p.exit);
     }
-    if (tree_mode && p.eagle.n_replay > 0) {
+    if (mi.tree && p.eagle.n_replay > 0) {
         why += std::string(why.empty() ? "" : "\n") +
                "eagle: replayed acceptance (--eagle-replay): each step accepts the given number of drafted tokens "
                "whatever the model says; the output text is meaningless (cost benchmarks only)";
     }
     // the draft head: kept when its cache is large enough for the tree, so its pairs stay
-    if (mode != SPECEE_MODE_PLAIN) {
+    if (mi.needs_head) {
         const uint32_t extra = (uint32_t) tree.max_expand;
         if (!g.head || g.head->kv.size < g.ctx->cparams.n_ctx + extra + 1) {
             auto h = std::make_unique<specee_draft_head>();
@@ -235,8 +232,8 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
             g.head = std::move(h);
             g.started = false; // a new head has no pairs: start again
         }
-        if (g.mode == SPECEE_MODE_PLAIN) {
-            g.started = false; // plain decoding formed no pairs: start again
+        if (!specee_mode_row_impl(g.mode).needs_head) {
+            g.started = false; // decoding without the head formed no pairs: start again
         }
     }
     if (g.smpl) {
@@ -292,14 +289,14 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
     // draft head, only as far as its pairs agree (the pair at e - 1 needs the feature of position e - 1, which is
     // not kept).
     int32_t e = std::min(specee_cached_prefix(ctx.kv, tokens, n), std::max(n - 2, 0));
-    if (g.head && g.mode != SPECEE_MODE_PLAIN) {
+    const bool pairs = g.head && specee_mode_row_impl(g.mode).needs_head;
+    if (pairs) {
         e = std::min(e, specee_draft_matching_prefix(*g.head, tokens, n));
     }
     ctx.kv.remove(e, -1);
     if (g.head) {
         specee_draft_truncate(*g.head, e);
     }
-    const bool pairs = g.head && g.mode != SPECEE_MODE_PLAIN;
     g.started = false;
     g.queue.clear();
     g.exit.chain.pending.clear(); // a checked chain of the last generation is gone with its cells
@@ -356,7 +353,8 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         specee_fail("the KV cache was changed since this generation started (start again)");
     }
     const auto t0 = specee_clock::now();
-    if ((g.mode == SPECEE_MODE_EARLY_EXIT || g.mode == SPECEE_MODE_TREE_EXIT) && g.params.exit.check) {
+    const specee_mode_info & mi = specee_mode_row_impl(g.mode);
+    if (mi.exits && g.params.exit.check) {
         // checked exits: steps until a chain is checked (a pass that runs every layer, or a full context)
         std::vector<std::pair<int32_t, int32_t>> done;
         while (done.empty()) {
@@ -365,7 +363,7 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
                     return 0; // context full
                 }
                 specee_exit_chain_flush(g.exit.chain, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
-            } else if (g.mode == SPECEE_MODE_TREE_EXIT) {
+            } else if (mi.tree) {
                 specee_tree_exit_step_checked(g.tree, g.exit, *g.head, *g.smpl, g.root, g.root_pos, n_max, done,
                                               g.stats);
             } else {

@@ -3,7 +3,7 @@
 // Owns the option table of specee_generator_params (one name per setting, its type, what it accepts, its help),
 // the text form every frontend sets options with (the CLI's flags, Python's GenerateOptions, the evaluations),
 // the value checks that need no model (specee_generator_check_values; the generator adds the model's), the mode
-// and exit-KV names, and the names of the stats' fields with the derived figures.
+// table (what each mode does and which settings it reads), the exit-KV names, and the names of the stats' fields with the derived figures.
 #include "specee-impl.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
@@ -21,12 +21,64 @@
 
 // ---- names --------------------------------------------------------------------------------------------
 
-static const char * const MODE_NAMES[]    = {"auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit"};
-static const int32_t      N_MODES         = (int32_t) (sizeof(MODE_NAMES) / sizeof(MODE_NAMES[0]));
+// ---- the modes ----------------------------------------------------------------------------------------
+
+static const specee_mode_info MODES[] = {
+    // name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads
+    {"auto",
+     "early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way with its merged files), eagle2 "
+     "with a draft head, else plain; a speculative mode only where it can beat plain decoding here",
+     false, false, false, true, true, nullptr,
+     SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT},
+    {"plain", "one token per pass of the model", false, false, false, true, true, nullptr, 0},
+    {"eagle", "EAGLE-1: the draft head drafts a static tree, one pass verifies it", true, true, false, true, true,
+     nullptr, SPECEE_READS_EAGLE1_TREE},
+    {"eagle2", "EAGLE-2: a dynamic tree, grown where the draft head is confident", true, true, false, true, true,
+     nullptr, SPECEE_READS_EAGLE2_TREE},
+    {"early-exit", "SpecEE: a token's pass stops at a checked layer when its predictor fires", true, false, true,
+     false, false, "early exit decodes greedily (the exit layer's argmax): use temperature 0, or another mode",
+     SPECEE_READS_EXIT},
+    {"tree-exit", "SpecEE inside the EAGLE tree: the verification pass stops at a checked layer", true, true, true,
+     false, false,
+     "tree exit decodes greedily (the exit layer's argmax along the tree): use temperature 0, or mode eagle2 / eagle "
+     "for sampling",
+     SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT},
+};
+static const int32_t N_MODES = (int32_t) (sizeof(MODES) / sizeof(MODES[0]));
+
+// option "mode" reads the table: its names, their comma-separated text and its help (made before OPTIONS below)
+static const char * MODE_NAMES[N_MODES];
+
+static std::string mode_text(bool help) {
+    std::string s = help ? "decoding: " : "";
+    for (int32_t i = 0; i < N_MODES; ++i) {
+        MODE_NAMES[i] = MODES[i].name;
+        s += (i ? (help ? "; " : ",") : "") + std::string(MODES[i].name);
+        if (help) {
+            s += std::string(i == SPECEE_MODE_AUTO ? " (default)" : "") + ": " + MODES[i].help +
+                 (MODES[i].greedy_only ? " (greedy only, lossy)" : "");
+        }
+    }
+    return s;
+}
+
+static const std::string MODE_CHOICES = mode_text(false);
+static const std::string MODE_HELP    = mode_text(true);
 static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
 
+extern "C" const struct specee_mode_info * specee_mode_row(int32_t mode) {
+    return mode >= 0 && mode < N_MODES ? &MODES[mode] : nullptr;
+}
+
+const specee_mode_info & specee_mode_row_impl(int32_t mode) {
+    if (mode < 0 || mode >= N_MODES) {
+        specee_fail("unknown mode %d", mode);
+    }
+    return MODES[mode];
+}
+
 extern "C" const char * specee_mode_name(int32_t mode) {
-    return mode >= SPECEE_MODE_AUTO && mode < N_MODES ? MODE_NAMES[mode] : "?";
+    return mode >= 0 && mode < N_MODES ? MODES[mode].name : "?";
 }
 
 static int32_t index_of(const char * const * names, int32_t n, const char * name) {
@@ -53,13 +105,8 @@ struct option_def {
 
 #define OFF(f) offsetof(specee_generator_params, f)
 
-static const option_def OPTIONS[] = {
-    {{"mode", SPECEE_OPTION_CHOICE, "auto,plain,eagle,eagle2,early-exit,tree-exit",
-      "plain, eagle, eagle2, early-exit, tree-exit or auto",
-      "decoding: plain, eagle (EAGLE-1 static tree), eagle2 (EAGLE-2 dynamic tree), early-exit (SpecEE, greedy, "
-      "lossy), tree-exit (early exit inside the EAGLE tree's verification pass, greedy, lossy) or auto (default): "
-      "early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way with its merged files), "
-      "eagle2 with a draft head, else plain"},
+static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made from them
+    {{"mode", SPECEE_OPTION_CHOICE, MODE_CHOICES.c_str(), MODE_CHOICES.c_str(), MODE_HELP.c_str()},
      OFF(mode), 0, MODE_NAMES, N_MODES, 0, 0},
     {{"temp", SPECEE_OPTION_FLOAT, nullptr, "a number", "temperature (default: 0.80, <= 0 = greedy)"},
      OFF(sampling.temp), 0, nullptr, 0, -INFINITY, INFINITY},
@@ -146,7 +193,7 @@ static const option_def * find_option(const char * name) {
 void specee_generator_check_values(const specee_generator_params & p) {
     specee_sampler_check_params(p.sampling);
     if (p.mode < SPECEE_MODE_AUTO || p.mode >= N_MODES) {
-        specee_fail("unknown mode %d (auto, plain, eagle, eagle2, early-exit, tree-exit)", p.mode);
+        specee_fail("unknown mode %d (%s)", p.mode, MODE_CHOICES.c_str());
     }
     if (p.eagle.total_tokens < 0 || p.eagle.depth < 0 || p.eagle.topk < 0) {
         specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1 (0: the default)",
@@ -426,8 +473,8 @@ extern "C" double specee_generator_stat_value(const struct specee_generator_stat
 }
 
 void specee_generator_stats_derive(specee_generator_stats & st, int32_t mode) {
-    const bool   tree  = mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2 || mode == SPECEE_MODE_TREE_EXIT;
-    const bool   exit  = mode == SPECEE_MODE_EARLY_EXIT || mode == SPECEE_MODE_TREE_EXIT;
+    const bool   tree  = specee_mode_row_impl(mode).tree;
+    const bool   exit  = specee_mode_row_impl(mode).exits;
     const double steps = st.n_steps > 0 ? st.n_steps : 0.0;
     st.mean_accepted_tokens = tree && steps > 0 ? st.n_decoded / steps : 0.0;
     st.exit_ratio           = exit && steps > 0 ? st.n_exits / steps : 0.0;

@@ -21,6 +21,7 @@
 #include "specee-generate.h"
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-options.h"
 #include "specee-speculative.h"
 #include "specee.h"
 
@@ -147,7 +148,8 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     specee_generator_set_params_impl(g, p);
     g.stats     = specee_generator_stats{};
     g.started   = false;
-    sl.alone    = g.mode != SPECEE_MODE_PLAIN;
+    const specee_mode_info & mi = specee_mode_row_impl(g.mode);
+    sl.alone    = mi.tree || mi.exits; // a speculative mode: its prefill (and decoding, unless shared) alone
     if (n_probs >= 0 && sl.alone) {
         specee_fail("log-probabilities need mode plain, not %s: a speculative step's tokens come from drafts and "
                     "verification passes", specee_mode_name(g.mode));
@@ -256,9 +258,9 @@ struct tree_block {
 // whether a slot's next step is an EAGLE draft-and-verify step that can share the pass (its first token, sampled by
 // its prefill, is returned without a pass)
 static bool shares_tree(const specee_slot & sl) {
-    const specee_generator & g = *sl.gen;
-    return sl.state == SLOT_DECODE && (g.mode == SPECEE_MODE_EAGLE || g.mode == SPECEE_MODE_EAGLE2) && g.started &&
-           g.queue.empty();
+    const specee_generator & g  = *sl.gen;
+    const specee_mode_info & mi = specee_mode_row_impl(g.mode);
+    return sl.state == SLOT_DECODE && mi.tree && mi.shared_pass && g.started && g.queue.empty();
 }
 
 // after the pass: the slot's walk over its block and what it keeps, as specee_tree_step does alone

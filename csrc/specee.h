@@ -447,7 +447,31 @@ struct specee_generator_stats {
 
 typedef struct specee_generator specee_generator;
 
-// "auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit" (the names of option "mode"), "?" for an unknown mode
+// The modes in one table: what each does, which settings it reads. The generator, the slots, the CLI, Python
+// (specee.MODES), the server and the evaluations ask it instead of naming modes; adding a mode is a row here and its
+// decoder step (specee-generate.cpp).
+enum specee_mode_reads { // the settings a mode reads besides sampling (the others are errors with it)
+    SPECEE_READS_EAGLE1_TREE = 1 << 0, // eagle.choices
+    SPECEE_READS_EAGLE2_TREE = 1 << 1, // eagle.total_tokens, eagle.depth, eagle.topk
+    SPECEE_READS_EXIT        = 1 << 2, // exit.*
+};
+
+struct specee_mode_info {
+    const char * name;        // "eagle2": option "mode", --mode, the server's "mode"
+    const char * help;        // one line: what it does
+    bool         needs_head;  // drafts with the EAGLE draft head: refused without one
+    bool         tree;        // a step verifies a drafted tree in one pass (stats: mean_accepted_tokens)
+    bool         exits;       // a pass may stop at a checked layer (stats: exit_ratio, mean_layers_run)
+    bool         lossless;    // greedy output equals plain decoding's, sampling keeps its distribution (a mode that
+                              // exits: only with exit.check)
+    bool         shared_pass; // specee_slots: its decoding steps join the shared pass (else its sequence runs alone)
+    const char * greedy_only; // why it decodes greedily only (refuses temperature > 0), or NULL
+    uint32_t     reads;       // enum specee_mode_reads
+};
+
+// mode i's row (auto's: it resolves to another when a generator starts), NULL past the end
+const struct specee_mode_info * specee_mode_row(int32_t mode);
+// "auto", "plain", ... (the names of option "mode"), "?" for an unknown mode
 const char * specee_mode_name(int32_t mode);
 // the mode of a name, -1 when unknown
 int32_t      specee_mode_by_name(const char * name);

@@ -273,8 +273,9 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     model_path = str(Path(args.model).resolve()) if args.model else specee.default_model_path()
     if not Path(model_path).is_file():
         raise DataError(f"model file not found: {model_path}")
-    head = default_head(args, model_path) if any(m.startswith("eagle") for m in modes) else None
-    exits = [m for m in modes if m in ("early-exit", "tree-exit")]
+    native = [specee.MODES[m] for m in modes if m in specee.MODES]
+    head = default_head(args, model_path) if any(i.needs_head and not i.exits for i in native) else None
+    exits = [i.name for i in native if i.exits]
     exit_draft_head = default_exit_draft_head(args, model_path) if exits else None
     layer_lists = {}
     for flag, text in (("--exit-layers", args.exit_layers), ("--exit-replay", args.exit_replay)):

@@ -78,19 +78,18 @@ def decode_count(n_generated: int, stop_reason: str) -> int:
 
 
 class NativeRunner:
-    """This runtime in one mode: plain, eagle, eagle2, early-exit or tree-exit (each sample from an empty KV cache, as
-    a user runs the CLI)."""
+    """This runtime in one of its modes (specee.MODES; each sample from an empty KV cache, as a user runs the CLI)."""
 
     def __init__(self, model: specee.Model, cfg: RunConfig, mode: str) -> None:
         self.model, self.cfg, self.mode = model, cfg, mode
         o = cfg.options
-        eagle = o.eagle  # EAGLE-1 takes the choices, EAGLE-2 the dynamic tree's sizes
-        eagle = (specee.EagleParams(choices=eagle.choices) if mode == "eagle" else
-                 specee.EagleParams(total_tokens=eagle.total_tokens, depth=eagle.depth, topk=eagle.topk)
-                 if mode in ("eagle2", "tree-exit") else specee.EagleParams())
-        exits = mode in ("early-exit", "tree-exit")
-        self.options = replace(o, mode=mode, eagle=eagle, exit=o.exit if exits else specee.ExitParams())
-        if mode != "plain" and not model.has_eagle:
+        info = specee.MODES[mode]
+        eagle = o.eagle  # each mode gets the settings it reads: EAGLE-2's tree where it reads both (tree exit)
+        eagle = (specee.EagleParams(total_tokens=eagle.total_tokens, depth=eagle.depth, topk=eagle.topk)
+                 if "eagle2_tree" in info.reads else specee.EagleParams(choices=eagle.choices)
+                 if "eagle1_tree" in info.reads else specee.EagleParams())
+        self.options = replace(o, mode=mode, eagle=eagle, exit=o.exit if "exit" in info.reads else specee.ExitParams())
+        if info.needs_head and not model.has_eagle:
             raise ModeError(f"mode {mode} needs an EAGLE head: {cfg.model} has none; pass --draft-head "
                             "HEAD.gguf (a draft head file, `python -m specee.convert merge --draft-head-only`)")
 
@@ -103,7 +102,7 @@ class NativeRunner:
         turn = Turn(m.detokenize(out), out, st.n_prompt, st.t_prompt_ms / 1e3,
                     decode_count(st.n_generated, st.stop_reason), st.t_decode_ms / 1e3, st.stop_reason,
                     list(st.step_tokens))
-        if self.mode in ("early-exit", "tree-exit"):  # tree-exit: each token gets its step's layers run
+        if specee.MODES[self.mode].exits:  # a tree mode: each token gets its step's layers run
             turn.layers_run = list(st.layers_run)
             turn.exit_correct = self.full_model_agrees(tokens, out, st.stop_reason == "eog", len(st.layers_run))
         return turn
@@ -228,16 +227,25 @@ class LlamaCppPythonRunner:
 # ---- the registry ------------------------------------------------------------------------------
 
 
-def make_plain(model: specee.Model, cfg: RunConfig) -> Runner:
-    return NativeRunner(model, cfg, "plain")
+# the evaluations' flags that set what each group of the runtime's settings reads (specee.MODES[...].reads)
+FLAGS = {"eagle1_tree": "--eagle-choices", "eagle2_tree": "--eagle-total-tokens/--eagle-depth/--eagle-topk",
+         "exit": "--exit-draft-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay/--exit-check"}
 
 
-def make_eagle(model: specee.Model, cfg: RunConfig) -> Runner:
-    return NativeRunner(model, cfg, "eagle")
+def make_native(mode: str) -> Callable[[specee.Model, RunConfig], Runner]:
+    """The runner of one of the runtime's modes, its needs read off the mode table."""
+    info = specee.MODES[mode]
 
+    def make(model: specee.Model, cfg: RunConfig) -> Runner:
+        if info.exits and (not model.has_eagle or (not model.has_exit_predictors and not cfg.options.exit.replay)):
+            raise ModeError(f"mode {mode} needs an EAGLE head and exit predictors: pass --exit-draft-head HEAD.gguf, a "
+                            "draft head file made with `python -m specee.convert merge BASE.gguf -o HEAD.gguf --eagle "
+                            "HEAD --predictors PREDICTORS --draft-head-only` (or a model file with both merged in)")
+        if info.greedy_only and cfg.options.temp > 0:
+            raise ModeError(f"mode {mode} decodes greedily: use --temp 0")
+        return NativeRunner(model, cfg, mode)
 
-def make_eagle2(model: specee.Model, cfg: RunConfig) -> Runner:
-    return NativeRunner(model, cfg, "eagle2")
+    return make
 
 
 def make_llama_cpp(model: specee.Model, cfg: RunConfig) -> Runner:
@@ -249,34 +257,15 @@ def make_llama_cpp(model: specee.Model, cfg: RunConfig) -> Runner:
                     "or install llama-cpp-python")
 
 
-def make_early_exit(model: specee.Model, cfg: RunConfig) -> Runner:
-    if not model.has_eagle or (not model.has_exit_predictors and not cfg.options.exit.replay):
-        raise ModeError("mode early-exit needs an EAGLE head and exit predictors: pass --exit-draft-head HEAD.gguf, a "
-                        "draft head file made with `python -m specee.convert merge BASE.gguf -o HEAD.gguf --eagle HEAD "
-                        "--predictors PREDICTORS --draft-head-only` (or a model file with both merged in)")
-    if cfg.options.temp > 0:
-        raise ModeError("mode early-exit decodes greedily: use --temp 0")
-    return NativeRunner(model, cfg, "early-exit")
+def describe(info: specee.Mode) -> str:
+    flags = ", ".join(FLAGS[r] for r in info.reads)
+    return f"this runtime: {info.help}" + (", greedy" if info.greedy_only else "") + (f" ({flags})" if flags else "")
 
 
-def make_tree_exit(model: specee.Model, cfg: RunConfig) -> Runner:
-    if not model.has_eagle or (not model.has_exit_predictors and not cfg.options.exit.replay):
-        raise ModeError("mode tree-exit needs an EAGLE head and exit predictors: pass --exit-draft-head HEAD.gguf "
-                        "(as for mode early-exit)")
-    if cfg.options.temp > 0:
-        raise ModeError("mode tree-exit decodes greedily: use --temp 0")
-    return NativeRunner(model, cfg, "tree-exit")
-
-
-# A mode whose function is None is listed as not available in this build.
+# the runtime's modes (auto aside: it resolves to one of them) and upstream llama.cpp; a mode whose function is None
+# is listed as not available in this build
 MODES: dict[str, tuple[str, Callable[[specee.Model, RunConfig], Runner] | None]] = {
-    "plain": ("this runtime, plain decoding", make_plain),
-    "eagle": ("EAGLE-1 static tree speculative decoding (--eagle-choices)", make_eagle),
-    "eagle2": ("EAGLE-2 dynamic tree (--eagle-total-tokens/--eagle-depth/--eagle-topk)", make_eagle2),
-    "early-exit": ("SpecEE early exit, greedy (--exit-draft-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay)",
-                   make_early_exit),
-    "tree-exit": ("SpecEE early exit inside the EAGLE-2 tree's verification pass, greedy (the early-exit and EAGLE-2 "
-                  "flags)", make_tree_exit),
+    **{name: (describe(info), make_native(name)) for name, info in specee.MODES.items() if name != "auto"},
     "llama.cpp": ("upstream llama.cpp on the same GGUF (--llama-cli PATH, or llama-cpp-python)", make_llama_cpp),
 }
 

@@ -454,6 +454,26 @@ PYBIND11_MODULE(_core, m) {
         }
         return out;
     }, "the generation options (name, type, choices, expect, help, default as text), the library's table");
+    m.def("modes", [] {
+        py::list out;
+        for (int32_t i = 0; const specee_mode_info * mi = specee_mode_row(i); ++i) {
+            py::dict e;
+            e["name"] = mi->name, e["help"] = mi->help, e["needs_head"] = mi->needs_head, e["tree"] = mi->tree;
+            e["exits"] = mi->exits, e["lossless"] = mi->lossless, e["shared_pass"] = mi->shared_pass;
+            e["greedy_only"] = mi->greedy_only ? py::object(py::str(mi->greedy_only)) : py::object(py::none());
+            py::list reads;
+            for (const auto & [bit, what] : {std::pair<uint32_t, const char *>{SPECEE_READS_EAGLE1_TREE, "eagle1_tree"},
+                                             {SPECEE_READS_EAGLE2_TREE, "eagle2_tree"}, {SPECEE_READS_EXIT, "exit"}}) {
+                if (mi->reads & bit) {
+                    reads.append(what);
+                }
+            }
+            e["reads"] = reads;
+            out.append(e);
+        }
+        return out;
+    }, "the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum "
+       "specee_mode");
     m.def("generate_options_values", [](const py::object & o, const std::string & group) {
         const specee_generator_params p = params_of(o, group);
         py::dict                      d;

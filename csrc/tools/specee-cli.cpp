@@ -210,20 +210,20 @@ static void perf_print(const session & s) {
     line("eval time", st.t_decode_ms, n_decoded, "runs  ");
     fprintf(stderr, "llama_perf_context_print:       total time = %10.2f ms / %5d tokens\n", t_total,
             st.n_prompt + n_decoded);
-    const int32_t mode = specee_generator_mode(s.gen);
-    // tree-exit prints both: its steps are EAGLE's, and their passes exit as early exit's tokens do (counted per pass)
-    const bool tree_exit = mode == SPECEE_MODE_TREE_EXIT;
-    if (mode == SPECEE_MODE_EAGLE || mode == SPECEE_MODE_EAGLE2 || tree_exit) {
+    const specee_mode_info * mi = specee_mode_row(specee_generator_mode(s.gen));
+    // a tree mode that exits prints both: its steps are EAGLE's, and their passes exit as early exit's tokens do
+    // (counted per pass)
+    if (mi->tree) {
         fprintf(stderr, "llama_perf_context_print:      speculative = %5d steps, %6.2f mean accepted tokens per step (%d "
                         "of %d draft tokens accepted; draft %.2f ms, verify %.2f ms)\n",
                 st.n_steps, st.mean_accepted_tokens, st.n_accepted, st.n_drafted, st.t_draft_ms, st.t_verify_ms);
     }
-    if (mode == SPECEE_MODE_EARLY_EXIT || tree_exit) {
+    if (mi->exits) {
         const int32_t L = specee_model_n_layer(s.model);
         fprintf(stderr, "llama_perf_context_print:       early exit = %5d %s, exit ratio %.3f, mean layers run %.2f of "
                         "%d (%d exits, %d checks, %d fired, %d not a candidate; head %.2f ms, checks %.2f ms, exit "
                         "lm_head %.2f ms)\n",
-                st.n_steps, tree_exit ? "passes" : "tokens", st.exit_ratio, st.mean_layers_run, L, st.n_exits,
+                st.n_steps, mi->tree ? "passes" : "tokens", st.exit_ratio, st.mean_layers_run, L, st.n_exits,
                 st.n_checks, st.n_fired, st.n_rejected, st.t_head_ms, st.t_check_ms, st.t_exit_ms);
         if (st.n_verified + st.n_rollbacks > 0) {
             fprintf(stderr, "llama_perf_context_print:   checked exits = %5d agreed with the full model, %d rolled back "
@@ -464,19 +464,19 @@ static void print_settings(const session & s, bool cnv, const char * tmpl) {
     fprintf(stderr, "sampler params: repeat_last_n = %d, repeat_penalty = %.3f, top_k = %d, top_p = %.3f, min_p = %.3f, "
                     "temp = %.3f\n", sp.repeat_last_n, (double) sp.repeat_penalty, sp.top_k, (double) sp.top_p,
             (double) sp.min_p, (double) sp.temp);
-    const int32_t mode = specee_generator_mode(s.gen);
+    const specee_mode_info * mi = specee_mode_row(specee_generator_mode(s.gen));
     if (*specee_generator_why(s.gen)) {
         fprintf(stderr, "%s\n", specee_generator_why(s.gen));
     }
-    if (mode == SPECEE_MODE_EARLY_EXIT && p.gen.exit.check) {
-        fprintf(stderr, "generate: mode early-exit (SpecEE) with checked exits: every exit is checked by the full "
-                        "model, so greedy output equals plain decoding\n");
-    } else if (mode == SPECEE_MODE_EARLY_EXIT || mode == SPECEE_MODE_TREE_EXIT) {
+    const char * where = mi->tree ? " inside the EAGLE tree" : "";
+    if (mi->exits && p.gen.exit.check) {
+        fprintf(stderr, "generate: mode %s (SpecEE%s) with checked exits: every exit is checked by the full model, so "
+                        "greedy output equals plain decoding\n", mi->name, where);
+    } else if (mi->exits) {
         fprintf(stderr, "generate: mode %s (SpecEE%s): lossy, tokens may differ from plain decoding; --exit-check "
-                        "for checked exits, --mode eagle2 or --mode plain for lossless output\n", specee_mode_name(mode),
-                mode == SPECEE_MODE_TREE_EXIT ? " inside the EAGLE tree" : "");
-    } else if (mode != SPECEE_MODE_PLAIN) {
-        fprintf(stderr, "generate: mode %s (lossless speculative decoding with the EAGLE head)\n", specee_mode_name(mode));
+                        "for checked exits, --mode eagle2 or --mode plain for lossless output\n", mi->name, where);
+    } else if (mi->needs_head) {
+        fprintf(stderr, "generate: mode %s (lossless speculative decoding with the EAGLE head)\n", mi->name);
     }
     fprintf(stderr, "generate: n_ctx = %u, n_batch = %d, n_predict = %d, n_keep = 0\n\n", specee_n_ctx(s.ctx), p.n_batch,
             p.n_predict);

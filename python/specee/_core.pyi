@@ -251,6 +251,10 @@ def draft_head_eval_chains(context: typing.Any, tokens: typing.Annotated[numpy.t
     ...
 def eagle_check_choices(choices: str) -> int:
     ...
+def modes() -> list:
+    """
+    the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum specee_mode
+    """
 def generate_options_values(options: typing.Any, group: str = '') -> dict:
     """
     the options' values as the library reads them ({name: text}); ValueError when one is refused (the library's checks); group 'eagle' or 'exit': only those, read off EagleParams / ExitParams

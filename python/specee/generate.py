@@ -21,8 +21,30 @@ if TYPE_CHECKING:
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 Prompt = Union[str, bytes, Sequence[Message]]
-# the names of the modes and of the exit KV policies, as the runtime defines them
-MODES: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "mode"))
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A row of the runtime's mode table (csrc/specee.h, specee_mode_info): what a mode does. needs_head: it drafts
+    with the EAGLE head; tree: a step verifies a drafted tree in one pass (stats: mean_accepted_tokens); exits: a pass
+    may stop at a checked layer (exit_ratio, mean_layers_run); lossless: greedy output equals plain decoding's and
+    sampling keeps its distribution (a mode that exits: with exit.check); shared_pass: in `Slots` its steps join the
+    shared pass; greedy_only: why it refuses temp > 0, or None; reads: the settings it takes besides sampling
+    ("eagle1_tree": eagle.choices, "eagle2_tree": eagle.total_tokens/depth/topk, "exit": exit.*)."""
+
+    name: str
+    help: str
+    needs_head: bool
+    tree: bool
+    exits: bool
+    lossless: bool
+    shared_pass: bool
+    greedy_only: str | None
+    reads: tuple[str, ...]
+
+
+# the modes by name, in the runtime's order (auto first), and the exit KV policies, as the runtime defines them
+MODES: dict[str, Mode] = {m["name"]: Mode(**{**m, "reads": tuple(m["reads"])}) for m in _core.modes()}
 EXIT_KV: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "exit.kv"))
 # GenerateOptions' fields of the frontends, not the runtime's: text (stop strings) and chat rendering
 FRONTEND_OPTIONS = ("stop", "chat_template")

@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from specee import _core
-from specee.generate import GenerateOptions, GenerationStats, Prompt, stream_text
+from specee.generate import MODES, GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
 from specee.slots import Slots, generate_batch
 
@@ -431,9 +431,9 @@ class Model:
                 if not toks:
                     stats.stop_reason = "context"
                     return
-                if not first and stats.mode in ("eagle", "eagle2", "tree-exit"):
+                if not first and MODES[stats.mode].tree:
                     stats.step_tokens.append(len(toks))
-                if not first and stats.mode in ("early-exit", "tree-exit"):
+                if not first and MODES[stats.mode].exits:
                     stats.layers_run += runs
                 first = False
                 for tok in toks:
