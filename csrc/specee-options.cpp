@@ -1,15 +1,18 @@
 // specee-options.cpp: what a generation takes and reports, named once.
 //
-// Owns the option table of specee_generator_params (one name per setting, its type, what it accepts, its help),
-// the text form every frontend sets options with (the CLI's flags, Python's GenerateOptions, the evaluations),
-// the value checks that need no model (specee_generator_check_values; the generator adds the model's), the mode
-// table (what each mode does and which settings it reads), the exit-KV names, and the names of the stats' fields with the derived figures.
+// Owns the option table of specee_generator_params (one name per setting, its type, what it accepts, its help) and
+// the context-option table of specee_context_options (the model, context and placement flags, with llama.cpp's
+// spellings); the text form every frontend sets both with (the CLI's flags, Python's GenerateOptions and Model,
+// specee-bench, specee-server, the evaluations); the value checks that need no model
+// (specee_generator_check_values; the generator adds the model's); the mode table (what each mode does and which
+// settings it reads); the exit-KV names; and the names of the stats' fields with the derived figures.
 #include "specee-impl.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
 #include "specee.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -18,6 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+
+#include <sched.h>
 
 // ---- names --------------------------------------------------------------------------------------------
 
@@ -175,14 +181,94 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
 
 static const int32_t N_OPTIONS = (int32_t) (sizeof(OPTIONS) / sizeof(OPTIONS[0]));
 
+// ---- the context-option table -------------------------------------------------------------------------
+
+static const char * const KV_TYPE_NAMES[]    = {"f16", "f32"};            // by enum specee_kv_type
+static const char * const OFFLOAD_NAMES[]    = {"auto", "first", "last"}; // by enum specee_offload_order
+static const char * const FLASH_ATTN_NAMES[] = {"on", "off", "auto"};
+
+#define OFF(f) offsetof(specee_context_options, f)
+
+static const option_def CONTEXT_OPTIONS[] = {
+    {{"model", SPECEE_OPTION_TEXT, nullptr, "a GGUF file", "GGUF model (default: the embedded SmolLM2)", "-m,--model", "FNAME"},
+     OFF(model), 0, nullptr, 0, 0, 0},
+    {{"draft_head", SPECEE_OPTION_TEXT, nullptr, "a file name or 'default'",
+      "a draft head file (a GGUF with an EAGLE head and optionally exit predictors, e.g. from `python -m "
+      "specee.convert merge --draft-head-only`), used instead of the model's own head and predictors (the load says "
+      "what it replaced); 'default' = the one shipped for the embedded SmolLM2 (head + exit predictors)",
+      "--draft-head", "FNAME"},
+     OFF(draft_head), 0, nullptr, 0, 0, 0},
+    {{"n_ctx", SPECEE_OPTION_INT, nullptr, "an integer >= 0",
+      "context size in tokens (default: 0 = the model's training context, at most 4096; more only when asked for)",
+      "-c,--ctx-size", "N"},
+     OFF(n_ctx), 0, nullptr, 0, 0, INT_MAX},
+    {{"n_batch", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
+      "logical batch: prompt tokens per evaluation call (default: 2048)", "-b,--batch-size", "N"},
+     OFF(n_batch), 0, nullptr, 0, 1, INT_MAX},
+    {{"n_ubatch", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
+      "physical batch: most tokens in one graph (default: 512)", "-ub,--ubatch-size", "N"},
+     OFF(n_ubatch), 0, nullptr, 0, 1, INT_MAX},
+    {{"n_threads", SPECEE_OPTION_INT, nullptr, "an integer",
+      "threads (default: 0 = the CPUs this process may use; at most 4 per hardware thread, 512)", "-t,--threads", "N"},
+     OFF(n_threads), 0, nullptr, 0, INT_MIN, INT_MAX},
+    {{"n_threads_batch", SPECEE_OPTION_INT, nullptr, "an integer",
+      "threads for batches of more than one token (default: 0 = --threads)", "-tb,--threads-batch", "N"},
+     OFF(n_threads_batch), 0, nullptr, 0, INT_MIN, INT_MAX},
+    {{"type_v", SPECEE_OPTION_CHOICE, "f16,f32", "f16 or f32",
+      "V cache type: f32 (default: a token's logits do not depend on the batch it is evaluated in, so speculative "
+      "output is bit-identical to plain output) or f16 (half the memory; then a near-tie can flip between a "
+      "verification pass and plain decoding)",
+      "-ctv,--cache-type-v", "TYPE"},
+     OFF(type_v), 0, KV_TYPE_NAMES, 2, 0, 0},
+    {{"use_mmap", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "map the weights from the file (default: on; off reads them into memory)", "--mmap", nullptr},
+     OFF(use_mmap), 0, nullptr, 0, 0, 0},
+    {{"n_gpu_layers", SPECEE_OPTION_INT, nullptr, "an integer >= -1",
+      "layers on the devices other than the CPU (GPUs, --rpc servers), counting the output as one, as llama.cpp "
+      "counts (default: -1 = all; without such a device everything stays on the CPU)",
+      "-ngl,--n-gpu-layers,--gpu-layers", "N"},
+     OFF(n_gpu_layers), 0, nullptr, 0, -1, INT_MAX},
+    {{"offload_order", SPECEE_OPTION_CHOICE, "auto,first,last", "first, last or auto",
+      "which layers -ngl offloads: first (SpecEE's: the first layers, the output and the draft head, so an early "
+      "exit skips the layers left on the CPU), last (llama.cpp's) or auto (default: first when there are exit "
+      "predictors, else last)",
+      "--offload-order", "ORDER"},
+     OFF(offload_order), 0, OFFLOAD_NAMES, 3, 0, 0},
+    {{"devices", SPECEE_OPTION_TEXT, nullptr, "comma-separated device names",
+      "comma-separated devices to offload to (default: every GPU and --rpc server; see --list-devices)",
+      "-dev,--device", "LIST"},
+     OFF(devices), 0, nullptr, 0, 0, 0},
+    {{"rpc_servers", SPECEE_OPTION_TEXT, nullptr, "comma-separated HOST:PORT",
+      "comma-separated HOST:PORT of ggml RPC servers (specee-rpc-server, or llama.cpp's rpc-server) to offload "
+      "layers to; each must answer a check within 5 s first; a server's token comes from the environment variable "
+      "SPECEE_RPC_TOKEN",
+      "--rpc", "SERVERS"},
+     OFF(rpc_servers), 0, nullptr, 0, 0, 0},
+    {{"tensor_split", SPECEE_OPTION_FLOATS, nullptr, "comma-separated numbers >= 0",
+      "the share of the offloaded layers each device gets, e.g. 3,1 (default: by free memory)", "-ts,--tensor-split", "SPLIT"},
+     OFF(tensor_split), OFF(n_tensor_split), nullptr, 0, 0, 0},
+    {{"flash_attn", SPECEE_OPTION_CHOICE, "on,off,auto", "on, off or auto",
+      "accepted for compatibility; attention is always computed with ggml's flash attention here", "-fa,--flash-attn", "on|off|auto"},
+     OFF(flash_attn), 0, FLASH_ATTN_NAMES, 3, 0, 0},
+};
+
+#undef OFF
+
+static const int32_t N_CONTEXT_OPTIONS = (int32_t) (sizeof(CONTEXT_OPTIONS) / sizeof(CONTEXT_OPTIONS[0]));
+static_assert(SPECEE_MAX_PATH == SPECEE_MAX_CHOICES, "a text option holds SPECEE_MAX_CHOICES bytes");
+
 extern "C" const struct specee_option * specee_generator_option(int32_t i) {
     return i >= 0 && i < N_OPTIONS ? &OPTIONS[i].info : nullptr;
 }
 
-static const option_def * find_option(const char * name) {
-    for (const option_def & o : OPTIONS) {
-        if (name && strcmp(o.info.name, name) == 0) {
-            return &o;
+extern "C" const struct specee_option * specee_context_option(int32_t i) {
+    return i >= 0 && i < N_CONTEXT_OPTIONS ? &CONTEXT_OPTIONS[i].info : nullptr;
+}
+
+static const option_def * find_option(const option_def * table, int32_t n, const char * name) {
+    for (int32_t i = 0; name && i < n; ++i) {
+        if (strcmp(table[i].info.name, name) == 0) {
+            return &table[i];
         }
     }
     return nullptr;
@@ -275,6 +361,24 @@ static bool parse_list(const char * v, int32_t * out, int32_t & n) {
     }
 }
 
+// "3,1" into at most SPECEE_MAX_DEVICES finite numbers >= 0
+static bool parse_floats(const char * v, float * out, int32_t & n) {
+    n = 0;
+    for (const char * s = v;;) {
+        const char * end = strchr(s, ',');
+        std::string  item(s, end ? (size_t) (end - s) : strlen(s));
+        double       x = 0.0;
+        if (n == SPECEE_MAX_DEVICES || !parse_number(item.c_str(), x) || !std::isfinite(x) || x < 0.0) {
+            return false;
+        }
+        out[n++] = (float) x;
+        if (!end) {
+            return true;
+        }
+        s = end + 1;
+    }
+}
+
 static std::string choices_text(const option_def & o) {
     if (o.n_names == 2) {
         return std::string("'") + o.names[0] + "' or '" + o.names[1] + "'";
@@ -299,8 +403,9 @@ static std::string choices_text(const option_def & o) {
     specee_fail("%s must be %s, not '%s'", o.info.name, o.info.expect, v);
 }
 
-static void set_value(specee_generator_params & p, const option_def & o, const char * v) {
-    char * field = (char *) &p + o.offset;
+// a value into the struct at `base` (specee_generator_params or specee_context_options); throws when refused
+static void set_value(char * base, const option_def & o, const char * v) {
+    char * field = base + o.offset;
     double x     = 0.0;
     bool   b     = false;
     switch (o.info.type) {
@@ -341,38 +446,66 @@ static void set_value(specee_generator_params & p, const option_def & o, const c
             snprintf(field, SPECEE_MAX_CHOICES, "%s", v);
             break;
         case SPECEE_OPTION_LIST:
-            if (!parse_list(v, (int32_t *) field, *(int32_t *) ((char *) &p + o.count_offset))) {
+            if (!parse_list(v, (int32_t *) field, *(int32_t *) (base + o.count_offset))) {
+                refuse(o, v);
+            }
+            break;
+        case SPECEE_OPTION_FLOATS:
+            if (!parse_floats(v, (float *) field, *(int32_t *) (base + o.count_offset))) {
                 refuse(o, v);
             }
             break;
     }
 }
 
-extern "C" int32_t specee_generator_params_set(struct specee_generator_params * p, const char * name,
-                                               const char * value) {
+static size_t field_size(const option_def & o) {
+    switch (o.info.type) {
+        case SPECEE_OPTION_TEXT: return SPECEE_MAX_CHOICES;
+        case SPECEE_OPTION_LIST: return sizeof(int32_t) * SPECEE_MAX_EXIT_LAYERS;
+        case SPECEE_OPTION_FLOATS: return sizeof(float) * SPECEE_MAX_DEVICES;
+        case SPECEE_OPTION_BOOL: return sizeof(bool);
+        default: return 4;
+    }
+}
+
+// option `name` of `table` in *p set from text ("" or NULL: the default's value), then the whole struct checked by
+// `check`; p is unchanged when anything is refused
+template <typename T>
+static int32_t set_option(const option_def * table, int32_t n, T * p, const char * name, const char * value,
+                          const char * what, T (*defaults)(), void (*check)(const T &)) {
     return specee_guard<int32_t>(-1, [&] {
-        const option_def * o = find_option(name);
+        const option_def * o = find_option(table, n, name);
         if (!p || !o) {
-            specee_fail("unknown generation option '%s'", name ? name : "(null)");
+            specee_fail("unknown %s option '%s'", what, name ? name : "(null)");
         }
-        specee_generator_params q = *p;
+        T q = *p;
         if (!value || !*value) { // the default
-            const specee_generator_params d = specee_generator_default_params();
-            memcpy((char *) &q + o->offset, (const char *) &d + o->offset,
-                   o->info.type == SPECEE_OPTION_TEXT   ? SPECEE_MAX_CHOICES
-                   : o->info.type == SPECEE_OPTION_LIST ? sizeof(int32_t) * SPECEE_MAX_EXIT_LAYERS
-                   : o->info.type == SPECEE_OPTION_BOOL ? sizeof(bool)
-                                                        : 4);
+            const T d = defaults();
+            memcpy((char *) &q + o->offset, (const char *) &d + o->offset, field_size(*o));
             if (o->count_offset) {
                 *(int32_t *) ((char *) &q + o->count_offset) = 0;
             }
         } else {
-            set_value(q, *o, value);
+            set_value((char *) &q, *o, value);
         }
-        specee_generator_check_values(q);
+        if (check) {
+            check(q);
+        }
         *p = q;
         return 0;
     });
+}
+
+extern "C" int32_t specee_generator_params_set(struct specee_generator_params * p, const char * name,
+                                               const char * value) {
+    return set_option(OPTIONS, N_OPTIONS, p, name, value, "generation", specee_generator_default_params,
+                      specee_generator_check_values);
+}
+
+extern "C" int32_t specee_context_options_set(struct specee_context_options * o, const char * name,
+                                              const char * value) {
+    return set_option<specee_context_options>(CONTEXT_OPTIONS, N_CONTEXT_OPTIONS, o, name, value, "context",
+                                              specee_context_options_default, nullptr);
 }
 
 // ---- text out ------------------------------------------------------------------------------------------
@@ -390,8 +523,8 @@ static std::string float_text(float x) {
 }
 
 // a value's text; "" for a number outside the range of explicit values (the default's mark: 0 trees, threshold -1)
-static std::string value_text(const specee_generator_params & p, const option_def & o) {
-    const char * field = (const char *) &p + o.offset;
+static std::string value_text(const char * base, const option_def & o) {
+    const char * field = base + o.offset;
     switch (o.info.type) {
         case SPECEE_OPTION_INT: {
             if (strcmp(o.info.name, "seed") == 0) {
@@ -412,10 +545,18 @@ static std::string value_text(const specee_generator_params & p, const option_de
         }
         case SPECEE_OPTION_TEXT: return field;
         case SPECEE_OPTION_LIST: {
-            const int32_t n = *(const int32_t *) ((const char *) &p + o.count_offset);
+            const int32_t n = *(const int32_t *) (base + o.count_offset);
             std::string   s;
             for (int32_t i = 0; i < n; ++i) {
                 s += (i ? "," : "") + std::to_string(((const int32_t *) field)[i]);
+            }
+            return s;
+        }
+        case SPECEE_OPTION_FLOATS: {
+            const int32_t n = *(const int32_t *) (base + o.count_offset);
+            std::string   s;
+            for (int32_t i = 0; i < n; ++i) {
+                s += (i ? "," : "") + float_text(((const float *) field)[i]);
             }
             return s;
         }
@@ -423,18 +564,77 @@ static std::string value_text(const specee_generator_params & p, const option_de
     return "";
 }
 
-extern "C" int32_t specee_generator_params_get(const struct specee_generator_params * p, const char * name, char * buf,
-                                               int32_t len) {
-    const option_def * o = find_option(name);
-    if (!p || !o) {
+static int32_t get_option(const option_def * table, int32_t n, const char * base, const char * name, char * buf,
+                          int32_t len) {
+    const option_def * o = find_option(table, n, name);
+    if (!base || !o) {
         return INT32_MIN;
     }
-    const std::string s = value_text(*p, *o);
+    const std::string s = value_text(base, *o);
     if ((int32_t) s.size() >= len || !buf) {
         return -(int32_t) s.size() - 1;
     }
     memcpy(buf, s.c_str(), s.size() + 1);
     return (int32_t) s.size();
+}
+
+extern "C" int32_t specee_generator_params_get(const struct specee_generator_params * p, const char * name, char * buf,
+                                               int32_t len) {
+    return get_option(OPTIONS, N_OPTIONS, (const char *) p, name, buf, len);
+}
+
+extern "C" int32_t specee_context_options_get(const struct specee_context_options * o, const char * name, char * buf,
+                                              int32_t len) {
+    return get_option(CONTEXT_OPTIONS, N_CONTEXT_OPTIONS, (const char *) o, name, buf, len);
+}
+
+// ---- context options into the model's and the context's parameters ---------------------------------------
+
+extern "C" struct specee_context_options specee_context_options_default(void) {
+    specee_context_options o;
+    memset(&o, 0, sizeof(o));
+    o.n_batch       = 2048;
+    o.n_ubatch      = 512;
+    o.type_v        = SPECEE_KV_F32;
+    o.use_mmap      = true;
+    o.n_gpu_layers  = -1;
+    o.offload_order = SPECEE_OFFLOAD_AUTO;
+    o.flash_attn    = 2; // auto
+    return o;
+}
+
+extern "C" struct specee_model_params specee_context_options_model_params(const struct specee_context_options * o) {
+    specee_model_params p = specee_model_default_params();
+    p.use_mmap            = o->use_mmap;
+    p.n_gpu_layers        = o->n_gpu_layers;
+    p.offload_order       = o->offload_order;
+    p.devices             = o->devices[0] ? o->devices : nullptr;
+    p.rpc_servers         = o->rpc_servers[0] ? o->rpc_servers : nullptr;
+    p.tensor_split        = o->n_tensor_split > 0 ? o->tensor_split : nullptr;
+    p.n_tensor_split      = o->n_tensor_split;
+    p.draft_head          = o->draft_head[0] ? o->draft_head : nullptr;
+    return p;
+}
+
+// the CPUs this process may run on (its affinity mask), at least 1
+static int32_t usable_cpus() {
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        return std::max(1, CPU_COUNT(&set));
+    }
+#endif
+    return (int32_t) std::max(1u, std::thread::hardware_concurrency());
+}
+
+extern "C" struct specee_context_params specee_context_options_context_params(const struct specee_context_options * o) {
+    specee_context_params p = specee_context_default_params();
+    p.n_ctx                 = (uint32_t) std::max(o->n_ctx, 0);
+    p.n_batch               = (uint32_t) std::max(1, std::min(o->n_batch, o->n_ubatch));
+    p.n_threads             = std::min(o->n_threads > 0 ? o->n_threads : usable_cpus(), specee_max_threads());
+    p.n_threads_batch       = o->n_threads_batch > 0 ? std::min(o->n_threads_batch, specee_max_threads()) : p.n_threads;
+    p.type_v                = o->type_v;
+    return p;
 }
 
 // ---- stats --------------------------------------------------------------------------------------------

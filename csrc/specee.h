@@ -604,6 +604,7 @@ enum specee_option_type {
     SPECEE_OPTION_CHOICE = 3, // one of `choices`
     SPECEE_OPTION_TEXT   = 4,
     SPECEE_OPTION_LIST   = 5, // comma-separated integers: "16,20,24"
+    SPECEE_OPTION_FLOATS = 6, // comma-separated numbers: "3,1"
 };
 
 struct specee_option {
@@ -612,6 +613,9 @@ struct specee_option {
     const char * choices; // SPECEE_OPTION_CHOICE: the names, comma-separated ("mask,fill"); NULL otherwise
     const char * expect;  // what a value must be ("a number in [0, 1]"), for messages
     const char * help;    // one line, with the default
+    const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size"); NULL: "--" and the name
+                          // with '-' for '.' and '_' (the generation options)
+    const char * hint;    // the value's placeholder on a usage line ("FNAME"); NULL: the frontend's choice
 };
 
 // the i-th option, NULL past the end
@@ -623,6 +627,49 @@ int32_t specee_generator_params_set(struct specee_generator_params * p, const ch
 // the length, -(length needed) when len is too small, or INT32_MIN for an unknown name.
 int32_t specee_generator_params_get(const struct specee_generator_params * p, const char * name, char * buf,
                                     int32_t len);
+
+// ---- context options: one table -----------------------------------------------------------------------
+//
+// What a frontend takes to load a model and make its context, under llama.cpp's flags: the files, the context
+// (-c -b -ub -t -tb -ctv) and where the layers go (-ngl --offload-order -dev --rpc -ts). One table
+// (specee-options.cpp) sets them from text and checks each value once; the CLI, specee-bench, specee-server and
+// Python's Model(...) read it (the option names are Model's keywords).
+
+#define SPECEE_MAX_PATH    4096
+#define SPECEE_MAX_DEVICES 16
+
+struct specee_context_options {
+    char    model[SPECEE_MAX_PATH];      // "": the frontend's default (the embedded model)
+    char    draft_head[SPECEE_MAX_PATH]; // "": the model file's own head and predictors; "default": the frontend's
+    int32_t n_ctx;                       // KV cache cells; 0: the training context, at most SPECEE_DEFAULT_N_CTX
+    int32_t n_batch;                     // logical batch: prompt tokens per evaluation call
+    int32_t n_ubatch;                    // physical batch: most tokens in one graph (the context's n_batch is the
+                                         // smaller of the two)
+    int32_t n_threads;                   // <= 0: the CPUs this process may use
+    int32_t n_threads_batch;             // <= 0: n_threads
+    int32_t type_v;                      // enum specee_kv_type
+    bool    use_mmap;
+    int32_t n_gpu_layers;                // as specee_model_params
+    int32_t offload_order;               // enum specee_offload_order
+    char    devices[SPECEE_MAX_CHOICES];     // comma-separated device names; "": every GPU and RPC server
+    char    rpc_servers[SPECEE_MAX_CHOICES]; // comma-separated HOST:PORT; "": none
+    float   tensor_split[SPECEE_MAX_DEVICES];
+    int32_t n_tensor_split;              // 0: by free memory
+    int32_t flash_attn;                  // 0 on, 1 off, 2 auto: accepted for llama.cpp's command lines (attention is
+                                         // always flash attention here)
+};
+
+struct specee_context_options specee_context_options_default(void);
+// the i-th context option, NULL past the end
+const struct specee_option * specee_context_option(int32_t i);
+// as specee_generator_params_set / _get, for the context options
+int32_t specee_context_options_set(struct specee_context_options * o, const char * name, const char * value);
+int32_t specee_context_options_get(const struct specee_context_options * o, const char * name, char * buf,
+                                   int32_t len);
+// the model's parameters (their texts point into o: keep it while loading) and the context's (the threads resolved)
+struct specee_model_params   specee_context_options_model_params(const struct specee_context_options * o);
+struct specee_context_params specee_context_options_context_params(const struct specee_context_options * o);
+
 // the names of the stats' fields, in order (NULL past the end), and a field's value as a double
 const char * specee_generator_stat_name(int32_t i);
 double       specee_generator_stat_value(const struct specee_generator_stats * st, int32_t i);

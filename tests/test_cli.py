@@ -94,7 +94,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--eagle-replay", "--exit-threshold", "--exit-layers", "--no-exit-dynamic", "--exit-kv", "--exit-replay",
                 "--exit-check",
                 "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
-                "--list-devices", "--rpc"]
+                "--list-devices", "--rpc", "-tb", "--threads-batch", "--no-mmap"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model

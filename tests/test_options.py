@@ -68,7 +68,7 @@ def test_python_defaults_are_the_runtime_defaults() -> None:
 
 
 def test_names_are_defined_once_in_the_runtime() -> None:
-    assert MODES == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit") == tuple(OPTIONS["mode"]["choices"])
+    assert tuple(MODES) == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit") == tuple(OPTIONS["mode"]["choices"])
     assert OPTIONS["exit.kv"]["choices"] == ["mask", "fill"]
 
 

@@ -33,17 +33,6 @@ static bool parse_int(const std::string & s, int & out, long lo = INT_MIN) {
     return true;
 }
 
-static bool parse_float(const std::string & s, float & out) {
-    errno      = 0;
-    char * end = nullptr;
-    float  v   = std::strtof(s.c_str(), &end);
-    if (s.empty() || *end != '\0' || errno == ERANGE || std::isnan(v)) {
-        return false;
-    }
-    out = v;
-    return true;
-}
-
 // why the last value was refused, when its setter knows better than the library's last error
 static std::string g_why;
 
@@ -88,63 +77,85 @@ static std::string str(float v) {
     return b;
 }
 
-// The generation flags, one per option of the library's table (specee.h, specee_generator_option): "--" and the
-// option's name with '-' for '.' and '_' ("exit.kv" -> --exit-kv), plus llama.cpp's and EAGLE's spellings. A bool
-// option that is off by default is a flag that turns it on, one that is on by default "--no-..." that turns it off.
-static std::vector<std::string> generation_flag_names(const std::string & name) {
+// The flags of a library table, one per option (specee.h: the generation options, specee_generator_option, and the
+// context options, specee_context_option): the option's own spellings when it has them (the context options, as
+// llama.cpp spells them), else "--" and its name with '-' for '.' and '_' ("exit.kv" -> --exit-kv) plus llama.cpp's
+// and EAGLE's spellings. A bool option that is off by default is a flag that turns it on, one that is on by default
+// "--no-..." that turns it off.
+static std::vector<std::string> flag_names(const specee_option & o) {
     static const std::vector<std::pair<std::string, std::vector<std::string>>> ALIASES = {
         {"seed", {"-s"}}, {"top_k", {"--top_k"}}, {"top_p", {"--top_p"}}, {"min_p", {"--min_p"}},
         {"eagle.choices", {"--eagle_choices"}}, {"eagle.topk", {"--eagle_dynamic_tree_max_top_k"}}};
-    std::string flag = "--" + name;
+    std::vector<std::string> names;
+    if (o.flags) {
+        std::stringstream ss(o.flags);
+        for (std::string f; std::getline(ss, f, ',');) {
+            names.push_back(f);
+        }
+        return names;
+    }
+    std::string flag = std::string("--") + o.name;
     std::replace(flag.begin(), flag.end(), '.', '-');
     std::replace(flag.begin(), flag.end(), '_', '-');
-    std::vector<std::string> names = {flag};
+    names.push_back(flag);
     for (const auto & [option, aliases] : ALIASES) {
-        if (option == name) {
-            names.insert(name == "seed" ? names.begin() : names.end(), aliases.begin(), aliases.end());
+        if (option == o.name) {
+            names.insert(option == "seed" ? names.begin() : names.end(), aliases.begin(), aliases.end());
         }
     }
     return names;
 }
 
-static void add_generation_options(std::vector<cli_option> & opts, cli_params & p) {
-    const specee_generator_params d = specee_generator_default_params();
-    for (int32_t i = 0; const specee_option * o = specee_generator_option(i); ++i) {
-        std::vector<std::string> names = generation_flag_names(o->name);
+// a value's placeholder in --help: the table's, else from the type and name
+static std::string placeholder(const specee_option & o) {
+    const std::string name = o.name;
+    if (o.hint) {
+        return o.hint;
+    }
+    if (o.type == SPECEE_OPTION_INT || o.type == SPECEE_OPTION_FLOAT) {
+        return name == "seed" ? "SEED" : "N";
+    }
+    if (o.type == SPECEE_OPTION_LIST) {
+        return name == "eagle.replay" ? "COUNTS" : "LAYERS";
+    }
+    std::string value = name.substr(name.rfind('.') + 1);
+    std::transform(value.begin(), value.end(), value.begin(), ::toupper);
+    return value;
+}
+
+// `set(name, value)` sets option `name` from text (0 on success); `on_by_default(name)`: a bool option's default
+static void add_table_options(std::vector<cli_option> & opts, const specee_option * (*option)(int32_t),
+                              std::function<int32_t(const char *, const char *)> set,
+                              std::function<bool(const char *)> on_by_default) {
+    for (int32_t i = 0; const specee_option * o = option(i); ++i) {
+        std::vector<std::string> names = flag_names(*o);
         const std::string        name  = o->name;
-        std::string              value = name.substr(name.rfind('.') + 1);
-        std::transform(value.begin(), value.end(), value.begin(), ::toupper);
-        value = o->type == SPECEE_OPTION_INT || o->type == SPECEE_OPTION_FLOAT ? (name == "seed" ? "SEED" : "N")
-                : o->type == SPECEE_OPTION_LIST ? (name == "eagle.replay" ? "COUNTS" : "LAYERS")
-                                                                                : value;
-        auto set = [&p, name](const std::string & v) { return specee_generator_params_set(&p.gen, name.c_str(), v.c_str()) == 0; };
+        // "" is the library's "the default": on a command line an empty value is refused (text aside)
+        const bool empty_ok = o->type == SPECEE_OPTION_TEXT;
+        auto setter = [set, name, empty_ok](const std::string & v) {
+            return (empty_ok || !v.empty()) && set(name.c_str(), v.c_str()) == 0;
+        };
         if (o->type == SPECEE_OPTION_BOOL) {
-            char on[8];
-            specee_generator_params_get(&d, o->name, on, sizeof(on));
-            const bool by_default = std::string(on) == "true";
+            const bool by_default = on_by_default(o->name);
             if (by_default) {
                 names[0].insert(2, "no-");
             }
             const std::string help = by_default ? std::string("turn off: ") + o->help : o->help;
-            opts.push_back({names, "", help, o->expect, [set, by_default](const std::string &) { return set(by_default ? "false" : "true"); }});
+            opts.push_back({names, "", help, o->expect,
+                            [setter, by_default](const std::string &) { return setter(by_default ? "false" : "true"); }});
             continue;
         }
-        opts.push_back({names, value, o->help, o->expect, set});
+        opts.push_back({names, placeholder(*o), o->help, o->expect, setter});
     }
 }
 
 // every flag once: names, placeholder, help, accepted values and what it sets
 static std::vector<cli_option> make_options(cli_params & p) {
-    const cli_params d;
     auto             s = [](std::string & field) { return [&field](const std::string & v) { field = v; return true; }; };
     auto             i = [](int & field, long lo) { return [&field, lo](const std::string & v) { return parse_int(v, field, lo); }; };
     auto             flag = [](std::function<void()> f) { return [f](const std::string &) { f(); return true; }; };
-    auto             one_of = [](std::string & field, std::vector<std::string> ok) {
-        return [&field, ok](const std::string & v) { field = v; return std::find(ok.begin(), ok.end(), v) != ok.end(); };
-    };
     std::vector<cli_option> opts = {
         {{"-h", "--help"}, "", "print this help and exit", "", nullptr},
-        {{"-m", "--model"}, "FNAME", "GGUF model (default: $SPECEE_DEFAULT_MODEL, which the specee-cli console script sets to the embedded SmolLM2)", "", s(p.model)},
         {{"-p", "--prompt"}, "PROMPT", "prompt to start generation with; for a system message use -sys", "", s(p.prompt)},
         {{"-f", "--file"}, "FNAME", "a file holding the prompt (one trailing newline dropped; at most 64 MiB)", "a readable prompt file",
          [&p](const std::string & v) {
@@ -160,20 +171,6 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"-e", "--escape"}, "", "process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xNN) in the prompt and in conversation input (default: on)", "", flag([&p] { p.escape = true; })},
         {{"--no-escape"}, "", "do not process escapes", "", flag([&p] { p.escape = false; })},
         {{"-n", "--n-predict"}, "N", "tokens to predict (default: -1 = until end of generation or a full context, -2 = until a full context)", "an integer >= -2", i(p.n_predict, -2)},
-        {{"-c", "--ctx-size"}, "N", "context size in tokens (default: 0 = the model's training context, at most " + std::to_string(SPECEE_DEFAULT_N_CTX) + "; more only when asked for)", "an integer >= 0", i(p.n_ctx, 0)},
-        {{"-b", "--batch-size"}, "N", "logical batch: prompt tokens per evaluation call (default: " + std::to_string(d.n_batch) + ")", "an integer >= 1", i(p.n_batch, 1)},
-        {{"-ub", "--ubatch-size"}, "N", "physical batch: most tokens in one graph (default: " + std::to_string(d.n_ubatch) + ")", "an integer >= 1", i(p.n_ubatch, 1)},
-        {{"-t", "--threads"}, "N", "threads (default: " + std::to_string(d.n_threads) + ", <= 0: all cores; at most " + std::to_string(specee_max_threads()) + ", 4 per core)", "an integer",
-         [&p, d](const std::string & v) {
-             const bool ok = parse_int(v, p.n_threads);
-             p.n_threads   = ok && p.n_threads <= 0 ? d.n_threads : p.n_threads;
-             if (ok && p.n_threads > specee_max_threads()) {
-                 fprintf(stderr, "warning: -t %d is more than %d threads (4 per hardware thread, at most 512): using %d\n",
-                         p.n_threads, specee_max_threads(), specee_max_threads());
-                 p.n_threads = specee_max_threads();
-             }
-             return ok;
-         }},
         {{"-cnv", "--conversation"}, "", "conversation mode: the chat template formats each turn and user lines are read from stdin after a '> ' prompt (default: on when the model has a chat template and stdin and stdout are terminals)", "", flag([&p] { p.conversation = CNV_ON; })},
         {{"-no-cnv", "--no-conversation"}, "", "plain completion of the prompt", "", flag([&p] { p.conversation = CNV_OFF; })},
         {{"-st", "--single-turn"}, "", "conversation mode: answer one turn (the -p prompt, or else the first line read), then exit", "", flag([&p] { p.single_turn = true; })},
@@ -185,40 +182,34 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"-sp", "--special"}, "", "print special tokens of the output as text", "", flag([&p] { p.special = true; })},
         {{"--verbose-prompt"}, "", "print the prompt's tokens to stderr before generating", "", flag([&p] { p.verbose_prompt = true; })},
         {{"--no-display-prompt"}, "", "do not echo the prompt", "", flag([&p] { p.display_prompt = false; })},
-        {{"-ctv", "--cache-type-v"}, "TYPE", "V cache type: f32 (default: a token's logits do not depend on the batch it is evaluated in, so speculative output is bit-identical to plain output) or f16 (half the memory; then a near-tie can flip between a verification pass and plain decoding)", "f16 or f32", one_of(p.cache_type_v, {"f16", "f32"})},
-        {{"-ngl", "--gpu-layers", "--n-gpu-layers"}, "N", "layers on the devices other than the CPU (GPUs, --rpc servers), counting the output as one, as llama.cpp counts (default: -1 = all; without such a device everything stays on the CPU)", "an integer >= -1", i(p.n_gpu_layers, -1)},
-        {{"--offload-order"}, "ORDER", "which layers -ngl offloads: first (SpecEE's: the first layers, the output and the draft head, so an early exit skips the layers left on the CPU), last (llama.cpp's) or auto (default: first when there are exit predictors, else last)", "first, last or auto", one_of(p.offload_order, {"auto", "first", "last"})},
-        {{"-ts", "--tensor-split"}, "SPLIT", "the share of the offloaded layers each device gets, e.g. 3,1 (default: by free memory)", "comma-separated numbers >= 0",
-         [&p](const std::string & v) {
-             p.tensor_split.clear();
-             std::stringstream ss(v);
-             std::string       x;
-             float             f = 0.0f;
-             while (std::getline(ss, x, ',')) {
-                 if (!parse_float(x, f) || f < 0.0f) {
-                     return false;
-                 }
-                 p.tensor_split.push_back(f);
-             }
-             return !p.tensor_split.empty();
-         }},
-        {{"-dev", "--device"}, "LIST", "comma-separated devices to offload to (default: every GPU and --rpc server; see --list-devices)", "", s(p.devices)},
         {{"--list-devices"}, "", "print the devices (after adding the --rpc servers) and exit", "", flag([&p] { p.list_devices = true; })},
-        {{"--rpc"}, "SERVERS", "comma-separated HOST:PORT of ggml RPC servers (specee-rpc-server, or llama.cpp's rpc-server) to offload layers to; each must answer a check within 5 s first; a server's token comes from the environment variable SPECEE_RPC_TOKEN", "", s(p.rpc_servers)},
-        {{"-fa", "--flash-attn"}, "on|off|auto", "accepted for compatibility; attention is always computed with ggml's flash attention here (off is ignored with a warning)", "on, off or auto",
-         [](const std::string & v) {
-             if (v == "off") {
-                 fprintf(stderr, "warning: -fa off is ignored: attention is always flash attention here\n");
-             }
-             return v == "on" || v == "off" || v == "auto";
-         }},
-        {{"--draft-head"}, "FNAME", "a draft head file (a GGUF with an EAGLE head and optionally exit predictors, e.g. from `python -m specee.convert merge --draft-head-only`), used instead of the model's own head and predictors (the load says what it replaced); 'default' = $SPECEE_DEFAULT_DRAFT_HEAD, which the specee-cli console script sets to the shipped head + exit predictors for the embedded SmolLM2", "a file name or 'default'",
-         [&p](const std::string & v) {
-             p.draft_head = v;
-             return !v.empty();
-         }},
     };
-    add_generation_options(opts, p);
+    auto on = [](int32_t (*get)(const char *, char *, int32_t)) {
+        return [get](const char * name) {
+            char v[8];
+            get(name, v, sizeof(v));
+            return std::string(v) == "true";
+        };
+    };
+    add_table_options(
+        opts, specee_context_option,
+        [&p](const char * name, const char * v) {
+            if (strcmp(name, "flash_attn") == 0 && strcmp(v, "off") == 0) {
+                fprintf(stderr, "warning: -fa off is ignored: attention is always flash attention here\n");
+            }
+            return specee_context_options_set(&p.ctx, name, v);
+        },
+        on(+[](const char * name, char * buf, int32_t len) {
+            const specee_context_options d = specee_context_options_default();
+            return specee_context_options_get(&d, name, buf, len);
+        }));
+    add_table_options(
+        opts, specee_generator_option,
+        [&p](const char * name, const char * v) { return specee_generator_params_set(&p.gen, name, v); },
+        on(+[](const char * name, char * buf, int32_t len) {
+            const specee_generator_params d = specee_generator_default_params();
+            return specee_generator_params_get(&d, name, buf, len);
+        }));
     return opts;
 }
 
@@ -312,6 +303,10 @@ bool cli_parse(int argc, char ** argv, cli_params & p, bool & help) {
     std::vector<cli_option> opts = make_options(p);
     if (!parse_args(argc, argv, opts, help)) {
         return false;
+    }
+    if (p.ctx.n_threads > specee_max_threads()) {
+        fprintf(stderr, "warning: -t %d is more than %d threads (4 per hardware thread, at most 512): using %d\n",
+                p.ctx.n_threads, specee_max_threads(), specee_max_threads());
     }
     if (help) {
         print_usage(argv[0], opts);

@@ -359,8 +359,8 @@ static int run_conversation(session & s, const std::string & tmpl) {
 // ---- main --------------------------------------------------------------------------------------
 
 // --list-devices, as llama.cpp prints them
-static int list_devices(const std::string & rpc_servers) {
-    if (!rpc_servers.empty() && specee_rpc_add_servers(rpc_servers.c_str()) != 0) {
+static int list_devices(const char * rpc_servers) {
+    if (*rpc_servers && specee_rpc_add_servers(rpc_servers) != 0) {
         fprintf(stderr, "error: %s\n", specee_last_error());
         return 1;
     }
@@ -383,40 +383,29 @@ static const char * env_path(const char * var, const char * what) {
 
 // -m and --draft-head default: the files the specee-cli console script names; false with a message
 static bool resolve_default_files(cli_params & p) {
-    if (p.model.empty()) {
+    if (!p.ctx.model[0]) {
         const char * def = env_path("SPECEE_DEFAULT_MODEL", "no model given (-m FNAME)");
-        if (!def) {
+        if (!def || specee_context_options_set(&p.ctx, "model", def) != 0) {
             return false;
         }
-        p.model = def;
     }
-    if (p.draft_head == "default") {
+    if (strcmp(p.ctx.draft_head, "default") == 0) {
         const char * def = env_path("SPECEE_DEFAULT_DRAFT_HEAD", "--draft-head default");
-        if (!def) {
+        if (!def || specee_context_options_set(&p.ctx, "draft_head", def) != 0) {
             return false;
         }
-        p.draft_head = def;
     }
     return true;
 }
 
 // the model where the placement flags put it; its placement on stderr
 static bool load_model(session & s) {
-    const cli_params &  p      = s.params;
-    const auto          t_load = std::chrono::steady_clock::now();
-    specee_model_params mp     = specee_model_default_params();
-    mp.n_gpu_layers            = p.n_gpu_layers;
-    mp.offload_order = p.offload_order == "first" ? SPECEE_OFFLOAD_FIRST : p.offload_order == "last" ? SPECEE_OFFLOAD_LAST
-                                                                                                     : SPECEE_OFFLOAD_AUTO;
-    mp.devices        = p.devices.empty() ? nullptr : p.devices.c_str();
-    mp.rpc_servers    = p.rpc_servers.empty() ? nullptr : p.rpc_servers.c_str();
-    mp.tensor_split   = p.tensor_split.empty() ? nullptr : p.tensor_split.data();
-    mp.n_tensor_split = (int32_t) p.tensor_split.size();
-    mp.draft_head     = p.draft_head.empty() ? nullptr : p.draft_head.c_str();
-    s.model           = specee_model_load(p.model.c_str(), mp);
+    const specee_context_options & o      = s.params.ctx;
+    const auto                     t_load = std::chrono::steady_clock::now();
+    s.model = specee_model_load(o.model, specee_context_options_model_params(&o));
     if (!s.model) {
-        fprintf(stderr, "error: failed to load the model '%s'%s%s: %s\n", p.model.c_str(),
-                p.draft_head.empty() ? "" : " with the draft head ", p.draft_head.c_str(), specee_last_error());
+        fprintf(stderr, "error: failed to load the model '%s'%s%s: %s\n", o.model,
+                o.draft_head[0] ? " with the draft head " : "", o.draft_head, specee_last_error());
         return false;
     }
     s.t_load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
@@ -431,12 +420,8 @@ static bool load_model(session & s) {
 // the context (KV cache) and the generator (mode, trees and exit settings are checked there)
 static bool init_context(session & s) {
     cli_params &          p  = s.params;
-    specee_context_params cp = specee_context_default_params();
-    cp.n_ctx                 = p.n_ctx > 0 ? (uint32_t) std::max(p.n_ctx, 8) : 0;
-    cp.n_batch               = (uint32_t) std::min(p.n_batch, p.n_ubatch);
-    cp.n_threads             = p.n_threads;
-    cp.n_threads_batch       = p.n_threads;
-    cp.type_v                = p.cache_type_v == "f16" ? SPECEE_KV_F16 : SPECEE_KV_F32;
+    specee_context_params cp = specee_context_options_context_params(&p.ctx);
+    cp.n_ctx                 = cp.n_ctx > 0 ? std::max(cp.n_ctx, 8u) : 0; // llama-cli's smallest context
     s.ctx                    = specee_context_init(s.model, cp);
     if (!s.ctx) {
         fprintf(stderr, "error: cannot create the context: %s\n", specee_last_error());
@@ -444,7 +429,7 @@ static bool init_context(session & s) {
     }
     fprintf(stderr, "load: KV cache: size = %.2f MiB (%u cells, %d layers, K f16, V %s)\n",
             specee_kv_nbytes(s.ctx) / 1048576.0, specee_n_ctx(s.ctx), specee_model_n_layer(s.model),
-            p.cache_type_v.c_str());
+            cp.type_v == SPECEE_KV_F16 ? "f16" : "f32");
     specee_sampler_params & sp = p.gen.sampling;
     sp.repeat_last_n           = sp.repeat_last_n < 0 ? (int32_t) specee_n_ctx(s.ctx) : sp.repeat_last_n;
     s.gen                      = specee_generator_init(s.ctx, p.gen);
@@ -478,7 +463,7 @@ static void print_settings(const session & s, bool cnv, const char * tmpl) {
     } else if (mi->needs_head) {
         fprintf(stderr, "generate: mode %s (lossless speculative decoding with the EAGLE head)\n", mi->name);
     }
-    fprintf(stderr, "generate: n_ctx = %u, n_batch = %d, n_predict = %d, n_keep = 0\n\n", specee_n_ctx(s.ctx), p.n_batch,
+    fprintf(stderr, "generate: n_ctx = %u, n_batch = %d, n_predict = %d, n_keep = 0\n\n", specee_n_ctx(s.ctx), p.ctx.n_batch,
             p.n_predict);
     if (cnv) {
         fprintf(stderr, "== Running in conversation mode (chat template: %s). ==\n", tmpl);
@@ -498,7 +483,7 @@ int main(int argc, char ** argv) {
     }
     if (p.list_devices) {
         specee_log_set_verbose(false);
-        return list_devices(p.rpc_servers);
+        return list_devices(p.ctx.rpc_servers);
     }
     if (!resolve_default_files(p)) {
         return 1;
