@@ -427,3 +427,18 @@ def test_flags_in_llama_cpp_spelling() -> None:
     assert (a.model, a.ctx_size, a.parallel, a.threads, a.n_gpu_layers, a.alias) == ("x.gguf", 2048, 3, 2, 0, "name")
     assert (a.api_key, a.rpc, a.draft_head, a.mode, a.metrics) == ("k", "127.0.0.1:50052", "default", "eagle2", True)
     assert parse_args([]).host == "127.0.0.1"
+
+
+def test_a_requests_options_are_made_once_with_their_mode_settled() -> None:
+    from specee.generate import GenerateOptions
+    from specee.server.request import ApiError, request_params
+
+    p = request_params({"prompt": "hi", "logprobs": 2, "temperature": 0}, "completions", "auto")
+    assert isinstance(p.options, GenerateOptions) and p.options.mode == "plain"  # auto with log-probabilities
+    assert (p.n_probs, p.n_predict, p.stop, p.options.temp) == (2, -1, [], 0)
+    p = request_params({"messages": [], "max_tokens": 5, "stop": "x", "exit_check": True}, "chat", "early-exit")
+    assert (p.options.mode, p.options.exit.check, p.n_probs, p.n_predict, p.stop) == ("early-exit", True, -1, 5, ["x"])
+    assert request_params({"n_predict": -1, "n_probs": 0}, "llama", "eagle2").options.mode == "eagle2"  # 0: none
+    with pytest.raises(ApiError) as e:
+        request_params({"logprobs": 1, "mode": "eagle"}, "completions", "auto")
+    assert e.value.status == 400 and e.value.param == "logprobs" and "need mode plain, not eagle" in e.value.message

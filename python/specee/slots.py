@@ -73,8 +73,12 @@ class Slots:
         >= 0 (mode plain, at most `_core.MAX_PROBS`): each token's log-probability and the n_probs most likely
         tokens' (`SlotOutput.logprobs`). Returns its slot, or None when every slot holds a request. SpecEEError on a
         bad prompt (one of n_ctx_slot tokens or more) or options."""
-        opts = GenerateOptions(**options)
-        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), opts, max_tokens, n_probs)
+        return self.submit_options(tokens, GenerateOptions(**options), max_tokens, n_probs)
+
+    def submit_options(self, tokens: Sequence[int], options: GenerateOptions, max_tokens: int = -1,
+                       n_probs: int = -1) -> int | None:
+        """`submit` with the options made already (and so checked): they go to the runtime as they are."""
+        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), options, max_tokens, n_probs)
         return None if slot == _core.SLOTS_BUSY else slot
 
     def step(self) -> int:

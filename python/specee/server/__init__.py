@@ -1,0 +1,25 @@
+"""specee-server: an OpenAI-compatible HTTP server over the runtime's parallel slots.
+
+    python -m specee.server -m model.gguf -np 4 --port 8080
+
+The batching loop is the library's (csrc/specee-slots.cpp): one thread here calls `Slots.step()` (one pass of the
+model, the GIL released) while the event loop takes requests; each pass decodes the next token of every plain
+request at once, verifies the draft trees of EAGLE requests (eagle, eagle2: per request with the extra field "mode")
+and prefills a chunk of a new prompt beside them; early-exit and tree-exit requests (checked with the extra field
+"exit_check") run their sequence alone after the shared pass. This package only parses requests, turns tokens into
+text (stop strings included) and writes responses. HTTP is Starlette on uvicorn (docs/server.md says why).
+
+    request.py     a request read and checked: body, prompt, its generation parameters (the options made once)
+    engine.py      the batching thread over the slots, and the state the endpoints share
+    generation.py  one generation as text (stop strings, log-probabilities) and as a response (JSON or events)
+    openai.py      OpenAI's endpoints: chat, completions, embeddings, models
+    llama.py       llama.cpp's endpoints: /completion, /tokenize, /detokenize, /health, /metrics
+    app.py         the routes, the guard (API key, errors), the flags and main()
+"""
+
+from specee._optional import missing_package_exits
+
+with missing_package_exits("specee-server"):  # the [server] extra: Starlette, uvicorn
+    from specee.server.app import main, parse_args
+
+__all__ = ["main", "parse_args"]

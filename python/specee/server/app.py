@@ -1,0 +1,118 @@
+"""The app: its routes, the guard in front of them (the API key, refusals as OpenAI-shaped errors), the flags and
+main()."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import Any, Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from specee.generate import MODES
+from specee.model import Model
+from specee.server.engine import Engine, ServerState
+from specee.server.llama import detokenize, health, llama_completion, metrics, tokenize
+from specee.server.openai import chat_completions, completions, embeddings, models
+from specee.server.request import ApiError
+
+
+class Guard:
+    """ASGI middleware: the API key (every endpoint but /health) and ApiError as an OpenAI-shaped response."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        key = self.state.api_key
+        if key and scope["path"] != "/health":
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if auth != f"Bearer {key}":
+                return await ApiError(401, "invalid API key", "authentication_error").response()(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except ApiError as e:
+            await e.response()(scope, receive, send)
+
+
+def make_app(state: ServerState) -> Starlette:
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/completions", completions, methods=["POST"]),
+        Route("/completion", llama_completion, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/models", models),
+        Route("/models", models),
+        Route("/health", health),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/metrics", metrics),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return ApiError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
+                        "not_found_error" if status == 404 else "invalid_request_error").response()
+
+    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=state)],
+                    exception_handlers={404: not_found, 405: not_found})
+    app.state.server = state
+    return app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="specee-server", description="OpenAI-compatible server with parallel slots "
+                                "batched in the runtime, EAGLE and SpecEE early exit per request")
+    p.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M)")
+    p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="KV cache cells, shared by the slots (4096)")
+    p.add_argument("-np", "--parallel", type=int, default=4, help="parallel slots: requests decoded together (4)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="most tokens in one pass (512)")
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="most prompt tokens prefilled in one pass beside the decoding slots (256)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503 (64)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the CPUs this process may use)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (8080)")
+    p.add_argument("--api-key", default=os.environ.get("SPECEE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPUs / RPC servers (-1: all)")
+    p.add_argument("--rpc", help="comma-separated HOST:PORT of ggml RPC servers")
+    p.add_argument("--draft-head", help="draft head file (EAGLE head, exit predictors); 'default': the shipped one")
+    p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
+    p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        warnings.warn(f"specee-server listens on {args.host}: reachable from other machines"
+                      f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
+    model = Model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
+                  draft_head=args.draft_head, n_gpu_layers=args.n_gpu_layers,
+                  rpc_servers=args.rpc.split(",") if args.rpc else None)
+    engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
+    alias = args.alias or os.path.basename(model.path)
+    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics)
+    app = make_app(state)
+    sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
+    engine.start()
+    print(f"specee-server: {alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
+          f"{engine.slots.n_ctx_slot} tokens)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.stop()

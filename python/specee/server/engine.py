@@ -1,0 +1,177 @@
+"""The batching thread: jobs wait in a bounded queue for a free slot, one thread steps the slots.
+
+The batching loop itself is the library's (csrc/specee-slots.cpp); `Engine` only admits waiting jobs between passes,
+calls `Slots.step()` (one pass of the model, the GIL released) and hands each job its tokens through the event loop.
+`ServerState` is what the endpoints share: the model, the engine and the server's settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from specee import _core
+from specee.model import Model
+from specee.server.request import ApiError, RequestParams
+
+
+@dataclass
+class Job:
+    """One generation: its prompt and parameters, and what the batching thread sends back to the event loop."""
+
+    tokens: list[int]
+    params: RequestParams
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    slot: int | None = None
+    cancelled: bool = False
+
+    def send(self, *event: Any) -> None:  # from the batching thread
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class Engine:
+    """The model, its slots and the thread that steps them; jobs wait in a bounded queue for a free slot."""
+
+    def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int) -> None:
+        self.model = model
+        self.slots = model.slots(n_parallel, n_chunk)
+        self.max_queue = max_queue
+        self.waiting: deque[Job] = deque()
+        self.running: dict[int, Job] = {}
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.metrics = dict(prompt_tokens=0, prompt_ms=0.0, predicted_tokens=0, predicted_ms=0.0, requests_ok=0,
+                            requests_error=0, requests_cancelled=0, requests_refused=0, spec_steps=0,
+                            spec_tokens=0, exit_steps=0, exit_exits=0)
+        self.thread = threading.Thread(target=self._run, name="specee-slots", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(timeout=30)
+
+    def submit(self, job: Job) -> None:
+        with self.cond:
+            if len(self.waiting) >= self.max_queue:
+                self.metrics["requests_refused"] += 1
+                raise ApiError(503, f"the server is busy: {len(self.waiting)} requests wait for a slot", "server_error",
+                               headers={"Retry-After": "1"})
+            self.waiting.append(job)
+            self.cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone (or a stop string ended it): its slot is freed before the next pass."""
+        with self.cond:
+            job.cancelled = True
+            self.cond.notify()
+
+    # -- the batching thread
+
+    def _admit(self) -> None:
+        while self.waiting:
+            job = self.waiting[0]
+            if job.cancelled:
+                self.waiting.popleft()
+                continue
+            p = job.params
+            try:
+                slot = self.slots.submit_options(job.tokens, p.options, p.n_predict, p.n_probs)
+            except Exception as e:  # a bad prompt or options: the request's 400, never the thread's end
+                self.waiting.popleft()
+                self.metrics["requests_error"] += 1
+                job.send("error", str(e))
+                continue
+            if slot is None:
+                return
+            self.waiting.popleft()
+            job.slot = slot
+            self.running[slot] = job
+            job.send("start", self.slots.mode(slot))
+
+    def _drop_cancelled(self) -> None:
+        for slot, job in list(self.running.items()):
+            if job.cancelled:
+                self.slots.release(slot)
+                del self.running[slot]
+                self.metrics["requests_cancelled"] += 1
+
+    def _deliver(self) -> None:
+        self._drop_cancelled()
+        for slot, job in list(self.running.items()):
+            out = self.slots.read(slot)
+            if out.tokens:
+                job.send("tokens", out.tokens, out.logprobs)
+            if out.finish is not None:
+                stats = self.slots.stats(slot)
+                self._count(stats, self.slots.mode(slot))
+                self.slots.release(slot)
+                del self.running[slot]
+                self.metrics["requests_ok" if out.finish != "error" else "requests_error"] += 1
+                job.send("done", out.finish, out.error, stats)
+
+    def _count(self, st: dict[str, float], mode: str) -> None:
+        m = self.metrics
+        m["prompt_tokens"] += int(st["n_prompt"])
+        m["prompt_ms"] += st["t_prompt_ms"]
+        m["predicted_tokens"] += int(st["n_tokens"])
+        m["predicted_ms"] += st["t_decode_ms"]
+        if mode in ("eagle", "eagle2", "tree-exit"):
+            m["spec_steps"] += int(st["n_steps"])
+            m["spec_tokens"] += int(st["n_decoded"])
+        if mode in ("early-exit", "tree-exit"):
+            m["exit_steps"] += int(st["n_steps"])
+            m["exit_exits"] += int(st["n_exits"])
+
+    def _fail_running(self, message: str) -> None:
+        with self.cond:
+            for slot, job in self.running.items():
+                self.slots.release(slot)
+                job.send("error", message)
+            self.running.clear()
+
+    def _run(self) -> None:
+        while not self.stopping:
+            try:
+                self._pass()
+            except Exception as e:  # whatever failed, the requests on the slots get it and the loop goes on
+                self._fail_running(f"internal error: {e}")
+
+    def _pass(self) -> None:
+        """Admit waiting requests, run one pass, hand out its tokens."""
+        with self.cond:
+            while not self.stopping and not self.waiting and not self.running:
+                self.cond.wait(timeout=1.0)
+            if self.stopping:
+                return
+            self._drop_cancelled()  # before the next pass
+            self._admit()
+        if self.running:
+            try:
+                self.slots.step()  # the GIL is released for the pass
+            except _core.SpecEEError as e:
+                self._fail_running(str(e))
+        with self.cond:
+            self._deliver()
+
+
+@dataclass
+class ServerState:
+    """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
+    none, the API key (None: none needed) and whether /metrics is served."""
+
+    model: Model
+    engine: Engine
+    alias: str
+    mode: str
+    api_key: str | None
+    metrics: bool
+    created: int = field(default_factory=lambda: int(time.time()))

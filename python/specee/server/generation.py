@@ -1,0 +1,159 @@
+"""One generation as text and as a response, whatever the API: its tokens turned into text as they come (stop strings
+and split UTF-8 sequences held back), its log-probabilities, and the response, one JSON body or server-sent events.
+Each API gives `respond` a `shape` function that writes its own body for a chunk or for the whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from specee.generate import StopText
+from specee.server.engine import Job, ServerState
+from specee.server.request import ApiError, RequestParams, body_field, request_params
+
+FINISH = {"stop": "stop", "length": "length", "context": "length", None: None, "error": "error"}
+
+
+@dataclass
+class TokenProb:
+    """A generated token's log-probability and its step's most likely tokens' (token id, bytes, logprob)."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: list[tuple[int, bytes, float]]
+
+
+@dataclass
+class Result:
+    text: str = ""
+    finish: str | None = None
+    n_prompt: int = 0
+    n_generated: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+    mode: str = ""
+    n_probs: int = -1  # the request's alternatives per token; < 0: no log-probabilities
+    probs: list[TokenProb] = field(default_factory=list)  # with n_probs >= 0, per generated token
+    probs_sent: int = 0  # of probs, given out in stream chunks so far
+
+    def new_probs(self, whole: bool) -> list[TokenProb] | None:
+        """The tokens' log-probabilities not yet given out; None where there are none to give (whole: a whole
+        response, which has them, maybe [], when the request asked)."""
+        new, self.probs_sent = self.probs[self.probs_sent:], len(self.probs)
+        return new if new or (whole and self.n_probs >= 0) else None
+
+
+def text_of(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def usage(res: Result) -> dict:
+    return {"prompt_tokens": res.n_prompt, "completion_tokens": res.n_generated,
+            "total_tokens": res.n_prompt + res.n_generated}
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def generate(state: ServerState, request: Request, tokens: list[int], params: RequestParams,
+                   result: Result) -> AsyncGenerator[str, None]:
+    """Text pieces of one generation as they complete; `result` holds the rest when it ends. The slot is freed when
+    the client goes away, or a stop string is found."""
+    engine = state.engine
+    if len(tokens) >= engine.slots.n_ctx_slot:
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens, more than the context allows: {engine.slots.n_ctx_slot}"
+                       f" per slot (-c {engine.model.n_ctx} over -np {engine.slots.n_slots})", param="prompt")
+    job = Job(tokens, params, asyncio.get_running_loop())
+    engine.submit(job)
+    out = StopText(params.stop)
+    result.n_prompt = len(tokens)
+    checked = time.perf_counter()
+    try:
+        while True:
+            if not job.events.empty():  # tokens waiting: no timer to set up
+                event = job.events.get_nowait()
+            else:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    event = None
+            if event is None or time.perf_counter() - checked > 0.5:  # a client gone frees its slot
+                checked = time.perf_counter()
+                if await request.is_disconnected():
+                    return
+                if event is None:
+                    continue
+            if event[0] == "error":
+                raise ApiError(400, event[1])
+            if event[0] == "start":
+                result.mode = event[1]
+                yield ""  # admitted: a stream's headers can go
+            elif event[0] == "tokens":
+                for i, tok in enumerate(event[1]):
+                    result.n_generated += 1
+                    raw = engine.model.token_to_piece(tok)
+                    if params.n_probs >= 0:
+                        top = [(t, engine.model.token_to_piece(t), lp) for t, lp in event[2][i][1:]]
+                        result.probs.append(TokenProb(tok, raw, event[2][i][0][1], top))
+                    piece = out.push(raw)
+                    result.text += piece
+                    if piece:
+                        yield piece
+                    if out.stopped:
+                        result.finish = "stop"
+                        return
+            else:
+                _, finish, error, stats = event
+                if finish == "error":
+                    raise ApiError(500, f"generation failed: {error}", "server_error")
+                rest = out.finish()
+                result.text += rest
+                result.finish, result.stats = FINISH[finish], stats
+                if rest:
+                    yield rest
+                return
+    finally:
+        if result.finish is None or result.finish == "stop":
+            engine.cancel(job)  # gone, or ended by a stop string: free the slot now
+
+
+async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., dict],
+                  api: str) -> Response:
+    """A generation's response (api: chat, completions, llama): one JSON body, or server-sent events when
+    body["stream"]."""
+    params = request_params(body, api, state.mode)
+    stream = body_field(body, "stream", bool, False)
+    stream_options = body_field(body, "stream_options", dict, {})
+    include_usage = stream and bool(stream_options.get("include_usage"))
+    res = Result(n_probs=params.n_probs)
+    pieces = generate(state, request, tokens, params, res)
+    first = await pieces.__anext__()  # admitted (or an ApiError now, before any header)
+    assert first == ""
+    if not stream:
+        async for _ in pieces:
+            pass
+        return JSONResponse(shape(res, None, final=True))
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            yield sse(shape(res, "", first=True))
+            async for piece in pieces:
+                yield sse(shape(res, piece))
+            yield sse(shape(res, None, final=True))
+            if include_usage:
+                yield sse({**shape(res, None, final=True), "choices": [], "usage": usage(res)})
+            if api != "llama":
+                yield "data: [DONE]\n\n"
+        except ApiError as e:
+            yield sse({"error": {"message": e.message, "type": e.kind, "code": e.status}})
+        finally:
+            await pieces.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

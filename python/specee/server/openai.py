@@ -1,0 +1,118 @@
+"""OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, in OpenAI's shapes (the
+log-probabilities of chat and of completions included)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from specee import _core
+from specee.server.engine import ServerState
+from specee.server.generation import Result, TokenProb, respond, text_of, usage
+from specee.server.request import ApiError, json_object, messages_of, prompt_of
+
+
+def base(state: ServerState, kind: str, rid: str) -> dict:
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": state.alias}
+
+
+def chat_logprobs(probs: list[TokenProb]) -> dict:
+    """OpenAI chat's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+
+    def entry(piece: bytes, lp: float) -> dict:
+        return {"token": text_of(piece), "logprob": lp, "bytes": list(piece)}
+
+    return {"content": [{**entry(p.piece, p.logprob), "top_logprobs": [entry(b, lp) for _, b, lp in p.top]}
+                        for p in probs]}
+
+
+def completion_logprobs(probs: list[TokenProb], offset: int = 0) -> dict:
+    """OpenAI completions' `logprobs`: tokens, token_logprobs, top_logprobs ({text: logprob}), text_offset (from
+    `offset`, characters of the completion's text before these tokens)."""
+    offsets, tops = [], []
+    for p in probs:
+        offsets.append(offset)
+        offset += len(text_of(p.piece))
+        top: dict[str, float] = {}
+        for _, b, lp in p.top:
+            top.setdefault(text_of(b), lp)  # tokens of the same text: the likelier one
+        tops.append(top)
+    return {"tokens": [text_of(p.piece) for p in probs], "token_logprobs": [p.logprob for p in probs],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    tokens = messages_of(state.model, body)
+    rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+
+    def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
+        new = res.new_probs(final and not body.get("stream"))
+        logprobs = None if new is None else chat_logprobs(new)
+        if piece is None and final and not body.get("stream"):
+            msg = {"role": "assistant", "content": res.text}
+            return {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
+                    "finish_reason": res.finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
+        delta = {"role": "assistant", "content": ""} if first else {} if final else {"content": piece}
+        return {**base(state, "chat.completion.chunk", rid), "choices": [{"index": 0, "delta": delta,
+                "finish_reason": res.finish if final else None, "logprobs": logprobs}]}
+
+    return await respond(state, request, tokens, body, shape, "chat")
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    tokens = prompt_of(state.model, body)
+    rid = "cmpl-" + uuid.uuid4().hex[:24]
+
+    def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
+        text = res.text if final and not body.get("stream") else "" if piece is None else piece
+        offset = sum(len(text_of(p.piece)) for p in res.probs[:res.probs_sent])
+        new = res.new_probs(final and not body.get("stream"))
+        logprobs = None if new is None else completion_logprobs(new, offset)
+        out = {**base(state, "text_completion", rid), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+               "finish_reason": res.finish if final else None}]}
+        if final and not body.get("stream"):
+            out["usage"], out["mode"] = usage(res), res.mode
+        return out
+
+    return await respond(state, request, tokens, body, shape, "completions")
+
+
+async def embeddings(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    inputs = body.get("input", body.get("content"))
+    if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs or len(inputs) > 256:
+        raise ApiError(400, "'input' must be a non-empty string or list of at most 256 strings", param="input")
+    data, n_tokens = [], 0
+    for i, text in enumerate(inputs):
+        tokens = prompt_of(state.model, {"input": text}, "input")
+        if len(tokens) > state.engine.slots.n_ctx_slot:
+            raise ApiError(400, f"input {i} has {len(tokens)} tokens, more than the context allows: "
+                                f"{state.engine.slots.n_ctx_slot}", param="input")
+        try:
+            vec = await asyncio.to_thread(state.engine.slots.embed, tokens)
+        except _core.SpecEEError as e:
+            raise ApiError(503, f"cannot embed now: {e}", "server_error", headers={"Retry-After": "1"}) from None
+        vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
+        data.append({"object": "embedding", "index": i, "embedding": vec.astype(float).tolist()})
+        n_tokens += len(tokens)
+    return JSONResponse({"object": "list", "data": data, "model": state.alias,
+                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+
+async def models(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    return JSONResponse({"object": "list", "data": [{"id": state.alias, "object": "model", "created": state.created,
+                                                     "owned_by": "specee", "meta": {"n_ctx": state.model.n_ctx,
+                                                     "n_vocab": state.model.n_vocab, "desc": state.model.desc}}]})
