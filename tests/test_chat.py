@@ -183,7 +183,7 @@ def test_unknown_name_and_bad_messages() -> None:
 @pytest.mark.parametrize("conversation", CONVERSATIONS, ids=range(len(CONVERSATIONS)))
 def test_smollm2_own_template(smollm2_path, conversation: list[dict], add_generation_prompt: bool) -> None:
     """SmolLM2's template as stored in its GGUF: ChatML with a default system message."""
-    template = _core.Model(str(smollm2_path), True).metadata()["tokenizer.chat_template"]
+    template = _core.Model({"model": str(smollm2_path)}).metadata()["tokenizer.chat_template"]
     name = _core.chat_template_detect(template)
     assert name == "smollm2"
     expected = jinja_render(template, name, conversation, add_generation_prompt)

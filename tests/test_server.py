@@ -424,8 +424,8 @@ def test_flags_in_llama_cpp_spelling() -> None:
 
     a = parse_args(["-m", "x.gguf", "-c", "2048", "-np", "3", "-t", "2", "-ngl", "0", "-a", "name", "--api-key", "k",
                     "--rpc", "127.0.0.1:50052", "--draft-head", "default", "--mode", "eagle2", "--metrics"])
-    assert (a.model, a.ctx_size, a.parallel, a.threads, a.n_gpu_layers, a.alias) == ("x.gguf", 2048, 3, 2, 0, "name")
-    assert (a.api_key, a.rpc, a.draft_head, a.mode, a.metrics) == ("k", "127.0.0.1:50052", "default", "eagle2", True)
+    assert (a.model, a.n_ctx, a.parallel, a.n_threads, a.n_gpu_layers, a.alias) == ("x.gguf", 2048, 3, 2, 0, "name")
+    assert (a.api_key, a.rpc_servers, a.draft_head, a.mode, a.metrics) == ("k", "127.0.0.1:50052", "default", "eagle2", True)
     assert parse_args([]).host == "127.0.0.1"
 
 

@@ -31,24 +31,30 @@ static std::vector<int32_t> id_list(int32_t (*get)(const specee_model *, int32_t
     return v;
 }
 
+// a value as the options' text form: None the default, bools true/false, a sequence comma-separated
+static std::string option_text(const py::object & v);
+
+// the context options from {name: value} (specee_context_option's names; None: the default); ValueError naming a
+// refused value or an unknown name
+static specee_context_options context_options_of(const py::dict & values) {
+    specee_context_options o = specee_context_options_default();
+    for (const auto & [k, v] : values) {
+        if (specee_context_options_set(&o, py::str(k).cast<std::string>().c_str(),
+                                       option_text(py::reinterpret_borrow<py::object>(v)).c_str()) != 0) {
+            throw py::value_error(specee_last_error());
+        }
+    }
+    return o;
+}
+
 struct Model {
     specee_model * ptr = nullptr;
 
-    Model(const std::string & path, bool use_mmap, int32_t n_gpu_layers, int32_t offload_order,
-          std::optional<std::string> devices, std::optional<std::string> rpc_servers,
-          std::optional<std::vector<float>> tensor_split, std::optional<std::string> draft_head) {
-        specee_model_params p = specee_model_default_params();
-        p.use_mmap            = use_mmap;
-        p.n_gpu_layers        = n_gpu_layers;
-        p.offload_order       = offload_order;
-        p.devices             = devices ? devices->c_str() : nullptr;
-        p.rpc_servers         = rpc_servers ? rpc_servers->c_str() : nullptr;
-        p.tensor_split        = tensor_split ? tensor_split->data() : nullptr;
-        p.n_tensor_split      = tensor_split ? (int32_t) tensor_split->size() : 0;
-        p.draft_head          = draft_head ? draft_head->c_str() : nullptr;
+    explicit Model(const py::dict & options) {
+        const specee_context_options o = context_options_of(options);
         {
             py::gil_scoped_release release;
-            ptr = specee_model_load(path.c_str(), p);
+            ptr = specee_model_load(o.model, specee_context_options_model_params(&o));
         }
         if (!ptr) {
             raise_last();
@@ -72,17 +78,11 @@ struct Context {
     specee_model *   model = nullptr;
     specee_context * ptr   = nullptr;
 
-    Context(py::object model_obj, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads, int32_t n_threads_batch,
-            int32_t type_v)
-        : model_ref(model_obj) {
-        model                  = model_obj.cast<Model &>().ptr;
-        specee_context_params p = specee_context_default_params();
-        p.n_ctx                 = n_ctx;
-        p.n_batch               = n_batch;
-        p.n_threads             = n_threads;
-        p.n_threads_batch       = n_threads_batch;
-        p.type_v                = type_v;
-        ptr                     = specee_context_init(model, p);
+    Context(py::object model_obj, const py::dict & options) : model_ref(model_obj) {
+        model                          = model_obj.cast<Model &>().ptr;
+        const specee_context_options o = context_options_of(options);
+        const specee_context_params  p = specee_context_options_context_params(&o);
+        ptr                            = specee_context_init(model, p);
         if (!ptr) {
             raise_last();
         }
@@ -212,7 +212,7 @@ static std::string option_text(const py::object & v) {
     }
     std::string s;
     for (const py::handle & x : v.cast<py::sequence>()) {
-        s += (s.empty() ? "" : ",") + py::repr(x).cast<std::string>();
+        s += (s.empty() ? "" : ",") + (py::isinstance<py::str>(x) ? x.cast<std::string>() : py::repr(x).cast<std::string>());
     }
     return s.empty() ? std::string(",") : s; // an empty list is not the default: refused
 }
@@ -454,6 +454,32 @@ PYBIND11_MODULE(_core, m) {
         }
         return out;
     }, "the generation options (name, type, choices, expect, help, default as text), the library's table");
+    m.def("context_options", [] {
+        py::list                     out;
+        const specee_context_options d = specee_context_options_default();
+        for (int32_t i = 0; const specee_option * o = specee_context_option(i); ++i) {
+            char buf[SPECEE_MAX_CHOICES];
+            specee_context_options_get(&d, o->name, buf, sizeof(buf));
+            py::dict e;
+            e["name"] = o->name, e["type"] = o->type, e["expect"] = o->expect, e["help"] = o->help, e["default"] = buf;
+            e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
+            e["flags"]   = py::str(o->flags).attr("split")(",");
+            e["hint"]    = o->hint ? py::object(py::str(o->hint)) : py::object(py::none());
+            out.append(e);
+        }
+        return out;
+    }, "the context options (name, type, choices, expect, help, default as text, flags, hint), the library's table");
+    m.def("context_options_values", [](const py::dict & values) {
+        const specee_context_options o = context_options_of(values);
+        py::dict                     d;
+        for (int32_t i = 0; const specee_option * opt = specee_context_option(i); ++i) {
+            char buf[SPECEE_MAX_CHOICES];
+            specee_context_options_get(&o, opt->name, buf, sizeof(buf));
+            d[opt->name] = buf;
+        }
+        return d;
+    }, py::arg("values"), "the context options as the library reads {name: value} ({name: text}); ValueError when one "
+                          "is refused");
     m.def("modes", [] {
         py::list out;
         for (int32_t i = 0; const specee_mode_info * mi = specee_mode_row(i); ++i) {
@@ -517,12 +543,8 @@ PYBIND11_MODULE(_core, m) {
     });
 
     py::class_<Model>(m, "Model")
-        .def(py::init<const std::string &, bool, int32_t, int32_t, std::optional<std::string>,
-                      std::optional<std::string>, std::optional<std::vector<float>>, std::optional<std::string>>(),
-             py::arg("path"), py::arg("use_mmap") = true, py::arg("n_gpu_layers") = -1,
-             py::arg("offload_order") = (int) SPECEE_OFFLOAD_AUTO, py::arg("devices") = py::none(),
-             py::arg("rpc_servers") = py::none(), py::arg("tensor_split") = py::none(),
-             py::arg("draft_head") = py::none())
+        .def(py::init<const py::dict &>(), py::arg("options"),
+             "the model of the context options {name: value} (model: the file; the placement and draft_head options)")
         .def_property_readonly("placement", [](const Model & s) { return std::string(specee_model_placement(s.ptr)); })
         .def_property_readonly("n_layer", [](const Model & s) { return specee_model_n_layer(s.ptr); })
         .def_property_readonly("n_embd", [](const Model & s) { return specee_model_n_embd(s.ptr); })
@@ -650,9 +672,8 @@ PYBIND11_MODULE(_core, m) {
              py::arg("path"));
 
     py::class_<Context>(m, "Context")
-        .def(py::init<py::object, uint32_t, uint32_t, int32_t, int32_t, int32_t>(), py::arg("model"),
-             py::arg("n_ctx") = 0, py::arg("n_batch") = 512, py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0,
-             py::arg("type_v") = (int) SPECEE_KV_F32)
+        .def(py::init<py::object, const py::dict &>(), py::arg("model"), py::arg("options"),
+             "a context of the context options {name: value} (n_ctx, n_batch, n_ubatch, n_threads, ...)")
         .def_property_readonly("n_ctx", [](const Context & s) { return specee_n_ctx(s.ptr); })
         .def_property_readonly("n_batch", [](const Context & s) { return specee_n_batch(s.ptr); })
         .def_property_readonly("n_threads", [](const Context & s) { return specee_n_threads(s.ptr); })
@@ -813,9 +834,6 @@ PYBIND11_MODULE(_core, m) {
         }
         return out;
     });
-    m.attr("OFFLOAD_AUTO")  = (int) SPECEE_OFFLOAD_AUTO;
-    m.attr("OFFLOAD_FIRST") = (int) SPECEE_OFFLOAD_FIRST;
-    m.attr("OFFLOAD_LAST")  = (int) SPECEE_OFFLOAD_LAST;
 
     m.def("draft_head_eval",
           [](py::object ctx_obj, const i32_array & tokens, const f32_array & features, const i32_array & draft_tokens) {

@@ -8,12 +8,14 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'OFFLOAD_AUTO', 'OFFLOAD_FIRST', 'OFFLOAD_LAST', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'rpc_add_servers', 'set_verbose']
+__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'rpc_add_servers', 'set_verbose']
 class SpecEEError(RuntimeError):
     pass
 class Model:
-    def __init__(self, path: str, use_mmap: bool = True, n_gpu_layers: typing.SupportsInt | typing.SupportsIndex = -1, offload_order: typing.SupportsInt | typing.SupportsIndex = 0, devices: str | None = None, rpc_servers: str | None = None, tensor_split: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex] | None = None, draft_head: str | None = None) -> None:
-        ...
+    def __init__(self, options: dict) -> None:
+        """
+        the model of the context options {name: value} (model: the file; the placement and draft_head options)
+        """
     def detokenize(self, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], remove_special: bool = False, unparse_special: bool = False) -> str:
         ...
     def exit_features(self, h: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], cand: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], p_prev: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None) -> tuple[numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.float32]]:
@@ -108,8 +110,10 @@ class Model:
     def token_eot(self) -> int:
         ...
 class Context:
-    def __init__(self, model: typing.Any, n_ctx: typing.SupportsInt | typing.SupportsIndex = 0, n_batch: typing.SupportsInt | typing.SupportsIndex = 512, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, n_threads_batch: typing.SupportsInt | typing.SupportsIndex = 0, type_v: typing.SupportsInt | typing.SupportsIndex = 1) -> None:
-        ...
+    def __init__(self, model: typing.Any, options: dict) -> None:
+        """
+        a context of the context options {name: value} (n_ctx, n_batch, n_ubatch, n_threads, ...)
+        """
     def eval(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], pos: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None, tree_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None = None, output: typing.Annotated[numpy.typing.ArrayLike, numpy.int8] | None = None, seq_id: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def eval_layers(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], pos: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None, tree_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, output: typing.Annotated[numpy.typing.ArrayLike, numpy.int8] | None, layer_begin: typing.SupportsInt | typing.SupportsIndex, layer_end: typing.SupportsInt | typing.SupportsIndex, flags: typing.SupportsInt | typing.SupportsIndex = 0, all_layers: bool = False, seq_id: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None) -> numpy.typing.NDArray[numpy.float32]:
@@ -255,6 +259,14 @@ def modes() -> list:
     """
     the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum specee_mode
     """
+def context_options() -> list:
+    """
+    the context options (name, type, choices, expect, help, default as text, flags, hint), the library's table
+    """
+def context_options_values(values: dict) -> dict:
+    """
+    the context options as the library reads {name: value} ({name: text}); ValueError when one is refused
+    """
 def generate_options_values(options: typing.Any, group: str = '') -> dict:
     """
     the options' values as the library reads them ({name: text}); ValueError when one is refused (the library's checks); group 'eagle' or 'exit': only those, read off EagleParams / ExitParams
@@ -281,6 +293,3 @@ MAX_PROBS: int = 100
 MAX_SEQ: int = 64
 SLOTS_BUSY: int = -2
 EVAL_NO_LOGITS: int = 2
-OFFLOAD_AUTO: int = 0
-OFFLOAD_FIRST: int = 1
-OFFLOAD_LAST: int = 2

@@ -16,13 +16,10 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from specee import _core
+from specee.context_options import CONTEXT_OPTIONS, context_options
 from specee.generate import MODES, GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
 from specee.slots import Slots, generate_batch
-
-
-def _default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 class _Closed:
@@ -51,63 +48,60 @@ class Model:
         self,
         path: str | os.PathLike | None = None,
         *,
-        n_ctx: int = 0,
-        n_batch: int = 512,
+        n_ctx: int | None = None,
+        n_batch: int | None = None,
+        n_ubatch: int | None = None,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
-        use_mmap: bool = True,
+        use_mmap: bool | None = None,
         draft_head: str | os.PathLike | None = None,
-        type_v: str = "f32",
-        n_gpu_layers: int = -1,
-        offload_order: str = "auto",
+        type_v: str | None = None,
+        n_gpu_layers: int | None = None,
+        offload_order: str | None = None,
         devices: Sequence[str] | None = None,
         rpc_servers: Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
     ) -> None:
-        """draft_head: a draft head file (an EAGLE head and optionally exit predictors; they replace the model file's
+        """The keywords are the runtime's context options (specee.context_options.CONTEXT_OPTIONS, the CLI's
+        -c -b -ub -t -tb --no-mmap --draft-head -ctv -ngl --offload-order -dev --rpc -ts); None: the table's default.
+        The runtime checks each value (ValueError with its message).
+        draft_head: a draft head file (an EAGLE head and optionally exit predictors; they replace the model file's
         own, and `placement` notes what was replaced); "default": the shipped draft head file trained for the
         embedded SmolLM2 (specee.paths).
         type_v: the V cache's type, "f32" (default: attention accumulates in F32 on one kernel path for every batch
         shape, so a token's logits do not depend on the batch it is evaluated in and speculative greedy output
         equals plain greedy output bit for bit) or "f16" (half the memory).
-        Placement (the CLI's -ngl, --offload-order, --device, --rpc, -ts): n_gpu_layers layers (counting the output
-        as one; -1: all) go to the devices other than the CPU, in offload_order "first" (SpecEE's: the first layers,
-        the output and the draft head), "last" (llama.cpp's) or "auto" (first when there are exit predictors);
-        devices: their names (default: every GPU and RPC server); rpc_servers: "HOST:PORT" of ggml RPC servers
-        (specee-rpc-server), added as devices once each answers a check within 5 s (SpecEEError naming the server
-        otherwise; a server's token comes from the environment variable SPECEE_RPC_TOKEN); tensor_split: each device's share of the offloaded layers. Where
-        everything went: `placement`.
-        n_ctx: KV cache cells; 0: the file's training context, at most 4096 (ask for more explicitly). A context whose
-        KV cache and compute buffers would not fit in the available memory is refused (SpecEEError with the sizes).
-        n_threads, n_threads_batch: at most `_core.max_threads()` (4 per hardware thread, at most 512); more are
-        clamped with a warning."""
-        if type_v not in ("f16", "f32"):
-            raise ValueError(f"type_v must be 'f16' or 'f32', not {type_v!r}")
-        orders = {"auto": _core.OFFLOAD_AUTO, "first": _core.OFFLOAD_FIRST, "last": _core.OFFLOAD_LAST}
-        if offload_order not in orders:
-            raise ValueError(f"offload_order must be 'auto', 'first' or 'last', not {offload_order!r}")
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):
-            if not 0 <= value <= 2**31 - 1:
-                raise ValueError(f"{name} must be in 0..2**31-1, not {value}")
+        Placement: n_gpu_layers layers (counting the output as one; -1: all) go to the devices other than the CPU,
+        in offload_order "first" (SpecEE's: the first layers, the output and the draft head), "last" (llama.cpp's)
+        or "auto" (first when there are exit predictors); devices: their names (default: every GPU and RPC server);
+        rpc_servers: "HOST:PORT" of ggml RPC servers (specee-rpc-server), added as devices once each answers a check
+        within 5 s (SpecEEError naming the server otherwise; a server's token comes from the environment variable
+        SPECEE_RPC_TOKEN); tensor_split: each device's share of the offloaded layers. Where everything went:
+        `placement`.
+        n_ctx: KV cache cells; 0 (default): the file's training context, at most 4096 (ask for more explicitly). A
+        context whose KV cache and compute buffers would not fit in the available memory is refused (SpecEEError
+        with the sizes). n_batch, n_ubatch: llama.cpp's logical and physical batches (2048, 512): a graph holds at
+        most the smaller. n_threads, n_threads_batch: None or <= 0: the CPUs this process may use; at most
+        `_core.max_threads()` (4 per hardware thread, at most 512), more are clamped with a warning."""
         self.path = str(path) if path is not None else default_model_path()
+        if draft_head == "default":
+            draft_head = default_draft_head_path()
+        options = context_options(dict(
+            model=self.path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+            n_threads_batch=n_threads_batch, use_mmap=use_mmap, draft_head=os.fspath(draft_head) if draft_head else None,
+            type_v=type_v, n_gpu_layers=n_gpu_layers, offload_order=offload_order, devices=devices,
+            rpc_servers=rpc_servers, tensor_split=tensor_split))
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
-        threads = n_threads or _default_threads()
-        for value in (threads, n_threads_batch or threads):
-            if value > _core.max_threads():
+        for value in (n_threads, n_threads_batch):
+            if value is not None and value > _core.max_threads():
                 warnings.warn(f"{value} threads are more than {_core.max_threads()} (4 per hardware thread, at most "
                               f"512): using {_core.max_threads()}", stacklevel=2)
-        if draft_head == "default":
-            draft_head = default_draft_head_path()
-        self._model = _core.Model(self.path, use_mmap, n_gpu_layers, orders[offload_order],
-                                  ",".join(devices) if devices else None, ",".join(rpc_servers) if rpc_servers else None,
-                                  [float(x) for x in tensor_split] if tensor_split else None,
-                                  str(draft_head) if draft_head is not None else None)
-        self.type_v = type_v
-        self._ctx = _core.Context(self._model, n_ctx, n_batch, threads, n_threads_batch or threads,
-                                  1 if type_v == "f32" else 0)
+        self._model = _core.Model(options)
+        self.type_v = type_v or CONTEXT_OPTIONS["type_v"]["default"]
+        self._ctx = _core.Context(self._model, options)
         self._gen: _core.Generator | None = None
         self._generation = 0  # bumped by every generation call; older iterators are stale
         self._lock = threading.RLock()  # one generation step, or one whole generate(), at a time

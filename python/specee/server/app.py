@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_options_of
 from specee.generate import MODES
 from specee.model import Model
 from specee.server.engine import Engine, ServerState
@@ -72,27 +73,26 @@ def make_app(state: ServerState) -> Starlette:
     return app
 
 
+# every context option but llama.cpp's -fa, which means nothing here
+CONTEXT_FLAGS = [name for name in CONTEXT_OPTIONS if name != "flash_attn"]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="specee-server", description="OpenAI-compatible server with parallel slots "
                                 "batched in the runtime, EAGLE and SpecEE early exit per request")
-    p.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M)")
     p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="KV cache cells, shared by the slots (4096)")
     p.add_argument("-np", "--parallel", type=int, default=4, help="parallel slots: requests decoded together (4)")
-    p.add_argument("-b", "--batch-size", type=int, default=512, help="most tokens in one pass (512)")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="most prompt tokens prefilled in one pass beside the decoding slots (256)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503 (64)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the CPUs this process may use)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (8080)")
     p.add_argument("--api-key", default=os.environ.get("SPECEE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPUs / RPC servers (-1: all)")
-    p.add_argument("--rpc", help="comma-separated HOST:PORT of ggml RPC servers")
-    p.add_argument("--draft-head", help="draft head file (EAGLE head, exit predictors); 'default': the shipped one")
     p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
+    add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
     return p.parse_args(argv)
 
 
@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         warnings.warn(f"specee-server listens on {args.host}: reachable from other machines"
                       f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
-    model = Model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
-                  draft_head=args.draft_head, n_gpu_layers=args.n_gpu_layers,
-                  rpc_servers=args.rpc.split(",") if args.rpc else None)
+    options = context_options_of(args, CONTEXT_FLAGS)
+    model = Model(options.pop("model", None), **options)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
     alias = args.alias or os.path.basename(model.path)
     state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics)

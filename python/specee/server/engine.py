@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specee import _core
+from specee.generate import MODES
 from specee.model import Model
 from specee.server.request import ApiError, RequestParams
 
@@ -124,10 +125,10 @@ class Engine:
         m["prompt_ms"] += st["t_prompt_ms"]
         m["predicted_tokens"] += int(st["n_tokens"])
         m["predicted_ms"] += st["t_decode_ms"]
-        if mode in ("eagle", "eagle2", "tree-exit"):
+        if MODES[mode].tree:
             m["spec_steps"] += int(st["n_steps"])
             m["spec_tokens"] += int(st["n_decoded"])
-        if mode in ("early-exit", "tree-exit"):
+        if MODES[mode].exits:
             m["exit_steps"] += int(st["n_steps"])
             m["exit_exits"] += int(st["n_exits"])
 

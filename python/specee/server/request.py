@@ -179,7 +179,7 @@ def request_params(body: dict, api: str, mode: str) -> RequestParams:
     if body_field(body, "n", int, 1) != 1:
         raise ApiError(400, "'n' must be 1: one choice per request", param="n")
     n_probs = probs_wanted(body, api)
-    if n_probs >= 0 and given["mode"] not in ("plain", "auto"):
+    if n_probs >= 0 and (MODES[given["mode"]].tree or MODES[given["mode"]].exits):
         raise ApiError(400, f"log-probabilities need mode plain, not {given['mode']}: a speculative step's tokens come "
                        "from drafts and verification passes", param="logprobs")
     if n_probs >= 0:
