@@ -5,6 +5,7 @@
 //   tg N: N single-token evaluations starting from an empty KV cache (no prefill)
 //
 // Each test runs once to warm up, then -r times; the table reports mean ± sd tokens/s.
+#include "specee-cli-args.h"
 #include "specee.h"
 
 #include <algorithm>
@@ -25,21 +26,57 @@
 
 // ---- options -----------------------------------------------------------------------------------
 
+// The model, context and placement flags are the library's context options (specee_context_option), each value
+// checked by its table; those that llama-bench sweeps take comma lists, every combination measured.
+static const char * const SWEPT[] = {"model", "n_threads", "type_v", "n_gpu_layers", "offload_order"};
+static const char * const FIXED[] = {"n_batch", "n_ubatch", "rpc_servers", "flash_attn"};
+
 struct bench_params {
+    specee_context_options   ctx = specee_context_options_default(); // the fixed context options
     std::vector<std::string> models;
+    std::vector<int>         n_threads = {0}; // 0: the CPUs this process may use
+    std::vector<std::string> type_v    = {"f32"};
+    std::vector<int>         n_gpu_layers  = {-1};
+    std::vector<std::string> offload_order = {"auto"};
     std::vector<int>         n_prompt  = {512};
     std::vector<int>         n_gen     = {128};
-    std::vector<int>         n_threads = {std::max(1, (int) std::thread::hardware_concurrency())};
     std::vector<int>         n_depth   = {0};
-    std::vector<std::string> type_v    = {"f32"};
-    std::vector<int>         n_gpu_layers = {-1};
-    std::vector<std::string> offload_order = {"auto"};
-    std::string              rpc_servers;
-    int                      n_batch   = 2048;
     int                      reps      = 5;
     std::string              output    = "md";
     bool                     warmup    = true;
 };
+
+static const specee_option * context_option(const std::string & name) {
+    for (int32_t i = 0; const specee_option * o = specee_context_option(i); ++i) {
+        if (name == o->name) {
+            return o;
+        }
+    }
+    return nullptr;
+}
+
+// the option whose flags include `arg`, among `names`
+template <size_t N> static const specee_option * option_of_flag(const std::string & arg, const char * const (&names)[N]) {
+    for (const char * name : names) {
+        const specee_option * o = context_option(name);
+        std::stringstream     ss(o->flags);
+        for (std::string f; std::getline(ss, f, ',');) {
+            if (f == arg) {
+                return o;
+            }
+        }
+    }
+    return nullptr;
+}
+
+static void print_option(const specee_option & o, const char * note) {
+    std::string       head = "  ";
+    std::stringstream flags(o.flags);
+    for (std::string f; std::getline(flags, f, ',');) {
+        head += (head.size() > 2 ? ", " : "") + f;
+    }
+    print_help_line(head + " <" + (o.hint ? o.hint : o.name) + ">", std::string(o.help) + note);
+}
 
 static void print_usage(const char * argv0, const bench_params & d) {
     printf("usage: %s [options]\n\n", argv0);
@@ -49,25 +86,19 @@ static void print_usage(const char * argv0, const bench_params & d) {
     printf("flash attention, the K cache F16.\n\n");
     printf("options:\n");
     printf("  -h, --help\n");
-    printf("  -m, --model <filename>           GGUF model, repeatable or comma list\n");
-    printf("                                   (default: $SPECEE_DEFAULT_MODEL, which the specee-bench\n");
-    printf("                                   console script sets to the embedded SmolLM2)\n");
+    for (const char * name : SWEPT) {
+        print_option(*context_option(name), "; a comma list: every value measured");
+    }
+    for (const char * name : FIXED) {
+        print_option(*context_option(name), strcmp(name, "flash_attn") == 0 ? "; off is an error" : "");
+    }
     printf("  -p, --n-prompt <n>               prompt tokens, comma list, 0 skips pp (default: %d)\n", d.n_prompt[0]);
     printf("  -n, --n-gen <n>                  generated tokens, comma list, 0 skips tg (default: %d)\n", d.n_gen[0]);
-    printf("  -t, --threads <n>                threads, comma list (default: %d)\n", d.n_threads[0]);
     printf("  -d, --n-depth <n>                tokens in the KV cache before each test, comma list (default: 0)\n");
-    printf("  -ctv, --cache-type-v <t>         V cache type, f32 (the runtime's default) or f16, comma list\n");
-    printf("  -ngl, --n-gpu-layers <n>         layers on devices other than the CPU, comma list (default: -1 = all)\n");
-    printf("  --offload-order <o>              first, last or auto, comma list (default: auto)\n");
-    printf("  --rpc <servers>                  comma-separated HOST:PORT of ggml RPC servers to offload to (a token:\n");
-    printf("                                   the environment variable SPECEE_RPC_TOKEN)\n");
-    printf("  -b, --batch-size <n>             most tokens in one graph, capped to the context (default: %d)\n",
-           d.n_batch);
     printf("  -r, --repetitions <n>            timed runs of each test (default: %d)\n", d.reps);
     printf("  -o, --output <md|json|jsonl|csv> output format printed to stdout (default: %s)\n", d.output.c_str());
-    printf("  -fa, --flash-attn <on|1|auto>    accepted for llama-bench compatibility; this runtime always\n");
-    printf("                                   uses flash attention, so off/0 is an error\n");
     printf("  --no-warmup                      skip the warm-up run of each test\n");
+    printf("(-m defaults to $SPECEE_DEFAULT_MODEL, which the specee-bench console script sets to the embedded SmolLM2)\n");
 }
 
 static bool parse_int_list(const std::string & s, int min_value, std::vector<int> & out) {
@@ -85,6 +116,41 @@ static bool parse_int_list(const std::string & s, int min_value, std::vector<int
     return !out.empty();
 }
 
+// a swept option's comma list, each value set by the table on a copy of the fixed options; false when one is refused
+static bool parse_swept(const specee_option & o, const std::string & val, bench_params & params) {
+    const std::string name = o.name;
+    if (name == "model") {
+        params.models.clear();
+    } else if (name == "n_threads") {
+        params.n_threads.clear();
+    } else if (name == "type_v") {
+        params.type_v.clear();
+    } else if (name == "n_gpu_layers") {
+        params.n_gpu_layers.clear();
+    } else {
+        params.offload_order.clear();
+    }
+    std::stringstream ss(val);
+    for (std::string item; std::getline(ss, item, ',');) {
+        specee_context_options c = params.ctx;
+        if (item.empty() || specee_context_options_set(&c, o.name, item.c_str()) != 0) {
+            return false;
+        }
+        if (name == "model") {
+            params.models.push_back(item);
+        } else if (name == "n_threads") {
+            params.n_threads.push_back(c.n_threads);
+        } else if (name == "type_v") {
+            params.type_v.push_back(item);
+        } else if (name == "n_gpu_layers") {
+            params.n_gpu_layers.push_back(c.n_gpu_layers);
+        } else {
+            params.offload_order.push_back(item);
+        }
+    }
+    return !val.empty() && val.back() != ',';
+}
+
 // returns false with a message on stderr when the command line is malformed
 static bool parse_args(int argc, char ** argv, bench_params & params, bool & help) {
     for (int i = 1; i < argc; i++) {
@@ -97,12 +163,11 @@ static bool parse_args(int argc, char ** argv, bench_params & params, bool & hel
             params.warmup = false;
             continue;
         }
-        const bool takes_value = arg == "-m" || arg == "--model" || arg == "-p" || arg == "--n-prompt" ||
-                                 arg == "-n" || arg == "--n-gen" || arg == "-t" || arg == "--threads" ||
-                                 arg == "-b" || arg == "--batch-size" || arg == "-r" || arg == "--repetitions" ||
-                                 arg == "-o" || arg == "--output" || arg == "-fa" || arg == "--flash-attn" ||
-                                 arg == "-d" || arg == "--n-depth" || arg == "-ctv" || arg == "--cache-type-v" ||
-                                 arg == "-ngl" || arg == "--n-gpu-layers" || arg == "--offload-order" || arg == "--rpc";
+        const specee_option * swept = option_of_flag(arg, SWEPT);
+        const specee_option * fixed = option_of_flag(arg, FIXED);
+        const bool takes_value = swept || fixed || arg == "-p" || arg == "--n-prompt" || arg == "-n" ||
+                                 arg == "--n-gen" || arg == "-r" || arg == "--repetitions" || arg == "-o" ||
+                                 arg == "--output" || arg == "-d" || arg == "--n-depth";
         if (!takes_value) {
             fprintf(stderr, "error: unknown argument: %s (see --help)\n", arg.c_str());
             return false;
@@ -114,53 +179,23 @@ static bool parse_args(int argc, char ** argv, bench_params & params, bool & hel
         const std::string val = argv[i];
         std::vector<int>  ints;
         bool              ok = true;
-        if (arg == "-m" || arg == "--model") {
-            std::stringstream ss(val);
-            std::string       item;
-            while (std::getline(ss, item, ',')) {
-                ok = ok && !item.empty();
-                params.models.push_back(item);
+        if (swept) {
+            ok = parse_swept(*swept, val, params);
+        } else if (fixed) {
+            if (strcmp(fixed->name, "flash_attn") == 0 && (val == "off" || val == "0")) {
+                fprintf(stderr, "error: %s %s: this runtime always uses flash attention\n", arg.c_str(), val.c_str());
+                return false;
             }
+            ok = specee_context_options_set(&params.ctx, fixed->name, val == "1" ? "on" : val.c_str()) == 0;
         } else if (arg == "-p" || arg == "--n-prompt") {
             ok = parse_int_list(val, 0, params.n_prompt);
         } else if (arg == "-n" || arg == "--n-gen") {
             ok = parse_int_list(val, 0, params.n_gen);
-        } else if (arg == "-t" || arg == "--threads") {
-            ok = parse_int_list(val, 1, params.n_threads);
         } else if (arg == "-d" || arg == "--n-depth") {
             ok = parse_int_list(val, 0, params.n_depth);
-        } else if (arg == "-ngl" || arg == "--n-gpu-layers") {
-            ok = parse_int_list(val, -1, params.n_gpu_layers);
-        } else if (arg == "--rpc") {
-            params.rpc_servers = val;
-        } else if (arg == "--offload-order") {
-            std::stringstream ss(val);
-            std::string       item;
-            params.offload_order.clear();
-            while (std::getline(ss, item, ',')) {
-                ok = ok && (item == "first" || item == "last" || item == "auto");
-                params.offload_order.push_back(item);
-            }
-        } else if (arg == "-ctv" || arg == "--cache-type-v") {
-            std::stringstream ss(val);
-            std::string       item;
-            params.type_v.clear();
-            while (std::getline(ss, item, ',')) {
-                ok = ok && (item == "f16" || item == "f32");
-                params.type_v.push_back(item);
-            }
-        } else if (arg == "-b" || arg == "--batch-size") {
-            ok = parse_int_list(val, 1, ints) && ints.size() == 1;
-            params.n_batch = ok ? ints[0] : 0;
         } else if (arg == "-r" || arg == "--repetitions") {
             ok = parse_int_list(val, 1, ints) && ints.size() == 1;
             params.reps = ok ? ints[0] : 0;
-        } else if (arg == "-fa" || arg == "--flash-attn") {
-            ok = val == "on" || val == "1" || val == "auto";
-            if (val == "off" || val == "0") {
-                fprintf(stderr, "error: %s %s: this runtime always uses flash attention\n", arg.c_str(), val.c_str());
-                return false;
-            }
         } else {
             params.output = val;
             ok = val == "md" || val == "json" || val == "jsonl" || val == "csv";
@@ -451,12 +486,12 @@ static bool bench_model(specee_model * model, const std::string & path, int ngl,
                         const bench_params & params, int n_ctx, bool & first) {
     const std::string backends = backends_of(specee_model_placement(model));
     for (const auto & [n_threads, type_v] : combos(params)) {
-        specee_context_params cparams = specee_context_default_params();
-        cparams.type_v                = type_v == "f16" ? SPECEE_KV_F16 : SPECEE_KV_F32;
+        specee_context_options o = params.ctx;
+        specee_context_options_set(&o, "type_v", type_v.c_str()); // checked when parsed
+        o.n_threads                   = n_threads;
+        specee_context_params cparams = specee_context_options_context_params(&o);
         cparams.n_ctx                 = (uint32_t) n_ctx;
-        cparams.n_batch               = (uint32_t) std::min(params.n_batch, n_ctx);
-        cparams.n_threads             = n_threads;
-        cparams.n_threads_batch       = n_threads;
+        cparams.n_batch               = std::min(cparams.n_batch, (uint32_t) n_ctx);
         specee_context * ctx          = specee_context_init(model, cparams);
         if (ctx == nullptr) {
             fprintf(stderr, "error: failed to create a context for '%s': %s\n", path.c_str(), specee_last_error());
@@ -469,7 +504,7 @@ static bool bench_model(specee_model * model, const std::string & path, int ngl,
             r.model_size     = specee_model_size(model);
             r.model_n_params = specee_model_n_params(model);
             r.n_batch        = (int) cparams.n_batch;
-            r.n_threads      = n_threads;
+            r.n_threads      = cparams.n_threads;
             r.n_prompt       = test[0];
             r.n_gen          = test[1];
             r.n_depth        = test[2];
@@ -521,11 +556,10 @@ int main(int argc, char ** argv) {
     print_header(params.output);
     bool first = true;
     for (const auto & [path, ngl, order] : placements(params)) {
-        specee_model_params mp = specee_model_default_params();
-        mp.n_gpu_layers        = ngl;
-        mp.offload_order = order == "first" ? SPECEE_OFFLOAD_FIRST : order == "last" ? SPECEE_OFFLOAD_LAST : SPECEE_OFFLOAD_AUTO;
-        mp.rpc_servers   = params.rpc_servers.empty() ? nullptr : params.rpc_servers.c_str();
-        specee_model * model = specee_model_load(path.c_str(), mp);
+        specee_context_options o = params.ctx;
+        o.n_gpu_layers           = ngl;
+        specee_context_options_set(&o, "offload_order", order.c_str()); // checked when parsed
+        specee_model * model = specee_model_load(path.c_str(), specee_context_options_model_params(&o));
         if (model == nullptr) {
             fprintf(stderr, "error: failed to load model '%s': %s\n", path.c_str(), specee_last_error());
             return 1;

@@ -227,31 +227,33 @@ static void print_usage(const char * argv0, const std::vector<cli_option> & opts
         for (size_t k = 0; k < o.names.size(); ++k) {
             head += (k ? ", " : "") + o.names[k];
         }
-        head += o.value.empty() ? "" : " " + o.value;
-        printf("%s", head.c_str());
-        // the help wrapped at 110 columns from column 36
-        size_t col = head.size();
-        if (col >= 35) {
-            printf("\n");
-            col = 0;
-        }
-        printf("%*s", (int) (36 - col), "");
-        col = 36;
-        std::istringstream words(o.help);
-        std::string        w;
-        bool               first = true;
-        while (words >> w) {
-            if (!first && col + 1 + w.size() > 110) {
-                printf("\n%36s", "");
-                col   = 36;
-                first = true;
-            }
-            printf("%s%s", first ? "" : " ", w.c_str());
-            col += w.size() + (first ? 0 : 1);
-            first = false;
-        }
-        printf("\n");
+        print_help_line(head + (o.value.empty() ? "" : " " + o.value), o.help);
     }
+}
+
+void print_help_line(const std::string & head, const std::string & help) {
+    printf("%s", head.c_str());
+    size_t col = head.size();
+    if (col >= 35) {
+        printf("\n");
+        col = 0;
+    }
+    printf("%*s", (int) (36 - col), "");
+    col = 36;
+    std::istringstream words(help);
+    std::string        w;
+    bool               first = true;
+    while (words >> w) {
+        if (!first && col + 1 + w.size() > 110) {
+            printf("\n%36s", "");
+            col   = 36;
+            first = true;
+        }
+        printf("%s%s", first ? "" : " ", w.c_str());
+        col += w.size() + (first ? 0 : 1);
+        first = false;
+    }
+    printf("\n");
 }
 
 // false with a message on stderr when the command line is malformed

@@ -1,4 +1,5 @@
 // specee-cli-args.h: llama-cli's command line: every flag once (name, value, help, what it sets), parsing, --help
+// (its help lines serve specee-bench too)
 #pragma once
 
 #include "specee.h"
@@ -18,5 +19,8 @@ struct cli_params {
     bool                    list_devices  = false;
 };
 
+// a --help line: the flags and placeholder (head), then the help wrapped at 110 columns from column 36 (specee-bench
+// prints its lines with it too)
+void print_help_line(const std::string & head, const std::string & help);
 // false with a message on stderr when the command line is malformed; help: --help was given (the usage is printed)
 bool cli_parse(int argc, char ** argv, cli_params & p, bool & help);
