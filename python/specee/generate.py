@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence, Union
+from typing import Callable, Iterator, Sequence, Union
 
 from specee import _core
-
-if TYPE_CHECKING:
-    from specee.model import Model
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 Prompt = Union[str, bytes, Sequence[Message]]
@@ -213,12 +210,14 @@ class StopText:
         return rest
 
 
-def stream_text(model: Model, ids: Iterator[int], stop: Sequence[str], stats: GenerationStats) -> Iterator[str]:
-    """Generated token ids as text, yielded as it completes; `stop` strings end generation (not included)."""
+def stream_text(piece_of: Callable[[int], bytes], ids: Iterator[int], stop: Sequence[str],
+                stats: GenerationStats) -> Iterator[str]:
+    """Generated token ids as text, yielded as it completes (piece_of: a token's bytes, `Model.token_to_piece`);
+    `stop` strings end generation (not included)."""
     out = StopText(stop)
     try:
         for tok in ids:
-            piece = out.push(model.token_to_piece(tok))
+            piece = out.push(piece_of(tok))
             if piece:
                 yield piece
             if out.stopped:

@@ -18,7 +18,7 @@ import numpy as np
 from specee import _core
 from specee.generate import GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
-from specee.slots import Slots, generate_batch
+from specee.slots import Slots
 
 
 def _default_threads() -> int:
@@ -461,7 +461,7 @@ class Model:
         opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
         tokens = self.prompt_tokens(prompt, opts.chat_template)
-        return stream_text(self, self._token_stream(tokens, max_tokens, opts, self.last_stats), opts.stop,
+        return stream_text(self.token_to_piece, self._token_stream(tokens, max_tokens, opts, self.last_stats), opts.stop,
                            self.last_stats)
 
     def generate_tokens(self, tokens: Sequence[int], max_tokens: int = 256, **options) -> list[int]:
@@ -485,8 +485,30 @@ class Model:
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_tokens: int = 256, **options) -> list[list[int]]:
         """Token ids generated after each prompt's token ids, every prompt on a slot of its own and decoded together
-        (options as for `stream`); each list is what `generate_tokens` gives for that prompt alone."""
-        return generate_batch(self, prompts, max_tokens, **options)
+        in one batch per pass (options as for `stream`); each list is what `generate_tokens` gives for that prompt
+        alone."""
+        if not prompts:
+            return []
+        slots = self.slots(len(prompts))
+        ids = []
+        for tokens in prompts:
+            slot = slots.submit(tokens, max_tokens, **options)
+            assert slot is not None  # one slot per prompt
+            ids.append(slot)
+        # every pass emits a token for each running request or prefills a chunk: bounded by the prompts and max_tokens
+        limit = sum(len(p) for p in prompts) + len(prompts) * (max(max_tokens, 0) + 2) + 8
+        running = len(prompts)
+        for _ in range(limit):
+            if running == 0:
+                break
+            running = slots.step()
+        out = []
+        for slot in ids:
+            res = slots.read(slot)
+            if res.finish == "error":
+                raise RuntimeError(res.error)
+            out.append(res.tokens)
+        return out
 
     def kv_seq_remove(self, seq: int, p0: int = 0, p1: int = -1) -> int:
         """Take sequence `seq` out of its cells with positions in [p0, p1) (p1 < 0: to the end; seq < 0: every
