@@ -555,20 +555,20 @@ class Model:
         [n_tokens, 3 n_embd] (what its committed pairs take); SpecEEError without an EAGLE-3 head."""
         return self._ctx.features()
 
-    def embed(self, text: str, normalize: bool = True) -> np.ndarray:
-        """Pooled embedding [n_embd]: the mean final-norm hidden state over the text's tokens (unit length when
-        normalize). The KV cache is cleared before and after."""
-        tokens = self.tokenize(text, add_special=True)
-        if not tokens:
-            raise ValueError("cannot embed empty text")
+    def embed(self, text: str | bytes | Sequence[str | bytes], normalize: bool = True) -> np.ndarray:
+        """Pooled embeddings: the mean final-norm hidden state over a text's tokens (BOS as the vocabulary asks), unit
+        length when normalize; [n_embd] for a text, [n_texts, n_embd] for a list of texts. One call of the runtime
+        (`specee_embed`): each text is evaluated alone on a KV sequence of its own, removed afterwards, so the cache
+        keeps what it held (a conversation's prefix) unless those cells must make room. ValueError for an empty text;
+        SpecEEError for one longer than the context."""
+        one = isinstance(text, (str, bytes, bytearray))
+        texts = [text] if isinstance(text, (str, bytes, bytearray)) else list(text)
+        seqs = [self.tokenize(t, add_special=True) for t in texts]
+        for i, toks in enumerate(seqs):
+            if not toks:
+                raise ValueError("cannot embed empty text" + ("" if one else f" (text {i})"))
+        tokens = np.asarray([t for toks in seqs for t in toks], dtype=np.int32)
+        n_tokens = np.asarray([len(toks) for toks in seqs], dtype=np.int32)
         with self._lock:
-            self.kv_clear()
-            states = []
-            for i in range(0, len(tokens), self.n_batch):
-                self.eval(tokens[i : i + self.n_batch], logits=False)
-                states.append(self.norm())
-            self.kv_clear()
-        vec = np.concatenate(states).mean(axis=0)
-        if normalize:
-            vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
-        return vec.astype(np.float32)
+            out = self._ctx.embed(tokens, n_tokens, normalize)
+        return out[0] if one else out
