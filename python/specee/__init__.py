@@ -5,10 +5,10 @@ from specee._ggml import preload_ggml
 preload_ggml()  # before the extension: it links libggml
 
 from specee._core import SpecEEError  # noqa: E402
-from specee.generate import EagleParams, ExitParams, GenerateOptions, GenerationStats  # noqa: E402
-from specee.model import Model  # noqa: E402
+from specee.generate import EagleParams, ExitParams, GenerateOptions, GenerationStats, chat_apply_template  # noqa: E402
+from specee.model import Model, devices  # noqa: E402
 from specee.paths import default_model_path  # noqa: E402
 from specee.slots import SlotOutput, Slots  # noqa: E402
 
 __all__ = ["EagleParams", "ExitParams", "GenerateOptions", "GenerationStats", "Model", "SlotOutput", "Slots",
-           "SpecEEError", "default_model_path"]
+           "SpecEEError", "chat_apply_template", "default_model_path", "devices"]

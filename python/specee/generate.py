@@ -162,6 +162,16 @@ class GenerationStats:
             setattr(self, name, value)
 
 
+def chat_apply_template(template: str, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    """The text of chat messages rendered with a template, by name ("chatml", "llama2", ...; `Model.chat_template()`
+    gives a model's), special tokens as their text (tokenize it with parse_special=True); add_generation_prompt: end
+    with the assistant's prefix, ready for its reply. ValueError for an unknown template or a bad conversation."""
+    try:
+        return _core.chat_apply_template(template, list(messages), add_generation_prompt)
+    except _core.SpecEEError as e:
+        raise ValueError(str(e)) from None
+
+
 def _held_back(text: str, stops: Sequence[str]) -> int:
     """Characters at the end of text that could be the start of a stop string."""
     hold = 0

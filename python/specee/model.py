@@ -21,6 +21,12 @@ from specee.paths import default_draft_head_path, default_model_path
 from specee.slots import Slots
 
 
+def devices() -> list[tuple[str, str, int, int]]:
+    """The devices this runtime sees, the CPU and the GPUs and RPC servers layers can go to: (name, description, free
+    bytes, total bytes), named as `Model(devices=...)` takes them ("CUDA0", "RPC0")."""
+    return [(name, desc, free, total) for name, desc, free, total in _core.devices()]
+
+
 def _default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
@@ -218,6 +224,12 @@ class Model:
         """Target token ids of the draft head's output rows where it has a reduced draft vocabulary, else None
         (its logits are over the whole vocabulary)."""
         return self._model.eagle_draft_vocab
+
+    @property
+    def eagle_feature_layers(self) -> list[int]:
+        """EAGLE-3: the target layers whose outputs make its draft head's feature, low to high (`features()` gives
+        them); [] for an EAGLE-1 head or none."""
+        return self._model.eagle_feature_layers
 
     @property
     def has_exit_predictors(self) -> bool:
