@@ -24,7 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specee.perf import parse_perf
+from specee.bench.perf import parse_perf
 
 TOOLS = ("llama.cpp", "specee")
 

