@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specee import _core
+from specee import chat_apply_template
 from specee import constants as C
 from specee.autoee.eagle_features import Decontaminator, default_eval_files
 from specee.autoee.exit_features import N_CANDIDATES, LmHead, layer_argmax, layer_features, read_lm_head
@@ -296,7 +296,7 @@ def collect(model: Model, head: LmHead, store: ExitStore, source: Iterator[Conve
             break
         messages = first_turn(conv, keep)
         if messages is not None:
-            text = _core.chat_apply_template(template, messages, True)
+            text = chat_apply_template(template, messages)
             prompt = model.tokenize(text, add_special=True, parse_special=True)
             if len(prompt) <= cfg["max_prompt"]:
                 rec = sequence_records(model, head, prompt, cfg["max_new"], cfg["n_candidates"], draft_vocab,

@@ -34,7 +34,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from specee import _core
+from specee import chat_apply_template
 from specee.model import Model
 
 from specee.autoee.sharegpt import Conversation
@@ -106,10 +106,10 @@ def render(model: Model, template: str, conv: Conversation, max_tokens: int) -> 
     The text is cut at message boundaries (each prefix rendering must be a prefix of the whole, as for
     ChatML), and each piece is tokenized alone: pieces start at a special token, so this equals
     tokenizing the whole text. Otherwise every token is flagged."""
-    full = _core.chat_apply_template(template, conv.messages, False)
+    full = chat_apply_template(template, conv.messages, False)
     bounds = [0]
     for k in range(1, len(conv.messages) + 1):
-        prefix = _core.chat_apply_template(template, conv.messages[:k], False)
+        prefix = chat_apply_template(template, conv.messages[:k], False)
         if not full.startswith(prefix) or len(prefix) < bounds[-1]:
             toks = model.tokenize(full, add_special=True, parse_special=True)[:max_tokens]
             return toks, [1] * len(toks)

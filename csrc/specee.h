@@ -253,6 +253,17 @@ int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq);
 // whether a cell belongs to sequence seq
 bool    specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq);
 
+// ---- embeddings --------------------------------------------------------------------------------
+
+// Pooled embeddings of n_seqs texts' token ids (tokens: the texts one after another, n_tokens[i] ids each) into out
+// [n_seqs][n_embd]: the mean final-norm output over each text's tokens, unit length when normalize. Each text is
+// evaluated alone, on a sequence of its own at positions 0.., and its cells are removed afterwards: the cache's other
+// sequences stay (sequence 0's cells make room when too few cells are free). Returns 0, or -1 with
+// specee_last_error() (an empty text, one longer than the context, a bad token id; "text i: " before the message
+// when n_seqs > 1). The parallel slots' specee_slots_embed is the same within a slot's share of the context.
+int32_t specee_embed(specee_context * ctx, const int32_t * tokens, const int32_t * n_tokens, int32_t n_seqs,
+                     bool normalize, float * out);
+
 // ---- sampling ----------------------------------------------------------------------------------
 
 typedef struct specee_sampler specee_sampler;

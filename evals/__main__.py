@@ -268,7 +268,6 @@ def interrupt(signum: int, frame) -> None:
 def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[str], files: dict[str, Path],
         samples: dict[str, list[Sample]]) -> None:
     import specee
-    from specee import _core
 
     model_path = str(Path(args.model).resolve()) if args.model else specee.default_model_path()
     if not Path(model_path).is_file():
@@ -312,7 +311,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
         (out / "samples.jsonl").unlink()
 
     def render(messages: list[dict]) -> str:
-        return _core.chat_apply_template(template, messages, True)
+        return specee.chat_apply_template(template, messages)
 
     def count(prompt: str) -> int:
         return len(model.tokenize(prompt, add_special=True, parse_special=True))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 import specee
-from specee.perf import parse_perf
+from specee.bench.perf import parse_perf
 
 
 class ModeError(Exception):

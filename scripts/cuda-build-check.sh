@@ -25,6 +25,6 @@ echo "cuda-build-check: $cuda_lib ($(du -h "$cuda_lib" | cut -f1)); the GPU arch
 grep -a -o 'sm_[0-9][0-9]*[a-z]*' "$cuda_lib" | sort | uniq -c || true
 echo "cuda-build-check: what it links:"
 ldd "$cuda_lib" | grep -E "cublas|cudart|libcuda|not found" || true
-python -c "import specee; print('devices:', specee._core.devices())"
+python -c "import specee; print('devices:', specee.devices())"
 python -m pip install -q -r tests/requirements.txt
 python -m pytest -q -rs -p no:cacheprovider -m "not slow" tests

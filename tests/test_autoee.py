@@ -89,7 +89,7 @@ def test_collect_renders_chat_and_resumes(smollm2_path: Path, tmp_path: Path) ->
     template = model.chat_template()
     convs = list(read_sharegpt(path))
     tokens, flags = render(model, template, convs[1], 1000)
-    text = specee._core.chat_apply_template(template, convs[1].messages, False)
+    text = specee.chat_apply_template(template, convs[1].messages, False)
     assert tokens == model.tokenize(text, add_special=True, parse_special=True)
     assert model.detokenize([t for t, f in zip(tokens, flags) if f], unparse_special=True) == \
         "<|im_start|>assistant\nA<|im_end|>\n"

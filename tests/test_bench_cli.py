@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specee.bench import cli as bench_cli
-from specee.perf import parse_perf
+from specee.bench.perf import parse_perf
 from specee._tools import tool_path
 
 UPSTREAM = """\

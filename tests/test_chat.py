@@ -7,6 +7,7 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+import specee
 from specee import _core
 
 # meta-llama/Llama-2-7b-chat-hf, tokenizer_config.json
@@ -176,6 +177,19 @@ def test_unknown_name_and_bad_messages() -> None:
         _core.chat_apply_template("alpaca", msgs("user", "x"))
     with pytest.raises(ValueError, match="role"):
         _core.chat_apply_template("chatml", [{"content": "no role"}])
+
+
+def test_the_public_call_renders_as_the_runtime() -> None:
+    """specee.chat_apply_template: the runtime's rendering, an unknown template or a bad conversation a ValueError."""
+    conversation = msgs("system", "SYS", "user", "Q1", "assistant", "A1", "user", "Q2")
+    for add in (True, False):
+        assert specee.chat_apply_template("chatml", conversation, add) == _core.chat_apply_template(
+            "chatml", conversation, add)
+    assert specee.chat_apply_template("chatml", conversation) == _core.chat_apply_template("chatml", conversation)
+    with pytest.raises(ValueError, match="unknown chat template"):
+        specee.chat_apply_template("alpaca", msgs("user", "x"))
+    with pytest.raises(ValueError, match="alternate"):
+        specee.chat_apply_template("llama2", msgs("user", "a", "user", "b"))
 
 
 @pytest.mark.slow

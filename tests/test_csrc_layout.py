@@ -4,6 +4,7 @@ known to fail when it should."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -225,3 +226,75 @@ def test_an_include_circle_is_found(tmp_path: Path) -> None:
     assert find_cycle(include_graph(tmp_path)) == []
     (tmp_path / "specee-c.cpp").write_text('#include "specee-c.h"\n#include "specee-a.h"\n')
     assert find_cycle(include_graph(tmp_path)) == ["specee-a", "specee-b", "specee-c", "specee-a"]
+
+
+# ---- the Python package: no circle in the graph of imports between the modules of python/specee (those under
+# `if TYPE_CHECKING:` and inside functions included: a circle broken at run time is still one)
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "specee"
+
+
+def import_graph(root: Path, package: str = "specee") -> dict[str, set[str]]:
+    """module -> the modules of the package it imports (`import specee.x`, `from specee.x import y`, `from specee
+    import x`, relative imports), read with ast from every .py file under root (the package's folder). A name that is
+    not a module (a .py, a .pyi stub of an extension, a folder) is an attribute of the package it is imported from:
+    the edge goes to that package's __init__."""
+    files = sorted(root.rglob("*.py"))
+    modules = {}
+    for path in files:
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        modules[path] = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    known = set(modules.values()) | {
+        ".".join([package, *p.relative_to(root).with_suffix("").parts]) for p in root.rglob("*.pyi")}
+
+    def resolve(name: str) -> str | None:
+        """The longest prefix of a dotted name that is a module of the package."""
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for path, me in modules.items():
+        deps = graph.setdefault(me, set())
+        here = me if path.name == "__init__.py" else me.rpartition(".")[0]  # the package relative imports start in
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t == package or t.startswith(package + "."):
+                    dep = resolve(t)
+                    if dep and dep != me:
+                        deps.add(dep)
+    return graph
+
+
+def test_no_python_import_circle() -> None:
+    cycle = find_cycle(import_graph(PACKAGE))
+    assert not cycle, "import circle: " + " -> ".join(cycle)
+
+
+def test_a_python_import_circle_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "specee"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from specee._core import Error\nfrom specee.a import A\n")
+    (pkg / "_core.pyi").write_text("class Error(Exception): ...\n")
+    (pkg / "a.py").write_text("from specee import _core\nfrom specee.b import B\nimport os\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nimport specee.c\n")
+    (pkg / "c.py").write_text("# from specee.a import A is a comment\nimport specee\n\n\ndef f():\n    return 1\n")
+    graph = import_graph(pkg)
+    assert graph == {"specee": {"specee._core", "specee.a"}, "specee.a": {"specee._core", "specee.b"},
+                     "specee.b": {"specee.c"}, "specee.c": {"specee"}}
+    assert find_cycle(graph) == ["specee", "specee.a", "specee.b", "specee.c", "specee"]
+    (pkg / "c.py").write_text("def f():\n    pass\n")
+    assert find_cycle(import_graph(pkg)) == []
+    # under TYPE_CHECKING, and relative: still a circle
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n")
+    assert find_cycle(import_graph(pkg)) == ["specee.a", "specee.b", "specee.c", "specee.a"]

@@ -222,7 +222,7 @@ def test_converter_feature_layers(tiny_gguf: Path, random_head: Eagle3Head, tmp_
         merge_gguf(tiny_gguf, tmp_path / "out.gguf", eagle=folder, progress=False)
     out = tmp_path / "given.gguf"
     merge_gguf(tiny_gguf, out, eagle=folder, feature_layers=[1, 2, 3], draft_head_only=True, progress=False)
-    assert specee.Model(tiny_gguf, n_ctx=64, draft_head=out)._model.eagle_feature_layers == [1, 2, 3]
+    assert specee.Model(tiny_gguf, n_ctx=64, draft_head=out).eagle_feature_layers == [1, 2, 3]
     with pytest.raises(ValueError, match=r"feature layers \[1, 2, 4\]: expected 3 layers of the base model's 0..3"):
         merge_gguf(tiny_gguf, out, eagle=folder, feature_layers=[1, 2, 4], progress=False)
     zero = save_eagle3(state, published_config(random_head, aux_ids=[0, 2, 3]), tmp_path / "zero")

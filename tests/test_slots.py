@@ -11,6 +11,7 @@ import pytest
 
 import specee
 from specee import EagleParams, ExitParams
+from test_api_edges import vocab_gguf  # noqa: F401 (fixture: a tiny model with a vocabulary)
 from test_early_exit import merged, predictors, with_head  # noqa: F401 (fixtures: a tiny model with exit predictors)
 from test_eagle import cfg, random_gguf, random_state  # noqa: F401 (fixtures: a tiny model with an EAGLE-1 head)
 
@@ -263,6 +264,42 @@ def test_embeddings_between_passes_equal_the_model_s(tiny: specee.Model) -> None
     tiny.kv_clear()
     tiny.eval(toks, logits=False)
     np.testing.assert_allclose(vec, tiny.norm().mean(axis=0), rtol=1e-4, atol=1e-5)
+
+
+def test_model_embed_is_the_mean_final_norm_output_on_a_sequence_of_its_own(vocab_gguf: Path) -> None:  # noqa: F811
+    """Model.embed, one runtime call for a text or a list: the mean of the final-norm rows the text's own evaluation
+    gives (in chunks of n_batch), to the bit, unit length when normalize; the model's cache is kept unless its cells
+    must make room; an empty text and one longer than the context are refused."""
+    m = specee.Model(vocab_gguf, n_ctx=64, n_batch=8, n_threads=1)
+    texts = ["Hello world, a text of more than eight tokens", "x"]
+    want = []
+    for text in texts:
+        m.kv_clear()
+        toks, rows = m.tokenize(text), []
+        for i in range(0, len(toks), m.n_batch):
+            m.eval(toks[i : i + m.n_batch], logits=False)
+            rows.append(m.norm())
+        want.append(np.concatenate(rows).mean(axis=0))
+    assert len(m.tokenize(texts[0])) > m.n_batch
+    np.testing.assert_array_equal(m.embed(texts[0], normalize=False), want[0])
+    unit = np.stack([w / np.linalg.norm(w) for w in want])
+    np.testing.assert_allclose(m.embed(texts[0]), unit[0], rtol=1e-6, atol=1e-7)
+    both = m.embed(texts)
+    assert both.shape == (2, m.n_embd) and both.dtype == np.float32
+    np.testing.assert_allclose(both, unit, rtol=1e-6, atol=1e-7)
+
+    m.kv_clear()
+    m.generate("Hello", 4, temp=0, mode="plain")
+    used = m.kv_n_used
+    np.testing.assert_array_equal(m.embed(texts), both)  # beside the model's sequence: the same
+    assert m.kv_n_used == used and m.kv_seq_n_cells(63) == 0
+    m.generate("Hello world", 64, temp=0, mode="plain", ignore_eos=True)
+    assert m.last_stats.stop_reason == "context"
+    np.testing.assert_array_equal(m.embed(texts), both)  # a full cache: the model's sequence made room
+    with pytest.raises(ValueError, match="cannot embed empty text"):
+        m.embed("")
+    with pytest.raises(specee.SpecEEError, match="text 1: the text has 200 tokens, more than fit the context of 64"):
+        m.embed(["a", "x " * 100])
 
 
 def test_eagle_and_early_exit_requests_equal_alone(random_gguf: Path, with_head: Path) -> None:  # noqa: F811

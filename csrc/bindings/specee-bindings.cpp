@@ -139,6 +139,28 @@ struct Context {
         memcpy(out.mutable_data(), data, sizeof(float) * n * n_embd);
         return out;
     }
+
+    // texts' token ids one after another, n_tokens[i] each -> [n_texts, n_embd]
+    py::array_t<float> embed(const i32_array & tokens, const i32_array & n_tokens, bool normalize) {
+        const int32_t n_seqs = (int32_t) n_tokens.size();
+        int64_t       total  = 0;
+        for (int32_t i = 0; i < n_seqs; ++i) {
+            total += n_tokens.data()[i];
+        }
+        if (total != (int64_t) tokens.size()) {
+            throw py::value_error("n_tokens must add up to the number of tokens");
+        }
+        py::array_t<float> out({n_seqs, specee_model_n_embd(model)});
+        int32_t            rc;
+        {
+            py::gil_scoped_release release;
+            rc = specee_embed(ptr, tokens.data(), n_tokens.data(), n_seqs, normalize, out.mutable_data());
+        }
+        if (rc != 0) {
+            raise_last();
+        }
+        return out;
+    }
 };
 
 using f32_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
@@ -769,7 +791,8 @@ PYBIND11_MODULE(_core, m) {
         .def("kv_seq_pos_max", [](const Context & s, int32_t seq) { return specee_kv_seq_pos_max(s.ptr, seq); })
         .def("kv_seq_n_cells", [](const Context & s, int32_t seq) { return specee_kv_seq_n_cells(s.ptr, seq); })
         .def("kv_cell_has_seq",
-             [](const Context & s, int32_t c, int32_t seq) { return specee_kv_cell_has_seq(s.ptr, c, seq); });
+             [](const Context & s, int32_t c, int32_t seq) { return specee_kv_cell_has_seq(s.ptr, c, seq); })
+        .def("embed", &Context::embed, py::arg("tokens"), py::arg("n_tokens"), py::arg("normalize") = true);
 
     py::class_<Slots>(m, "Slots")
         .def(py::init<py::object, int32_t, int32_t>(), py::arg("context"), py::arg("n_slots"), py::arg("n_chunk") = 0)

@@ -5,10 +5,11 @@ from specee._ggml import preload_ggml
 preload_ggml()  # before the extension: it links libggml
 
 from specee._core import SpecEEError  # noqa: E402
-from specee.generate import MODES, EagleParams, ExitParams, GenerateOptions, GenerationStats, Mode  # noqa: E402
-from specee.model import Model  # noqa: E402
+from specee.generate import (MODES, EagleParams, ExitParams, GenerateOptions, GenerationStats, Mode,  # noqa: E402
+                             chat_apply_template)
+from specee.model import Model, devices  # noqa: E402
 from specee.paths import default_model_path  # noqa: E402
 from specee.slots import SlotOutput, Slots  # noqa: E402
 
 __all__ = ["MODES", "EagleParams", "ExitParams", "GenerateOptions", "GenerationStats", "Mode", "Model", "SlotOutput",
-           "Slots", "SpecEEError", "default_model_path"]
+           "Slots", "SpecEEError", "chat_apply_template", "default_model_path", "devices"]

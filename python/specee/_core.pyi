@@ -114,6 +114,8 @@ class Context:
         """
         a context of the context options {name: value} (n_ctx, n_batch, n_ubatch, n_threads, ...)
         """
+    def embed(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], n_tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], normalize: bool = True) -> numpy.typing.NDArray[numpy.float32]:
+        ...
     def eval(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], pos: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None, tree_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None = None, output: typing.Annotated[numpy.typing.ArrayLike, numpy.int8] | None = None, seq_id: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def eval_layers(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], pos: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None, tree_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, output: typing.Annotated[numpy.typing.ArrayLike, numpy.int8] | None, layer_begin: typing.SupportsInt | typing.SupportsIndex, layer_end: typing.SupportsInt | typing.SupportsIndex, flags: typing.SupportsInt | typing.SupportsIndex = 0, all_layers: bool = False, seq_id: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None) -> numpy.typing.NDArray[numpy.float32]:

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence, Union
+from typing import Callable, Iterator, Sequence, Union
 
 from specee import _core
-
-if TYPE_CHECKING:
-    from specee.model import Model
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 Prompt = Union[str, bytes, Sequence[Message]]
@@ -187,6 +184,16 @@ class GenerationStats:
             setattr(self, name, value)
 
 
+def chat_apply_template(template: str, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    """The text of chat messages rendered with a template, by name ("chatml", "llama2", ...; `Model.chat_template()`
+    gives a model's), special tokens as their text (tokenize it with parse_special=True); add_generation_prompt: end
+    with the assistant's prefix, ready for its reply. ValueError for an unknown template or a bad conversation."""
+    try:
+        return _core.chat_apply_template(template, list(messages), add_generation_prompt)
+    except _core.SpecEEError as e:
+        raise ValueError(str(e)) from None
+
+
 def _held_back(text: str, stops: Sequence[str]) -> int:
     """Characters at the end of text that could be the start of a stop string."""
     hold = 0
@@ -235,12 +242,14 @@ class StopText:
         return rest
 
 
-def stream_text(model: Model, ids: Iterator[int], stop: Sequence[str], stats: GenerationStats) -> Iterator[str]:
-    """Generated token ids as text, yielded as it completes; `stop` strings end generation (not included)."""
+def stream_text(piece_of: Callable[[int], bytes], ids: Iterator[int], stop: Sequence[str],
+                stats: GenerationStats) -> Iterator[str]:
+    """Generated token ids as text, yielded as it completes (piece_of: a token's bytes, `Model.token_to_piece`);
+    `stop` strings end generation (not included)."""
     out = StopText(stop)
     try:
         for tok in ids:
-            piece = out.push(model.token_to_piece(tok))
+            piece = out.push(piece_of(tok))
             if piece:
                 yield piece
             if out.stopped:

@@ -19,7 +19,13 @@ from specee import _core
 from specee.context_options import CONTEXT_OPTIONS, context_options
 from specee.generate import MODES, GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
-from specee.slots import Slots, generate_batch
+from specee.slots import Slots
+
+
+def devices() -> list[tuple[str, str, int, int]]:
+    """The devices this runtime sees, the CPU and the GPUs and RPC servers layers can go to: (name, description, free
+    bytes, total bytes), named as `Model(devices=...)` takes them ("CUDA0", "RPC0")."""
+    return [(name, desc, free, total) for name, desc, free, total in _core.devices()]
 
 
 class _Closed:
@@ -212,6 +218,12 @@ class Model:
         """Target token ids of the draft head's output rows where it has a reduced draft vocabulary, else None
         (its logits are over the whole vocabulary)."""
         return self._model.eagle_draft_vocab
+
+    @property
+    def eagle_feature_layers(self) -> list[int]:
+        """EAGLE-3: the target layers whose outputs make its draft head's feature, low to high (`features()` gives
+        them); [] for an EAGLE-1 head or none."""
+        return self._model.eagle_feature_layers
 
     @property
     def has_exit_predictors(self) -> bool:
@@ -455,8 +467,8 @@ class Model:
         opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
         tokens = self.prompt_tokens(prompt, opts.chat_template)
-        return stream_text(self, self._token_stream(tokens, max_tokens, opts, self.last_stats), opts.stop,
-                           self.last_stats)
+        ids = self._token_stream(tokens, max_tokens, opts, self.last_stats)
+        return stream_text(self.token_to_piece, ids, opts.stop, self.last_stats)
 
     def generate_tokens(self, tokens: Sequence[int], max_tokens: int = 256, **options) -> list[int]:
         """Token ids generated after the prompt's token ids (options as for `stream`; no tokenizer needed)."""
@@ -479,8 +491,30 @@ class Model:
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_tokens: int = 256, **options) -> list[list[int]]:
         """Token ids generated after each prompt's token ids, every prompt on a slot of its own and decoded together
-        (options as for `stream`); each list is what `generate_tokens` gives for that prompt alone."""
-        return generate_batch(self, prompts, max_tokens, **options)
+        in one batch per pass (options as for `stream`); each list is what `generate_tokens` gives for that prompt
+        alone."""
+        if not prompts:
+            return []
+        slots = self.slots(len(prompts))
+        ids = []
+        for tokens in prompts:
+            slot = slots.submit(tokens, max_tokens, **options)
+            assert slot is not None  # one slot per prompt
+            ids.append(slot)
+        # every pass emits a token for each running request or prefills a chunk: bounded by the prompts and max_tokens
+        limit = sum(len(p) for p in prompts) + len(prompts) * (max(max_tokens, 0) + 2) + 8
+        running = len(prompts)
+        for _ in range(limit):
+            if running == 0:
+                break
+            running = slots.step()
+        out = []
+        for slot in ids:
+            res = slots.read(slot)
+            if res.finish == "error":
+                raise RuntimeError(res.error)
+            out.append(res.tokens)
+        return out
 
     def kv_seq_remove(self, seq: int, p0: int = 0, p1: int = -1) -> int:
         """Take sequence `seq` out of its cells with positions in [p0, p1) (p1 < 0: to the end; seq < 0: every
@@ -527,20 +561,20 @@ class Model:
         [n_tokens, 3 n_embd] (what its committed pairs take); SpecEEError without an EAGLE-3 head."""
         return self._ctx.features()
 
-    def embed(self, text: str, normalize: bool = True) -> np.ndarray:
-        """Pooled embedding [n_embd]: the mean final-norm hidden state over the text's tokens (unit length when
-        normalize). The KV cache is cleared before and after."""
-        tokens = self.tokenize(text, add_special=True)
-        if not tokens:
-            raise ValueError("cannot embed empty text")
+    def embed(self, text: str | bytes | Sequence[str | bytes], normalize: bool = True) -> np.ndarray:
+        """Pooled embeddings: the mean final-norm hidden state over a text's tokens (BOS as the vocabulary asks), unit
+        length when normalize; [n_embd] for a text, [n_texts, n_embd] for a list of texts. One call of the runtime
+        (`specee_embed`): each text is evaluated alone on a KV sequence of its own, removed afterwards, so the cache
+        keeps what it held (a conversation's prefix) unless those cells must make room. ValueError for an empty text;
+        SpecEEError for one longer than the context."""
+        one = isinstance(text, (str, bytes, bytearray))
+        texts = [text] if isinstance(text, (str, bytes, bytearray)) else list(text)
+        seqs = [self.tokenize(t, add_special=True) for t in texts]
+        for i, toks in enumerate(seqs):
+            if not toks:
+                raise ValueError("cannot embed empty text" + ("" if one else f" (text {i})"))
+        tokens = np.asarray([t for toks in seqs for t in toks], dtype=np.int32)
+        n_tokens = np.asarray([len(toks) for toks in seqs], dtype=np.int32)
         with self._lock:
-            self.kv_clear()
-            states = []
-            for i in range(0, len(tokens), self.n_batch):
-                self.eval(tokens[i : i + self.n_batch], logits=False)
-                states.append(self.norm())
-            self.kv_clear()
-        vec = np.concatenate(states).mean(axis=0)
-        if normalize:
-            vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
-        return vec.astype(np.float32)
+            out = self._ctx.embed(tokens, n_tokens, normalize)
+        return out[0] if one else out

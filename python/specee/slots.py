@@ -10,15 +10,12 @@ a server thread can step while others submit and read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from specee import _core
 from specee.generate import GenerateOptions
-
-if TYPE_CHECKING:
-    from specee.model import Model
 
 # why a request finished, by the runtime's enum specee_finish
 FINISH_REASONS = {
@@ -110,30 +107,3 @@ class Slots:
         """The mean final-norm output over the tokens [n_embd], evaluated between passes on a sequence of its own."""
         return self._slots.embed(np.asarray(tokens, dtype=np.int32))
 
-
-def generate_batch(model: Model, prompts: Sequence[Sequence[int]], max_tokens: int = 256,
-                   **options) -> list[list[int]]:
-    """Token ids generated after each prompt's token ids, the prompts decoded together in one batch per pass (one
-    slot each; options as for `Model.stream`). Each list is what `Model.generate_tokens` gives for that prompt."""
-    if not prompts:
-        return []
-    slots = model.slots(len(prompts))
-    out: list[list[int]] = [[] for _ in prompts]
-    ids = []
-    for tokens in prompts:
-        slot = slots.submit(tokens, max_tokens, **options)
-        assert slot is not None  # one slot per prompt
-        ids.append(slot)
-    # every pass emits a token for each running request or prefills a chunk: bounded by the prompts and max_tokens
-    limit = sum(len(p) for p in prompts) + len(prompts) * (max(max_tokens, 0) + 2) + 8
-    running = len(prompts)
-    for _ in range(limit):
-        if running == 0:
-            break
-        running = slots.step()
-    for i, slot in enumerate(ids):
-        res = slots.read(slot)
-        if res.finish == "error":
-            raise RuntimeError(res.error)
-        out[i] = res.tokens
-    return out

@@ -3,7 +3,8 @@
     llama_perf_context_print: prompt eval time =      12.34 ms /    17 tokens (...)
     llama_perf_context_print:        eval time =      99.90 ms /   127 runs   (...)
 
-Upstream's newer tools print the same lines under common_perf_print; both are read.
+Upstream's newer tools print the same lines under common_perf_print; both are read. Used by bench.cli, bench.spec
+and the evaluations' CLI runners (specee.eval.runners).
 """
 
 from __future__ import annotations
