@@ -1,7 +1,9 @@
 // specee-context.cpp: a context over a model: backends, scheduler, the graph runner, KV cache, batch
-// evaluation by layer ranges, named intermediates
+// evaluation by layer ranges. Elsewhere: a batch's checks and positions (specee-batch.cpp), the parameters and the
+// memory check (specee-context-params.cpp), named intermediates (specee-capture.cpp).
 #include "specee-context.h"
 
+#include "specee-batch.h"
 #include "specee-graph.h"
 #include "specee-impl.h"
 #include "specee-model.h"
@@ -9,12 +11,8 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <thread>
-#include <unistd.h>
 
 specee_context::~specee_context() {
     if (graph_ctx) {
@@ -78,31 +76,6 @@ void specee_graph_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_toke
     if (ggml_backend_sched_graph_compute(ctx.sched, gf) != GGML_STATUS_SUCCESS) {
         specee_fail("graph computation failed");
     }
-}
-
-// the scheduler's eval callback: asks for the captured names, then copies each one as it is computed
-static bool capture_callback(ggml_tensor * t, bool ask, void * user_data) {
-    specee_context & ctx  = *(specee_context *) user_data;
-    const char *     name = ggml_get_name(t);
-    const bool       want = std::find(ctx.capture_names.begin(), ctx.capture_names.end(), name) != ctx.capture_names.end();
-    if (ask || !want) {
-        return want || !ask;
-    }
-    const int64_t      ne0  = t->ne[0];
-    const int64_t      rows = ggml_nelements(t) / ne0;
-    std::vector<float> data((size_t) ggml_nelements(t));
-    if (t->type == GGML_TYPE_F32 && ggml_is_contiguous(t)) {
-        ggml_backend_tensor_get(t, data.data(), 0, data.size() * sizeof(float));
-    } else if (t->type == GGML_TYPE_F16 && ggml_is_contiguous(t)) {
-        std::vector<ggml_fp16_t> h(data.size());
-        ggml_backend_tensor_get(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
-        ggml_fp16_to_fp32_row(h.data(), data.data(), (int64_t) h.size());
-    } else {
-        return true; // not a float tensor: not captured
-    }
-    ctx.captured[name]       = std::move(data);
-    ctx.captured_shape[name] = {ne0, rows};
-    return true;
 }
 
 // ---- evaluation ------------------------------------------------------------------------------------
@@ -188,66 +161,6 @@ static void order_masks(std::vector<std::vector<ggml_fp16_t>> & masks, const std
     }
 }
 
-static void check_batch(const specee_context & ctx, const specee_batch * batch) {
-    if (!batch || batch->n_tokens <= 0 || !batch->token) {
-        specee_fail("empty batch: nothing to evaluate");
-    }
-    if ((uint32_t) batch->n_tokens > ctx.cparams.n_batch) {
-        specee_fail("batch of %d tokens exceeds n_batch=%u", batch->n_tokens, ctx.cparams.n_batch);
-    }
-    const int32_t n_vocab = (int32_t) ctx.model->hparams.n_vocab;
-    for (int32_t i = 0; i < batch->n_tokens; ++i) {
-        if (batch->token[i] < 0 || batch->token[i] >= n_vocab) {
-            specee_fail("token id %d at index %d is out of range [0, %d)", batch->token[i], i, n_vocab);
-        }
-        if (batch->pos && batch->pos[i] < 0) {
-            specee_fail("negative position %d at index %d", batch->pos[i], i);
-        }
-        if (batch->seq_id && (batch->seq_id[i] < 0 || batch->seq_id[i] >= SPECEE_MAX_SEQ)) {
-            specee_fail("sequence id %d at index %d is out of range [0, %d)", batch->seq_id[i], i, SPECEE_MAX_SEQ);
-        }
-    }
-}
-
-// begin a batch: copy it, choose its cells (nothing in the cache changes yet)
-// the position of the first of n tokens that continue the cache (positions are int32: an overflow is an error)
-static int32_t next_pos(const specee_context & ctx, int32_t n, int32_t s = -1) {
-    const int64_t p0 = (int64_t) ctx.kv.pos_max(s) + 1;
-    if (p0 + n - 1 > INT32_MAX) {
-        specee_fail("position overflow: %d tokens after position %d pass the largest position, %d (give positions, "
-                    "or clear the cache)", n, ctx.kv.pos_max(s), INT32_MAX);
-    }
-    return (int32_t) p0;
-}
-
-// the positions of a batch's tokens: given, or each sequence's continuing after its last cached position
-static void batch_positions(const specee_context & ctx, const specee_batch * batch, std::vector<int32_t> & pos) {
-    const int32_t n = batch->n_tokens;
-    pos.resize(n);
-    if (batch->pos) {
-        pos.assign(batch->pos, batch->pos + n);
-    } else if (!batch->seq_id) {
-        const int32_t p0 = next_pos(ctx, n);
-        for (int32_t i = 0; i < n; ++i) {
-            pos[i] = p0 + i;
-        }
-    } else {
-        std::map<int32_t, int32_t> next;
-        for (int32_t i = 0; i < n; ++i) {
-            const int32_t s  = batch->seq_id[i];
-            auto          it = next.find(s);
-            if (it == next.end()) {
-                int32_t count = 0;
-                for (int32_t j = i; j < n; ++j) {
-                    count += batch->seq_id[j] == s;
-                }
-                it = next.emplace(s, next_pos(ctx, count, s)).first;
-            }
-            pos[i] = it->second++;
-        }
-    }
-}
-
 // a new batch's results, none computed yet (EAGLE-3: its features zeroed, ctx.n_tokens rows)
 static void clear_results(specee_context & ctx) {
     ctx.hidden_layers.clear();
@@ -260,6 +173,7 @@ static void clear_results(specee_context & ctx) {
     ctx.n_outputs = 0;
 }
 
+// begin a batch: copy it, choose its cells (nothing in the cache changes yet)
 static void start_batch(specee_context & ctx, const specee_batch * batch) {
     const int32_t n  = batch->n_tokens;
     ctx.cells        = batch->seq_id ? ctx.kv.find_slots_seq(std::vector<int32_t>(batch->seq_id, batch->seq_id + n))
@@ -272,7 +186,7 @@ static void start_batch(specee_context & ctx, const specee_batch * batch) {
     } else {
         ctx.seqs.clear();
     }
-    batch_positions(ctx, batch, ctx.pos);
+    specee_batch_positions(ctx.kv, batch, ctx.pos);
     if (batch->tree_mask) {
         ctx.tree_mask.assign(batch->tree_mask, batch->tree_mask + (size_t) n * n);
     } else {
@@ -280,7 +194,7 @@ static void start_batch(specee_context & ctx, const specee_batch * batch) {
     }
     ctx.out_ids.clear();
     for (int32_t i = 0; i < n; ++i) {
-        if (batch->output ? batch->output[i] != 0 : i == n - 1) {
+        if (specee_batch_output(batch, i)) {
             ctx.out_ids.push_back(i);
         }
     }
@@ -445,7 +359,7 @@ void specee_eval_layers_impl(specee_context & ctx, const specee_batch * batch, i
     if (l0 < 0 || l1 > n_layer || l0 >= l1) {
         specee_fail("invalid layer range [%d, %d) for a model of %d layers", l0, l1, n_layer);
     }
-    check_batch(ctx, batch);
+    specee_batch_check(batch, ctx.cparams.n_batch, (int32_t) ctx.model->hparams.n_vocab);
     if (l0 == 0) {
         start_batch(ctx, batch);
     } else if (ctx.n_tokens != batch->n_tokens || ctx.layer_done != l0 ||
@@ -546,9 +460,9 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     }
     std::vector<int32_t> pos, cells;
     std::vector<int8_t>  out(n);
-    batch_positions(ctx, batch, pos);
+    specee_batch_positions(ctx.kv, batch, pos);
     for (int32_t i = 0; i < n; ++i) {
-        out[i] = batch->output ? batch->output[i] : (int8_t) (i == n - 1);
+        out[i] = specee_batch_output(batch, i);
     }
     std::vector<float> logits, norm, hidden, features;
     int32_t            n_outputs = 0;
@@ -583,7 +497,7 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
 
 // one pass of n tokens after the cache's last position, every token with logits, removed again; its time in ms
 static double one_pass(specee_context & ctx, int32_t n) {
-    const int32_t        p0 = next_pos(ctx, n);
+    const int32_t        p0 = specee_batch_next_pos(ctx.kv, n);
     std::vector<int32_t> tok(n, 0), pos(n);
     std::vector<int8_t>  out(n, 1);
     for (int32_t i = 0; i < n; ++i) {
@@ -635,119 +549,6 @@ static void reserve_worst_case(specee_context & ctx) {
     gp.mask_of_layer.assign(hp.n_layer, 0);
     specee_graph_io io;
     specee_graph_reserve(ctx, build_layers(ctx, gp, io), "a batch of n_batch tokens over the whole context");
-}
-
-// ---- limits: threads, context size, memory ------------------------------------------------------------
-
-extern "C" int32_t specee_max_threads(void) {
-    return (int32_t) std::min(512u, 4 * std::max(1u, std::thread::hardware_concurrency()));
-}
-
-// bytes of memory the system can still give: MemAvailable (Linux), within the cgroup's limit when there is one;
-// elsewhere the free physical pages; 0 when unknown
-static uint64_t host_available_bytes() {
-    uint64_t avail = 0;
-    if (FILE * f = fopen("/proc/meminfo", "r")) {
-        char               line[256];
-        unsigned long long kb = 0;
-        while (fgets(line, sizeof(line), f)) {
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                avail = (uint64_t) kb * 1024;
-                break;
-            }
-        }
-        fclose(f);
-    }
-#ifdef _SC_AVPHYS_PAGES
-    if (avail == 0) {
-        const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        avail            = pages > 0 && page > 0 ? (uint64_t) pages * (uint64_t) page : 0;
-    }
-#endif
-    unsigned long long max = 0, cur = 0;
-    FILE *             fm  = fopen("/sys/fs/cgroup/memory.max", "r"); // cgroup v2; "max" when unlimited
-    FILE *             fc  = fopen("/sys/fs/cgroup/memory.current", "r");
-    if (fm && fc && fscanf(fm, "%llu", &max) == 1 && fscanf(fc, "%llu", &cur) == 1 && max > cur) {
-        avail = avail ? std::min<uint64_t>(avail, max - cur) : max - cur;
-    }
-    if (fm) {
-        fclose(fm);
-    }
-    if (fc) {
-        fclose(fc);
-    }
-    return avail;
-}
-
-// Refuses, before anything is allocated, a context whose KV cache and compute buffers do not fit in the memory
-// available where they go (the host's for the CPU's layers, a device's free memory for its layers). The compute
-// buffers are estimated from the worst-case graph: n_batch tokens' attention mask over the whole context (in the
-// graph and on the host), their activations and logits.
-static void check_memory(const specee_context & ctx, uint32_t n_ctx, uint32_t n_batch, ggml_type type_v) {
-    const specee_hparams & hp = ctx.model->hparams;
-    std::vector<uint64_t>  kv(ctx.backends.size(), 0);
-    for (uint32_t il = 0; il < hp.n_layer; ++il) {
-        kv[specee_context_backend_of_layer(ctx, (int32_t) il)] +=
-            (uint64_t) n_ctx * (ggml_row_size(GGML_TYPE_F16, hp.n_embd_k_gqa()) + ggml_row_size(type_v, hp.n_embd_v_gqa()));
-    }
-    const uint64_t n_kv    = ((uint64_t) n_ctx + 255) / 256 * 256;
-    const uint64_t compute = (uint64_t) n_batch * (n_kv * 2 * sizeof(ggml_fp16_t) +
-                                                   ((uint64_t) hp.n_vocab + 3ull * hp.n_ff + 8ull * hp.n_embd) * 4) +
-                             (uint64_t) n_ctx * (hp.n_layer + 8);
-    for (size_t b = 0; b < ctx.backends.size(); ++b) {
-        const bool cpu  = ctx.backends[b] == ctx.backend_cpu;
-        uint64_t   need = kv[b] + (cpu ? compute : 0);
-        uint64_t   avail;
-        if (cpu) {
-            avail = host_available_bytes();
-        } else {
-            size_t free = 0, total = 0;
-            ggml_backend_dev_memory(ggml_backend_get_device(ctx.backends[b]), &free, &total);
-            avail = free;
-        }
-        if (avail > 0 && need > avail) {
-            specee_fail("KV cache of %.0f MiB for n_ctx=%u (and %.0f MiB of compute buffers for n_batch=%u) exceeds "
-                        "the available memory of %s, %.0f MiB: use a smaller context (-c, n_ctx)",
-                        kv[b] / 1048576.0, n_ctx, (cpu ? compute : 0) / 1048576.0, n_batch,
-                        ggml_backend_name(ctx.backends[b]), avail / 1048576.0);
-        }
-    }
-}
-
-extern "C" struct specee_context_params specee_context_default_params(void) {
-    specee_context_params p;
-    p.n_ctx           = 0;
-    p.n_batch         = 512;
-    p.n_threads       = std::min(specee_max_threads(), (int32_t) std::max(1u, std::thread::hardware_concurrency()));
-    p.n_threads_batch = p.n_threads;
-    p.type_v          = SPECEE_KV_F32;
-    return p;
-}
-
-// the parameters with their defaults filled in (0: the default) and the thread counts capped; throws on a bad one
-static specee_context_params resolve_params(const specee_model & model, specee_context_params params) {
-    if (params.n_ctx == 0) {
-        params.n_ctx = std::min<uint32_t>(model.hparams.n_ctx_train, SPECEE_DEFAULT_N_CTX);
-    }
-    if (params.n_ctx > INT32_MAX) {
-        specee_fail("n_ctx=%u is too large: a context holds at most %d positions", params.n_ctx, INT32_MAX);
-    }
-    if (params.n_batch == 0) {
-        params.n_batch = 512;
-    }
-    params.n_batch = std::min(params.n_batch, params.n_ctx);
-    if (params.n_threads <= 0) {
-        params.n_threads = specee_context_default_params().n_threads;
-    }
-    if (params.n_threads_batch <= 0) {
-        params.n_threads_batch = params.n_threads;
-    }
-    params.n_threads       = std::min(params.n_threads, specee_max_threads());
-    params.n_threads_batch = std::min(params.n_threads_batch, specee_max_threads());
-    if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
-        specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
-    }
-    return params;
 }
 
 // the backends: the model's devices, then the CPU with its thread pools
@@ -802,7 +603,7 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     }
     auto ctx     = std::make_unique<specee_context>();
     ctx->model   = model;
-    ctx->cparams = resolve_params(*model, params);
+    ctx->cparams = specee_context_params_resolve(*model, params);
     init_backends(*ctx);
 
     // ---- each layer's KV cache with its layer, the hidden state on every backend
@@ -812,7 +613,7 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
         layer_buft[il] = ggml_backend_get_default_buffer_type(ctx->backends[specee_context_backend_of_layer(*ctx, il)]);
     }
     const ggml_type type_v = ctx->cparams.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    check_memory(*ctx, ctx->cparams.n_ctx, ctx->cparams.n_batch, type_v);
+    specee_context_check_memory(*ctx, ctx->cparams.n_ctx, ctx->cparams.n_batch, type_v);
     ctx->kv.init(hp, ctx->cparams.n_ctx, layer_buft, type_v);
     alloc_state(*ctx);
 
@@ -909,42 +710,6 @@ extern "C" const float * specee_get_features(const specee_context * ctx) {
         return nullptr;
     }
     return ctx->features.data();
-}
-
-extern "C" int32_t specee_set_capture(specee_context * ctx, const char * const * names, int32_t n) {
-    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
-    return specee_guard<int32_t>(-1, [&] {
-        if (n < 0 || (n > 0 && !names)) {
-            specee_fail("specee_set_capture: bad list of names");
-        }
-        ctx->capture_names.assign(names, names + n);
-        ctx->captured.clear();
-        ctx->captured_shape.clear();
-        if (n > 0) {
-            ggml_backend_sched_set_eval_callback(ctx->sched, capture_callback, ctx);
-        } else {
-            ggml_backend_sched_set_eval_callback(ctx->sched, nullptr, nullptr);
-        }
-        return 0;
-    });
-}
-
-extern "C" const float * specee_get_capture(const specee_context * ctx, const char * name, int64_t * ne0,
-                                            int64_t * n_rows) {
-    const auto it = ctx->captured.find(name ? name : "");
-    if (it == ctx->captured.end()) {
-        specee_set_error(specee_format("'%s' was not captured by the last evaluation (specee_set_capture names the "
-                                       "nodes to keep; see specee-graph.cpp for the names)", name ? name : ""));
-        return nullptr;
-    }
-    const auto & shape = ctx->captured_shape.at(it->first);
-    if (ne0) {
-        *ne0 = shape.first;
-    }
-    if (n_rows) {
-        *n_rows = shape.second;
-    }
-    return it->second.data();
 }
 
 extern "C" void specee_kv_clear(specee_context * ctx) {

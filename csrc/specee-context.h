@@ -1,5 +1,6 @@
 // specee-context.h: a context's internals for the runtime's other files: the backends and their scheduler, the
-// KV cache, the one graph runner every graph goes through, and batch evaluation by layer ranges
+// KV cache, the one graph runner every graph goes through, and batch evaluation by layer ranges (specee-context.cpp);
+// its parameters' resolution and memory check (specee-context-params.cpp)
 #pragma once
 
 #include "specee-graph.h"
@@ -101,6 +102,17 @@ const std::vector<float> & specee_context_hidden(specee_context & ctx);
 const float * specee_context_feature(const specee_context & ctx, int32_t i);
 // the backend index (into ctx.backends) that holds layer il's weights; n_layer: the output's
 int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il);
+
+// ---- parameters (specee-context-params.cpp) ----------------------------------------------------------------
+
+// the parameters with their defaults filled in (0: the default) and the thread counts capped; throws on a bad one
+specee_context_params specee_context_params_resolve(const specee_model & model, specee_context_params params);
+// Refuses, before anything is allocated, a context whose KV cache (n_ctx cells, V of type_v) and compute buffers
+// (n_batch tokens) do not fit in the memory available where they go (the host's for the CPU's layers, a device's free
+// memory for its layers); ctx: its model and backends set up
+void specee_context_check_memory(const specee_context & ctx, uint32_t n_ctx, uint32_t n_batch, ggml_type type_v);
+
+// ---- what a pass costs ---------------------------------------------------------------------------------
 
 // What a pass of n tokens (every one with logits, as a tree verification) costs on this context's devices and
 // threads, in single-token passes; timed once per n and context. The timing passes go after the cache's last

@@ -19,6 +19,7 @@
 #include "specee-exit-check.h"
 
 #include "specee-context.h"
+#include "specee-draft-head.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-sampling.h"
@@ -148,9 +149,7 @@ void checked_pass_wait(checked_pass & cp, int32_t row, int32_t cell, int32_t pos
     cp.chain->pending.push_back(std::move(w));
 }
 
-bool checked_pass_check(checked_pass & cp, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                        int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
-                        specee_generator_stats & st) {
+bool checked_pass_check(checked_pass & cp, specee_step step, std::vector<std::pair<int32_t, int32_t>> & out) {
     specee_context &            ctx     = *cp.ctx;
     const specee_model &        m       = *ctx.model;
     const int32_t               n_layer = (int32_t) m.hparams.n_layer;
@@ -164,7 +163,9 @@ bool checked_pass_check(checked_pass & cp, specee_draft_head & head, specee_samp
         specee_fail("checked exits: a pass of %d rows (%d with logits) after %d layers cannot check %d waiting tokens",
                     ctx.n_tokens, ctx.n_outputs, cp.l, n_pend);
     }
-    const auto t0 = specee_clock::now();
+    specee_sampler &         smpl = step.smpl;
+    specee_generator_stats & st   = step.stats;
+    const auto               t0   = specee_clock::now();
     specee_sampler_set_history(smpl, cp.chain->history);
     for (int32_t i = 0; i < n_pend; ++i) {
         const exit_pending & w   = pend[i];
@@ -181,11 +182,11 @@ bool checked_pass_check(checked_pass & cp, specee_draft_head & head, specee_samp
         st.n_rollbacks += 1;
         st.n_discarded += n_pend - i;
         ctx.kv.remove(w.pos + 1, -1);
-        specee_draft_truncate(head, w.pos);
+        specee_draft_truncate(step.head, w.pos);
         const float * f = m.eagle.version == 3 ? w.feat.data() : ctx.norm.data() + (size_t) row * m.hparams.n_embd;
-        specee_draft_add_pair(head, f, t, w.pos);
-        root     = t;
-        root_pos = w.pos + 1;
+        specee_draft_add_pair(step.head, f, t, w.pos);
+        step.root     = t;
+        step.root_pos = w.pos + 1;
         pend.clear();
         st.t_sample_ms += specee_ms_since(t0);
         return false;
@@ -195,18 +196,17 @@ bool checked_pass_check(checked_pass & cp, specee_draft_head & head, specee_samp
     return true;
 }
 
-int32_t specee_exit_chain_flush(specee_exit_chain & chain, specee_draft_head & head, specee_sampler & smpl,
-                                int32_t & root, int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
-                                specee_generator_stats & st) {
+int32_t specee_exit_chain_flush(specee_exit_chain & chain, specee_step step,
+                                std::vector<std::pair<int32_t, int32_t>> & out) {
     if (chain.pending.empty()) {
         return 0;
     }
     const size_t out0 = out.size();
     checked_pass cp;
-    checked_pass_begin(cp, chain, *head.ctx, 0, nullptr, nullptr, nullptr, nullptr);
+    checked_pass_begin(cp, chain, *step.head.ctx, 0, nullptr, nullptr, nullptr, nullptr);
     const auto t0 = specee_clock::now();
-    checked_pass_run(cp, (int32_t) head.model->hparams.n_layer, 0);
-    st.t_layers_ms += specee_ms_since(t0);
-    checked_pass_check(cp, head, smpl, root, root_pos, out, st);
+    checked_pass_run(cp, (int32_t) step.head.model->hparams.n_layer, 0);
+    step.stats.t_layers_ms += specee_ms_since(t0);
+    checked_pass_check(cp, step, out);
     return (int32_t) (out.size() - out0);
 }

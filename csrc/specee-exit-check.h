@@ -3,7 +3,7 @@
 // greedy tokens; the first wrong one is taken back (a rollback). Shared by early exit and tree exit.
 #pragma once
 
-#include "specee-draft-head.h"
+#include "specee-step.h"
 #include "specee.h"
 
 #include <cstdint>
@@ -11,7 +11,6 @@
 #include <vector>
 
 struct specee_context;
-struct specee_sampler;
 
 // a token that exited: its layers past the exit not run yet
 struct exit_pending {
@@ -65,12 +64,9 @@ void    checked_pass_wait(checked_pass & cp, int32_t row, int32_t cell, int32_t 
 // greedy token (drawn with the chain's history). Every agreed token goes to `out` (token, layers its pass ran);
 // returns true when all agreed (the sampler's history then holds them, and the caller goes on with its own rows), or
 // false after a rollback at the first that did not: the full model's token goes to `out`, the cache and the head drop
-// everything after the wrong one's position (the decoder's rows included), root / root_pos continue from it.
-bool    checked_pass_check(checked_pass & cp, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                           int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
-                           specee_generator_stats & st);
+// everything after the wrong one's position (the decoder's rows included), step.root / root_pos continue from it.
+bool    checked_pass_check(checked_pass & cp, specee_step step, std::vector<std::pair<int32_t, int32_t>> & out);
 // the waiting tokens alone through their remaining layers, then checked: a chain's end when no token follows (a full
 // context, an end-of-generation token). Returns how many tokens it put out.
-int32_t specee_exit_chain_flush(specee_exit_chain & chain, specee_draft_head & head, specee_sampler & smpl,
-                                int32_t & root, int32_t & root_pos, std::vector<std::pair<int32_t, int32_t>> & out,
-                                specee_generator_stats & st);
+int32_t specee_exit_chain_flush(specee_exit_chain & chain, specee_step step,
+                                std::vector<std::pair<int32_t, int32_t>> & out);

@@ -362,12 +362,11 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
                 if (g.exit.chain.pending.empty()) {
                     return 0; // context full
                 }
-                specee_exit_chain_flush(g.exit.chain, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
+                specee_exit_chain_flush(g.exit.chain, specee_generator_step(g), done);
             } else if (mi.tree) {
-                specee_tree_exit_step_checked(g.tree, g.exit, *g.head, *g.smpl, g.root, g.root_pos, n_max, done,
-                                              g.stats);
+                specee_tree_exit_step_checked(g.tree, g.exit, specee_generator_step(g), n_max, done);
             } else {
-                specee_exit_step_checked(g.exit, *g.head, *g.smpl, g.root, g.root_pos, done, g.stats);
+                specee_exit_step_checked(g.exit, specee_generator_step(g), done);
             }
         }
         g.stats.t_decode_ms += specee_ms_since(t0);
@@ -398,14 +397,14 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         }
         case SPECEE_MODE_EAGLE:
         case SPECEE_MODE_EAGLE2:
-            n = specee_tree_step(g.tree, *g.head, *g.smpl, g.root, g.root_pos, out, n_max, g.stats);
+            n = specee_tree_step(g.tree, specee_generator_step(g), out, n_max);
             for (int32_t i = 0; layers_run && i < n; ++i) {
                 layers_run[i] = n_layer;
             }
             break;
         case SPECEE_MODE_TREE_EXIT: {
             int32_t run = n_layer;
-            n = specee_tree_exit_step(g.tree, g.exit, *g.head, *g.smpl, g.root, g.root_pos, out, n_max, run, g.stats);
+            n = specee_tree_exit_step(g.tree, g.exit, specee_generator_step(g), out, n_max, run);
             for (int32_t i = 0; layers_run && i < n; ++i) {
                 layers_run[i] = run;
             }
@@ -413,7 +412,7 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         }
         case SPECEE_MODE_EARLY_EXIT: {
             int32_t run = n_layer;
-            out[0]      = specee_exit_step(g.exit, *g.head, *g.smpl, g.root, g.root_pos, run, g.stats);
+            out[0]      = specee_exit_step(g.exit, specee_generator_step(g), run);
             if (layers_run) {
                 layers_run[0] = run;
             }

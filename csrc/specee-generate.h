@@ -3,9 +3,10 @@
 #pragma once
 
 #include "specee-draft-head.h"
-#include "specee-early-exit.h"
+#include "specee-exit.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
+#include "specee-step.h"
 #include "specee.h"
 
 #include <memory>
@@ -35,6 +36,11 @@ struct specee_generator {
     specee_generator_stats stats{};
     int32_t              seq = 0; // the KV cache's sequence this generator decodes
 };
+
+// the generator's state for one step of its decoder (specee-step.h); it needs the draft head (modes other than plain)
+inline specee_step specee_generator_step(specee_generator & g) {
+    return {*g.head, *g.smpl, g.root, g.root_pos, g.stats};
+}
 
 // While alive, the context's single-sequence cache operations act on the generator's sequence
 struct specee_seq_scope {

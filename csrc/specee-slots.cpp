@@ -276,9 +276,9 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     // the block's logits: the pass's rows row0.. (every row has them)
     specee_tree_pass_rows rows = {&g.tree, ctx.logits.data() + (size_t) tbk.row0 * g.head->n_vocab, g.head->n_vocab};
     std::vector<int32_t>  emitted, path;
-    const int32_t n_acc = specee_tree_walk(g.tree, *g.head, *g.smpl, tbk.n_max, specee_tree_pass_logits, &rows, emitted,
-                                           path);
-    specee_tree_keep(g.tree, *g.head, n, g.root_pos, emitted, path, nullptr, tbk.row0);
+    const int32_t n_acc = specee_tree_walk(g.tree, specee_generator_step(g), tbk.n_max, specee_tree_pass_logits, &rows,
+                                           emitted, path);
+    specee_tree_keep(g.tree, specee_generator_step(g), n, emitted, path, nullptr, tbk.row0);
     g.root = emitted.back();
     g.root_pos += (int32_t) emitted.size();
     g.stats.t_sample_ms += specee_ms_since(t0);
@@ -343,8 +343,7 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
         const auto    t0     = specee_clock::now();
         stepped[i]           = 1;
         try {
-            const std::vector<int32_t> nodes = specee_tree_draft(g.tree, *g.head, *g.smpl, g.root, g.root_pos,
-                                                                 std::max(budget, 0));
+            const std::vector<int32_t> nodes = specee_tree_draft(g.tree, specee_generator_step(g), std::max(budget, 0));
             tbk.tb                           = specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes);
         } catch (const std::exception & e) {
             sl.error  = e.what();

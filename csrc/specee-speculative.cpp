@@ -264,9 +264,9 @@ static std::vector<int32_t> ancestor_cells(const specee_tree_decoder & dec, int3
 // Runs the head on tree nodes (pairs of the parent's output feature and the node's token) and draws each
 // one's children: k_of(node) of them.
 template <typename K>
-static void draft_expand(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t root_pos,
-                         const std::vector<int32_t> & batch, K k_of) {
-    const int32_t n = (int32_t) batch.size();
+static void draft_expand(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & batch, K k_of) {
+    specee_draft_head & head = step.head;
+    const int32_t       n    = (int32_t) batch.size();
     if (n == 0) {
         return;
     }
@@ -276,7 +276,7 @@ static void draft_expand(specee_tree_decoder & dec, specee_draft_head & head, sp
     for (int32_t i = 0; i < n; ++i) {
         const draft_node & nd = dec.nodes[batch[i]];
         tok[i]                = nd.token;
-        pos[i]                = root_pos + nd.depth - 1;
+        pos[i]                = step.root_pos + nd.depth - 1;
         rows[i]               = i;
         anc[i]                = ancestor_cells(dec, batch[i]);
         const std::vector<float> & ph = dec.nodes[nd.parent].h;
@@ -290,13 +290,13 @@ static void draft_expand(specee_tree_decoder & dec, specee_draft_head & head, sp
         nd.h.assign(head.out.begin() + (size_t) i * head.n_embd, head.out.begin() + (size_t) (i + 1) * head.n_embd);
     }
     for (int32_t i = 0; i < n; ++i) {
-        draft_children(dec, head, smpl, batch[i], logits.data() + (size_t) i * head.n_dvocab, k_of(batch[i]));
+        draft_children(dec, head, step.smpl, batch[i], logits.data() + (size_t) i * head.n_dvocab, k_of(batch[i]));
     }
 }
 
 // EAGLE-1: the static shape's first `budget` nodes, drafted depth by depth; the drafted nodes in the choices' order
-static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
-                                         int32_t root_pos, int32_t budget, const float * root_logits) {
+static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_step step, int32_t budget,
+                                         const float * root_logits) {
     std::vector<int32_t> chosen;
     // the shape's first `budget` nodes (breadth-first, so a tree); node i of a depth is expanded when its
     // shape node has children inside the budget
@@ -318,7 +318,7 @@ static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_draft
             dec.nodes[kids[j]].shape = shape_kids[dec.nodes[ni].shape][j];
         }
     };
-    draft_children(dec, head, smpl, 0, root_logits, n_kids[0]);
+    draft_children(dec, step.head, step.smpl, 0, root_logits, n_kids[0]);
     assign_shapes(0);
     std::vector<int32_t> level = dec.nodes[0].children;
     while (!level.empty()) {
@@ -329,7 +329,7 @@ static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_draft
             }
         }
         const size_t first_new = dec.nodes.size();
-        draft_expand(dec, head, smpl, root_pos, expand, [&](int32_t ni) { return n_kids[dec.nodes[ni].shape]; });
+        draft_expand(dec, step, expand, [&](int32_t ni) { return n_kids[dec.nodes[ni].shape]; });
         for (int32_t ni : expand) {
             assign_shapes(ni);
         }
@@ -348,11 +348,11 @@ static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_draft
 }
 
 // EAGLE-2: the top_k best nodes of each depth expanded, then the best `budget` of all drafted nodes, by depth
-static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
-                                          int32_t root_pos, int32_t budget, const float * root_logits) {
+static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_step step, int32_t budget,
+                                          const float * root_logits) {
     std::vector<int32_t> chosen;
     const int32_t top_k = dec.params.topk;
-    draft_children(dec, head, smpl, 0, root_logits, top_k);
+    draft_children(dec, step.head, step.smpl, 0, root_logits, top_k);
     std::vector<int32_t> level = dec.nodes[0].children;
     for (int32_t d = 1; d < dec.params.depth && !level.empty(); ++d) {
         // the top_k nodes of the newest depth by score (earlier drawn first on ties)
@@ -361,7 +361,7 @@ static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_draf
         level.resize(std::min<size_t>(level.size(), (size_t) top_k));
         std::sort(level.begin(), level.end());
         const size_t first_new = dec.nodes.size();
-        draft_expand(dec, head, smpl, root_pos, level, [&](int32_t) { return top_k; });
+        draft_expand(dec, step, level, [&](int32_t) { return top_k; });
         level.clear();
         for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
             level.push_back((int32_t) ni);
@@ -383,11 +383,11 @@ static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_draf
 
 // Drafts the tree of this step: dec.nodes (root first); the nodes to verify get rows 1.. in breadth-first
 // order, at most `budget` of them. Returns the verified nodes in row order.
-std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
-                                       int32_t root, int32_t root_pos, int32_t budget) {
+std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_step step, int32_t budget) {
+    specee_draft_head & head = step.head;
     dec.nodes.clear();
     draft_node rn;
-    rn.token = root;
+    rn.token = step.root;
     dec.nodes.push_back(rn);
     specee_draft_commit(head);
     dec.nodes[0].h = head.out;
@@ -396,12 +396,12 @@ std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_draft_h
     if (budget <= 0) {
         dec.nodes[0].row = 0;
         if (dec.n_cand > 0) {
-            draft_children(dec, head, smpl, 0, root_logits.data(), 0); // the root's candidates only
+            draft_children(dec, head, step.smpl, 0, root_logits.data(), 0); // the root's candidates only
         }
         return {};
     }
-    std::vector<int32_t> chosen = dec.dynamic ? draft_dynamic(dec, head, smpl, root_pos, budget, root_logits.data())
-                                              : draft_static(dec, head, smpl, root_pos, budget, root_logits.data());
+    std::vector<int32_t> chosen = dec.dynamic ? draft_dynamic(dec, step, budget, root_logits.data())
+                                              : draft_static(dec, step, budget, root_logits.data());
     if ((int32_t) chosen.size() > budget) {
         chosen.resize(budget);
     }
@@ -418,7 +418,7 @@ std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_draft_h
                 leaves.push_back(ni);
             }
         }
-        draft_expand(dec, head, smpl, root_pos, leaves, [](int32_t) { return 0; });
+        draft_expand(dec, step, leaves, [](int32_t) { return 0; });
     }
     return chosen;
 }
@@ -533,20 +533,19 @@ specee_tree_batch specee_tree_verify_batch(const specee_tree_decoder & dec, int3
 }
 
 // One pass of the target over root + the drafted nodes; returns the number of rows
-static int32_t verify_tree(specee_tree_decoder & dec, specee_draft_head & head, int32_t root, int32_t root_pos,
-                           const std::vector<int32_t> & nodes) {
-    const specee_tree_batch tb = specee_tree_verify_batch(dec, root, root_pos, nodes);
+static int32_t verify_tree(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
+    const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
     const specee_batch      b  = tb.view();
-    specee_eval_layers_impl(*head.ctx, &b, 0, (int32_t) head.model->hparams.n_layer, 0);
+    specee_eval_layers_impl(*step.head.ctx, &b, 0, (int32_t) step.head.model->hparams.n_layer, 0);
     return b.n_tokens;
 }
 
 // Walks the verified tree from the root: each step draws the target's token at the current node and moves to the
 // child that drafted it, until no child did (or n_max tokens, or an end of generation).
-int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
-                         specee_node_logits logits_of, void * user, std::vector<int32_t> & emitted,
-                         std::vector<int32_t> & path) {
-    const int32_t       n_vocab = head.n_vocab;
+int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_max, specee_node_logits logits_of,
+                         void * user, std::vector<int32_t> & emitted, std::vector<int32_t> & path) {
+    specee_sampler &    smpl    = step.smpl;
+    const int32_t       n_vocab = step.head.n_vocab;
     const bool          greedy  = specee_sampler_greedy(smpl);
     std::vector<double> p, q;
     if (!greedy) {
@@ -583,7 +582,7 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, sp
         specee_sampler_accept_impl(smpl, t);
         emitted.push_back(t);
         n_acc += child >= 0;
-        if (child < 0 || (int32_t) emitted.size() >= n_max || specee_token_is_eog(head.model, t)) {
+        if (child < 0 || (int32_t) emitted.size() >= n_max || specee_token_is_eog(step.head.model, t)) {
             break;
         }
         path.push_back(child);
@@ -597,10 +596,10 @@ const float * specee_tree_pass_logits(void * user, int32_t node) {
     return pr.logits + (size_t) pr.dec->nodes[node].row * pr.n_vocab;
 }
 
-void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
-                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats,
-                      int32_t row0) {
-    specee_context &           ctx = *head.ctx;
+void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, const std::vector<int32_t> & emitted,
+                      const std::vector<int32_t> & path, const float * feats, int32_t row0) {
+    specee_draft_head &        head = step.head;
+    specee_context &           ctx  = *head.ctx;
     const std::vector<int32_t> cells(ctx.cells.begin() + row0, ctx.cells.begin() + row0 + n);
     std::vector<uint8_t>       keep(n, 0);
     keep[0] = 1;
@@ -620,35 +619,35 @@ void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32
     for (size_t j = 0; j < emitted.size(); ++j) {
         const int32_t row  = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
         const float * feat = feats ? feats + j * (size_t) head.n_feat : specee_context_feature(ctx, row0 + row);
-        specee_draft_add_pair(head, feat, emitted[j], root_pos + (int32_t) j);
+        specee_draft_add_pair(head, feat, emitted[j], step.root_pos + (int32_t) j);
     }
 }
 
-int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                         int32_t & root_pos, int32_t * out, int32_t n_max, specee_generator_stats & st) {
-    specee_context & ctx    = *head.ctx;
-    const int32_t    n_ctx  = (int32_t) ctx.cparams.n_ctx;
-    const int32_t    n_free = n_ctx - (int32_t) ctx.kv.used;
-    const int32_t    budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
+int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max) {
+    specee_generator_stats & st     = step.stats;
+    specee_context &         ctx    = *step.head.ctx;
+    const int32_t            n_ctx  = (int32_t) ctx.cparams.n_ctx;
+    const int32_t            n_free = n_ctx - (int32_t) ctx.kv.used;
+    const int32_t budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
 
     // ---- draft
     auto                       t0    = specee_clock::now();
-    const std::vector<int32_t> nodes = specee_tree_draft(dec, head, smpl, root, root_pos, budget);
+    const std::vector<int32_t> nodes = specee_tree_draft(dec, step, budget);
     st.t_draft_ms += specee_ms_since(t0);
 
     // ---- verify root + tree in one pass
     t0              = specee_clock::now();
-    const int32_t n = verify_tree(dec, head, root, root_pos, nodes);
+    const int32_t n = verify_tree(dec, step, nodes);
     st.t_verify_ms += specee_ms_since(t0);
 
     // ---- walk from the root, then keep what was accepted in both caches
     t0 = specee_clock::now();
     std::vector<int32_t> emitted, path;
-    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), head.n_vocab};
-    const int32_t n_acc = specee_tree_walk(dec, head, smpl, n_max, specee_tree_pass_logits, &rows, emitted, path);
-    specee_tree_keep(dec, head, n, root_pos, emitted, path, nullptr);
-    root = emitted.back();
-    root_pos += (int32_t) emitted.size();
+    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), step.head.n_vocab};
+    const int32_t n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
+    specee_tree_keep(dec, step, n, emitted, path, nullptr);
+    step.root = emitted.back();
+    step.root_pos += (int32_t) emitted.size();
     st.t_sample_ms += specee_ms_since(t0);
 
     st.n_steps++;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "specee-draft-head.h"
+#include "specee-step.h"
 #include "specee.h"
 
 #include <cstdint>
@@ -58,23 +59,21 @@ using specee_node_logits = const float * (*) (void * user, int32_t node);
 
 // checks the parameters; the head's cache must hold max_expand cells beyond n_ctx (specee_tree_extra_cells)
 void    specee_tree_init(specee_tree_decoder & dec, bool dynamic, const specee_eagle_params & params);
-// One draft-and-verify step after `root` (the last emitted token, not in the cache yet, at root_pos): writes 1..n_max
-// tokens (it stops after an end-of-generation token) and advances root / root_pos; returns the count.
-int32_t specee_tree_step(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                         int32_t & root_pos, int32_t * out, int32_t n_max, specee_generator_stats & st);
-// The parts of a step, for the tree-exit decoder (specee-tree-exit.cpp):
-// the tree of this step in dec.nodes (root first, its pending pairs committed); the nodes to verify get rows 1.. in
-// breadth-first order, at most `budget` of them; returns them in row order
-std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl,
-                                       int32_t root, int32_t root_pos, int32_t budget);
+// One draft-and-verify step after step.root (the last emitted token, not in the cache yet, at step.root_pos): writes
+// 1..n_max tokens (it stops after an end-of-generation token) and advances root / root_pos; returns the count.
+int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max);
+// The parts of a step, for the tree-exit decoder (specee-tree-exit.cpp) and the slots' shared pass (specee-slots.cpp);
+// none of them moves step.root / root_pos or adds to step.stats:
+// the tree of this step after step.root in dec.nodes (root first, its pending pairs committed); the nodes to verify
+// get rows 1.. in breadth-first order, at most `budget` of them; returns them in row order
+std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_step step, int32_t budget);
 specee_tree_batch    specee_tree_verify_batch(const specee_tree_decoder & dec, int32_t root, int32_t root_pos,
                                               const std::vector<int32_t> & nodes);
 // Walks the verified tree from the root (the acceptance rule of the mode: greedy, sampled or replayed), reading each
 // node's logits through logits_of(user, node); fills the emitted tokens and the accepted nodes whose tokens stay in
 // the cache (the nodes the emitted tokens but the last were drawn at); returns the drafted tokens accepted
-int32_t specee_tree_walk(specee_tree_decoder & dec, specee_draft_head & head, specee_sampler & smpl, int32_t n_max,
-                         specee_node_logits logits_of, void * user, std::vector<int32_t> & emitted,
-                         std::vector<int32_t> & path);
+int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_max, specee_node_logits logits_of,
+                         void * user, std::vector<int32_t> & emitted, std::vector<int32_t> & path);
 // a full verification pass's logits for specee_tree_walk: every row's, in row order (the context's logits)
 struct specee_tree_pass_rows {
     const specee_tree_decoder * dec;
@@ -84,10 +83,10 @@ struct specee_tree_pass_rows {
 const float * specee_tree_pass_logits(void * user, int32_t node); // user: a specee_tree_pass_rows
 // The caches after a walk: the target's keeps root + path in position order in the tree's first cells (the rejected
 // cells dropped); the head's drops the tree's cells and takes the emitted tokens' pairs, each with the feature of the
-// row its token was drawn at: feats [emitted][n_feat], or nullptr: the pass's (specee_context_feature). The tree's n
-// rows are the pass's rows row0.. (a block of a shared pass; 0: the pass is the tree's).
-void specee_tree_keep(specee_tree_decoder & dec, specee_draft_head & head, int32_t n, int32_t root_pos,
-                      const std::vector<int32_t> & emitted, const std::vector<int32_t> & path, const float * feats,
-                      int32_t row0 = 0);
+// row its token was drawn at: feats [emitted][n_feat], or nullptr: the pass's (specee_context_feature), at positions
+// step.root_pos.. (root_pos not advanced yet). The tree's n rows are the pass's rows row0.. (a block of a shared pass;
+// 0: the pass is the tree's).
+void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, const std::vector<int32_t> & emitted,
+                      const std::vector<int32_t> & path, const float * feats, int32_t row0 = 0);
 // number of draft tokens of a choices list or preset; throws with the reason
 int32_t specee_tree_count_choices(const char * choices);

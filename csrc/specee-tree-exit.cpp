@@ -3,7 +3,8 @@
 //
 // One step drafts a tree as EAGLE does (specee-speculative.cpp: EAGLE-2's dynamic tree, or EAGLE-1's static one), and
 // keeps, for every node the head expands, the head's top n_cand tokens there: its candidates, as single-token early
-// exit takes them (specee-early-exit.cpp). The verified leaves, which EAGLE never expands, are expanded too (one more
+// exit takes them (specee-early-exit.cpp; what both share, the predictors' features, the schedule and what follows an
+// exit, is specee-exit.cpp's). The verified leaves, which EAGLE never expands, are expanded too (one more
 // head pass over them, drawing no children): every verified row has candidates, so a pass that exits at a leaf still
 // ends with the target's own token there, as a full pass does. (Without it a step whose walk reaches a leaf would end
 // one token short; on the 7B-shaped file's default tree, where the deepest accepted node is always a leaf, that cost
@@ -38,19 +39,24 @@
 // and predictors, t_exit_ms the exit layers' lm_head, t_fill_ms the filled K/V.
 #include "specee-tree-exit.h"
 
-#include "specee-exit-check.h"
-
 #include "specee-context.h"
-#include "specee-graph.h"
+#include "specee-draft-head.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-sampling.h"
 
-#include "ggml-backend.h"
-
 #include <algorithm>
 #include <memory>
 #include <vector>
+
+// the rows of these nodes
+static std::vector<int32_t> rows_of(const specee_tree_decoder & dec, const std::vector<int32_t> & nodes) {
+    std::vector<int32_t> rows;
+    for (int32_t ni : nodes) {
+        rows.push_back(dec.nodes[ni].row);
+    }
+    return rows;
+}
 
 // ---- the exit layer's logits, computed for the rows a walk needs ---------------------------------------------
 
@@ -65,28 +71,10 @@ struct exit_rows {
 
 // the final norm and lm_head at the exit layer for these nodes' rows, in one graph
 static void compute_exit_rows(exit_rows & er, const std::vector<int32_t> & nodes) {
-    specee_context &     ctx     = *er.ctx;
-    const specee_model & m       = *ctx.model;
-    const int32_t        n_rows  = (int32_t) nodes.size();
-    const int64_t        n_vocab = m.hparams.n_vocab, n_embd = m.hparams.n_embd;
-    std::vector<int32_t> rows(n_rows);
-    for (int32_t i = 0; i < n_rows; ++i) {
-        rows[i] = er.dec->nodes[nodes[i]].row;
-    }
-    specee_graph_io io;
-    ggml_cgraph *   gf = specee_build_exit_graph(specee_graph_begin(ctx), m,
-                                                 ctx.state[specee_context_backend_of_layer(ctx, er.layer)], io, 16,
-                                                 n_rows);
-    specee_graph_alloc(ctx, gf, "the exit layer's lm_head");
-    ggml_backend_tensor_set(io.inp_out_ids, rows.data(), 0, rows.size() * sizeof(int32_t));
-    specee_graph_compute(ctx, gf, n_rows);
-    const size_t first = er.logits.size() / n_vocab;
-    er.logits.resize((first + n_rows) * n_vocab);
-    er.norm.resize((first + n_rows) * n_embd);
-    ggml_backend_tensor_get(io.result_output, er.logits.data() + first * n_vocab, 0, n_rows * n_vocab * sizeof(float));
-    ggml_backend_tensor_get(io.result_norm, er.norm.data() + first * n_embd, 0, n_rows * n_embd * sizeof(float));
-    for (int32_t i = 0; i < n_rows; ++i) {
-        er.slot[nodes[i]] = (int32_t) first + i;
+    const int32_t first = (int32_t) (er.logits.size() / er.ctx->model->hparams.n_vocab);
+    exit_layer_logits(*er.ctx, er.layer, rows_of(*er.dec, nodes), er.norm, er.logits);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        er.slot[nodes[i]] = first + (int32_t) i;
     }
 }
 
@@ -99,44 +87,27 @@ static const float * exit_logits_of(void * user, int32_t node) {
     return er.logits.data() + (size_t) er.slot[node] * er.ctx->model->hparams.n_vocab;
 }
 
-// ---- the checks at a layer ----------------------------------------------------------------------------------
-
-// what the checks know of the pass so far
-struct pass_checks {
-    std::vector<int32_t>            row_node; // [rows] the node of each verified row
-    std::vector<std::vector<float>> feat;     // [rows] the 12 features at the last checked layer (empty: none)
-    std::vector<std::vector<float>> p_prev;   // [rows] p at the previous checked layer (empty: not checked yet)
-};
-
-// the features of every verified row (whose node has n_cand candidates: all, unless the head's vocabulary is
-// smaller), from the rows' hidden states after the layer just evaluated
-static void row_features(specee_context & ctx, const specee_tree_decoder & dec, pass_checks & pc) {
-    const specee_model &       m      = *ctx.model;
-    const int32_t              n_cand = (int32_t) m.exit.n_cand;
-    const int64_t              n_embd = m.hparams.n_embd;
-    const std::vector<float> & h      = specee_context_hidden(ctx);
-    std::vector<float>         p(n_cand);
-    for (size_t r = 0; r < pc.row_node.size(); ++r) {
-        const std::vector<int32_t> & cand = dec.nodes[pc.row_node[r]].cand;
-        if ((int32_t) cand.size() != n_cand) {
-            pc.feat[r].clear();
-            continue;
-        }
-        pc.feat[r].resize(3 * n_cand);
-        specee_exit_features_impl(m, h.data() + r * n_embd, cand.data(),
-                                  pc.p_prev[r].empty() ? nullptr : pc.p_prev[r].data(), pc.feat[r].data(), p.data());
-        pc.p_prev[r] = p;
+// the exit layer's final-norm output of these nodes' rows [nodes][n_embd] (computed: nodes the walk visited)
+static std::vector<float> norms_of(const exit_rows & er, const std::vector<int32_t> & nodes) {
+    const int64_t      n_embd = er.ctx->model->hparams.n_embd;
+    std::vector<float> norm;
+    for (int32_t ni : nodes) {
+        const float * nrm = er.norm.data() + (size_t) er.slot[ni] * n_embd;
+        norm.insert(norm.end(), nrm, nrm + n_embd);
     }
+    return norm;
 }
+
+// ---- the checks at a layer ----------------------------------------------------------------------------------
 
 // The nodes the checks score (see the top of the file): from the root, the verified child that the node's best
 // candidate (or, replayed, the first verified child) names; at most n_max nodes
-static std::vector<int32_t> scored_path(const specee_tree_decoder & dec, const pass_checks & pc, int32_t n_cand,
+static std::vector<int32_t> scored_path(const specee_tree_decoder & dec, const exit_checks & ec, int32_t n_cand,
                                         int32_t replay, int32_t n_max) {
     std::vector<int32_t> path = {0};
     for (int32_t cur = 0; (int32_t) path.size() < n_max;) {
         const draft_node &         nd   = dec.nodes[cur];
-        const std::vector<float> & feat = pc.feat[nd.row];
+        const std::vector<float> & feat = ec.feat[nd.row];
         int32_t                    next = -1;
         for (int32_t c : nd.children) {
             if (dec.nodes[c].row < 0) {
@@ -163,18 +134,6 @@ static std::vector<int32_t> scored_path(const specee_tree_decoder & dec, const p
     return path;
 }
 
-// whether layer il's predictor fires on every node of the path
-static bool path_fires(const specee_model & m, int32_t il, const specee_tree_decoder & dec, const pass_checks & pc,
-                       const std::vector<int32_t> & path, float threshold) {
-    for (int32_t ni : path) {
-        const std::vector<float> & feat = pc.feat[dec.nodes[ni].row];
-        if (feat.empty() || !(specee_exit_predict_impl(m, il, feat.data()) > threshold)) {
-            return false;
-        }
-    }
-    return true;
-}
-
 // every emitted token is among the candidates of the node it was drawn at (the root for the first, path[j - 1] for
 // token j)
 static bool tokens_are_candidates(const specee_tree_decoder & dec, const std::vector<int32_t> & emitted,
@@ -186,62 +145,6 @@ static bool tokens_are_candidates(const specee_tree_decoder & dec, const std::ve
         }
     }
     return true;
-}
-
-// ---- after an exit ---------------------------------------------------------------------------------------
-
-// SPECEE_EXIT_KV_FILL: the kept rows' K/V in layers (exited, n_layer) from the exit layer's output, in their cells
-static void fill_skipped_rows(specee_context & ctx, int32_t exited, const std::vector<int32_t> & rows) {
-    const specee_model & m       = *ctx.model;
-    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    const int32_t        n_rows  = (int32_t) rows.size();
-    std::vector<int32_t> pos(n_rows);
-    std::vector<int64_t> cells(n_rows);
-    for (int32_t i = 0; i < n_rows; ++i) {
-        pos[i]   = ctx.pos[rows[i]];
-        cells[i] = ctx.cells[rows[i]];
-    }
-    specee_graph_io io;
-    ggml_cgraph *   gf = specee_build_kv_fill_graph(specee_graph_begin(ctx), m, ctx.kv,
-                                                    ctx.state[specee_context_backend_of_layer(ctx, exited)],
-                                                    exited + 1, n_layer, io, ctx.graph_size, n_rows);
-    specee_graph_alloc(ctx, gf, "the skipped layers' K/V");
-    ggml_backend_tensor_set(io.inp_out_ids, rows.data(), 0, rows.size() * sizeof(int32_t));
-    ggml_backend_tensor_set(io.inp_pos, pos.data(), 0, pos.size() * sizeof(int32_t));
-    ggml_backend_tensor_set(io.inp_kv_idxs, cells.data(), 0, cells.size() * sizeof(int64_t));
-    specee_graph_compute(ctx, gf, n_rows);
-    for (int64_t c : cells) {
-        for (int32_t il = exited + 1; il < n_layer; ++il) {
-            ctx.kv.set_valid((int32_t) c, il);
-        }
-    }
-}
-
-// The head's features of the emitted tokens' rows [emitted][n_feat]: EAGLE-1 the exit layer's final-norm output;
-// EAGLE-3 the outputs of its feature layers, those past the exit layer (not computed) taken as the exit layer's
-static std::vector<float> exit_features(specee_context & ctx, const specee_draft_head & head, const exit_rows & er,
-                                        const std::vector<int32_t> & draw_nodes) {
-    const specee_eagle &       e      = ctx.model->eagle;
-    const int64_t              n_embd = ctx.model->hparams.n_embd;
-    const std::vector<float> & h      = specee_context_hidden(ctx);
-    std::vector<float>         feats;
-    for (int32_t ni : draw_nodes) {
-        const int32_t row = er.dec->nodes[ni].row;
-        if (e.version != 3) {
-            const float * nrm = er.norm.data() + (size_t) er.slot[ni] * n_embd;
-            feats.insert(feats.end(), nrm, nrm + n_embd);
-            continue;
-        }
-        const float * f0 = specee_context_feature(ctx, row);
-        std::vector<float> f(f0, f0 + head.n_feat);
-        for (size_t k = 0; k < e.feature_layers.size(); ++k) {
-            if (e.feature_layers[k] > er.layer) {
-                std::copy(h.begin() + row * n_embd, h.begin() + (row + 1) * n_embd, f.begin() + (int64_t) k * n_embd);
-            }
-        }
-        feats.insert(feats.end(), f.begin(), f.end());
-    }
-    return feats;
 }
 
 // ---- the step --------------------------------------------------------------------------------------------
@@ -256,14 +159,16 @@ struct step_result {
 
 // The walk at the exit layer il: accepted when every emitted token is a candidate (or the exit is replayed); a
 // rejected walk leaves the sampler and the replay's counter as they were. On acceptance the skipped layers' cache
-// follows the KV policy and both caches keep the accepted rows.
-static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exit, specee_draft_head & head,
-                     specee_sampler & smpl, int32_t il, bool forced, const std::vector<int32_t> & scored, int32_t n,
-                     int32_t root_pos, int32_t n_max, step_result & res, std::vector<float> & feats,
-                     specee_generator_stats & st) {
-    specee_context & ctx = *head.ctx;
-    auto             t0  = specee_clock::now();
-    exit_rows        er;
+// follows the KV policy and both caches keep the accepted rows; feats receives the head's features of the emitted
+// tokens' rows.
+static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exit, specee_step step, int32_t il,
+                     bool forced, const std::vector<int32_t> & scored, int32_t n, int32_t n_max, step_result & res,
+                     std::vector<float> & feats) {
+    specee_sampler &         smpl = step.smpl;
+    specee_generator_stats & st   = step.stats;
+    specee_context &         ctx  = *step.head.ctx;
+    auto                     t0   = specee_clock::now();
+    exit_rows                er;
     er.ctx   = &ctx;
     er.dec   = &tree;
     er.layer = il;
@@ -278,7 +183,7 @@ static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exi
     const size_t n_replayed = tree.n_replayed;
     res.emitted.clear();
     res.path.clear();
-    res.n_acc = specee_tree_walk(tree, head, smpl, n_max, exit_logits_of, &er, res.emitted, res.path);
+    res.n_acc = specee_tree_walk(tree, step, n_max, exit_logits_of, &er, res.emitted, res.path);
     st.t_exit_ms += specee_ms_since(t0);
     if (!forced && !tokens_are_candidates(tree, res.emitted, res.path)) {
         specee_sampler_copy_history(smpl, *saved);
@@ -294,12 +199,12 @@ static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exi
     draw_nodes.resize(res.emitted.size());
     if (exit.params.kv == SPECEE_EXIT_KV_FILL) {
         t0 = specee_clock::now();
-        fill_skipped_rows(ctx, il, kept);
+        exit_fill_skipped(ctx, il, kept);
         st.t_fill_ms += specee_ms_since(t0);
     }
     t0    = specee_clock::now();
-    feats = exit_features(ctx, head, er, draw_nodes);
-    specee_tree_keep(tree, head, n, root_pos, res.emitted, res.path, feats.data());
+    feats = exit_head_features(ctx, il, rows_of(tree, draw_nodes), norms_of(er, draw_nodes));
+    specee_tree_keep(tree, step, n, res.emitted, res.path, feats.data());
     st.t_sample_ms += specee_ms_since(t0);
     res.exited = il;
     return true;
@@ -319,27 +224,36 @@ static void wait_kept_rows(checked_pass & cp, const specee_tree_decoder & tree, 
     }
 }
 
+// the checks of a pass over the verified tree: row r's candidates are those of the node verified there (the root's
+// for row 0)
+static void begin_checks(exit_checks & ec, const specee_tree_decoder & tree, int32_t n) {
+    std::vector<int32_t> row_node(n, 0);
+    for (int32_t ni = 1; ni < (int32_t) tree.nodes.size(); ++ni) {
+        if (tree.nodes[ni].row >= 0) {
+            row_node[tree.nodes[ni].row] = ni;
+        }
+    }
+    std::vector<std::vector<int32_t>> cand;
+    for (int32_t ni : row_node) {
+        cand.push_back(tree.nodes[ni].cand);
+    }
+    exit_checks_begin(ec, std::move(cand));
+}
+
 // The verification pass, layer range by layer range over the schedule, until a check exits; then the rest of it. With
 // checked exits the waiting tokens join the pass (rows after the tree's), an exit makes the kept rows wait too, and a
 // pass that reaches the last layer checks the waiting tokens first (their tokens, or a rollback's, go to `out`).
-static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
-                              specee_sampler & smpl, const specee_batch & b, int32_t & root, int32_t & root_pos,
-                              int32_t n_max, step_result & res, std::vector<std::pair<int32_t, int32_t>> & out,
-                              specee_generator_stats & st) {
-    specee_context &     ctx     = *head.ctx;
-    const specee_model & m       = *head.model;
-    const int32_t        n_layer = (int32_t) m.hparams.n_layer;
-    const int32_t        n       = b.n_tokens;
-    const bool           check   = exit.params.check;
-    pass_checks          pc;
-    pc.row_node.assign(n, 0);
-    for (int32_t ni = 1; ni < (int32_t) tree.nodes.size(); ++ni) {
-        if (tree.nodes[ni].row >= 0) {
-            pc.row_node[tree.nodes[ni].row] = ni;
-        }
-    }
-    pc.feat.resize(n);
-    pc.p_prev.resize(n);
+static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_step step,
+                              const specee_batch & b, int32_t n_max, step_result & res,
+                              std::vector<std::pair<int32_t, int32_t>> & out) {
+    specee_generator_stats & st      = step.stats;
+    specee_context &         ctx     = *step.head.ctx;
+    const specee_model &     m       = *step.head.model;
+    const int32_t            n_layer = (int32_t) m.hparams.n_layer;
+    const int32_t            n       = b.n_tokens;
+    const bool               check   = exit.params.check;
+    exit_checks              ec;
+    begin_checks(ec, tree, n);
     checked_pass cp;
     checked_pass_begin(cp, exit.chain, ctx, n, b.token, b.pos, b.tree_mask, b.output);
     const int32_t replay = tree.params.n_replay > 0 ?
@@ -351,23 +265,18 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
         st.t_verify_ms += specee_ms_since(t0);
 
         t0 = specee_clock::now();
-        row_features(ctx, tree, pc);
-        const std::vector<int32_t> scored = scored_path(tree, pc, (int32_t) m.exit.n_cand, replay, n_max);
-        bool                       fire   = s == forced;
-        if (!fire && m.exit.pred[s].up) {
-            fire = path_fires(m, s, tree, pc, scored, exit.params.threshold) && forced < 0;
-            st.n_checks += 1;
-            st.n_fired += fire;
-        }
+        exit_checks_features(ec, ctx);
+        const std::vector<int32_t> scored = scored_path(tree, ec, (int32_t) m.exit.n_cand, replay, n_max);
+        const bool                 fire   = exit_layer_fires(exit, m, s, forced, ec, rows_of(tree, scored), st);
         st.t_check_ms += specee_ms_since(t0);
         if (!fire) {
             continue;
         }
-        const std::vector<int32_t> history = check ? specee_sampler_history(smpl) : std::vector<int32_t>();
+        const std::vector<int32_t> history = check ? specee_sampler_history(step.smpl) : std::vector<int32_t>();
         std::vector<float>         feats;
-        if (try_exit(tree, exit, head, smpl, s, s == forced, scored, n, root_pos, n_max, res, feats, st)) {
+        if (try_exit(tree, exit, step, s, s == forced, scored, n, n_max, res, feats)) {
             if (check) {
-                wait_kept_rows(cp, tree, res, root_pos, feats, head.n_feat, history);
+                wait_kept_rows(cp, tree, res, step.root_pos, feats, step.head.n_feat, history);
             }
             return;
         }
@@ -376,7 +285,7 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
     auto t0 = specee_clock::now();
     checked_pass_run(cp, n_layer, 0);
     st.t_verify_ms += specee_ms_since(t0);
-    if (!checked_pass_check(cp, head, smpl, root, root_pos, out, st)) {
+    if (!checked_pass_check(cp, step, out)) {
         res.rolled_back = true; // the tree followed a wrong token: the check took it back
         return;
     }
@@ -384,32 +293,32 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
     t0 = specee_clock::now();
     res.emitted.clear(); // a rejected check's walk left its tokens
     res.path.clear();
-    specee_tree_pass_rows rows = {&tree, ctx.logits.data(), head.n_vocab}; // a full pass: the step is EAGLE's
-    res.n_acc = specee_tree_walk(tree, head, smpl, n_max, specee_tree_pass_logits, &rows, res.emitted, res.path);
-    specee_tree_keep(tree, head, n, root_pos, res.emitted, res.path, nullptr);
+    specee_tree_pass_rows rows = {&tree, ctx.logits.data(), step.head.n_vocab}; // a full pass: the step is EAGLE's
+    res.n_acc = specee_tree_walk(tree, step, n_max, specee_tree_pass_logits, &rows, res.emitted, res.path);
+    specee_tree_keep(tree, step, n, res.emitted, res.path, nullptr);
     st.t_sample_ms += specee_ms_since(t0);
 }
 
 // One step; the tokens it puts out go to `out` (token, layers its pass ran): the walk's, and with checked exits the
 // checked waiting tokens before them, or nothing while the step's own tokens wait
-static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
-                           specee_sampler & smpl, int32_t & root, int32_t & root_pos, int32_t n_max,
-                           std::vector<std::pair<int32_t, int32_t>> & out, specee_generator_stats & st) {
-    specee_context & ctx     = *head.ctx;
-    const int32_t    n_layer = (int32_t) head.model->hparams.n_layer;
-    const int32_t    n_free  = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
+static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_step step, int32_t n_max,
+                           std::vector<std::pair<int32_t, int32_t>> & out) {
+    specee_generator_stats & st      = step.stats;
+    specee_context &         ctx     = *step.head.ctx;
+    const int32_t            n_layer = (int32_t) step.head.model->hparams.n_layer;
+    const int32_t            n_free  = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
     const int32_t budget = std::min({tree.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
 
     // ---- draft (each expanded node keeps its candidates)
     auto                       t0    = specee_clock::now();
-    const std::vector<int32_t> nodes = specee_tree_draft(tree, head, smpl, root, root_pos, budget);
+    const std::vector<int32_t> nodes = specee_tree_draft(tree, step, budget);
     st.t_draft_ms += specee_ms_since(t0);
 
     // ---- verify, checking the scheduled layers
-    const specee_tree_batch tb = specee_tree_verify_batch(tree, root, root_pos, nodes);
+    const specee_tree_batch tb = specee_tree_verify_batch(tree, step.root, step.root_pos, nodes);
     const specee_batch      b  = tb.view();
     step_result             res;
-    verify_with_exits(tree, exit, head, smpl, b, root, root_pos, n_max, res, out, st);
+    verify_with_exits(tree, exit, step, b, n_max, res, out);
 
     const int32_t layers_run = res.exited >= 0 ? res.exited + 1 : n_layer;
     st.n_drafted += b.n_tokens - 1;
@@ -417,12 +326,12 @@ static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exi
     if (res.rolled_back) {
         return; // root and root_pos follow the full model's token
     }
-    root = res.emitted.back();
-    root_pos += (int32_t) res.emitted.size();
+    step.root = res.emitted.back();
+    step.root_pos += (int32_t) res.emitted.size();
     st.n_accepted += res.n_acc;
     if (res.exited >= 0 && exit.params.check) {
-        if (specee_token_is_eog(head.model, root)) {
-            specee_exit_chain_flush(exit.chain, head, smpl, root, root_pos, out, st); // nothing follows it
+        if (specee_token_is_eog(step.head.model, step.root)) {
+            specee_exit_chain_flush(exit.chain, step, out); // nothing follows it
         }
         return; // the step's tokens wait for their check
     }
@@ -431,24 +340,21 @@ static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exi
     }
 }
 
-int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_draft_head & head,
-                              specee_sampler & smpl, int32_t & root, int32_t & root_pos, int32_t * out, int32_t n_max,
-                              int32_t & layers_run, specee_generator_stats & st) {
+int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_step step,
+                              int32_t * out, int32_t n_max, int32_t & layers_run) {
     std::vector<std::pair<int32_t, int32_t>> done;
-    tree_exit_step(tree, exit, head, smpl, root, root_pos, n_max, done, st);
-    layers_run = done.empty() ? (int32_t) head.model->hparams.n_layer : done.back().second;
+    tree_exit_step(tree, exit, step, n_max, done);
+    layers_run = done.empty() ? (int32_t) step.head.model->hparams.n_layer : done.back().second;
     for (size_t i = 0; i < done.size(); ++i) {
         out[i] = done[i].first;
     }
     return (int32_t) done.size();
 }
 
-int32_t specee_tree_exit_step_checked(specee_tree_decoder & tree, specee_exit_decoder & exit,
-                                      specee_draft_head & head, specee_sampler & smpl, int32_t & root,
-                                      int32_t & root_pos, int32_t n_max, std::vector<std::pair<int32_t, int32_t>> & out,
-                                      specee_generator_stats & st) {
+int32_t specee_tree_exit_step_checked(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_step step,
+                                      int32_t n_max, std::vector<std::pair<int32_t, int32_t>> & out) {
     const size_t out0 = out.size();
-    tree_exit_step(tree, exit, head, smpl, root, root_pos, n_max, out, st);
+    tree_exit_step(tree, exit, step, n_max, out);
     return (int32_t) (out.size() - out0);
 }
 

@@ -1,5 +1,5 @@
-"""The shape of csrc/: no function over MAX_LINES lines (declaration tables aside), and no circle in the graph of
-`#include "specee-*.h"` between its files. The checkers are tested on small made-up sources too, so each check is
+"""The shape of csrc/: no function over MAX_LINES lines (declaration tables aside), no file over MAX_FILE_LINES lines
+(the bindings' table aside), and no circle in the graph of `#include "specee-*.h"` between its files. The checkers are tested on small made-up sources too, so each check is
 known to fail when it should."""
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ ALLOWED = {
     # the CLI's flag table, one flag per line
     ("tools/specee-cli-args.cpp", "make_options"),
 }
+
+MAX_FILE_LINES = 800
+
+# Files allowed to be longer: the Python module's declaration table, one binding per line
+ALLOWED_FILES = {"bindings/specee-bindings.cpp"}
 
 # What C++ text is not code: comments, string and character literals (raw strings included) and preprocessor
 # lines (with their continuations); each is blanked out, newlines kept, so braces inside them are not counted
@@ -118,6 +123,19 @@ def long_functions(root: Path, max_lines: int = MAX_LINES) -> list[str]:
     return out
 
 
+def long_files(root: Path, max_lines: int = MAX_FILE_LINES) -> list[str]:
+    """Every file under root (in every folder) longer than max_lines lines, the allowed ones aside."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if not path.is_file() or rel in ALLOWED_FILES:
+            continue
+        n = len(path.read_text(errors="replace").splitlines())
+        if n > max_lines:
+            out.append(f"{rel}: {n} lines (at most {max_lines})")
+    return out
+
+
 def include_graph(root: Path) -> dict[str, set[str]]:
     """specee-X -> the specee-Y.h it includes, a file's .h and .cpp taken as one (so that X.cpp including Y.h
     while Y.cpp includes X.h is a circle: each needs the other)."""
@@ -174,6 +192,16 @@ def test_allowed_long_functions_exist() -> None:
         assert name in [f[0] for f in functions((CSRC / rel).read_text())], (rel, name)
 
 
+def test_no_file_is_too_long() -> None:
+    long = long_files(CSRC)
+    assert not long, "split by concern into files of their own:\n" + "\n".join(long)
+
+
+def test_allowed_long_files_exist() -> None:
+    for rel in ALLOWED_FILES:
+        assert (CSRC / rel).is_file(), rel
+
+
 def test_no_include_circle() -> None:
     cycle = find_cycle(include_graph(CSRC))
     assert not cycle, "include circle: " + " -> ".join(cycle)
@@ -217,6 +245,16 @@ def test_a_long_function_is_reported(tmp_path: Path) -> None:
     (tmp_path / "specee-x.cpp").write_text(f"int ok(int x) {{\n{body}}}\n\nint too_long(int x) {{\n{body}    x++;\n}}\n")
     assert long_functions(tmp_path) == [f"specee-x.cpp:{MAX_LINES + 2}: too_long is {MAX_LINES + 1} lines "
                                         f"(at most {MAX_LINES})"]
+
+
+def test_a_long_file_is_reported(tmp_path: Path) -> None:
+    lines = "".join(f"int x{i};\n" for i in range(MAX_FILE_LINES))
+    (tmp_path / "specee-ok.cpp").write_text(lines)  # at the limit
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "specee-long.h").write_text(lines + "int y;\n")
+    (tmp_path / "bindings").mkdir()
+    (tmp_path / "bindings" / "specee-bindings.cpp").write_text(lines * 2)  # the table: allowed
+    assert long_files(tmp_path) == [f"tools/specee-long.h: {MAX_FILE_LINES + 1} lines (at most {MAX_FILE_LINES})"]
 
 
 def test_an_include_circle_is_found(tmp_path: Path) -> None:
