@@ -1,6 +1,7 @@
 // specee-context-params.cpp: a context's parameters before anything is allocated: their defaults, their resolution
 // (0: the default; thread counts capped; n_ctx within int32 positions) and the memory check of the sizes they ask for
-// against what the host and the devices have free; the limits they are held to (threads, the host's memory).
+// against what the host and the devices have free (where each layer's KV cache lives: its backend); the limits they
+// are held to (threads, the host's memory).
 #include "specee-context.h"
 
 #include "specee-impl.h"
@@ -52,6 +53,11 @@ static uint64_t host_available_bytes() {
         fclose(fc);
     }
     return avail;
+}
+
+int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il) {
+    const int32_t dev = specee_model_device_of_layer(*ctx.model, il);
+    return dev < 0 ? (int32_t) ctx.backends.size() - 1 : dev;
 }
 
 // The compute buffers are estimated from the worst-case graph: n_batch tokens' attention mask over the whole context

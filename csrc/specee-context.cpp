@@ -80,11 +80,6 @@ void specee_graph_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_toke
 
 // ---- evaluation ------------------------------------------------------------------------------------
 
-int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il) {
-    const int32_t dev = specee_model_device_of_layer(*ctx.model, il);
-    return dev < 0 ? (int32_t) ctx.backends.size() - 1 : dev;
-}
-
 static const int32_t KV_PAD = 256;
 
 // Masks of a batch over cells [0, n_kv): one per group of layers whose cached cells' validity is the same.

@@ -130,11 +130,8 @@ static void add_table_options(std::vector<cli_option> & opts, const specee_optio
     for (int32_t i = 0; const specee_option * o = option(i); ++i) {
         std::vector<std::string> names = flag_names(*o);
         const std::string        name  = o->name;
-        // "" is the library's "the default": on a command line an empty value is refused (text aside)
-        const bool empty_ok = o->type == SPECEE_OPTION_TEXT;
-        auto setter = [set, name, empty_ok](const std::string & v) {
-            return (empty_ok || !v.empty()) && set(name.c_str(), v.c_str()) == 0;
-        };
+        // "" is the library's "the default": on a command line an empty value is refused
+        auto setter = [set, name](const std::string & v) { return !v.empty() && set(name.c_str(), v.c_str()) == 0; };
         if (o->type == SPECEE_OPTION_BOOL) {
             const bool by_default = on_by_default(o->name);
             if (by_default) {
