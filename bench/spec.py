@@ -230,6 +230,9 @@ class Run:
     n_exit_tokens: int = 0  # early exit: the tokens its line counts (those after the first; tree exit: passes) ...
     layers_run: float = 0.0  # ... and the layers they ran, summed
     n_layer: int = 0
+    n_drafted: int = 0  # speculative: draft tokens verified, and of them accepted
+    n_accepted: int = 0
+    text: str = ""  # the reply (stdout)
 
 
 @dataclass
@@ -278,10 +281,11 @@ def run_config(cfg: Config, exe: str, prompt_i: int, prompt: str, args: argparse
             if attempt == 3:
                 raise SystemExit(f"bench.spec: {cfg.name}: {e}; its output ended:\n{proc.stderr[-2000:]}") from e
             print(f"bench.spec: {cfg.name}: {e}; running it again", file=sys.stderr, flush=True)
-    run = Run(cfg.name, prompt_i, eval_ms, runs)
+    run = Run(cfg.name, prompt_i, eval_ms, runs, text=proc.stdout)
     spec = SPEC_RE.search(proc.stderr)
     if spec:
         run.n_steps, run.draft_ms, run.verify_ms = int(spec.group(1)), float(spec.group(5)), float(spec.group(6))
+        run.n_accepted, run.n_drafted = int(spec.group(3)), int(spec.group(4))
     exits = EXIT_RE.search(proc.stderr)  # tree exit prints both lines
     if exits:
         run.n_exit_tokens, run.n_layer = int(exits.group(1)), int(exits.group(3))

@@ -42,7 +42,7 @@ static bool check_fires(const specee_exit_decoder & dec, specee_context & ctx, i
 // One token's step; `out` receives what it puts out (token, layers its step ran): without checks its next token;
 // with checks (dec.params.check) what checked_pass_check lets out, or nothing while the token waits
 static void exit_step(specee_exit_decoder & dec, specee_step step, std::vector<std::pair<int32_t, int32_t>> & out) {
-    specee_draft_head &      head    = step.head;
+    specee_draft_head &      head    = *step.head;
     specee_sampler &         smpl    = step.smpl;
     specee_generator_stats & st      = step.stats;
     specee_context &         ctx     = *head.ctx;

@@ -182,9 +182,9 @@ bool checked_pass_check(checked_pass & cp, specee_step step, std::vector<std::pa
         st.n_rollbacks += 1;
         st.n_discarded += n_pend - i;
         ctx.kv.remove(w.pos + 1, -1);
-        specee_draft_truncate(step.head, w.pos);
+        specee_draft_truncate(*step.head, w.pos);
         const float * f = m.eagle.version == 3 ? w.feat.data() : ctx.norm.data() + (size_t) row * m.hparams.n_embd;
-        specee_draft_add_pair(step.head, f, t, w.pos);
+        specee_draft_add_pair(*step.head, f, t, w.pos);
         step.root     = t;
         step.root_pos = w.pos + 1;
         pend.clear();
@@ -203,9 +203,9 @@ int32_t specee_exit_chain_flush(specee_exit_chain & chain, specee_step step,
     }
     const size_t out0 = out.size();
     checked_pass cp;
-    checked_pass_begin(cp, chain, *step.head.ctx, 0, nullptr, nullptr, nullptr, nullptr);
+    checked_pass_begin(cp, chain, step.ctx, 0, nullptr, nullptr, nullptr, nullptr);
     const auto t0 = specee_clock::now();
-    checked_pass_run(cp, (int32_t) step.head.model->hparams.n_layer, 0);
+    checked_pass_run(cp, (int32_t) step.ctx.model->hparams.n_layer, 0);
     step.stats.t_layers_ms += specee_ms_since(t0);
     checked_pass_check(cp, step, out);
     return (int32_t) (out.size() - out0);

@@ -111,6 +111,12 @@ static bool exit_settings_given(const specee_generator_params & p) {
            !p.exit.dynamic || p.exit.check;
 }
 
+static bool ngram_settings_given(const specee_generator_params & p) {
+    const specee_ngram_params d = specee_generator_default_params().ngram;
+    return p.ngram.n_min != d.n_min || p.ngram.n_max != d.n_max || p.ngram.draft_max != d.draft_max ||
+           p.ngram.branches != d.branches || p.ngram.adaptive != d.adaptive;
+}
+
 // auto: early exit for a draft head with exit predictors at temperature 0 (SpecEE's merged files), EAGLE-2 for a
 // draft head, plain decoding without one; a speculative mode only where it can beat plain decoding here: early exit
 // unless its predictors' file says they cannot (specee.exit.speedup < 1), EAGLE-2 where eagle_speedup says >= 1.
@@ -176,6 +182,9 @@ static void check_params(const specee_model & m, const specee_generator_params &
         specee_fail("checked exits run an exited token's skipped layers with the next pass, so they hold its real K/V: "
                     "exit kv (fill) does not apply with exit check");
     }
+    if (ngram_settings_given(p) && !(mi.reads & SPECEE_READS_NGRAM)) {
+        specee_fail("n-gram settings are given, but the mode is %s (use mode ngram)", mi.name);
+    }
     if (exit_set && !(mi.reads & SPECEE_READS_EXIT)) {
         specee_fail("exit settings are given, but the mode is %s (early exit: mode early-exit or tree-exit, or auto "
                     "with a draft head and exit predictors at temperature 0)", mi.name);
@@ -217,6 +226,14 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
     }
     if (mi.exits && mi.tree) {
         specee_tree_exit_init(tree, exit, m, p.exit);
+    }
+    const bool same_lookup = g.mode == mode && memcmp(&g.params.ngram, &p.ngram, sizeof(p.ngram)) == 0;
+    if ((mi.reads & SPECEE_READS_NGRAM) && !same_lookup) {
+        specee_lookup_init(g.lookup, p.ngram, *g.ctx);
+        g.started = false; // the lookup's index is made by start
+    }
+    if (mi.reads & SPECEE_READS_NGRAM) {
+        why += std::string(why.empty() ? "" : "\n") + specee_lookup_describe(g.lookup);
     }
     if (mi.tree && p.eagle.n_replay > 0) {
         why += std::string(why.empty() ? "" : "\n") +
@@ -317,6 +334,9 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
             specee_draft_add_pair(*g.head, specee_context_feature(ctx, i - e), i + 1 < n ? tokens[i + 1] : t, i);
         }
     }
+    if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_NGRAM) {
+        specee_lookup_reset(g.lookup, tokens, n, t);
+    }
     g.root     = t;
     g.root_pos = n;
     g.queue    = {{t, (int32_t) m.hparams.n_layer}};
@@ -402,6 +422,12 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
                 layers_run[i] = n_layer;
             }
             break;
+        case SPECEE_MODE_NGRAM:
+            n = specee_lookup_step(g.lookup, g.tree, specee_generator_step(g), out, n_max);
+            for (int32_t i = 0; layers_run && i < n; ++i) {
+                layers_run[i] = n_layer;
+            }
+            break;
         case SPECEE_MODE_TREE_EXIT: {
             int32_t run = n_layer;
             n = specee_tree_exit_step(g.tree, g.exit, specee_generator_step(g), out, n_max, run);
@@ -436,6 +462,11 @@ extern "C" struct specee_generator_params specee_generator_default_params(void) 
     p.exit.threshold    = -1.0f;
     p.exit.dynamic      = true;
     p.exit.kv           = SPECEE_EXIT_KV_MASK;
+    p.ngram.n_min       = 2;
+    p.ngram.n_max       = 4;
+    p.ngram.draft_max   = 8;
+    p.ngram.branches    = 1;
+    p.ngram.adaptive    = true;
     return p;
 }
 

@@ -4,6 +4,7 @@
 
 #include "specee-draft-head.h"
 #include "specee-exit.h"
+#include "specee-lookup.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
 #include "specee-step.h"
@@ -26,6 +27,7 @@ struct specee_generator {
     std::unique_ptr<specee_draft_head> head; // eagle, eagle2, early_exit
     specee_tree_decoder       tree;
     specee_exit_decoder       exit;
+    specee_lookup             lookup; // ngram
 
     bool                 started  = false;
     int32_t              root     = -1; // the last emitted token, not in the cache yet
@@ -37,9 +39,9 @@ struct specee_generator {
     int32_t              seq = 0; // the KV cache's sequence this generator decodes
 };
 
-// the generator's state for one step of its decoder (specee-step.h); it needs the draft head (modes other than plain)
+// the generator's state for one step of its decoder (specee-step.h; head: nullptr in a mode without one)
 inline specee_step specee_generator_step(specee_generator & g) {
-    return {*g.head, *g.smpl, g.root, g.root_pos, g.stats};
+    return {*g.ctx, g.head.get(), *g.smpl, g.root, g.root_pos, g.stats};
 }
 
 // While alive, the context's single-sequence cache operations act on the generator's sequence

@@ -49,6 +49,8 @@ static const specee_mode_info MODES[] = {
      "tree exit decodes greedily (the exit layer's argmax along the tree): use temperature 0, or mode eagle2 / eagle "
      "for sampling",
      SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT},
+    {"ngram", "n-gram lookup: drafts copied from the prompt and the output so far, verified in one pass (no draft head)",
+     false, true, false, true, false, nullptr, SPECEE_READS_NGRAM},
 };
 static const int32_t N_MODES = (int32_t) (sizeof(MODES) / sizeof(MODES[0]));
 
@@ -170,6 +172,24 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "early exit for benchmarks: token i (tree-exit: step i) exits after block LAYERS[i mod n] whatever the "
       "predictors say (cost only: the tokens are the exit layers' argmax)"},
      OFF(exit.replay), OFF(exit.n_replay), nullptr, 0, 0, 0},
+    {{"ngram.n_min", SPECEE_OPTION_INT, nullptr, "an integer in [1, 16]",
+      "n-gram lookup: the shortest match of the sequence's last tokens drafted from (default: 2)"},
+     OFF(ngram.n_min), 0, nullptr, 0, 1, 16},
+    {{"ngram.n_max", SPECEE_OPTION_INT, nullptr, "an integer in [1, 16]",
+      "n-gram lookup: the longest match, tried first (default: 4)"},
+     OFF(ngram.n_max), 0, nullptr, 0, 1, 16},
+    {{"ngram.draft_max", SPECEE_OPTION_INT, nullptr, "an integer in [1, 64]",
+      "n-gram lookup: most tokens drafted per step; how many are drafted adapts to their acceptance on the sequence "
+      "and this machine's cost of a pass (default: 8)"},
+     OFF(ngram.draft_max), 0, nullptr, 0, 1, 64},
+    {{"ngram.branches", SPECEE_OPTION_INT, nullptr, "an integer in [1, 8]",
+      "n-gram lookup: continuations of the match verified as the root's children, the most frequent one drafted as a "
+      "chain (default: 1)"},
+     OFF(ngram.branches), 0, nullptr, 0, 1, 8},
+    {{"ngram.adaptive", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "n-gram lookup: choose how far to draft from the drafts' acceptance on the sequence and this machine's pass "
+      "cost (default: on; off: draft_max tokens wherever the sequence's end was seen before)"},
+     OFF(ngram.adaptive), 0, nullptr, 0, 0, 0},
     {{"exit.check", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "early exit: check every exit: the exited token's skipped layers run with the next token's pass and a token "
       "the full model disagrees with is taken back, so greedy output equals plain decoding (tokens come out once "
@@ -307,6 +327,11 @@ void specee_generator_check_values(const specee_generator_params & p) {
     }
     if (p.exit.kv != SPECEE_EXIT_KV_MASK && p.exit.kv != SPECEE_EXIT_KV_FILL) {
         specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", p.exit.kv);
+    }
+    if (p.ngram.n_min < 1 || p.ngram.n_max < p.ngram.n_min || p.ngram.n_max > 16 || p.ngram.draft_max < 1 ||
+        p.ngram.draft_max > 64 || p.ngram.branches < 1 || p.ngram.branches > 8) {
+        specee_fail("n-gram lookup: n_min (%d) must be in [1, n_max], n_max (%d) at most 16, draft_max (%d) in [1, 64] "
+                    "and branches (%d) in [1, 8]", p.ngram.n_min, p.ngram.n_max, p.ngram.draft_max, p.ngram.branches);
     }
     if (p.exit.n_layers < 0 || p.exit.n_layers > SPECEE_MAX_EXIT_LAYERS || p.exit.n_replay < 0 ||
         p.exit.n_replay > SPECEE_MAX_EXIT_LAYERS) {

@@ -265,7 +265,7 @@ static std::vector<int32_t> ancestor_cells(const specee_tree_decoder & dec, int3
 // one's children: k_of(node) of them.
 template <typename K>
 static void draft_expand(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & batch, K k_of) {
-    specee_draft_head & head = step.head;
+    specee_draft_head & head = *step.head;
     const int32_t       n    = (int32_t) batch.size();
     if (n == 0) {
         return;
@@ -318,7 +318,7 @@ static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_step 
             dec.nodes[kids[j]].shape = shape_kids[dec.nodes[ni].shape][j];
         }
     };
-    draft_children(dec, step.head, step.smpl, 0, root_logits, n_kids[0]);
+    draft_children(dec, *step.head, step.smpl, 0, root_logits, n_kids[0]);
     assign_shapes(0);
     std::vector<int32_t> level = dec.nodes[0].children;
     while (!level.empty()) {
@@ -352,7 +352,7 @@ static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_step
                                           const float * root_logits) {
     std::vector<int32_t> chosen;
     const int32_t top_k = dec.params.topk;
-    draft_children(dec, step.head, step.smpl, 0, root_logits, top_k);
+    draft_children(dec, *step.head, step.smpl, 0, root_logits, top_k);
     std::vector<int32_t> level = dec.nodes[0].children;
     for (int32_t d = 1; d < dec.params.depth && !level.empty(); ++d) {
         // the top_k nodes of the newest depth by score (earlier drawn first on ties)
@@ -384,7 +384,7 @@ static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_step
 // Drafts the tree of this step: dec.nodes (root first); the nodes to verify get rows 1.. in breadth-first
 // order, at most `budget` of them. Returns the verified nodes in row order.
 std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_step step, int32_t budget) {
-    specee_draft_head & head = step.head;
+    specee_draft_head & head = *step.head;
     dec.nodes.clear();
     draft_node rn;
     rn.token = step.root;
@@ -456,7 +456,10 @@ static int32_t accept_sampled(const specee_tree_decoder & dec, specee_sampler & 
         if (dec.nodes[c].row < 0) {
             break; // the verified children are a prefix of the drawn ones
         }
-        if (!q_in) {
+        if (nd.q.empty()) { // a drafter's point masses (n-gram lookup): each child is its own proposal
+            std::fill(q.begin(), q.end(), 0.0);
+            q[dec.nodes[c].token] = 1.0;
+        } else if (!q_in) {
             std::fill(q.begin(), q.end(), 0.0);
             for (const auto & e : nd.q) {
                 q[e.first] += e.second;
@@ -536,7 +539,7 @@ specee_tree_batch specee_tree_verify_batch(const specee_tree_decoder & dec, int3
 static int32_t verify_tree(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
     const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
     const specee_batch      b  = tb.view();
-    specee_eval_layers_impl(*step.head.ctx, &b, 0, (int32_t) step.head.model->hparams.n_layer, 0);
+    specee_eval_layers_impl(step.ctx, &b, 0, (int32_t) step.ctx.model->hparams.n_layer, 0);
     return b.n_tokens;
 }
 
@@ -545,7 +548,7 @@ static int32_t verify_tree(specee_tree_decoder & dec, specee_step step, const st
 int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_max, specee_node_logits logits_of,
                          void * user, std::vector<int32_t> & emitted, std::vector<int32_t> & path) {
     specee_sampler &    smpl    = step.smpl;
-    const int32_t       n_vocab = step.head.n_vocab;
+    const int32_t       n_vocab = (int32_t) step.ctx.model->hparams.n_vocab;
     const bool          greedy  = specee_sampler_greedy(smpl);
     std::vector<double> p, q;
     if (!greedy) {
@@ -582,7 +585,7 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_
         specee_sampler_accept_impl(smpl, t);
         emitted.push_back(t);
         n_acc += child >= 0;
-        if (child < 0 || (int32_t) emitted.size() >= n_max || specee_token_is_eog(step.head.model, t)) {
+        if (child < 0 || (int32_t) emitted.size() >= n_max || specee_token_is_eog(step.ctx.model, t)) {
             break;
         }
         path.push_back(child);
@@ -598,8 +601,7 @@ const float * specee_tree_pass_logits(void * user, int32_t node) {
 
 void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, const std::vector<int32_t> & emitted,
                       const std::vector<int32_t> & path, const float * feats, int32_t row0) {
-    specee_draft_head &        head = step.head;
-    specee_context &           ctx  = *head.ctx;
+    specee_context &           ctx = step.ctx;
     const std::vector<int32_t> cells(ctx.cells.begin() + row0, ctx.cells.begin() + row0 + n);
     std::vector<uint8_t>       keep(n, 0);
     keep[0] = 1;
@@ -615,6 +617,10 @@ void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, co
         ctx.kv.move_cell(cells[dec.nodes[path[j]].row], cells[j + 1]);
     }
 
+    if (!step.head) {
+        return; // a drafter without a head (n-gram lookup) keeps nothing else
+    }
+    specee_draft_head & head = *step.head;
     specee_draft_drop_tree(head);
     for (size_t j = 0; j < emitted.size(); ++j) {
         const int32_t row  = j == 0 ? 0 : dec.nodes[path[j - 1]].row;
@@ -625,7 +631,7 @@ void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, co
 
 int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max) {
     specee_generator_stats & st     = step.stats;
-    specee_context &         ctx    = *step.head.ctx;
+    specee_context &         ctx    = step.ctx;
     const int32_t            n_ctx  = (int32_t) ctx.cparams.n_ctx;
     const int32_t            n_free = n_ctx - (int32_t) ctx.kv.used;
     const int32_t budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
@@ -643,7 +649,7 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * 
     // ---- walk from the root, then keep what was accepted in both caches
     t0 = specee_clock::now();
     std::vector<int32_t> emitted, path;
-    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), step.head.n_vocab};
+    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) step.ctx.model->hparams.n_vocab};
     const int32_t n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
     specee_tree_keep(dec, step, n, emitted, path, nullptr);
     step.root = emitted.back();

@@ -1,6 +1,7 @@
 // specee-step.h: the state a decoding step reads and advances, passed to every step function as one struct (as
 // llama2.c passes its RunState): EAGLE's tree step and its parts (specee-speculative.h), early exit
-// (specee-early-exit.h), tree exit (specee-tree-exit.h) and checked exits' check and flush (specee-exit-check.h).
+// (specee-early-exit.h), tree exit (specee-tree-exit.h), checked exits' check and flush (specee-exit-check.h) and
+// n-gram lookup (specee-lookup.h, the one decoder without a draft head).
 //
 // Contract: the state lives in its owner (a generator, specee-generate.h); a specee_step only refers to it, as a
 // pointer does, and is passed by value (a copy refers to the same state). It is made for a step
@@ -12,11 +13,13 @@
 
 #include <cstdint>
 
+struct specee_context;
 struct specee_draft_head;
 struct specee_sampler;
 
 struct specee_step {
-    specee_draft_head &      head;     // the draft head (its context and model are the target's)
+    specee_context &         ctx;      // the target's context (its model: ctx.model)
+    specee_draft_head *      head;     // the draft head, or nullptr for a drafter without one (n-gram lookup)
     specee_sampler &         smpl;     // the sampler: draws, and keeps the emitted tokens' history
     int32_t &                root;     // the last emitted token, not in the target's cache yet
     int32_t &                root_pos; // its position

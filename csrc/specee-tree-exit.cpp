@@ -166,7 +166,7 @@ static bool try_exit(specee_tree_decoder & tree, const specee_exit_decoder & exi
                      std::vector<float> & feats) {
     specee_sampler &         smpl = step.smpl;
     specee_generator_stats & st   = step.stats;
-    specee_context &         ctx  = *step.head.ctx;
+    specee_context &         ctx  = step.ctx;
     auto                     t0   = specee_clock::now();
     exit_rows                er;
     er.ctx   = &ctx;
@@ -247,8 +247,8 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
                               const specee_batch & b, int32_t n_max, step_result & res,
                               std::vector<std::pair<int32_t, int32_t>> & out) {
     specee_generator_stats & st      = step.stats;
-    specee_context &         ctx     = *step.head.ctx;
-    const specee_model &     m       = *step.head.model;
+    specee_context &         ctx     = step.ctx;
+    const specee_model &     m       = *step.ctx.model;
     const int32_t            n_layer = (int32_t) m.hparams.n_layer;
     const int32_t            n       = b.n_tokens;
     const bool               check   = exit.params.check;
@@ -276,7 +276,7 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
         std::vector<float>         feats;
         if (try_exit(tree, exit, step, s, s == forced, scored, n, n_max, res, feats)) {
             if (check) {
-                wait_kept_rows(cp, tree, res, step.root_pos, feats, step.head.n_feat, history);
+                wait_kept_rows(cp, tree, res, step.root_pos, feats, step.head->n_feat, history);
             }
             return;
         }
@@ -293,7 +293,7 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
     t0 = specee_clock::now();
     res.emitted.clear(); // a rejected check's walk left its tokens
     res.path.clear();
-    specee_tree_pass_rows rows = {&tree, ctx.logits.data(), step.head.n_vocab}; // a full pass: the step is EAGLE's
+    specee_tree_pass_rows rows = {&tree, ctx.logits.data(), (int32_t) step.ctx.model->hparams.n_vocab}; // a full pass: the step is EAGLE's
     res.n_acc = specee_tree_walk(tree, step, n_max, specee_tree_pass_logits, &rows, res.emitted, res.path);
     specee_tree_keep(tree, step, n, res.emitted, res.path, nullptr);
     st.t_sample_ms += specee_ms_since(t0);
@@ -304,8 +304,8 @@ static void verify_with_exits(specee_tree_decoder & tree, specee_exit_decoder & 
 static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_step step, int32_t n_max,
                            std::vector<std::pair<int32_t, int32_t>> & out) {
     specee_generator_stats & st      = step.stats;
-    specee_context &         ctx     = *step.head.ctx;
-    const int32_t            n_layer = (int32_t) step.head.model->hparams.n_layer;
+    specee_context &         ctx     = step.ctx;
+    const int32_t            n_layer = (int32_t) step.ctx.model->hparams.n_layer;
     const int32_t            n_free  = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
     const int32_t budget = std::min({tree.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
 
@@ -330,7 +330,7 @@ static void tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exi
     step.root_pos += (int32_t) res.emitted.size();
     st.n_accepted += res.n_acc;
     if (res.exited >= 0 && exit.params.check) {
-        if (specee_token_is_eog(step.head.model, step.root)) {
+        if (specee_token_is_eog(step.ctx.model, step.root)) {
             specee_exit_chain_flush(exit.chain, step, out); // nothing follows it
         }
         return; // the step's tokens wait for their check
@@ -344,7 +344,7 @@ int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & 
                               int32_t * out, int32_t n_max, int32_t & layers_run) {
     std::vector<std::pair<int32_t, int32_t>> done;
     tree_exit_step(tree, exit, step, n_max, done);
-    layers_run = done.empty() ? (int32_t) step.head.model->hparams.n_layer : done.back().second;
+    layers_run = done.empty() ? (int32_t) step.ctx.model->hparams.n_layer : done.back().second;
     for (size_t i = 0; i < done.size(); ++i) {
         out[i] = done[i].first;
     }

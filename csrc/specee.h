@@ -368,6 +368,7 @@ enum specee_mode {
     SPECEE_MODE_EAGLE2     = 3,
     SPECEE_MODE_EARLY_EXIT = 4,
     SPECEE_MODE_TREE_EXIT  = 5,
+    SPECEE_MODE_NGRAM      = 6,
 };
 
 // the longest choices text, and the most entries in an exit schedule or a replay that the parameters hold
@@ -408,6 +409,15 @@ struct specee_exit_params {
                                             // (lossless; tokens are returned once checked)
 };
 
+// n-gram lookup (mode ngram): drafts copied from where the sequence's last n tokens stood before
+struct specee_ngram_params {
+    int32_t n_min;     // shortest match (tokens)
+    int32_t n_max;     // longest match: the longest is tried first
+    int32_t draft_max; // most tokens drafted per step (the length adapts to acceptance and pass cost below it)
+    int32_t branches;  // continuations of the match verified as children of the root (the best one as a chain)
+    bool    adaptive;  // the chain's length from acceptance and pass cost (else draft_max wherever a match is found)
+};
+
 struct specee_generator_params {
     struct specee_sampler_params sampling;
     bool                         ignore_eos; // end-of-generation tokens get logit -inf on every draw from the
@@ -415,6 +425,7 @@ struct specee_generator_params {
     int32_t                      mode;       // enum specee_mode
     struct specee_eagle_params   eagle;
     struct specee_exit_params    exit;
+    struct specee_ngram_params   ngram;
 };
 
 // What a generator did since its stats were last reset. The same names in Python (GenerationStats), the CLI's
@@ -465,6 +476,7 @@ enum specee_mode_reads { // the settings a mode reads besides sampling (the othe
     SPECEE_READS_EAGLE1_TREE = 1 << 0, // eagle.choices
     SPECEE_READS_EAGLE2_TREE = 1 << 1, // eagle.total_tokens, eagle.depth, eagle.topk
     SPECEE_READS_EXIT        = 1 << 2, // exit.*
+    SPECEE_READS_NGRAM       = 1 << 3, // ngram.*
 };
 
 struct specee_mode_info {

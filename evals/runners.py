@@ -229,7 +229,8 @@ class LlamaCppPythonRunner:
 
 # the evaluations' flags that set what each group of the runtime's settings reads (specee.MODES[...].reads)
 FLAGS = {"eagle1_tree": "--eagle-choices", "eagle2_tree": "--eagle-total-tokens/--eagle-depth/--eagle-topk",
-         "exit": "--exit-draft-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay/--exit-check"}
+         "exit": "--exit-draft-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay/--exit-check",
+         "ngram": "the runtime's n-gram defaults"}
 
 
 def make_native(mode: str) -> Callable[[specee.Model, RunConfig], Runner]:
@@ -258,7 +259,7 @@ def make_llama_cpp(model: specee.Model, cfg: RunConfig) -> Runner:
 
 
 def describe(info: specee.Mode) -> str:
-    flags = ", ".join(FLAGS[r] for r in info.reads)
+    flags = ", ".join(FLAGS.get(r, r + ".*") for r in info.reads)
     return f"this runtime: {info.help}" + (", greedy" if info.greedy_only else "") + (f" ({flags})" if flags else "")
 
 

@@ -94,7 +94,8 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--eagle-replay", "--exit-threshold", "--exit-layers", "--no-exit-dynamic", "--exit-kv", "--exit-replay",
                 "--exit-check",
                 "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
-                "--list-devices", "--rpc", "-tb", "--threads-batch", "--no-mmap"]
+                "--list-devices", "--rpc", "-tb", "--threads-batch", "--no-mmap", "--ngram-n-min", "--ngram-n-max",
+                "--ngram-draft-max", "--spec-draft-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
@@ -103,7 +104,8 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
               "-ctv": "f32", "--cache-type-v": "f16", "--mode": "plain", "--draft-head": str(tmp_path / "head.gguf"),
               "--eagle-choices": "[[0]]", "--eagle_choices": "[[0], [1]]", "--exit-threshold": "0.5",
               "--exit-layers": "16,20", "--exit-kv": "fill", "--exit-replay": "3,4", "--eagle-replay": "3,1", "-fa": "on",
-              "--flash-attn": "on", "--offload-order": "first", "-ts": "1,1", "--tensor-split": "3,1"}
+              "--flash-attn": "on", "--offload-order": "first", "-ts": "1,1", "--tensor-split": "3,1",
+              "--spec-type": "ngram-simple", "--ngram-n-max": "4"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():

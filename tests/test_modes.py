@@ -90,11 +90,10 @@ def test_python_table_is_the_runtimes() -> None:
     for row in rows:
         info = specee.MODES[row["name"]]
         assert info.help and row["help"] == info.help and row["help"] in mode_option["help"]
-        assert set(info.reads) <= {"eagle1_tree", "eagle2_tree", "exit"}
-        # a mode that decodes greedily only cannot be lossless; one without the head drafts no tree and exits nowhere
+        assert set(info.reads) <= {"eagle1_tree", "eagle2_tree", "exit", "ngram"}
+        # a mode that decodes greedily only cannot be lossless; exits need the head's candidates
         assert not (info.greedy_only and info.lossless)
-        if not info.needs_head and info.name != "auto":
-            assert not info.tree and not info.exits
+        assert not info.exits or info.needs_head
 
 
 def test_cli_help_lists_every_mode() -> None:

@@ -49,7 +49,8 @@ def header_option_names() -> set[str]:
 def python_option_names() -> set[str]:
     names = set()
     for f in dataclasses.fields(GenerateOptions):
-        sub = {"eagle": EagleParams, "exit": ExitParams}.get(f.name)
+        # a group of settings (EagleParams, ExitParams, NgramParams): the dataclass its default is made by
+        sub = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None  # type: ignore[misc]
         names |= {f"{f.name}.{g.name}" for g in dataclasses.fields(sub)} if sub else {f.name}
     return names - set(FRONTEND_OPTIONS)
 
@@ -68,12 +69,13 @@ def test_python_defaults_are_the_runtime_defaults() -> None:
 
 
 def test_names_are_defined_once_in_the_runtime() -> None:
-    assert tuple(MODES) == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit") == tuple(OPTIONS["mode"]["choices"])
+    assert tuple(MODES) == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit", "ngram") == \
+        tuple(OPTIONS["mode"]["choices"])
     assert OPTIONS["exit.kv"]["choices"] == ["mask", "fill"]
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, not 'eagle3'"),
+    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, ngram, not 'eagle3'"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(min_p=1.5), "min_p must be in [0, 1]"),
     (dict(top_k=2.5), "top_k must be an integer"),

@@ -511,7 +511,8 @@ PYBIND11_MODULE(_core, m) {
             e["greedy_only"] = mi->greedy_only ? py::object(py::str(mi->greedy_only)) : py::object(py::none());
             py::list reads;
             for (const auto & [bit, what] : {std::pair<uint32_t, const char *>{SPECEE_READS_EAGLE1_TREE, "eagle1_tree"},
-                                             {SPECEE_READS_EAGLE2_TREE, "eagle2_tree"}, {SPECEE_READS_EXIT, "exit"}}) {
+                                             {SPECEE_READS_EAGLE2_TREE, "eagle2_tree"}, {SPECEE_READS_EXIT, "exit"},
+                                             {SPECEE_READS_NGRAM, "ngram"}}) {
                 if (mi->reads & bit) {
                     reads.append(what);
                 }

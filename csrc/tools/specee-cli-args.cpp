@@ -85,7 +85,8 @@ static std::string str(float v) {
 static std::vector<std::string> flag_names(const specee_option & o) {
     static const std::vector<std::pair<std::string, std::vector<std::string>>> ALIASES = {
         {"seed", {"-s"}}, {"top_k", {"--top_k"}}, {"top_p", {"--top_p"}}, {"min_p", {"--min_p"}},
-        {"eagle.choices", {"--eagle_choices"}}, {"eagle.topk", {"--eagle_dynamic_tree_max_top_k"}}};
+        {"eagle.choices", {"--eagle_choices"}}, {"eagle.topk", {"--eagle_dynamic_tree_max_top_k"}},
+        {"ngram.draft_max", {"--spec-draft-n-max"}}};
     std::vector<std::string> names;
     if (o.flags) {
         std::stringstream ss(o.flags);
@@ -180,6 +181,16 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"--verbose-prompt"}, "", "print the prompt's tokens to stderr before generating", "", flag([&p] { p.verbose_prompt = true; })},
         {{"--no-display-prompt"}, "", "do not echo the prompt", "", flag([&p] { p.display_prompt = false; })},
         {{"--list-devices"}, "", "print the devices (after adding the --rpc servers) and exit", "", flag([&p] { p.list_devices = true; })},
+        {{"--spec-type"}, "TYPE", "llama.cpp's draft-free speculation types, accepted as --mode ngram (this runtime's n-gram lookup serves them all): ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache", "an n-gram type",
+         [&p](const std::string & v) {
+             for (const char * t : {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}) {
+                 if (v == t) {
+                     return specee_generator_params_set(&p.gen, "mode", "ngram") == 0;
+                 }
+             }
+             g_why = "this runtime's --spec-type takes llama.cpp's n-gram types";
+             return false;
+         }},
     };
     auto on = [](int32_t (*get)(const char *, char *, int32_t)) {
         return [get](const char * name) {

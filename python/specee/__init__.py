@@ -6,10 +6,10 @@ preload_ggml()  # before the extension: it links libggml
 
 from specee._core import SpecEEError  # noqa: E402
 from specee.generate import (MODES, EagleParams, ExitParams, GenerateOptions, GenerationStats, Mode,  # noqa: E402
-                             chat_apply_template)
+                             NgramParams, chat_apply_template)
 from specee.model import Model, devices  # noqa: E402
 from specee.paths import default_model_path  # noqa: E402
 from specee.slots import SlotOutput, Slots  # noqa: E402
 
-__all__ = ["MODES", "EagleParams", "ExitParams", "GenerateOptions", "GenerationStats", "Mode", "Model", "SlotOutput",
-           "Slots", "SpecEEError", "chat_apply_template", "default_model_path", "devices"]
+__all__ = ["MODES", "EagleParams", "ExitParams", "GenerateOptions", "GenerationStats", "Mode", "Model", "NgramParams",
+           "SlotOutput", "Slots", "SpecEEError", "chat_apply_template", "default_model_path", "devices"]

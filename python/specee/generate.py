@@ -27,7 +27,7 @@ class Mode:
     may stop at a checked layer (exit_ratio, mean_layers_run); lossless: greedy output equals plain decoding's and
     sampling keeps its distribution (a mode that exits: with exit.check); shared_pass: in `Slots` its steps join the
     shared pass; greedy_only: why it refuses temp > 0, or None; reads: the settings it takes besides sampling
-    ("eagle1_tree": eagle.choices, "eagle2_tree": eagle.total_tokens/depth/topk, "exit": exit.*)."""
+    ("eagle1_tree": eagle.choices, "eagle2_tree": eagle.total_tokens/depth/topk, "exit": exit.*, "ngram": ngram.*)."""
 
     name: str
     help: str
@@ -90,6 +90,23 @@ class ExitParams:
 
 
 @dataclass
+class NgramParams:
+    """n-gram lookup (mode "ngram"): drafts copied from where the sequence's last n tokens stood before, n from n_max
+    down to n_min; at most draft_max tokens a step (how many adapts to their acceptance on the sequence and to this
+    machine's cost of a pass; adaptive=False: draft_max wherever a match is found); branches: continuations verified as
+    the root's children. None: the runtime's defaults (2, 4, 8, 1)."""
+
+    n_min: int | None = None
+    n_max: int | None = None
+    draft_max: int | None = None
+    branches: int | None = None
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _core.generate_options_values(self, "ngram")
+
+
+@dataclass
 class GenerateOptions:
     """Everything a generation call takes besides the prompt and max_tokens.
 
@@ -111,6 +128,7 @@ class GenerateOptions:
     ignore_eos: bool = False
     eagle: EagleParams = field(default_factory=EagleParams)
     exit: ExitParams = field(default_factory=ExitParams)
+    ngram: NgramParams = field(default_factory=NgramParams)
     stop: Sequence[str] = ()
     chat_template: str | None = None
 

@@ -1,0 +1,143 @@
+"""Drafts that cost nothing: mode ngram (n-gram lookup) against plain decoding and upstream llama.cpp's n-gram
+speculation, per category of SpecEE's six evaluation datasets and a code-editing set (bench/code_edit.py).
+
+    python -m specee.bench.lookup [--llama-cli PATH] [--data-dir ../shared/data/specee-bench] [--per-category 3]
+                                  [-m FILE] [-n 64] [-t 2] [--rounds 2] [--upstream-types ngram-simple,...]
+
+Every prompt's first turn in the model's chat template, given as text to both CLIs (each parses special tokens), greedy,
+the same file, threads and context; each prompt's configurations in a rotating order, the fastest of the rounds kept.
+Without --llama-cli (or llama-completion on PATH) only this runtime's configurations run. Prints, per category: this
+runtime's tokens per step and drafts accepted in mode ngram, decode speed against its plain decoding and against
+upstream's plain decoding and best n-gram type; and how many ngram replies are identical to plain ones (they must all
+be: exit status 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from specee import chat_apply_template
+from specee.bench.code_edit import code_edit_messages
+from specee.bench.spec import Config, Run, find_specee, run_config, summary
+from specee.paths import default_model_path
+
+CATEGORIES = ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum")
+UPSTREAM_TYPES = "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache"
+
+
+def category_messages(data_dir: Path, name: str, n: int) -> list[list[dict[str, str]]]:
+    """n first turns spread over the dataset's question file."""
+    path = data_dir / name / "question.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"bench.lookup: {path} not found (--data-dir: SpecEE's specee-bench folder)")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    picked = [rows[i * len(rows) // n] for i in range(min(n, len(rows)))]
+    return [[{"role": "user", "content": r["turns"][0]}] for r in picked]
+
+
+def load_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(category, prompt text rendered with the model's chat template), prompts too long for the context left out."""
+    from specee.model import Model
+
+    out = []
+    with Model(args.model, n_ctx=64, n_threads=1) as m:
+        sets = {name: category_messages(Path(args.data_dir), name, args.per_category) for name in CATEGORIES}
+        sets["code-edit"] = code_edit_messages()[:max(args.per_category, 1) * 2]
+        for name, chats in sets.items():
+            for chat in chats:
+                text = chat_apply_template(m.chat_template(), chat)
+                if len(m.tokenize(text, parse_special=True)) + args.n_predict + 8 <= args.ctx_size:
+                    out.append((name, text))
+    return out
+
+
+def configs(args: argparse.Namespace, upstream: bool) -> list[Config]:
+    out = [Config("specee plain", "specee", ["--mode", "plain"]), Config("specee ngram", "specee", ["--mode", "ngram"])]
+    if upstream:
+        out.append(Config("llama.cpp plain", "llama.cpp", ["-fa", "on"]))
+        out += [Config(f"llama.cpp {t}", "llama.cpp", ["-fa", "on", "--spec-type", t])
+                for t in args.upstream_types.split(",") if t]
+    return out
+
+
+def fastest(runs: list[Run]) -> dict[tuple[str, int], Run]:
+    best: dict[tuple[str, int], Run] = {}
+    for r in runs:
+        if (r.config, r.prompt) not in best or r.eval_ms < best[(r.config, r.prompt)].eval_ms:
+            best[(r.config, r.prompt)] = r
+    return best
+
+
+def table(best: dict[tuple[str, int], Run], cfgs: list[Config], prompts: list[tuple[str, str]]) -> str:
+    cats = list(dict.fromkeys(c for c, _ in prompts))
+    rows = ["| category | prompts | ngram tokens/step | drafts accepted | ngram x plain | ngram x llama.cpp plain "
+            "| ngram x llama.cpp best n-gram (type) | identical |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for cat in cats + ["all"]:
+        ids = [i for i, (c, _) in enumerate(prompts) if cat in ("all", c)]
+
+        def of(name: str) -> list[Run]:
+            return [best[(name, i)] for i in ids if (name, i) in best]
+
+        ngram = of("specee ngram")
+        ts, tps, _, _ = summary(ngram)
+        drafted = sum(r.n_drafted for r in ngram)
+        accepted = sum(r.n_accepted for r in ngram)
+        same = sum(best[("specee ngram", i)].text == best[("specee plain", i)].text for i in ids)
+        cells = [f"{ts / summary(of('specee plain'))[0]:.2f}"]
+        up_plain = of("llama.cpp plain")
+        cells.append(f"{ts / summary(up_plain)[0]:.2f}" if up_plain else "")
+        up = [(summary(of(c.name))[0], c.name[len("llama.cpp "):]) for c in cfgs
+              if c.tool == "llama.cpp" and c.name != "llama.cpp plain" and of(c.name)]
+        cells.append(f"{ts / max(up)[0]:.2f} ({max(up)[1]})" if up else "")
+        rows.append(f"| {cat} | {len(ids)} | {tps:.2f} | {accepted}/{drafted} | " + " | ".join(cells) +
+                    f" | {same}/{len(ids)} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specee.bench.lookup", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default=None, help="GGUF (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" /
+                                              "specee-bench"),
+                    help="SpecEE's specee-bench folder (NAME/question.jsonl)")
+    ap.add_argument("--per-category", type=int, default=3, help="prompts per dataset (3; code-edit: twice as many)")
+    ap.add_argument("-n", "--n-predict", type=int, default=64, help="tokens per reply (64)")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--ctx-size", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds; the fastest of them is kept (2)")
+    ap.add_argument("--llama-cli", help="upstream llama-completion (default: from PATH; none: this runtime only)")
+    ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the installed one)")
+    ap.add_argument("--upstream-types", default=UPSTREAM_TYPES, help=f"upstream --spec-type values ({UPSTREAM_TYPES})")
+    ap.add_argument("--json", help="write every run here")
+    args = ap.parse_args(argv)
+    args.model = args.model or default_model_path()
+    upstream = args.llama_cli or shutil.which("llama-completion")
+    prompts = load_prompts(args)
+    cfgs = configs(args, bool(upstream))
+    exes = {"specee": find_specee(args), "llama.cpp": upstream}
+    runs: list[Run] = []
+    for r in range(args.rounds):
+        for i, (cat, text) in enumerate(prompts):
+            shift = (i + r) % len(cfgs)
+            for cfg in cfgs[shift:] + cfgs[:shift]:
+                print(f"bench.lookup: round {r + 1}/{args.rounds} {cat} {i + 1}/{len(prompts)} {cfg.name}",
+                      file=sys.stderr, flush=True)
+                runs.append(run_config(cfg, exes[cfg.tool], i, text, args))
+    best = fastest(runs)
+    print(f"model {Path(args.model).name}, -n {args.n_predict}, -t {args.threads}, -c {args.ctx_size}, --temp 0, "
+          f"fastest of {args.rounds} round(s); {args.per_category} prompts per dataset"
+          f"{'' if upstream else '; no upstream llama.cpp (--llama-cli)'}")
+    print(table(best, cfgs, prompts))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in runs], indent=1))
+    same = all(best[("specee ngram", i)].text == best[("specee plain", i)].text for i in range(len(prompts)))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

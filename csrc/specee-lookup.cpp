@@ -1,0 +1,219 @@
+// specee-lookup.cpp: n-gram lookup drafting (the index of the sequence's n-grams, the drafted tree, the length chosen
+// from acceptance and pass cost), verified with the EAGLE tree's pass and walk. See specee-lookup.h.
+#include "specee-lookup.h"
+
+#include "specee-context.h"
+#include "specee-impl.h"
+#include "specee-model.h"
+
+#include <algorithm>
+#include <cmath>
+
+// the running acceptance: successes and trials decayed by DECAY a step, read with PRIOR_WEIGHT trials at PRIOR
+static const double DECAY = 0.8, PRIOR = 0.8, PRIOR_WEIGHT = 2.0;
+
+// ---- the index -----------------------------------------------------------------------------------------
+
+// FNV-1a over the n tokens ending at position i
+static uint64_t ngram_hash(const std::vector<int32_t> & t, int32_t i, int32_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t k = i - n + 1; k <= i; ++k) {
+        h = (h ^ (uint32_t) t[k]) * 1099511628211ull;
+    }
+    return h;
+}
+
+static void append(specee_lookup & lk, int32_t token) {
+    lk.tokens.push_back(token);
+    const int32_t i = (int32_t) lk.tokens.size() - 1;
+    for (int32_t n = lk.params.n_min; n <= lk.params.n_max && n <= i + 1; ++n) {
+        lk.index[n - lk.params.n_min][ngram_hash(lk.tokens, i, n)].push_back(i);
+    }
+}
+
+// a continuation of the sequence's last n tokens: the token that followed them at an earlier place, how often it did,
+// and the latest place it did (the position of its first token)
+struct continuation {
+    int32_t token = -1, count = 0, from = -1;
+};
+
+// the continuations of the longest match (n_max down to n_min), most frequent first, then most recent
+static std::vector<continuation> continuations(const specee_lookup & lk) {
+    const std::vector<int32_t> & t    = lk.tokens;
+    const int32_t                last = (int32_t) t.size() - 1;
+    for (int32_t n = std::min(lk.params.n_max, last); n >= lk.params.n_min; --n) {
+        const auto & map = lk.index[n - lk.params.n_min];
+        const auto   it  = map.find(ngram_hash(t, last, n));
+        if (it == map.end()) {
+            continue;
+        }
+        std::vector<continuation> out;
+        for (int32_t p : it->second) {
+            if (p >= last || !std::equal(t.begin() + (p - n + 1), t.begin() + p + 1, t.begin() + (last - n + 1))) {
+                continue; // the sequence's own end, or a hash collision
+            }
+            auto c = std::find_if(out.begin(), out.end(), [&](const continuation & x) { return x.token == t[p + 1]; });
+            if (c == out.end()) {
+                out.push_back({t[p + 1], 0, p + 1});
+                c = out.end() - 1;
+            }
+            c->count += 1;
+            c->from = std::max(c->from, p + 1);
+        }
+        if (!out.empty()) {
+            std::stable_sort(out.begin(), out.end(), [](const continuation & a, const continuation & b) {
+                return a.count != b.count ? a.count > b.count : a.from > b.from;
+            });
+            return out;
+        }
+    }
+    return {};
+}
+
+// ---- how far to draft ----------------------------------------------------------------------------------
+
+static double acceptance(const specee_lookup & lk) {
+    return (lk.succ + PRIOR * PRIOR_WEIGHT) / (lk.trials + PRIOR_WEIGHT);
+}
+
+// the chain length in 0..l_max with the most tokens per single-pass cost, for acceptance a
+static int32_t chain_length(const specee_lookup & lk, int32_t l_max) {
+    const double a      = acceptance(lk);
+    double       tokens = 1.0, ak = 1.0, best = 1.0; // L = 0: a plain step, one token per single pass
+    int32_t      best_l = 0;
+    for (int32_t l = 1; l <= l_max && l + 1 < (int32_t) lk.cost.size(); ++l) {
+        ak *= a;
+        tokens += ak;
+        const double rate = tokens / lk.cost[l + 1];
+        if (rate > best) {
+            best   = rate;
+            best_l = l;
+        }
+    }
+    return best_l;
+}
+
+// ---- the step -----------------------------------------------------------------------------------------
+
+// the tree in dec.nodes: the root, the best continuation's chain of `len` tokens, the other continuations' first
+// tokens as more children of the root (point masses: no q); returns the drafted nodes in row order
+static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder & dec, int32_t root,
+                                       const std::vector<continuation> & conts, int32_t len, int32_t n_branches) {
+    dec.nodes.clear();
+    draft_node rn;
+    rn.token = root;
+    rn.row   = 0;
+    dec.nodes.push_back(rn);
+    const std::vector<int32_t> & t = lk.tokens;
+    std::vector<int32_t>         chosen;
+    auto add = [&](int32_t parent, int32_t token) {
+        draft_node nd;
+        nd.token  = token;
+        nd.parent = parent;
+        nd.depth  = dec.nodes[parent].depth + 1;
+        nd.row    = (int32_t) chosen.size() + 1;
+        dec.nodes.push_back(nd);
+        const int32_t ni = (int32_t) dec.nodes.size() - 1;
+        dec.nodes[parent].children.push_back(ni);
+        chosen.push_back(ni);
+        return ni;
+    };
+    int32_t parent = 0;
+    for (int32_t k = 0; k < len && conts[0].from + k < (int32_t) t.size(); ++k) {
+        parent = add(parent, t[conts[0].from + k]);
+    }
+    for (int32_t b = 1; b < n_branches && b < (int32_t) conts.size(); ++b) {
+        add(0, conts[b].token);
+    }
+    return chosen;
+}
+
+int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out,
+                           int32_t n_max) {
+    specee_generator_stats & st     = step.stats;
+    specee_context &         ctx    = step.ctx;
+    const int32_t            n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
+    const int32_t budget = std::min({lk.params.draft_max, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
+
+    // ---- draft: the longest match's continuations, as far as acceptance and pass cost say it pays
+    auto                            t0    = specee_clock::now();
+    const std::vector<continuation> conts = budget > 0 ? continuations(lk) : std::vector<continuation>{};
+    const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
+    const int32_t l_max      = budget - (n_branches - 1);
+    const int32_t len        = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, l_max) : l_max;
+    const std::vector<int32_t> nodes =
+        draft_tree(lk, dec, step.root, conts, len, len > 0 ? n_branches : 0);
+    st.t_draft_ms += specee_ms_since(t0);
+
+    // ---- verify root + drafts in one pass
+    t0                           = specee_clock::now();
+    const specee_tree_batch tb   = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
+    const specee_batch      b    = tb.view();
+    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
+    st.t_verify_ms += specee_ms_since(t0);
+
+    // ---- walk, keep what was accepted, learn how far this sequence's lookups hold
+    t0 = specee_clock::now();
+    std::vector<int32_t>  emitted, path;
+    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
+    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
+    specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
+    lk.succ *= DECAY;
+    lk.trials *= DECAY;
+    if (len > 0) {
+        lk.succ += n_acc;
+        lk.trials += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
+    }
+    for (int32_t tok : emitted) {
+        append(lk, tok);
+    }
+    step.root = emitted.back();
+    step.root_pos += (int32_t) emitted.size();
+    st.t_sample_ms += specee_ms_since(t0);
+
+    st.n_steps++;
+    st.n_drafted += b.n_tokens - 1;
+    st.n_accepted += n_acc;
+    std::copy(emitted.begin(), emitted.end(), out);
+    return (int32_t) emitted.size();
+}
+
+// ---- set-up ------------------------------------------------------------------------------------------
+
+void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx) {
+    lk.params = params;
+    lk.index.assign(params.n_max - params.n_min + 1, {});
+    lk.tokens.clear();
+    lk.succ = lk.trials = 0.0;
+    // a pass of n tokens in single passes; where it cannot be timed (no room in the cache), as a pass of n tokens
+    // costs at least one of one token, assume the dearest case the CPU measured here (3.2 for 4 tokens: linear)
+    lk.cost.assign(params.draft_max + 2, 1.0);
+    for (int32_t n = 2; n <= params.draft_max + 1; ++n) {
+        const double c = specee_context_pass_cost(ctx, n);
+        lk.cost[n]     = std::isnan(c) ? 1.0 + 0.73 * (n - 1) : std::max(c, 1.0);
+    }
+}
+
+std::string specee_lookup_describe(const specee_lookup & lk) {
+    std::string s = "ngram: a pass of 2";
+    for (size_t n = 3; n < lk.cost.size(); ++n) {
+        s += ", " + std::to_string(n);
+    }
+    s += " tokens costs";
+    for (size_t n = 2; n < lk.cost.size(); ++n) {
+        s += specee_format("%s %.2f", n == 2 ? "" : ",", lk.cost[n]);
+    }
+    return s + " single passes here: a step drafts as far as its acceptance on the sequence pays for";
+}
+
+void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {
+    lk.tokens.clear();
+    for (auto & map : lk.index) {
+        map.clear();
+    }
+    lk.succ = lk.trials = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        append(lk, tokens[i]);
+    }
+    append(lk, first);
+}

@@ -1,0 +1,42 @@
+// specee-lookup.h: n-gram lookup, a drafter that costs nothing: the next tokens are often already in the sequence (a
+// summary copies its article, an edit its code, a small model repeats itself). The drafts are copied from where the
+// sequence's last n tokens stood before (n from ngram.n_max down to ngram.n_min: the longest match first); the
+// continuations found there are the root's children, ranked by how often each followed (ngram.branches of them), the
+// best one continued as a chain. They are verified in one pass of the target as an EAGLE tree is, with the same walk
+// (specee-speculative.cpp): greedy output equals plain decoding's, and sampling keeps the target's distribution (a
+// lookup draft is a point mass: it is accepted with the target's probability of its token, a rejected one is removed
+// from the target's distribution before the next is tried or the bonus token is drawn).
+//
+// How far it drafts adapts per sequence: the acceptance of its drafts on this sequence (a running estimate a) and this
+// machine's cost of a pass of n tokens c(n) (timed once per context) choose the chain length L that maximises
+// (1 + a + ... + a^L) / c(L + 1); L = 0 (a plain step) where that says drafting loses, and while it does not draft
+// the estimate drifts back towards its prior, so a sequence that starts to repeat itself is drafted again.
+#pragma once
+
+#include "specee-speculative.h"
+#include "specee-step.h"
+#include "specee.h"
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+struct specee_lookup {
+    specee_ngram_params  params{};
+    std::vector<int32_t> tokens; // the sequence: the prompt and every emitted token, the root last
+    // per match length n (index n - n_min): hash of the n tokens ending at position i -> those positions i, ascending
+    std::vector<std::unordered_map<uint64_t, std::vector<int32_t>>> index;
+    double               succ = 0.0, trials = 0.0; // accepted drafts and tries on this sequence, decayed each step
+    std::vector<double>  cost; // cost[n]: a pass of n tokens in single passes (cost[1] = 1), timed once per context
+};
+
+// checks nothing the options did not (specee_generator_check_values); the pass costs are timed on the context
+void    specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx);
+// one line: what drafting costs here ("ngram: a pass of 2, 3, ... tokens costs 1.6, 2.2, ... single passes")
+std::string specee_lookup_describe(const specee_lookup & lk);
+// a new sequence: the prompt's n tokens and the first token sampled after them (the root)
+void    specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first);
+// One draft-and-verify step after step.root: as specee_tree_step (1..n_max tokens, root / root_pos advanced), the
+// drafts from the lookup; a step that drafts nothing is a plain step. dec holds the step's tree.
+int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max);

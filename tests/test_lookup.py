@@ -1,0 +1,193 @@
+"""Mode ngram (csrc/specee-lookup.cpp): drafts copied from earlier in the sequence, verified as an EAGLE tree. Greedy
+output equals plain decoding's; sampling keeps the target's distribution (chi-square, as tests/test_eagle.py); the
+CLI takes it under llama.cpp's --spec-type; the slots run it; SmolLM2 over the evaluation datasets' prompts is slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specee
+from specee import _core
+from specee._tools import tool_path
+from specee.convert.hf import convert_hf_to_gguf
+from specee.generate import GenerateOptions, NgramParams
+from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_eagle import chi2_stat, target_probs
+from test_sampling import chi2_critical
+
+N_CTX = 512
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specee-bench"
+
+
+def repetitive(n_vocab: int, seed: int, n: int = 48) -> list[int]:
+    """A prompt that repeats a few phrases, so that lookups find matches."""
+    rng = np.random.default_rng(seed)
+    phrases = [list(rng.integers(1, n_vocab, size=int(rng.integers(3, 7)))) for _ in range(3)]
+    out: list[int] = []
+    while len(out) < n:
+        out += phrases[int(rng.integers(0, 3))]
+    return [int(t) for t in out[:n]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_gguf: Path) -> specee.Model:
+    return specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+
+
+# adaptive=False: the drafts do not depend on this machine's pass cost
+@pytest.mark.parametrize("ngram", [NgramParams(adaptive=False), NgramParams(n_min=1, n_max=3, draft_max=5, branches=3,
+                                                                            adaptive=False),
+                                   NgramParams(n_min=1, n_max=1, draft_max=1, adaptive=False)])
+def test_greedy_output_equals_plain(tiny: specee.Model, ngram: NgramParams) -> None:
+    drafted = 0
+    for seed in range(6):
+        prompt = repetitive(tiny.n_vocab, seed)
+        plain = tiny.generate_tokens(prompt, 40, temp=0, mode="plain", ignore_eos=True)
+        out = tiny.generate_tokens(prompt, 40, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+        assert out == plain, seed
+        st = tiny.last_stats
+        assert st.mode == "ngram" and st.n_decoded == len(out) - 1
+        drafted += st.n_drafted
+    # drafts were verified (a random model rarely continues as before: its drafts are mostly rejected; the accepted
+    # path is SmolLM2's test below and the sampling test's)
+    assert drafted > 0
+
+
+def test_no_match_is_a_plain_step(tiny: specee.Model) -> None:
+    prompt = list(range(1, 30))  # no token repeats: nothing to look up until the output repeats something
+    out = tiny.generate_tokens(prompt, 2, temp=0, mode="ngram", ngram=NgramParams(n_min=2), ignore_eos=True)
+    assert out == tiny.generate_tokens(prompt, 2, temp=0, mode="plain", ignore_eos=True)
+    tiny.generate_tokens(prompt, 2, temp=0, mode="ngram", ngram=NgramParams(n_min=2, adaptive=False), ignore_eos=True)
+    assert tiny.last_stats.n_drafted == 0 and tiny.last_stats.n_steps == 1
+
+
+def test_ngram_settings_need_mode_ngram(tiny: specee.Model) -> None:
+    with pytest.raises(specee.SpecEEError, match="n-gram settings are given, but the mode is plain"):
+        tiny.generate_tokens([1, 2, 3], 2, temp=0, mode="plain", ngram=NgramParams(draft_max=3))
+    with pytest.raises(ValueError, match="ngram.n_min must be"):
+        NgramParams(n_min=0)
+    with pytest.raises(ValueError, match="n_min"):
+        GenerateOptions(mode="ngram", ngram=NgramParams(n_min=4, n_max=2))
+
+
+def find_prompt(m: specee.Model, top_k: int) -> tuple[list[int], int]:
+    """A prompt whose greedy next token r stood earlier in it, followed by one of the target's top_k tokens after r:
+    mode ngram (n_min 1) then drafts a token the target may accept or reject. Made by putting [r, t] before a random
+    prompt and keeping it where r stays the greedy token."""
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        base = [int(x) for x in rng.integers(1, m.n_vocab, size=20)]
+        m.kv_clear()
+        r = int(np.argmax(m.eval(base)[-1]))
+        m.kv_clear()
+        t = int(np.argsort(m.eval(base + [r])[-1])[::-1][1])  # the second most likely: both outcomes happen
+        prompt = [r, t] + base
+        if r in base:
+            continue  # r's only earlier place is the one made here
+        m.kv_clear()
+        if int(np.argmax(m.eval(prompt)[-1])) != r:
+            continue
+        m.kv_clear()
+        if t in np.argsort(m.eval(prompt + [r])[-1])[::-1][:top_k]:
+            return prompt, r
+    raise AssertionError("no prompt found")
+
+
+def test_sampling_keeps_the_target_distribution(tiny_gguf: Path) -> None:
+    """The first two tokens of a lookup step over many seeds against the target's distributions (after top-k and
+    temperature), as the EAGLE test does: a draft is a point mass, accepted with the target's probability."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+    n_runs, top_k, temp = 2500, 6, 1.5
+    prompt, root = find_prompt(m, top_k)
+    ngram = NgramParams(n_min=1, n_max=1, draft_max=2, adaptive=False)
+    gen = _core.Generator(m._ctx, GenerateOptions(mode="ngram", temp=0, ngram=ngram))
+    first, pairs = [], {}
+    for seed in range(n_runs):
+        gen.set_params(GenerateOptions(mode="ngram", temp=0, ngram=ngram))
+        gen.start(prompt)
+        assert gen.next(1)[0][0] == root  # the first token, greedy
+        gen.set_params(GenerateOptions(mode="ngram", temp=temp, top_k=top_k, top_p=1.0, min_p=0.0, seed=seed,
+                                       ngram=ngram))
+        out = gen.next(2)[0]
+        first.append(out[0])
+        if len(out) == 2:
+            pairs.setdefault(out[0], []).append(out[1])
+    st = gen.stats()
+    assert 0 < st["n_accepted"] < st["n_drafted"]  # both outcomes happen
+
+    sampler = _core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, 0)
+    p1 = target_probs(m, prompt + [root], sampler)
+    stat, dof = chi2_stat(np.bincount(first, minlength=m.n_vocab), p1)
+    assert stat < chi2_critical(dof), f"first token: chi2 {stat:.1f} with {dof} dof"
+    x, seconds = max(pairs.items(), key=lambda kv: len(kv[1]))
+    assert len(seconds) > 200
+    p2 = target_probs(m, prompt + [root, x], sampler)
+    stat, dof = chi2_stat(np.bincount(seconds, minlength=m.n_vocab), p2)
+    assert stat < chi2_critical(dof), f"second token after {x}: chi2 {stat:.1f} with {dof} dof"
+
+
+def test_slots_run_ngram_requests_as_alone(tiny: specee.Model) -> None:
+    prompts = [repetitive(tiny.n_vocab, s) for s in range(3)]
+    alone = [tiny.generate_tokens(p, 24, temp=0, mode="ngram", ignore_eos=True) for p in prompts]
+    batched = tiny.generate_batch(prompts, 24, temp=0, mode="ngram", ignore_eos=True)
+    assert batched == alone == [tiny.generate_tokens(p, 24, temp=0, mode="plain", ignore_eos=True) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def bpe_gguf(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    out = tmp_path_factory.mktemp("lookup") / "bpe-f32.gguf"
+    convert_hf_to_gguf(bpe_dir, out, "f32")
+    return out
+
+
+def test_cli_spec_type(bpe_gguf: Path) -> None:
+    cli = str(tool_path("llama-cli"))
+    common = ["-m", str(bpe_gguf), "-p", "a b c a b c a b", "-n", "24", "--temp", "0", "-no-cnv", "--ignore-eos",
+              "-t", "1"]
+    plain = subprocess.run([cli, *common, "--mode", "plain"], capture_output=True)
+    for extra in (["--mode", "ngram"], ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"]):
+        res = subprocess.run([cli, *common, *extra], capture_output=True, text=True, errors="replace")
+        assert res.returncode == 0 and res.stdout == plain.stdout.decode(errors="replace"), res.stderr
+        assert "speculative =" in res.stderr
+    bad = subprocess.run([cli, *common, "--spec-type", "draft-eagle3"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "invalid value for --spec-type" in bad.stderr
+
+
+def dataset_prompts(name: str, n: int) -> list[str]:
+    path = DATA / name / "question.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (../shared beside the repository)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["turns"][0] for r in rows[:n]]
+
+
+@pytest.mark.slow
+def test_smollm2_drafts_are_accepted_on_repeated_text(smollm2_path: Path) -> None:
+    with specee.Model(smollm2_path, n_ctx=512, n_threads=2) as m:
+        tokens = m.tokenize("The cat sat on the mat. The cat sat on the mat. The cat sat on the")
+        plain = m.generate_tokens(tokens, 24, temp=0, mode="plain")
+        assert m.generate_tokens(tokens, 24, temp=0, mode="ngram") == plain
+        st = m.last_stats
+        assert st.n_accepted > 0 and st.n_steps < len(plain) - 1 and max(st.step_tokens) > 1
+        assert "ngram: a pass of 2" in st.mode_why
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_equals_plain_over_the_datasets(smollm2_path: Path) -> None:
+    """Every dataset's first prompts in the chat template, 32 tokens: mode ngram's output is plain decoding's."""
+    with specee.Model(smollm2_path, n_ctx=2048, n_threads=2) as m:
+        drafted = 0
+        for name in ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"):
+            for text in dataset_prompts(name, 4):
+                tokens = m.prompt_tokens([{"role": "user", "content": text}])
+                if len(tokens) > 1900:
+                    continue
+                plain = m.generate_tokens(tokens, 32, temp=0, mode="plain")
+                assert m.generate_tokens(tokens, 32, temp=0, mode="ngram") == plain, (name, text[:60])
+                drafted += m.last_stats.n_drafted
+        assert drafted > 0
