@@ -1,7 +1,7 @@
 """Drafts that cost nothing: mode ngram (n-gram lookup) against plain decoding and upstream llama.cpp's n-gram
 speculation, per category of SpecEE's six evaluation datasets and a code-editing set (bench/code_edit.py).
 
-    python -m specee.bench.lookup [--llama-cli PATH] [--data-dir ../shared/data/specee-bench] [--per-category 3]
+    python -m specee.bench.lookup --data-dir questions [--llama-cli PATH] [--per-category 3]
                                   [-m FILE] [-n 64] [-t 2] [--rounds 2] [--upstream-types ngram-simple,...]
 
 Every prompt's first turn in the model's chat template, given as text to both CLIs (each parses special tokens), greedy,
@@ -102,9 +102,7 @@ def table(best: dict[tuple[str, int], Run], cfgs: list[Config], prompts: list[tu
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specee.bench.lookup", description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default=None, help="GGUF (default: the embedded SmolLM2-135M)")
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" /
-                                              "specee-bench"),
-                    help="SpecEE's specee-bench folder (NAME/question.jsonl)")
+    ap.add_argument("--data-dir", required=True, help="SpecEE's question folder (NAME/question.jsonl for the six datasets)")
     ap.add_argument("--per-category", type=int, default=3, help="prompts per dataset (3; code-edit: twice as many)")
     ap.add_argument("-n", "--n-predict", type=int, default=64, help="tokens per reply (64)")
     ap.add_argument("-t", "--threads", type=int, default=2)

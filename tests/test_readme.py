@@ -156,6 +156,11 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return set_flag(set_flag(argv, "--random", "100"), "--out", str(work / "fuzz"))
     if argv[:2] in (["python", "tests/fuzz_rpc.py"], ["python3", "tests/fuzz_rpc.py"]):
         return set_flag(set_flag(argv, "--messages", "200"), "--out", str(work / "fuzz-rpc"))
+    if module == "specee.bench.lookup":  # one prompt a dataset (code-edit: two), a few tokens, SpecEE's questions
+        if not (work / "questions").exists():
+            pytest.skip(f"SpecEE's question files are absent ({QUESTIONS})")
+        out = set_flag(set_flag(set_flag(argv, "-n", "8"), "-t", "1"), "--rounds", "1")
+        return set_flag(set_flag(out, "--per-category", "1"), "--data-dir", str(work / "questions"))
     if module == "specee.bench.cli":
         return set_flag(set_flag(set_flag(set_flag(argv, "-n", "8"), "--rounds", "1"), "-t", "1"), "--limit", "1")
     raise AssertionError(f"command not covered by tests/test_readme.py: {shlex.join(argv)}")
