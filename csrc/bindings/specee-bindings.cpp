@@ -443,6 +443,37 @@ static std::vector<specee_chat_message> chat_messages(const std::vector<std::map
     return msgs;
 }
 
+// {name: value as text} of every option of a table (the generation or the context options), read off p
+template <typename P>
+static py::dict option_values(const specee_option * (*option)(int32_t),
+                              int32_t (*get)(const P *, const char *, char *, int32_t), const P & p) {
+    py::dict d;
+    for (int32_t i = 0; const specee_option * o = option(i); ++i) {
+        char buf[SPECEE_MAX_CHOICES];
+        get(&p, o->name, buf, sizeof(buf));
+        d[o->name] = buf;
+    }
+    return d;
+}
+
+// a table's rows (name, type, choices, expect, help, default as text, flags, hint); d: the defaults
+template <typename P>
+static py::list option_rows(const specee_option * (*option)(int32_t),
+                            int32_t (*get)(const P *, const char *, char *, int32_t), const P & d) {
+    const py::dict defaults = option_values(option, get, d);
+    py::list       out;
+    for (int32_t i = 0; const specee_option * o = option(i); ++i) {
+        py::dict e;
+        e["name"] = o->name, e["type"] = o->type, e["expect"] = o->expect, e["help"] = o->help;
+        e["default"] = defaults[o->name];
+        e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
+        e["flags"]   = o->flags ? py::object(py::str(o->flags).attr("split")(",")) : py::object(py::list());
+        e["hint"]    = o->hint ? py::object(py::str(o->hint)) : py::object(py::none());
+        out.append(e);
+    }
+    return out;
+}
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "SpecEE native runtime (see csrc/specee.h)";
     specee_log_set_verbose(false);
@@ -464,42 +495,13 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("set_verbose", &specee_log_set_verbose);
     m.def("generator_options", [] {
-        py::list out;
-        for (int32_t i = 0; const specee_option * o = specee_generator_option(i); ++i) {
-            specee_generator_params d = specee_generator_default_params();
-            char                    buf[SPECEE_MAX_CHOICES];
-            specee_generator_params_get(&d, o->name, buf, sizeof(buf));
-            py::dict e;
-            e["name"] = o->name, e["type"] = o->type, e["expect"] = o->expect, e["help"] = o->help, e["default"] = buf;
-            e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
-            out.append(e);
-        }
-        return out;
+        return option_rows(specee_generator_option, specee_generator_params_get, specee_generator_default_params());
     }, "the generation options (name, type, choices, expect, help, default as text), the library's table");
     m.def("context_options", [] {
-        py::list                     out;
-        const specee_context_options d = specee_context_options_default();
-        for (int32_t i = 0; const specee_option * o = specee_context_option(i); ++i) {
-            char buf[SPECEE_MAX_CHOICES];
-            specee_context_options_get(&d, o->name, buf, sizeof(buf));
-            py::dict e;
-            e["name"] = o->name, e["type"] = o->type, e["expect"] = o->expect, e["help"] = o->help, e["default"] = buf;
-            e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
-            e["flags"]   = py::str(o->flags).attr("split")(",");
-            e["hint"]    = o->hint ? py::object(py::str(o->hint)) : py::object(py::none());
-            out.append(e);
-        }
-        return out;
+        return option_rows(specee_context_option, specee_context_options_get, specee_context_options_default());
     }, "the context options (name, type, choices, expect, help, default as text, flags, hint), the library's table");
     m.def("context_options_values", [](const py::dict & values) {
-        const specee_context_options o = context_options_of(values);
-        py::dict                     d;
-        for (int32_t i = 0; const specee_option * opt = specee_context_option(i); ++i) {
-            char buf[SPECEE_MAX_CHOICES];
-            specee_context_options_get(&o, opt->name, buf, sizeof(buf));
-            d[opt->name] = buf;
-        }
-        return d;
+        return option_values(specee_context_option, specee_context_options_get, context_options_of(values));
     }, py::arg("values"), "the context options as the library reads {name: value} ({name: text}); ValueError when one "
                           "is refused");
     m.def("modes", [] {
@@ -524,17 +526,10 @@ PYBIND11_MODULE(_core, m) {
     }, "the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum "
        "specee_mode");
     m.def("generate_options_values", [](const py::object & o, const std::string & group) {
-        const specee_generator_params p = params_of(o, group);
-        py::dict                      d;
-        for (int32_t i = 0; const specee_option * opt = specee_generator_option(i); ++i) {
-            char buf[SPECEE_MAX_CHOICES];
-            specee_generator_params_get(&p, opt->name, buf, sizeof(buf));
-            d[opt->name] = buf;
-        }
-        return d;
+        return option_values(specee_generator_option, specee_generator_params_get, params_of(o, group));
     }, py::arg("options"), py::arg("group") = "",
        "the options' values as the library reads them ({name: text}); ValueError when one is refused (the library's "
-       "checks); group 'eagle' or 'exit': only those, read off EagleParams / ExitParams");
+       "checks); group 'eagle', 'exit' or 'ngram': only those, read off EagleParams / ExitParams / NgramParams");
     m.def("generator_stat_names", [] {
         py::list out;
         for (int32_t i = 0; const char * n = specee_generator_stat_name(i); ++i) {
