@@ -397,7 +397,8 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
     if (ctx.kv.used >= ctx.cparams.n_ctx) {
         return 0; // context full
     }
-    int32_t    n  = 0;
+    int32_t n   = 1;
+    int32_t run = n_layer; // the layers each emitted token's pass ran
     switch (g.mode) {
         case SPECEE_MODE_PLAIN: {
             specee_batch b = {1, &g.root, &g.root_pos, nullptr, nullptr};
@@ -409,42 +410,18 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
             g.root = out[0];
             g.root_pos += 1;
             g.stats.n_steps += 1;
-            n = 1;
-            if (layers_run) {
-                layers_run[0] = n_layer;
-            }
             break;
         }
         case SPECEE_MODE_EAGLE:
-        case SPECEE_MODE_EAGLE2:
-            n = specee_tree_step(g.tree, specee_generator_step(g), out, n_max);
-            for (int32_t i = 0; layers_run && i < n; ++i) {
-                layers_run[i] = n_layer;
-            }
-            break;
-        case SPECEE_MODE_NGRAM:
-            n = specee_lookup_step(g.lookup, g.tree, specee_generator_step(g), out, n_max);
-            for (int32_t i = 0; layers_run && i < n; ++i) {
-                layers_run[i] = n_layer;
-            }
-            break;
-        case SPECEE_MODE_TREE_EXIT: {
-            int32_t run = n_layer;
+        case SPECEE_MODE_EAGLE2: n = specee_tree_step(g.tree, specee_generator_step(g), out, n_max); break;
+        case SPECEE_MODE_NGRAM: n = specee_lookup_step(g.lookup, g.tree, specee_generator_step(g), out, n_max); break;
+        case SPECEE_MODE_TREE_EXIT:
             n = specee_tree_exit_step(g.tree, g.exit, specee_generator_step(g), out, n_max, run);
-            for (int32_t i = 0; layers_run && i < n; ++i) {
-                layers_run[i] = run;
-            }
             break;
-        }
-        case SPECEE_MODE_EARLY_EXIT: {
-            int32_t run = n_layer;
-            out[0]      = specee_exit_step(g.exit, specee_generator_step(g), run);
-            if (layers_run) {
-                layers_run[0] = run;
-            }
-            n = 1;
-            break;
-        }
+        case SPECEE_MODE_EARLY_EXIT: out[0] = specee_exit_step(g.exit, specee_generator_step(g), run); break;
+    }
+    for (int32_t i = 0; layers_run && i < n; ++i) {
+        layers_run[i] = run;
     }
     g.stats.t_decode_ms += specee_ms_since(t0);
     g.stats.n_tokens += n;

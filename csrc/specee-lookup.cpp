@@ -37,8 +37,9 @@ struct continuation {
     int32_t token = -1, count = 0, from = -1;
 };
 
-// the continuations of the longest match (n_max down to n_min), most frequent first, then most recent
-static std::vector<continuation> continuations(const specee_lookup & lk) {
+// the continuations of the longest match (n_max down to n_min, its length in *n_match), most frequent first, then
+// most recent
+static std::vector<continuation> continuations(const specee_lookup & lk, int32_t & n_match) {
     const std::vector<int32_t> & t    = lk.tokens;
     const int32_t                last = (int32_t) t.size() - 1;
     for (int32_t n = std::min(lk.params.n_max, last); n >= lk.params.n_min; --n) {
@@ -61,6 +62,7 @@ static std::vector<continuation> continuations(const specee_lookup & lk) {
             c->from = std::max(c->from, p + 1);
         }
         if (!out.empty()) {
+            n_match = n;
             std::stable_sort(out.begin(), out.end(), [](const continuation & a, const continuation & b) {
                 return a.count != b.count ? a.count > b.count : a.from > b.from;
             });
@@ -72,13 +74,15 @@ static std::vector<continuation> continuations(const specee_lookup & lk) {
 
 // ---- how far to draft ----------------------------------------------------------------------------------
 
-static double acceptance(const specee_lookup & lk) {
-    return (lk.succ + PRIOR * PRIOR_WEIGHT) / (lk.trials + PRIOR_WEIGHT);
+// the running acceptance of drafts from matches of n tokens
+static double acceptance(const specee_lookup & lk, int32_t n) {
+    const int32_t k = n - lk.params.n_min;
+    return (lk.succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.trials[k] + PRIOR_WEIGHT);
 }
 
-// the chain length in 0..l_max with the most tokens per single-pass cost, for acceptance a
-static int32_t chain_length(const specee_lookup & lk, int32_t l_max) {
-    const double a      = acceptance(lk);
+// the chain length in 0..l_max with the most tokens per single-pass cost, for drafts from a match of n tokens
+static int32_t chain_length(const specee_lookup & lk, int32_t n, int32_t l_max) {
+    const double a      = acceptance(lk, n);
     double       tokens = 1.0, ak = 1.0, best = 1.0; // L = 0: a plain step, one token per single pass
     int32_t      best_l = 0;
     for (int32_t l = 1; l <= l_max && l + 1 < (int32_t) lk.cost.size(); ++l) {
@@ -137,10 +141,11 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
 
     // ---- draft: the longest match's continuations, as far as acceptance and pass cost say it pays
     auto                            t0    = specee_clock::now();
-    const std::vector<continuation> conts = budget > 0 ? continuations(lk) : std::vector<continuation>{};
+    int32_t                         n_match = 0;
+    const std::vector<continuation> conts   = budget > 0 ? continuations(lk, n_match) : std::vector<continuation>{};
     const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
     const int32_t l_max      = budget - (n_branches - 1);
-    const int32_t len        = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, l_max) : l_max;
+    const int32_t len        = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, l_max) : l_max;
     const std::vector<int32_t> nodes =
         draft_tree(lk, dec, step.root, conts, len, len > 0 ? n_branches : 0);
     st.t_draft_ms += specee_ms_since(t0);
@@ -158,11 +163,14 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
     specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
     const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
     specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
-    lk.succ *= DECAY;
-    lk.trials *= DECAY;
+    for (size_t k = 0; k < lk.succ.size(); ++k) {
+        lk.succ[k] *= DECAY;
+        lk.trials[k] *= DECAY;
+    }
     if (len > 0) {
-        lk.succ += n_acc;
-        lk.trials += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
+        const int32_t k = n_match - lk.params.n_min;
+        lk.succ[k] += n_acc;
+        lk.trials[k] += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
     }
     for (int32_t tok : emitted) {
         append(lk, tok);
@@ -184,7 +192,8 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
     lk.params = params;
     lk.index.assign(params.n_max - params.n_min + 1, {});
     lk.tokens.clear();
-    lk.succ = lk.trials = 0.0;
+    lk.succ.assign(params.n_max - params.n_min + 1, 0.0);
+    lk.trials.assign(params.n_max - params.n_min + 1, 0.0);
     // a pass of n tokens in single passes; where it cannot be timed (no room in the cache), as a pass of n tokens
     // costs at least one of one token, assume the dearest case the CPU measured here (3.2 for 4 tokens: linear)
     lk.cost.assign(params.draft_max + 2, 1.0);
@@ -211,7 +220,8 @@ void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, 
     for (auto & map : lk.index) {
         map.clear();
     }
-    lk.succ = lk.trials = 0.0;
+    std::fill(lk.succ.begin(), lk.succ.end(), 0.0);
+    std::fill(lk.trials.begin(), lk.trials.end(), 0.0);
     for (int32_t i = 0; i < n; ++i) {
         append(lk, tokens[i]);
     }

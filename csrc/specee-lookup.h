@@ -7,7 +7,8 @@
 // lookup draft is a point mass: it is accepted with the target's probability of its token, a rejected one is removed
 // from the target's distribution before the next is tried or the bonus token is drawn).
 //
-// How far it drafts adapts per sequence: the acceptance of its drafts on this sequence (a running estimate a) and this
+// How far it drafts adapts per sequence: the acceptance of its drafts on this sequence from matches of the same length
+// (a running estimate a per match length: a match of 4 tokens is surer than one of 2) and this
 // machine's cost of a pass of n tokens c(n) (timed once per context) choose the chain length L that maximises
 // (1 + a + ... + a^L) / c(L + 1); L = 0 (a plain step) where that says drafting loses, and while it does not draft
 // the estimate drifts back towards its prior, so a sequence that starts to repeat itself is drafted again.
@@ -27,7 +28,8 @@ struct specee_lookup {
     std::vector<int32_t> tokens; // the sequence: the prompt and every emitted token, the root last
     // per match length n (index n - n_min): hash of the n tokens ending at position i -> those positions i, ascending
     std::vector<std::unordered_map<uint64_t, std::vector<int32_t>>> index;
-    double               succ = 0.0, trials = 0.0; // accepted drafts and tries on this sequence, decayed each step
+    std::vector<double>  succ, trials; // per match length n (index n - n_min): accepted drafts and tries on this
+                                       // sequence, decayed each step
     std::vector<double>  cost; // cost[n]: a pass of n tokens in single passes (cost[1] = 1), timed once per context
 };
 
