@@ -1,15 +1,18 @@
 """Drafts that cost nothing: mode ngram (n-gram lookup) against plain decoding and upstream llama.cpp's n-gram
 speculation, per category of SpecEE's six evaluation datasets and a code-editing set (bench/code_edit.py).
 
-    python -m specee.bench.lookup --data-dir questions [--llama-cli PATH] [--per-category 3]
+    python -m specee.bench.lookup --data-dir questions [--llama-server PATH] [--per-category 3]
                                   [-m FILE] [-n 64] [-t 2] [--rounds 2] [--upstream-types ngram-simple,...]
 
-Every prompt's first turn in the model's chat template, given as text to both CLIs (each parses special tokens), greedy,
-the same file, threads and context; each prompt's configurations in a rotating order, the fastest of the rounds kept.
-Without --llama-cli (or llama-completion on PATH) only this runtime's configurations run. Prints, per category: this
+Every prompt's first turn in the model's chat template, given as text (each tool parses special tokens), greedy, the
+same file, threads and context; each prompt's configurations in a rotating order, the fastest of the rounds kept.
+Upstream runs through its llama-server (its --spec-type is a flag of llama-server and llama-cli, not of
+llama-completion): a server on 127.0.0.1 per run (-np 1, -fa on, its n-gram types at their defaults), so no run
+learns from an earlier one, one /completion request, its decode time and draft counts from the reply's timings.
+Without --llama-server (or llama-server on PATH) only this runtime's configurations run. Prints, per category: this
 runtime's tokens per step and drafts accepted in mode ngram, decode speed against its plain decoding and against
-upstream's plain decoding and best n-gram type; and how many ngram replies are identical to plain ones (they must all
-be: exit status 1 otherwise).
+upstream's plain decoding and best n-gram type; mode auto (the default) against plain; and how many ngram and auto
+replies are identical to plain ones (they must all be: exit status 1 otherwise).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from specee import chat_apply_template
 from specee.bench.code_edit import code_edit_messages
+from specee.bench.server import Server, post
 from specee.bench.spec import Config, Run, find_specee, run_config, summary
 from specee.paths import default_model_path
 
@@ -56,12 +60,29 @@ def load_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def configs(args: argparse.Namespace, upstream: bool) -> list[Config]:
-    out = [Config("specee plain", "specee", ["--mode", "plain"]), Config("specee ngram", "specee", ["--mode", "ngram"])]
+    out = [Config("specee plain", "specee", ["--mode", "plain"]), Config("specee ngram", "specee", ["--mode", "ngram"]),
+           Config("specee auto", "specee", [])]
     if upstream:
         out.append(Config("llama.cpp plain", "llama.cpp", ["-fa", "on"]))
         out += [Config(f"llama.cpp {t}", "llama.cpp", ["-fa", "on", "--spec-type", t])
                 for t in args.upstream_types.split(",") if t]
     return out
+
+
+def run_upstream(cfg: Config, exe: str, prompt_i: int, text: str, args: argparse.Namespace) -> Run:
+    """One greedy completion by a fresh upstream llama-server with cfg's flags."""
+    cmd = [exe, "-m", args.model, "-t", str(args.threads), "-c", str(args.ctx_size), "-np", "1", "--host",
+           "127.0.0.1"] + cfg.argv
+    srv = Server(cfg.name, cmd, "llamacpp:", "")
+    srv.start()
+    try:
+        r = post(srv.port, "/completion", {"prompt": text, "n_predict": args.n_predict, "temperature": 0,
+                                           "cache_prompt": False})
+    finally:
+        srv.stop()
+    t = r["timings"]
+    return Run(cfg.name, prompt_i, t["predicted_ms"], t["predicted_n"], n_drafted=t.get("draft_n", 0),
+               n_accepted=t.get("draft_n_accepted", 0), text=r["content"])
 
 
 def fastest(runs: list[Run]) -> dict[tuple[str, int], Run]:
@@ -74,28 +95,34 @@ def fastest(runs: list[Run]) -> dict[tuple[str, int], Run]:
 
 def table(best: dict[tuple[str, int], Run], cfgs: list[Config], prompts: list[tuple[str, str]]) -> str:
     cats = list(dict.fromkeys(c for c, _ in prompts))
-    rows = ["| category | prompts | ngram tokens/step | drafts accepted | ngram x plain | ngram x llama.cpp plain "
-            "| ngram x llama.cpp best n-gram (type) | identical |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    rows = ["| category | prompts | ngram tokens/step | drafts accepted | ngram x plain | auto x plain "
+            "| ngram x llama.cpp plain | ngram x llama.cpp best n-gram (type: drafts accepted) | identical |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for cat in cats + ["all"]:
         ids = [i for i, (c, _) in enumerate(prompts) if cat in ("all", c)]
 
         def of(name: str) -> list[Run]:
             return [best[(name, i)] for i in ids if (name, i) in best]
 
+        def accepted(runs: list[Run]) -> str:
+            return f"{sum(r.n_accepted for r in runs)}/{sum(r.n_drafted for r in runs)}"
+
         ngram = of("specee ngram")
         ts, tps, _, _ = summary(ngram)
-        drafted = sum(r.n_drafted for r in ngram)
-        accepted = sum(r.n_accepted for r in ngram)
-        same = sum(best[("specee ngram", i)].text == best[("specee plain", i)].text for i in ids)
-        cells = [f"{ts / summary(of('specee plain'))[0]:.2f}"]
+        same = sum(best[(n, i)].text == best[("specee plain", i)].text for i in ids for n in ("specee ngram", "specee auto"))
+        plain_ts = summary(of("specee plain"))[0]
+        cells = [f"{ts / plain_ts:.2f}", f"{summary(of('specee auto'))[0] / plain_ts:.2f}"]
         up_plain = of("llama.cpp plain")
         cells.append(f"{ts / summary(up_plain)[0]:.2f}" if up_plain else "")
-        up = [(summary(of(c.name))[0], c.name[len("llama.cpp "):]) for c in cfgs
+        up = [(summary(of(c.name))[0], c.name) for c in cfgs
               if c.tool == "llama.cpp" and c.name != "llama.cpp plain" and of(c.name)]
-        cells.append(f"{ts / max(up)[0]:.2f} ({max(up)[1]})" if up else "")
-        rows.append(f"| {cat} | {len(ids)} | {tps:.2f} | {accepted}/{drafted} | " + " | ".join(cells) +
-                    f" | {same}/{len(ids)} |")
+        if up:
+            up_ts, up_name = max(up)
+            cells.append(f"{ts / up_ts:.2f} ({up_name[len('llama.cpp '):]}: {accepted(of(up_name))})")
+        else:
+            cells.append("")
+        rows.append(f"| {cat} | {len(ids)} | {tps:.2f} | {accepted(ngram)} | " + " | ".join(cells) +
+                    f" | {same}/{2 * len(ids)} |")
     return "\n".join(rows)
 
 
@@ -108,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx-size", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the fastest of them is kept (2)")
-    ap.add_argument("--llama-cli", help="upstream llama-completion (default: from PATH; none: this runtime only)")
+    ap.add_argument("--llama-server", help="upstream llama-server (default: from PATH; none: this runtime only)")
     ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the installed one)")
     ap.add_argument("--upstream-types", default=UPSTREAM_TYPES, help=f"upstream --spec-type values ({UPSTREAM_TYPES})")
     ap.add_argument("--json", help="write every run here")
     args = ap.parse_args(argv)
     args.model = args.model or default_model_path()
-    upstream = args.llama_cli or shutil.which("llama-completion")
+    upstream = args.llama_server or shutil.which("llama-server")
     prompts = load_prompts(args)
     cfgs = configs(args, bool(upstream))
     exes = {"specee": find_specee(args), "llama.cpp": upstream}
@@ -125,15 +152,17 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in cfgs[shift:] + cfgs[:shift]:
                 print(f"bench.lookup: round {r + 1}/{args.rounds} {cat} {i + 1}/{len(prompts)} {cfg.name}",
                       file=sys.stderr, flush=True)
-                runs.append(run_config(cfg, exes[cfg.tool], i, text, args))
+                run = run_upstream if cfg.tool == "llama.cpp" else run_config
+                runs.append(run(cfg, exes[cfg.tool], i, text, args))
     best = fastest(runs)
     print(f"model {Path(args.model).name}, -n {args.n_predict}, -t {args.threads}, -c {args.ctx_size}, --temp 0, "
           f"fastest of {args.rounds} round(s); {args.per_category} prompts per dataset"
-          f"{'' if upstream else '; no upstream llama.cpp (--llama-cli)'}")
+          f"{'' if upstream else '; no upstream llama.cpp (--llama-server)'}")
     print(table(best, cfgs, prompts))
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in runs], indent=1))
-    same = all(best[("specee ngram", i)].text == best[("specee plain", i)].text for i in range(len(prompts)))
+    same = all(best[(n, i)].text == best[("specee plain", i)].text for i in range(len(prompts))
+               for n in ("specee ngram", "specee auto"))
     return 0 if same else 1
 
 

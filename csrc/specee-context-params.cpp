@@ -11,12 +11,23 @@
 #include <climits>
 #include <cstdio>
 #include <thread>
+#include <sched.h>
 #include <unistd.h>
 
 // ---- limits: threads, memory --------------------------------------------------------------------------
 
+// The CPUs this process may run on (its affinity mask, as taskset or a container sets it), at most 512. More threads
+// than that wait on each other: every operation of a graph ends at a barrier, and a thread that is not running makes
+// the others wait a scheduler slice there (SmolLM2 at -t 4 on 2 CPUs decoded at 0.27x of -t 2, upstream llama.cpp
+// too; docs/benchmarks.md, "Threads").
 extern "C" int32_t specee_max_threads(void) {
-    return (int32_t) std::min(512u, 4 * std::max(1u, std::thread::hardware_concurrency()));
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        return std::min(512, std::max(1, CPU_COUNT(&set)));
+    }
+#endif
+    return (int32_t) std::min(512u, std::max(1u, std::thread::hardware_concurrency()));
 }
 
 // bytes of memory the system can still give: MemAvailable (Linux), within the cgroup's limit when there is one;
@@ -99,7 +110,7 @@ extern "C" struct specee_context_params specee_context_default_params(void) {
     specee_context_params p;
     p.n_ctx           = 0;
     p.n_batch         = 512;
-    p.n_threads       = std::min(specee_max_threads(), (int32_t) std::max(1u, std::thread::hardware_concurrency()));
+    p.n_threads       = specee_max_threads();
     p.n_threads_batch = p.n_threads;
     p.type_v          = SPECEE_KV_F32;
     return p;
@@ -122,8 +133,9 @@ specee_context_params specee_context_params_resolve(const specee_model & model, 
     if (params.n_threads_batch <= 0) {
         params.n_threads_batch = params.n_threads;
     }
-    params.n_threads       = std::min(params.n_threads, specee_max_threads());
-    params.n_threads_batch = std::min(params.n_threads_batch, specee_max_threads());
+    const int32_t cpus = specee_max_threads(); // the frontends warn (the CLI, Model)
+    params.n_threads       = std::min(params.n_threads, cpus);
+    params.n_threads_batch = std::min(params.n_threads_batch, cpus);
     if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
         specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
     }

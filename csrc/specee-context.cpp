@@ -507,7 +507,8 @@ static double one_pass(specee_context & ctx, int32_t n) {
 }
 
 double specee_context_pass_cost(specee_context & ctx, int32_t n) {
-    if (n < 1 || (uint32_t) n > ctx.cparams.n_batch || ctx.kv.used + (uint32_t) n > ctx.kv.size) {
+    if (n < 1 || (uint32_t) n > ctx.cparams.n_batch || ctx.kv.used + (uint32_t) n > ctx.kv.size ||
+        (int64_t) ctx.kv.pos_max() + n > INT32_MAX) { // no room, no positions left
         return NAN;
     }
     ctx.pass_ms.resize(std::max((int32_t) ctx.pass_ms.size(), n + 1), 0.0);

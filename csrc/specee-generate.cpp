@@ -118,16 +118,24 @@ static bool ngram_settings_given(const specee_generator_params & p) {
 }
 
 // auto: early exit for a draft head with exit predictors at temperature 0 (SpecEE's merged files), EAGLE-2 for a
-// draft head, plain decoding without one; a speculative mode only where it can beat plain decoding here: early exit
-// unless its predictors' file says they cannot (specee.exit.speedup < 1), EAGLE-2 where eagle_speedup says >= 1.
-// Settings for a mode (a tree, exit settings) choose it as before.
+// draft head that can beat plain decoding here, n-gram lookup otherwise: early exit unless its predictors' file says
+// they cannot (specee.exit.speedup < 1), EAGLE-2 where eagle_speedup says >= 1. Lookup in place of plain decoding,
+// as it never loses by more than its bookkeeping: it drafts only where its acceptance observed on the sequence and
+// this machine's pass cost say a draft pays (specee-lookup.h), else its step is a plain step. Settings for a mode (a
+// tree, exit settings, n-gram settings) choose it as before.
 static int32_t resolve_auto(specee_context & ctx, const specee_generator_params & p, std::string & why) {
     const specee_model & m        = *ctx.model;
     const bool           has_head = m.eagle.version > 0;
     const bool           dyn_set  = eagle2_tree_given(p);
     const bool           exit_set = exit_settings_given(p);
+    const char *         lookup   = "auto: ngram: drafts from lookup where its acceptance and the pass cost pay, "
+                                    "else plain steps";
+    if (ngram_settings_given(p)) {
+        return SPECEE_MODE_NGRAM;
+    }
     if (!has_head) {
-        return SPECEE_MODE_PLAIN;
+        why = specee_format("%s (no draft head)", lookup);
+        return SPECEE_MODE_NGRAM;
     }
     if (m.exit.n_pred > 0 && p.sampling.temp <= 0.0f) {
         if (exit_set || m.exit.speedup < 0.0f || m.exit.speedup >= 1.0f) {
@@ -144,8 +152,9 @@ static int32_t resolve_auto(specee_context & ctx, const specee_generator_params 
     std::string  eagle;
     const double speedup = eagle_speedup(ctx, eagle);
     const bool   spec    = !(speedup < 1.0); // NAN (no room to time a pass): as before
-    why = specee_format("auto: %s: %s%s", spec ? "eagle2" : "plain decoding", why.c_str(), eagle.c_str());
-    return spec ? SPECEE_MODE_EAGLE2 : SPECEE_MODE_PLAIN;
+    why = spec ? specee_format("auto: eagle2: %s%s", why.c_str(), eagle.c_str())
+               : specee_format("%s (not eagle2: %s%s)", lookup, why.c_str(), eagle.c_str());
+    return spec ? SPECEE_MODE_EAGLE2 : SPECEE_MODE_NGRAM;
 }
 
 static int32_t resolve_mode(specee_context & ctx, const specee_generator_params & p, std::string & why) {

@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <cmath>
 
-// the running acceptance: successes and trials decayed by DECAY a step, read with PRIOR_WEIGHT trials at PRIOR
+// the running acceptance per match length: successes and trials decayed by DECAY an observation, read with
+// PRIOR_WEIGHT trials at PRIOR
 static const double DECAY = 0.8, PRIOR = 0.8, PRIOR_WEIGHT = 2.0;
+// the weight of a new pass in a size's running pass time
+static const double PASS_WEIGHT = 0.2;
 
 // ---- the index -----------------------------------------------------------------------------------------
 
@@ -97,6 +100,23 @@ static int32_t chain_length(const specee_lookup & lk, int32_t n, int32_t l_max) 
     return best_l;
 }
 
+// A pass of n tokens took ms: its running time (the first pass of a size replaces the prior, then a moving average)
+// and, once a single-token pass is known too, the cost of that size in single passes
+static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
+    if (n >= (int32_t) lk.pass_ms.size()) {
+        return;
+    }
+    double & t = lk.pass_ms[n];
+    t          = t > 0.0 ? (1.0 - PASS_WEIGHT) * t + PASS_WEIGHT * ms : ms;
+    if (lk.pass_ms[1] > 0.0) {
+        for (int32_t k = 2; k < (int32_t) lk.pass_ms.size(); ++k) {
+            if (lk.pass_ms[k] > 0.0) {
+                lk.cost[k] = std::max(lk.pass_ms[k] / lk.pass_ms[1], 1.0);
+            }
+        }
+    }
+}
+
 // ---- the step -----------------------------------------------------------------------------------------
 
 // the tree in dec.nodes: the root, the best continuation's chain of `len` tokens, the other continuations' first
@@ -155,7 +175,9 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
     const specee_tree_batch tb   = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
     const specee_batch      b    = tb.view();
     specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
-    st.t_verify_ms += specee_ms_since(t0);
+    const double pass_ms = specee_ms_since(t0);
+    st.t_verify_ms += pass_ms;
+    observe_pass(lk, b.n_tokens, pass_ms);
 
     // ---- walk, keep what was accepted, learn how far this sequence's lookups hold
     t0 = specee_clock::now();
@@ -163,14 +185,17 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
     specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
     const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
     specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
-    for (size_t k = 0; k < lk.succ.size(); ++k) {
+    if (!conts.empty()) { // an observation of this match length's acceptance, drafted or not
+        const int32_t k = n_match - lk.params.n_min;
         lk.succ[k] *= DECAY;
         lk.trials[k] *= DECAY;
-    }
-    if (len > 0) {
-        const int32_t k = n_match - lk.params.n_min;
-        lk.succ[k] += n_acc;
-        lk.trials[k] += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
+        if (len > 0) {
+            lk.succ[k] += n_acc;
+            lk.trials[k] += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
+        } else { // not drafted: what the lookup would have drafted first against the token that came
+            lk.succ[k] += emitted[0] == conts[0].token ? 1.0 : 0.0;
+            lk.trials[k] += 1.0;
+        }
     }
     for (int32_t tok : emitted) {
         append(lk, tok);
@@ -194,13 +219,22 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
     lk.tokens.clear();
     lk.succ.assign(params.n_max - params.n_min + 1, 0.0);
     lk.trials.assign(params.n_max - params.n_min + 1, 0.0);
-    // a pass of n tokens in single passes; where it cannot be timed (no room in the cache), as a pass of n tokens
-    // costs at least one of one token, assume the dearest case the CPU measured here (3.2 for 4 tokens: linear)
+    // a pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
+    // timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every
+    // size would cost a large model many passes before its first token); then each size the steps use, from their
+    // own passes (observe_pass). Where no pass can be timed, the dearest case the CPU measured here (3.2 for 4 tokens).
     lk.cost.assign(params.draft_max + 2, 1.0);
-    for (int32_t n = 2; n <= params.draft_max + 1; ++n) {
+    const int32_t n_last = params.draft_max + 1;
+    int32_t       prev   = 1;
+    for (int32_t n = 2; n <= n_last; n = n == n_last ? n_last + 1 : std::min(2 * n - 1, n_last)) {
         const double c = specee_context_pass_cost(ctx, n);
         lk.cost[n]     = std::isnan(c) ? 1.0 + 0.73 * (n - 1) : std::max(c, 1.0);
+        for (int32_t k = prev + 1; k < n; ++k) {
+            lk.cost[k] = lk.cost[prev] + (lk.cost[n] - lk.cost[prev]) * (k - prev) / (n - prev);
+        }
+        prev = n;
     }
+    lk.pass_ms.assign(params.draft_max + 2, 0.0);
 }
 
 std::string specee_lookup_describe(const specee_lookup & lk) {
@@ -212,7 +246,8 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
     for (size_t n = 2; n < lk.cost.size(); ++n) {
         s += specee_format("%s %.2f", n == 2 ? "" : ",", lk.cost[n]);
     }
-    return s + " single passes here: a step drafts as far as its acceptance on the sequence pays for";
+    return s + " single passes here (timed at 2, 3, 5, 9, ...; then from the steps' own passes): a step drafts as far "
+               "as its acceptance on the sequence pays for";
 }
 
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {

@@ -9,9 +9,12 @@
 //
 // How far it drafts adapts per sequence: the acceptance of its drafts on this sequence from matches of the same length
 // (a running estimate a per match length: a match of 4 tokens is surer than one of 2) and this
-// machine's cost of a pass of n tokens c(n) (timed once per context) choose the chain length L that maximises
-// (1 + a + ... + a^L) / c(L + 1); L = 0 (a plain step) where that says drafting loses, and while it does not draft
-// the estimate drifts back towards its prior, so a sequence that starts to repeat itself is drafted again.
+// machine's cost of a pass of n tokens c(n) (passes of 2, 3, 5, 9, ... tokens timed once per context, linear between
+// them, then each size from the steps' own passes) choose the chain length L that maximises
+// (1 + a + ... + a^L) / c(L + 1); L = 0 (a plain step) where that says drafting loses. A step that finds a match but
+// does not draft still observes it: the lookup's first token against the token the step emitted (free, no pass), so
+// a sequence where lookup has been wrong drafts nothing until lookup turns right, and a sequence that starts to
+// repeat itself is drafted again.
 #pragma once
 
 #include "specee-speculative.h"
@@ -29,11 +32,12 @@ struct specee_lookup {
     // per match length n (index n - n_min): hash of the n tokens ending at position i -> those positions i, ascending
     std::vector<std::unordered_map<uint64_t, std::vector<int32_t>>> index;
     std::vector<double>  succ, trials; // per match length n (index n - n_min): accepted drafts and tries on this
-                                       // sequence, decayed each step
-    std::vector<double>  cost; // cost[n]: a pass of n tokens in single passes (cost[1] = 1), timed once per context
+                                       // sequence (observed, drafted or not), decayed each observation
+    std::vector<double>  cost;    // cost[n]: a pass of n tokens in single passes (cost[1] = 1)
+    std::vector<double>  pass_ms; // pass_ms[n]: the running time of this generator's passes of n tokens (0: none yet)
 };
 
-// checks nothing the options did not (specee_generator_check_values); the pass costs are timed on the context
+// checks nothing the options did not (specee_generator_check_values); passes of a few sizes are timed on the context
 void    specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx);
 // one line: what drafting costs here ("ngram: a pass of 2, 3, ... tokens costs 1.6, 2.2, ... single passes")
 std::string specee_lookup_describe(const specee_lookup & lk);

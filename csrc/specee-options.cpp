@@ -229,7 +229,7 @@ static const option_def CONTEXT_OPTIONS[] = {
       "physical batch: most tokens in one graph (default: 512)", "-ub,--ubatch-size", "N"},
      OFF(n_ubatch), 0, nullptr, 0, 1, INT_MAX},
     {{"n_threads", SPECEE_OPTION_INT, nullptr, "an integer",
-      "threads (default: 0 = the CPUs this process may use; at most 4 per hardware thread, 512)", "-t,--threads", "N"},
+      "threads (default: 0 = the CPUs this process may use, also the most: more wait on each other)", "-t,--threads", "N"},
      OFF(n_threads), 0, nullptr, 0, INT_MIN, INT_MAX},
     {{"n_threads_batch", SPECEE_OPTION_INT, nullptr, "an integer",
       "threads for batches of more than one token (default: 0 = --threads)", "-tb,--threads-batch", "N"},
@@ -641,23 +641,12 @@ extern "C" struct specee_model_params specee_context_options_model_params(const 
     return p;
 }
 
-// the CPUs this process may run on (its affinity mask), at least 1
-static int32_t usable_cpus() {
-#ifdef __linux__
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-        return std::max(1, CPU_COUNT(&set));
-    }
-#endif
-    return (int32_t) std::max(1u, std::thread::hardware_concurrency());
-}
-
 extern "C" struct specee_context_params specee_context_options_context_params(const struct specee_context_options * o) {
     specee_context_params p = specee_context_default_params();
     p.n_ctx                 = (uint32_t) std::max(o->n_ctx, 0);
     p.n_batch               = (uint32_t) std::max(1, std::min(o->n_batch, o->n_ubatch));
-    p.n_threads             = std::min(o->n_threads > 0 ? o->n_threads : usable_cpus(), specee_max_threads());
-    p.n_threads_batch       = o->n_threads_batch > 0 ? std::min(o->n_threads_batch, specee_max_threads()) : p.n_threads;
+    p.n_threads             = o->n_threads > 0 ? o->n_threads : specee_max_threads();
+    p.n_threads_batch       = o->n_threads_batch > 0 ? o->n_threads_batch : p.n_threads;
     p.type_v                = o->type_v;
     return p;
 }

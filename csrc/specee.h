@@ -138,7 +138,7 @@ int32_t specee_detokenize(const specee_model * model, const int32_t * tokens, in
 struct specee_context_params {
     uint32_t n_ctx;           // KV cache cells; 0 = the model's training context, at most SPECEE_DEFAULT_N_CTX
     uint32_t n_batch;         // most tokens in one graph; longer plain batches are split
-    int32_t  n_threads;       // threads for single-token decode (<= 0: the hardware's; clamped to specee_max_threads)
+    int32_t  n_threads;       // threads for single-token decode (<= 0: specee_max_threads(); more: clamped to it, warned)
     int32_t  n_threads_batch; // threads for batches of more than one token (<= 0: n_threads; clamped likewise)
     int32_t  type_v;          // V cache: SPECEE_KV_F32 (default), with which attention accumulates in F32 on one
                               // kernel path for every batch shape, so a token's logits do not depend on the batch
@@ -154,7 +154,7 @@ enum specee_kv_type {
 #define SPECEE_DEFAULT_N_CTX 4096u
 
 struct specee_context_params specee_context_default_params(void);
-// the most threads a context uses: 4 x the hardware threads, at most 512
+// the most threads a context uses: the CPUs this process may run on (its affinity mask), at most 512
 int32_t specee_max_threads(void);
 
 // NULL with specee_last_error() on bad parameters, or when the KV cache and compute buffers of n_ctx cells and

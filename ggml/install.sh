@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs ggml (the PyPI package libggml-python, pinned below) the way this project needs it.
 #
-#   ggml/install.sh            native: built from the sdist for this CPU with llamafile sgemm and ggml's own
-#                              threadpool instead of OpenMP (as upstream llama.cpp builds here; decode of F16
-#                              models measured 37 vs 48 tokens/s with OpenMP) (default;
-#                              ~30 s; matmul speed on par with upstream llama.cpp's own build)
+#   ggml/install.sh            native: built from the sdist for this CPU with llamafile sgemm and OpenMP, as upstream
+#                              llama.cpp builds (default; ~2 min; matmul speed on par with upstream's own build).
+#                              OpenMP rather than ggml's own threadpool: the threadpool's barrier spins without
+#                              yielding, so a thread that is not running (other jobs, or more threads than CPUs)
+#                              stalls every step: SmolLM2 at -t 4 on 2 idle CPUs took 98 s for 32 tokens against
+#                              0.7 s with OpenMP, and on an idle machine the two decode at 0.97-1.01x of each other
+#                              (docs/benchmarks.md, "Threads")
 #   ggml/install.sh prebuilt   the prebuilt wheel (AVX2 only, no llamafile sgemm: prefill 2-3x slower)
 #   ggml/install.sh cuda       built from the sdist with CUDA as well: needs the CUDA toolkit (nvcc); cuBLAS from
 #                              the toolkit, else from the PyPI wheel nvidia-cublas (installed here when missing).
@@ -26,8 +29,8 @@ mode="${1:-native}"
 py="${PYTHON:-python3}"
 
 case "$mode" in
-    native)   cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF -DGGML_RPC=ON" ;;
-    cuda)     cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF -DGGML_RPC=ON -DGGML_CUDA=ON" ;;
+    native)   cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=ON -DGGML_RPC=ON" ;;
+    cuda)     cmake_args="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=ON -DGGML_RPC=ON -DGGML_CUDA=ON" ;;
     prebuilt) cmake_args="" ;;
     *) echo "usage: $0 [native|prebuilt|cuda]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ machine-sized allocation."""
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import subprocess
@@ -286,15 +287,22 @@ def test_prompt_file_limits(cli: str, vocab_gguf: Path, tmp_path: Path) -> None:
 
 
 def test_threads_clamped(cli: str, vocab_gguf: Path, tiny_gguf: Path) -> None:
-    limit = min(512, 4 * os.cpu_count())
-    assert _core.max_threads() == limit
-    with pytest.warns(UserWarning, match=f"100000 threads are more than {limit}"):
-        m = specee.Model(tiny_gguf, n_ctx=64, n_threads=100000)
-    assert m.n_threads == limit
-    res, seconds, _ = run_cli(cli, "-m", str(vocab_gguf), "-p", "hello", "-n", "2", "-c", "64", "-t", "100000",
-                              "-no-cnv")
+    """Threads are at most the CPUs this process may use (more wait on each other at every step): the limit follows the
+    affinity mask, forced to one CPU in the child processes here, so the check does not depend on the machine."""
+    assert _core.max_threads() == min(512, len(os.sched_getaffinity(0)))
+    one_cpu = functools.partial(os.sched_setaffinity, 0, {min(os.sched_getaffinity(0))})
+    code = ("import warnings, specee\nfrom specee import _core\nwith warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    m = specee.Model({str(tiny_gguf)!r}, n_ctx=64, n_threads=4, n_threads_batch=3)\n"
+            "print(_core.max_threads(), m.n_threads, '|'.join(str(x.message) for x in w))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=one_cpu, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert f"warning: -t 100000 is more than {limit} threads" in res.stderr and seconds < 30
+    limit, n_threads, warned = res.stdout.strip().split(" ", 2)
+    assert (limit, n_threads) == ("1", "1") and "4 threads are more than the 1 CPU(s)" in warned, res.stdout
+    argv = [cli, "-m", str(vocab_gguf), "-p", "hello", "-n", "2", "-c", "64", "-t", "4", "-no-cnv"]
+    res = subprocess.run(argv, capture_output=True, text=True, errors="replace", preexec_fn=one_cpu, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "warning: -t 4 is more threads than the 1 CPU this process may use: using 1" in res.stderr
 
 
 # ---- command line

@@ -161,6 +161,9 @@ def limit(argv: list[str], work: Path) -> list[str]:
             pytest.skip(f"SpecEE's question files are absent ({QUESTIONS})")
         out = set_flag(set_flag(set_flag(argv, "-n", "8"), "-t", "1"), "--rounds", "1")
         return set_flag(set_flag(out, "--per-category", "1"), "--data-dir", str(work / "questions"))
+    if module == "specee.bench.load":  # one round at -t 1 beside one busy process, a few tokens
+        out = set_flag(set_flag(set_flag(argv, "-n", "4"), "--rounds", "1"), "--threads", "1")
+        return set_flag(set_flag(out, "--load", "1"), "--load-limit", "120")
     if module == "specee.bench.cli":
         return set_flag(set_flag(set_flag(set_flag(argv, "-n", "8"), "--rounds", "1"), "-t", "1"), "--limit", "1")
     raise AssertionError(f"command not covered by tests/test_readme.py: {shlex.join(argv)}")

@@ -6,6 +6,7 @@
 //
 // Each test runs once to warm up, then -r times; the table reports mean ± sd tokens/s.
 #include "specee-cli-args.h"
+#include "specee-openmp.h"
 #include "specee.h"
 
 #include <algorithm>
@@ -529,6 +530,7 @@ static bool bench_model(specee_model * model, const std::string & path, int ngl,
 }
 
 int main(int argc, char ** argv) {
+    specee_openmp_setup(argv);
     bench_params params;
     bool         help = false;
     if (!parse_args(argc, argv, params, help)) {

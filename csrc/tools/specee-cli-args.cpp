@@ -2,6 +2,7 @@
 // reads; values are checked here, the decoding settings again by the library's generator
 #include "specee-cli-args.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -314,9 +315,11 @@ bool cli_parse(int argc, char ** argv, cli_params & p, bool & help) {
     if (!parse_args(argc, argv, opts, help)) {
         return false;
     }
-    if (p.ctx.n_threads > specee_max_threads()) {
-        fprintf(stderr, "warning: -t %d is more than %d threads (4 per hardware thread, at most 512): using %d\n",
-                p.ctx.n_threads, specee_max_threads(), specee_max_threads());
+    const int32_t cpus = specee_max_threads();
+    if (std::max(p.ctx.n_threads, p.ctx.n_threads_batch) > cpus) {
+        fprintf(stderr, "warning: -t %d is more threads than the %d CPU%s this process may use: using %d (more "
+                "threads than CPUs wait on each other at every step)\n",
+                std::max(p.ctx.n_threads, p.ctx.n_threads_batch), cpus, cpus == 1 ? "" : "s", cpus);
     }
     if (help) {
         print_usage(argv[0], opts);

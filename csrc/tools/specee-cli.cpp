@@ -11,6 +11,7 @@
 //                  user line and the generator keeps the part the KV cache already holds; Ctrl-C stops a reply,
 //                  a second Ctrl-C (or Ctrl-D) at the prompt ends the conversation
 #include "specee-cli-args.h"
+#include "specee-openmp.h"
 #include "specee.h"
 
 #include <cerrno>
@@ -472,6 +473,7 @@ static void print_settings(const session & s, bool cnv, const char * tmpl) {
 }
 
 int main(int argc, char ** argv) {
+    specee_openmp_setup(argv);
     session      s;
     cli_params & p    = s.params;
     bool         help = false;

@@ -1,6 +1,7 @@
 // specee-rpc-server: this machine's CPU as a ggml RPC device for another process or machine (`specee-cli --rpc
 // HOST:PORT`, llama.cpp's --rpc too). Only parses flags; the server is csrc/specee-rpc-server.cpp.
 #include "specee-rpc-server.h"
+#include "specee-openmp.h"
 
 #include <cerrno>
 #include <climits>
@@ -100,6 +101,7 @@ static bool set_option(specee_rpc_server_params & p, long & timeout_s, const std
 }
 
 int main(int argc, char ** argv) {
+    specee_openmp_setup(argv);
     specee_rpc_server_params p;
     p.n_threads    = std::max(1, (int) std::thread::hardware_concurrency());
     long timeout_s = 0;

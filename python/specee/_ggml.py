@@ -5,15 +5,22 @@ Both find libggml through their rpath: the libggml-python package in the same si
 --system-site-packages whose system site-packages already hold libggml-python), the rpath misses it:
 `preload_ggml` then loads those libraries first (the dynamic linker reuses a loaded library with the same
 soname), and `ggml_lib_dir` gives the folder for LD_LIBRARY_PATH of the tools.
+
+`preload_ggml` also sets how long ggml's OpenMP threads spin at a barrier before they sleep (GOMP_SPINCOUNT, read
+once when libgomp is loaded, so before the extension; the tools do it in csrc/tools/specee-openmp.cpp, which says
+why), and takes it out of the environment again, so that processes started later (upstream llama.cpp in the
+benchmarks) run with their own defaults. A value the user set is kept.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 from pathlib import Path
 
 LIBS = ("libggml-base.so.0", "libggml-cpu.so.0", "libggml.so.0")  # dependencies first
+SPIN_COUNT = "1000"  # libgomp's own figure for more threads than CPUs (its default: 300000)
 
 
 def beside() -> bool:
@@ -32,6 +39,20 @@ def ggml_lib_dir() -> Path | None:
 
 
 def preload_ggml() -> None:
+    if "GOMP_SPINCOUNT" in os.environ:
+        load_ggml()
+        return
+    os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)  # loaded now, with the setting
+    except OSError:
+        pass  # no libgomp here: a ggml built without OpenMP does not need it
+    finally:
+        del os.environ["GOMP_SPINCOUNT"]
+    load_ggml()
+
+
+def load_ggml() -> None:
     if beside():
         return
     lib_dir = ggml_lib_dir()

@@ -88,7 +88,8 @@ class Model:
         context whose KV cache and compute buffers would not fit in the available memory is refused (SpecEEError
         with the sizes). n_batch, n_ubatch: llama.cpp's logical and physical batches (2048, 512): a graph holds at
         most the smaller. n_threads, n_threads_batch: None or <= 0: the CPUs this process may use; at most
-        `_core.max_threads()` (4 per hardware thread, at most 512), more are clamped with a warning."""
+        `_core.max_threads()` (the CPUs this process may use: more threads than CPUs wait on each other at every
+        step), more are clamped with a warning."""
         self.path = str(path) if path is not None else default_model_path()
         if draft_head == "default":
             draft_head = default_draft_head_path()
@@ -103,8 +104,8 @@ class Model:
             raise FileNotFoundError(f"model file not found: {self.path}")
         for value in (n_threads, n_threads_batch):
             if value is not None and value > _core.max_threads():
-                warnings.warn(f"{value} threads are more than {_core.max_threads()} (4 per hardware thread, at most "
-                              f"512): using {_core.max_threads()}", stacklevel=2)
+                warnings.warn(f"{value} threads are more than the {_core.max_threads()} CPU(s) this process may use: "
+                              f"using {_core.max_threads()}", stacklevel=2)
         self._model = _core.Model(options)
         self.type_v = type_v or CONTEXT_OPTIONS["type_v"]["default"]
         self._ctx = _core.Context(self._model, options)
