@@ -191,6 +191,9 @@ static void check_params(const specee_model & m, const specee_generator_params &
         specee_fail("checked exits run an exited token's skipped layers with the next pass, so they hold its real K/V: "
                     "exit kv (fill) does not apply with exit check");
     }
+    if (p.ngram.n_min > p.ngram.n_max) {
+        specee_fail("n-gram lookup: n_min (%d) must be at most n_max (%d)", p.ngram.n_min, p.ngram.n_max);
+    }
     if (ngram_settings_given(p) && !(mi.reads & SPECEE_READS_NGRAM)) {
         specee_fail("n-gram settings are given, but the mode is %s (use mode ngram)", mi.name);
     }

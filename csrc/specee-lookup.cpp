@@ -11,7 +11,12 @@
 
 // the running acceptance per match length: successes and trials decayed by DECAY an observation, read with
 // PRIOR_WEIGHT trials at PRIOR
-static const double DECAY = 0.8, PRIOR = 0.8, PRIOR_WEIGHT = 2.0;
+static const double DECAY = 0.9, PRIOR = 0.8, PRIOR_WEIGHT = 2.0;
+// a chain is drafted only where its expected tokens per single-pass cost beat a plain step's by this much: the
+// estimate comes from a few observations, and a chain drafted on a lucky run of them costs its whole pass (on the
+// default Q4_1 here a pass of 9 tokens costs 5.4 single passes); measured: without it, categories where lookup is
+// right about half the time decoded at 0.87-0.95x plain (docs/lookup.md)
+static const double MARGIN = 1.1;
 // the weight of a new pass in a size's running pass time
 static const double PASS_WEIGHT = 0.2;
 
@@ -86,7 +91,7 @@ static double acceptance(const specee_lookup & lk, int32_t n) {
 // the chain length in 0..l_max with the most tokens per single-pass cost, for drafts from a match of n tokens
 static int32_t chain_length(const specee_lookup & lk, int32_t n, int32_t l_max) {
     const double a      = acceptance(lk, n);
-    double       tokens = 1.0, ak = 1.0, best = 1.0; // L = 0: a plain step, one token per single pass
+    double       tokens = 1.0, ak = 1.0, best = MARGIN; // L = 0: a plain step, one token per single pass
     int32_t      best_l = 0;
     for (int32_t l = 1; l <= l_max && l + 1 < (int32_t) lk.cost.size(); ++l) {
         ak *= a;

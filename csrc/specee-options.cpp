@@ -328,10 +328,11 @@ void specee_generator_check_values(const specee_generator_params & p) {
     if (p.exit.kv != SPECEE_EXIT_KV_MASK && p.exit.kv != SPECEE_EXIT_KV_FILL) {
         specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", p.exit.kv);
     }
-    if (p.ngram.n_min < 1 || p.ngram.n_max < p.ngram.n_min || p.ngram.n_max > 16 || p.ngram.draft_max < 1 ||
+    // n_min <= n_max is the generator's check (check_params): here each value is checked as it is set, one at a time
+    if (p.ngram.n_min < 1 || p.ngram.n_min > 16 || p.ngram.n_max < 1 || p.ngram.n_max > 16 || p.ngram.draft_max < 1 ||
         p.ngram.draft_max > 64 || p.ngram.branches < 1 || p.ngram.branches > 8) {
-        specee_fail("n-gram lookup: n_min (%d) must be in [1, n_max], n_max (%d) at most 16, draft_max (%d) in [1, 64] "
-                    "and branches (%d) in [1, 8]", p.ngram.n_min, p.ngram.n_max, p.ngram.draft_max, p.ngram.branches);
+        specee_fail("n-gram lookup: n_min (%d) and n_max (%d) must be in [1, 16], draft_max (%d) in [1, 64] and "
+                    "branches (%d) in [1, 8]", p.ngram.n_min, p.ngram.n_max, p.ngram.draft_max, p.ngram.branches);
     }
     if (p.exit.n_layers < 0 || p.exit.n_layers > SPECEE_MAX_EXIT_LAYERS || p.exit.n_replay < 0 ||
         p.exit.n_replay > SPECEE_MAX_EXIT_LAYERS) {

@@ -161,6 +161,8 @@ def limit(argv: list[str], work: Path) -> list[str]:
             pytest.skip(f"SpecEE's question files are absent ({QUESTIONS})")
         out = set_flag(set_flag(set_flag(argv, "-n", "8"), "-t", "1"), "--rounds", "1")
         return set_flag(set_flag(out, "--per-category", "1"), "--data-dir", str(work / "questions"))
+    if module == "specee.bench.filetype":  # two short texts, one type
+        return set_flag(set_flag(set_flag(argv, "--texts", "2"), "--tokens", "32"), "--types", "q8_0")
     if module == "specee.bench.load":  # one round at -t 1 beside one busy process, a few tokens
         out = set_flag(set_flag(set_flag(argv, "-n", "4"), "--rounds", "1"), "--threads", "1")
         return set_flag(set_flag(out, "--load", "1"), "--load-limit", "120")
