@@ -33,9 +33,9 @@ static const specee_mode_info MODES[] = {
     // name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads
     {"auto",
      "early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way with its merged files), eagle2 "
-     "with a draft head, else plain; a speculative mode only where it can beat plain decoding here",
+     "with a draft head where it can beat plain decoding here, else ngram (which drafts only where lookup pays)",
      false, false, false, true, true, nullptr,
-     SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT},
+     SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT | SPECEE_READS_NGRAM},
     {"plain", "one token per pass of the model", false, false, false, true, true, nullptr, 0},
     {"eagle", "EAGLE-1: the draft head drafts a static tree, one pass verifies it", true, true, false, true, true,
      nullptr, SPECEE_READS_EAGLE1_TREE},

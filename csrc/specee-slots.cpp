@@ -147,6 +147,16 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     specee_slot &      sl = s.slots[id];
     specee_generator & g  = *sl.gen;
     specee_generator_set_params_impl(g, p);
+    if (p.mode == SPECEE_MODE_AUTO && specee_mode_row_impl(g.mode).tree && !specee_mode_row_impl(g.mode).shared_pass) {
+        // auto chose a mode whose passes cannot be shared: its steps would take passes of their own, beside the shared
+        // one every other request waits on; here auto decodes plainly, in the shared pass
+        const std::string why = g.why;
+        specee_generator_params q = p;
+        q.mode                    = SPECEE_MODE_PLAIN;
+        specee_generator_set_params_impl(g, q);
+        g.why = "auto: plain decoding in the slots' shared pass (" + why.substr(0, why.find('\n')) +
+                ": but its passes cannot be shared)";
+    }
     g.stats     = specee_generator_stats{};
     g.started   = false;
     const specee_mode_info & mi = specee_mode_row_impl(g.mode);
