@@ -258,7 +258,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--outtype", type=str.lower, choices=list(OUTTYPES), default="f16",
                     help="type of the matrices (default f16)")
     ap.add_argument("--vocab-pre", help="tokenizer.ggml.pre to write for a BPE tokenizer whose pre-tokenizer "
-                    "is not recognised (a name llama.cpp knows, e.g. gpt-2, llama-bpe, smollm)")
+                    "is not recognised (a name llama.cpp gives it that this runtime has: specee._core.vocab_pre_names(), "
+                    "e.g. gpt-2, llama-bpe, smollm, qwen2)")
 
 
 def run(args: argparse.Namespace) -> None:

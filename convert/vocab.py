@@ -8,7 +8,8 @@ Two kinds, chosen as llama.cpp's converter chooses them:
 - `tokenizer.json` with a byte-level BPE model -> "gpt2": tokens, token types and merges. llama.cpp
   names the pre-tokenizer (tokenizer.ggml.pre) by hashing the token ids of a test string; here the
   name is read off the pre_tokenizer configuration instead, for the configurations whose llama.cpp
-  equivalent is known (`gpt-2`, `llama-bpe`, `smollm`); any other needs --vocab-pre.
+  equivalent is known (`gpt-2`, `llama-bpe`, `smollm`, `qwen2`); any other needs --vocab-pre, which takes
+  the names the runtime tokenizes by (specee._core.vocab_pre_names(): a file naming another one would not load).
 Special token ids, add_bos/add_eos, merges and the chat template come from gguf.SpecialVocab, which
 reads tokenizer_config.json, tokenizer.json and config.json the way llama.cpp's converter does.
 """
@@ -30,6 +31,10 @@ LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+# Qwen 2's: Llama 3's with every digit alone (llama.cpp's "qwen2"); its tokenizer.json also has an NFC normalizer,
+# which llama.cpp does not apply either
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 @dataclass
@@ -103,18 +108,30 @@ def bpe_pre_name(tokenizer_json: dict) -> str:
     kinds = [s.get("type") for s in steps]
     last = steps[-1] if steps else {}
     byte_level = kinds[-1:] == ["ByteLevel"] and not last.get("add_prefix_space", False)
+    split = steps[0].get("pattern", {}).get("Regex") if kinds == ["Split", "ByteLevel"] else None
+    normalizer = (tokenizer_json.get("normalizer") or {}).get("type")
+    if split == QWEN2_SPLIT and byte_level and not last.get("use_regex", True) and normalizer in (None, "NFC"):
+        return "qwen2"
     if tokenizer_json.get("normalizer") is None and byte_level:
         if kinds == ["ByteLevel"] and last.get("use_regex", True):
             return "gpt-2"
         if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and last.get("use_regex", True):
             return "smollm"
-        split = steps[0].get("pattern", {}).get("Regex") if kinds == ["Split", "ByteLevel"] else None
         if split == LLAMA3_SPLIT and not last.get("use_regex", True):
             return "llama-bpe"
     raise ValueError(
         f"tokenizer.json: pre-tokenizer {json.dumps(pt)[:200]} is not one whose llama.cpp name is known "
-        "(gpt-2, llama-bpe, smollm); pass --vocab-pre NAME with the tokenizer.ggml.pre name llama.cpp uses for it"
+        "(gpt-2, llama-bpe, smollm, qwen2); pass --vocab-pre NAME with the tokenizer.ggml.pre name llama.cpp uses for it"
     )
+
+
+def check_pre_name(pre: str) -> None:
+    """A tokenizer.ggml.pre name the runtime has (a file with another one would be refused at load)."""
+    from specee import _core
+
+    if pre not in _core.vocab_pre_names():
+        raise ValueError(f"--vocab-pre {pre!r}: not a pre-tokenizer this runtime has; known: "
+                         + ", ".join(_core.vocab_pre_names()))
 
 
 def bpe_vocab(model_dir: Path, n_vocab: int, pre: str | None) -> Vocab:
@@ -127,6 +144,7 @@ def bpe_vocab(model_dir: Path, n_vocab: int, pre: str | None) -> Vocab:
             "a SentencePiece model needs its tokenizer.model"
         )
     pre = pre or bpe_pre_name(tj)
+    check_pre_name(pre)
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     by_id = {i: text for text, i in tok.get_vocab(with_added_tokens=True).items()}
     if by_id and max(by_id) >= n_vocab:

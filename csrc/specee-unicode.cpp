@@ -155,8 +155,8 @@ static size_t match_gpt2(const utext & t, size_t pos, size_t end) {
     return p;
 }
 
-// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-static size_t match_llama3(const utext & t, size_t pos, size_t end) {
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+static size_t match_llama3_like(const utext & t, size_t pos, size_t end, size_t max_digits) {
     size_t e = match_contraction(t, pos, end, true);
     if (e > pos) {
         return e;
@@ -174,7 +174,7 @@ static size_t match_llama3(const utext & t, size_t pos, size_t end) {
         return p;
     }
     if (is_number(f)) {
-        for (p = pos; p < end && p < pos + 3 && is_number(t.flags[p]); ++p) {
+        for (p = pos; p < end && p < pos + max_digits && is_number(t.flags[p]); ++p) {
         }
         return p;
     }
@@ -197,6 +197,10 @@ static size_t match_llama3(const utext & t, size_t pos, size_t end) {
     }
     return last_nl > pos ? last_nl : match_spaces(t, pos, end);
 }
+
+static size_t match_llama3(const utext & t, size_t pos, size_t end) { return match_llama3_like(t, pos, end, 3); }
+
+static size_t match_qwen2(const utext & t, size_t pos, size_t end) { return match_llama3_like(t, pos, end, 1); }
 
 // \p{N} alone; the text between numbers is a piece
 static size_t match_each_number(const utext & t, size_t pos, size_t end) {
@@ -265,6 +269,7 @@ std::vector<std::string> specee_pretokenize(const std::string & text, specee_pre
         case SPECEE_PRETOK_GPT2:   steps = {match_gpt2}; break;
         case SPECEE_PRETOK_LLAMA3: steps = {match_llama3}; break;
         case SPECEE_PRETOK_SMOLLM: steps = {match_each_number, match_gpt2}; break;
+        case SPECEE_PRETOK_QWEN2:  steps = {match_qwen2}; break;
     }
 
     std::vector<size_t> ends; // the end of each piece, in code points

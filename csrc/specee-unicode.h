@@ -43,6 +43,7 @@ enum specee_pretok {
     SPECEE_PRETOK_GPT2,    // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
     SPECEE_PRETOK_LLAMA3,  // Llama 3: case-insensitive contractions, \p{N}{1,3}, newline runs
     SPECEE_PRETOK_SMOLLM,  // every \p{N} alone, then GPT-2 (SmolLM, StarCoder)
+    SPECEE_PRETOK_QWEN2,   // Llama 3's with \p{N} alone (Qwen 2, 2.5, 3)
 };
 
 // split text into the words BPE merges within (byte strings, concatenating back to text)

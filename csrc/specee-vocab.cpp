@@ -164,6 +164,31 @@ static void read_tokens(specee_vocab & v, const gguf_context * g, uint32_t n_voc
     }
 }
 
+// tokenizer.ggml.pre names and the rules they stand for (the names llama.cpp's converter writes for each regex);
+// llama3_flags: a word that is a token is not merged, and a BOS token is added
+struct pretok_name {
+    const char *  name;
+    specee_pretok pretok;
+    bool          llama3_flags;
+};
+static const pretok_name k_pretok_names[] = {
+    {"default", SPECEE_PRETOK_DEFAULT, false},
+    {"gpt-2", SPECEE_PRETOK_GPT2, false},      {"phi-2", SPECEE_PRETOK_GPT2, false},
+    {"mpt", SPECEE_PRETOK_GPT2, false},        {"olmo", SPECEE_PRETOK_GPT2, false},
+    {"llama3", SPECEE_PRETOK_LLAMA3, true},    {"llama-v3", SPECEE_PRETOK_LLAMA3, true},
+    {"llama-bpe", SPECEE_PRETOK_LLAMA3, true}, {"falcon3", SPECEE_PRETOK_LLAMA3, true},
+    {"falcon-h1", SPECEE_PRETOK_LLAMA3, true}, {"pixtral", SPECEE_PRETOK_LLAMA3, true},
+    {"lfm2", SPECEE_PRETOK_LLAMA3, true},
+    {"qwen2", SPECEE_PRETOK_QWEN2, false},     {"deepseek-r1-qwen", SPECEE_PRETOK_QWEN2, false},
+    {"smollm", SPECEE_PRETOK_SMOLLM, false},   {"starcoder", SPECEE_PRETOK_SMOLLM, false},
+    {"refact", SPECEE_PRETOK_SMOLLM, false},   {"codeshell", SPECEE_PRETOK_SMOLLM, false},
+};
+
+extern "C" const char * specee_vocab_pre_name(int32_t i) {
+    const int32_t n = (int32_t) (sizeof(k_pretok_names) / sizeof(k_pretok_names[0]));
+    return i >= 0 && i < n ? k_pretok_names[i].name : nullptr;
+}
+
 // a byte-level BPE vocabulary's merges (tokenizer.ggml.merges) and pre-tokenizer (tokenizer.ggml.pre)
 static void read_bpe(specee_vocab & v, const gguf_context * g) {
     const int64_t km = find_key(g, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY, GGUF_TYPE_STRING);
@@ -184,18 +209,21 @@ static void read_bpe(specee_vocab & v, const gguf_context * g) {
         }
     }
     const std::string pre = get_string(g, "tokenizer.ggml.pre");
-    if (pre.empty() || pre == "default") {
-        v.pretok = SPECEE_PRETOK_DEFAULT;
-    } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe") {
-        v.pretok        = SPECEE_PRETOK_LLAMA3;
-        v.ignore_merges = v.add_bos = true;
-    } else if (pre == "smollm") {
-        v.pretok = SPECEE_PRETOK_SMOLLM;
-    } else {
-        if (pre != "gpt-2") {
-            specee_log_info("unknown pre-tokenizer '%s' (tokenizer.ggml.pre), using 'gpt-2'", pre.c_str());
+    const pretok_name * known = nullptr;
+    for (const pretok_name & k : k_pretok_names) {
+        known = (pre == k.name) ? &k : known;
+    }
+    if (!pre.empty() && !known) {
+        std::string names;
+        for (const pretok_name & k : k_pretok_names) {
+            names += std::string(names.empty() ? "" : ", ") + k.name;
         }
-        v.pretok = SPECEE_PRETOK_GPT2;
+        specee_fail("unsupported pre-tokenizer '%s' (tokenizer.ggml.pre): tokenizing by other rules would give other "
+                    "tokens than the model was trained on; known: %s", pre.c_str(), names.c_str());
+    }
+    v.pretok = known ? known->pretok : SPECEE_PRETOK_DEFAULT; // no name: llama.cpp's "default"
+    if (known && known->llama3_flags) {
+        v.ignore_merges = v.add_bos = true;
     }
 }
 

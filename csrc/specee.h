@@ -302,6 +302,9 @@ int32_t specee_sampler_probs(specee_sampler * smpl, const float * logits, int32_
 const char * specee_arch_pred_tensor_name(int32_t i);
 // the GGUF keys this runtime reads, as NAME=VALUE ("KEY_BLOCK_COUNT={arch}.block_count"), NULL past the end
 const char * specee_arch_key(int32_t i);
+// the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has (a file naming another one is refused at
+// load), NULL past the end
+const char * specee_vocab_pre_name(int32_t i);
 
 int32_t      specee_model_exit_n_pred(const specee_model * model); // layers with a predictor
 bool         specee_model_exit_has_pred(const specee_model * model, int32_t layer);

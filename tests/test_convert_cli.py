@@ -43,7 +43,7 @@ from specee.convert.output import (
 )
 from specee.convert.quantize import llama_order, quantize_gguf
 from specee.convert.retype import Field
-from specee.convert.vocab import LLAMA3_SPLIT, bpe_pre_name
+from specee.convert.vocab import LLAMA3_SPLIT, QWEN2_SPLIT, bpe_pre_name
 from specee.paths import default_draft_head_path
 
 Q = gguf.GGMLQuantizationType
@@ -267,6 +267,9 @@ def test_bpe_pre_tokenizer_names(bpe_dir: Path, tmp_path: Path) -> None:
     split = {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False}
     llama3 = {"type": "Sequence", "pretokenizers": [split, {**byte_level, "use_regex": False}]}
     assert bpe_pre_name({"pre_tokenizer": llama3}) == "llama-bpe"
+    qwen2 = {"type": "Sequence",
+             "pretokenizers": [{**split, "pattern": {"Regex": QWEN2_SPLIT}}, llama3["pretokenizers"][1]]}
+    assert bpe_pre_name({"pre_tokenizer": qwen2, "normalizer": {"type": "NFC"}}) == "qwen2"
     # an unknown pre-tokenizer is refused, and --vocab-pre names it
     folder = tmp_path / "odd"
     shutil.copytree(bpe_dir, folder)
@@ -275,6 +278,9 @@ def test_bpe_pre_tokenizer_names(bpe_dir: Path, tmp_path: Path) -> None:
                                                                   byte_level]}
     (folder / "tokenizer.json").write_text(json.dumps(tj))
     assert "--vocab-pre" in cli("hf", folder, "-o", tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
+    # a name the runtime has no rules for would write a file that does not load: refused, naming the known ones
+    assert "known: default, gpt-2" in cli("hf", folder, "-o", tmp_path / "x.gguf", "--vocab-pre", "tekken")
     assert not (tmp_path / "x.gguf").exists()
     assert cli("hf", folder, "-o", tmp_path / "x.gguf", "--vocab-pre", "gpt-2") == 0
     assert meta(tmp_path / "x.gguf")["tokenizer.ggml.pre"] == "gpt-2"

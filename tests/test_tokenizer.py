@@ -18,6 +18,7 @@ import gguf
 import pytest
 import sentencepiece as spm
 import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import specee
 import tokenizer_fixtures as tf
@@ -25,7 +26,7 @@ from specee.convert.retype import Field
 
 SHARED_NAMES = ["alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"]
 CORPORA = ["mt-bench", "humaneval", *[f"specee-bench/{n}" for n in SHARED_NAMES], "sharegpt", "stress", "whitespace"]
-BPE_PRES = ["smollm", "gpt-2", "llama-bpe", "default", "no-such-pre"]
+BPE_PRES = ["smollm", "gpt-2", "llama-bpe", "qwen2", "default"]
 
 
 def load_corpus(name: str) -> list[str]:
@@ -192,17 +193,33 @@ def test_bpe_pretokenizer_matches_hf(bpe_base: tuple, bpe_vocab: tokenizers.Toke
     check_corpus(model, texts, hf_encode(ref), ref.id_to_token)
 
 
-def test_unknown_pretokenizer_warns(bpe_base: tuple, bpe_vocab: tokenizers.Tokenizer, tmp_path: Path,
-                                    capfd: pytest.CaptureFixture) -> None:
-    path = tf.write_vocab_gguf(bpe_base, tf.bpe_fields(bpe_vocab, "no-such-pre", bos=1, eos=2), tmp_path / "x.gguf")
-    specee.Model(path, n_ctx=64, n_threads=1)
-    assert "no-such-pre" not in capfd.readouterr().err  # quiet unless verbose
-    specee._core.set_verbose(True)
-    try:
+@pytest.mark.parametrize("pre", ["no-such-pre", "tekken", "deepseek-llm"])
+def test_an_unknown_pretokenizer_is_refused(bpe_base: tuple, bpe_vocab: tokenizers.Tokenizer, tmp_path: Path,
+                                            pre: str) -> None:
+    # tokenizing by other rules than the model was trained with would silently give other tokens
+    path = tf.write_vocab_gguf(bpe_base, tf.bpe_fields(bpe_vocab, pre, bos=1, eos=2), tmp_path / "x.gguf")
+    with pytest.raises(specee.SpecEEError, match=f"unsupported pre-tokenizer '{pre}'.*known: default, gpt-2"):
         specee.Model(path, n_ctx=64, n_threads=1)
-    finally:
-        specee._core.set_verbose(False)
-    assert "unknown pre-tokenizer 'no-such-pre'" in capfd.readouterr().err
+    assert {"qwen2", "llama-bpe", "smollm", "gpt-2"} <= set(specee._core.vocab_pre_names())
+
+
+def test_qwen2_splits_digits_one_by_one(tmp_path: Path) -> None:
+    # the one difference from llama3's rules, forced: a vocabulary with multi-digit tokens, where Qwen 2's rules
+    # keep every digit alone and Llama 3's take up to three
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=tf.CHAT_SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["12345 678 1234 hello world 99"] * 50, trainer)
+    base = tf.tiny_llama_gguf(tmp_path / "hf", tmp_path / "base.gguf", tok.get_vocab_size())
+    text = "x 12345 and 678\n\nworld 1234"
+    for pre in ("qwen2", "llama-bpe"):
+        model = bpe_model(base, tok, pre, tmp_path)
+        assert model.tokenize(text, add_special=False) == tf.bpe_reference(tok, pre).encode(text).ids, pre
+    qwen2, llama3 = (bpe_model(base, tok, pre, tmp_path) for pre in ("qwen2", "llama-bpe"))
+    assert [qwen2.detokenize([t]) for t in qwen2.tokenize("12345", add_special=False)] == list("12345")
+    assert len(llama3.tokenize("12345", add_special=False)) < 5  # pieces of up to three digits, merged
 
 
 def test_bpe_special_tokens(bpe_base: tuple, bpe_vocab: tokenizers.Tokenizer, tmp_path: Path) -> None:

@@ -228,6 +228,7 @@ LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
 # llama.cpp's "default": four regexes, each splitting the pieces of the previous one (gaps kept)
 DEFAULT_REGEXES = [
     r"[\p{P}\$\+<=>\^~\|]+",
@@ -249,6 +250,8 @@ def bpe_reference(base: tokenizers.Tokenizer, pre: str) -> tokenizers.Tokenizer:
     if pre in ("llama-bpe", "llama3"):
         regexes = [LLAMA3_REGEX]
         spec["model"]["ignore_merges"] = True
+    elif pre == "qwen2":
+        regexes = [QWEN2_REGEX]
     elif pre == "default":
         regexes = DEFAULT_REGEXES
     elif pre == "smollm":

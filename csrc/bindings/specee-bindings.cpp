@@ -545,6 +545,13 @@ PYBIND11_MODULE(_core, m) {
         }
         return names;
     });
+    m.def("vocab_pre_names", [] {
+        std::vector<std::string> names;
+        for (int32_t i = 0; specee_vocab_pre_name(i); ++i) {
+            names.emplace_back(specee_vocab_pre_name(i));
+        }
+        return names;
+    }, "the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has");
     m.def("arch_pred_tensor_names", [] {
         std::vector<std::string> names;
         for (int32_t i = 0; specee_arch_pred_tensor_name(i); ++i) {
