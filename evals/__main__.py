@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
         if data_dir is not None and not data_dir.is_dir():
             raise DataError(f"--data-dir {data_dir} is not a folder")
-        files = {d: find_data(d, paths, data_dir) for d in datasets}
+        files = find_files(datasets, paths, data_dir, every=any(n.lower() == "all" for n in args.datasets))
+        datasets = [d for d in datasets if d in files]
         samples = {d: load_dataset(d, files[d], args.limit) for d in datasets}
         untested = sum(s.test is None for s in samples.get("humaneval", []))
         if untested:
@@ -247,6 +248,24 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, ModeError, ValueError, OSError, sandbox.SandboxUnavailable) as e:
         raise SystemExit(f"error: {e}")
     return 0
+
+
+def find_files(datasets: list[str], paths: dict[str, Path], data_dir: Path | None, every: bool) -> dict[str, Path]:
+    """Each dataset's file. With `all`, a dataset without local data is skipped with a line saying why (the others
+    still run); a dataset named on its own must have its data."""
+    files, skipped = {}, []
+    for d in datasets:
+        try:
+            files[d] = find_data(d, paths, data_dir)
+        except DataError as e:
+            if not every:
+                raise
+            skipped.append(str(e))
+    for reason in skipped:
+        print(f"skipped: {reason}", file=sys.stderr)
+    if not files:
+        raise DataError("no dataset has local data (see the lines above)")
+    return files
 
 
 def check_sandbox(samples: dict[str, list[Sample]], unsafe_exec: bool) -> None:

@@ -99,3 +99,15 @@ def test_acceptance_command_checks_identity(smollm2_path: Path) -> None:
     assert re.search(r"MT-Bench: the head on the plain greedy replies \(\d+ positions, teacher-forced\): top-1 "
                      r"[0-9.]+, top-4 [0-9.]+", run.stdout)
     assert "| HumanEval | 3/2/2 |" in run.stdout and run.stdout.count("| 1 of 1 |") == 4
+
+
+def test_specee_bench_defaults_to_llama_benchs_f16_v_cache(tiny_gguf: Path) -> None:
+    # llama-bench's default V cache is F16: specee-bench's default table must measure the same thing
+    def type_v(*args: str) -> str:
+        out = subprocess.run([str(tool_path("specee-bench")), "-m", str(tiny_gguf), "-p", "0", "-n", "1", "-r", "1",
+                              "-t", "1", "--no-warmup", "-o", "json", *args], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        return re.search(r'"type_v": "(\w+)"', out).group(1)
+
+    assert type_v() == "f16"
+    assert type_v("-ctv", "f32") == "f32"

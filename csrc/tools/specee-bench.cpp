@@ -36,7 +36,7 @@ struct bench_params {
     specee_context_options   ctx = specee_context_options_default(); // the fixed context options
     std::vector<std::string> models;
     std::vector<int>         n_threads = {0}; // 0: the CPUs this process may use
-    std::vector<std::string> type_v    = {"f32"};
+    std::vector<std::string> type_v    = {"f16"}; // llama-bench's, so its default table compares like for like
     std::vector<int>         n_gpu_layers  = {-1};
     std::vector<std::string> offload_order = {"auto"};
     std::vector<int>         n_prompt  = {512};
@@ -88,7 +88,10 @@ static void print_usage(const char * argv0, const bench_params & d) {
     printf("options:\n");
     printf("  -h, --help\n");
     for (const char * name : SWEPT) {
-        print_option(*context_option(name), "; a comma list: every value measured");
+        print_option(*context_option(name), strcmp(name, "type_v") == 0
+                                                 ? "; a comma list: every value measured. specee-bench's default: f16, "
+                                                   "llama-bench's, so that their tables compare like for like"
+                                                 : "; a comma list: every value measured");
     }
     for (const char * name : FIXED) {
         print_option(*context_option(name), strcmp(name, "flash_attn") == 0 ? "; off is an error" : "");
