@@ -30,7 +30,7 @@ import torch
 from specee import constants as C
 from specee.convert.checkpoint import SourceTensor, open_checkpoint, weight_files
 from specee.convert.output import OutTensor, write_gguf
-from specee.convert.quantize import OUTTYPES
+from specee.convert.quantize import OUTTYPES, fitting_type, quantize_array
 from specee.convert.retype import Field
 from specee.convert.vocab import add_vocab, load_vocab
 
@@ -177,9 +177,7 @@ def tensor_type(name: str, shape: tuple[int, ...], outtype: str) -> gguf.GGMLQua
     qtype = OUTTYPES[outtype][0]
     if len(shape) <= 1 or name.endswith("_norm.weight"):
         return Q.F32
-    if shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
-        return Q.F16
-    return qtype
+    return fitting_type(qtype, shape[-1])
 
 
 def tensor_loader(
@@ -191,7 +189,7 @@ def tensor_loader(
         t = src()
         if heads is not None:
             t = permute(t, *heads)
-        return gguf.quants.quantize(t.to(torch.float32).numpy(), qtype)
+        return quantize_array(t.to(torch.float32).numpy(), qtype)
 
     return load
 

@@ -1,4 +1,5 @@
-"""Retype the tensors of a GGUF: dequantize (Q4_1 -> F16) or quantize (F16 -> Q8_0 / Q4_0).
+"""Retype the tensors of a GGUF: dequantize (Q4_1 -> F16) or quantize (F16 -> Q8_0, Q4_K, IQ4_NL, ...: every type
+ggml makes without an importance matrix).
 
 Follows `llama-quantize` so that its output can be compared byte for byte (the F16 output for
 SmolLM2 Q4_1 is identical; see tests/test_convert_cli.py):
@@ -9,9 +10,12 @@ SmolLM2 Q4_1 is identical; see tests/test_convert_cli.py):
   (moved to the end), and the split.* keys are dropped;
 - converting an already quantized tensor needs allow_requantize (--allow-requantize), also when the
   target is a float type;
-- a matrix whose rows are not a whole number of blocks of the target type becomes F16.
+- a matrix whose rows are not a whole number of blocks of the target type gets a fallback type whose blocks fit
+  (Q4_K -> Q5_0, Q6_K -> Q8_0, ...; FALLBACK), else F16;
+- the quantized types are made by ggml's own quantizers, the ones llama-quantize calls.
 Differences, on purpose: the quantized targets are "pure" (every matrix gets the target type, as
-`llama-quantize --pure`; the gguf package has no K-quant quantizer for llama-quantize's mixtures),
+`llama-quantize --pure`: llama-quantize's K-quant mixtures give some matrices other types; the _S/_M/_L names
+differ in general.file_type only),
 draft head matrices (eagle.*) stay float (the target when it is a float type, else F16) and the exit
 predictors stay F32.
 
@@ -34,14 +38,40 @@ DESCRIPTION = "Retype a GGUF's tensors (dequantize or quantize), as llama-quanti
 
 Q = gguf.GGMLQuantizationType
 FT = gguf.LlamaFileType
-# outtype -> (tensor type of the matrices, general.file_type); hf.py's --outtype too
+# outtype -> (tensor type of the matrices, general.file_type); hf.py's --outtype too. llama-quantize's names; every
+# matrix gets the one type ("pure", as llama-quantize --pure: the _S/_M/_L names differ in general.file_type only).
+# Made by ggml's own quantizers (specee._core.quantize), except the float types; types that need an importance matrix
+# (IQ1_S, IQ1_M, IQ2_*) are not offered.
 OUTTYPES = {
     "f32": (Q.F32, FT.ALL_F32),
     "f16": (Q.F16, FT.MOSTLY_F16),
     "bf16": (Q.BF16, FT.MOSTLY_BF16),
     "q8_0": (Q.Q8_0, FT.MOSTLY_Q8_0),
     "q4_0": (Q.Q4_0, FT.MOSTLY_Q4_0),
+    "q4_1": (Q.Q4_1, FT.MOSTLY_Q4_1),
+    "q5_0": (Q.Q5_0, FT.MOSTLY_Q5_0),
+    "q5_1": (Q.Q5_1, FT.MOSTLY_Q5_1),
+    "q2_k": (Q.Q2_K, FT.MOSTLY_Q2_K),
+    "q3_k_s": (Q.Q3_K, FT.MOSTLY_Q3_K_S),
+    "q3_k_m": (Q.Q3_K, FT.MOSTLY_Q3_K_M),
+    "q3_k_l": (Q.Q3_K, FT.MOSTLY_Q3_K_L),
+    "q4_k_s": (Q.Q4_K, FT.MOSTLY_Q4_K_S),
+    "q4_k_m": (Q.Q4_K, FT.MOSTLY_Q4_K_M),
+    "q5_k_s": (Q.Q5_K, FT.MOSTLY_Q5_K_S),
+    "q5_k_m": (Q.Q5_K, FT.MOSTLY_Q5_K_M),
+    "q6_k": (Q.Q6_K, FT.MOSTLY_Q6_K),
+    "iq3_xxs": (Q.IQ3_XXS, FT.MOSTLY_IQ3_XXS),
+    "iq3_s": (Q.IQ3_S, FT.MOSTLY_IQ3_S),
+    "iq4_nl": (Q.IQ4_NL, FT.MOSTLY_IQ4_NL),
+    "iq4_xs": (Q.IQ4_XS, FT.MOSTLY_IQ4_XS),
+    "tq1_0": (Q.TQ1_0, FT.MOSTLY_TQ1_0),
+    "tq2_0": (Q.TQ2_0, FT.MOSTLY_TQ2_0),
+    "mxfp4": (Q.MXFP4, FT.MOSTLY_MXFP4_MOE),
 }
+# a matrix whose rows are not whole blocks of the type gets the next of these whose blocks fit (llama-quantize's
+# fallbacks for the 256-value super-blocks), else F16
+FALLBACK = {Q.Q2_K: Q.IQ4_NL, Q.Q3_K: Q.IQ4_NL, Q.IQ3_XXS: Q.IQ4_NL, Q.IQ3_S: Q.IQ4_NL, Q.IQ4_XS: Q.IQ4_NL,
+            Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.TQ1_0: Q.Q4_0, Q.TQ2_0: Q.Q4_0}
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 KEY_QUANT_VERSION = gguf.Keys.General.QUANTIZATION_VERSION
 KEY_FILE_TYPE = gguf.Keys.General.FILE_TYPE
@@ -72,15 +102,31 @@ def target_type(name: str, ne: np.ndarray, current: Q, qtype: Q) -> Q:
         return current
     if name.startswith("eagle.") and qtype not in FLOAT_TYPES:
         qtype = Q.F16
-    if int(ne[0]) % gguf.GGML_QUANT_SIZES[qtype][0]:
-        return Q.F16
-    return qtype
+    return fitting_type(qtype, int(ne[0]))
+
+
+def fitting_type(qtype: Q, row: int) -> Q:
+    """qtype, or its fallback, or F16: the first whose blocks divide a row of `row` values."""
+    while qtype is not None and row % gguf.GGML_QUANT_SIZES[qtype][0]:
+        qtype = FALLBACK.get(qtype)
+    return Q.F16 if qtype is None else qtype
+
+
+def quantize_array(data: np.ndarray, qtype: Q) -> np.ndarray:
+    """Floats [..., row] as `qtype`: the float types by the gguf package, the others by ggml's quantizers (what
+    llama-quantize runs), as rows of bytes [..., row bytes]."""
+    if qtype in FLOAT_TYPES:
+        return gguf.quants.quantize(np.asarray(data, dtype=np.float32), qtype)
+    from specee import _core
+
+    rows = np.ascontiguousarray(data, dtype=np.float32).reshape(-1, data.shape[-1])
+    return _core.quantize(int(qtype), rows).reshape(*data.shape[:-1], -1)
 
 
 def converter(t: gguf.ReaderTensor, qtype: Q) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         data = gguf.quants.dequantize(t.data, t.tensor_type)
-        return gguf.quants.quantize(np.asarray(data, dtype=np.float32), qtype)
+        return quantize_array(np.asarray(data, dtype=np.float32), qtype)
 
     return load
 

@@ -41,7 +41,7 @@ from specee.convert.output import (
     string_field,
     write_gguf,
 )
-from specee.convert.quantize import llama_order, quantize_gguf
+from specee.convert.quantize import OUTTYPES, fitting_type, llama_order, quantize_gguf
 from specee.convert.retype import Field
 from specee.convert.vocab import LLAMA3_SPLIT, QWEN2_SPLIT, bpe_pre_name
 from specee.paths import default_draft_head_path
@@ -784,6 +784,52 @@ def test_quantize_types(tiny_gguf: Path, merged: Path, tmp_path: Path) -> None:
     assert types["blk.0.attn_q.weight"] == Q.Q4_0 and types[C.EAGLE_ATTN_Q] == Q.F16
     assert types["blk.1.pred.up.weight"] == types["blk.1.pred.down.weight"] == Q.F32
     assert inspect_json(q4)["parts"]["exit_layers"] == [1, 2]
+
+
+@pytest.mark.parametrize("outtype", [t for t in OUTTYPES if t not in ("f32", "f16", "bf16")])
+def test_quantize_tiny_to_every_type(outtype: str, tiny_gguf: Path, tmp_path: Path) -> None:
+    """Every type ggml makes without an importance matrix: each matrix the type, or the fallback whose blocks fit
+    its rows; the file loads and its logits are finite."""
+    out = tmp_path / f"tiny-{outtype}.gguf"
+    quantize_gguf(tiny_gguf, out, outtype, progress=False)
+    qtype, ftype = OUTTYPES[outtype]
+    for name, t in tensors_of(out).items():
+        if name.endswith("_proj.weight") or (len(t.shape) > 1 and "norm" not in name):
+            assert t.tensor_type == fitting_type(qtype, int(t.shape[0])), name
+    assert meta(out)["general.file_type"] == int(ftype)
+    m = specee.Model(out, n_ctx=64, n_threads=1)
+    assert np.isfinite(m.eval([1, 2, 3])).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outtype", ["q4_k_m", "q6_k", "iq4_xs", "tq2_0"])
+def test_quantize_smollm2_to_k_iq_and_ternary_types(outtype: str, smollm2_path: Path, tmp_path: Path) -> None:
+    """Where rows are whole 256-value blocks (SmolLM2's ffn_down: rows of n_ff = 1536) the matrix gets the type
+    itself, elsewhere (rows of 576) the fallback; the file loads and decodes. (Quality is the file-type
+    benchmark's: python -m specee.bench.filetype.)"""
+    out = tmp_path / f"smollm2-{outtype}.gguf"
+    quantize_gguf(smollm2_path, out, outtype, allow_requantize=True, progress=False)
+    qtype, ftype = OUTTYPES[outtype]
+    types = {n: t.tensor_type for n, t in tensors_of(out).items()}
+    assert types["blk.0.ffn_down.weight"] == fitting_type(qtype, 1536) == qtype  # rows of n_ff = 6 x 256
+    assert types["blk.0.attn_q.weight"] == fitting_type(qtype, 576)
+    assert types["blk.0.attn_norm.weight"] == Q.F32 and meta(out)["general.file_type"] == int(ftype)
+    m = specee.Model(out, n_ctx=64, n_threads=1)
+    logits = m.eval(m.tokenize("The capital of France is"))
+    assert np.isfinite(logits).all() and len(m.generate("Hello", max_tokens=4, mode="plain")) > 0
+
+
+def test_quantize_refuses_types_that_need_an_importance_matrix(tiny_gguf: Path, tmp_path: Path, capsys) -> None:
+    assert cli("quantize", tiny_gguf, tmp_path / "x.gguf", "iq2_xxs") == 2
+    assert "invalid choice: 'iq2_xxs'" in capsys.readouterr().err
+    with pytest.raises(specee.SpecEEError, match="iq2_xxs needs an importance matrix"):
+        specee._core.quantize(int(Q.IQ2_XXS), np.zeros((1, 256), np.float32))
+    with pytest.raises(specee.SpecEEError, match="rows of 100 values cannot be q4_K"):
+        specee._core.quantize(int(Q.Q4_K), np.zeros((1, 100), np.float32))
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    for q in (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):  # the gguf package's own quantizers agree to the byte
+        np.testing.assert_array_equal(specee._core.quantize(int(q), x), gguf.quants.quantize(x, q))
+    np.testing.assert_allclose(gguf.quants.dequantize(specee._core.quantize(int(Q.Q6_K), x), Q.Q6_K), x, atol=0.1)
 
 
 @pytest.mark.slow

@@ -545,6 +545,27 @@ PYBIND11_MODULE(_core, m) {
         }
         return names;
     });
+    m.def("quantize", [](int32_t type, const f32_array & rows) {
+        if (rows.ndim() != 2) {
+            throw py::value_error("quantize: expected a 2-D array of rows");
+        }
+        const int64_t n_rows = rows.shape(0), n_per_row = rows.shape(1);
+        const int64_t size   = specee_quantize(type, nullptr, nullptr, 1, n_per_row); // one row's bytes
+        if (size < 0) {
+            raise_last();
+        }
+        py::array_t<uint8_t> out({(py::ssize_t) n_rows, (py::ssize_t) size});
+        int64_t               n;
+        {
+            py::gil_scoped_release release;
+            n = specee_quantize(type, rows.data(), out.mutable_data(), n_rows, n_per_row);
+        }
+        if (n < 0) {
+            raise_last();
+        }
+        return out;
+    }, "rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize "
+       "makes them without an importance matrix");
     m.def("vocab_pre_names", [] {
         std::vector<std::string> names;
         for (int32_t i = 0; specee_vocab_pre_name(i); ++i) {

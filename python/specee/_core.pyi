@@ -8,7 +8,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
+__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'quantize', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
 class SpecEEError(RuntimeError):
     pass
 class Model:
@@ -281,6 +281,8 @@ def generator_stat_names() -> list:
     ...
 def max_threads() -> int:
     ...
+def quantize(type: typing.SupportsInt, rows: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.uint8]:
+    """rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize makes them without an importance matrix"""
 def rpc_add_servers(servers: str) -> None:
     ...
 def set_verbose(arg0: bool) -> None:
