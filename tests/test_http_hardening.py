@@ -246,11 +246,14 @@ def test_huge_headers_are_refused_and_the_server_lives(server: Server) -> None:
 
 
 def test_health_answers_while_a_4_mib_word_is_tokenized(server: Server) -> None:
-    """One 4 MiB body of a single word to /tokenize (and to /v1/completions, which tokenizes it and then refuses it as
-    longer than the slot): /health keeps answering while it is worked on, each within a second (tokenizing ran on
-    the event loop and stalled /health for 9-31 s). Bounded: at most 2,000 polls of /health per body."""
-    word = "ab" * ((MAX_BODY - 64) // 2)
-    for path, body in (("/tokenize", {"content": word}), ("/v1/completions", {"prompt": word, "max_tokens": 1})):
+    """One 4 MiB body of a single word to /tokenize (and to /v1/completions and to chat, which tokenize it and then
+    refuse it as longer than the slot): /health keeps answering while it is worked on, each within a second
+    (tokenizing ran on the event loop and stalled /health for 9-31 s; chat's tokenizer call held the GIL). Bounded:
+    at most 2,000 polls of /health per body."""
+    word = "ab" * ((MAX_BODY - 128) // 2)
+    chat = {"messages": [{"role": "user", "content": word}], "max_tokens": 1}
+    for path, body in (("/tokenize", {"content": word}), ("/v1/completions", {"prompt": word, "max_tokens": 1}),
+                       ("/v1/chat/completions", chat)):
         raw = json.dumps(body).encode()
         assert len(raw) <= MAX_BODY
         done: dict[str, Reply] = {}
@@ -269,7 +272,7 @@ def test_health_answers_while_a_4_mib_word_is_tokenized(server: Server) -> None:
         if path == "/tokenize":
             assert r.status_code == 200 and len(r.json()["tokens"]) >= len(word) // 16
         else:
-            assert_400(r, "more than the context allows", "prompt")
+            assert_400(r, "more than the context allows", "prompt")  # tokenized, then refused
         assert len(waits) >= 3, waits  # the word took long enough to poll beside it
         assert max(waits) < 1.0, max(waits)
     assert_answers(server)
