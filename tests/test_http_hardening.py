@@ -375,3 +375,19 @@ def test_an_unforeseen_failure_is_an_openai_shaped_500() -> None:
     assert err == {"message": "internal error: RuntimeError", "type": "server_error", "param": None, "code": 500}
     with pytest.raises(RuntimeError):
         run(late)
+
+    async def gone(scope: dict, receive: Any, send: Any) -> None:
+        from starlette.requests import ClientDisconnect
+
+        raise ClientDisconnect()
+
+    assert run(gone) == []  # a client gone while its body was read: nobody to answer, nothing logged
+
+
+def test_a_client_gone_in_the_middle_of_its_body(server: Server) -> None:
+    """A body announced at 1 MB, 100 bytes sent, then the connection closed: nothing to answer, and the server
+    serves the next client."""
+    for path in ENDPOINTS:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n".encode() + b"{" * 100)
+    assert_answers(server)

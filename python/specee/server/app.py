@@ -14,7 +14,7 @@ from typing import Any, Callable
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -56,6 +56,8 @@ class Guard:
             if started:
                 raise
             await e.response()(scope, receive, send)
+        except ClientDisconnect:  # gone while its body was read: nobody to answer
+            return
         except Exception as e:
             if started:
                 raise
