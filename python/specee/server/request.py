@@ -97,8 +97,11 @@ def check_json(value: Any) -> None:
 def parse_json(raw: bytes) -> Any:
     """A request body's JSON (UTF-8, as RFC 8259 wants between systems), checked by `check_json`; ApiError 400 for
     anything else, whatever the decoder's reason (too deep for it included)."""
+    def constant(name: str) -> None:  # Python's decoder takes NaN, Infinity, -Infinity; JSON has no such numbers
+        raise ApiError(400, f"the request body is not valid JSON: {name} is not a JSON number")
+
     try:
-        value = json.loads(raw.decode("utf-8"))
+        value = json.loads(raw.decode("utf-8"), parse_constant=constant)
     except RecursionError:
         raise ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
