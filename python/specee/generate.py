@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence, Union
 
 from specee import _core
 
-Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+Message = dict  # {"role": one of specee.model.CHAT_ROLES ("system", "user", "assistant", ...), "content": str}
 Prompt = Union[str, bytes, Sequence[Message]]
 
 
