@@ -84,6 +84,27 @@ def test_deep_nesting_is_a_400_on_every_endpoint(server: Server, path: str) -> N
     assert_answers(server)
 
 
+def test_checking_a_body_costs_no_memory_per_value() -> None:
+    """The check after the decoder walks containers level by level: a 4 MiB list of 2 million numbers, or of escaped
+    surrogate pairs (whose strings are checked), costs at most 10 % over what the decoder itself allocates (a record per
+    value cost 125 MB more than the decoder's 21 MB). Allocations counted by tracemalloc, not timed."""
+    import tracemalloc
+
+    from specee.server.request import parse_json
+
+    for raw in (("[" + ",".join(["0"] * 2_000_000) + "]").encode(),
+                ("[" + ",".join(['"\\ud83d\\ude00"'] * 270_000) + "]").encode()):
+        assert len(raw) <= MAX_BODY
+        peaks = []
+        for decode in (json.loads, parse_json):
+            tracemalloc.start()
+            value = decode(raw)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+            del value
+        assert peaks[1] < 1.1 * peaks[0], peaks
+
+
 def test_a_deep_value_of_the_wrong_type_is_named_briefly(server: Server) -> None:
     """A field's wrong value is shown in the message by its kind or its first 40 characters, never rendered whole (a
     4 MiB string was written out to be cut)."""

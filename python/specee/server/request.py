@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -72,26 +73,48 @@ def body_field(body: dict, name: str, kind: type | tuple[type, ...], default: An
 # ---- the body -------------------------------------------------------------------------------------------
 
 
-def check_json(value: Any) -> None:
-    """A parsed body's values: nesting at most MAX_DEPTH, every string (keys too) valid Unicode. A loop, not a
-    recursion, so no body can exhaust the stack here."""
-    todo = [(value, 1)]
-    while todo:
-        v, depth = todo.pop()
-        if isinstance(v, (dict, list)):
+# an escape of a UTF-16 surrogate in JSON text, the only way a lone surrogate gets into a body decoded as UTF-8
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def check_json(value: Any, strings: bool = True) -> None:
+    """A parsed body's values: nesting at most MAX_DEPTH, and with `strings` every string (keys too) valid Unicode.
+    Level by level in a loop, not a recursion (no body can exhaust the stack here), holding one level's containers
+    (not a record per value: a 4 MiB list of numbers would cost 150 MB)."""
+
+    def text(s: str) -> None:
+        if not s.isascii():
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ApiError(400, f"the request body is not valid JSON: a string holds the lone surrogate "
+                                    f"\\u{ord(s[e.start]):04x}, which is not Unicode text") from None
+
+    level, depth = [value], 1
+    while level:
+        below = []
+        for v in level:
+            if isinstance(v, str):  # the body itself
+                if strings:
+                    text(v)
+                continue
+            if not isinstance(v, (dict, list)):
+                continue
             if depth > MAX_DEPTH:
                 raise ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep")
             if isinstance(v, dict):
-                todo.extend((k, depth) for k in v)
-                todo.extend((x, depth + 1) for x in v.values())
-            else:
-                todo.extend((x, depth + 1) for x in v)
-        elif isinstance(v, str) and not v.isascii():
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ApiError(400, f"the request body is not valid JSON: a string holds the lone surrogate "
-                                    f"\\u{ord(v[e.start]):04x}, which is not Unicode text") from None
+                if strings:
+                    for k in v:
+                        text(k)
+                v = v.values()
+            for x in v:
+                t = type(x)
+                if t is str:
+                    if strings:
+                        text(x)
+                elif t is list or t is dict:
+                    below.append(x)
+        level, depth = below, depth + 1
 
 
 def parse_json(raw: bytes) -> Any:
@@ -101,12 +124,13 @@ def parse_json(raw: bytes) -> Any:
         raise ApiError(400, f"the request body is not valid JSON: {name} is not a JSON number")
 
     try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=constant)
+        text = raw.decode("utf-8")
+        value = json.loads(text, parse_constant=constant)
     except RecursionError:
         raise ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-    check_json(value)
+    check_json(value, strings=SURROGATE_ESCAPE.search(text) is not None)
     return value
 
 
