@@ -1,11 +1,18 @@
 """The Python API's rough edges of issue 25: a step of generate() costs the same whatever max_tokens is; a closed
 Model says so; bytes prompts are UTF-8; a lone surrogate is a UnicodeError with its position; a draft-head file's
-exit threshold outside [0, 1] (NaN included) is refused at load, as the CLI refuses it."""
+exit threshold outside [0, 1] (NaN included) is refused at load, as the CLI refuses it. And of issue 36: Slots refuse
+every use after the Model's close; one max_tokens rule for every generation call (-1: no limit but the context);
+an empty stop string, a chat role outside the known set, a content that is not text are clear errors; a huge
+n_threads is clamped to the CPUs the process may use. Each case checks that the model (or a new one) still works."""
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -56,6 +63,122 @@ def test_a_closed_model_says_so(vocab_gguf: Path) -> None:
         with pytest.raises(ValueError, match="Model is closed"):
             call()
     m.close()  # twice is fine
+
+
+def test_slots_refuse_every_use_after_the_models_close(vocab_gguf: Path) -> None:
+    """A Slots object kept decoding and taking requests after Model.close(); now it says "Model is closed", as every
+    handle of the model does, and the native slots are freed with the model."""
+    m = specee.Model(vocab_gguf, n_ctx=64, n_threads=1)
+    slots = m.slots(2)
+    slot = slots.submit([5, 6, 7], 4, mode="plain", temp=0.0, ignore_eos=True)
+    assert slot is not None and slots.step() == 1
+    m.close()
+    assert slots.closed
+    for call in (slots.step, lambda: slots.submit([5, 6], 2), lambda: slots.read(slot), lambda: slots.release(slot),
+                 lambda: slots.n_slots, lambda: slots.n_busy, lambda: slots.mode(slot), lambda: slots.stats(slot),
+                 slots.totals, lambda: slots.embed([5, 6]), lambda: m.slots(1), lambda: m.generate_batch([[5, 6]])):
+        with pytest.raises(ValueError, match="Model is closed"):
+            call()
+    with specee.Model(vocab_gguf, n_ctx=64, n_threads=1) as again:  # the process goes on: a new model works
+        with again.slots(1) as own:
+            assert own.submit([5, 6, 7], 2, mode="plain", temp=0.0, ignore_eos=True) == 0
+        with pytest.raises(ValueError, match="Slots are closed"):  # closed on their own
+            own.step()
+        assert len(again.generate_batch([[5, 6, 7]], max_tokens=2, mode="plain", temp=0.0, ignore_eos=True)[0]) == 2
+
+
+def test_one_max_tokens_rule_for_every_generation_call(model: specee.Model) -> None:
+    """generate(max_tokens=-1) returned '' while generate_batch(max_tokens=-3) ran to the end of the context: now -1
+    is no limit but the end of text or the context for every call (OpenAI's and llama.cpp's meaning), the calls agree,
+    and any other negative is a ValueError, a non-integer a TypeError."""
+    greedy = dict(mode="plain", temp=0.0, ignore_eos=True)
+    prompt = model.tokenize("Hello")
+    model.kv_clear()
+    alone = model.generate_tokens(prompt, max_tokens=-1, **greedy)
+    assert model.last_stats.stop_reason == "context" and len(alone) >= 64 - len(prompt) - 1
+    model.kv_clear()
+    assert model.generate_batch([prompt], max_tokens=-1, **greedy) == [alone]  # the slot: the whole 64-cell context
+    model.kv_clear()
+    text = model.generate("Hello", max_tokens=-1, **greedy)
+    assert model.last_stats.tokens == alone and text == model.detokenize(alone)
+    model.kv_clear()
+    calls = {"generate": lambda n: model.generate("Hello", max_tokens=n),
+             "stream": lambda n: model.stream("Hello", max_tokens=n),
+             "generate_tokens": lambda n: model.generate_tokens(prompt, max_tokens=n),
+             "generate_batch": lambda n: model.generate_batch([prompt], max_tokens=n),
+             "Slots.submit": lambda n: model.slots(1).submit(prompt, n)}
+    for name, call in calls.items():
+        for bad in (-2, -3, -(2**40)):
+            with pytest.raises(ValueError, match=r"max_tokens must be -1 \(until the end of text or a full context\) "
+                                                 r"or >= 0"):
+                call(bad)
+        for bad in (1.5, "3", True, None):
+            with pytest.raises(TypeError):
+                call(bad)
+    assert model.generate_tokens(prompt, max_tokens=0, **greedy) == []
+    assert len(model.generate_tokens(prompt, max_tokens=3, **greedy)) == 3  # the model still generates
+
+
+def test_an_empty_stop_string_is_refused(model: specee.Model) -> None:
+    """stop=[''] silently returned '' (the empty string is found before the first token): now a ValueError, as is a
+    stop list holding something else than text."""
+    for stop in ([""], ["ok", ""], [5], [b"x"], [None]):
+        with pytest.raises(ValueError, match="stop strings must be non-empty str"):
+            model.generate("Hello", max_tokens=4, stop=stop)
+        with pytest.raises(ValueError, match="stop strings must be non-empty str"):
+            specee.GenerateOptions(stop=stop)
+    for stop in (5, b"x"):
+        with pytest.raises(TypeError, match="stop must be a string or a list of strings"):
+            model.stream("Hello", max_tokens=4, stop=stop)
+    greedy = dict(max_tokens=8, mode="plain", temp=0.0, ignore_eos=True)
+    full = model.generate("Hello", **greedy)
+    assert full and model.generate("Hello", stop=full[2:4], **greedy) == full[:full.index(full[2:4])]
+
+
+def test_chat_roles_and_contents_are_checked(model: specee.Model) -> None:
+    """A message's role is one of the known set (a role 5 was accepted as "5"), its content text (5 became "5"),
+    each message a mapping; the errors name what is allowed. Rendering then tokenizing (GIL released) gives
+    specee_chat_tokenize's tokens."""
+    roles = "system, developer, user, assistant, tool"
+    for role in (5, "wizard", "", "User", None, ["user"]):
+        with pytest.raises(ValueError, match=f"message 0: the role must be one of {roles}"):
+            model.prompt_tokens([{"role": role, "content": "hi"}])
+    with pytest.raises(ValueError, match=f"message 1: the role must be one of {roles}, not 'bot'"):
+        model.generate([{"role": "user", "content": "hi"}, {"role": "bot", "content": "hi"}], max_tokens=2)
+    for content in (5, None, ["hi"], {"text": "hi"}):
+        with pytest.raises(TypeError, match="message 0: the content must be str or bytes"):
+            model.prompt_tokens([{"role": "user", "content": content}])
+    for messages in (["hi"], [{"role": "user"}], [("user", "hi")]):
+        with pytest.raises(TypeError, match="message 0 must be a mapping with a 'role' and a 'content'"):
+            model.prompt_tokens(messages)
+    with pytest.raises(TypeError, match="the prompt must be str, bytes or a list of chat messages"):
+        model.prompt_tokens({"role": "user", "content": "hi"})
+    chat = [{"role": r, "content": f"{r} says <|im_end|> hi"} for r in ("system", "developer", "user", "assistant",
+                                                                         "tool", "user")]
+    assert model.prompt_tokens(chat) == specee._core.chat_tokenize(model._model, None, chat, True)
+    assert model.prompt_tokens([{"role": b"user", "content": b"hi"}]) == model.prompt_tokens(
+        [{"role": "user", "content": "hi"}])
+    short = [{"role": "tool", "content": "1"}, {"role": "user", "content": "hi"}]
+    assert model.generate(short, max_tokens=2, mode="plain", temp=0.0, ignore_eos=True)  # still answers
+
+
+def test_a_huge_thread_count_is_clamped_to_the_cpus_the_process_may_use(vocab_gguf: Path) -> None:
+    """n_threads=10000 was clamped to 8 on 2 cores (2 tokens took 118 s): now to the CPUs of the process's affinity
+    mask, with a warning; forced to one CPU in a child process here, so the check does not depend on the machine."""
+    one_cpu = functools.partial(os.sched_setaffinity, 0, {min(os.sched_getaffinity(0))})
+    code = ("import warnings, specee\nwith warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    m = specee.Model({str(vocab_gguf)!r}, n_ctx=64, n_threads=10000, n_threads_batch=2**31 - 1)\n"
+            "out = m.generate_tokens([5, 6, 7], max_tokens=2, mode='plain', temp=0.0, ignore_eos=True)\n"
+            "print(m.n_threads, len(out), '|'.join(str(x.message) for x in w))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=one_cpu, timeout=120)
+    assert res.returncode == 0, res.stderr
+    n_threads, n_out, warned = res.stdout.strip().split(" ", 2)
+    assert (n_threads, n_out) == ("1", "2"), res.stdout
+    assert "10000 threads are more than the 1 CPU(s) this process may use: using 1" in warned
+    assert "2147483647 threads are more than the 1 CPU(s)" in warned
+    with pytest.raises(ValueError, match="n_threads"):  # beyond the option's integer range: refused, not wrapped
+        specee.Model(vocab_gguf, n_ctx=64, n_threads=2**31)
 
 
 def test_bytes_prompts_are_utf8(model: specee.Model) -> None:

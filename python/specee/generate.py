@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence, Union
 
 from specee import _core
 
-Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+Message = dict  # {"role": one of specee.model.CHAT_ROLES ("system", "user", "assistant", ...), "content": str}
 Prompt = Union[str, bytes, Sequence[Message]]
 
 
@@ -135,6 +135,11 @@ class GenerateOptions:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
+        if isinstance(self.stop, (bytes, bytearray)) or not hasattr(self.stop, "__iter__"):
+            raise TypeError(f"stop must be a string or a list of strings, not {type(self.stop).__name__}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty str (an empty one would end every generation before its "
+                             f"first token), not {list(self.stop)!r:.60}")
         _core.generate_options_values(self)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -19,7 +20,7 @@ from specee import _core
 from specee.context_options import CONTEXT_OPTIONS, context_options
 from specee.generate import MODES, GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
-from specee.slots import Slots
+from specee.slots import INT32_MAX, Closed, Slots, token_limit
 
 
 def devices() -> list[tuple[str, str, int, int]]:
@@ -28,14 +29,11 @@ def devices() -> list[tuple[str, str, int, int]]:
     return [(name, desc, free, total) for name, desc, free, total in _core.devices()]
 
 
-class _Closed:
-    """What a closed Model holds instead of its native model and context: any use says so."""
+# what a closed Model holds instead of its native model and context: any use says so
+_CLOSED = Closed("Model is closed")
 
-    def __getattr__(self, name: str):
-        raise ValueError("Model is closed")
-
-
-_CLOSED = _Closed()
+# the roles a chat message may have (OpenAI's chat roles); others are refused with ValueError naming these
+CHAT_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
 
 
 def _prompt_text(text: str | bytes | bytearray, what: str = "prompt") -> str:
@@ -112,14 +110,17 @@ class Model:
         self._gen: _core.Generator | None = None
         self._generation = 0  # bumped by every generation call; older iterators are stale
         self._lock = threading.RLock()  # one generation step, or one whole generate(), at a time
+        self._slots: weakref.WeakSet[Slots] = weakref.WeakSet()  # closed with the model
         self.last_stats = GenerationStats()
         self.captured: dict[str, np.ndarray] = {}
 
     def close(self) -> None:
         """Free the native model, context and generator now (their devices' memory too; an RPC server's included)
-        instead of when the object is collected; the model cannot be used afterwards."""
+        instead of when the object is collected; the model cannot be used afterwards, nor its slots."""
         with self._lock:
-            # a closed Model holds _CLOSED: any later use raises ValueError("Model is closed"); streams too
+            # a closed Model holds _CLOSED: any later use raises ValueError("Model is closed"); streams and slots too
+            for slots in list(self._slots):
+                slots.close("Model is closed")
             self._gen = None
             self._ctx = _CLOSED  # type: ignore[assignment]
             self._model = _CLOSED  # type: ignore[assignment]
@@ -383,19 +384,34 @@ class Model:
 
     def prompt_tokens(self, prompt: Prompt, chat_template: str | None = None) -> list[int]:
         """Token ids of a plain prompt (BOS as the vocabulary asks), or of chat messages rendered with the chat
-        template (`chat_template`, or the model's own) and ready for the assistant's reply."""
+        template (`chat_template`, or the model's own) and ready for the assistant's reply. A message is a mapping
+        with a "role" (one of CHAT_ROLES) and a "content" (str or UTF-8 bytes): ValueError or TypeError otherwise."""
         self._check_open()
         if isinstance(prompt, (str, bytes, bytearray)):
             return self.tokenize(prompt, add_special=True, parse_special=False)
-        def text(v: object) -> str:
-            return _prompt_text(v if isinstance(v, (bytes, bytearray)) else str(v))
-
-        messages = [{"role": text(m["role"]), "content": text(m["content"])} for m in prompt]
+        if isinstance(prompt, dict) or not hasattr(prompt, "__iter__"):
+            raise TypeError(f"the prompt must be str, bytes or a list of chat messages, not {type(prompt).__name__}")
+        messages = []
+        for i, m in enumerate(prompt):
+            if not hasattr(m, "get") or "role" not in m or "content" not in m:
+                raise TypeError(f"message {i} must be a mapping with a 'role' and a 'content'")
+            role, content = m["role"], m["content"]
+            if isinstance(role, (bytes, bytearray)):
+                role = _prompt_text(role, "role")
+            if not isinstance(role, str) or role not in CHAT_ROLES:
+                raise ValueError(f"message {i}: the role must be one of {', '.join(CHAT_ROLES)}, not {role!r}")
+            if not isinstance(content, (str, bytes, bytearray)):
+                raise TypeError(f"message {i}: the content must be str or bytes, not {type(content).__name__}")
+            messages.append({"role": role, "content": _prompt_text(content, "content")})
         try:
-            template = None if chat_template is None else _prompt_text(chat_template, "template")
-            return _core.chat_tokenize(self._model, template, messages, True)
+            # rendered, then tokenized as specee_chat_tokenize does (special tokens parsed), by the call that lets
+            # other Python threads run while it works: a server's event loop, while a long chat is tokenized
+            name = _core.chat_template_resolve(self._model, None if chat_template is None else
+                                               _prompt_text(chat_template, "template"))
+            text = _core.chat_apply_template(name, messages, True)
         except _core.SpecEEError as e:
             raise ValueError(str(e)) from None
+        return self._model.tokenize(text, True, True)
 
     # ---- generation
 
@@ -413,12 +429,14 @@ class Model:
 
     def _token_stream(self, tokens: Sequence[int], max_tokens: int, opts: GenerateOptions,
                       stats: GenerationStats) -> Iterator[int]:
-        """Token ids generated after the prompt's `tokens`: up to max_tokens (an end-of-generation token ends the run
-        and is not yielded). The KV cache keeps what it holds of `tokens` from the model's earlier calls. A newer
-        generation on the same model makes this iterator stale: resuming it raises RuntimeError."""
+        """Token ids generated after the prompt's `tokens`: up to max_tokens (-1: no limit but the context; an
+        end-of-generation token ends the run and is not yielded). The KV cache keeps what it holds of `tokens` from the
+        model's earlier calls. A newer generation on the same model makes this iterator stale: resuming it raises
+        RuntimeError."""
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("empty prompt")
+        limit = token_limit(max_tokens)
         gen, me = self._start_generation(opts)
         stats.n_layer, stats.mode, stats.mode_why = self.n_layer, gen.mode, gen.why
 
@@ -433,8 +451,8 @@ class Model:
         step(gen.start, np.asarray(tokens, dtype=np.int32))
         first = True  # the first token comes from the prompt's pass
         try:
-            while len(stats.tokens) < max_tokens:
-                toks, runs = step(gen.next, max_tokens - len(stats.tokens))
+            while limit < 0 or len(stats.tokens) < limit:
+                toks, runs = step(gen.next, INT32_MAX if limit < 0 else min(limit - len(stats.tokens), INT32_MAX))
                 if not toks:
                     stats.stop_reason = "context"
                     return
@@ -457,7 +475,8 @@ class Model:
             stats.update(gen.stats())
 
     def stream(self, prompt: Prompt, max_tokens: int = 256, **options) -> Iterator[str]:
-        """Generate from a prompt (str, or UTF-8 bytes) or chat messages ([{"role", "content"}]), yielding text pieces.
+        """Generate from a prompt (str, or UTF-8 bytes) or chat messages ([{"role", "content"}]), yielding text pieces:
+        at most max_tokens tokens (-1: until the end of text or a full context; `specee.slots.token_limit`).
 
         options: the fields of specee.generate.GenerateOptions as keywords: mode ("auto", "plain", "eagle",
         "eagle2", "early-exit", "tree-exit"), temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, ignore_eos,
@@ -465,6 +484,7 @@ class Model:
         of the prompt it already holds (an earlier turn of the conversation), so only the rest is evaluated.
         Statistics are in `last_stats` once the iterator is exhausted; a later generation call makes this
         iterator stale (resuming it raises RuntimeError)."""
+        token_limit(max_tokens)  # refused before anything runs
         opts = GenerateOptions(**options)
         self.last_stats = GenerationStats()
         tokens = self.prompt_tokens(prompt, opts.chat_template)
@@ -487,35 +507,43 @@ class Model:
 
     def slots(self, n_slots: int, n_chunk: int = 0) -> Slots:
         """n_slots parallel slots on this model's context, decoded together (continuous batching; see
-        specee.slots.Slots). n_chunk: most prompt tokens prefilled in one pass (0: n_batch)."""
-        return Slots(self._ctx, n_slots, n_chunk)
+        specee.slots.Slots). n_chunk: most prompt tokens prefilled in one pass (0: n_batch). They refuse every use
+        once the model is closed."""
+        with self._lock:
+            self._check_open()
+            slots = Slots(self._ctx, n_slots, n_chunk)
+            self._slots.add(slots)
+            return slots
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_tokens: int = 256, **options) -> list[list[int]]:
         """Token ids generated after each prompt's token ids, every prompt on a slot of its own and decoded together
         in one batch per pass (options as for `stream`); each list is what `generate_tokens` gives for that prompt
-        alone."""
+        alone (max_tokens: as for `stream`)."""
+        limit = token_limit(max_tokens)
         if not prompts:
             return []
-        slots = self.slots(len(prompts))
-        ids = []
-        for tokens in prompts:
-            slot = slots.submit(tokens, max_tokens, **options)
-            assert slot is not None  # one slot per prompt
-            ids.append(slot)
-        # every pass emits a token for each running request or prefills a chunk: bounded by the prompts and max_tokens
-        limit = sum(len(p) for p in prompts) + len(prompts) * (max(max_tokens, 0) + 2) + 8
-        running = len(prompts)
-        for _ in range(limit):
-            if running == 0:
-                break
-            running = slots.step()
-        out = []
-        for slot in ids:
-            res = slots.read(slot)
-            if res.finish == "error":
-                raise RuntimeError(res.error)
-            out.append(res.tokens)
-        return out
+        with self.slots(len(prompts)) as slots:
+            ids = []
+            for tokens in prompts:
+                slot = slots.submit(tokens, limit, **options)
+                assert slot is not None  # one slot per prompt
+                ids.append(slot)
+            # every pass emits a token for each running request or prefills a chunk: bounded by the prompts and the
+            # tokens each may make (max_tokens, or the slot's context)
+            per_prompt = slots.n_ctx_slot if limit < 0 else min(limit, slots.n_ctx_slot)
+            passes = sum(len(p) for p in prompts) + len(prompts) * (per_prompt + 2) + 8
+            running = len(prompts)
+            for _ in range(passes):
+                if running == 0:
+                    break
+                running = slots.step()
+            out = []
+            for slot in ids:
+                res = slots.read(slot)
+                if res.finish == "error":
+                    raise RuntimeError(res.error)
+                out.append(res.tokens)
+            return out
 
     def kv_seq_remove(self, seq: int, p0: int = 0, p1: int = -1) -> int:
         """Take sequence `seq` out of its cells with positions in [p0, p1) (p1 < 0: to the end; seq < 0: every

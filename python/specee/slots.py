@@ -4,11 +4,13 @@ Each slot is a sequence of the KV cache. One `step()` is one pass of the model o
 request that is decoding, the draft tree of every EAGLE request (eagle, eagle2) and a chunk of the prompts waiting to
 be prefilled; requests join (`submit`) and leave (`release`) between passes. Early-exit and tree-exit requests run
 their sequence alone after the shared pass. Every request's output is what it gives alone. `step()` releases the GIL:
-a server thread can step while others submit and read.
+a server thread can step while others submit and read. Slots made by a Model refuse every use once the Model is
+closed (ValueError "Model is closed"), as the Model does; `close()` ends them sooner.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,6 +27,32 @@ FINISH_REASONS = {
     _core.FINISH_CONTEXT: "context",
     _core.FINISH_ERROR: "error",
 }
+
+
+INT32_MAX = 2**31 - 1
+
+
+def token_limit(max_tokens: int) -> int:
+    """The one rule for how many tokens a generation may make (`Model.generate`, `stream`, `generate_tokens`,
+    `generate_batch`, `Slots.submit`; the server's max_tokens and n_predict read the same way): an integer >= 0 is the
+    most, -1 is no limit of its own (OpenAI's and llama.cpp's: until an end-of-generation token or a full context).
+    Another negative is a ValueError, a value that is not an integer (bool included) a TypeError."""
+    if isinstance(max_tokens, bool):
+        raise TypeError("max_tokens must be an integer, not bool")
+    n = operator.index(max_tokens)  # TypeError for what is not an integer
+    if n < -1:
+        raise ValueError(f"max_tokens must be -1 (until the end of text or a full context) or >= 0, not {n}")
+    return n
+
+
+class Closed:
+    """What a closed handle holds instead of its native object: any use raises ValueError(why)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __getattr__(self, name: str):
+        raise ValueError(self.why)
 
 
 @dataclass
@@ -45,10 +73,26 @@ class SlotOutput:
 class Slots:
     """n_slots parallel slots on a model's context (make them with `Model.slots`). Slot i decodes KV sequence i + 1;
     the model's own single-sequence calls use sequence 0, and `Model.kv_clear` clears every sequence. Each slot may
-    use n_ctx // n_slots cells."""
+    use n_ctx // n_slots cells. Once closed (`close()`, or the Model's close) every use raises ValueError."""
 
     def __init__(self, ctx: _core.Context, n_slots: int, n_chunk: int = 0) -> None:
-        self._slots = _core.Slots(ctx, n_slots, n_chunk)
+        self._slots: _core.Slots | Closed = _core.Slots(ctx, n_slots, n_chunk)
+
+    def close(self, why: str = "Slots are closed") -> None:
+        """Free the native slots now (their sequences' cache cells with them); any later use raises ValueError(why).
+        The Model's close() closes its slots with "Model is closed"."""
+        if not isinstance(self._slots, Closed):
+            self._slots = Closed(why)
+
+    @property
+    def closed(self) -> bool:
+        return isinstance(self._slots, Closed)
+
+    def __enter__(self) -> Slots:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def n_slots(self) -> int:
@@ -65,7 +109,8 @@ class Slots:
         return self._slots.n_busy
 
     def submit(self, tokens: Sequence[int], max_tokens: int = -1, n_probs: int = -1, **options) -> int | None:
-        """Start a request: generate up to max_tokens (< 0: until the slot's context is full) after the prompt's
+        """Start a request: generate up to max_tokens (-1: until an end-of-generation token or the slot's context is
+        full; `token_limit`) after the prompt's
         token ids, with the options of `Model.stream` (stop strings and chat templates are the caller's); n_probs
         >= 0 (mode plain, at most `_core.MAX_PROBS`): each token's log-probability and the n_probs most likely
         tokens' (`SlotOutput.logprobs`). Returns its slot, or None when every slot holds a request. SpecEEError on a
@@ -75,7 +120,8 @@ class Slots:
     def submit_options(self, tokens: Sequence[int], options: GenerateOptions, max_tokens: int = -1,
                        n_probs: int = -1) -> int | None:
         """`submit` with the options made already (and so checked): they go to the runtime as they are."""
-        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), options, max_tokens, n_probs)
+        n = min(token_limit(max_tokens), INT32_MAX)
+        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), options, n, n_probs)
         return None if slot == _core.SLOTS_BUSY else slot
 
     def step(self) -> int:

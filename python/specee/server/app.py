@@ -4,6 +4,8 @@ main()."""
 from __future__ import annotations
 
 import argparse
+import hmac
+import logging
 import os
 import sys
 import warnings
@@ -12,7 +14,7 @@ from typing import Any, Callable
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -20,13 +22,15 @@ from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_o
 from specee.generate import MODES
 from specee.model import Model
 from specee.server.engine import Engine, ServerState
-from specee.server.llama import detokenize, health, llama_completion, metrics, tokenize
+from specee.server.llama import detokenize, health, llama_completion, metrics, props, tokenize
 from specee.server.openai import chat_completions, completions, embeddings, models
 from specee.server.request import ApiError
 
 
 class Guard:
-    """ASGI middleware: the API key (every endpoint but /health) and ApiError as an OpenAI-shaped response."""
+    """ASGI middleware: the API key (every endpoint but /health; compared in constant time) and ApiError as an
+    OpenAI-shaped response; any other failure before a response began is a 500 in the same shape (its traceback in the
+    log), never a bare one."""
 
     def __init__(self, app: Any, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -36,13 +40,29 @@ class Guard:
             return await self.app(scope, receive, send)
         key = self.state.api_key
         if key and scope["path"] != "/health":
-            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if auth != f"Bearer {key}":
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(auth, b"Bearer " + key.encode()):
                 return await ApiError(401, "invalid API key", "authentication_error").response()(scope, receive, send)
+        started = False
+
+        async def send_noting(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_noting)
         except ApiError as e:
+            if started:
+                raise
             await e.response()(scope, receive, send)
+        except ClientDisconnect:  # gone while its body was read: nobody to answer
+            return
+        except Exception as e:
+            if started:
+                raise
+            logging.getLogger("specee.server").exception("%s %s", scope.get("method"), scope["path"])
+            await ApiError(500, f"internal error: {type(e).__name__}", "server_error").response()(scope, receive, send)
 
 
 def make_app(state: ServerState) -> Starlette:
@@ -57,6 +77,7 @@ def make_app(state: ServerState) -> Starlette:
         Route("/v1/models", models),
         Route("/models", models),
         Route("/health", health),
+        Route("/props", props),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),
@@ -91,9 +112,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
     p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    p.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="most tokens a request generates: a larger max_tokens / n_predict is lowered to it, and a "
+                   "request with none (or -1) gets it; /props shows it (default: -1 = until an end-of-generation "
+                   "token or the slot's context is full, -c / -np tokens with the prompt)")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.n_predict < -1:
+        p.error(f"-n/--n-predict must be -1 (no cap) or >= 0, not {args.n_predict}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,12 +133,13 @@ def main(argv: list[str] | None = None) -> None:
     model = Model(options.pop("model", None), **options)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
     alias = args.alias or os.path.basename(model.path)
-    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics)
+    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics, args.n_predict)
     app = make_app(state)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
+    cap = "" if args.n_predict < 0 else f", at most {args.n_predict} generated"
     print(f"specee-server: {alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
-          f"{engine.slots.n_ctx_slot} tokens)", file=sys.stderr, flush=True)
+          f"{engine.slots.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -167,7 +167,8 @@ class Engine:
 @dataclass
 class ServerState:
     """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
-    none, the API key (None: none needed) and whether /metrics is served."""
+    none, the API key (None: none needed), whether /metrics is served and the most tokens a request generates (-n;
+    -1: until an end-of-generation token or a full slot)."""
 
     model: Model
     engine: Engine
@@ -175,4 +176,5 @@ class ServerState:
     mode: str
     api_key: str | None
     metrics: bool
+    n_predict: int = -1
     created: int = field(default_factory=lambda: int(time.time()))

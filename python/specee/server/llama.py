@@ -1,14 +1,15 @@
 """llama.cpp's server endpoints, in its shapes: /completion (with its `timings` and `completion_probabilities`),
-/tokenize, /detokenize, /health and /metrics (Prometheus text, under `specee:`)."""
+/tokenize, /detokenize, /health, /props and /metrics (Prometheus text, under `specee:`)."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of
-from specee.server.request import ApiError, body_field, json_body, json_object, prompt_of
+from specee.server.request import MAX_BODY, ApiError, body_field, json_body, json_object, off_loop, prompt_of
 
 
 def timings(res: Result) -> dict:
@@ -36,7 +37,7 @@ async def llama_completion(request: Request) -> Response:
     """llama.cpp's /completion: {prompt, n_predict, ...} -> {content, stop, timings, ...}"""
     state: ServerState = request.app.state.server
     body = await json_object(request)
-    tokens = prompt_of(state.model, body)
+    tokens = await off_loop(request, prompt_of, state.model, body)
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
         new = res.new_probs(final and not body.get("stream"))
@@ -56,23 +57,51 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+async def props(request: Request) -> Response:
+    """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's cap (-n; -1: none,
+    a request then generates until an end-of-generation token or a full slot of `n_ctx` tokens, its prompt
+    included), the slots, the largest body."""
+    state: ServerState = request.app.state.server
+    o = GenerateOptions()
+    params = {"n_predict": state.n_predict, "temperature": o.temp, "top_k": o.top_k, "top_p": o.top_p,
+              "min_p": o.min_p, "mode": state.mode}
+    return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.slots.n_ctx_slot,
+                                                         "n_predict": state.n_predict, "params": params},
+                         "total_slots": state.engine.slots.n_slots, "model_alias": state.alias,
+                         "max_body_bytes": MAX_BODY})
+
+
 async def tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_body(request)
     if not isinstance(body, dict) or not isinstance(body.get("content"), str):
         raise ApiError(400, "'content' must be a string", param="content")
     special = body_field(body, "add_special", bool, False)
-    return JSONResponse({"tokens": state.model.tokenize(body["content"], add_special=special, parse_special=True)})
+
+    def answer() -> Response:  # a 4 MiB body: a second of tokenizing and a list of millions to write
+        try:
+            tokens = state.model.tokenize(body["content"], add_special=special, parse_special=True)
+        except ValueError as e:  # a lone surrogate (json_body refuses them first)
+            raise ApiError(400, f"'content': {e}", param="content") from None
+        # written in pieces: json.dumps of the whole list would hold the GIL, and so the event loop, for 0.5 s
+        parts = [",".join(map(str, tokens[i:i + 65536])) for i in range(0, len(tokens), 65536)]
+        return Response('{"tokens":[' + ",".join(parts) + "]}", media_type="application/json")
+
+    return await off_loop(request, answer)
 
 
 async def detokenize(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_body(request)
     tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and
-                                               0 <= t < state.model.n_vocab for t in tokens):
-        raise ApiError(400, f"'tokens' must be a list of token ids in [0, {state.model.n_vocab})", param="tokens")
-    return JSONResponse({"content": state.model.detokenize(tokens)})
+
+    def answer() -> Response:
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and
+                                                   0 <= t < state.model.n_vocab for t in tokens):
+            raise ApiError(400, f"'tokens' must be a list of token ids in [0, {state.model.n_vocab})", param="tokens")
+        return JSONResponse({"content": state.model.detokenize(tokens)})
+
+    return await off_loop(request, answer)
 
 
 async def metrics(request: Request) -> Response:

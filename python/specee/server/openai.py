@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import numpy as np
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from specee import _core
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
-from specee.server.request import ApiError, json_object, messages_of, prompt_of
+from specee.server.request import ApiError, json_object, messages_of, off_loop, prompt_of
 
 
 def base(state: ServerState, kind: str, rid: str) -> dict:
@@ -49,7 +50,7 @@ def completion_logprobs(probs: list[TokenProb], offset: int = 0) -> dict:
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
-    tokens = messages_of(state.model, body)
+    tokens = await off_loop(request, messages_of, state.model, body)
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
@@ -69,7 +70,7 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
-    tokens = prompt_of(state.model, body)
+    tokens = await off_loop(request, prompt_of, state.model, body)
     rid = "cmpl-" + uuid.uuid4().hex[:24]
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
@@ -94,12 +95,18 @@ async def embeddings(request: Request) -> Response:
         inputs = [inputs]
     if not isinstance(inputs, list) or not inputs or len(inputs) > 256:
         raise ApiError(400, "'input' must be a non-empty string or list of at most 256 strings", param="input")
+    n_ctx = state.engine.slots.n_ctx_slot
+
+    def tokens_of(i: int, text: Any) -> list[int]:
+        tokens = prompt_of(state.model, {"input": text}, "input")
+        if len(tokens) > n_ctx:
+            raise ApiError(400, f"input {i} has {len(tokens)} tokens, more than the context allows: {n_ctx}",
+                           param="input")
+        return tokens
+
     data, n_tokens = [], 0
     for i, text in enumerate(inputs):
-        tokens = prompt_of(state.model, {"input": text}, "input")
-        if len(tokens) > state.engine.slots.n_ctx_slot:
-            raise ApiError(400, f"input {i} has {len(tokens)} tokens, more than the context allows: "
-                                f"{state.engine.slots.n_ctx_slot}", param="input")
+        tokens = await off_loop(request, tokens_of, i, text)
         try:
             vec = await asyncio.to_thread(state.engine.slots.embed, tokens)
         except _core.SpecEEError as e:

@@ -1,6 +1,9 @@
 """A request read and checked: its body (size, JSON), its prompt, and what it asks to generate.
 
-Every refusal is an `ApiError`: an HTTP status and OpenAI's error shape. `request_params` reads every generation
+Every refusal is an `ApiError`: an HTTP status and OpenAI's error shape. A body is refused whole (400) when it is not
+UTF-8 JSON, nests deeper than `MAX_DEPTH`, or holds a string that is not Unicode (an escaped lone surrogate, which
+Python's JSON decoder lets through), so no endpoint meets such a value. A large body (over `INLINE_BYTES`) is parsed,
+tokenized and answered on a worker thread (`off_loop`), never on the event loop. `request_params` reads every generation
 field of a body and decides the mode (under mode auto, a request asking for log-probabilities decodes plainly)
 before it builds the request's one `GenerateOptions`, which the runtime checks as it is made; that object goes to
 the slots as it is (`Slots.submit_options`), never changed or made again.
@@ -8,7 +11,9 @@ the slots as it is (`Slots.submit_options`), never changed or made again.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,9 +22,13 @@ from starlette.responses import JSONResponse
 
 from specee import _core
 from specee.generate import MODES, ExitParams, GenerateOptions
-from specee.model import Model
+from specee.model import CHAT_ROLES, Model
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
+MAX_DEPTH = 64  # arrays and objects nested in a request body
+# a body up to this size is parsed, tokenized and answered on the event loop (a few ms at most: a 16 KiB single word
+# tokenizes in about 3 ms on SmolLM2); a larger one on a worker thread, so /health and the streams keep being served
+INLINE_BYTES = 16 * 1024
 
 
 class ApiError(Exception):
@@ -35,6 +44,17 @@ class ApiError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+def shown(value: Any) -> str:
+    """A JSON value for an error message, short whatever its size: containers by their kind, strings cut at 40."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return json.dumps(value[:40] + ("..." if len(value) > 40 else ""))
+    return json.dumps(value)[:40]
+
+
 def body_field(body: dict, name: str, kind: type | tuple[type, ...], default: Any = None,
                check: Callable[[Any], bool] | None = None, expect: str = "") -> Any:
     """body[name] checked: its type (bool is not a number here) and `check`; default when absent or null."""
@@ -44,28 +64,96 @@ def body_field(body: dict, name: str, kind: type | tuple[type, ...], default: An
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         names = " or ".join(k.__name__ for k in kinds)
-        raise ApiError(400, f"'{name}' must be {expect or names}, not {json.dumps(value)[:40]}", param=name)
+        raise ApiError(400, f"'{name}' must be {expect or names}, not {shown(value)}", param=name)
     if check is not None and not check(value):
-        raise ApiError(400, f"'{name}' must be {expect}, not {json.dumps(value)[:40]}", param=name)
+        raise ApiError(400, f"'{name}' must be {expect}, not {shown(value)}", param=name)
     return value
 
 
 # ---- the body -------------------------------------------------------------------------------------------
 
 
+# an escape of a UTF-16 surrogate in JSON text, the only way a lone surrogate gets into a body decoded as UTF-8
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def check_json(value: Any, strings: bool = True) -> None:
+    """A parsed body's values: nesting at most MAX_DEPTH, and with `strings` every string (keys too) valid Unicode.
+    Level by level in a loop, not a recursion (no body can exhaust the stack here), holding one level's containers
+    (not a record per value: a 4 MiB list of numbers would cost 150 MB)."""
+
+    def text(s: str) -> None:
+        if not s.isascii():
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ApiError(400, f"the request body is not valid JSON: a string holds the lone surrogate "
+                                    f"\\u{ord(s[e.start]):04x}, which is not Unicode text") from None
+
+    level, depth = [value], 1
+    while level:
+        below = []
+        for v in level:
+            if isinstance(v, str):  # the body itself
+                if strings:
+                    text(v)
+                continue
+            if not isinstance(v, (dict, list)):
+                continue
+            if depth > MAX_DEPTH:
+                raise ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep")
+            if isinstance(v, dict):
+                if strings:
+                    for k in v:
+                        text(k)
+                v = v.values()
+            for x in v:
+                t = type(x)
+                if t is str:
+                    if strings:
+                        text(x)
+                elif t is list or t is dict:
+                    below.append(x)
+        level, depth = below, depth + 1
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON (UTF-8, as RFC 8259 wants between systems), checked by `check_json`; ApiError 400 for
+    anything else, whatever the decoder's reason (too deep for it included)."""
+    def constant(name: str) -> None:  # Python's decoder takes NaN, Infinity, -Infinity; JSON has no such numbers
+        raise ApiError(400, f"the request body is not valid JSON: {name} is not a JSON number")
+
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(text, parse_constant=constant)
+    except RecursionError:
+        raise ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    check_json(value, strings=SURROGATE_ESCAPE.search(text) is not None)
+    return value
+
+
+async def off_loop(request: Request, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) for a request: on a worker thread when its body is larger than INLINE_BYTES (tokenizing a 4 MiB body
+    takes about a second), else here on the event loop."""
+    if getattr(request.state, "body_bytes", 0) > INLINE_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
 async def json_body(request: Request) -> Any:
     size = request.headers.get("content-length")
     if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
         raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes")
-    body = b""
+    chunks, n = [], 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
+        chunks.append(chunk)
+        n += len(chunk)
+        if n > MAX_BODY:
             raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes")
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    request.state.body_bytes = n
+    return await off_loop(request, parse_json, b"".join(chunks))
 
 
 async def json_object(request: Request) -> dict:
@@ -84,7 +172,10 @@ def prompt_of(model: Model, body: dict, key: str = "prompt") -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
-        return model.tokenize(prompt, add_special=True, parse_special=True)
+        try:
+            return model.tokenize(prompt, add_special=True, parse_special=True)
+        except ValueError as e:  # a lone surrogate (check_json refuses them first)
+            raise ApiError(400, f"'{key}': {e}", param=key) from None
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if not all(0 <= t < model.n_vocab for t in prompt):
             raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
@@ -100,7 +191,8 @@ def messages_of(model: Model, body: dict) -> list[int]:
     chat = []
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, "each message must be an object with a 'role' and a 'content'", param="messages")
+            raise ApiError(400, f"each message must be an object with a 'role' ({', '.join(CHAT_ROLES)}) and a "
+                                "'content'", param="messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: the text ones
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -148,18 +240,29 @@ def probs_wanted(body: dict, api: str) -> int:
     return n if n > 0 else -1
 
 
-def request_params(body: dict, api: str, mode: str) -> RequestParams:
+def tokens_wanted(body: dict, api: str, cap: int = -1) -> int:
+    """The most tokens a request generates (400 on a bad field), the Python API's rule (`specee.slots.token_limit`):
+    `max_tokens` (`max_completion_tokens`; llama.cpp's `n_predict`) >= 0, or -1 or absent or null for no limit of
+    its own; then the server's cap (`-n`; -1: none) lowers it, and gives one where the request set none. -1 back:
+    until an end-of-generation token or the slot's context is full. OpenAI's max_tokens is at least 1; llama.cpp's
+    n_predict 0 evaluates the prompt only."""
+    n, lo = None, 0 if api == "llama" else 1
+    for key in ("n_predict",) if api == "llama" else ("max_tokens", "max_completion_tokens"):
+        n = body_field(body, key, int, None, lambda v: v == -1 or lo <= v < 2**31, f"-1 (no limit) or an integer in "
+                       f"[{lo}, 2**31)")
+        if n is not None:
+            break
+    n = -1 if n is None else n
+    return cap if cap >= 0 and (n < 0 or n > cap) else n
+
+
+def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> RequestParams:
     """What a request body asks to generate (api: chat, completions, llama; mode: the server's, for requests that
-    name none), every field checked (400 on a bad one). The mode is settled first, then the options are made: the
-    runtime's checks see them as they will run."""
+    name none; n_predict_cap: the server's -n), every field checked (400 on a bad one). The mode is settled first,
+    then the options are made: the runtime's checks see them as they will run."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    llama = api == "llama"
-    n_key = "n_predict" if llama else "max_tokens"
-    n_predict = body_field(body, n_key, int, -1 if llama else None, lambda v: v >= (-1 if llama else 1) and v < 2**31,
-                           "a positive integer")
-    if n_predict is None:
-        n_predict = body_field(body, "max_completion_tokens", int, -1, lambda v: 1 <= v < 2**31, "a positive integer")
+    n_predict = tokens_wanted(body, api, n_predict_cap)
     # the API's own bounds on the sampling fields; a field not given keeps the library's default (GenerateOptions)
     given = {
         "temp": body_field(body, "temperature", (int, float), None, lambda v: 0 <= v <= 100, "a number >= 0"),
