@@ -1,4 +1,4 @@
-// specee-hparams.h: a llama model's hyperparameters (read from its GGUF by specee-loader.cpp) and the bounds a file's
+// specee-hparams.h: a model's hyperparameters (read from its GGUF by specee-loader.cpp) and the bounds a file's
 // values must lie in
 #pragma once
 
@@ -18,6 +18,7 @@ struct specee_hparams {
     float    f_norm_rms_eps = 1e-5f;
 
     // RoPE
+    int      rope_type       = 0; // the family's: GGML_ROPE_TYPE_NORMAL (llama) or NEOX (specee-arch.cpp)
     float    rope_freq_base  = 10000.0f;
     float    rope_freq_scale = 1.0f;
     float    rope_ext_factor = 0.0f; // YaRN only
