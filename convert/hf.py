@@ -85,6 +85,7 @@ class LlamaConfig:
     tie_word_embeddings: bool
     rope_scaling: dict[str, Any] = field(default_factory=dict)
     arch: str = "llama"
+    n_ctx_orig: int | None = None  # the context RoPE was trained on before any scaling (Phi-3's config gives it)
 
 
 def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
@@ -118,6 +119,7 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
         tie_word_embeddings=bool(hp.get("tie_word_embeddings", False)),
         rope_scaling=rope,
         arch=arch,
+        n_ctx_orig=rope.get("original_max_position_embeddings") or hp.get("original_max_position_embeddings"),
     )
 
 
@@ -191,8 +193,7 @@ def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: g
     writer.add_vocab_size(cfg.n_vocab)
     writer.add_rope_dimension_count(cfg.head_dim)
     if cfg.arch == "phi3":  # as llama.cpp's converter writes it
-        writer.add_rope_scaling_orig_ctx_len(int(cfg.rope_scaling.get("original_max_position_embeddings")
-                                                 or cfg.n_ctx_train))
+        writer.add_rope_scaling_orig_ctx_len(int(cfg.n_ctx_orig or cfg.n_ctx_train))
     rs = cfg.rope_scaling
     if rs.get("rope_type", rs.get("type")) == "linear" and "factor" in rs:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
