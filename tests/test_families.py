@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
+from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
     MistralConfig,
@@ -30,6 +31,8 @@ from transformers import (
 import specee
 from specee import EagleParams
 from specee import constants as C
+from specee.autoee.eagle_export import export_head
+from specee.autoee.eagle_head import EagleHead, read_base
 from specee.convert.hf import convert_hf_to_gguf
 from specee.convert.merge import merge_gguf
 from specee.convert.retype import read_gguf
@@ -243,8 +246,6 @@ def with_head(ours: Path, hf_dir: Path, tmp_path_factory: pytest.TempPathFactory
         preds[f"blk.{il}.pred.up.bias"] = torch.randn(512, generator=g) * 0.1
         preds[f"blk.{il}.pred.down.weight"] = torch.randn(1, 512, generator=g) * 0.1
         preds[f"blk.{il}.pred.down.bias"] = torch.randn(1, generator=g) * 0.1
-    from safetensors.torch import save_file
-
     save_file(preds, d / "pred.safetensors")
     (d / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": PRED_LAYERS}))
     out = d / "with-head.gguf"
@@ -355,3 +356,18 @@ def test_converter_refusals(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unexpected tensor 'model\.layers\.\d+\.self_attn\.[qkv]_proj\.bias' in a llama"):
         convert_hf_to_gguf(qwen, tmp_path / "x.gguf")
     assert not list(tmp_path.glob("*.gguf*"))
+
+
+def test_a_head_made_by_autoee_fits_every_family(ours: Path, tmp_path: Path) -> None:
+    """autoee reads the family's file (shapes, eps), and the head it exports merges and drafts losslessly."""
+    cfg, _ = read_base(str(ours))
+    assert (cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.n_vocab) == (64, 4, 2, 320)
+    torch.manual_seed(0)
+    weights, _ = export_head(EagleHead(cfg), tmp_path / "head", {"note": "untrained"})
+    merged = tmp_path / "merged.gguf"
+    merge_gguf(ours, merged, eagle=weights, progress=False)
+    m = specee.Model(merged, n_ctx=256, n_threads=2)
+    for prompt in PROMPTS[:2]:
+        plain = m.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True)
+        assert m.generate_tokens(prompt, 24, mode="eagle2", temp=0, ignore_eos=True) == plain
+        assert m.last_stats.n_drafted > 0
