@@ -371,3 +371,41 @@ def test_a_head_made_by_autoee_fits_every_family(ours: Path, tmp_path: Path) -> 
         plain = m.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True)
         assert m.generate_tokens(prompt, 24, mode="eagle2", temp=0, ignore_eos=True) == plain
         assert m.last_stats.n_drafted > 0
+
+
+# ---- chat templates of the families
+
+# microsoft/Phi-3-mini-4k-instruct's tokenizer_config.json chat_template (the July 2024 update, with system messages)
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+# the part of Qwen3's template that decides the rendering of plain messages (ChatML; no default system message)
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{%- if message.role == 'user' or message.role == 'system' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- elif message.role == "
+    "'assistant' %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("name,template,eos", [("phi3", PHI3_TEMPLATE, "<|endoftext|>"),
+                                               ("chatml", QWEN3_TEMPLATE, "<|im_end|>")])
+def test_chat_templates_are_detected_and_match_jinja(name: str, template: str, eos: str) -> None:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from specee import _core
+
+    assert _core.chat_template_detect(template) == name
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    conversations = [
+        [{"role": "user", "content": "Hello!"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+         {"role": "assistant", "content": "4"}, {"role": "user", "content": "multi\nline ünï"}],
+    ]
+    for conversation in conversations:
+        for add in (True, False):
+            want = env.from_string(template).render(messages=conversation, add_generation_prompt=add, eos_token=eos)
+            assert _core.chat_apply_template(name, conversation, add) == want
