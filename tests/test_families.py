@@ -38,6 +38,8 @@ from specee.convert.merge import merge_gguf
 from specee.convert.retype import read_gguf
 from conftest import rope
 from test_convert_cli import CORPUS, eagle_state
+from test_devices import ATOL as RPC_ATOL
+from test_devices import check_ngl, rpc_server  # noqa: F401 (fixture: a specee-rpc-server on 127.0.0.1)
 from test_eagle import save_published
 from test_early_exit import check_against_masked_forward, exit_decode
 from test_parity import TINY_ATOL, assert_logits_close
@@ -287,6 +289,12 @@ def test_early_exit_forced_exits_mask_the_skipped_layers(with_head: Path, hf_mod
         assert st["n_exits"] > 0
         checked += check_against_masked_forward(hf_model, prompt, out, layers, family_forward)
     assert checked >= 15
+
+
+def test_layers_on_an_rpc_device_give_the_cpus_logits(ours: Path, rpc_server: str) -> None:  # noqa: F811
+    """The family's layers (biases, norms, fused matrices placed with their layer) on a second device, ggml RPC: the
+    server's graph checks take the family's ops, and -ngl 0..all gives the CPU's logits and tokens."""
+    check_ngl(ours, "first", "RPC", RPC_ATOL, rpc_servers=[rpc_server])
 
 
 # ---- errors
