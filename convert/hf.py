@@ -100,8 +100,8 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
     # transformers 5 keeps rope_theta and the scaling in rope_parameters, older versions at the top level
     rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
     kind = str(rope.get("rope_type", rope.get("type", "default"))).lower()
-    if arch == "phi3" and kind in ("longrope", "su"):
-        raise ValueError(f"{path}: Phi-3's LongRoPE (its 128k models) is not supported; the 4k models are")
+    if kind not in ("default", "linear", "llama3") and not (arch == "phi3" and kind in ("longrope", "su")):
+        raise ValueError(f"{path}: rope type {kind!r} is not supported (linear, llama3; Phi-3: longrope)")
     if float(rope.get("partial_rotary_factor", hp.get("partial_rotary_factor", 1.0))) != 1.0:
         raise ValueError(f"{path}: partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
     n_head = hp["num_attention_heads"]
@@ -176,6 +176,24 @@ def llama3_rope_factors(cfg: LlamaConfig) -> np.ndarray | None:
     return np.array(out, dtype=np.float32)
 
 
+def longrope(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """Phi-3's LongRoPE: the long and short frequency factors [head_dim / 2] and the cos/sin scale, computed as
+    transformers does (attention_factor when the config gives it, else sqrt(1 + ln(s) / ln(n_ctx_orig)) for the
+    extension s = max_position_embeddings / original_max_position_embeddings)."""
+    rs = cfg.rope_scaling
+    if str(rs.get("rope_type", rs.get("type", ""))).lower() not in ("longrope", "su"):
+        return None
+    long, short = (np.asarray(rs[k], dtype=np.float32) for k in ("long_factor", "short_factor"))
+    if long.shape != (cfg.head_dim // 2,) or short.shape != long.shape:
+        raise ValueError(f"LongRoPE factors of {len(long)} and {len(short)} values, expected {cfg.head_dim // 2}")
+    orig = int(cfg.n_ctx_orig or cfg.n_ctx_train)
+    scale = float(rs.get("factor") or cfg.n_ctx_train / orig)
+    attn = rs.get("attention_factor")
+    if attn is None:
+        attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+    return long, short, float(attn)
+
+
 def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: gguf.LlamaFileType) -> None:
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
@@ -194,6 +212,8 @@ def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: g
     writer.add_rope_dimension_count(cfg.head_dim)
     if cfg.arch == "phi3":  # as llama.cpp's converter writes it
         writer.add_rope_scaling_orig_ctx_len(int(cfg.n_ctx_orig or cfg.n_ctx_train))
+        if (lr := longrope(cfg)) is not None:
+            writer.add_rope_scaling_attn_factors(lr[2])
     rs = cfg.rope_scaling
     if rs.get("rope_type", rs.get("type")) == "linear" and "factor" in rs:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -243,6 +263,10 @@ def plan_tensors(cfg: LlamaConfig, sources: list[SourceTensor], outtype: str, mo
     factors = llama3_rope_factors(cfg)
     if factors is not None:
         out.append(OutTensor(C.ROPE_FREQS, factors.shape, Q.F32, lambda: factors))
+    if (lr := longrope(cfg)) is not None:
+        long, short, _ = lr
+        out.append(OutTensor(C.ROPE_FACTORS_LONG, long.shape, Q.F32, lambda: long))
+        out.append(OutTensor(C.ROPE_FACTORS_SHORT, short.shape, Q.F32, lambda: short))
     layer = C.FAMILIES[cfg.arch].layer_tensors
     want = {C.TOKEN_EMBD, C.OUTPUT_NORM, *(n % b for n in layer for b in range(cfg.n_layer))}
     if not cfg.tie_word_embeddings:

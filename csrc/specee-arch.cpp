@@ -29,6 +29,8 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* ATTN_Q_NORM */ "blk.%d.attn_q_norm.weight",
     /* ATTN_K_NORM */ "blk.%d.attn_k_norm.weight",
     /* ATTN_QKV    */ "blk.%d.attn_qkv.weight",
+    /* ROPE_FACTORS_LONG  */ "rope_factors_long.weight",
+    /* ROPE_FACTORS_SHORT */ "rope_factors_short.weight",
     /* EAGLE_TOKEN_EMBD */ "eagle.token_embd.weight",
     /* EAGLE_FC         */ "eagle.fc.weight",
     /* EAGLE_FC_BIAS    */ "eagle.fc.bias",

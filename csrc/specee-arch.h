@@ -24,6 +24,8 @@ enum specee_tensor {
     SPECEE_TENSOR_ATTN_Q_NORM,  // qwen3: per-head RMS norms of Q and K, before RoPE
     SPECEE_TENSOR_ATTN_K_NORM,
     SPECEE_TENSOR_ATTN_QKV,     // phi3: Q, K and V rows in one matrix
+    SPECEE_TENSOR_ROPE_FACTORS_LONG,  // phi3 LongRoPE: frequency factors past the original context, and within it
+    SPECEE_TENSOR_ROPE_FACTORS_SHORT,
     // the EAGLE draft head of a merged file (SpecEE's names; the last three: EAGLE-3 only), in
     // python/specee/constants.py's order
     SPECEE_TENSOR_EAGLE_TOKEN_EMBD,
@@ -100,6 +102,7 @@ std::string specee_arch_family_names();
     X(ROPE_SCALING_FACTOR, "%s.rope.scaling.factor")                                \
     X(ROPE_SCALE_LINEAR, "%s.rope.scale_linear")                                    \
     X(ROPE_SCALING_ORIG_CTX_LEN, "%s.rope.scaling.original_context_length")         \
+    X(ROPE_SCALING_ATTN_FACTOR, "%s.rope.scaling.attn_factor")                      \
     X(EAGLE_VERSION, "specee.eagle.version")                                        \
     X(EAGLE_FEED_FORWARD_LENGTH, "specee.eagle.feed_forward_length")                \
     X(EAGLE_DRAFT_VOCAB, "specee.eagle.draft_vocab")                                \

@@ -40,16 +40,28 @@ static ggml_tensor * fused_rows(ggml_context * ctx0, ggml_tensor * wx, int64_t h
                         ggml_row_size(wx->type, first));
 }
 
-// a per-head RMS norm (qwen3; named normed_name) of x [head, n_head, n_tokens], and RoPE
+// the RoPE frequency factors of the target's layers in a context of n_ctx cells: Llama 3's, or LongRoPE's long ones
+// when the context is longer than the one the model was trained on and its short ones otherwise, as llama.cpp picks
+// them (NULL: none)
+static ggml_tensor * rope_factors(const specee_model & model, uint32_t n_ctx) {
+    if (model.rope_long) {
+        return n_ctx > model.hparams.n_ctx_orig ? model.rope_long : model.rope_short;
+    }
+    return model.rope_freqs;
+}
+
+// a per-head RMS norm (qwen3; named normed_name) of x [head, n_head, n_tokens], and RoPE (with frequency factors
+// `factors`, NULL: none)
 static ggml_tensor * build_rope(ggml_context * ctx0, const specee_model & model, specee_graph_io & io, ggml_tensor * x,
-                                ggml_tensor * norm, const char * normed_name, int il) {
+                                ggml_tensor * norm, ggml_tensor * factors, const char * normed_name, int il) {
     const specee_hparams & hp = model.hparams;
     if (norm) {
         x = build_norm(ctx0, x, norm, hp.f_norm_rms_eps);
         name_il(x, normed_name, il);
     }
-    x = ggml_rope_ext(ctx0, x, io.inp_pos, model.rope_freqs, hp.n_rot, rope_type_of(model, il), hp.n_ctx_orig,
-                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
+    const float attn_factor = il == SPECEE_IL_EAGLE ? 1.0f : hp.rope_attn_factor; // the head: a plain Llama layer's
+    x = ggml_rope_ext(ctx0, x, io.inp_pos, factors, hp.n_rot, rope_type_of(model, il), hp.n_ctx_orig,
+                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, attn_factor, 32.0f, 1.0f);
     return x;
 }
 
@@ -62,7 +74,8 @@ struct qkv_cur {
 // Q (want_q), K and V of one layer for a normed input [n_embd, n_tokens]: the projections (separate, with their biases,
 // or one fused matrix), the per-head norms and RoPE, as the layer's family has them
 static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const specee_layer & layer,
-                         specee_graph_io & io, ggml_tensor * cur, int64_t n_tokens, int il, bool want_q) {
+                         specee_graph_io & io, ggml_tensor * cur, ggml_tensor * factors, int64_t n_tokens, int il,
+                         bool want_q) {
     const specee_hparams & hp     = model.hparams;
     const int64_t          head_k = hp.n_embd_head_k;
     qkv_cur                out;
@@ -88,12 +101,12 @@ static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const 
     }
     if (Q) {
         name_il(Q, "Qcur", il);
-        out.q = build_rope(ctx0, model, io, Q, layer.q_norm, "Qcur_normed", il);
+        out.q = build_rope(ctx0, model, io, Q, layer.q_norm, factors, "Qcur_normed", il);
         name_il(out.q, "Qcur_rope", il);
     }
     name_il(K, "Kcur", il);
     name_il(V, "Vcur", il);
-    out.k = build_rope(ctx0, model, io, K, layer.k_norm, "Kcur_normed", il);
+    out.k = build_rope(ctx0, model, io, K, layer.k_norm, factors, "Kcur_normed", il);
     name_il(out.k, "Kcur_rope", il);
     out.v = V;
     return out;
@@ -124,17 +137,18 @@ static ggml_tensor * build_kv_gather(ggml_context * ctx0, ggml_tensor * cache, c
     return cur;
 }
 
-// self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv)
+// self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv); RoPE with the
+// frequency factors `factors`
 static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
                                 const specee_layer & layer, ggml_tensor * k_cache, ggml_tensor * v_cache,
                                 const specee_graph_params & gp, specee_graph_io & io, ggml_tensor * cur,
-                                ggml_tensor * mask, int il) {
+                                ggml_tensor * mask, ggml_tensor * factors, int il) {
     const specee_hparams & hp       = model.hparams;
     const int64_t          n_tokens = gp.n_tokens;
     const int64_t          head_k   = hp.n_embd_head_k;
     const int64_t          head_v   = hp.n_embd_head_v;
 
-    const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, n_tokens, il, /*want_q =*/true);
+    const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, factors, n_tokens, il, /*want_q =*/true);
     build_kv_store(ctx0, gf, hp, k_cache, v_cache, io, qkv, n_tokens, il);
 
     // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv] (or of its cells gathered in order)
@@ -263,7 +277,8 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         name_il(cur, "attn_norm", il);
 
         ggml_tensor * mask = io.inp_masks[gp.mask_of_layer[il - gp.layer_begin]];
-        cur = build_attn(ctx0, gf, model, layer, kv.k[il], kv.v[il], gp, io, cur, mask, il);
+        cur = build_attn(ctx0, gf, model, layer, kv.k[il], kv.v[il], gp, io, cur, mask, rope_factors(model, kv.size),
+                         il);
 
         ggml_tensor * ffn_inp = ggml_add(ctx0, cur, inpSA);
         name_il(ffn_inp, "ffn_inp", il);
@@ -384,7 +399,8 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
 
     // one decoder layer without its input norm
     ggml_tensor * inpSA = cur;
-    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], il);
+    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], model.rope_freqs,
+                     il);
     cur = build_eagle_mlp(ctx0, model, cur, inpSA, io);
 
     // logits of the output tokens, no final norm
@@ -420,7 +436,8 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
     name_il(hidden_norm, "hidden_norm", il);
     ggml_tensor * cur = ggml_concat(ctx0, embd_norm, hidden_norm, 0); // [2 n_embd, n_tokens]
     name_il(cur, "inp_concat", il);
-    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], il);
+    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], model.rope_freqs,
+                     il);
     cur = build_eagle_mlp(ctx0, model, cur, hidden, io);
 
     // logits of the output tokens: the head's final norm, then its lm_head
@@ -487,7 +504,8 @@ ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model
         const specee_layer & layer = model.layers[il];
         ggml_tensor *        cur   = build_norm(ctx0, h, layer.attn_norm, hp.f_norm_rms_eps);
         name_il(cur, "attn_norm", il);
-        const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, n, il, /*want_q =*/false);
+        const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, rope_factors(model, kv.size), n, il,
+                                      /*want_q =*/false);
         build_kv_store(ctx0, gf, hp, kv.k[il], kv.v[il], io, qkv, n, il);
     }
     return gf;

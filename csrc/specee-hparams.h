@@ -22,6 +22,7 @@ struct specee_hparams {
     float    rope_freq_base  = 10000.0f;
     float    rope_freq_scale = 1.0f;
     float    rope_ext_factor = 0.0f; // YaRN only
+    float    rope_attn_factor = 1.0f; // scales RoPE's cos and sin (phi3 LongRoPE)
     uint32_t n_ctx_orig      = 0;
 
     uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }

@@ -137,6 +137,7 @@ static void load_hparams(specee_model & m, const specee_arch_family & family) {
     hp.rope_ext_factor = scale_type == "yarn" ? 1.0f : 0.0f;
     hp.n_ctx_orig      = hp.n_ctx_train;
     specee_gguf_get_int(g, key(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN), hp.n_ctx_orig, 1, INT32_MAX, false);
+    specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_SCALING_ATTN_FACTOR), hp.rope_attn_factor, 0.0f, INFINITY);
     hp.rope_type = family.rope_type;
 }
 
@@ -244,11 +245,17 @@ static void read_weights(specee_model & m, const specee_arch_family & family) {
         m.output = m.tok_embd; // tied embeddings
     }
     m.rope_freqs = tensor(SPECEE_TENSOR_ROPE_FREQS, -1, {(int64_t) hp.n_rot / 2}, false);
-    for (const char * name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
-        if (ggml_get_tensor(m.file.ctx_meta, name)) {
-            specee_fail("%s has '%s': LongRoPE (Phi-3's 128k models) is not supported, only models without it "
-                        "(e.g. Phi-3 4k)", m.path.c_str(), name);
-        }
+    m.rope_long  = tensor(SPECEE_TENSOR_ROPE_FACTORS_LONG, -1, {(int64_t) hp.n_rot / 2}, false);
+    m.rope_short = tensor(SPECEE_TENSOR_ROPE_FACTORS_SHORT, -1, {(int64_t) hp.n_rot / 2}, false);
+    if (!m.rope_long != !m.rope_short) {
+        specee_fail("%s has '%s' without '%s': LongRoPE needs both", m.path.c_str(),
+                    specee_tensor_name(m.rope_long ? SPECEE_TENSOR_ROPE_FACTORS_LONG : SPECEE_TENSOR_ROPE_FACTORS_SHORT)
+                        .c_str(),
+                    specee_tensor_name(m.rope_long ? SPECEE_TENSOR_ROPE_FACTORS_SHORT : SPECEE_TENSOR_ROPE_FACTORS_LONG)
+                        .c_str());
+    }
+    if (m.rope_long && m.rope_freqs) {
+        specee_fail("%s has both rope_freqs and LongRoPE factors", m.path.c_str());
     }
     const bool fused_gate_up = !specee_arch_family_has(family, SPECEE_TENSOR_FFN_GATE);
     m.layers.resize(hp.n_layer);

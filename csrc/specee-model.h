@@ -105,6 +105,8 @@ struct specee_model {
     ggml_tensor * output_norm = nullptr; // [n_embd]
     ggml_tensor * output      = nullptr; // [n_embd, n_vocab] (tok_embd when tied)
     ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
+    ggml_tensor * rope_long   = nullptr; // [n_rot/2] optional (phi3 LongRoPE): the factors of a context longer than
+    ggml_tensor * rope_short  = nullptr; // [n_rot/2]   n_ctx_orig, and of one within it (both or neither)
     std::vector<specee_layer> layers;
     specee_eagle              eagle; // draft head, from the model file or specee_model_load_eagle
     specee_exit_cfg           exit;  // exit predictors and settings (specee-early-exit.cpp)

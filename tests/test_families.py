@@ -61,12 +61,13 @@ TOKENS = np.random.default_rng(11).integers(3, 320, 40).tolist()
 PROMPTS = [np.random.default_rng(s).integers(3, 320, 5 + 2 * s).tolist() for s in range(3)]
 
 
-def save_family(family: str, path: Path, seed: int = 0) -> None:
-    """A tiny random model of the family with a SentencePiece tokenizer (both converters read one); norms, Q/K norms
-    and biases random (transformers makes them 1 and 0), so that a missing or misplaced one shows."""
+def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
+    """A tiny random model of the family (config: settings over the family's) with a SentencePiece tokenizer (both
+    converters read one); norms, Q/K norms and biases random (transformers makes them 1 and 0), so that a missing or
+    misplaced one shows."""
     config_cls, extra, _ = FAMILIES[family]
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config_cls(**{**COMMON, **extra}))
+    model = AutoModelForCausalLM.from_config(config_cls(**{**COMMON, **extra, **config}))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -218,6 +219,40 @@ def test_converters_write_the_same_tensors(ours: Path, upstream: Path, family: s
         assert f_ours[key].value == f_up[key].value, key
 
 
+def test_phi3_longrope_in_short_and_long_contexts(tmp_path: Path) -> None:
+    """Phi-3's LongRoPE (its 128k models): the short factors within the original context, the long ones past it, and
+    the cos/sin scale; a context's factors are those of its size, as llama.cpp picks them, and transformers picks
+    them by the sequence's length: a context of 32 cells on 24 tokens and one of 128 on 48 compare like for like."""
+    g = np.random.default_rng(2)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+            "short_factor": (1 + g.random(8)).tolist(), "long_factor": (1 + 4 * g.random(8)).tolist()}
+    save_family("phi3", tmp_path, original_max_position_embeddings=32, max_position_embeddings=128,
+                rope_parameters=rope)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+    convert_hf_to_gguf(tmp_path, tmp_path / "phi3-longrope.gguf", "f32", progress=False)
+    fields, tensors = read_gguf(tmp_path / "phi3-longrope.gguf")
+    np.testing.assert_array_equal(tensors[C.ROPE_FACTORS_LONG], np.float32(rope["long_factor"]))
+    assert fields[C.KEY_ROPE_SCALING_ATTN_FACTOR.format(arch="phi3")].value == pytest.approx(
+        math.sqrt(1 + math.log(4) / math.log(32)))
+    long_tokens = (TOKENS * 2)[:48]
+    short_ref, long_ref = hf_logits(hf, long_tokens[:24]), hf_logits(hf, long_tokens)
+    assert np.abs(short_ref - long_ref[:24]).max() > 10 * TINY_ATOL  # the factors matter
+    short = specee.Model(tmp_path / "phi3-longrope.gguf", n_ctx=32, n_threads=2)
+    assert_logits_close(short.eval(long_tokens[:24], output="all"), short_ref, TINY_ATOL)
+    long = specee.Model(tmp_path / "phi3-longrope.gguf", n_ctx=128, n_threads=2)
+    assert_logits_close(long.eval(long_tokens, output="all"), long_ref, TINY_ATOL)
+    if UPSTREAM.is_file():  # upstream's converter writes the same factors and scale
+        out = tmp_path / "upstream.gguf"
+        r = subprocess.run([sys.executable, str(UPSTREAM), str(tmp_path), "--outfile", str(out), "--outtype", "f32"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        f_up, t_up = read_gguf(out)
+        for name in (C.ROPE_FACTORS_LONG, C.ROPE_FACTORS_SHORT):
+            np.testing.assert_array_equal(t_up[name], tensors[name])
+        key = C.KEY_ROPE_SCALING_ATTN_FACTOR.format(arch="phi3")
+        assert f_up[key].value == pytest.approx(fields[key].value)
+
+
 def test_tokenizer_matches_sentencepiece(ours: Path, hf_dir: Path) -> None:
     sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "tokenizer.model"))
     m = specee.Model(ours, n_ctx=64, n_threads=2)
@@ -348,10 +383,9 @@ def test_unknown_architecture_names_the_known_ones(tmp_path: Path) -> None:
 def test_converter_refusals(tmp_path: Path) -> None:
     save_family("phi3", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    long_rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-                 "original_max_position_embeddings": 256}
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": long_rope}))
-    with pytest.raises(ValueError, match="LongRoPE"):
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "dynamic",
+                                                                                   "factor": 2.0}}))
+    with pytest.raises(ValueError, match="rope type 'dynamic' is not supported"):
         convert_hf_to_gguf(tmp_path, tmp_path / "x.gguf")
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma2"}))
     with pytest.raises(ValueError, match="'gemma2' is not supported.*llama, mistral, qwen2, qwen3, phi3"):

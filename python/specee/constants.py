@@ -28,12 +28,16 @@ ATTN_V_BIAS = "blk.%d.attn_v.bias"
 ATTN_Q_NORM = "blk.%d.attn_q_norm.weight"  # qwen3: per-head RMS norms of Q and K, before RoPE
 ATTN_K_NORM = "blk.%d.attn_k_norm.weight"
 ATTN_QKV = "blk.%d.attn_qkv.weight"  # phi3: the Q, K and V rows in one matrix
+# phi3 LongRoPE [n_rot / 2]: RoPE frequency factors for a context past the original one, and within it
+ROPE_FACTORS_LONG = "rope_factors_long.weight"
+ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 
 TENSOR_NAMES = (
     TOKEN_EMBD, OUTPUT_NORM, OUTPUT, ROPE_FREQS,
     ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT,
     FFN_NORM, FFN_GATE, FFN_UP, FFN_DOWN,
     ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS, ATTN_Q_NORM, ATTN_K_NORM, ATTN_QKV,
+    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT,
 )
 
 # ---- model families: general.architecture (also the key prefix), RoPE type, the tensors every layer has
@@ -83,6 +87,7 @@ KEY_ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
 KEY_ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
 KEY_ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # older files: the linear factor
 KEY_ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
+KEY_ROPE_SCALING_ATTN_FACTOR = "{arch}.rope.scaling.attn_factor"  # float32: RoPE's cos/sin scale (phi3 LongRoPE)
 
 # ---- the draft head (EAGLE-1 or EAGLE-3) and the per-layer exit predictors, merged into a model file or alone in a draft
 # head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which
