@@ -6,6 +6,7 @@
 //
 //   chatml   <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n
 //   smollm2  chatml, with SmolLM2's default system message when the first message is not a system one
+//   qwen2.5  chatml, with Qwen2.5's default system message likewise (Qwen2 and Qwen3: plain chatml)
 //   llama2   Llama-2-chat: <s>[INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ...
 //   vicuna   Vicuna v1.1 (FastChat): "sys USER: u ASSISTANT: a</s>USER: u ASSISTANT:"
 //   llama3   Llama-3-instruct: <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
@@ -23,12 +24,14 @@
 #include <vector>
 
 static const char * const SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+static const char * const QWEN25_SYSTEM  = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 static const char * const VICUNA_SYSTEM =
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions.";
 static const char * const ALTERNATE_ERROR = "Conversation roles must alternate user/assistant/user/assistant/...";
 
-static const char * const TEMPLATE_NAMES[] = {"chatml", "smollm2", "llama2", "vicuna", "llama3", "zephyr", "phi3"};
+static const char * const TEMPLATE_NAMES[] = {"chatml", "smollm2", "qwen2.5", "llama2",
+                                              "vicuna", "llama3",  "zephyr",  "phi3"};
 
 // the names above, comma separated, for messages
 static std::string template_names() {
@@ -237,7 +240,7 @@ extern "C" const char * specee_chat_template_detect(const char * tmpl) {
     const std::string t(tmpl);
     auto has = [&](const char * s) { return t.find(s) != std::string::npos; };
     if (has("<|im_start|>")) {
-        return has(SMOLLM2_SYSTEM) ? "smollm2" : "chatml";
+        return has(SMOLLM2_SYSTEM) ? "smollm2" : has(QWEN25_SYSTEM) ? "qwen2.5" : "chatml";
     }
     if (has("[INST]")) {
         return "llama2";
@@ -278,6 +281,8 @@ static int32_t chat_apply_impl(const char * name, const specee_chat_message * ms
         out = render_chatml(chat, add_ass, nullptr);
     } else if (n == "smollm2") {
         out = render_chatml(chat, add_ass, SMOLLM2_SYSTEM);
+    } else if (n == "qwen2.5") {
+        out = render_chatml(chat, add_ass, QWEN25_SYSTEM);
     } else if (n == "llama2") {
         out = render_llama2(chat);
     } else if (n == "vicuna") {

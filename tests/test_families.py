@@ -431,10 +431,20 @@ QWEN3_TEMPLATE = (
     "'assistant' %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Qwen2.5-Instruct's template without tools: ChatML with a default system message
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\n' }}{%- endif %}{%- for message in messages %}{%- if (message.role == 'user') or (message.role == "
+    "'system' and not loop.first) or (message.role == 'assistant') %}{{- '<|im_start|>' + message.role + '\n' + "
+    "message.content + '<|im_end|>' + '\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
 
 
 @pytest.mark.parametrize("name,template,eos", [("phi3", PHI3_TEMPLATE, "<|endoftext|>"),
-                                               ("chatml", QWEN3_TEMPLATE, "<|im_end|>")])
+                                               ("chatml", QWEN3_TEMPLATE, "<|im_end|>"),
+                                               ("qwen2.5", QWEN25_TEMPLATE, "<|im_end|>")])
 def test_chat_templates_are_detected_and_match_jinja(name: str, template: str, eos: str) -> None:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
