@@ -401,18 +401,21 @@ def test_converter_refusals(tmp_path: Path) -> None:
 
 
 def test_a_head_made_by_autoee_fits_every_family(ours: Path, tmp_path: Path) -> None:
-    """autoee reads the family's file (shapes, eps), and the head it exports merges and drafts losslessly."""
+    """autoee reads the family's file (shapes, eps), and the head it exports, merged or as a draft head file next to
+    the model, drafts losslessly."""
     cfg, _ = read_base(str(ours))
     assert (cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.n_vocab) == (64, 4, 2, 320)
     torch.manual_seed(0)
     weights, _ = export_head(EagleHead(cfg), tmp_path / "head", {"note": "untrained"})
-    merged = tmp_path / "merged.gguf"
+    merged, alone = tmp_path / "merged.gguf", tmp_path / "head.gguf"
     merge_gguf(ours, merged, eagle=weights, progress=False)
-    m = specee.Model(merged, n_ctx=256, n_threads=2)
-    for prompt in PROMPTS[:2]:
-        plain = m.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True)
-        assert m.generate_tokens(prompt, 24, mode="eagle2", temp=0, ignore_eos=True) == plain
-        assert m.last_stats.n_drafted > 0
+    merge_gguf(ours, alone, eagle=weights, draft_head_only=True, progress=False)  # loaded next to the base file
+    for m in (specee.Model(merged, n_ctx=256, n_threads=2), specee.Model(ours, n_ctx=256, n_threads=2,
+                                                                          draft_head=alone)):
+        for prompt in PROMPTS[:2]:
+            plain = m.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True)
+            assert m.generate_tokens(prompt, 24, mode="eagle2", temp=0, ignore_eos=True) == plain
+            assert m.last_stats.n_drafted > 0
 
 
 # ---- chat templates of the families
