@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import gguf
@@ -464,3 +465,42 @@ def test_chat_templates_are_detected_and_match_jinja(name: str, template: str, e
         for add in (True, False):
             want = env.from_string(template).render(messages=conversation, add_generation_prompt=add, eos_token=eos)
             assert _core.chat_apply_template(name, conversation, add) == want
+
+
+def test_qwen2_with_its_bpe_tokenizer_end_to_end(tmp_path: Path) -> None:
+    """A Qwen2 folder with a Qwen-style tokenizer.json (NFC, Qwen 2's split regex, byte-level) through `convert hf`:
+    the pre-tokenizer is written as qwen2 and the runtime tokenizes as `tokenizers` does, the chat specials too."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    import tokenizer_fixtures as tf
+    from specee.convert.vocab import QWEN2_SPLIT
+
+    save_family("qwen2", tmp_path)
+    (tmp_path / "tokenizer.model").unlink()
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "tokenizer_config.json").read_text()), "chat_template": QWEN25_TEMPLATE}))
+    out = tmp_path / "qwen2-bpe.gguf"
+    convert_hf_to_gguf(tmp_path, out, "f32", progress=False)
+    fields, _ = read_gguf(out)
+    assert (fields["tokenizer.ggml.model"].value, fields["tokenizer.ggml.pre"].value) == ("gpt2", "qwen2")
+    m = specee.Model(out, n_ctx=64, n_threads=2)
+    assert m.chat_template() == "qwen2.5"
+    texts = tf.stress_texts(n_random=100) + tf.whitespace_texts() + ["x 12345 and 678\n\nworld 1234"]
+    # texts NFC leaves alone: the runtime, as llama.cpp, does not apply the tokenizer's NFC normalizer
+    texts = [t for t in texts if unicodedata.normalize("NFC", t) == t]
+    assert len(texts) > 100
+    for text in texts:
+        assert m.tokenize(text, add_special=False) == tok.encode(text).ids, repr(text)
+    chat = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    assert m.tokenize(chat, add_special=False, parse_special=True) == tok.encode(chat).ids
