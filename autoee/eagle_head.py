@@ -57,8 +57,8 @@ def read_base(path: str) -> tuple[HeadConfig, BaseWeights]:
     """The head's configuration (the base model's layer shapes) and the dequantized embedding / lm_head."""
     reader = gguf.GGUFReader(path)
     arch = _field(reader, gguf.Keys.General.ARCHITECTURE)
-    if arch != C.ARCH:
-        raise ValueError(f"{path}: architecture {arch!r} is not supported (only {C.ARCH!r})")
+    if arch not in C.FAMILIES:
+        raise ValueError(f"{path}: architecture {arch!r} is not supported (one of {', '.join(C.FAMILIES)})")
 
     def get(key: str, default=None):
         value = _field(reader, key.format(arch=arch))

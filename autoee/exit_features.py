@@ -48,7 +48,7 @@ class LmHead:
 
 
 def read_lm_head(path: str | Path) -> LmHead:
-    """The final norm and lm_head of a llama GGUF, dequantized to float32 with the `gguf` package."""
+    """The final norm and lm_head of a GGUF (any family), dequantized to float32 with the `gguf` package."""
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
 
@@ -56,7 +56,8 @@ def read_lm_head(path: str | Path) -> LmHead:
         t = tensors[name]
         return torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
 
-    field = reader.fields.get(C.KEY_LAYER_NORM_RMS_EPS.format(arch=C.ARCH))
+    arch = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else C.ARCH
+    field = reader.fields.get(C.KEY_LAYER_NORM_RMS_EPS.format(arch=arch))
     eps = float(field.contents()) if field is not None else 1e-5
     weight = dequant(C.OUTPUT if C.OUTPUT in tensors else C.TOKEN_EMBD)
     return LmHead(dequant(C.OUTPUT_NORM), eps, weight)

@@ -1,8 +1,10 @@
-"""Hugging Face Llama checkpoint -> GGUF (llama architecture), readable by upstream llama.cpp.
+"""Hugging Face checkpoint -> GGUF, readable by upstream llama.cpp: Llama and Mistral (architecture "llama"), Qwen2 /
+Qwen2.5 ("qwen2"), Qwen3 ("qwen3"), Phi-3 ("phi3"), the families of specee.constants.FAMILIES.
 
-Keys, tensor names and the Q/K row permutation follow llama.cpp's convert_hf_to_gguf.py (LlamaModel);
-tokenizer metadata is described in vocab.py. Tensors are read and written one at a time (safetensors
-and zip-format .bin files are memory-mapped), so a 7B model converts within a few GiB of RAM.
+Keys, tensor names and the Q/K row permutation (llama only: the other families use NEOX RoPE, HF's own row order)
+follow llama.cpp's convert_hf_to_gguf.py; tokenizer metadata is described in vocab.py. Tensors are read and written
+one at a time (safetensors and zip-format .bin files are memory-mapped), so a 7B model converts within a few GiB of
+RAM.
 
 Output types: f32, f16, bf16, q8_0, q4_0. As in llama.cpp's converter, 1-D tensors and norms stay F32,
 and a matrix whose rows are not a whole number of quantization blocks falls back to F16. q4_0 is
@@ -34,7 +36,8 @@ from specee.convert.quantize import OUTTYPES, fitting_type, quantize_array
 from specee.convert.retype import Field
 from specee.convert.vocab import add_vocab, load_vocab
 
-DESCRIPTION = "Convert a Hugging Face Llama folder to a llama GGUF that upstream llama.cpp also loads"
+DESCRIPTION = ("Convert a Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 folder to a GGUF that upstream llama.cpp "
+               "also loads")
 
 Q = gguf.GGMLQuantizationType
 
@@ -52,12 +55,23 @@ TENSOR_MAP = {
     "model.layers.{bid}.mlp.gate_proj.weight": C.FFN_GATE,
     "model.layers.{bid}.mlp.up_proj.weight": C.FFN_UP,
     "model.layers.{bid}.mlp.down_proj.weight": C.FFN_DOWN,
+    "model.layers.{bid}.self_attn.q_proj.bias": C.ATTN_Q_BIAS,
+    "model.layers.{bid}.self_attn.k_proj.bias": C.ATTN_K_BIAS,
+    "model.layers.{bid}.self_attn.v_proj.bias": C.ATTN_V_BIAS,
+    "model.layers.{bid}.self_attn.q_norm.weight": C.ATTN_Q_NORM,
+    "model.layers.{bid}.self_attn.k_norm.weight": C.ATTN_K_NORM,
+    "model.layers.{bid}.self_attn.qkv_proj.weight": C.ATTN_QKV,
+    "model.layers.{bid}.mlp.gate_up_proj.weight": C.FFN_UP,  # phi3: gate rows, then up rows
 }
+# config.json's model_type -> the GGUF architecture (the family) it is written as
+ARCH_OF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 @dataclass
 class LlamaConfig:
+    """The hyperparameters of a checkpoint of any family (arch: the GGUF architecture it is written as)."""
+
     n_vocab: int
     n_embd: int
     n_ff: int
@@ -70,6 +84,8 @@ class LlamaConfig:
     rms_norm_eps: float
     tie_word_embeddings: bool
     rope_scaling: dict[str, Any] = field(default_factory=dict)
+    arch: str = "llama"
+    n_ctx_orig: int | None = None  # the context RoPE was trained on before any scaling (Phi-3's config gives it)
 
 
 def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
@@ -77,10 +93,17 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
     if not path.is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (not a Hugging Face model folder)")
     hp = json.loads(path.read_text(encoding="utf-8"))
-    if hp.get("model_type") != "llama":
-        raise ValueError(f"{path}: model_type {hp.get('model_type')!r} is not supported (only 'llama')")
+    arch = ARCH_OF_MODEL_TYPE.get(hp.get("model_type"))
+    if arch is None:
+        raise ValueError(f"{path}: model_type {hp.get('model_type')!r} is not supported "
+                         f"(one of {', '.join(ARCH_OF_MODEL_TYPE)})")
     # transformers 5 keeps rope_theta and the scaling in rope_parameters, older versions at the top level
     rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+    kind = str(rope.get("rope_type", rope.get("type", "default"))).lower()
+    if kind not in ("default", "linear", "llama3") and not (arch == "phi3" and kind in ("longrope", "su")):
+        raise ValueError(f"{path}: rope type {kind!r} is not supported (linear, llama3; Phi-3: longrope)")
+    if float(rope.get("partial_rotary_factor", hp.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ValueError(f"{path}: partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
     n_head = hp["num_attention_heads"]
     return LlamaConfig(
         n_vocab=hp["vocab_size"],
@@ -95,6 +118,8 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
         rms_norm_eps=float(hp.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hp.get("tie_word_embeddings", False)),
         rope_scaling=rope,
+        arch=arch,
+        n_ctx_orig=rope.get("original_max_position_embeddings") or hp.get("original_max_position_embeddings"),
     )
 
 
@@ -120,11 +145,12 @@ def permute(w: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf_name: str) -> tuple[str, int | None]:
+def gguf_name(hf_name: str, arch: str = C.ARCH) -> tuple[str, int | None]:
+    """The GGUF name of a checkpoint tensor, and its block; a tensor the family's layers do not have is refused."""
     m = re.match(r"model\.layers\.(\d+)\.(.*)$", hf_name)
     key, bid = (f"model.layers.{{bid}}.{m.group(2)}", int(m.group(1))) if m else (hf_name, None)
-    if key not in TENSOR_MAP:
-        raise ValueError(f"unexpected tensor {hf_name!r} in a llama checkpoint")
+    if key not in TENSOR_MAP or (bid is not None and TENSOR_MAP[key] not in C.FAMILIES[arch].layer_tensors):
+        raise ValueError(f"unexpected tensor {hf_name!r} in a {arch} checkpoint")
     return (TENSOR_MAP[key] % bid if bid is not None else TENSOR_MAP[key]), bid
 
 
@@ -150,6 +176,24 @@ def llama3_rope_factors(cfg: LlamaConfig) -> np.ndarray | None:
     return np.array(out, dtype=np.float32)
 
 
+def longrope(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """Phi-3's LongRoPE: the long and short frequency factors [head_dim / 2] and the cos/sin scale, computed as
+    transformers does (attention_factor when the config gives it, else sqrt(1 + ln(s) / ln(n_ctx_orig)) for the
+    extension s = max_position_embeddings / original_max_position_embeddings)."""
+    rs = cfg.rope_scaling
+    if str(rs.get("rope_type", rs.get("type", ""))).lower() not in ("longrope", "su"):
+        return None
+    long, short = (np.asarray(rs[k], dtype=np.float32) for k in ("long_factor", "short_factor"))
+    if long.shape != (cfg.head_dim // 2,) or short.shape != long.shape:
+        raise ValueError(f"LongRoPE factors of {len(long)} and {len(short)} values, expected {cfg.head_dim // 2}")
+    orig = int(cfg.n_ctx_orig or cfg.n_ctx_train)
+    scale = float(rs.get("factor") or cfg.n_ctx_train / orig)
+    attn = rs.get("attention_factor")
+    if attn is None:
+        attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+    return long, short, float(attn)
+
+
 def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: gguf.LlamaFileType) -> None:
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
@@ -166,6 +210,10 @@ def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: g
     writer.add_file_type(ftype)
     writer.add_vocab_size(cfg.n_vocab)
     writer.add_rope_dimension_count(cfg.head_dim)
+    if cfg.arch == "phi3":  # as llama.cpp's converter writes it
+        writer.add_rope_scaling_orig_ctx_len(int(cfg.n_ctx_orig or cfg.n_ctx_train))
+        if (lr := longrope(cfg)) is not None:
+            writer.add_rope_scaling_attn_factors(lr[2])
     rs = cfg.rope_scaling
     if rs.get("rope_type", rs.get("type")) == "linear" and "factor" in rs:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -200,20 +248,25 @@ def plan_tensors(cfg: LlamaConfig, sources: list[SourceTensor], outtype: str, mo
     for src in sources:
         if IGNORED.match(src.name) or (src.name == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
-        name, bid = gguf_name(src.name)
+        name, bid = gguf_name(src.name, cfg.arch)
         if bid is not None and bid >= cfg.n_layer:
             raise ValueError(f"tensor {src.name!r} is past num_hidden_layers={cfg.n_layer}")
-        heads = None
-        if bid is not None and name == C.ATTN_Q % bid:
+        heads = None  # Q/K rows permuted for GGML's normal RoPE; NEOX RoPE reads HF's order
+        if C.FAMILIES[cfg.arch].rope == "normal" and bid is not None and name == C.ATTN_Q % bid:
             heads = (cfg.n_head, cfg.n_head)
-        elif bid is not None and name == C.ATTN_K % bid:
+        elif C.FAMILIES[cfg.arch].rope == "normal" and bid is not None and name == C.ATTN_K % bid:
             heads = (cfg.n_head, cfg.n_head_kv)
         qtype = tensor_type(name, src.shape, outtype)
         out.append(OutTensor(name, src.shape, qtype, tensor_loader(src.load, qtype, heads)))
     factors = llama3_rope_factors(cfg)
     if factors is not None:
         out.append(OutTensor(C.ROPE_FREQS, factors.shape, Q.F32, lambda: factors))
-    want = {C.TOKEN_EMBD, C.OUTPUT_NORM, *(n % b for n in C.TENSOR_NAMES if "%d" in n for b in range(cfg.n_layer))}
+    if (lr := longrope(cfg)) is not None:
+        long, short, _ = lr
+        out.append(OutTensor(C.ROPE_FACTORS_LONG, long.shape, Q.F32, lambda: long))
+        out.append(OutTensor(C.ROPE_FACTORS_SHORT, short.shape, Q.F32, lambda: short))
+    layer = C.FAMILIES[cfg.arch].layer_tensors
+    want = {C.TOKEN_EMBD, C.OUTPUT_NORM, *(n % b for n in layer for b in range(cfg.n_layer))}
     if not cfg.tie_word_embeddings:
         want.add(C.OUTPUT)
     if missing := sorted(want - {t.name for t in out}):
@@ -234,11 +287,11 @@ def convert_hf_to_gguf(
     vocab_pre: str | None = None,
     progress: bool = True,
 ) -> None:
-    """Write a llama GGUF from a Hugging Face Llama folder (config.json, weights, tokenizer files)."""
+    """Write a GGUF from a Hugging Face folder (config.json, weights, tokenizer files) of a family this runtime has."""
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, not {outtype!r}")
     cfg = load_config(model_dir)
-    meta = gguf.GGUFWriter(None, C.ARCH)
+    meta = gguf.GGUFWriter(None, cfg.arch)
     write_hparams(meta, cfg, Path(model_dir).resolve().name, OUTTYPES[outtype][1])
     vocab = load_vocab(model_dir, cfg.n_vocab, vocab_pre)
     if vocab is not None:
@@ -246,7 +299,7 @@ def convert_hf_to_gguf(
     meta.add_quantization_version(gguf.GGML_QUANT_VERSION)
     with ExitStack() as stack:
         tensors = plan_tensors(cfg, index_tensors(model_dir, stack), outtype, str(model_dir))
-        write_gguf(out_path, C.ARCH, fields_of(meta), tensors, desc=f"converting to {outtype}", progress=progress,
+        write_gguf(out_path, cfg.arch, fields_of(meta), tensors, desc=f"converting to {outtype}", progress=progress,
                    inputs=input_files(model_dir))
 
 

@@ -61,7 +61,8 @@ def find_parts(fields: dict[str, Field], shapes: dict[str, list[int]]) -> Parts:
     arch = str(field_value(fields.get(gguf.Keys.General.ARCHITECTURE, Field("", gguf.GGUFValueType.STRING))))
     n_layer_f = fields.get(C.KEY_BLOCK_COUNT.format(arch=arch))
     n_layer = int(n_layer_f.value) if n_layer_f is not None else 0
-    want = [C.TOKEN_EMBD, C.OUTPUT_NORM] + [n % i for i in range(n_layer) for n in C.TENSOR_NAMES if "%d" in n]
+    family = C.FAMILIES.get(arch, C.FAMILIES[C.ARCH])
+    want = [C.TOKEN_EMBD, C.OUTPUT_NORM] + [n % i for i in range(n_layer) for n in family.layer_tensors]
     base_missing = [n for n in want if n not in names]
     parts = Parts(arch, n_layer, base_model=n_layer > 0 and not base_missing, base_missing=base_missing)
     eagle = [n for n in names if n.startswith("eagle.")]

@@ -126,8 +126,8 @@ def merge_gguf(
     base = base_model(fields, reader, base_path)
     if base.arch == C.EAUTO_ARCH:
         raise ValueError(f"{base_path} is a SpecEE eauto file: rewrite it with `import-specee` first")
-    if base.arch != C.ARCH:
-        raise ValueError(f"{base_path}: architecture {base.arch!r} is not supported (only {C.ARCH!r})")
+    if base.arch not in C.FAMILIES:
+        raise ValueError(f"{base_path}: architecture {base.arch!r} is not supported (one of {', '.join(C.FAMILIES)})")
     if feature_layers and eagle is None:
         raise ValueError("--eagle-feature-layers sets an EAGLE-3 head's feature layers: give the head (--eagle)")
     head = load_eagle(eagle, base, feature_layers) if eagle is not None else None
@@ -162,7 +162,7 @@ def merge_gguf(
         if preds.speedup is not None and layers == preds.exit_layers and thr == preds.threshold:
             fields[C.KEY_EXIT_SPEEDUP] = Field(preds.speedup, V.FLOAT32)  # simulated for exactly these settings
         tensors += predictor_tensors(preds)
-    write_gguf(out_path, C.ARCH, fields, tensors, desc="merging", progress=progress,
+    write_gguf(out_path, base.arch, fields, tensors, desc="merging", progress=progress,
                inputs=input_files(base_path, eagle, predictors))
 
 
@@ -176,7 +176,7 @@ def parse_layers(text: str) -> list[int]:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("base", help="base model .gguf (llama architecture, any tensor types)")
+    ap.add_argument("base", help="base model .gguf (a family of specee.constants.FAMILIES: llama, qwen2, ...; any tensor types)")
     ap.add_argument("-o", "--out", required=True, help="output .gguf path")
     ap.add_argument("--eagle", help="EAGLE-1 or EAGLE-3 draft head: a published folder (config.json + "
                     "pytorch_model.bin or model.safetensors), NAME.safetensors with NAME.json (this project's layout), or a draft head file "

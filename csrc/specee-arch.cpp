@@ -1,10 +1,13 @@
-// specee-arch.cpp: the llama architecture's names: the tensor-name table, the GGUF key table, and the C API that lists
-// both (python/specee/constants.py mirrors them; tests/test_constants.py keeps the two equal)
+// specee-arch.cpp: the names the runtime reads: the tensor-name table, the GGUF key table, the model families' table,
+// and the C API that lists them (python/specee/constants.py mirrors them; tests/test_constants.py keeps the two equal)
 #include "specee-arch.h"
 
 #include "specee.h"
 
+#include "ggml.h"
+
 #include <cstdio>
+#include <vector>
 
 static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* TOKEN_EMBD  */ "token_embd.weight",
@@ -20,6 +23,14 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* FFN_GATE    */ "blk.%d.ffn_gate.weight",
     /* FFN_UP      */ "blk.%d.ffn_up.weight",
     /* FFN_DOWN    */ "blk.%d.ffn_down.weight",
+    /* ATTN_Q_BIAS */ "blk.%d.attn_q.bias",
+    /* ATTN_K_BIAS */ "blk.%d.attn_k.bias",
+    /* ATTN_V_BIAS */ "blk.%d.attn_v.bias",
+    /* ATTN_Q_NORM */ "blk.%d.attn_q_norm.weight",
+    /* ATTN_K_NORM */ "blk.%d.attn_k_norm.weight",
+    /* ATTN_QKV    */ "blk.%d.attn_qkv.weight",
+    /* ROPE_FACTORS_LONG  */ "rope_factors_long.weight",
+    /* ROPE_FACTORS_SHORT */ "rope_factors_short.weight",
     /* EAGLE_TOKEN_EMBD */ "eagle.token_embd.weight",
     /* EAGLE_FC         */ "eagle.fc.weight",
     /* EAGLE_FC_BIAS    */ "eagle.fc.bias",
@@ -51,6 +62,55 @@ std::string specee_tensor_name(specee_tensor t, int il) {
     return buf;
 }
 
+// ---- model families ------------------------------------------------------------------------------
+
+#define LLAMA_ATTN                                                                                     \
+    SPECEE_TENSOR_ATTN_NORM, SPECEE_TENSOR_ATTN_Q, SPECEE_TENSOR_ATTN_K, SPECEE_TENSOR_ATTN_V, SPECEE_TENSOR_ATTN_OUTPUT
+#define LLAMA_FFN SPECEE_TENSOR_FFN_NORM, SPECEE_TENSOR_FFN_GATE, SPECEE_TENSOR_FFN_UP, SPECEE_TENSOR_FFN_DOWN
+
+static const specee_arch_family FAMILIES[] = {
+    // llama (and Mistral, which upstream's converter writes as llama): Q/K rows permuted to GGML's RoPE order
+    {"llama", GGML_ROPE_TYPE_NORMAL, {LLAMA_ATTN, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
+    // Qwen2 / Qwen2.5: biases on the Q, K and V projections
+    {"qwen2", GGML_ROPE_TYPE_NEOX,
+     {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_BIAS, SPECEE_TENSOR_ATTN_K_BIAS, SPECEE_TENSOR_ATTN_V_BIAS, LLAMA_FFN,
+      SPECEE_TENSOR_COUNT}},
+    // Qwen3: RMS norms of each head's Q and K before RoPE, no biases
+    {"qwen3", GGML_ROPE_TYPE_NEOX,
+     {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_NORM, SPECEE_TENSOR_ATTN_K_NORM, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
+    // Phi-3: one QKV matrix, one gate+up matrix
+    {"phi3", GGML_ROPE_TYPE_NEOX,
+     {SPECEE_TENSOR_ATTN_NORM, SPECEE_TENSOR_ATTN_QKV, SPECEE_TENSOR_ATTN_OUTPUT, SPECEE_TENSOR_FFN_NORM,
+      SPECEE_TENSOR_FFN_UP, SPECEE_TENSOR_FFN_DOWN, SPECEE_TENSOR_COUNT}},
+};
+static const int N_FAMILIES = (int) (sizeof(FAMILIES) / sizeof(FAMILIES[0]));
+
+const specee_arch_family * specee_arch_family_find(const std::string & arch) {
+    for (const specee_arch_family & f : FAMILIES) {
+        if (arch == f.name) {
+            return &f;
+        }
+    }
+    return nullptr;
+}
+
+bool specee_arch_family_has(const specee_arch_family & f, specee_tensor t) {
+    for (int i = 0; i < SPECEE_MAX_LAYER_TENSORS && f.layer_tensors[i] != SPECEE_TENSOR_COUNT; ++i) {
+        if (f.layer_tensors[i] == t) {
+            return true;
+        }
+    }
+    return false;
+}
+
+std::string specee_arch_family_names() {
+    std::string out;
+    for (const specee_arch_family & f : FAMILIES) {
+        out += (out.empty() ? "" : ", ") + std::string(f.name);
+    }
+    return out;
+}
+
 // ---- C API ---------------------------------------------------------------------------------------
 
 #define SPECEE_KEY_ENTRY(name, value) "KEY_" #name "=" value,
@@ -73,4 +133,20 @@ extern "C" const char * specee_arch_eagle_tensor_name(int32_t i) {
 extern "C" const char * specee_arch_pred_tensor_name(int32_t i) {
     const int32_t t = SPECEE_TENSOR_PRED_FIRST + i;
     return (i >= 0 && t < SPECEE_TENSOR_COUNT) ? specee_tensor_format((specee_tensor) t) : nullptr;
+}
+
+extern "C" const char * specee_arch_family_row(int32_t i) {
+    // "NAME ROPE TENSOR,TENSOR,...", built once (a static local's initialisation is thread-safe)
+    static const std::vector<std::string> rows = [] {
+        std::vector<std::string> out;
+        for (const specee_arch_family & f : FAMILIES) {
+            std::string row = std::string(f.name) + (f.rope_type == GGML_ROPE_TYPE_NEOX ? " neox " : " normal ");
+            for (int j = 0; j < SPECEE_MAX_LAYER_TENSORS && f.layer_tensors[j] != SPECEE_TENSOR_COUNT; ++j) {
+                row += (j ? "," : "") + std::string(TENSOR_FORMATS[f.layer_tensors[j]]);
+            }
+            out.push_back(row);
+        }
+        return out;
+    }();
+    return (i >= 0 && i < N_FAMILIES) ? rows[i].c_str() : nullptr;
 }

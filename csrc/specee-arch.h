@@ -1,4 +1,5 @@
-// specee-arch.h: GGUF key and tensor names of the llama architecture (mirrored in python/specee/constants.py)
+// specee-arch.h: GGUF key and tensor names, and the model families (general.architecture) as rows of one table
+// (all mirrored in python/specee/constants.py)
 #pragma once
 
 #include <string>
@@ -17,6 +18,14 @@ enum specee_tensor {
     SPECEE_TENSOR_FFN_GATE,
     SPECEE_TENSOR_FFN_UP,
     SPECEE_TENSOR_FFN_DOWN,
+    SPECEE_TENSOR_ATTN_Q_BIAS,  // qwen2
+    SPECEE_TENSOR_ATTN_K_BIAS,
+    SPECEE_TENSOR_ATTN_V_BIAS,
+    SPECEE_TENSOR_ATTN_Q_NORM,  // qwen3: per-head RMS norms of Q and K, before RoPE
+    SPECEE_TENSOR_ATTN_K_NORM,
+    SPECEE_TENSOR_ATTN_QKV,     // phi3: Q, K and V rows in one matrix
+    SPECEE_TENSOR_ROPE_FACTORS_LONG,  // phi3 LongRoPE: frequency factors past the original context, and within it
+    SPECEE_TENSOR_ROPE_FACTORS_SHORT,
     // the EAGLE draft head of a merged file (SpecEE's names; the last three: EAGLE-3 only), in
     // python/specee/constants.py's order
     SPECEE_TENSOR_EAGLE_TOKEN_EMBD,
@@ -50,6 +59,27 @@ const char * specee_tensor_format(specee_tensor t);
 // the name itself, for layer il where the format has one
 std::string specee_tensor_name(specee_tensor t, int il = -1);
 
+// ---- model families
+
+// A family is a row: its general.architecture name (also its key prefix, "qwen2.block_count"), its RoPE type, and the
+// tensors each of its layers has, all required. What a family's layers have, the plain layer loop applies
+// (specee-graph.cpp): biases after the Q/K/V projections, Q/K norms before RoPE, a fused QKV matrix split into views;
+// a family without ffn_gate has ffn_up [n_embd, 2 n_ff] holding the gate rows first, then the up rows.
+static constexpr int SPECEE_MAX_LAYER_TENSORS = 16;
+
+struct specee_arch_family {
+    const char *  name;
+    int           rope_type; // GGML_ROPE_TYPE_NORMAL (0, llama: the converter permutes Q/K rows) or NEOX (2)
+    specee_tensor layer_tensors[SPECEE_MAX_LAYER_TENSORS]; // ends at SPECEE_TENSOR_COUNT
+};
+
+// the family named `arch`, nullptr when this runtime has none of that name
+const specee_arch_family * specee_arch_family_find(const std::string & arch);
+// whether family f's layers have tensor t
+bool specee_arch_family_has(const specee_arch_family & f, specee_tensor t);
+// the names of the families, comma separated ("llama, qwen2, ..."), for messages
+std::string specee_arch_family_names();
+
 // The GGUF keys, by the names python/specee/constants.py gives them (KEY_<NAME>; tests/test_constants.py keeps
 // the two equal): "{arch}.xxx" is written "%s.xxx" here.
 #define SPECEE_KEYS(X)                                                               \
@@ -72,6 +102,7 @@ std::string specee_tensor_name(specee_tensor t, int il = -1);
     X(ROPE_SCALING_FACTOR, "%s.rope.scaling.factor")                                \
     X(ROPE_SCALE_LINEAR, "%s.rope.scale_linear")                                    \
     X(ROPE_SCALING_ORIG_CTX_LEN, "%s.rope.scaling.original_context_length")         \
+    X(ROPE_SCALING_ATTN_FACTOR, "%s.rope.scaling.attn_factor")                      \
     X(EAGLE_VERSION, "specee.eagle.version")                                        \
     X(EAGLE_FEED_FORWARD_LENGTH, "specee.eagle.feed_forward_length")                \
     X(EAGLE_DRAFT_VOCAB, "specee.eagle.draft_vocab")                                \

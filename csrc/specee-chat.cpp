@@ -6,10 +6,12 @@
 //
 //   chatml   <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n
 //   smollm2  chatml, with SmolLM2's default system message when the first message is not a system one
+//   qwen2.5  chatml, with Qwen2.5's default system message likewise (Qwen2 and Qwen3: plain chatml)
 //   llama2   Llama-2-chat: <s>[INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ...
 //   vicuna   Vicuna v1.1 (FastChat): "sys USER: u ASSISTANT: a</s>USER: u ASSISTANT:"
 //   llama3   Llama-3-instruct: <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
 //   zephyr   <|role|>\ncontent</s>\n ... <|assistant|>\n
+//   phi3     <|role|>\ncontent<|end|>\n ... <|assistant|>\n (Phi-3 / Phi-3.5 instruct; no generation prompt: the EOS)
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-vocab.h"
@@ -22,12 +24,23 @@
 #include <vector>
 
 static const char * const SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+static const char * const QWEN25_SYSTEM  = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 static const char * const VICUNA_SYSTEM =
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions.";
 static const char * const ALTERNATE_ERROR = "Conversation roles must alternate user/assistant/user/assistant/...";
 
-static const char * const TEMPLATE_NAMES[] = {"chatml", "smollm2", "llama2", "vicuna", "llama3", "zephyr"};
+static const char * const TEMPLATE_NAMES[] = {"chatml", "smollm2", "qwen2.5", "llama2",
+                                              "vicuna", "llama3",  "zephyr",  "phi3"};
+
+// the names above, comma separated, for messages
+static std::string template_names() {
+    std::string out;
+    for (const char * name : TEMPLATE_NAMES) {
+        out += (out.empty() ? "" : ", ") + std::string(name);
+    }
+    return out;
+}
 
 struct chat_message {
     std::string role;
@@ -201,6 +214,18 @@ static std::string render_zephyr(const std::vector<chat_message> & msgs, bool ad
     return out;
 }
 
+// microsoft/Phi-3(.5)-mini-instruct: every message (system, user, assistant; others dropped) as <|role|>\ncontent<|end|>\n,
+// then the generation prompt, or without one the EOS token
+static std::string render_phi3(const std::vector<chat_message> & msgs, bool add_ass) {
+    std::string out;
+    for (const chat_message & m : msgs) {
+        if (m.role == "system" || m.role == "user" || m.role == "assistant") {
+            out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+        }
+    }
+    return out + (add_ass ? "<|assistant|>\n" : "<|endoftext|>");
+}
+
 // ---- API -----------------------------------------------------------------------------------------
 
 extern "C" const char * specee_chat_template_detect(const char * tmpl) {
@@ -215,13 +240,16 @@ extern "C" const char * specee_chat_template_detect(const char * tmpl) {
     const std::string t(tmpl);
     auto has = [&](const char * s) { return t.find(s) != std::string::npos; };
     if (has("<|im_start|>")) {
-        return has(SMOLLM2_SYSTEM) ? "smollm2" : "chatml";
+        return has(SMOLLM2_SYSTEM) ? "smollm2" : has(QWEN25_SYSTEM) ? "qwen2.5" : "chatml";
     }
     if (has("[INST]")) {
         return "llama2";
     }
     if (has("<|start_header_id|>") && has("<|end_header_id|>")) {
         return "llama3";
+    }
+    if (has("<|assistant|>") && has("<|end|>")) {
+        return "phi3";
     }
     if (has("<|user|>") && has("<|assistant|>")) {
         return "zephyr";
@@ -253,6 +281,8 @@ static int32_t chat_apply_impl(const char * name, const specee_chat_message * ms
         out = render_chatml(chat, add_ass, nullptr);
     } else if (n == "smollm2") {
         out = render_chatml(chat, add_ass, SMOLLM2_SYSTEM);
+    } else if (n == "qwen2.5") {
+        out = render_chatml(chat, add_ass, QWEN25_SYSTEM);
     } else if (n == "llama2") {
         out = render_llama2(chat);
     } else if (n == "vicuna") {
@@ -261,8 +291,10 @@ static int32_t chat_apply_impl(const char * name, const specee_chat_message * ms
         out = render_llama3(chat, add_ass);
     } else if (n == "zephyr") {
         out = render_zephyr(chat, add_ass);
+    } else if (n == "phi3") {
+        out = render_phi3(chat, add_ass);
     } else {
-        specee_fail("unknown chat template '%s' (known: chatml, smollm2, llama2, vicuna, llama3, zephyr)", name);
+        specee_fail("unknown chat template '%s' (known: %s)", name, template_names().c_str());
     }
     if (out.size() > (size_t) INT32_MAX - 1) {
         specee_fail("rendered chat is too long");
@@ -287,8 +319,8 @@ static const char * template_resolve_impl(const specee_model * model, const char
     if (name && *name) {
         const char * found = specee_chat_template_detect(name);
         if (!found) {
-            specee_fail("unknown chat template '%s' (known: chatml, smollm2, llama2, vicuna, llama3, zephyr, or a Jinja "
-                        "text with the markers of one of them)", name);
+            specee_fail("unknown chat template '%s' (known: %s, or a Jinja text with the markers of one of them)", name,
+                        template_names().c_str());
         }
         return found;
     }
@@ -299,13 +331,13 @@ static const char * template_resolve_impl(const specee_model * model, const char
         if (kv.first == "tokenizer.chat_template") {
             const char * found = specee_chat_template_detect(kv.second.c_str());
             if (!found) {
-                specee_fail("the model's chat template is not one this runtime knows; name one (chatml, smollm2, "
-                            "llama2, vicuna, llama3, zephyr)");
+                specee_fail("the model's chat template is not one this runtime knows; name one (%s)",
+                            template_names().c_str());
             }
             return found;
         }
     }
-    specee_fail("the model has no chat template; name one (chatml, smollm2, llama2, vicuna, llama3, zephyr)");
+    specee_fail("the model has no chat template; name one (%s)", template_names().c_str());
 }
 
 extern "C" const char * specee_chat_template_resolve(const specee_model * model, const char * name) {

@@ -1,4 +1,4 @@
-// specee-graph.cpp: the llama forward pass as a plain loop over a range of layers, every
+// specee-graph.cpp: the forward pass of every family (specee-arch.cpp) as a plain loop over a range of layers, every
 // intermediate named "<name>-<layer>" so tools can read it
 #include "specee-graph.h"
 
@@ -22,26 +22,104 @@ static ggml_tensor * build_norm(ggml_context * ctx0, ggml_tensor * x, ggml_tenso
     return ggml_mul(ctx0, ggml_rms_norm(ctx0, x, eps), w);
 }
 
-// K and V of one layer for a normed input [n_embd, n_tokens], written into the batch's cache cells
-// (caches [n_embd_k_gqa / n_embd_v_gqa, kv_size])
-static void build_kv_store(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
-                           const specee_layer & layer, ggml_tensor * k_cache, ggml_tensor * v_cache,
-                           specee_graph_io & io, ggml_tensor * cur, int64_t n_tokens, int il) {
+// the RoPE type of layer il: the family's for the target's layers; GGML's normal one for the draft head, whose Q/K rows
+// are permuted to it whatever the target (convert/draft_head.py, as llama.cpp's converter does for llama)
+static int rope_type_of(const specee_model & model, int il) {
+    return il == SPECEE_IL_EAGLE ? GGML_ROPE_TYPE_NORMAL : model.hparams.rope_type;
+}
+
+// a projection of a normed input: w x (+ b) [rows, n_tokens]
+static ggml_tensor * build_proj(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * b, ggml_tensor * cur) {
+    ggml_tensor * out = ggml_mul_mat(ctx0, w, cur);
+    return b ? ggml_add(ctx0, out, b) : out;
+}
+
+// rows [first, first + n_head * head) of a fused projection wx [n_rows, n_tokens], as [head, n_head, n_tokens]
+static ggml_tensor * fused_rows(ggml_context * ctx0, ggml_tensor * wx, int64_t head, int64_t n_head, int64_t first) {
+    return ggml_view_3d(ctx0, wx, head, n_head, wx->ne[1], ggml_row_size(wx->type, head), wx->nb[1],
+                        ggml_row_size(wx->type, first));
+}
+
+// the RoPE frequency factors of the target's layers in a context of n_ctx cells: Llama 3's, or LongRoPE's long ones
+// when the context is longer than the one the model was trained on and its short ones otherwise, as llama.cpp picks
+// them (NULL: none)
+static ggml_tensor * rope_factors(const specee_model & model, uint32_t n_ctx) {
+    if (model.rope_long) {
+        return n_ctx > model.hparams.n_ctx_orig ? model.rope_long : model.rope_short;
+    }
+    return model.rope_freqs;
+}
+
+// a per-head RMS norm (qwen3; named normed_name) of x [head, n_head, n_tokens], and RoPE (with frequency factors
+// `factors`, NULL: none)
+static ggml_tensor * build_rope(ggml_context * ctx0, const specee_model & model, specee_graph_io & io, ggml_tensor * x,
+                                ggml_tensor * norm, ggml_tensor * factors, const char * normed_name, int il) {
     const specee_hparams & hp = model.hparams;
+    if (norm) {
+        x = build_norm(ctx0, x, norm, hp.f_norm_rms_eps);
+        name_il(x, normed_name, il);
+    }
+    const float attn_factor = il == SPECEE_IL_EAGLE ? 1.0f : hp.rope_attn_factor; // the head: a plain Llama layer's
+    x = ggml_rope_ext(ctx0, x, io.inp_pos, factors, hp.n_rot, rope_type_of(model, il), hp.n_ctx_orig,
+                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, attn_factor, 32.0f, 1.0f);
+    return x;
+}
 
-    ggml_tensor * Kcur = ggml_mul_mat(ctx0, layer.wk, cur); // [n_embd_k_gqa, n_tokens]
-    name_il(Kcur, "Kcur", il);
-    ggml_tensor * Vcur = ggml_mul_mat(ctx0, layer.wv, cur); // [n_embd_v_gqa, n_tokens]
-    name_il(Vcur, "Vcur", il);
-    Kcur = ggml_reshape_3d(ctx0, Kcur, hp.n_embd_head_k, hp.n_head_kv, n_tokens);
-    Kcur = ggml_rope_ext(ctx0, Kcur, io.inp_pos, model.rope_freqs, hp.n_rot, GGML_ROPE_TYPE_NORMAL, hp.n_ctx_orig,
-                         hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
-    name_il(Kcur, "Kcur_rope", il);
+struct qkv_cur {
+    ggml_tensor * q = nullptr; // [head_k, n_head, n_tokens] after RoPE (when asked for)
+    ggml_tensor * k = nullptr; // [head_k, n_head_kv, n_tokens] after RoPE (contiguous: RoPE's output)
+    ggml_tensor * v = nullptr; // [n_embd_v_gqa, n_tokens]
+};
 
-    ggml_tensor * k_store = ggml_set_rows(ctx0, k_cache, ggml_reshape_2d(ctx0, Kcur, hp.n_embd_k_gqa(), n_tokens),
+// Q (want_q), K and V of one layer for a normed input [n_embd, n_tokens]: the projections (separate, with their biases,
+// or one fused matrix), the per-head norms and RoPE, as the layer's family has them
+static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const specee_layer & layer,
+                         specee_graph_io & io, ggml_tensor * cur, ggml_tensor * factors, int64_t n_tokens, int il,
+                         bool want_q) {
+    const specee_hparams & hp     = model.hparams;
+    const int64_t          head_k = hp.n_embd_head_k;
+    qkv_cur                out;
+    ggml_tensor *          Q = nullptr;
+    ggml_tensor *          K;
+    ggml_tensor *          V;
+    if (layer.wqkv) {
+        ggml_tensor * wx = ggml_mul_mat(ctx0, layer.wqkv, cur); // [n_q + n_k + n_v, n_tokens]
+        name_il(wx, "wqkv", il);
+        const int64_t n_q = head_k * hp.n_head;
+        Q = want_q ? fused_rows(ctx0, wx, head_k, hp.n_head, 0) : nullptr;
+        K = fused_rows(ctx0, wx, head_k, hp.n_head_kv, n_q);
+        V = ggml_cont(ctx0, ggml_view_2d(ctx0, wx, hp.n_embd_v_gqa(), n_tokens, wx->nb[1],
+                                         ggml_row_size(wx->type, n_q + hp.n_embd_k_gqa())));
+    } else {
+        if (want_q) {
+            Q = build_proj(ctx0, layer.wq, layer.bq, cur); // [head_k * n_head, n_tokens]
+            Q = ggml_reshape_3d(ctx0, Q, head_k, hp.n_head, n_tokens);
+        }
+        K = build_proj(ctx0, layer.wk, layer.bk, cur); // [n_embd_k_gqa, n_tokens]
+        K = ggml_reshape_3d(ctx0, K, head_k, hp.n_head_kv, n_tokens);
+        V = build_proj(ctx0, layer.wv, layer.bv, cur); // [n_embd_v_gqa, n_tokens]
+    }
+    if (Q) {
+        name_il(Q, "Qcur", il);
+        out.q = build_rope(ctx0, model, io, Q, layer.q_norm, factors, "Qcur_normed", il);
+        name_il(out.q, "Qcur_rope", il);
+    }
+    name_il(K, "Kcur", il);
+    name_il(V, "Vcur", il);
+    out.k = build_rope(ctx0, model, io, K, layer.k_norm, factors, "Kcur_normed", il);
+    name_il(out.k, "Kcur_rope", il);
+    out.v = V;
+    return out;
+}
+
+// K [head_k, n_head_kv, n_tokens] and V [n_embd_v_gqa, n_tokens] of one layer written into the batch's cache cells
+// (caches [n_embd_k_gqa / n_embd_v_gqa, kv_size])
+static void build_kv_store(ggml_context * ctx0, ggml_cgraph * gf, const specee_hparams & hp, ggml_tensor * k_cache,
+                           ggml_tensor * v_cache, specee_graph_io & io, const qkv_cur & qkv, int64_t n_tokens, int il) {
+    ggml_tensor * k_store = ggml_set_rows(ctx0, k_cache, ggml_reshape_2d(ctx0, qkv.k, hp.n_embd_k_gqa(), n_tokens),
                                           io.inp_kv_idxs);
     name_il(k_store, "k_store", il);
-    ggml_tensor * v_store = ggml_set_rows(ctx0, v_cache, Vcur, io.inp_kv_idxs);
+    ggml_tensor * v_store = ggml_set_rows(ctx0, v_cache, qkv.v, io.inp_kv_idxs);
     name_il(v_store, "v_store", il);
     ggml_build_forward_expand(gf, k_store);
     ggml_build_forward_expand(gf, v_store);
@@ -59,26 +137,22 @@ static ggml_tensor * build_kv_gather(ggml_context * ctx0, ggml_tensor * cache, c
     return cur;
 }
 
-// self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv)
+// self-attention of one layer: writes this batch's K/V into the cache cells, attends over [0, n_kv); RoPE with the
+// frequency factors `factors`
 static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const specee_model & model,
                                 const specee_layer & layer, ggml_tensor * k_cache, ggml_tensor * v_cache,
                                 const specee_graph_params & gp, specee_graph_io & io, ggml_tensor * cur,
-                                ggml_tensor * mask, int il) {
+                                ggml_tensor * mask, ggml_tensor * factors, int il) {
     const specee_hparams & hp       = model.hparams;
     const int64_t          n_tokens = gp.n_tokens;
     const int64_t          head_k   = hp.n_embd_head_k;
     const int64_t          head_v   = hp.n_embd_head_v;
 
-    ggml_tensor * Qcur = ggml_mul_mat(ctx0, layer.wq, cur); // [head_k * n_head, n_tokens]
-    name_il(Qcur, "Qcur", il);
-    Qcur = ggml_reshape_3d(ctx0, Qcur, head_k, hp.n_head, n_tokens);
-    Qcur = ggml_rope_ext(ctx0, Qcur, io.inp_pos, model.rope_freqs, hp.n_rot, GGML_ROPE_TYPE_NORMAL, hp.n_ctx_orig,
-                         hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
-    name_il(Qcur, "Qcur_rope", il);
-    build_kv_store(ctx0, gf, model, layer, k_cache, v_cache, io, cur, n_tokens, il);
+    const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, factors, n_tokens, il, /*want_q =*/true);
+    build_kv_store(ctx0, gf, hp, k_cache, v_cache, io, qkv, n_tokens, il);
 
     // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv] (or of its cells gathered in order)
-    ggml_tensor * q = ggml_permute(ctx0, Qcur, 0, 2, 1, 3); // [head_k, n_tokens, n_head]
+    ggml_tensor * q = ggml_permute(ctx0, qkv.q, 0, 2, 1, 3); // [head_k, n_tokens, n_head]
     if (gp.kv_order) {
         k_cache = build_kv_gather(ctx0, k_cache, gp, io, il, "k_ordered");
         v_cache = build_kv_gather(ctx0, v_cache, gp, io, il, "v_ordered");
@@ -97,13 +171,20 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
     return cur;
 }
 
-// SwiGLU feed-forward of a normed input [n_embd, n_tokens]
+// SwiGLU feed-forward of a normed input [n_embd, n_tokens]; without ffn_gate, ffn_up holds the gate rows, then the up
+// rows (phi3)
 static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_layer & layer, ggml_tensor * cur, int il) {
-    ggml_tensor * gate = ggml_mul_mat(ctx0, layer.ffn_gate, cur); // [n_ff, n_tokens]
-    name_il(gate, "ffn_gate", il);
-    ggml_tensor * up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [n_ff, n_tokens]
-    name_il(up, "ffn_up", il);
-    cur = ggml_swiglu_split(ctx0, gate, up);
+    if (layer.ffn_gate) {
+        ggml_tensor * gate = ggml_mul_mat(ctx0, layer.ffn_gate, cur); // [n_ff, n_tokens]
+        name_il(gate, "ffn_gate", il);
+        ggml_tensor * up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [n_ff, n_tokens]
+        name_il(up, "ffn_up", il);
+        cur = ggml_swiglu_split(ctx0, gate, up);
+    } else {
+        ggml_tensor * gate_up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [2 n_ff, n_tokens]
+        name_il(gate_up, "ffn_up", il);
+        cur = ggml_swiglu(ctx0, gate_up); // silu(first half) * second half
+    }
     name_il(cur, "ffn_swiglu", il);
     cur = ggml_mul_mat(ctx0, layer.ffn_down, cur); // [n_embd, n_tokens]
     name_il(cur, "ffn_out", il);
@@ -196,7 +277,8 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         name_il(cur, "attn_norm", il);
 
         ggml_tensor * mask = io.inp_masks[gp.mask_of_layer[il - gp.layer_begin]];
-        cur = build_attn(ctx0, gf, model, layer, kv.k[il], kv.v[il], gp, io, cur, mask, il);
+        cur = build_attn(ctx0, gf, model, layer, kv.k[il], kv.v[il], gp, io, cur, mask, rope_factors(model, kv.size),
+                         il);
 
         ggml_tensor * ffn_inp = ggml_add(ctx0, cur, inpSA);
         name_il(ffn_inp, "ffn_inp", il);
@@ -317,7 +399,8 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
 
     // one decoder layer without its input norm
     ggml_tensor * inpSA = cur;
-    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], il);
+    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], model.rope_freqs,
+                     il);
     cur = build_eagle_mlp(ctx0, model, cur, inpSA, io);
 
     // logits of the output tokens, no final norm
@@ -353,7 +436,8 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
     name_il(hidden_norm, "hidden_norm", il);
     ggml_tensor * cur = ggml_concat(ctx0, embd_norm, hidden_norm, 0); // [2 n_embd, n_tokens]
     name_il(cur, "inp_concat", il);
-    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], il);
+    cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], model.rope_freqs,
+                     il);
     cur = build_eagle_mlp(ctx0, model, cur, hidden, io);
 
     // logits of the output tokens: the head's final norm, then its lm_head
@@ -420,7 +504,9 @@ ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model
         const specee_layer & layer = model.layers[il];
         ggml_tensor *        cur   = build_norm(ctx0, h, layer.attn_norm, hp.f_norm_rms_eps);
         name_il(cur, "attn_norm", il);
-        build_kv_store(ctx0, gf, model, layer, kv.k[il], kv.v[il], io, cur, n, il);
+        const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, rope_factors(model, kv.size), n, il,
+                                      /*want_q =*/false);
+        build_kv_store(ctx0, gf, hp, kv.k[il], kv.v[il], io, qkv, n, il);
     }
     return gf;
 }

@@ -1,4 +1,4 @@
-// specee-hparams.h: a llama model's hyperparameters (read from its GGUF by specee-loader.cpp) and the bounds a file's
+// specee-hparams.h: a model's hyperparameters (read from its GGUF by specee-loader.cpp) and the bounds a file's
 // values must lie in
 #pragma once
 
@@ -18,9 +18,11 @@ struct specee_hparams {
     float    f_norm_rms_eps = 1e-5f;
 
     // RoPE
+    int      rope_type       = 0; // the family's: GGML_ROPE_TYPE_NORMAL (llama) or NEOX (specee-arch.cpp)
     float    rope_freq_base  = 10000.0f;
     float    rope_freq_scale = 1.0f;
     float    rope_ext_factor = 0.0f; // YaRN only
+    float    rope_attn_factor = 1.0f; // scales RoPE's cos and sin (phi3 LongRoPE)
     uint32_t n_ctx_orig      = 0;
 
     uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }

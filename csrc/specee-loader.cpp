@@ -1,8 +1,9 @@
-// specee-loader.cpp: loading a llama GGUF into a specee_model, and freeing it. In steps: the file is a GGUF of the
-// llama architecture; its metadata (specee-gguf.cpp) and hyperparameters; its weights, found by name with their
-// shapes checked; the draft head and exit predictors it carries (specee-head-weights.cpp); the file mapped with the
-// tensors pointing into it; a draft head file, when given; then the weights placed on devices and the CPU's
-// repacked (specee-placement.cpp). The C API that loads and frees models and draft head files.
+// specee-loader.cpp: loading a GGUF into a specee_model, and freeing it. In steps: the file is a GGUF of a family
+// this runtime has (specee-arch.cpp's table: llama, qwen2, ...); its metadata (specee-gguf.cpp) and
+// hyperparameters; its weights, those its family's layers have, found by name with their shapes checked; the
+// draft head and exit predictors it carries (specee-head-weights.cpp); the file mapped with the tensors pointing
+// into it; a draft head file, when given; then the weights placed on devices and the CPU's repacked
+// (specee-placement.cpp). The C API that loads and frees models and draft head files.
 #include "specee-arch.h"
 #include "specee-gguf.h"
 #include "specee-head-weights.h"
@@ -62,8 +63,9 @@ static void check_gguf_file(const char * path) {
     }
 }
 
-// the header and metadata (tensor data not yet mapped), the metadata also as printable strings; the architecture
-static std::string read_metadata(specee_model & m) {
+// the header and metadata (tensor data not yet mapped), the metadata also as printable strings; the architecture's
+// family
+static const specee_arch_family & read_metadata(specee_model & m) {
     const char * path = m.path.c_str();
     std::string  why;
     m.file.gguf = specee_gguf_open(path, &m.file.ctx_meta, why);
@@ -81,13 +83,16 @@ static std::string read_metadata(specee_model & m) {
                     "import-specee %s -o OUT.gguf` rewrites it as a llama GGUF with its EAGLE head and exit "
                     "predictors, which this runtime runs", path, path);
     }
-    if (arch != "llama") {
-        specee_fail("unsupported architecture '%s' in %s (this runtime runs 'llama' models)", arch.c_str(), path);
+    const specee_arch_family * family = specee_arch_family_find(arch);
+    if (!family) {
+        specee_fail("unsupported architecture '%s' in %s (this runtime runs %s models)", arch.c_str(), path,
+                    specee_arch_family_names().c_str());
     }
-    return arch;
+    return *family;
 }
 
-static void load_hparams(specee_model & m, const std::string & arch) {
+static void load_hparams(specee_model & m, const specee_arch_family & family) {
+    const std::string    arch = family.name;
     const gguf_context * g   = m.file.gguf;
     specee_hparams &     hp  = m.hparams;
     auto                 key = [&](const char * fmt) { return specee_gguf_key(fmt, arch); };
@@ -132,6 +137,8 @@ static void load_hparams(specee_model & m, const std::string & arch) {
     hp.rope_ext_factor = scale_type == "yarn" ? 1.0f : 0.0f;
     hp.n_ctx_orig      = hp.n_ctx_train;
     specee_gguf_get_int(g, key(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN), hp.n_ctx_orig, 1, INT32_MAX, false);
+    specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_SCALING_ATTN_FACTOR), hp.rope_attn_factor, 0.0f, INFINITY);
+    hp.rope_type = family.rope_type;
 }
 
 // The blk.N tensors must be those of layers 0..n_layer-1: a file whose block_count is smaller than its layers
@@ -175,14 +182,59 @@ static void read_vocab_size(specee_model & m, const std::string & arch) {
 
 // ---- the weights ---------------------------------------------------------------------------------
 
-// the base model's tensors, shapes checked against the hyperparameters
-static void read_weights(specee_model & m) {
+// the slot of a layer tensor in specee_layer, and its shape for these hyperparameters (fused: ffn_up holds the gate
+// rows too)
+static ggml_tensor ** layer_slot(specee_layer & l, specee_tensor t) {
+    switch (t) {
+        case SPECEE_TENSOR_ATTN_NORM:   return &l.attn_norm;
+        case SPECEE_TENSOR_ATTN_Q:      return &l.wq;
+        case SPECEE_TENSOR_ATTN_K:      return &l.wk;
+        case SPECEE_TENSOR_ATTN_V:      return &l.wv;
+        case SPECEE_TENSOR_ATTN_QKV:    return &l.wqkv;
+        case SPECEE_TENSOR_ATTN_Q_BIAS: return &l.bq;
+        case SPECEE_TENSOR_ATTN_K_BIAS: return &l.bk;
+        case SPECEE_TENSOR_ATTN_V_BIAS: return &l.bv;
+        case SPECEE_TENSOR_ATTN_Q_NORM: return &l.q_norm;
+        case SPECEE_TENSOR_ATTN_K_NORM: return &l.k_norm;
+        case SPECEE_TENSOR_ATTN_OUTPUT: return &l.wo;
+        case SPECEE_TENSOR_FFN_NORM:    return &l.ffn_norm;
+        case SPECEE_TENSOR_FFN_GATE:    return &l.ffn_gate;
+        case SPECEE_TENSOR_FFN_UP:      return &l.ffn_up;
+        case SPECEE_TENSOR_FFN_DOWN:    return &l.ffn_down;
+        default:                        return nullptr;
+    }
+}
+
+static std::vector<int64_t> layer_shape(const specee_hparams & hp, specee_tensor t, bool fused_gate_up) {
+    const int64_t n_embd = hp.n_embd;
+    const int64_t n_q    = (int64_t) hp.n_embd_head_k * hp.n_head;
+    const int64_t n_k    = hp.n_embd_k_gqa();
+    const int64_t n_v    = hp.n_embd_v_gqa();
+    const int64_t n_ff   = hp.n_ff;
+    switch (t) {
+        case SPECEE_TENSOR_ATTN_Q:      return {n_embd, n_q};
+        case SPECEE_TENSOR_ATTN_K:      return {n_embd, n_k};
+        case SPECEE_TENSOR_ATTN_V:      return {n_embd, n_v};
+        case SPECEE_TENSOR_ATTN_QKV:    return {n_embd, n_q + n_k + n_v};
+        case SPECEE_TENSOR_ATTN_Q_BIAS: return {n_q};
+        case SPECEE_TENSOR_ATTN_K_BIAS: return {n_k};
+        case SPECEE_TENSOR_ATTN_V_BIAS: return {n_v};
+        case SPECEE_TENSOR_ATTN_Q_NORM:
+        case SPECEE_TENSOR_ATTN_K_NORM: return {(int64_t) hp.n_embd_head_k};
+        case SPECEE_TENSOR_ATTN_OUTPUT: return {(int64_t) hp.n_embd_head_v * hp.n_head, n_embd};
+        case SPECEE_TENSOR_FFN_GATE:    return {n_embd, n_ff};
+        case SPECEE_TENSOR_FFN_UP:      return {n_embd, fused_gate_up ? 2 * n_ff : n_ff};
+        case SPECEE_TENSOR_FFN_DOWN:    return {n_ff, n_embd};
+        default:                        return {n_embd}; // attn_norm, ffn_norm
+    }
+}
+
+// the base model's tensors, those of each layer as its family's row lists them, shapes checked against the
+// hyperparameters
+static void read_weights(specee_model & m, const specee_arch_family & family) {
     const specee_hparams & hp      = m.hparams;
     const int64_t          n_embd  = hp.n_embd;
     const int64_t          n_vocab = hp.n_vocab;
-    const int64_t          n_q     = (int64_t) hp.n_embd_head_k * hp.n_head;
-    const int64_t          n_out   = (int64_t) hp.n_embd_head_v * hp.n_head;
-    const int64_t          n_ff    = hp.n_ff;
     auto tensor = [&](specee_tensor which, int il, std::vector<int64_t> shape, bool required = true) {
         return specee_gguf_tensor(m.file.ctx_meta, m.path, which, il, std::move(shape), required);
     };
@@ -193,18 +245,25 @@ static void read_weights(specee_model & m) {
         m.output = m.tok_embd; // tied embeddings
     }
     m.rope_freqs = tensor(SPECEE_TENSOR_ROPE_FREQS, -1, {(int64_t) hp.n_rot / 2}, false);
+    m.rope_long  = tensor(SPECEE_TENSOR_ROPE_FACTORS_LONG, -1, {(int64_t) hp.n_rot / 2}, false);
+    m.rope_short = tensor(SPECEE_TENSOR_ROPE_FACTORS_SHORT, -1, {(int64_t) hp.n_rot / 2}, false);
+    if (!m.rope_long != !m.rope_short) {
+        specee_fail("%s has '%s' without '%s': LongRoPE needs both", m.path.c_str(),
+                    specee_tensor_name(m.rope_long ? SPECEE_TENSOR_ROPE_FACTORS_LONG : SPECEE_TENSOR_ROPE_FACTORS_SHORT)
+                        .c_str(),
+                    specee_tensor_name(m.rope_long ? SPECEE_TENSOR_ROPE_FACTORS_SHORT : SPECEE_TENSOR_ROPE_FACTORS_LONG)
+                        .c_str());
+    }
+    if (m.rope_long && m.rope_freqs) {
+        specee_fail("%s has both rope_freqs and LongRoPE factors", m.path.c_str());
+    }
+    const bool fused_gate_up = !specee_arch_family_has(family, SPECEE_TENSOR_FFN_GATE);
     m.layers.resize(hp.n_layer);
     for (int il = 0; il < (int) hp.n_layer; ++il) {
-        specee_layer & l = m.layers[il];
-        l.attn_norm      = tensor(SPECEE_TENSOR_ATTN_NORM, il, {n_embd});
-        l.wq             = tensor(SPECEE_TENSOR_ATTN_Q, il, {n_embd, n_q});
-        l.wk             = tensor(SPECEE_TENSOR_ATTN_K, il, {n_embd, (int64_t) hp.n_embd_k_gqa()});
-        l.wv             = tensor(SPECEE_TENSOR_ATTN_V, il, {n_embd, (int64_t) hp.n_embd_v_gqa()});
-        l.wo             = tensor(SPECEE_TENSOR_ATTN_OUTPUT, il, {n_out, n_embd});
-        l.ffn_norm       = tensor(SPECEE_TENSOR_FFN_NORM, il, {n_embd});
-        l.ffn_gate       = tensor(SPECEE_TENSOR_FFN_GATE, il, {n_embd, n_ff});
-        l.ffn_up         = tensor(SPECEE_TENSOR_FFN_UP, il, {n_embd, n_ff});
-        l.ffn_down       = tensor(SPECEE_TENSOR_FFN_DOWN, il, {n_ff, n_embd});
+        for (int j = 0; j < SPECEE_MAX_LAYER_TENSORS && family.layer_tensors[j] != SPECEE_TENSOR_COUNT; ++j) {
+            const specee_tensor t = family.layer_tensors[j];
+            *layer_slot(m.layers[il], t) = tensor(t, il, layer_shape(hp, t, fused_gate_up));
+        }
     }
 }
 
@@ -270,12 +329,13 @@ static specee_model * load_impl(const char * path, const specee_model_params & p
     auto m  = std::make_unique<specee_model>();
     m->path = path;
     check_gguf_file(path);
-    const std::string arch = read_metadata(*m);
-    load_hparams(*m, arch);
+    const specee_arch_family & family = read_metadata(*m);
+    const std::string          arch   = family.name;
+    load_hparams(*m, family);
     check_layer_tensors(*m, arch);
     read_vocab_size(*m, arch);
     m->vocab = specee_vocab_load(m->file.gguf, m->hparams.n_vocab);
-    read_weights(*m);
+    read_weights(*m, family);
     if (specee_has_eagle_tensors(m->file.ctx_meta)) {
         m->eagle = specee_read_eagle(m->hparams, m->file.ctx_meta, m->file.gguf, m->path);
     }

@@ -1,4 +1,4 @@
-// specee-model.h: a loaded llama model: its hyperparameters, weights, draft head, exit predictors, vocabulary and
+// specee-model.h: a loaded model (a llama or another family of specee-arch.cpp's table): its hyperparameters, weights, draft head, exit predictors, vocabulary and
 // where each weight lives. Loading it is specee-loader.cpp's; the draft head and predictors are read by
 // specee-head-weights.cpp, placed and repacked by specee-placement.cpp.
 #pragma once
@@ -16,17 +16,37 @@
 #include <utility>
 #include <vector>
 
+// A layer's weights; which of them a layer has is its family's (specee-arch.cpp), NULL the others.
 struct specee_layer {
     ggml_tensor * attn_norm = nullptr; // [n_embd]
     ggml_tensor * wq        = nullptr; // [n_embd, n_embd_head_k * n_head]
     ggml_tensor * wk        = nullptr; // [n_embd, n_embd_k_gqa]
     ggml_tensor * wv        = nullptr; // [n_embd, n_embd_v_gqa]
+    ggml_tensor * wqkv      = nullptr; // [n_embd, n_embd_head_k * n_head + n_embd_k_gqa + n_embd_v_gqa] (phi3)
+    ggml_tensor * bq        = nullptr; // [n_embd_head_k * n_head] (qwen2)
+    ggml_tensor * bk        = nullptr; // [n_embd_k_gqa]
+    ggml_tensor * bv        = nullptr; // [n_embd_v_gqa]
+    ggml_tensor * q_norm    = nullptr; // [n_embd_head_k] (qwen3)
+    ggml_tensor * k_norm    = nullptr; // [n_embd_head_k]
     ggml_tensor * wo        = nullptr; // [n_embd_head_v * n_head, n_embd]
     ggml_tensor * ffn_norm  = nullptr; // [n_embd]
-    ggml_tensor * ffn_gate  = nullptr; // [n_embd, n_ff]
-    ggml_tensor * ffn_up    = nullptr; // [n_embd, n_ff]
+    ggml_tensor * ffn_gate  = nullptr; // [n_embd, n_ff] (NULL: ffn_up holds the gate rows too)
+    ggml_tensor * ffn_up    = nullptr; // [n_embd, n_ff] or [n_embd, 2 n_ff]: gate rows, then up rows (phi3)
     ggml_tensor * ffn_down  = nullptr; // [n_ff, n_embd]
 };
+
+// the slots of the weights a layer has (those not NULL), and of those the matrices (only matrix products read them)
+inline std::vector<ggml_tensor **> specee_layer_weights(specee_layer & l, bool matrices_only = false) {
+    std::vector<ggml_tensor **> all = {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wqkv, &l.bq, &l.bk, &l.bv, &l.q_norm,
+                                       &l.k_norm, &l.wo, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down};
+    std::vector<ggml_tensor **> out;
+    for (ggml_tensor ** t : all) {
+        if (*t && (!matrices_only || ggml_n_dims(*t) == 2)) {
+            out.push_back(t);
+        }
+    }
+    return out;
+}
 
 // EAGLE draft head.
 // EAGLE-1 (version 1): x = fc(concat(embed(t), f)) + fc_b, then one decoder layer without its input norm
@@ -85,6 +105,8 @@ struct specee_model {
     ggml_tensor * output_norm = nullptr; // [n_embd]
     ggml_tensor * output      = nullptr; // [n_embd, n_vocab] (tok_embd when tied)
     ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
+    ggml_tensor * rope_long   = nullptr; // [n_rot/2] optional (phi3 LongRoPE): the factors of a context longer than
+    ggml_tensor * rope_short  = nullptr; // [n_rot/2]   n_ctx_orig, and of one within it (both or neither)
     std::vector<specee_layer> layers;
     specee_eagle              eagle; // draft head, from the model file or specee_model_load_eagle
     specee_exit_cfg           exit;  // exit predictors and settings (specee-early-exit.cpp)

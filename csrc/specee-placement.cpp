@@ -116,10 +116,8 @@ static std::vector<ggml_backend_dev_t> pick_devices(const char * names, const st
 
 // ---- placement -----------------------------------------------------------------------------------
 
-// the weights of layer il (nullptr entries skipped)
-static std::vector<ggml_tensor **> layer_weights(specee_layer & l) {
-    return {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down};
-}
+// the weights of layer il (those it has)
+static std::vector<ggml_tensor **> layer_weights(specee_layer & l) { return specee_layer_weights(l); }
 
 static std::vector<ggml_tensor **> output_weights(specee_model & m) {
     std::vector<ggml_tensor **> w = {&m.output_norm, &m.output};
@@ -365,7 +363,7 @@ static std::vector<ggml_tensor **> cpu_matrices(specee_model & m) {
             continue;
         }
         specee_layer & l = m.layers[il];
-        for (ggml_tensor ** t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+        for (ggml_tensor ** t : specee_layer_weights(l, /*matrices_only =*/true)) {
             w.push_back(t);
         }
     }

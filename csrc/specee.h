@@ -81,6 +81,9 @@ const char * specee_model_meta_value(const specee_model * model, int32_t i);
 const char * specee_arch_tensor_name(int32_t i);
 // the same for the EAGLE draft head's tensors ("eagle.fc.weight", ...)
 const char * specee_arch_eagle_tensor_name(int32_t i);
+// the model families this runtime runs, one row of their table each: "NAME ROPE TENSORS" (NAME: general.architecture,
+// ROPE: normal or neox, TENSORS: the formats of the tensors each layer has, comma separated), NULL past the end
+const char * specee_arch_family_row(int32_t i);
 
 // EAGLE-1 or EAGLE-3 draft head (specee.eagle.version): read from the model file when it has eagle.* tensors (a merged file), or from a draft head
 // file (eagle.* tensors and specee.eagle.* keys, e.g. `python -m specee.convert merge --draft-head-only`), which

@@ -580,6 +580,13 @@ PYBIND11_MODULE(_core, m) {
         }
         return names;
     });
+    m.def("arch_families", [] {
+        std::vector<std::string> rows;
+        for (int32_t i = 0; specee_arch_family_row(i); ++i) {
+            rows.emplace_back(specee_arch_family_row(i));
+        }
+        return rows;
+    }, "the model families' table, a row each: 'NAME ROPE TENSOR,TENSOR,...'");
     m.def("arch_tensor_names", [] {
         std::vector<std::string> names;
         for (int32_t i = 0; specee_arch_tensor_name(i); ++i) {

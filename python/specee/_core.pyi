@@ -8,7 +8,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'quantize', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
+__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_families', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'quantize', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
 class SpecEEError(RuntimeError):
     pass
 class Model:
@@ -234,6 +234,8 @@ class Generator:
     def why(self) -> str:
         ...
 def arch_eagle_tensor_names() -> list[str]:
+    ...
+def arch_families() -> list[str]:
     ...
 def arch_keys() -> dict:
     ...

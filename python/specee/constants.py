@@ -1,7 +1,11 @@
-"""GGUF names the runtime reads: the llama tensor-name table (mirrors csrc/specee-arch, kept equal by
-tests/test_constants.py) and the metadata keys ("{arch}" is the architecture name, "llama")."""
+"""GGUF names the runtime reads: the tensor-name table, the model families' table and the metadata keys ("{arch}" is
+the architecture name: "llama", "qwen2", ...); all mirror csrc/specee-arch, kept equal by tests/test_constants.py."""
 
-ARCH = "llama"
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ARCH = "llama"  # the architecture of the files SpecEE's own tools write (synth, import-specee)
 
 # ---- tensor names ("%d": block index), in the order of the C++ table
 
@@ -18,12 +22,49 @@ FFN_NORM = "blk.%d.ffn_norm.weight"
 FFN_GATE = "blk.%d.ffn_gate.weight"
 FFN_UP = "blk.%d.ffn_up.weight"
 FFN_DOWN = "blk.%d.ffn_down.weight"
+ATTN_Q_BIAS = "blk.%d.attn_q.bias"  # qwen2
+ATTN_K_BIAS = "blk.%d.attn_k.bias"
+ATTN_V_BIAS = "blk.%d.attn_v.bias"
+ATTN_Q_NORM = "blk.%d.attn_q_norm.weight"  # qwen3: per-head RMS norms of Q and K, before RoPE
+ATTN_K_NORM = "blk.%d.attn_k_norm.weight"
+ATTN_QKV = "blk.%d.attn_qkv.weight"  # phi3: the Q, K and V rows in one matrix
+# phi3 LongRoPE [n_rot / 2]: RoPE frequency factors for a context past the original one, and within it
+ROPE_FACTORS_LONG = "rope_factors_long.weight"
+ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 
 TENSOR_NAMES = (
     TOKEN_EMBD, OUTPUT_NORM, OUTPUT, ROPE_FREQS,
     ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT,
     FFN_NORM, FFN_GATE, FFN_UP, FFN_DOWN,
+    ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS, ATTN_Q_NORM, ATTN_K_NORM, ATTN_QKV,
+    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT,
 )
+
+# ---- model families: general.architecture (also the key prefix), RoPE type, the tensors every layer has
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    rope: str  # "normal" (GGML's interleaved pairs: the converter permutes Q/K rows) or "neox" (HF's rotate-half)
+    layer_tensors: tuple[str, ...]  # all required; without FFN_GATE, FFN_UP is [2 n_ff, n_embd]: gate rows, then up
+
+    def row(self) -> str:
+        """The family as the C++ table lists it (specee._core.arch_families())."""
+        return f"{self.name} {self.rope} {','.join(self.layer_tensors)}"
+
+
+_LLAMA_ATTN = (ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT)
+_LLAMA_FFN = (FFN_NORM, FFN_GATE, FFN_UP, FFN_DOWN)
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("llama", "normal", _LLAMA_ATTN + _LLAMA_FFN),  # also Mistral
+        Family("qwen2", "neox", _LLAMA_ATTN + (ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS) + _LLAMA_FFN),
+        Family("qwen3", "neox", _LLAMA_ATTN + (ATTN_Q_NORM, ATTN_K_NORM) + _LLAMA_FFN),
+        Family("phi3", "neox", (ATTN_NORM, ATTN_QKV, ATTN_OUTPUT, FFN_NORM, FFN_UP, FFN_DOWN)),
+    )
+}
 
 # ---- metadata keys
 
@@ -46,6 +87,7 @@ KEY_ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
 KEY_ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
 KEY_ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # older files: the linear factor
 KEY_ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
+KEY_ROPE_SCALING_ATTN_FACTOR = "{arch}.rope.scaling.attn_factor"  # float32: RoPE's cos/sin scale (phi3 LongRoPE)
 
 # ---- the draft head (EAGLE-1 or EAGLE-3) and the per-layer exit predictors, merged into a model file or alone in a draft
 # head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which

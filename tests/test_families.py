@@ -1,0 +1,506 @@
+"""Model families beyond Llama (csrc/specee-arch.cpp's table): tiny random Qwen2, Qwen3, Phi-3 and Mistral models made
+with transformers, converted by `python -m specee.convert hf` and by upstream llama.cpp's convert_hf_to_gguf.py (when
+its source is here). Logits against transformers' (F32), the two converters' files against each other, EAGLE's greedy
+tokens against plain decoding, early exit's forced exits against a masked forward of the same weights, and the errors
+a file or checkpoint of a family gets when it is incomplete."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+from safetensors.torch import save_file
+from transformers import (
+    AutoModelForCausalLM,
+    MistralConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+import specee
+from specee import EagleParams
+from specee import constants as C
+from specee.autoee.eagle_export import export_head
+from specee.autoee.eagle_head import EagleHead, read_base
+from specee.convert.hf import convert_hf_to_gguf
+from specee.convert.merge import merge_gguf
+from specee.convert.retype import read_gguf
+from conftest import rope
+from test_convert_cli import CORPUS, eagle_state
+from test_devices import ATOL as RPC_ATOL
+from test_devices import check_ngl, rpc_server  # noqa: F401 (fixture: a specee-rpc-server on 127.0.0.1)
+from test_eagle import save_published
+from test_early_exit import check_against_masked_forward, exit_decode
+from test_parity import TINY_ATOL, assert_logits_close
+
+UPSTREAM = Path(os.environ.get("SPECEE_UPSTREAM_CONVERT",
+                               "/work/up/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py"))
+
+COMMON = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=160, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-5,
+              initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+# family -> (config, what it adds, the GGUF architecture it is written as)
+FAMILIES = {
+    "qwen2": (Qwen2Config, dict(tie_word_embeddings=True), "qwen2"),  # Qwen2.5's small models tie their embeddings
+    "qwen3": (Qwen3Config, dict(head_dim=32), "qwen3"),  # head_dim * heads != hidden_size, as in Qwen3
+    "phi3": (Phi3Config, dict(original_max_position_embeddings=512), "phi3"),
+    "mistral": (MistralConfig, dict(sliding_window=None), "llama"),
+}
+TOKENS = np.random.default_rng(11).integers(3, 320, 40).tolist()
+PROMPTS = [np.random.default_rng(s).integers(3, 320, 5 + 2 * s).tolist() for s in range(3)]
+
+
+def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
+    """A tiny random model of the family (config: settings over the family's) with a SentencePiece tokenizer (both
+    converters read one); norms, Q/K norms and biases random (transformers makes them 1 and 0), so that a missing or
+    misplaced one shows."""
+    config_cls, extra, _ = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config_cls(**{**COMMON, **extra, **config}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+    model.save_pretrained(path)
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS), model_writer=buf, vocab_size=320, model_type="bpe",
+                                   byte_fallback=True, character_coverage=1.0, hard_vocab_limit=False,
+                                   normalization_rule_name="identity", remove_extra_whitespaces=False, minloglevel=2)
+    (path / "tokenizer.model").write_bytes(buf.getvalue())
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
+         "add_eos_token": False}))
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def hf_dir(family: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp(f"{family}_hf")
+    save_family(family, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_model(hf_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def ours(hf_dir: Path, family: str) -> Path:
+    out = hf_dir / f"{family}-specee-f32.gguf"
+    convert_hf_to_gguf(hf_dir, out, "f32", progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def upstream(hf_dir: Path, family: str) -> Path:
+    """The same folder converted by upstream's convert_hf_to_gguf.py, run by this Python (its own gguf-py)."""
+    if not UPSTREAM.is_file():
+        pytest.skip(f"upstream's converter is not here ({UPSTREAM}; SPECEE_UPSTREAM_CONVERT names it)")
+    out = hf_dir / f"{family}-upstream-f32.gguf"
+    r = subprocess.run([sys.executable, str(UPSTREAM), str(hf_dir), "--outfile", str(out), "--outtype", "f32"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "ModuleNotFoundError" in r.stderr:
+        pytest.skip(f"upstream's converter needs a package this environment lacks: {r.stderr.strip().splitlines()[-1]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def hf_logits(model: torch.nn.Module, tokens: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.as_tensor([tokens])).logits[0].float().numpy()
+
+
+# ---- an explicit forward of every family with per-layer masks (the reference for early exit's skipped layers)
+
+
+def family_forward(model: torch.nn.Module, tokens: list[int], pos: list[int] | None = None,
+                   masks: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """conftest.llama_forward_masked for every family, through the model's own modules (biases, Q/K norms, fused QKV
+    and gate/up as each has them); RoPE rotate-half on HF's rows. Returns logits and each layer's output."""
+    cfg = model.config
+    n = len(tokens)
+    n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head
+    theta = float(cfg.rope_parameters["rope_theta"])
+    p = torch.arange(n) if pos is None else torch.as_tensor(pos)
+    if masks is None:
+        masks = [np.tril(np.ones((n, n), dtype=bool))] * cfg.num_hidden_layers
+    hiddens = []
+    with torch.no_grad():
+        x = model.model.embed_tokens.weight[torch.as_tensor(tokens)]
+        for layer, mask in zip(model.model.layers, masks):
+            att, mlp = layer.self_attn, layer.mlp
+            h = layer.input_layernorm(x)
+            if hasattr(att, "qkv_proj"):
+                q, k, v = att.qkv_proj(h).split([n_head * hd, n_kv * hd, n_kv * hd], -1)
+            else:
+                q, k, v = att.q_proj(h), att.k_proj(h), att.v_proj(h)
+            q, k, v = q.view(n, n_head, hd), k.view(n, n_kv, hd), v.view(n, n_kv, hd)
+            if hasattr(att, "q_norm"):
+                q, k = att.q_norm(q), att.k_norm(k)
+            q, k = rope(q.transpose(0, 1), p, theta), rope(k.transpose(0, 1), p, theta)
+            k = k.repeat_interleave(n_head // n_kv, 0)
+            v = v.transpose(0, 1).repeat_interleave(n_head // n_kv, 0)
+            scores = (q @ k.transpose(1, 2) / math.sqrt(hd)).masked_fill(~torch.as_tensor(mask)[None], float("-inf"))
+            x = x + att.o_proj((scores.softmax(-1) @ v).transpose(0, 1).reshape(n, n_head * hd))
+            h = layer.post_attention_layernorm(x)
+            if hasattr(mlp, "gate_up_proj"):
+                gate, up = mlp.gate_up_proj(h).chunk(2, -1)
+            else:
+                gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+            x = x + mlp.down_proj(torch.nn.functional.silu(gate) * up)
+            hiddens.append(x.numpy().copy())
+        logits = model.lm_head(model.model.norm(x))
+    return logits.numpy(), hiddens
+
+
+def test_the_explicit_forward_is_transformers(hf_model: torch.nn.Module) -> None:
+    """The reference of the early-exit test computes what transformers computes."""
+    np.testing.assert_allclose(family_forward(hf_model, TOKENS)[0], hf_logits(hf_model, TOKENS), atol=2e-4)
+
+
+# ---- conversion and logits
+
+
+def test_architecture_and_family_tensors(ours: Path, family: str) -> None:
+    arch = FAMILIES[family][2]
+    fields, tensors = read_gguf(ours)
+    assert fields["general.architecture"].value == arch
+    assert fields[C.KEY_BLOCK_COUNT.format(arch=arch)].value == 3
+    layer0 = {n for n in tensors if n.startswith("blk.0.")}
+    assert layer0 == {t % 0 for t in C.FAMILIES[arch].layer_tensors}
+    m = specee.Model(ours, n_ctx=64, n_threads=2)
+    assert m.desc.startswith(arch + " ")
+    assert (m.n_layer, m.n_embd, m.n_head, m.n_head_kv, m.n_vocab) == (3, 64, 4, 2, 320)
+
+
+@pytest.mark.parametrize("converter", ["ours", "upstream"])
+def test_logits_match_transformers(converter: str, request: pytest.FixtureRequest, hf_model) -> None:
+    path: Path = request.getfixturevalue(converter)
+    ref = hf_logits(hf_model, TOKENS)
+    m = specee.Model(path, n_ctx=128, n_threads=2)
+    assert_logits_close(m.eval(TOKENS, output="all"), ref, TINY_ATOL)
+    m.kv_clear()
+    rows = [m.eval(TOKENS[:10], output="all")] + [m.eval([t]) for t in TOKENS[10:]]  # one token at a time
+    assert_logits_close(np.concatenate(rows), ref, TINY_ATOL)
+
+
+def test_converters_write_the_same_tensors(ours: Path, upstream: Path, family: str) -> None:
+    """The project's converter and upstream's: the same tensors, bit for bit, and the same values of the keys the
+    runtime reads (upstream writes more keys: the tokenizer's extras, file metadata)."""
+    f_ours, t_ours = read_gguf(ours)
+    f_up, t_up = read_gguf(upstream)
+    assert sorted(t_ours) == sorted(t_up)
+    for name in t_ours:
+        np.testing.assert_array_equal(t_ours[name], t_up[name], err_msg=name)
+    arch = FAMILIES[family][2]
+    for key in (getattr(C, k).format(arch=arch) for k in dir(C) if k.startswith("KEY_") and "{arch}" in getattr(C, k)):
+        if key in f_up:
+            assert key in f_ours and f_ours[key].value == pytest.approx(f_up[key].value), key
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+        assert f_ours[key].value == f_up[key].value, key
+
+
+def test_phi3_longrope_in_short_and_long_contexts(tmp_path: Path) -> None:
+    """Phi-3's LongRoPE (its 128k models): the short factors within the original context, the long ones past it, and
+    the cos/sin scale; a context's factors are those of its size, as llama.cpp picks them, and transformers picks
+    them by the sequence's length: a context of 32 cells on 24 tokens and one of 128 on 48 compare like for like."""
+    g = np.random.default_rng(2)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+            "short_factor": (1 + g.random(8)).tolist(), "long_factor": (1 + 4 * g.random(8)).tolist()}
+    save_family("phi3", tmp_path, original_max_position_embeddings=32, max_position_embeddings=128,
+                rope_parameters=rope)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+    convert_hf_to_gguf(tmp_path, tmp_path / "phi3-longrope.gguf", "f32", progress=False)
+    fields, tensors = read_gguf(tmp_path / "phi3-longrope.gguf")
+    np.testing.assert_array_equal(tensors[C.ROPE_FACTORS_LONG], np.float32(rope["long_factor"]))
+    assert fields[C.KEY_ROPE_SCALING_ATTN_FACTOR.format(arch="phi3")].value == pytest.approx(
+        math.sqrt(1 + math.log(4) / math.log(32)))
+    long_tokens = (TOKENS * 2)[:48]
+    short_ref, long_ref = hf_logits(hf, long_tokens[:24]), hf_logits(hf, long_tokens)
+    assert np.abs(short_ref - long_ref[:24]).max() > 10 * TINY_ATOL  # the factors matter
+    short = specee.Model(tmp_path / "phi3-longrope.gguf", n_ctx=32, n_threads=2)
+    assert_logits_close(short.eval(long_tokens[:24], output="all"), short_ref, TINY_ATOL)
+    long = specee.Model(tmp_path / "phi3-longrope.gguf", n_ctx=128, n_threads=2)
+    assert_logits_close(long.eval(long_tokens, output="all"), long_ref, TINY_ATOL)
+    if UPSTREAM.is_file():  # upstream's converter writes the same factors and scale
+        out = tmp_path / "upstream.gguf"
+        r = subprocess.run([sys.executable, str(UPSTREAM), str(tmp_path), "--outfile", str(out), "--outtype", "f32"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        f_up, t_up = read_gguf(out)
+        for name in (C.ROPE_FACTORS_LONG, C.ROPE_FACTORS_SHORT):
+            np.testing.assert_array_equal(t_up[name], tensors[name])
+        key = C.KEY_ROPE_SCALING_ATTN_FACTOR.format(arch="phi3")
+        assert f_up[key].value == pytest.approx(fields[key].value)
+
+
+def test_tokenizer_matches_sentencepiece(ours: Path, hf_dir: Path) -> None:
+    sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "tokenizer.model"))
+    m = specee.Model(ours, n_ctx=64, n_threads=2)
+    for text in ("Hello world", " two  spaces and\nnew lines", "digits 12345 and ünïcödé"):
+        assert m.tokenize(text, add_special=True) == [1] + sp.encode(text), text
+
+
+# ---- EAGLE and early exit on every family
+
+PRED_LAYERS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def with_head(ours: Path, hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The converted model with a random EAGLE-1 head (trained by nothing) and random exit predictors on layers 0-1."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    state = eagle_state(cfg, seed=3)
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    g = torch.Generator().manual_seed(4)
+    h, n_head, n_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    for name, shape in (("q_proj", (n_head * hd, h)), ("k_proj", (n_kv * hd, h)), ("v_proj", (n_kv * hd, h)),
+                        ("o_proj", (h, n_head * hd))):
+        state[f"layers.0.self_attn.{name}.weight"] = 0.15 * torch.randn(*shape, generator=g)
+    d = tmp_path_factory.mktemp("family_head")
+    preds = {}
+    for il in PRED_LAYERS:
+        preds[f"blk.{il}.pred.up.weight"] = torch.randn(512, 12, generator=g) * 0.3
+        preds[f"blk.{il}.pred.up.bias"] = torch.randn(512, generator=g) * 0.1
+        preds[f"blk.{il}.pred.down.weight"] = torch.randn(1, 512, generator=g) * 0.1
+        preds[f"blk.{il}.pred.down.bias"] = torch.randn(1, generator=g) * 0.1
+    save_file(preds, d / "pred.safetensors")
+    (d / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": PRED_LAYERS}))
+    out = d / "with-head.gguf"
+    merge_gguf(ours, out, eagle=save_published(state, cfg, d / "head"), eagle_type="f32",
+               predictors=d / "pred.safetensors", progress=False)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["eagle", "eagle2"])
+def test_eagle_greedy_equals_plain(with_head: Path, mode: str) -> None:
+    m = specee.Model(with_head, n_ctx=256, n_threads=2)
+    drafted = 0
+    for prompt in PROMPTS:
+        plain = m.generate_tokens(prompt, 32, mode="plain", temp=0, ignore_eos=True)
+        spec = m.generate_tokens(prompt, 32, mode=mode, temp=0, ignore_eos=True,
+                                 eagle=EagleParams(topk=4) if mode == "eagle2" else EagleParams())
+        assert spec == plain
+        drafted += m.last_stats.n_drafted
+    assert drafted > 0  # the head drafted, the model verified trees
+
+
+def test_early_exit_never_exiting_equals_plain(with_head: Path) -> None:
+    m = specee.Model(with_head, n_ctx=128, n_threads=2)
+    for prompt in PROMPTS:
+        plain = [int(t) for t in m.generate_tokens(prompt, 16, mode="plain", temp=0)]  # up to an end token
+        out, layers, st = exit_decode(m, prompt, 16, threshold=1.0)  # 16 tokens, end tokens or not
+        assert plain and out[:len(plain)] == plain
+        assert st["n_exits"] == 0 and st["n_checks"] == 15 * len(PRED_LAYERS)
+
+
+def test_early_exit_forced_exits_mask_the_skipped_layers(with_head: Path, hf_model) -> None:
+    """Exits at layers 0 and 1 on a schedule: each token is the argmax at its exit layer of a forward that hides the
+    exited tokens' cells in the layers they skipped (the family's biases, norms and RoPE in the K/V it wrote)."""
+    m = specee.Model(with_head, n_ctx=128, n_threads=2)
+    schedule = [0, -1, 1, 1, -1, 0, 0, 1]
+    checked = 0
+    for prompt in PROMPTS:
+        out, layers, st = exit_decode(m, prompt, 16, threshold=1.0, schedule=schedule)
+        assert st["n_exits"] > 0
+        checked += check_against_masked_forward(hf_model, prompt, out, layers, family_forward)
+    assert checked >= 15
+
+
+def test_layers_on_an_rpc_device_give_the_cpus_logits(ours: Path, rpc_server: str) -> None:  # noqa: F811
+    """The family's layers (biases, norms, fused matrices placed with their layer) on a second device, ggml RPC: the
+    server's graph checks take the family's ops, and -ngl 0..all gives the CPU's logits and tokens."""
+    check_ngl(ours, "first", "RPC", RPC_ATOL, rpc_servers=[rpc_server])
+
+
+# ---- errors
+
+
+def test_incomplete_family_files_are_refused(ours: Path, family: str, tmp_path: Path) -> None:
+    """A file lacking one of its family's layer tensors, or with one of the wrong shape, gets an error naming it."""
+    arch = FAMILIES[family][2]
+    extra = [t for t in C.FAMILIES[arch].layer_tensors if t not in C.FAMILIES["llama"].layer_tensors]
+    victim = (extra or [C.ATTN_K])[0] % 1
+    reader = gguf.GGUFReader(ours)
+    for case in ("missing", "shape"):
+        w = gguf.GGUFWriter(tmp_path / f"{case}.gguf", arch)
+        for f in reader.fields.values():
+            if f.name.startswith("GGUF.") or f.name == "general.architecture":
+                continue
+            vt = f.types[0]
+            if vt == gguf.GGUFValueType.ARRAY:
+                w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1])
+            else:
+                w.add_key_value(f.name, f.contents(), vt)
+        for t in reader.tensors:
+            data = np.array(t.data)
+            if t.name == victim and case == "missing":
+                continue
+            if t.name == victim:
+                data = data[..., :-1].copy() if data.ndim == 1 else data[:-1].copy()
+            w.add_tensor(t.name, data)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    with pytest.raises(specee.SpecEEError, match=f"missing tensor '{victim}'"):
+        specee.Model(tmp_path / "missing.gguf", n_ctx=64)
+    with pytest.raises(specee.SpecEEError, match=f"tensor '{victim}' has the wrong shape"):
+        specee.Model(tmp_path / "shape.gguf", n_ctx=64)
+
+
+def test_unknown_architecture_names_the_known_ones(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(tmp_path / "gemma.gguf", "gemma2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(specee.SpecEEError, match="unsupported architecture 'gemma2'.*llama, qwen2, qwen3, phi3"):
+        specee.Model(tmp_path / "gemma.gguf", n_ctx=64)
+
+
+def test_converter_refusals(tmp_path: Path) -> None:
+    save_family("phi3", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "dynamic",
+                                                                                   "factor": 2.0}}))
+    with pytest.raises(ValueError, match="rope type 'dynamic' is not supported"):
+        convert_hf_to_gguf(tmp_path, tmp_path / "x.gguf")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma2"}))
+    with pytest.raises(ValueError, match="'gemma2' is not supported.*llama, mistral, qwen2, qwen3, phi3"):
+        convert_hf_to_gguf(tmp_path, tmp_path / "x.gguf")
+    # a Qwen2 checkpoint whose model_type says llama: the biases are not a llama layer's
+    qwen = tmp_path / "qwen"
+    save_family("qwen2", qwen)
+    cfg = json.loads((qwen / "config.json").read_text())
+    (qwen / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    with pytest.raises(ValueError, match=r"unexpected tensor 'model\.layers\.\d+\.self_attn\.[qkv]_proj\.bias' in a llama"):
+        convert_hf_to_gguf(qwen, tmp_path / "x.gguf")
+    assert not list(tmp_path.glob("*.gguf*"))
+
+
+def test_a_head_made_by_autoee_fits_every_family(ours: Path, tmp_path: Path) -> None:
+    """autoee reads the family's file (shapes, eps), and the head it exports, merged or as a draft head file next to
+    the model, drafts losslessly."""
+    cfg, _ = read_base(str(ours))
+    assert (cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.n_vocab) == (64, 4, 2, 320)
+    torch.manual_seed(0)
+    weights, _ = export_head(EagleHead(cfg), tmp_path / "head", {"note": "untrained"})
+    merged, alone = tmp_path / "merged.gguf", tmp_path / "head.gguf"
+    merge_gguf(ours, merged, eagle=weights, progress=False)
+    merge_gguf(ours, alone, eagle=weights, draft_head_only=True, progress=False)  # loaded next to the base file
+    for m in (specee.Model(merged, n_ctx=256, n_threads=2), specee.Model(ours, n_ctx=256, n_threads=2,
+                                                                          draft_head=alone)):
+        for prompt in PROMPTS[:2]:
+            plain = m.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True)
+            assert m.generate_tokens(prompt, 24, mode="eagle2", temp=0, ignore_eos=True) == plain
+            assert m.last_stats.n_drafted > 0
+
+
+# ---- chat templates of the families
+
+# microsoft/Phi-3-mini-4k-instruct's tokenizer_config.json chat_template (the July 2024 update, with system messages)
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+# the part of Qwen3's template that decides the rendering of plain messages (ChatML; no default system message)
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{%- if message.role == 'user' or message.role == 'system' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- elif message.role == "
+    "'assistant' %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Qwen2.5-Instruct's template without tools: ChatML with a default system message
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\n' }}{%- endif %}{%- for message in messages %}{%- if (message.role == 'user') or (message.role == "
+    "'system' and not loop.first) or (message.role == 'assistant') %}{{- '<|im_start|>' + message.role + '\n' + "
+    "message.content + '<|im_end|>' + '\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("name,template,eos", [("phi3", PHI3_TEMPLATE, "<|endoftext|>"),
+                                               ("chatml", QWEN3_TEMPLATE, "<|im_end|>"),
+                                               ("qwen2.5", QWEN25_TEMPLATE, "<|im_end|>")])
+def test_chat_templates_are_detected_and_match_jinja(name: str, template: str, eos: str) -> None:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from specee import _core
+
+    assert _core.chat_template_detect(template) == name
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    conversations = [
+        [{"role": "user", "content": "Hello!"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+         {"role": "assistant", "content": "4"}, {"role": "user", "content": "multi\nline ünï"}],
+    ]
+    for conversation in conversations:
+        for add in (True, False):
+            want = env.from_string(template).render(messages=conversation, add_generation_prompt=add, eos_token=eos)
+            assert _core.chat_apply_template(name, conversation, add) == want
+
+
+def test_qwen2_with_its_bpe_tokenizer_end_to_end(tmp_path: Path) -> None:
+    """A Qwen2 folder with a Qwen-style tokenizer.json (NFC, Qwen 2's split regex, byte-level) through `convert hf`:
+    the pre-tokenizer is written as qwen2 and the runtime tokenizes as `tokenizers` does, the chat specials too."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    import tokenizer_fixtures as tf
+    from specee.convert.vocab import QWEN2_SPLIT
+
+    save_family("qwen2", tmp_path)
+    (tmp_path / "tokenizer.model").unlink()
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "tokenizer_config.json").read_text()), "chat_template": QWEN25_TEMPLATE}))
+    out = tmp_path / "qwen2-bpe.gguf"
+    convert_hf_to_gguf(tmp_path, out, "f32", progress=False)
+    fields, _ = read_gguf(out)
+    assert (fields["tokenizer.ggml.model"].value, fields["tokenizer.ggml.pre"].value) == ("gpt2", "qwen2")
+    m = specee.Model(out, n_ctx=64, n_threads=2)
+    assert m.chat_template() == "qwen2.5"
+    texts = tf.stress_texts(n_random=100) + tf.whitespace_texts() + ["x 12345 and 678\n\nworld 1234"]
+    # texts NFC leaves alone: the runtime, as llama.cpp, does not apply the tokenizer's NFC normalizer
+    texts = [t for t in texts if unicodedata.normalize("NFC", t) == t]
+    assert len(texts) > 100
+    for text in texts:
+        assert m.tokenize(text, add_special=False) == tok.encode(text).ids, repr(text)
+    chat = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    assert m.tokenize(chat, add_special=False, parse_special=True) == tok.encode(chat).ids
