@@ -63,8 +63,8 @@ static const double ACCEPTANCE_UNKNOWN = 0.7;
 static double nbytes(const ggml_tensor * t) { return t ? (double) ggml_nbytes(t) : 0.0; }
 
 static double layer_bytes(const specee_layer & l) {
-    return nbytes(l.wq) + nbytes(l.wk) + nbytes(l.wv) + nbytes(l.wo) + nbytes(l.ffn_gate) + nbytes(l.ffn_up) +
-           nbytes(l.ffn_down);
+    return nbytes(l.wq) + nbytes(l.wk) + nbytes(l.wv) + nbytes(l.wqkv) + nbytes(l.wo) + nbytes(l.ffn_gate) +
+           nbytes(l.ffn_up) + nbytes(l.ffn_down);
 }
 
 // A drafted level's cost in single target passes, from the bytes each reads (decoding reads every weight once per
