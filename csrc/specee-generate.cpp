@@ -248,7 +248,7 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
     if (mi.reads & SPECEE_READS_NGRAM) {
         why += std::string(why.empty() ? "" : "\n") + specee_lookup_describe(g.lookup);
     }
-    if (mode == SPECEE_MODE_NGRAM_EAGLE2) {
+    if ((mi.reads & SPECEE_READS_NGRAM) && mi.needs_head) { // lookup beside the head: hybrid trees
         why += "\n" + specee_hybrid_describe(g.lookup);
     }
     if (mi.tree && p.eagle.n_replay > 0) {
