@@ -12,7 +12,9 @@ learns from an earlier one, one /completion request, its decode time and draft c
 Without --llama-server (or llama-server on PATH) only this runtime's configurations run. Prints, per category: this
 runtime's tokens per step and drafts accepted in mode ngram, decode speed against its plain decoding and against
 upstream's plain decoding and best n-gram type; mode auto (the default) against plain; and how many ngram and auto
-replies are identical to plain ones (they must all be: exit status 1 otherwise).
+replies are identical to plain ones (they must all be: exit status 1 otherwise). --hybrid adds the draft head's modes
+eagle2 and ngram+eagle2 (hybrid trees: lookup's drafts grafted onto the head's tree) against plain, and the hybrid's
+tokens per step and drafts accepted.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from specee import chat_apply_template
 from specee.bench.code_edit import code_edit_messages
 from specee.bench.server import Server, post
 from specee.bench.spec import Config, Run, find_specee, run_config, summary
-from specee.paths import default_model_path
+from specee.paths import default_draft_head_path, default_model_path
 
 CATEGORIES = ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum")
 UPSTREAM_TYPES = "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache"
+HEAD_MODES = ("eagle2", "ngram+eagle2")
 
 
 def category_messages(data_dir: Path, name: str, n: int) -> list[list[dict[str, str]]]:
@@ -62,6 +65,9 @@ def load_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
 def configs(args: argparse.Namespace, upstream: bool) -> list[Config]:
     out = [Config("specee plain", "specee", ["--mode", "plain"]), Config("specee ngram", "specee", ["--mode", "ngram"]),
            Config("specee auto", "specee", [])]
+    if args.hybrid:  # the draft head's modes: EAGLE-2 alone and with lookup's drafts grafted on (hybrid trees)
+        head = ["--draft-head", args.draft_head]
+        out += [Config(f"specee {mode}", "specee", head + ["--mode", mode]) for mode in HEAD_MODES]
     if upstream:
         out.append(Config("llama.cpp plain", "llama.cpp", ["-fa", "on"]))
         out += [Config(f"llama.cpp {t}", "llama.cpp", ["-fa", "on", "--spec-type", t])
@@ -95,9 +101,13 @@ def fastest(runs: list[Run]) -> dict[tuple[str, int], Run]:
 
 def table(best: dict[tuple[str, int], Run], cfgs: list[Config], prompts: list[tuple[str, str]]) -> str:
     cats = list(dict.fromkeys(c for c, _ in prompts))
+    hybrid = any(c.name == "specee ngram+eagle2" for c in cfgs)
+    extra = " eagle2 x plain | ngram+eagle2 x plain | ngram+eagle2 tokens/step | ngram+eagle2 drafts accepted |"
     rows = ["| category | prompts | ngram tokens/step | drafts accepted | ngram x plain | auto x plain "
-            "| ngram x llama.cpp plain | ngram x llama.cpp best n-gram (type: drafts accepted) | identical |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+            "| ngram x llama.cpp plain | ngram x llama.cpp best n-gram (type: drafts accepted) |"
+            + (extra if hybrid else "") + " identical |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |" + (" ---: | ---: | ---: | ---: |" if hybrid else "")
+            + " ---: |"]
     for cat in cats + ["all"]:
         ids = [i for i, (c, _) in enumerate(prompts) if cat in ("all", c)]
 
@@ -121,8 +131,15 @@ def table(best: dict[tuple[str, int], Run], cfgs: list[Config], prompts: list[tu
             cells.append(f"{ts / up_ts:.2f} ({up_name[len('llama.cpp '):]}: {accepted(of(up_name))})")
         else:
             cells.append("")
+        checked = ("specee ngram", "specee auto")
+        if hybrid:
+            hyb = of("specee ngram+eagle2")
+            cells += [f"{summary(of('specee eagle2'))[0] / plain_ts:.2f}", f"{summary(hyb)[0] / plain_ts:.2f}",
+                      f"{summary(hyb)[1]:.2f}", accepted(hyb)]
+            checked += tuple(f"specee {mode}" for mode in HEAD_MODES)
+            same = sum(best[(n, i)].text == best[("specee plain", i)].text for i in ids for n in checked)
         rows.append(f"| {cat} | {len(ids)} | {tps:.2f} | {accepted(ngram)} | " + " | ".join(cells) +
-                    f" | {same}/{2 * len(ids)} |")
+                    f" | {same}/{len(checked) * len(ids)} |")
     return "\n".join(rows)
 
 
@@ -138,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server", help="upstream llama-server (default: from PATH; none: this runtime only)")
     ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the installed one)")
     ap.add_argument("--upstream-types", default=UPSTREAM_TYPES, help=f"upstream --spec-type values ({UPSTREAM_TYPES})")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="also the draft head's modes eagle2 and ngram+eagle2 (hybrid trees), with --draft-head")
+    ap.add_argument("--draft-head", default=None, help="the draft head for --hybrid (default: the shipped one)")
     ap.add_argument("--json", help="write every run here")
     args = ap.parse_args(argv)
     args.model = args.model or default_model_path()
+    args.draft_head = args.draft_head or default_draft_head_path()
     upstream = args.llama_server or shutil.which("llama-server")
     prompts = load_prompts(args)
     cfgs = configs(args, bool(upstream))
@@ -161,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(best, cfgs, prompts))
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in runs], indent=1))
-    same = all(best[(n, i)].text == best[("specee plain", i)].text for i in range(len(prompts))
-               for n in ("specee ngram", "specee auto"))
+    same = all(best[(c.name, i)].text == best[("specee plain", i)].text for i in range(len(prompts))
+               for c in cfgs if c.tool == "specee")
     return 0 if same else 1
 
 

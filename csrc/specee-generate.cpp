@@ -10,6 +10,7 @@
 #include "specee-draft-head.h"
 #include "specee-early-exit.h"
 #include "specee-generate.h"
+#include "specee-hybrid.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-options.h"
@@ -247,6 +248,9 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
     if (mi.reads & SPECEE_READS_NGRAM) {
         why += std::string(why.empty() ? "" : "\n") + specee_lookup_describe(g.lookup);
     }
+    if ((mi.reads & SPECEE_READS_NGRAM) && mi.needs_head) { // lookup beside the head: hybrid trees
+        why += "\n" + specee_hybrid_describe(g.lookup);
+    }
     if (mi.tree && p.eagle.n_replay > 0) {
         why += std::string(why.empty() ? "" : "\n") +
                "eagle: replayed acceptance (--eagle-replay): each step accepts the given number of drafted tokens "
@@ -427,6 +431,9 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         case SPECEE_MODE_EAGLE:
         case SPECEE_MODE_EAGLE2: n = specee_tree_step(g.tree, specee_generator_step(g), out, n_max); break;
         case SPECEE_MODE_NGRAM: n = specee_lookup_step(g.lookup, g.tree, specee_generator_step(g), out, n_max); break;
+        case SPECEE_MODE_NGRAM_EAGLE2:
+            n = specee_hybrid_step(g.tree, g.lookup, specee_generator_step(g), out, n_max);
+            break;
         case SPECEE_MODE_TREE_EXIT:
             n = specee_tree_exit_step(g.tree, g.exit, specee_generator_step(g), out, n_max, run);
             break;

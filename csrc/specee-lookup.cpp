@@ -267,3 +267,75 @@ void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, 
     }
     append(lk, first);
 }
+
+// ---- for another drafter's tree ------------------------------------------------------------------------
+
+// a pass of n tokens in single passes: the table, then its last step's slope beyond it
+static double cost_of(const specee_lookup & lk, int32_t n) {
+    const int32_t last = (int32_t) lk.cost.size() - 1;
+    if (n <= last) {
+        return lk.cost[std::max(n, 1)];
+    }
+    const double slope = last >= 2 ? lk.cost[last] - lk.cost[last - 1] : 1.0;
+    return lk.cost[last] + slope * (n - last);
+}
+
+specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max, int32_t n_base) {
+    specee_lookup_candidates c;
+    if (l_max <= 0 || lk.tokens.empty()) {
+        return c;
+    }
+    int32_t                         n_match = 0;
+    const std::vector<continuation> conts   = continuations(lk, n_match);
+    if (conts.empty()) {
+        return c;
+    }
+    c.n_match    = n_match;
+    c.acceptance = acceptance(lk, n_match);
+    for (int32_t k = 0; k < l_max && conts[0].from + k < (int32_t) lk.tokens.size(); ++k) {
+        c.chain.push_back(lk.tokens[conts[0].from + k]);
+    }
+    for (int32_t b = 1; b < lk.params.branches && b < (int32_t) conts.size(); ++b) {
+        c.others.push_back(conts[b].token);
+    }
+    if (!lk.params.adaptive) {
+        c.len = (int32_t) c.chain.size();
+        return c;
+    }
+    const double base   = cost_of(lk, n_base);
+    double       tokens = 1.0, ak = 1.0, best = MARGIN;
+    for (int32_t l = 1; l <= (int32_t) c.chain.size(); ++l) {
+        ak *= c.acceptance;
+        tokens += ak;
+        const double rate = tokens / (cost_of(lk, n_base + l) / base);
+        if (rate > best) {
+            best  = rate;
+            c.len = l;
+        }
+    }
+    return c;
+}
+
+void specee_lookup_observe(specee_lookup & lk, const specee_lookup_candidates & c, int32_t drafted,
+                           const std::vector<int32_t> & emitted, int32_t n_rows, double pass_ms) {
+    observe_pass(lk, n_rows, pass_ms);
+    if (c.n_match > 0 && !emitted.empty()) {
+        const int32_t k = c.n_match - lk.params.n_min;
+        lk.succ[k] *= DECAY;
+        lk.trials[k] *= DECAY;
+        if (drafted > 0) {
+            int32_t n_acc = 0; // the drafted chain's tokens that the emitted ones follow
+            while (n_acc < drafted && n_acc < (int32_t) emitted.size() && emitted[n_acc] == c.chain[n_acc]) {
+                ++n_acc;
+            }
+            lk.succ[k] += n_acc;
+            lk.trials[k] += n_acc + (n_acc < drafted && n_acc < (int32_t) emitted.size() ? 1 : 0); // and its break
+        } else {
+            lk.succ[k] += emitted[0] == c.chain[0] ? 1.0 : 0.0;
+            lk.trials[k] += 1.0;
+        }
+    }
+    for (int32_t tok : emitted) {
+        append(lk, tok);
+    }
+}

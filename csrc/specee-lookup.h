@@ -46,3 +46,24 @@ void    specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t 
 // One draft-and-verify step after step.root: as specee_tree_step (1..n_max tokens, root / root_pos advanced), the
 // drafts from the lookup; a step that drafts nothing is a plain step. dec holds the step's tree.
 int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max);
+
+// ---- for another drafter's tree (hybrid trees: specee-hybrid.h) -----------------------------------------------
+
+// What lookup would draft after the sequence's end, read without changing anything: the longest match, its
+// continuations and how far its chain pays on top of n_base rows already in the pass
+struct specee_lookup_candidates {
+    int32_t              n_match    = 0;   // the longest match's length (0: none, nothing below is set)
+    double               acceptance = 0.0; // the running acceptance of drafts from matches of that length
+    std::vector<int32_t> chain;            // the most frequent continuation (the latest on a tie), l_max tokens at most
+    std::vector<int32_t> others;           // the other continuations' first tokens, most frequent first
+                                           // (ngram.branches - 1 at most)
+    int32_t              len = 0;          // the chain's tokens that pay: the L <= chain.size() maximising
+                                           // (1 + a + ... + a^L) / (c(n_base + L) / c(n_base)), 0 where none beats
+                                           // not drafting by the margin (ngram.adaptive off: all of the chain)
+};
+specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max, int32_t n_base);
+// After a step whose tree held the first `drafted` tokens of c.chain (0: none, the match still observed: the chain's
+// first token against the first emitted) and emitted `emitted`: the acceptance of c.n_match's drafts learns from it,
+// the emitted tokens join the sequence and its index, and the pass of n_rows tokens that took pass_ms is observed
+void specee_lookup_observe(specee_lookup & lk, const specee_lookup_candidates & c, int32_t drafted,
+                           const std::vector<int32_t> & emitted, int32_t n_rows, double pass_ms);

@@ -51,6 +51,10 @@ static const specee_mode_info MODES[] = {
      SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT},
     {"ngram", "n-gram lookup: drafts copied from the prompt and the output so far, verified in one pass (no draft head)",
      false, true, false, true, false, nullptr, SPECEE_READS_NGRAM},
+    {"ngram+eagle2",
+     "hybrid trees: n-gram lookup's drafts grafted onto EAGLE-2's tree, verified in one pass; lookup alone (the head "
+     "skipped) where it is confident",
+     true, true, false, true, false, nullptr, SPECEE_READS_EAGLE2_TREE | SPECEE_READS_NGRAM},
 };
 static const int32_t N_MODES = (int32_t) (sizeof(MODES) / sizeof(MODES[0]));
 

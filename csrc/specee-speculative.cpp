@@ -449,25 +449,43 @@ static int32_t accept_sampled(const specee_tree_decoder & dec, specee_sampler & 
     for (const auto & e : dist) {
         p[e.first] = e.second;
     }
-    child                  = -1;
-    const draft_node & nd  = dec.nodes[ni];
+    child                 = -1;
+    const draft_node & nd = dec.nodes[ni];
     bool               q_in = false;
     for (int32_t c : nd.children) {
         if (dec.nodes[c].row < 0) {
             break; // the verified children are a prefix of the drawn ones
         }
-        if (nd.q.empty()) { // a drafter's point masses (n-gram lookup): each child is its own proposal
-            std::fill(q.begin(), q.end(), 0.0);
-            q[dec.nodes[c].token] = 1.0;
-        } else if (!q_in) {
+        const int32_t x = dec.nodes[c].token;
+        if (nd.q.empty() || dec.nodes[c].point) {
+            // a drafter's point mass (n-gram lookup, alone or grafted into the head's tree): its own proposal, q =
+            // [x], so x is accepted with probability p(x) and a rejection leaves norm(max(p - [x], 0)): p without x.
+            // The head's children drawn from q are independent of it, so the head's running q stays as it was.
+            if (specee_sampler_uniform(smpl) < p[x]) {
+                child = c;
+                return x;
+            }
+            p[x] = 0.0;
+            double sp_sum = 0.0;
+            for (int32_t t = 0; t < n_vocab; ++t) {
+                sp_sum += p[t];
+            }
+            if (sp_sum <= 0.0) {
+                specee_fail("speculative sampling: the residual distribution is empty");
+            }
+            for (int32_t t = 0; t < n_vocab; ++t) {
+                p[t] /= sp_sum;
+            }
+            continue;
+        }
+        if (!q_in) {
             std::fill(q.begin(), q.end(), 0.0);
             for (const auto & e : nd.q) {
                 q[e.first] += e.second;
             }
             q_in = true;
         }
-        const int32_t x  = dec.nodes[c].token;
-        const double  px = p[x], qx = q[x];
+        const double px = p[x], qx = q[x];
         if (qx > 0.0 && specee_sampler_uniform(smpl) * qx < px) {
             child = c;
             return x;

@@ -31,6 +31,8 @@ struct draft_node {
     sparse_dist          q;             // the distribution its children were drawn from (sampling)
     std::vector<int32_t> cand;          // tree exit: the head's top n_cand tokens here (target ids; every verified
                                         // node, its leaves expanded for them)
+    bool                 point = false; // drafted by a drafter without a distribution (n-gram lookup, grafted into a
+                                        // head's tree: specee-hybrid.cpp): a point mass, its parent's q does not apply
 };
 
 struct specee_tree_decoder {

@@ -380,6 +380,7 @@ enum specee_mode {
     SPECEE_MODE_EARLY_EXIT = 4,
     SPECEE_MODE_TREE_EXIT  = 5,
     SPECEE_MODE_NGRAM      = 6,
+    SPECEE_MODE_NGRAM_EAGLE2 = 7,
 };
 
 // the longest choices text, and the most entries in an exit schedule or a replay that the parameters hold

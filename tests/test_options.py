@@ -69,13 +69,14 @@ def test_python_defaults_are_the_runtime_defaults() -> None:
 
 
 def test_names_are_defined_once_in_the_runtime() -> None:
-    assert tuple(MODES) == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit", "ngram") == \
+    assert tuple(MODES) == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit", "ngram",
+                           "ngram+eagle2") == \
         tuple(OPTIONS["mode"]["choices"])
     assert OPTIONS["exit.kv"]["choices"] == ["mask", "fill"]
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, ngram, not 'eagle3'"),
+    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, ngram, ngram+eagle2, not 'eagle3'"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(min_p=1.5), "min_p must be in [0, 1]"),
     (dict(top_k=2.5), "top_k must be an integer"),
