@@ -500,7 +500,8 @@ def test_a_type_without_a_cpu_kernel_is_refused(server, op: str, role: str, type
 @pytest.mark.parametrize("op,types", [("MUL_MAT", {"a": Q4_0}), ("MUL_MAT", {"a": Q8_0}), ("MUL_MAT", {"a": F16}),
                                       ("MUL_MAT", {"a": BF16}), ("GET_ROWS", {"a": Q8_0}), ("GET_ROWS", {"a": F16}),
                                       ("SET_ROWS", {"dst": F16}), ("SET_ROWS", {"dst": Q8_0, "idx": I32}),
-                                      ("FLASH_ATTN_EXT", {}), ("FLASH_ATTN_EXT", {"k": Q8_0, "v": Q8_0})])
+                                      ("FLASH_ATTN_EXT", {}), ("FLASH_ATTN_EXT", {"v": F32}),
+                                      ("FLASH_ATTN_EXT", {"k": Q8_0, "v": Q8_0})])
 def test_the_types_a_llama_graph_uses_still_compute(server, op: str, types: dict[str, int]) -> None:
     port, _, _ = server
     with Conn(port) as c:
