@@ -353,7 +353,7 @@ def structured(rng: random.Random, s: Session) -> tuple[int, bytes, int | None]:
                       "BUFFER_GET_BASE", "INIT_TENSOR", "GET_ALLOC_SIZE", "GET_ALIGNMENT", "GET_MAX_SIZE",
                       "GET_DEVICE_MEMORY", "DEVICE_COUNT", "SET_TENSOR_HASH", "HELLO"])
     q = struct.pack
-    if s.indices and rng.random() < 0.15:
+    if s.indices and rng.random() < 0.4:
         cmd = "SET_INDICES"
     if cmd == "SET_INDICES" and s.indices:
         s.follow = rng.random() < 0.8  # and then, most of the time, GRAPH_RECOMPUTE behind it
