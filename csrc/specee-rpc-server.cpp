@@ -701,6 +701,11 @@ static bool init_device(server_state & s, std::string & err) {
 void specee_rpc_serve(const specee_rpc_server_params & p, std::string & err) {
     static server_state s; // lives as long as the process: connection threads are detached
     s.p = p;
+    // one heap for all connection threads: with glibc's arena per thread, what a finished connection freed stays
+    // spread over arenas that malloc_trim cannot empty while other threads' small blocks sit in their pages (a
+    // churn of a million tiny buffers grew the process by megabytes); buffers are allocated rarely, so sharing
+    // one arena costs nothing measurable
+    mallopt(M_ARENA_MAX, 1);
     if (!init_device(s, err)) {
         return;
     }

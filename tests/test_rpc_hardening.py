@@ -41,11 +41,25 @@ def alive(port: int) -> bool:
         return 0 < total and free <= total
 
 
-def rss_kb(pid: int) -> int:
+def proc_status(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {key}")
+
+
+def rss_kb(pid: int) -> int:
+    return proc_status(pid, "VmRSS")
+
+
+def settled_rss_kb(pid: int, threads: int) -> int:
+    """The server's RSS once its connection threads have all ended (back to `threads`), at most 30 s from now."""
+    for _ in range(300):
+        if proc_status(pid, "Threads") <= threads:
+            break
+        time.sleep(0.1)
+    time.sleep(0.2)
+    return rss_kb(pid)
 
 
 # ---- sizes
@@ -814,11 +828,11 @@ def test_wrong_tokens_are_answered_slowly_one_at_a_time(tmp_path: Path) -> None:
             assert ok.call(CMD["DEVICE_COUNT"]) == struct.pack("<I", 1)
 
 
-@pytest.mark.slow
 def test_a_million_tiny_buffers_leave_rss_flat(tmp_path: Path) -> None:
     """A million 1-byte buffers allocated and freed (half freed by command, half by leaving) over 250 connections, 4
     at a time, under an 8 MiB budget that refuses some of them: the server's resident memory after the first 40
-    connections and after the last differs by less than 1 MiB, and the budget is whole again at the end."""
+    connections and after the last (each once their threads have ended) differs by less than 1 MiB, and the budget
+    is whole again at the end. About 10 s."""
     with rpc_server(tmp_path / "log", "--max-memory", "8", "--max-buffers", "4096") as (port, pid):
         refused_allocs = [0]
 
@@ -839,15 +853,16 @@ def test_a_million_tiny_buffers_leave_rss_flat(tmp_path: Path) -> None:
             for t in threads:
                 t.join(timeout=300)
 
+        time.sleep(0.5)  # the fixture's probe connection has gone
+        threads = proc_status(pid, "Threads")
         for _ in range(10):
             wave(4)
-        time.sleep(0.5)
-        warm = rss_kb(pid)
+        warm = settled_rss_kb(pid, threads)
         for _ in range(52):
             wave(4)
         wave(2)
-        time.sleep(0.5)
-        assert rss_kb(pid) - warm < 1024, (warm, rss_kb(pid))
+        end = settled_rss_kb(pid, threads)
+        assert end - warm < 1024, (warm, end)
         assert refused_allocs[0] > 0  # the budget said no to some
         with Conn(port) as c:
             free, total = struct.unpack("<QQ", c.call(CMD["GET_DEVICE_MEMORY"], struct.pack("<I", 0)))
