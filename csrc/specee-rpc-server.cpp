@@ -109,7 +109,9 @@ struct connection {
     specee_rpc_buffers   buffers;
     uint64_t             next_id = 1;
     std::unique_ptr<specee_rpc_graph> graph; // the last graph (GRAPH_RECOMPUTE runs it again)
-    uint64_t                          graph_counted = 0; // its memory, counted in the budget
+    std::vector<ggml_cplan>           plans; // one per slice of it, sharing `work`
+    std::unique_ptr<uint8_t[]>        work;  // the CPU kernels' scratch memory for the largest slice
+    uint64_t                          graph_counted = 0; // its memory and its scratch, counted in the budget
     std::string                       why;       // what the client broke, for the log line
 
     connection(server_state & st, int f, std::string name) : s(st), fd(f), peer(std::move(name)) {}
@@ -123,6 +125,8 @@ struct connection {
     }
     void drop_graph() {
         graph.reset();
+        plans.clear();
+        work.reset();
         mem_release(s, graph_counted);
         graph_counted = 0;
     }
@@ -455,9 +459,9 @@ static bool compute(connection & c) {
     if (!specee_rpc_graph_indices_ok(*c.graph, c.why)) {
         return false;
     }
-    for (ggml_cgraph * slice : c.graph->slices) {
+    for (size_t i = 0; i < c.graph->slices.size(); ++i) {
         c.s.compute_turns.lock();
-        const ggml_status st = ggml_backend_graph_compute(c.s.backend, slice);
+        const ggml_status st = ggml_graph_compute(c.graph->slices[i], &c.plans[i]);
         c.s.compute_turns.unlock();
         if (st != GGML_STATUS_SUCCESS) {
             return c.refuse(std::string("graph compute failed: ") + ggml_status_to_string(st));
@@ -487,9 +491,24 @@ static bool cmd_graph_compute(connection & c, uint64_t size) {
         c.graph_counted = mem;
         c.graph = specee_rpc_graph_build(msg.data(), msg.size(), c.buffers, c.s.dev, c.s.limits, c.why);
         if (c.graph) {
-            const uint64_t more = c.graph->mem_size() > mem ? c.graph->mem_size() - mem : 0;
-            ok = mem_reserve(c.s, more) || c.refuse("graph over the memory budget");
+            // the slices' graphs, and the scratch memory of the CPU kernels (converted inputs of MUL_MAT, per-thread
+            // rows of FLASH_ATTN_EXT): this connection's own, counted and freed with the graph (ggml's CPU backend
+            // would keep its largest ever, outside the budget)
+            size_t work = 0;
+            for (ggml_cgraph * slice : c.graph->slices) {
+                c.plans.push_back(ggml_graph_plan(slice, c.s.p.n_threads, nullptr));
+                work = std::max(work, c.plans.back().work_size);
+            }
+            const uint64_t more = (c.graph->mem_size() > mem ? c.graph->mem_size() - mem : 0) + work;
+            ok = mem_reserve(c.s, more) || c.refuse("graph over the memory budget (with the kernels' scratch memory)");
             c.graph_counted += ok ? more : 0;
+            if (ok && work > 0) {
+                c.work.reset(new (std::nothrow) uint8_t[work]);
+                ok = c.work != nullptr || c.refuse("no memory for the graph's scratch");
+            }
+            for (ggml_cplan & plan : c.plans) {
+                plan.work_data = c.work.get();
+            }
         }
         ok = ok && c.graph != nullptr && compute(c);
     }

@@ -765,6 +765,33 @@ def test_tiny_buffers_count_at_their_real_cost_and_come_back(tmp_path: Path) -> 
         assert alive(port)
 
 
+def test_the_kernels_scratch_memory_counts_in_the_budget(tmp_path: Path) -> None:
+    """A MUL_MAT of F16 weights converts its F32 input to F16 in scratch memory (half the input's bytes): under a
+    16 MiB budget holding a 12 MiB buffer, an input of 10 MB (5 MB of scratch) is refused, one of 5 MB is computed
+    with its 2.6 MB counted while its graph is kept, and all of it comes back when the buffer (and so the graph)
+    goes."""
+    log = tmp_path / "log"
+    with rpc_server(log, "--max-memory", "16") as (port, _):
+        def memory(c: Conn) -> tuple[int, int]:
+            return struct.unpack("<QQ", c.call(CMD["GET_DEVICE_MEMORY"], struct.pack("<I", 0)))
+
+        for rows, want in ((40000, "refused"), (20000, "answered")):
+            with Conn(port) as c:
+                buf, base = c.alloc(12 << 20)
+                a = tensor(id=1, type=F16, buffer=buf, ne=(64, 4), data=base)
+                b = tensor(id=2, buffer=buf, ne=(64, rows), data=base + 4096)
+                t = tensor(id=3, buffer=buf, ne=(4, rows), data=base + 4096 + 256 * rows, op=OP["MUL_MAT"],
+                           src=(1, 2))
+                assert outcome(c, CMD["GRAPH_COMPUTE"], graph([3], [a, b, t])) == want
+                if want == "answered":
+                    free, total = memory(c)
+                    assert total == 16 << 20 and free <= total - (12 << 20) - 2 * 64 * rows
+                    assert c.call(CMD["FREE_BUFFER"], struct.pack("<Q", buf)) == b""
+                    assert memory(c) == (16 << 20, 16 << 20)
+        assert alive(port)
+    assert "with the kernels' scratch memory" in log.read_text()
+
+
 def test_buffers_per_connection_are_capped(tmp_path: Path) -> None:
     with rpc_server(tmp_path / "log", "--max-buffers", "16") as (port, _):
         with Conn(port) as a:
