@@ -171,6 +171,8 @@ static bool check_flash_attn(const ggml_tensor * t, const ggml_tensor * const * 
     // by its type's conversion)
     bool ok = q->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 && rows_dense(q) && rows_dense(k) && rows_dense(v);
     ok = ok && cpu_dots(k->type) && reads_as_f32(v->type);
+    // the precision the kernel switches on (ggml_flash_attn_ext_set_prec; another value aborts)
+    ok = ok && (t->op_params[3] == GGML_PREC_DEFAULT || t->op_params[3] == GGML_PREC_F32);
     ok = ok && q->ne[0] == k->ne[0] && k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2] && k->ne[3] == v->ne[3];
     ok = ok && q->ne[2] % k->ne[2] == 0 && q->ne[3] % k->ne[3] == 0;
     ok = ok && t->ne[0] == v->ne[0] && t->ne[1] == q->ne[2] && t->ne[2] == q->ne[1] && t->ne[3] == q->ne[3];

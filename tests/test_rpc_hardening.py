@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from rpc_wire import (BF16, CMD, F16, F32, F64, GGML_TYPE_COUNT, I8, I32, I64, IQ2_XXS, OP, Q4_0, Q8_0, Q8_1, Q8_K,
-                      Conn, dense_nb, graph, rpc_server, tensor, type_size)
+                      TENSOR, Conn, dense_nb, graph, rpc_server, tensor, type_size)
 from specee._tools import tool_path
 
 TOKEN = "s3cret-token"
@@ -509,6 +509,20 @@ def test_a_type_without_a_cpu_kernel_is_refused(server, op: str, role: str, type
         assert outcome(c, CMD["GRAPH_COMPUTE"], typed_graph(buf, base, op, {role: type})) == "refused"
     assert alive(port)
     assert "is not one this server runs" in log.read_text()
+
+
+@pytest.mark.parametrize("prec,want", [(0, "answered"), (10, "answered"), (5, "refused"), (2**31 - 1, "refused")])
+def test_flash_attention_with_an_unknown_precision_is_refused(server, prec: int, want: str) -> None:
+    """Found by the fuzzer under the sanitizers: op_params[3] is the precision FLASH_ATTN_EXT's kernel switches on,
+    and it aborts on any value but GGML_PREC_DEFAULT (0) and GGML_PREC_F32 (10)."""
+    port, _, _ = server
+    with Conn(port) as c:
+        buf, base = c.alloc(1 << 20)
+        msg = bytearray(typed_graph(buf, base, "FLASH_ATTN_EXT", {}))
+        at = len(msg) - TENSOR.size + 56 + 3 * 4  # the node's op_params[3] (op_params at byte 56)
+        msg[at:at + 4] = struct.pack("<i", prec)
+        assert outcome(c, CMD["GRAPH_COMPUTE"], bytes(msg)) == want
+    assert alive(port)
 
 
 @pytest.mark.parametrize("op,types", [("MUL_MAT", {"a": Q4_0}), ("MUL_MAT", {"a": Q8_0}), ("MUL_MAT", {"a": F16}),
