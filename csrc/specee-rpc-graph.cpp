@@ -583,6 +583,25 @@ uint64_t specee_rpc_node_cost(const ggml_tensor * t) {
     return n;
 }
 
+// a node's output either lies apart from each of its sources or starts where the source starts (in place, as ggml's
+// allocator places ops it may run in place): kernels copy rows from source to output with memcpy, and a partly
+// overlapping pair is undefined behaviour (found by the fuzzer under AddressSanitizer: RMS_NORM)
+static bool apart_or_in_place(const ggml_tensor * t, const std::vector<specee_rpc_region> & regions,
+                              const std::unordered_map<const ggml_tensor *, size_t> & index_of) {
+    const specee_rpc_region & w = regions[index_of.at(t)];
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (!t->src[i]) {
+            continue;
+        }
+        const specee_rpc_region & r = regions[index_of.at(t->src[i])];
+        const bool overlap = r.data && w.data < r.data + r.extent && r.data < w.data + w.extent;
+        if (overlap && r.data != w.data) {
+            return false;
+        }
+    }
+    return true;
+}
+
 specee_rpc_graph::~specee_rpc_graph() {
     if (slice_ctx) {
         ggml_free(slice_ctx);
@@ -684,6 +703,11 @@ std::unique_ptr<specee_rpc_graph> specee_rpc_graph_build(const uint8_t * payload
         if (!check_op(t) || (computes(t) && !ggml_backend_dev_supports_op(dev, t))) {
             fail(why, std::string("node ") + std::to_string(i) + ": op " + ggml_op_name(t->op) +
                           " with these sources, types, shapes or strides is not one this server runs");
+            return nullptr;
+        }
+        if (computes(t) && !apart_or_in_place(t, regions, index_of)) {
+            fail(why, std::string("node ") + std::to_string(i) + " (" + ggml_op_name(t->op) +
+                          ") writes over part of one of its sources");
             return nullptr;
         }
         costs[i] = specee_rpc_node_cost(t);

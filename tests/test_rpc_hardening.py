@@ -682,6 +682,26 @@ def test_a_rows_node_whose_output_overlaps_its_own_indices_is_refused(server, op
     assert "overlaps its own row indices" in log.read_text()
 
 
+@pytest.mark.parametrize("op,shift,want", [("RMS_NORM", 64, "refused"), ("RMS_NORM", 0, "answered"),
+                                           ("ADD", 32, "refused"), ("ADD", 0, "answered"),
+                                           ("RMS_NORM", 96, "answered")])
+def test_an_output_over_part_of_its_source_is_refused(server, op: str, shift: int, want: str) -> None:
+    """Found by the fuzzer under AddressSanitizer: RMS_NORM copies each row to its output with memcpy, and an output
+    starting 64 bytes into its 96-byte source is an overlapping memcpy (undefined behaviour). An output in place (the
+    same start) or apart is computed."""
+    port, _, log = server
+    with Conn(port) as c:
+        buf, base = c.alloc(4096)
+        x = tensor(id=1, buffer=buf, ne=(24,), data=base + 256)
+        params = (struct.unpack("<i", struct.pack("<f", 1e-5))[0],) if op == "RMS_NORM" else ()
+        y = tensor(id=2, buffer=buf, ne=(24,), data=base + 256 + shift, op=OP[op],
+                   src=(1,) if op == "RMS_NORM" else (1, 1), op_params=params)
+        assert outcome(c, CMD["GRAPH_COMPUTE"], graph([2], [x, y])) == want
+    assert alive(port)
+    if want == "refused":
+        assert "writes over part of one of its sources" in log.read_text()
+
+
 # ---- issue 36: caps on graphs, fair turns
 
 
