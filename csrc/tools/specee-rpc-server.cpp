@@ -37,9 +37,11 @@ static void print_usage(const char * argv0) {
     printf("      --auth-token-file F  a shared secret (the file's first line, 1-256 bytes) every client must send\n");
     printf("                           before any command; the environment variable SPECEE_RPC_TOKEN gives it too.\n");
     printf("                           Clients (specee-cli --rpc, Model(rpc_servers=...)) send SPECEE_RPC_TOKEN. The\n");
-    printf("                           token is sent in clear: it keeps others out, it does not hide the traffic\n");
-    printf("      --max-memory MIB     buffers and messages held for all clients together, in MiB (default: 0 = the\n");
-    printf("                           machine's RAM); a request beyond it gets a failed allocation\n");
+    printf("                           token is sent in clear: it keeps others out, it does not hide the traffic.\n");
+    printf("                           A wrong token is answered after 0.5 s, one at a time for the whole server\n");
+    printf("      --max-memory MIB     buffers, messages, graphs and the kernels' scratch memory held for all clients\n");
+    printf("                           together, in MiB (default: 0 = the machine's RAM); a request beyond it gets a\n");
+    printf("                           failed allocation\n");
     printf("      --max-clients N      connections served at once (default: %d); more are closed at once\n",
            d.max_clients);
     printf("      --max-buffers N      buffers one connection may hold at once (default: %d); each buffer counts in\n",
