@@ -674,8 +674,10 @@ def test_a_rows_node_whose_output_overlaps_its_own_indices_is_refused(server, op
         x = tensor(id=1, buffer=buf, ne=(4, 4), data=base + 256)
         idx = tensor(id=2, type=I32, buffer=buf, ne=(2,), data=base + 64)
         src = tensor(id=4, buffer=buf, ne=(4, 2), data=base + 512)
-        node = (tensor(id=3, buffer=buf, ne=(4, 2), data=base + 48, op=OP[op], src=(1, 2)) if op == "GET_ROWS" else
-                tensor(id=3, buffer=buf, ne=(4, 4), data=base + 32, op=OP[op], src=(4, 2)))
+        # the output starts where the indices start (an output over part of a source is refused before, by
+        # test_an_output_over_part_of_its_source_is_refused's rule)
+        node = (tensor(id=3, buffer=buf, ne=(4, 2), data=base + 64, op=OP[op], src=(1, 2)) if op == "GET_ROWS" else
+                tensor(id=3, buffer=buf, ne=(4, 4), data=base + 64, op=OP[op], src=(4, 2)))
         c.send(CMD["SET_TENSOR"], idx + struct.pack("<Q2i", 0, 0, 1))
         assert outcome(c, CMD["GRAPH_COMPUTE"], graph([3], [x, idx, src, node])) == "refused"
     assert alive(port)
