@@ -21,6 +21,8 @@ close within 10 s is a hang; either saves the session's messages under --out and
 
     python tests/fuzz_rpc.py --messages 10000 --out /tmp/fuzz_rpc          # the documented long run
     python tests/fuzz_rpc.py --messages 300 --seed 1                       # the short CI run (scripts/sanitize.sh)
+    python tests/fuzz_rpc.py --messages 100000 --seed 36 --server build/rpc-sanitize/specee-rpc-server
+                                              # a sanitized build of the server alone (docs/hardening.md, issue 36)
 """
 
 from __future__ import annotations
