@@ -655,7 +655,8 @@ def test_row_indices_changed_after_a_compute_are_refused_at_recompute(server, op
                 _set_indices(c, idx, op, (0, 4))
             elif how == "COPY_TENSOR":
                 bad = tensor(type=I32, buffer=buf, ne=(size // 4,), data=base + 2048)
-                c.send(CMD["SET_TENSOR"], bad + struct.pack("<Q", 0) + struct.pack(f"<{size // 4}i", *[9] * (size // 4)))
+                nines = struct.pack(f"<{size // 4}i", *[9] * (size // 4))
+                c.send(CMD["SET_TENSOR"], bad + struct.pack("<Q", 0) + nines)
                 assert c.call(CMD["COPY_TENSOR"], bad + idx) == b"\x01"
             elif how == "MEMSET_TENSOR":
                 assert c.call(CMD["MEMSET_TENSOR"], idx + struct.pack("<QQB", 0, size, 0xFF)) == b""
@@ -767,7 +768,8 @@ def test_a_heavy_graph_does_not_hold_another_client(tmp_path: Path) -> None:
             for i in range(5):
                 b.send(CMD["SET_TENSOR"], ts[0] + struct.pack("<Q4f", 0, i, 2, 3, 4))
                 assert outcome(b, CMD["GRAPH_COMPUTE"], graph([y], ts)) == "answered"
-                assert b.call(CMD["GET_TENSOR"], ts[1] + struct.pack("<QQ", 0, 16)) == struct.pack("<4f", 2 * i, 4, 6, 8)
+                got = b.call(CMD["GET_TENSOR"], ts[1] + struct.pack("<QQ", 0, 16))
+                assert got == struct.pack("<4f", 2 * i, 4, 6, 8)
         assert not select.select([a.sock], [], [], 0)[0], "A's graph ended before B was answered"
         assert a.recv_exact(12) == struct.pack("<QI", 4, 1)  # and A's graph completes
         a.close()
