@@ -148,7 +148,8 @@ static bool check_mul_mat(const ggml_tensor * t, const ggml_tensor * a, const gg
     // the second source is F32 (converted to the dot product's type) or already of that type, and not quantized
     const ggml_type dot_type = ggml_get_type_traits_cpu(a->type)->vec_dot_type;
     const bool      b_ok     = b->type == GGML_TYPE_F32 || (b->type == dot_type && !ggml_is_quantized(b->type));
-    return cpu_dots(a->type) && b_ok && a->ne[0] == b->ne[0] && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0 && t->ne[0] == a->ne[1] &&
+    return cpu_dots(a->type) && b_ok && a->ne[0] == b->ne[0] && b->ne[2] % a->ne[2] == 0 &&
+           b->ne[3] % a->ne[3] == 0 && t->ne[0] == a->ne[1] &&
            t->ne[1] == b->ne[1] && t->ne[2] == b->ne[2] && t->ne[3] == b->ne[3] && t->type == GGML_TYPE_F32 &&
            rows_dense(a) && rows_dense(b) && rows_dense(t) && strides_grow(t);
 }
