@@ -5,6 +5,7 @@
 // written out here, and ops outside the table are refused.
 #include "specee-rpc-graph.h"
 
+#include "ggml-cpu.h"
 #include "ggml.h"
 
 #include <algorithm>
@@ -99,6 +100,40 @@ static bool is_float(const ggml_tensor * t) {
     return t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_BF16;
 }
 
+// what ggml's CPU backend has kernels for, read from its type traits (not a list of types that drifts from them):
+// a matrix product of `type` needs a dot product and a conversion of the other side to the dot product's type
+static bool cpu_dots(ggml_type type) {
+    const ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu(type);
+    return tr->vec_dot != nullptr && ggml_get_type_traits_cpu(tr->vec_dot_type)->from_float != nullptr;
+}
+
+// a row of F32 values written as `type` (SET_ROWS' destination)
+static bool cpu_writes(ggml_type type) {
+    return ggml_get_type_traits_cpu(type)->from_float != nullptr;
+}
+
+// a row of `type` read as F32 values (GET_ROWS' source, FLASH_ATTN_EXT's V)
+static bool reads_as_f32(ggml_type type) {
+    return type == GGML_TYPE_F32 || ggml_get_type_traits(type)->to_float != nullptr;
+}
+
+// the rows of a tensor indexed by row (GET_ROWS' source, SET_ROWS' destination) neither overlap nor repeat: each
+// dimension of more than one element steps past everything the dimensions below it reach (a zero or short stride
+// would make rows share bytes, and kernels read a whole row from each start)
+static bool rows_apart(const ggml_tensor * t) {
+    if (!rows_dense(t)) {
+        return false;
+    }
+    u128 reach = ggml_row_size(t->type, t->ne[0]);
+    for (int d = 1; d < GGML_MAX_DIMS; ++d) {
+        if (t->ne[d] > 1 && (u128) t->nb[d] < reach) {
+            return false;
+        }
+        reach += (u128) (t->ne[d] - 1) * t->nb[d];
+    }
+    return true;
+}
+
 static bool strides_grow(const ggml_tensor * t) {
     return t->nb[0] <= t->nb[1] && t->nb[1] <= t->nb[2] && t->nb[2] <= t->nb[3];
 }
@@ -110,7 +145,11 @@ static float op_param_f32(const ggml_tensor * t, int i) {
 }
 
 static bool check_mul_mat(const ggml_tensor * t, const ggml_tensor * a, const ggml_tensor * b) {
-    return a->ne[0] == b->ne[0] && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0 && t->ne[0] == a->ne[1] &&
+    // the second source is F32 (converted to the dot product's type) or already of that type, and not quantized
+    const ggml_type dot_type = ggml_get_type_traits_cpu(a->type)->vec_dot_type;
+    const bool      b_ok     = b->type == GGML_TYPE_F32 || (b->type == dot_type && !ggml_is_quantized(b->type));
+    return cpu_dots(a->type) && b_ok && a->ne[0] == b->ne[0] && b->ne[2] % a->ne[2] == 0 &&
+           b->ne[3] % a->ne[3] == 0 && t->ne[0] == a->ne[1] &&
            t->ne[1] == b->ne[1] && t->ne[2] == b->ne[2] && t->ne[3] == b->ne[3] && t->type == GGML_TYPE_F32 &&
            rows_dense(a) && rows_dense(b) && rows_dense(t) && strides_grow(t);
 }
@@ -129,7 +168,12 @@ static bool check_flash_attn(const ggml_tensor * t, const ggml_tensor * const * 
     if (!k || !v) {
         return false;
     }
+    // K by the CPU's dot product of its type (Q converted to the dot product's type), V read as F32 (F32 itself, or
+    // by its type's conversion)
     bool ok = q->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 && rows_dense(q) && rows_dense(k) && rows_dense(v);
+    ok = ok && cpu_dots(k->type) && reads_as_f32(v->type);
+    // the precision the kernel switches on (ggml_flash_attn_ext_set_prec; another value aborts)
+    ok = ok && (t->op_params[3] == GGML_PREC_DEFAULT || t->op_params[3] == GGML_PREC_F32);
     ok = ok && q->ne[0] == k->ne[0] && k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2] && k->ne[3] == v->ne[3];
     ok = ok && q->ne[2] % k->ne[2] == 0 && q->ne[3] % k->ne[3] == 0;
     ok = ok && t->ne[0] == v->ne[0] && t->ne[1] == q->ne[2] && t->ne[2] == q->ne[1] && t->ne[3] == q->ne[3];
@@ -234,21 +278,27 @@ static bool check_op(const ggml_tensor * t) {
         case GGML_OP_CONT:
             return is_float(a) && is_float(t) && ggml_nelements(a) == ggml_nelements(t) && (t->op == GGML_OP_CONT || b);
         case GGML_OP_GET_ROWS:
-            return b && b->type == GGML_TYPE_I32 && a->ne[2] == b->ne[1] && a->ne[3] == b->ne[2] && b->ne[3] == 1 &&
+            // rows read whole from each start (the row stride is not used inside a row): the source's rows dense and
+            // apart, its type one the CPU converts to F32
+            return b && b->type == GGML_TYPE_I32 && reads_as_f32(a->type) &&
+                   rows_apart(a) && a->ne[2] == b->ne[1] && a->ne[3] == b->ne[2] && b->ne[3] == 1 &&
                    t->ne[0] == a->ne[0] && t->ne[1] == b->ne[0] && t->ne[2] == b->ne[1] && t->ne[3] == b->ne[2] &&
-                   t->type == GGML_TYPE_F32 && rows_dense(t);
+                   t->type == GGML_TYPE_F32 && rows_apart(t);
         case GGML_OP_SET_ROWS:
+            // F32 rows read whole, written by the destination type's conversion from F32
             return b && (b->type == GGML_TYPE_I64 || b->type == GGML_TYPE_I32) && a->type == GGML_TYPE_F32 &&
+                   rows_dense(a) && cpu_writes(t->type) &&
                    t->ne[0] == a->ne[0] && t->ne[2] == a->ne[2] && t->ne[3] == a->ne[3] && a->ne[1] == b->ne[0] &&
-                   a->ne[2] % b->ne[1] == 0 && a->ne[3] % b->ne[2] == 0 && b->ne[3] == 1 && rows_dense(t);
+                   a->ne[2] % b->ne[1] == 0 && a->ne[3] % b->ne[2] == 0 && b->ne[3] == 1 && rows_apart(t);
         default:
             return false;
     }
 }
 
 // ---- index values: GET_ROWS and SET_ROWS pick rows by the values of an index tensor, and the kernel aborts on one
-// outside the rows; such a tensor must be one the client filled (op NONE), no node of the graph may write over it,
-// and its values are checked here
+// outside the rows; such a tensor must be one the client filled (op NONE), neither an earlier node nor the node itself
+// may write over it (nodes run in order; a later node may reuse the memory, as ggml's allocator does), and its values
+// are checked before every compute and recompute (specee_rpc_graph_indices_ok)
 
 static bool index_values_ok(const ggml_tensor * idx, int64_t n_rows) {
     for (int64_t i3 = 0; i3 < idx->ne[3]; ++i3) {
@@ -270,6 +320,16 @@ static bool index_values_ok(const ggml_tensor * idx, int64_t n_rows) {
                     }
                 }
             }
+        }
+    }
+    return true;
+}
+
+bool specee_rpc_graph_indices_ok(const specee_rpc_graph & g, std::string & why) {
+    for (const specee_rpc_index_check & c : g.indices) {
+        if (!index_values_ok(c.idx, c.n_rows)) {
+            return fail(why, "GET_ROWS or SET_ROWS with a row index outside the rows (index tensor '" +
+                                 std::string(c.idx->name) + "')");
         }
     }
     return true;
@@ -321,10 +381,11 @@ struct written_ranges {
 constexpr int64_t MAX_INDEX_VALUES = 1 << 26; // row indices checked per graph, at most
 
 static bool check_indices(const std::vector<ggml_tensor *> & nodes, const std::vector<specee_rpc_region> & regions,
-                          const std::unordered_map<const ggml_tensor *, size_t> & index_of, std::string & why) {
-    written_ranges                                        written;
-    std::map<const ggml_tensor *, int64_t>                checked; // index tensor -> the fewest rows it was checked for
-    int64_t                                               n_values = 0;
+                          const std::unordered_map<const ggml_tensor *, size_t> & index_of,
+                          std::vector<specee_rpc_index_check> & out, std::string & why) {
+    written_ranges                         written;
+    std::map<const ggml_tensor *, size_t>  listed; // index tensor -> its entry in `out`
+    int64_t                                n_values = 0;
     for (const ggml_tensor * t : nodes) {
         if (t->op == GGML_OP_GET_ROWS || t->op == GGML_OP_SET_ROWS) {
             const ggml_tensor * idx    = t->src[1];
@@ -332,20 +393,24 @@ static bool check_indices(const std::vector<ggml_tensor *> & nodes, const std::v
             if (idx->op != GGML_OP_NONE) {
                 return fail(why, std::string(ggml_op_name(t->op)) + " with computed row indices");
             }
-            auto seen = checked.find(idx);
-            if (seen == checked.end() || seen->second > n_rows) {
+            const specee_rpc_region & r = regions[index_of.at(idx)];
+            if (written.overlaps(r.data, r.data + r.extent)) {
+                return fail(why, "a node writes over the row indices of a later node");
+            }
+            const specee_rpc_region & w = regions[index_of.at(t)];
+            if (r.data < w.data + w.extent && w.data < r.data + r.extent) {
+                return fail(why, std::string(ggml_op_name(t->op)) + " whose output overlaps its own row indices");
+            }
+            auto seen = listed.find(idx);
+            if (seen == listed.end()) {
                 n_values += ggml_nelements(idx);
                 if (n_values > MAX_INDEX_VALUES) {
                     return fail(why, "more row indices than this server checks in one graph");
                 }
-                if (!index_values_ok(idx, n_rows)) {
-                    return fail(why, std::string(ggml_op_name(t->op)) + " with a row index outside the rows");
-                }
-                checked[idx] = n_rows;
-            }
-            const specee_rpc_region & r = regions[index_of.at(idx)];
-            if (written.overlaps(r.data, r.data + r.extent)) {
-                return fail(why, "a node writes over the row indices of a later node");
+                listed[idx] = out.size();
+                out.push_back({ idx, n_rows });
+            } else {
+                out[seen->second].n_rows = std::min(out[seen->second].n_rows, n_rows);
             }
         }
         if (computes(t)) {
@@ -388,7 +453,7 @@ size_t specee_rpc_graph_mem_size(const uint8_t * payload, size_t size) {
     if (!parse_header(payload, size, h)) {
         return 0;
     }
-    return ggml_tensor_overhead() * ((size_t) h.n_tensors + 1) + ggml_graph_overhead_custom(h.n_nodes, false) + 1024;
+    return ggml_tensor_overhead() * ((size_t) h.n_tensors + 1) + 1024;
 }
 
 // every tensor of the message made a ggml tensor, its region checked; ids unique and non-zero
@@ -487,8 +552,102 @@ static bool link_tensors(const graph_header & h, const std::vector<ggml_tensor *
     return true;
 }
 
-ggml_cgraph * specee_rpc_graph_build(ggml_context * ctx, const uint8_t * payload, size_t size,
-                                     const specee_rpc_buffers & buffers, ggml_backend_dev_t dev, std::string & why) {
+// ---- cost, and the graph cut into slices
+
+static uint64_t sat_mul(uint64_t a, uint64_t b) {
+    const u128 p = (u128) a * b;
+    return p > UINT64_MAX ? UINT64_MAX : (uint64_t) p;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b) {
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+uint64_t specee_rpc_node_cost(const ggml_tensor * t) {
+    if (!computes(t)) {
+        return 0;
+    }
+    if (t->op == GGML_OP_MUL_MAT) {
+        return sat_mul((uint64_t) ggml_nelements(t), (uint64_t) t->src[0]->ne[0]);
+    }
+    if (t->op == GGML_OP_FLASH_ATTN_EXT) {
+        const ggml_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
+        const uint64_t     rows = sat_mul(sat_mul(q->ne[1], q->ne[2]), q->ne[3]);
+        return sat_mul(sat_mul(rows, k->ne[1]), (uint64_t) k->ne[0] + v->ne[0]);
+    }
+    uint64_t n = (uint64_t) ggml_nelements(t);
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (t->src[i]) {
+            n = sat_add(n, (uint64_t) ggml_nelements(t->src[i]));
+        }
+    }
+    return n;
+}
+
+// a node's output either lies apart from each of its sources or starts where the source starts (in place, as ggml's
+// allocator places ops it may run in place): kernels copy rows from source to output with memcpy, and a partly
+// overlapping pair is undefined behaviour (found by the fuzzer under AddressSanitizer: RMS_NORM)
+static bool apart_or_in_place(const ggml_tensor * t, const std::vector<specee_rpc_region> & regions,
+                              const std::unordered_map<const ggml_tensor *, size_t> & index_of) {
+    const specee_rpc_region & w = regions[index_of.at(t)];
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (!t->src[i]) {
+            continue;
+        }
+        const specee_rpc_region & r = regions[index_of.at(t->src[i])];
+        const bool overlap = r.data && w.data < r.data + r.extent && r.data < w.data + w.extent;
+        if (overlap && r.data != w.data) {
+            return false;
+        }
+    }
+    return true;
+}
+
+specee_rpc_graph::~specee_rpc_graph() {
+    if (slice_ctx) {
+        ggml_free(slice_ctx);
+    }
+    if (tensor_ctx) {
+        ggml_free(tensor_ctx);
+    }
+}
+
+// the nodes cut into runs of about limits.slice_cost each (a node costing more is a run of its own), each run made a
+// ggml graph in a context sized for exactly these graphs
+static bool make_slices(specee_rpc_graph & g, const std::vector<ggml_tensor *> & nodes,
+                        const std::vector<uint64_t> & costs, const specee_rpc_graph_limits & limits) {
+    std::vector<std::pair<size_t, size_t>> runs; // [begin, end)
+    uint64_t                               acc = 0;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (runs.empty() || acc >= limits.slice_cost) {
+            runs.push_back({ i, i });
+            acc = 0;
+        }
+        runs.back().second = i + 1;
+        acc                = sat_add(acc, costs[i]);
+    }
+    size_t mem = 1024;
+    for (const auto & [b, e] : runs) {
+        mem += ggml_graph_overhead_custom(e - b, false);
+    }
+    g.slice_mem.resize(mem);
+    g.slice_ctx = ggml_init({ mem, g.slice_mem.data(), true });
+    if (!g.slice_ctx) {
+        return false;
+    }
+    for (const auto & [b, e] : runs) {
+        ggml_cgraph * graph = ggml_new_graph_custom(g.slice_ctx, e - b, false);
+        for (size_t i = b; i < e; ++i) {
+            ggml_graph_add_node(graph, nodes[i]);
+        }
+        g.slices.push_back(graph);
+    }
+    return true;
+}
+
+std::unique_ptr<specee_rpc_graph> specee_rpc_graph_build(const uint8_t * payload, size_t size,
+                                                         const specee_rpc_buffers & buffers, ggml_backend_dev_t dev,
+                                                         const specee_rpc_graph_limits & limits, std::string & why) {
     graph_header h;
     if (!parse_header(payload, size, h)) {
         fail(why, "graph message sizes do not add up");
@@ -498,14 +657,27 @@ ggml_cgraph * specee_rpc_graph_build(ggml_context * ctx, const uint8_t * payload
         fail(why, h.device != 0 ? "no such device" : "a graph without nodes");
         return nullptr;
     }
-    std::vector<ggml_tensor *>            ts;
-    std::vector<specee_rpc_region>        regions;
-    std::unordered_map<uint64_t, size_t>  by_id;
-    if (!make_tensors(ctx, h, buffers, ts, regions, by_id, why) || !link_tensors(h, ts, by_id, why)) {
+    if (h.n_nodes > limits.max_nodes) {
+        fail(why, "a graph of " + std::to_string(h.n_nodes) + " nodes, more than this server's " +
+                      std::to_string(limits.max_nodes) + " (--max-graph-nodes)");
         return nullptr;
     }
-    ggml_cgraph *                                graph = ggml_new_graph_custom(ctx, h.n_nodes, false);
-    std::vector<ggml_tensor *>                   nodes(h.n_nodes);
+    auto g = std::make_unique<specee_rpc_graph>();
+    g->tensor_mem.resize(specee_rpc_graph_mem_size(payload, size));
+    g->tensor_ctx = ggml_init({ g->tensor_mem.size(), g->tensor_mem.data(), true });
+    if (!g->tensor_ctx) {
+        fail(why, "no memory for the graph");
+        return nullptr;
+    }
+    std::vector<ggml_tensor *>           ts;
+    std::vector<specee_rpc_region>       regions;
+    std::unordered_map<uint64_t, size_t> by_id;
+    if (!make_tensors(g->tensor_ctx, h, buffers, ts, regions, by_id, why) || !link_tensors(h, ts, by_id, why)) {
+        return nullptr;
+    }
+    std::vector<ggml_tensor *>                      nodes(h.n_nodes);
+    std::vector<uint64_t>                           costs(h.n_nodes);
+    std::vector<bool>                               listed(ts.size(), false);
     std::unordered_map<const ggml_tensor *, size_t> index_of;
     for (size_t i = 0; i < ts.size(); ++i) {
         index_of[ts[i]] = i;
@@ -518,7 +690,12 @@ ggml_cgraph * specee_rpc_graph_build(ggml_context * ctx, const uint8_t * payload
             fail(why, "graph node " + std::to_string(i) + " (id " + std::to_string(id) + ") names no tensor");
             return nullptr;
         }
-        ggml_tensor * t = ts[it->second];
+        if (listed[it->second]) { // ggml never lists a node twice; a repeat would only run the same work again
+            fail(why, "graph node " + std::to_string(i) + " (id " + std::to_string(id) + ") is listed twice");
+            return nullptr;
+        }
+        listed[it->second] = true;
+        ggml_tensor * t    = ts[it->second];
         if (computes(t) && !has_data(t)) {
             fail(why, std::string("node ") + std::to_string(i) + " (" + ggml_op_name(t->op) +
                           ") or one of its sources lies in no buffer");
@@ -526,16 +703,35 @@ ggml_cgraph * specee_rpc_graph_build(ggml_context * ctx, const uint8_t * payload
         }
         if (!check_op(t) || (computes(t) && !ggml_backend_dev_supports_op(dev, t))) {
             fail(why, std::string("node ") + std::to_string(i) + ": op " + ggml_op_name(t->op) +
-                          " with these sources, types or shapes is not one this server runs");
+                          " with these sources, types, shapes or strides is not one this server runs");
             return nullptr;
         }
+        if (computes(t) && !apart_or_in_place(t, regions, index_of)) {
+            fail(why, std::string("node ") + std::to_string(i) + " (" + ggml_op_name(t->op) +
+                          ") writes over part of one of its sources");
+            return nullptr;
+        }
+        costs[i] = specee_rpc_node_cost(t);
+        if (costs[i] > limits.max_node_cost) {
+            fail(why, std::string("node ") + std::to_string(i) + " (" + ggml_op_name(t->op) + ") costs " +
+                          std::to_string(costs[i]) + " multiply-adds, more than this server runs in one node (" +
+                          std::to_string(limits.max_node_cost) + ")");
+            return nullptr;
+        }
+        g->cost  = sat_add(g->cost, costs[i]);
         nodes[i] = t;
     }
-    if (!check_indices(nodes, regions, index_of, why)) {
+    if (g->cost > limits.max_cost) {
+        fail(why, "a graph costing " + std::to_string(g->cost) + " multiply-adds, more than this server's " +
+                      std::to_string(limits.max_cost) + " (--max-graph-cost)");
         return nullptr;
     }
-    for (uint32_t i = 0; i < h.n_nodes; ++i) {
-        ggml_graph_add_node(graph, nodes[i]);
+    if (!check_indices(nodes, regions, index_of, g->indices, why)) {
+        return nullptr;
     }
-    return graph;
+    if (!make_slices(*g, nodes, costs, limits)) {
+        fail(why, "no memory for the graph");
+        return nullptr;
+    }
+    return g;
 }

@@ -3,6 +3,8 @@
 // id or an address from the client: buffer ids are looked up in the connection's own table, tensors are checked by
 // specee-rpc-graph.cpp, payloads are received straight into the buffer region they were checked against (nothing is
 // allocated for a declared size), and GRAPH_COMPUTE's message grows only as its bytes arrive, inside the budget.
+// Graphs run in slices of bounded work, one slice per turn, turns taken in arrival order (a ticket lock), so one
+// client's graph holds the others for at most one slice.
 #include "specee-rpc-server.h"
 
 #include "specee-rpc-graph.h"
@@ -11,6 +13,7 @@
 #include "ggml-cpu.h"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -21,6 +24,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -34,15 +38,41 @@ namespace fs = std::filesystem;
 
 // ---- the state all connections share
 
+// turns on the CPU backend in the order they were asked for (a std::mutex lets the thread that just released it take
+// it again at once, so one connection's slices could follow each other while another waits)
+struct fair_lock {
+    std::mutex              m;
+    std::condition_variable cv;
+    uint64_t                next = 0, serving = 0;
+
+    void lock() {
+        std::unique_lock<std::mutex> l(m);
+        const uint64_t               mine = next++;
+        cv.wait(l, [&] { return serving == mine; });
+    }
+    void unlock() {
+        {
+            std::lock_guard<std::mutex> l(m);
+            ++serving;
+        }
+        cv.notify_all();
+    }
+};
+
 struct server_state {
     specee_rpc_server_params   p;
+    specee_rpc_graph_limits    limits;
     ggml_backend_dev_t         dev     = nullptr;
     ggml_backend_t             backend = nullptr;
     ggml_backend_buffer_type_t buft    = nullptr;
-    std::mutex                 compute_mutex; // one graph at a time on the CPU backend (its threads are the -t ones)
+    fair_lock                  compute_turns; // one slice at a time on the CPU backend (its threads are the -t ones)
     std::mutex                 mem_mutex;
     uint64_t                   mem_used = 0;
     std::atomic<int>           n_clients{0};
+    std::mutex                 cache_mutex;   // the cache directory's bytes, counted at start and as files are added
+    uint64_t                   cache_used = 0;
+    bool                       cache_full_logged = false;
+    std::mutex                 wrong_token_mutex; // wrong tokens are answered one at a time, each after a delay
 };
 
 static bool mem_reserve(server_state & s, uint64_t n) {
@@ -78,28 +108,27 @@ struct connection {
     std::string          peer;
     specee_rpc_buffers   buffers;
     uint64_t             next_id = 1;
-    std::vector<uint8_t> graph_mem; // the context of the last graph (GRAPH_RECOMPUTE runs it again)
-    ggml_context *       graph_ctx = nullptr;
-    ggml_cgraph *        graph     = nullptr;
-    std::string          why;       // what the client broke, for the log line
+    std::unique_ptr<specee_rpc_graph> graph; // the last graph (GRAPH_RECOMPUTE runs it again)
+    std::vector<ggml_cplan>           plans; // one per slice of it, sharing `work`
+    std::unique_ptr<uint8_t[]>        work;  // the CPU kernels' scratch memory for the largest slice
+    uint64_t                          graph_counted = 0; // its memory and its scratch, counted in the budget
+    std::string                       why;       // what the client broke, for the log line
 
     connection(server_state & st, int f, std::string name) : s(st), fd(f), peer(std::move(name)) {}
     ~connection() {
         drop_graph();
         for (auto & [id, b] : buffers) {
             ggml_backend_buffer_free(b.buf);
-            mem_release(s, b.size);
+            mem_release(s, specee_rpc_buffer_cost(b.size));
         }
         close(fd);
     }
     void drop_graph() {
-        if (graph_ctx) {
-            ggml_free(graph_ctx);
-        }
-        mem_release(s, graph_mem.size());
-        graph_mem = {};
-        graph_ctx = nullptr;
-        graph     = nullptr;
+        graph.reset();
+        plans.clear();
+        work.reset();
+        mem_release(s, graph_counted);
+        graph_counted = 0;
     }
     bool refuse(const std::string & what) {
         why = what;
@@ -194,7 +223,9 @@ static bool cmd_alloc_buffer(connection & c, uint64_t size) {
     specee_rpc_alloc_buffer_rsp rsp = { 0, 0 };
     // a request over the budget (or of 0 bytes, which ggml's client never sends) gets the reply of a failed
     // allocation (buffer 0), as upstream gives
-    if (req.size > 0 && req.size < VBASE_STEP && c.next_id <= MAX_BUFFER_ID && mem_reserve(c.s, req.size)) {
+    // (each buffer counted at its real cost, specee_rpc_buffer_cost; at most --max-buffers at once per connection)
+    if (req.size > 0 && req.size < VBASE_STEP && c.next_id <= MAX_BUFFER_ID &&
+        c.buffers.size() < (size_t) c.s.p.max_buffers && mem_reserve(c.s, specee_rpc_buffer_cost(req.size))) {
         ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(c.s.buft, req.size);
         if (buf && ggml_backend_buffer_get_size(buf) == req.size) {
             // no client reads what another left in freed memory: small buffers come from the heap and are cleared;
@@ -209,7 +240,7 @@ static bool cmd_alloc_buffer(connection & c, uint64_t size) {
             if (buf) {
                 ggml_backend_buffer_free(buf);
             }
-            mem_release(c.s, req.size);
+            mem_release(c.s, specee_rpc_buffer_cost(req.size));
         }
     }
     return reply(c, &rsp, sizeof(rsp));
@@ -246,9 +277,63 @@ static bool cmd_buffer(connection & c, uint8_t cmd, uint64_t size) {
     }
     c.drop_graph(); // FREE_BUFFER: the last graph may point into it
     ggml_backend_buffer_free(b->buf);
-    mem_release(c.s, b->size);
+    mem_release(c.s, specee_rpc_buffer_cost(b->size));
     c.buffers.erase(id);
     return reply(c, nullptr, 0);
+}
+
+// ---- the weight cache (--cache): files named by hash, written whole under a temporary name and renamed; at most
+// --cache-max bytes in the directory, and never the last GiB of its file system
+
+constexpr uint64_t CACHE_DISK_RESERVE = 1ull << 30;
+
+static uint64_t cache_dir_bytes(const std::string & dir) {
+    uint64_t        n = 0;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        std::error_code e2;
+        if (it->is_regular_file(e2)) {
+            const uintmax_t k = it->file_size(e2);
+            n += e2 ? 0 : (uint64_t) k;
+        }
+    }
+    return n;
+}
+
+static void cache_store(server_state & s, const uint8_t * data, uint64_t n) {
+    char name[17];
+    snprintf(name, sizeof(name), "%016" PRIx64, specee_rpc_fnv(SPECEE_RPC_FNV_START, data, n));
+    const fs::path              path = fs::path(s.p.cache_dir) / name;
+    std::lock_guard<std::mutex> lock(s.cache_mutex);
+    std::error_code             ec;
+    if (fs::exists(path, ec)) {
+        return;
+    }
+    const fs::space_info space = fs::space(s.p.cache_dir, ec);
+    if (n > s.p.cache_max - std::min(s.cache_used, s.p.cache_max) || ec || space.available < n + CACHE_DISK_RESERVE) {
+        if (!s.cache_full_logged) {
+            fprintf(stderr, "specee-rpc-server: the cache %s is full (--cache-max %" PRIu64 " MiB, or its disk): "
+                            "weights received from now on are not kept\n", s.p.cache_dir.c_str(),
+                    s.p.cache_max >> 20);
+            s.cache_full_logged = true;
+        }
+        return;
+    }
+    const fs::path tmp = fs::path(s.p.cache_dir) / (std::string(name) + ".tmp");
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out.write((const char *) data, (std::streamsize) n) || !out.flush()) {
+            out.close();
+            fs::remove(tmp, ec);
+            return;
+        }
+    }
+    fs::rename(tmp, path, ec);
+    if (ec) {
+        fs::remove(tmp, ec);
+        return;
+    }
+    s.cache_used += n;
 }
 
 // ---- tensors
@@ -277,10 +362,7 @@ static bool cmd_set_tensor(connection & c, uint64_t size) {
         done += k;
     }
     if (!c.s.p.cache_dir.empty() && n > SPECEE_RPC_HASH_THRESHOLD) {
-        char name[17];
-        snprintf(name, sizeof(name), "%016" PRIx64, specee_rpc_fnv(SPECEE_RPC_FNV_START, r.data + offset, n));
-        std::ofstream out(fs::path(c.s.p.cache_dir) / name, std::ios::binary);
-        out.write((const char *) r.data + offset, (std::streamsize) n);
+        cache_store(c.s, r.data + offset, n);
     }
     return true;
 }
@@ -371,10 +453,21 @@ static bool cmd_tensor_info(connection & c, uint8_t cmd, uint64_t size) {
 
 // ---- graphs
 
+// the graph's row indices checked (again: they may have changed since the last run), then its slices run, one per
+// turn on the CPU backend
 static bool compute(connection & c) {
-    std::lock_guard<std::mutex> lock(c.s.compute_mutex);
-    const ggml_status st = ggml_backend_graph_compute(c.s.backend, c.graph);
-    return st == GGML_STATUS_SUCCESS || c.refuse(std::string("graph compute failed: ") + ggml_status_to_string(st));
+    if (!specee_rpc_graph_indices_ok(*c.graph, c.why)) {
+        return false;
+    }
+    for (size_t i = 0; i < c.graph->slices.size(); ++i) {
+        c.s.compute_turns.lock();
+        const ggml_status st = ggml_graph_compute(c.graph->slices[i], &c.plans[i]);
+        c.s.compute_turns.unlock();
+        if (st != GGML_STATUS_SUCCESS) {
+            return c.refuse(std::string("graph compute failed: ") + ggml_status_to_string(st));
+        }
+    }
+    return true;
 }
 
 static bool cmd_graph_compute(connection & c, uint64_t size) {
@@ -389,15 +482,35 @@ static bool cmd_graph_compute(connection & c, uint64_t size) {
         ok = recv_all(c, msg.data() + msg.size() - k, k);
     }
     c.drop_graph();
+    // the tensors' memory is known from the header, the slices' after the check: each counted before it is kept
     const size_t mem = ok ? specee_rpc_graph_mem_size(msg.data(), msg.size()) : 0;
     if (ok && (mem == 0 || !mem_reserve(c.s, mem))) {
         ok = c.refuse(mem == 0 ? "graph message sizes do not add up" : "graph over the memory budget");
     }
     if (ok) {
-        c.graph_mem.resize(mem);
-        c.graph_ctx = ggml_init({ mem, c.graph_mem.data(), true });
-        c.graph     = specee_rpc_graph_build(c.graph_ctx, msg.data(), msg.size(), c.buffers, c.s.dev, c.why);
-        ok          = c.graph != nullptr && compute(c);
+        c.graph_counted = mem;
+        c.graph = specee_rpc_graph_build(msg.data(), msg.size(), c.buffers, c.s.dev, c.s.limits, c.why);
+        if (c.graph) {
+            // the slices' graphs, and the scratch memory of the CPU kernels (converted inputs of MUL_MAT, per-thread
+            // rows of FLASH_ATTN_EXT): this connection's own, counted and freed with the graph (ggml's CPU backend
+            // would keep its largest ever, outside the budget)
+            size_t work = 0;
+            for (ggml_cgraph * slice : c.graph->slices) {
+                c.plans.push_back(ggml_graph_plan(slice, c.s.p.n_threads, nullptr));
+                work = std::max(work, c.plans.back().work_size);
+            }
+            const uint64_t more = (c.graph->mem_size() > mem ? c.graph->mem_size() - mem : 0) + work;
+            ok = mem_reserve(c.s, more) || c.refuse("graph over the memory budget (with the kernels' scratch memory)");
+            c.graph_counted += ok ? more : 0;
+            if (ok && work > 0) {
+                c.work.reset(new (std::nothrow) uint8_t[work]);
+                ok = c.work != nullptr || c.refuse("no memory for the graph's scratch");
+            }
+            for (ggml_cplan & plan : c.plans) {
+                plan.work_data = c.work.get();
+            }
+        }
+        ok = ok && c.graph != nullptr && compute(c);
     }
     mem_release(c.s, size);
     if (!ok) {
@@ -467,6 +580,10 @@ static bool handshake(connection & c) {
             diff |= (uint8_t) (got[i] ^ c.s.p.token[i % c.s.p.token.size()]);
         }
         const uint8_t ok = diff == 0;
+        if (!ok) { // answered after a delay, one wrong token at a time for the whole server: guesses stay slow
+            std::lock_guard<std::mutex> lock(c.s.wrong_token_mutex);
+            std::this_thread::sleep_for(std::chrono::milliseconds(c.s.p.wrong_token_delay_ms));
+        }
         if (!reply(c, &ok, 1) || !ok) {
             return c.refuse("wrong token");
         }
@@ -534,6 +651,7 @@ static void serve_connection(server_state & s, int fd, std::string peer) {
             fprintf(stderr, "specee-rpc-server: %s: refused: %s; connection closed\n", peer.c_str(), c.why.c_str());
         }
     }
+    malloc_trim(0); // the connection's buffers go back to the system, not only to this thread's heap arena
     s.n_clients--;
 }
 
@@ -584,12 +702,29 @@ static bool init_device(server_state & s, std::string & err) {
     if (s.p.max_memory == 0) {
         s.p.max_memory = total;
     }
+    s.limits.max_nodes     = s.p.max_graph_nodes;
+    s.limits.max_cost      = s.p.max_graph_cost;
+    s.limits.max_node_cost = std::min(s.limits.max_node_cost, s.p.max_graph_cost);
+    if (!s.p.cache_dir.empty()) {
+        std::error_code ec;
+        fs::create_directories(s.p.cache_dir, ec);
+        if (!fs::is_directory(s.p.cache_dir, ec)) {
+            err = "the cache directory " + s.p.cache_dir + " cannot be made";
+            return false;
+        }
+        s.cache_used = cache_dir_bytes(s.p.cache_dir);
+    }
     return true;
 }
 
 void specee_rpc_serve(const specee_rpc_server_params & p, std::string & err) {
     static server_state s; // lives as long as the process: connection threads are detached
     s.p = p;
+    // one heap for all connection threads: with glibc's arena per thread, what a finished connection freed stays
+    // spread over arenas that malloc_trim cannot empty while other threads' small blocks sit in their pages (a
+    // churn of a million tiny buffers grew the process by megabytes); buffers are allocated rarely, so sharing
+    // one arena costs nothing measurable
+    mallopt(M_ARENA_MAX, 1);
     if (!init_device(s, err)) {
         return;
     }
@@ -598,11 +733,11 @@ void specee_rpc_serve(const specee_rpc_server_params & p, std::string & err) {
         return;
     }
     printf("specee-rpc-server: serving %s (%s) on %s:%d: protocol %d.%d.%d, %s, up to %d clients, %.0f MiB budget, "
-           "%d s receive timeout\n",
+           "%d s receive timeout, %d s idle timeout\n",
            ggml_backend_dev_name(s.dev), ggml_backend_dev_description(s.dev), p.host.c_str(), p.port,
            SPECEE_RPC_PROTO_MAJOR, SPECEE_RPC_PROTO_MINOR, SPECEE_RPC_PROTO_PATCH,
            p.token.empty() ? "no token" : "token required", p.max_clients, s.p.max_memory / 1048576.0,
-           p.recv_timeout_ms / 1000);
+           p.recv_timeout_ms / 1000, p.idle_timeout_ms / 1000);
     fflush(stdout);
     for (;;) {
         sockaddr_in peer    = {};

@@ -7,6 +7,12 @@ sessions of a few dozen messages (a handshake, then buffers allocated), the fuzz
   consistent small shapes, one op each or a chain of them with views (a layer's start), most of them then mutated: one field of one tensor (type, shape, strides, op, op
   parameters, sources, buffer, address, flags) or of the message (offsets, sizes, ids, node ids) set to an
   interesting value (0, +-1, 2^31, 2^32-1, 2^63, 2^64-1, a neighbour of the right value, a random one);
+- typed graphs (issue 36): the ops with per-type kernels (MUL_MAT, GET_ROWS, SET_ROWS, FLASH_ATTN_EXT) with a
+  random ggml type in one role (rows of 256 elements, whole blocks of every type);
+- views: a VIEW of a tensor at a random offset with dense, padded, zero or short strides, then an op reading it
+  (ADD, SCALE, GET_ROWS, CPY, MUL_MAT);
+- recomputes: the index tensors of the session's last graph rewritten with values in and out of their rows
+  (SET_TENSOR), then GRAPH_RECOMPUTE, which runs the last graph again;
 - random messages: a random command byte, declared size and payload bytes (then the fuzzer closes its side, so a
   server waiting for the rest is not a hang).
 After each message the fuzzer waits for the reply (or, for commands without one, for the reply to a DEVICE_COUNT
@@ -15,6 +21,8 @@ close within 10 s is a hang; either saves the session's messages under --out and
 
     python tests/fuzz_rpc.py --messages 10000 --out /tmp/fuzz_rpc          # the documented long run
     python tests/fuzz_rpc.py --messages 300 --seed 1                       # the short CI run (scripts/sanitize.sh)
+    python tests/fuzz_rpc.py --messages 100000 --seed 36 --server build/rpc-sanitize/specee-rpc-server
+                                              # a sanitized build of the server alone (docs/hardening.md, issue 36)
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from rpc_wire import CMD, F16, F32, I32, I64, NO_REPLY, OP, TENSOR, free_port, graph, tensor
+from rpc_wire import (CMD, F16, F32, GGML_TYPE_COUNT, I32, I64, NO_REPLY, OP, TENSOR, dense_nb, free_port, graph,
+                      tensor, type_size)
 from specee._tools import tool_path
 
 INTERESTING = [0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 33, 64, 255, 256, 4096, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
@@ -43,14 +52,15 @@ BUF_SIZE = 1 << 16
 
 
 class Server:
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, binary: Path | None = None) -> None:
         self.log = log
+        self.binary = binary or tool_path("specee-rpc-server")
         self.start()
 
     def start(self) -> None:
         self.port = free_port()
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([str(tool_path("specee-rpc-server")), "-p", str(self.port), "-t", "1",
+            self.proc = subprocess.Popen([str(self.binary), "-p", str(self.port), "-t", "1",
                                           "--recv-timeout", "1", "--max-memory", "256", "--timeout", "3600"],
                                          stdout=out, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
@@ -88,6 +98,10 @@ class Session:
         self.send_msg(CMD["HELLO"], bytes(24))
         self.expect_reply()
         self.buffers: list[tuple[int, int]] = []
+        self.indices: list[tuple[bytes, int]] = []  # the last graph's index tensors (wire bytes, element size)
+        self.pending: list[tuple[bytes, int]] = []  # those of the graph being sent
+        self.has_graph = False
+        self.follow = False  # a GRAPH_RECOMPUTE to send behind the next message
         for size in (BUF_SIZE, BUF_SIZE):
             self.send_msg(CMD["ALLOC_BUFFER"], struct.pack("<IQ", 0, size))
             buf, _ = struct.unpack("<QQ", self.expect_reply())
@@ -148,21 +162,25 @@ class GraphBuilder:
     def __init__(self, rng: random.Random, s: Session) -> None:
         self.rng, self.s, self.tensors, self.next_id = rng, s, [], 1
         self.where: dict[int, tuple[int, int]] = {}
+        s.pending = []
 
     def add(self, ne: tuple[int, ...], type: int = F32, op: str = "NONE", src: tuple[int, ...] = (),
             view_of: int = 0, **kw) -> int:
         """A tensor in a fresh region, or (view_of) over the bytes of an earlier one, as views and reshapes are."""
         ne = tuple(ne) + (1,) * (4 - len(ne))
-        size = {F16: 2, I64: 8}.get(type, 4)
-        n = ne[0] * ne[1] * ne[2] * ne[3] * size
+        nb = kw.pop("nb", None) or (dense_nb(type, ne) if type_size(type) else None)
+        n = min(nb[3] * ne[3] if nb else ne[0] * ne[1] * ne[2] * ne[3] * 4, BUF_SIZE // 2)
         buf, data = self.where[view_of] if view_of else region(self.rng, self.s, n)
+        data += kw.pop("offset", 0)
         tid = self.next_id
         self.next_id += 1
         self.where[tid] = (buf, data)
         if view_of:
             kw["view_src"] = view_of
-        self.tensors.append(tensor(id=tid, type=type, buffer=buf, ne=ne, nb=kw.pop("nb", None), op=OP[op], src=src,
-                                   data=data, **kw))
+        raw = tensor(id=tid, type=type, buffer=buf, ne=ne, nb=nb, op=OP[op], src=src, data=data, **kw)
+        self.tensors.append(raw)
+        if type in (I32, I64) and op == "NONE":
+            self.s.pending.append((raw, 4 if type == I32 else 8))
         return tid
 
 
@@ -207,6 +225,63 @@ def op_graph(rng: random.Random, s: Session) -> bytes:
         mask = g.add((8, n1), type=F16)
         out = g.add((n0, n2, n1), op=kind, src=(a, k, v, mask), op_params=(0x3F800000, 0, 0))
     return graph([out], g.tensors)
+
+
+TYPED = [("MUL_MAT", "a"), ("MUL_MAT", "b"), ("GET_ROWS", "a"), ("SET_ROWS", "dst"), ("FLASH_ATTN_EXT", "k"),
+         ("FLASH_ATTN_EXT", "v")]
+
+
+def typed_graph(rng: random.Random, s: Session) -> bytes:
+    """One op with a per-type kernel, a random ggml type in one of its typed roles (issue 36's class)."""
+    g = GraphBuilder(rng, s)
+    op, role = rng.choice(TYPED)
+    t = rng.randrange(GGML_TYPE_COUNT)
+    ty = lambda r, default: t if r == role else default
+    if op == "MUL_MAT":
+        a, b = g.add((256, 4), type=ty("a", F16)), g.add((256, 2), type=ty("b", F32))
+        out = g.add((4, 2), op=op, src=(a, b))
+    elif op == "GET_ROWS":
+        a, idx = g.add((256, 4), type=ty("a", F32)), g.add((2,), type=I32)
+        out = g.add((256, 2), op=op, src=(a, idx))
+    elif op == "SET_ROWS":
+        a, idx = g.add((256, 2)), g.add((2,), type=rng.choice([I32, I64]))
+        out = g.add((256, 4), type=ty("dst", F16), op=op, src=(a, idx))
+    else:
+        q, k, v = g.add((256, 1, 1)), g.add((256, 8, 1), type=ty("k", F16)), g.add((256, 8, 1), type=ty("v", F16))
+        out = g.add((256, 1, 1), op=op, src=(q, k, v, g.add((8, 1), type=F16)), op_params=(0x3F800000, 0, 0))
+    return graph([out], g.tensors)
+
+
+def view_graph(rng: random.Random, s: Session) -> bytes:
+    """A VIEW of a tensor at a random offset with dense, padded, zero or short strides, and an op that reads it."""
+    g = GraphBuilder(rng, s)
+    n0, n1 = rng.choice([4, 8, 16]), rng.randint(1, 4)
+    base = g.add((n0 * 4, n1 * 4))
+    row = rng.choice([4 * n0, 8 * n0, 16 * n0, 0, 4, 2 * n0])
+    nb = (rng.choice([4, 4, 4, 0, 2, 8]), row, row * n1, row * n1 * rng.choice([1, 2]))
+    view = g.add((n0, n1), op="VIEW", src=(base,), view_of=base, nb=nb, offset=rng.choice([0, 4, 64, 4 * n0 * n1]),
+                 view_offs=rng.choice([0, 4, 64]))
+    kind = rng.choice(["ADD", "SCALE", "GET_ROWS", "CPY", "MUL_MAT"])
+    if kind == "ADD":
+        out = g.add((n0, n1), op=kind, src=(view, g.add((n0,))))
+    elif kind == "SCALE":
+        out = g.add((n0, n1), op=kind, src=(view,), op_params=(0x3F000000, 0))
+    elif kind == "GET_ROWS":
+        out = g.add((n0, 2), op=kind, src=(view, g.add((2,), type=I32)))
+    elif kind == "CPY":
+        out = g.add((n0, n1), type=F16, op=kind, src=(view, g.add((n0, n1), type=F16)))
+    else:
+        out = g.add((n1, 3), op=kind, src=(view, g.add((n0, 3))))
+    return graph([view, out], g.tensors)
+
+
+def index_rewrite(rng: random.Random, s: Session) -> bytes:
+    """SET_TENSOR of one of the last graph's index tensors: values in and out of its rows."""
+    raw, size = rng.choice(s.indices)
+    ne = struct.unpack_from("<4I", raw, 20)
+    n = ne[0] * ne[1] * ne[2] * ne[3]
+    values = [rng.choice([0, 0, 1, 2, 3, -1, 4, 5, 6, 8, 2**31 - 1, -2**31]) for _ in range(min(n, 64))]
+    return raw + struct.pack("<Q", 0) + struct.pack(f"<{len(values)}{'i' if size == 4 else 'q'}", *values)
 
 
 def layer_graph(rng: random.Random, s: Session) -> bytes:
@@ -275,17 +350,28 @@ def structured(rng: random.Random, s: Session) -> tuple[int, bytes, int | None]:
     if rng.random() < 0.7:
         off, size = rng.choice([0, 4, 8]), rng.choice([0, 4, 8, 16])
     cmd = rng.choice(["SET_TENSOR", "GET_TENSOR", "COPY_TENSOR", "MEMSET_TENSOR", "GRAPH_COMPUTE", "GRAPH_COMPUTE",
-                      "GRAPH_COMPUTE", "GRAPH_RECOMPUTE", "ALLOC_BUFFER", "FREE_BUFFER", "BUFFER_CLEAR",
+                      "GRAPH_COMPUTE", "GRAPH_COMPUTE", "GRAPH_RECOMPUTE", "GRAPH_RECOMPUTE", "SET_INDICES",
+                      "SET_INDICES", "ALLOC_BUFFER", "FREE_BUFFER", "BUFFER_CLEAR",
                       "BUFFER_GET_BASE", "INIT_TENSOR", "GET_ALLOC_SIZE", "GET_ALIGNMENT", "GET_MAX_SIZE",
                       "GET_DEVICE_MEMORY", "DEVICE_COUNT", "SET_TENSOR_HASH", "HELLO"])
     q = struct.pack
+    if s.indices and rng.random() < 0.4:
+        cmd = "SET_INDICES"
+    if cmd == "SET_INDICES" and s.indices:
+        s.follow = rng.random() < 0.8  # and then, most of the time, GRAPH_RECOMPUTE behind it
+        return CMD["SET_TENSOR"], index_rewrite(rng, s), None
+    if cmd in ("SET_INDICES", "GRAPH_RECOMPUTE") and not s.has_graph and rng.random() < 0.9:
+        cmd = "GRAPH_COMPUTE"  # a recompute without a graph is refused at once: rarely worth a message
+    elif cmd == "SET_INDICES":
+        cmd = "GRAPH_RECOMPUTE"
+    pick = rng.random()
+    make = op_graph if pick < 0.45 else typed_graph if pick < 0.65 else view_graph if pick < 0.85 else layer_graph
     payload = {
         "SET_TENSOR": lambda: t + q("<Q", off) + bytes(rng.choice([0, 4, 16, 64])),
         "GET_TENSOR": lambda: t + q("<QQ", off, size),
         "COPY_TENSOR": lambda: t + mutate_tensor(rng, tensor(buffer=buf, ne=(16,), data=data)),
         "MEMSET_TENSOR": lambda: t + q("<QQB", off, size, 7),
-        "GRAPH_COMPUTE": lambda: (mutate_graph if rng.random() < 0.8 else lambda _, m: m)(
-            rng, (op_graph if rng.random() < 0.7 else layer_graph)(rng, s)),
+        "GRAPH_COMPUTE": lambda: (mutate_graph if rng.random() < 0.6 else lambda _, m: m)(rng, make(rng, s)),
         "GRAPH_RECOMPUTE": lambda: q("<I", rng.choice([0, 0, 1])),
         "ALLOC_BUFFER": lambda: q("<IQ", rng.choice([0, 0, 1]), rng.choice([0, 64, 4096, 2**28, 2**40, 2**64 - 1])),
         "FREE_BUFFER": lambda: q("<Q", rng.choice([buf, buf + 1, 0, 2**64 - 1])),
@@ -313,12 +399,17 @@ def run_one(s: Session, cmd: int, payload: bytes, size: int | None) -> str:
     """Sends one message; 'answered' or 'refused' (the server closed the connection); raises Hang."""
     try:
         s.send_msg(cmd, payload, size)
+        if s.follow:
+            s.follow = False
+            s.send_msg(CMD["GRAPH_RECOMPUTE"], struct.pack("<I", 0))
         if size is not None and size != len(payload):
             s.wait_closed()  # the server may wait for the rest: our side ends the message
             return "refused"
         if cmd in NO_REPLY:
             s.send_msg(CMD["DEVICE_COUNT"], b"")
         s.expect_reply()
+        if cmd == CMD["GRAPH_COMPUTE"]:
+            s.indices, s.has_graph = s.pending, True  # the graph was taken: a recompute runs it again
         return "answered"
     except Closed:
         return "refused"
@@ -330,10 +421,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("build/fuzz_rpc"), help="saved crashes and hangs, the log")
     ap.add_argument("--per-session", type=int, default=40, help="messages per connection at most (default: 40)")
+    ap.add_argument("--server", type=Path, default=None,
+                    help="the specee-rpc-server binary to fuzz (default: the installed one), e.g. a sanitized build")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    server = Server(args.out / "server.log")
+    server = Server(args.out / "server.log", args.server)
     counts = {"answered": 0, "refused": 0, "crashes": 0, "hangs": 0}
     t0, sent = time.time(), 0
     last_sent: list[bytes] = []

@@ -5,6 +5,7 @@ tests/fuzz_rpc.py: messages built field by field, so a test can break any of the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import socket
@@ -27,7 +28,7 @@ CMD = dict(ALLOC_BUFFER=0, GET_ALIGNMENT=1, GET_MAX_SIZE=2, BUFFER_GET_BASE=3, F
            INIT_TENSOR=12, GET_ALLOC_SIZE=13, HELLO=14, DEVICE_COUNT=15, GRAPH_RECOMPUTE=16, MEMSET_TENSOR=17,
            AUTH=0xA0)
 NO_REPLY = {CMD["SET_TENSOR"], CMD["GRAPH_COMPUTE"], CMD["GRAPH_RECOMPUTE"]}
-F32, F16, I32, I64 = 0, 1, 26, 27
+F32, F16, Q4_0, Q8_0, Q8_1, Q8_K, IQ2_XXS, I8, I32, I64, F64, BF16 = 0, 1, 2, 8, 9, 15, 16, 24, 26, 27, 28, 30
 
 
 def _ggml_ops() -> dict[str, int]:
@@ -39,6 +40,39 @@ def _ggml_ops() -> dict[str, int]:
 
 
 OP = _ggml_ops()
+
+
+def _ggml_base() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(Path(list(libggml.__path__)[0]) / "lib" / "libggml-base.so"))
+    lib.ggml_type_size.restype, lib.ggml_type_size.argtypes = ctypes.c_size_t, [ctypes.c_int]
+    lib.ggml_blck_size.restype, lib.ggml_blck_size.argtypes = ctypes.c_int64, [ctypes.c_int]
+    return lib
+
+
+_BASE = _ggml_base()
+GGML_TYPE_COUNT = int(re.search(r"GGML_TYPE_COUNT\s*=\s*(\d+)", (Path(list(libggml.__path__)[0]) / "include" /
+                                                                "ggml.h").read_text()).group(1))
+
+
+def type_size(t: int) -> int:
+    """Bytes of one block of ggml type t (0 for removed types), from the installed ggml."""
+    return _BASE.ggml_type_size(t)
+
+
+def blck_size(t: int) -> int:
+    return _BASE.ggml_blck_size(t)
+
+
+def row_size(t: int, n: int) -> int:
+    return type_size(t) * n // blck_size(t)
+
+
+def dense_nb(t: int, ne: Sequence[int]) -> list[int]:
+    """The strides ggml gives a new tensor of type t and shape ne."""
+    ne = list(ne) + [1] * (4 - len(ne))
+    nb = [type_size(t), row_size(t, ne[0])]
+    nb += [nb[1] * ne[1], nb[1] * ne[1] * ne[2]]
+    return nb
 
 
 def tensor(id: int = 1, type: int = F32, buffer: int = 0, ne: Sequence[int] = (1, 1, 1, 1),

@@ -31,18 +31,34 @@ static void print_usage(const char * argv0) {
     printf("  -p, --port PORT          port (default: %d)\n", d.port);
     printf("  -t, --threads N          CPU threads for the graphs it computes (default: all cores)\n");
     printf("  -c, --cache DIR          keep received weights in DIR, so a later load of the same file sends hashes only\n");
+    printf("      --cache-max MIB      the most the cache directory may hold, in MiB (default: %llu); weights beyond it,\n",
+           (unsigned long long) (d.cache_max >> 20));
+    printf("                           or beyond the last GiB of its disk, are not kept\n");
     printf("      --auth-token-file F  a shared secret (the file's first line, 1-256 bytes) every client must send\n");
     printf("                           before any command; the environment variable SPECEE_RPC_TOKEN gives it too.\n");
     printf("                           Clients (specee-cli --rpc, Model(rpc_servers=...)) send SPECEE_RPC_TOKEN. The\n");
-    printf("                           token is sent in clear: it keeps others out, it does not hide the traffic\n");
-    printf("      --max-memory MIB     buffers and messages held for all clients together, in MiB (default: 0 = the\n");
-    printf("                           machine's RAM); a request beyond it gets a failed allocation\n");
+    printf("                           token is sent in clear: it keeps others out, it does not hide the traffic.\n");
+    printf("                           A wrong token is answered after 0.5 s, one at a time for the whole server\n");
+    printf("      --max-memory MIB     buffers, messages, graphs and the kernels' scratch memory held for all clients\n");
+    printf("                           together, in MiB (default: 0 = the machine's RAM); a request beyond it gets a\n");
+    printf("                           failed allocation\n");
     printf("      --max-clients N      connections served at once (default: %d); more are closed at once\n",
            d.max_clients);
+    printf("      --max-buffers N      buffers one connection may hold at once (default: %d); each buffer counts in\n",
+           d.max_buffers);
+    printf("                           --max-memory at its size rounded up to 64 bytes plus %d bytes\n",
+           (int) SPECEE_RPC_BUFFER_OVERHEAD);
+    printf("      --max-graph-nodes N  nodes of one graph (default: %u); a node listed twice is refused\n",
+           d.max_graph_nodes);
+    printf("      --max-graph-cost G   work of one graph, in 2^30 multiply-adds (default: %llu); graphs run in slices\n",
+           (unsigned long long) (d.max_graph_cost >> 30));
+    printf("                           of bounded work, taking turns with other clients' slices in arrival order\n");
     printf("      --recv-timeout S     the longest wait for the rest of a started message, and for the handshake\n");
     printf("                           after connecting, in seconds (default: %d; between commands: --idle-timeout)\n",
            d.recv_timeout_ms / 1000);
-    printf("      --idle-timeout S     close a client that sends no command for this long (default: 0 = no limit)\n");
+    printf("      --idle-timeout S     close a client that sends no command for this long (default: %d; 0 = no limit,\n",
+           d.idle_timeout_ms / 1000);
+    printf("                           for a client that stays connected through long pauses, e.g. llama-server --rpc)\n");
     printf("      --timeout SECONDS    stop after this long (default: 0 = until stopped)\n");
 }
 
@@ -75,10 +91,19 @@ static bool set_option(specee_rpc_server_params & p, long & timeout_s, const std
     if (arg == "--auth-token-file") {
         return read_token(v, p.token);
     }
+    if (arg == "--max-graph-cost" || arg == "--cache-max") {
+        if (!parse_int(v, 1, LONG_MAX >> 30, n)) {
+            return false;
+        }
+        (arg == "--cache-max" ? p.cache_max : p.max_graph_cost) = (uint64_t) n << (arg == "--cache-max" ? 20 : 30);
+        return true;
+    }
     const bool ok = arg == "-p" || arg == "--port"  ? parse_int(v, 1, 65535, n)
                   : arg == "--max-memory"           ? parse_int(v, 0, LONG_MAX / 1048576, n)
                   : arg == "-t" || arg == "--threads" ? parse_int(v, 1, 1024, n)
                   : arg == "--max-clients"          ? parse_int(v, 1, 4096, n)
+                  : arg == "--max-buffers"          ? parse_int(v, 1, 1 << 22, n)
+                  : arg == "--max-graph-nodes"      ? parse_int(v, 1, 1 << 24, n)
                   : arg == "--recv-timeout"         ? parse_int(v, 1, 86400, n)
                   : arg == "--idle-timeout"         ? parse_int(v, 0, 86400 * 365, n)
                                                     : parse_int(v, 0, INT_MAX, n);
@@ -90,6 +115,10 @@ static bool set_option(specee_rpc_server_params & p, long & timeout_s, const std
         p.n_threads = (int) n;
     } else if (arg == "--max-clients") {
         p.max_clients = (int) n;
+    } else if (arg == "--max-buffers") {
+        p.max_buffers = (int) n;
+    } else if (arg == "--max-graph-nodes") {
+        p.max_graph_nodes = (uint32_t) n;
     } else if (arg == "--recv-timeout") {
         p.recv_timeout_ms = (int) n * 1000;
     } else if (arg == "--idle-timeout") {
@@ -116,7 +145,8 @@ int main(int argc, char ** argv) {
         }
         static const char * known[] = { "-H", "--host", "-p", "--port", "-t", "--threads", "-c", "--cache",
                                         "--timeout", "--auth-token-file", "--max-memory", "--max-clients",
-                                        "--recv-timeout", "--idle-timeout" };
+                                        "--recv-timeout", "--idle-timeout", "--max-buffers", "--max-graph-nodes",
+                                        "--max-graph-cost", "--cache-max" };
         bool is_known = false;
         for (const char * k : known) {
             is_known = is_known || arg == k;
