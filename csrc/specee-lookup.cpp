@@ -157,6 +157,53 @@ static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder &
     return chosen;
 }
 
+std::vector<int32_t> specee_lookup_draft(specee_lookup & lk, specee_tree_decoder & dec, int32_t root, int32_t budget) {
+    // the longest match's continuations, as far as acceptance and pass cost say it pays
+    int32_t                         n_match = 0;
+    const std::vector<continuation> conts   = budget > 0 ? continuations(lk, n_match) : std::vector<continuation>{};
+    const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
+    const int32_t l_max      = budget - (n_branches - 1);
+    const int32_t len        = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, l_max) : l_max;
+    lk.pending_match         = conts.empty() ? 0 : n_match;
+    lk.pending_len           = len;
+    lk.pending_first         = conts.empty() ? -1 : conts[0].token;
+    return draft_tree(lk, dec, root, conts, len, len > 0 ? n_branches : 0);
+}
+
+int32_t specee_lookup_finish(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t n_rows,
+                             const float * logits, int32_t row0, int32_t n_max, int32_t * out) {
+    specee_context & ctx = step.ctx;
+    std::vector<int32_t>  emitted, path;
+    specee_tree_pass_rows rows  = {&dec, logits, (int32_t) ctx.model->hparams.n_vocab};
+    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
+    specee_tree_keep(dec, step, n_rows, emitted, path, nullptr, row0);
+    // learn how far this sequence's lookups hold: an observation of the match length's acceptance, drafted or not
+    if (lk.pending_match > 0) {
+        const int32_t k   = lk.pending_match - lk.params.n_min;
+        const int32_t len = lk.pending_len;
+        lk.succ[k] *= DECAY;
+        lk.trials[k] *= DECAY;
+        if (len > 0) {
+            lk.succ[k] += n_acc;
+            lk.trials[k] += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
+        } else { // not drafted: what the lookup would have drafted first against the token that came
+            lk.succ[k] += emitted[0] == lk.pending_first ? 1.0 : 0.0;
+            lk.trials[k] += 1.0;
+        }
+    }
+    lk.pending_match = 0;
+    for (int32_t tok : emitted) {
+        append(lk, tok);
+    }
+    step.root = emitted.back();
+    step.root_pos += (int32_t) emitted.size();
+    step.stats.n_steps++;
+    step.stats.n_drafted += n_rows - 1;
+    step.stats.n_accepted += n_acc;
+    std::copy(emitted.begin(), emitted.end(), out);
+    return (int32_t) emitted.size();
+}
+
 int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out,
                            int32_t n_max) {
     specee_generator_stats & st     = step.stats;
@@ -164,56 +211,23 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
     const int32_t            n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
     const int32_t budget = std::min({lk.params.draft_max, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
 
-    // ---- draft: the longest match's continuations, as far as acceptance and pass cost say it pays
-    auto                            t0    = specee_clock::now();
-    int32_t                         n_match = 0;
-    const std::vector<continuation> conts   = budget > 0 ? continuations(lk, n_match) : std::vector<continuation>{};
-    const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
-    const int32_t l_max      = budget - (n_branches - 1);
-    const int32_t len        = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, l_max) : l_max;
-    const std::vector<int32_t> nodes =
-        draft_tree(lk, dec, step.root, conts, len, len > 0 ? n_branches : 0);
+    auto                       t0    = specee_clock::now();
+    const std::vector<int32_t> nodes = specee_lookup_draft(lk, dec, step.root, budget);
     st.t_draft_ms += specee_ms_since(t0);
 
     // ---- verify root + drafts in one pass
-    t0                           = specee_clock::now();
-    const specee_tree_batch tb   = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
-    const specee_batch      b    = tb.view();
+    t0                         = specee_clock::now();
+    const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
+    const specee_batch      b  = tb.view();
     specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
     const double pass_ms = specee_ms_since(t0);
     st.t_verify_ms += pass_ms;
     observe_pass(lk, b.n_tokens, pass_ms);
 
-    // ---- walk, keep what was accepted, learn how far this sequence's lookups hold
-    t0 = specee_clock::now();
-    std::vector<int32_t>  emitted, path;
-    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
-    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
-    specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
-    if (!conts.empty()) { // an observation of this match length's acceptance, drafted or not
-        const int32_t k = n_match - lk.params.n_min;
-        lk.succ[k] *= DECAY;
-        lk.trials[k] *= DECAY;
-        if (len > 0) {
-            lk.succ[k] += n_acc;
-            lk.trials[k] += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
-        } else { // not drafted: what the lookup would have drafted first against the token that came
-            lk.succ[k] += emitted[0] == conts[0].token ? 1.0 : 0.0;
-            lk.trials[k] += 1.0;
-        }
-    }
-    for (int32_t tok : emitted) {
-        append(lk, tok);
-    }
-    step.root = emitted.back();
-    step.root_pos += (int32_t) emitted.size();
+    t0              = specee_clock::now();
+    const int32_t n = specee_lookup_finish(lk, dec, step, b.n_tokens, ctx.logits.data(), 0, n_max, out);
     st.t_sample_ms += specee_ms_since(t0);
-
-    st.n_steps++;
-    st.n_drafted += b.n_tokens - 1;
-    st.n_accepted += n_acc;
-    std::copy(emitted.begin(), emitted.end(), out);
-    return (int32_t) emitted.size();
+    return n;
 }
 
 // ---- set-up ------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ struct specee_lookup {
                                        // sequence (observed, drafted or not), decayed each observation
     std::vector<double>  cost;    // cost[n]: a pass of n tokens in single passes (cost[1] = 1)
     std::vector<double>  pass_ms; // pass_ms[n]: the running time of this generator's passes of n tokens (0: none yet)
+    // the step drafted and not finished yet: its match length (0: no match), chain length and the match's first token
+    int32_t pending_match = 0, pending_len = 0, pending_first = -1;
 };
 
 // checks nothing the options did not (specee_generator_check_values); passes of a few sizes are timed on the context
@@ -43,6 +45,14 @@ void    specee_lookup_init(specee_lookup & lk, const specee_ngram_params & param
 std::string specee_lookup_describe(const specee_lookup & lk);
 // a new sequence: the prompt's n tokens and the first token sampled after them (the root)
 void    specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first);
+// A step in two parts, for a pass shared with other sequences (specee-slots.cpp): the draft fills dec's tree after
+// root with at most `budget` tokens and returns its drafted nodes in row order (none: a plain step); after a pass
+// that verified root + those nodes (specee_tree_verify_batch's rows, n_rows of them, the pass's rows row0.., their
+// logits row by row at `logits`), the finish walks them, keeps the accepted cells, learns the match's acceptance and
+// writes the emitted tokens (1..n_max) to out (step.root / root_pos advanced, steps / drafted / accepted counted).
+std::vector<int32_t> specee_lookup_draft(specee_lookup & lk, specee_tree_decoder & dec, int32_t root, int32_t budget);
+int32_t specee_lookup_finish(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t n_rows,
+                             const float * logits, int32_t row0, int32_t n_max, int32_t * out);
 // One draft-and-verify step after step.root: as specee_tree_step (1..n_max tokens, root / root_pos advanced), the
 // drafts from the lookup; a step that drafts nothing is a plain step. dec holds the step's tree.
 int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max);

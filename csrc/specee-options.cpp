@@ -50,7 +50,7 @@ static const specee_mode_info MODES[] = {
      "for sampling",
      SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT},
     {"ngram", "n-gram lookup: drafts copied from the prompt and the output so far, verified in one pass (no draft head)",
-     false, true, false, true, false, nullptr, SPECEE_READS_NGRAM},
+     false, true, false, true, true, nullptr, SPECEE_READS_NGRAM},
 };
 static const int32_t N_MODES = (int32_t) (sizeof(MODES) / sizeof(MODES[0]));
 
