@@ -40,24 +40,24 @@ static void append(specee_lookup & lk, int32_t token) {
 }
 
 // a continuation of the sequence's last n tokens: the token that followed them at an earlier place, how often it did,
-// and the latest place it did (the position of its first token)
+// and the latest place it did (the position of its first token: in the sequence, or in the cross-request cache)
 struct continuation {
-    int32_t token = -1, count = 0, from = -1;
+    int32_t token = -1, count = 0;
+    int64_t from  = -1;
 };
 
 // the continuations of the longest match (n_max down to n_min, its length in *n_match), most frequent first, then
-// most recent
-static std::vector<continuation> continuations(const specee_lookup & lk, int32_t & n_match) {
+// most recent: at each length the sequence's own first, else the cross-request cache's (*from_cache set)
+static std::vector<continuation> continuations(const specee_lookup & lk, int32_t & n_match, bool & from_cache) {
     const std::vector<int32_t> & t    = lk.tokens;
     const int32_t                last = (int32_t) t.size() - 1;
-    for (int32_t n = std::min(lk.params.n_max, last); n >= lk.params.n_min; --n) {
-        const auto & map = lk.index[n - lk.params.n_min];
-        const auto   it  = map.find(ngram_hash(t, last, n));
-        if (it == map.end()) {
-            continue;
-        }
+    from_cache                        = false;
+    for (int32_t n = std::min(lk.params.n_max, last + 1); n >= lk.params.n_min; --n) {
         std::vector<continuation> out;
-        for (int32_t p : it->second) {
+        const auto &              map = lk.index[n - lk.params.n_min];
+        const auto                it  = n <= last ? map.find(ngram_hash(t, last, n)) : map.end();
+        static const std::vector<int32_t> none;
+        for (int32_t p : it == map.end() ? none : it->second) {
             if (p >= last || !std::equal(t.begin() + (p - n + 1), t.begin() + p + 1, t.begin() + (last - n + 1))) {
                 continue; // the sequence's own end, or a hash collision
             }
@@ -67,7 +67,13 @@ static std::vector<continuation> continuations(const specee_lookup & lk, int32_t
                 c = out.end() - 1;
             }
             c->count += 1;
-            c->from = std::max(c->from, p + 1);
+            c->from = std::max<int64_t>(c->from, p + 1);
+        }
+        if (out.empty() && lk.cache && n <= SPECEE_NGRAM_CACHE_N_MAX) { // none in the sequence: the cache's
+            for (const specee_ngram_cache_cont & x : specee_ngram_cache_find(*lk.cache, t.data() + (last - n + 1), n)) {
+                out.push_back({x.token, x.count, x.from});
+            }
+            from_cache = !out.empty();
         }
         if (!out.empty()) {
             n_match = n;
@@ -82,15 +88,16 @@ static std::vector<continuation> continuations(const specee_lookup & lk, int32_t
 
 // ---- how far to draft ----------------------------------------------------------------------------------
 
-// the running acceptance of drafts from matches of n tokens
-static double acceptance(const specee_lookup & lk, int32_t n) {
+// the running acceptance of drafts from matches of n tokens (in the sequence, or in the cache)
+static double acceptance(const specee_lookup & lk, int32_t n, bool cache) {
     const int32_t k = n - lk.params.n_min;
-    return (lk.succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.trials[k] + PRIOR_WEIGHT);
+    return cache ? (lk.cache_succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.cache_trials[k] + PRIOR_WEIGHT)
+                 : (lk.succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.trials[k] + PRIOR_WEIGHT);
 }
 
 // the chain length in 0..l_max with the most tokens per single-pass cost, for drafts from a match of n tokens
-static int32_t chain_length(const specee_lookup & lk, int32_t n, int32_t l_max) {
-    const double a      = acceptance(lk, n);
+static int32_t chain_length(const specee_lookup & lk, int32_t n, bool cache, int32_t l_max) {
+    const double a      = acceptance(lk, n, cache);
     double       tokens = 1.0, ak = 1.0, best = MARGIN; // L = 0: a plain step, one token per single pass
     int32_t      best_l = 0;
     for (int32_t l = 1; l <= l_max && l + 1 < (int32_t) lk.cost.size(); ++l) {
@@ -127,7 +134,8 @@ static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
 // the tree in dec.nodes: the root, the best continuation's chain of `len` tokens, the other continuations' first
 // tokens as more children of the root (point masses: no q); returns the drafted nodes in row order
 static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder & dec, int32_t root,
-                                       const std::vector<continuation> & conts, int32_t len, int32_t n_branches) {
+                                       const std::vector<continuation> & conts, bool from_cache, int32_t len,
+                                       int32_t n_branches) {
     dec.nodes.clear();
     draft_node rn;
     rn.token = root;
@@ -148,7 +156,12 @@ static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder &
         return ni;
     };
     int32_t parent = 0;
-    for (int32_t k = 0; k < len && conts[0].from + k < (int32_t) t.size(); ++k) {
+    if (len > 0 && from_cache) {
+        for (int32_t tok : specee_ngram_cache_chain(*lk.cache, conts[0].from, len)) {
+            parent = add(parent, tok);
+        }
+    }
+    for (int64_t k = 0; !from_cache && k < len && conts[0].from + k < (int64_t) t.size(); ++k) {
         parent = add(parent, t[conts[0].from + k]);
     }
     for (int32_t b = 1; b < n_branches && b < (int32_t) conts.size(); ++b) {
@@ -160,14 +173,17 @@ static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder &
 std::vector<int32_t> specee_lookup_draft(specee_lookup & lk, specee_tree_decoder & dec, int32_t root, int32_t budget) {
     // the longest match's continuations, as far as acceptance and pass cost say it pays
     int32_t                         n_match = 0;
-    const std::vector<continuation> conts   = budget > 0 ? continuations(lk, n_match) : std::vector<continuation>{};
+    bool                            cache   = false;
+    const std::vector<continuation> conts =
+        budget > 0 ? continuations(lk, n_match, cache) : std::vector<continuation>{};
     const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
     const int32_t l_max      = budget - (n_branches - 1);
-    const int32_t len        = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, l_max) : l_max;
-    lk.pending_match         = conts.empty() ? 0 : n_match;
-    lk.pending_len           = len;
-    lk.pending_first         = conts.empty() ? -1 : conts[0].token;
-    return draft_tree(lk, dec, root, conts, len, len > 0 ? n_branches : 0);
+    const int32_t len = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, cache, l_max) : l_max;
+    lk.pending_match  = conts.empty() ? 0 : n_match;
+    lk.pending_cache  = cache;
+    lk.pending_len    = len;
+    lk.pending_first  = conts.empty() ? -1 : conts[0].token;
+    return draft_tree(lk, dec, root, conts, cache, len, len > 0 ? n_branches : 0);
 }
 
 int32_t specee_lookup_finish(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t n_rows,
@@ -179,16 +195,22 @@ int32_t specee_lookup_finish(specee_lookup & lk, specee_tree_decoder & dec, spec
     specee_tree_keep(dec, step, n_rows, emitted, path, nullptr, row0);
     // learn how far this sequence's lookups hold: an observation of the match length's acceptance, drafted or not
     if (lk.pending_match > 0) {
-        const int32_t k   = lk.pending_match - lk.params.n_min;
-        const int32_t len = lk.pending_len;
-        lk.succ[k] *= DECAY;
-        lk.trials[k] *= DECAY;
+        const int32_t k      = lk.pending_match - lk.params.n_min;
+        const int32_t len    = lk.pending_len;
+        double &      succ   = lk.pending_cache ? lk.cache_succ[k] : lk.succ[k];
+        double &      trials = lk.pending_cache ? lk.cache_trials[k] : lk.trials[k];
+        succ *= DECAY;
+        trials *= DECAY;
         if (len > 0) {
-            lk.succ[k] += n_acc;
-            lk.trials[k] += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
+            succ += n_acc;
+            trials += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
         } else { // not drafted: what the lookup would have drafted first against the token that came
-            lk.succ[k] += emitted[0] == lk.pending_first ? 1.0 : 0.0;
-            lk.trials[k] += 1.0;
+            succ += emitted[0] == lk.pending_first ? 1.0 : 0.0;
+            trials += 1.0;
+        }
+        if (lk.pending_cache) {
+            step.stats.n_cache_drafted += n_rows - 1;
+            step.stats.n_cache_accepted += n_acc;
         }
     }
     lk.pending_match = 0;
@@ -233,11 +255,15 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
 // ---- set-up ------------------------------------------------------------------------------------------
 
 void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx) {
+    specee_lookup_commit(lk); // a sequence of the old settings goes to the cache before its tokens do
     lk.params = params;
+    lk.cache  = ctx.ngram_cache.capacity > 0 ? &ctx.ngram_cache : nullptr;
     lk.index.assign(params.n_max - params.n_min + 1, {});
     lk.tokens.clear();
     lk.succ.assign(params.n_max - params.n_min + 1, 0.0);
     lk.trials.assign(params.n_max - params.n_min + 1, 0.0);
+    lk.cache_succ.assign(params.n_max - params.n_min + 1, 0.0);
+    lk.cache_trials.assign(params.n_max - params.n_min + 1, 0.0);
     // a pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
     // timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every
     // size would cost a large model many passes before its first token); then each size the steps use, from their
@@ -269,13 +295,24 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
                "as its acceptance on the sequence pays for";
 }
 
+void specee_lookup_commit(specee_lookup & lk) {
+    if (lk.cache && !lk.committed && !lk.tokens.empty()) {
+        specee_ngram_cache_add(*lk.cache, lk.tokens.data(), (int32_t) lk.tokens.size());
+    }
+    lk.committed = true;
+}
+
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {
+    specee_lookup_commit(lk); // the sequence before: earlier requests' tokens for this one's lookups
+    lk.committed = false;
     lk.tokens.clear();
     for (auto & map : lk.index) {
         map.clear();
     }
     std::fill(lk.succ.begin(), lk.succ.end(), 0.0);
     std::fill(lk.trials.begin(), lk.trials.end(), 0.0);
+    std::fill(lk.cache_succ.begin(), lk.cache_succ.end(), 0.0);
+    std::fill(lk.cache_trials.begin(), lk.cache_trials.end(), 0.0);
     for (int32_t i = 0; i < n; ++i) {
         append(lk, tokens[i]);
     }

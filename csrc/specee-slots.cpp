@@ -215,6 +215,14 @@ static void push_logprobs(specee_slot & sl, const float * logits, int32_t n_voca
     }
 }
 
+// a lookup request's tokens into the context's cross-request cache, where the request ends (once; nothing for other
+// modes or with the cache off)
+static void commit_lookup(specee_slot & sl) {
+    if (specee_mode_row_impl(sl.gen->mode).reads & SPECEE_READS_NGRAM) {
+        specee_lookup_commit(sl.gen->lookup);
+    }
+}
+
 // a token the slot's request produced (logits: its step's, for log-probabilities; NULL in a speculative step): kept
 // for reading, or the end of the request
 static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, const float * logits = nullptr) {
@@ -237,6 +245,7 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
     }
     if (sl.finish != SPECEE_FINISH_NONE) {
         sl.state = SLOT_DONE;
+        commit_lookup(sl);
     }
 }
 
@@ -700,6 +709,7 @@ extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
         specee_slot & sl = slot_at(*s, slot);
         if (sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE) {
             s->totals.n_cancelled++;
+            commit_lookup(sl); // what it said so far
         }
         sl.state = SLOT_FREE;
         sl.out.clear();
