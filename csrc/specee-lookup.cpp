@@ -296,7 +296,7 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
 }
 
 void specee_lookup_commit(specee_lookup & lk) {
-    if (lk.cache && !lk.committed && !lk.tokens.empty()) {
+    if (lk.cache && !lk.committed && !lk.tokens.empty() && lk.cache->epoch == lk.cache_epoch) {
         specee_ngram_cache_add(*lk.cache, lk.tokens.data(), (int32_t) lk.tokens.size());
     }
     lk.committed = true;
@@ -304,7 +304,8 @@ void specee_lookup_commit(specee_lookup & lk) {
 
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {
     specee_lookup_commit(lk); // the sequence before: earlier requests' tokens for this one's lookups
-    lk.committed = false;
+    lk.committed   = false;
+    lk.cache_epoch = lk.cache ? lk.cache->epoch : 0;
     lk.tokens.clear();
     for (auto & map : lk.index) {
         map.clear();

@@ -37,6 +37,7 @@ struct specee_lookup {
     std::vector<double>  cache_succ, cache_trials; // the same for matches found in the cross-request cache
     specee_ngram_cache * cache     = nullptr; // the context's cross-request cache (nullptr: off)
     bool                 committed = true;    // the sequence's tokens went to the cache (or there were none)
+    uint64_t             cache_epoch = 0;     // the cache's epoch when the sequence began (a clear since: not added)
     std::vector<double>  cost;    // cost[n]: a pass of n tokens in single passes (cost[1] = 1)
     std::vector<double>  pass_ms; // pass_ms[n]: the running time of this generator's passes of n tokens (0: none yet)
     // the step drafted and not finished yet: its match length (0: no match), chain length and the match's first token

@@ -145,5 +145,7 @@ extern "C" void specee_ngram_cache_clear(specee_context * ctx) {
         return;
     }
     std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    const uint64_t epoch = ctx->ngram_cache.epoch;
     specee_ngram_cache_init(ctx->ngram_cache, ctx->ngram_cache.capacity);
+    ctx->ngram_cache.epoch = epoch + 1;
 }

@@ -30,6 +30,7 @@ struct specee_ngram_cache {
     std::unordered_map<uint64_t, std::vector<int64_t>> index;
     int64_t             n_entries = 0; // positions in the index, summed over its keys
     int64_t             n_added   = 0; // documents added since the context was made (evicted ones included)
+    uint64_t            epoch     = 0; // cleared this many times: a sequence begun before a clear is not added
 };
 
 // a continuation of an n-gram in the cache: the token that followed it, how often, and the latest place it did

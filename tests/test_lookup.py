@@ -252,6 +252,8 @@ def test_the_cache_stays_bounded_under_many_requests(tiny_gguf: Path) -> None:
     assert m.ngram_cache_info()["n_tokens"] <= 200
     m.ngram_cache_clear()
     assert m.ngram_cache_info()["n_tokens"] == 0
+    m.generate_tokens([4, 5, 6], 2, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+    assert m.ngram_cache_info()["n_tokens"] == 0  # the call before the clear is not added after it
     with pytest.raises(ValueError, match="ngram_cache"):
         specee.Model(tiny_gguf, n_ctx=64, ngram_cache=-1)
 
