@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 // the running acceptance per match length: successes and trials decayed by DECAY an observation, read with
 // PRIOR_WEIGHT trials at PRIOR
@@ -318,4 +319,31 @@ void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, 
         append(lk, tokens[i]);
     }
     append(lk, first);
+}
+
+// ---- C API: the context's cross-request cache (here: specee-ngram-cache.cpp is included by the context) -----
+
+extern "C" struct specee_ngram_cache_info specee_ngram_cache_get_info(const specee_context * ctx) {
+    specee_ngram_cache_info info{};
+    if (!ctx) {
+        return info;
+    }
+    std::lock_guard<std::recursive_mutex> lock(const_cast<specee_context *>(ctx)->mutex);
+    const specee_ngram_cache & c = ctx->ngram_cache;
+    info.capacity                = c.capacity;
+    info.n_tokens                = (int64_t) c.tokens.size();
+    info.n_entries               = c.n_entries;
+    info.n_docs                  = (int64_t) c.starts.size();
+    info.n_added                 = c.n_added;
+    return info;
+}
+
+extern "C" void specee_ngram_cache_clear(specee_context * ctx) {
+    if (!ctx) {
+        return;
+    }
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    const uint64_t epoch = ctx->ngram_cache.epoch;
+    specee_ngram_cache_init(ctx->ngram_cache, ctx->ngram_cache.capacity);
+    ctx->ngram_cache.epoch = epoch + 1;
 }

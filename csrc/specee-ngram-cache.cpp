@@ -2,10 +2,7 @@
 // oldest). See specee-ngram-cache.h.
 #include "specee-ngram-cache.h"
 
-#include "specee-context.h"
-
 #include <algorithm>
-#include <mutex>
 
 // FNV-1a over n and the n tokens at t[0..n) (n in the hash: the lengths share one map)
 template <typename It> static uint64_t key_hash(It t, int32_t n) {
@@ -121,31 +118,4 @@ std::vector<int32_t> specee_ngram_cache_chain(const specee_ngram_cache & c, int6
         out.push_back(c.tokens[p - c.base]);
     }
     return out;
-}
-
-// ---- C API -------------------------------------------------------------------------------------------
-
-extern "C" struct specee_ngram_cache_info specee_ngram_cache_get_info(const specee_context * ctx) {
-    specee_ngram_cache_info info{};
-    if (!ctx) {
-        return info;
-    }
-    std::lock_guard<std::recursive_mutex> lock(const_cast<specee_context *>(ctx)->mutex);
-    const specee_ngram_cache & c = ctx->ngram_cache;
-    info.capacity                = c.capacity;
-    info.n_tokens                = (int64_t) c.tokens.size();
-    info.n_entries               = c.n_entries;
-    info.n_docs                  = (int64_t) c.starts.size();
-    info.n_added                 = c.n_added;
-    return info;
-}
-
-extern "C" void specee_ngram_cache_clear(specee_context * ctx) {
-    if (!ctx) {
-        return;
-    }
-    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
-    const uint64_t epoch = ctx->ngram_cache.epoch;
-    specee_ngram_cache_init(ctx->ngram_cache, ctx->ngram_cache.capacity);
-    ctx->ngram_cache.epoch = epoch + 1;
 }
