@@ -149,6 +149,13 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     specee_slot &      sl = s.slots[id];
     specee_generator & g  = *sl.gen;
     specee_generator_set_params_impl(g, p);
+    if (p.mode == SPECEE_MODE_AUTO && n_probs >= 0 && specee_mode_row_impl(g.mode).tree) {
+        // log-probabilities come from a plain step's logits: auto decodes such a request plainly (as the server does)
+        specee_generator_params q = p;
+        q.mode                    = SPECEE_MODE_PLAIN;
+        specee_generator_set_params_impl(g, q);
+        g.why = "auto: plain decoding (log-probabilities were asked for)";
+    }
     g.stats     = specee_generator_stats{};
     g.started   = false;
     const specee_mode_info & mi = specee_mode_row_impl(g.mode);

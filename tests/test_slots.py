@@ -433,6 +433,13 @@ def test_auto_in_slots_may_pick_ngram(tiny: specee.Model) -> None:
     assert slots.mode(a) == "ngram"
     assert slots.read(a).tokens == want
     assert len(slots.read(b).tokens) == 16
+    slots.release(a)
+    slots.release(b)
+    c = slots.submit(prompt, 4, n_probs=2, temp=0, ignore_eos=True)  # log-probabilities: auto decodes plainly
+    for _ in range(100):
+        if slots.step() == 0:
+            break
+    assert slots.mode(c) == "plain" and slots.read(c).tokens == want[:4]
 
 
 @pytest.mark.slow
