@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from specee.model import Model
 
+CHATS: list[str] = []  # --category's user messages (empty: PROMPTS)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "List three colors and explain", "The best way to learn a language is", "import numpy as np\n",
            "Dear hiring manager,", "In 1969, the first humans"]
@@ -160,8 +161,12 @@ def load(port: int, clients: int, per_client: int, max_tokens: int) -> tuple[flo
         out = []
         for k in range(per_client):
             t0 = time.perf_counter()
-            r = post(port, "/v1/completions", {"prompt": PROMPTS[(c + k) % len(PROMPTS)], "max_tokens": max_tokens,
-                                               "temperature": 0, "ignore_eos": True})
+            if CHATS:  # --category: a user message of an evaluation dataset, in the model's chat template
+                r = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": CHATS[(c + k) % len(CHATS)]}],
+                                                        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+            else:
+                r = post(port, "/v1/completions", {"prompt": PROMPTS[(c + k) % len(PROMPTS)],
+                                                   "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
             out.append((time.perf_counter() - t0, r["usage"]["completion_tokens"]))
         return out
 
@@ -206,13 +211,25 @@ def main() -> None:
     p.add_argument("--llama-server", default=None, help="upstream llama.cpp's llama-server binary")
     p.add_argument("--draft-head", default=None)
     p.add_argument("--library", action="store_true", help="also (a), the library without HTTP")
+    p.add_argument("--mode", default="plain", help="specee-server's --mode (plain)")
+    p.add_argument("--category", default=None,
+                   help="the clients send chats: the first turns of this evaluation dataset (alpaca, gsm8k, humaneval, "
+                        "mt_bench, qa, sum: --data-dir/NAME/question.jsonl) instead of the fixed prompts")
+    p.add_argument("--data-dir", default=None, help="SpecEE's question folder, for --category")
     args = p.parse_args()
+    if args.category:
+        if not args.data_dir:
+            raise SystemExit("--category needs --data-dir (the folder of NAME/question.jsonl)")
+        path_q = os.path.join(args.data_dir, args.category, "question.jsonl")
+        with open(path_q, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        CHATS[:] = [r["turns"][0] for r in rows]
     counts = [int(x) for x in args.clients.split(",")]
 
     model = Model(args.model, n_ctx=4096, n_threads=args.threads)
     path = model.path
     print(f"## {model.desc} ({os.path.basename(path)}), {args.threads} thread(s), {args.max_tokens} tokens per "
-          f"request, -np {args.parallel} -c {args.ctx_size}, {args.rounds} rounds, load average "
+          f"request, specee-server --mode {args.mode}, prompts: {args.category or 'fixed'}, -np {args.parallel} -c {args.ctx_size}, {args.rounds} rounds, load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the start\n")
     if args.library:
         print("| sequences | alone t/s | batched t/s | ratio |\n|---|---|---|---|")
@@ -224,7 +241,7 @@ def main() -> None:
 
     common = ["-m", path, "-np", str(args.parallel), "-t", str(args.threads), "-c", str(args.ctx_size),
               "--host", "127.0.0.1", "--metrics"]
-    specee_cmd = [sys.executable, "-m", "specee.server", *common, "--mode", "plain"]
+    specee_cmd = [sys.executable, "-m", "specee.server", *common, "--mode", args.mode]
     specee_cmd += ["--draft-head", args.draft_head] if args.draft_head else []
     servers = [Server("specee-server", specee_cmd, "specee:", "passes_total")]
     if args.llama_server:

@@ -113,6 +113,7 @@ extern "C" struct specee_context_params specee_context_default_params(void) {
     p.n_threads       = specee_max_threads();
     p.n_threads_batch = p.n_threads;
     p.type_v          = SPECEE_KV_F32;
+    p.ngram_cache     = SPECEE_DEFAULT_NGRAM_CACHE;
     return p;
 }
 
@@ -136,6 +137,9 @@ specee_context_params specee_context_params_resolve(const specee_model & model, 
     const int32_t cpus = specee_max_threads(); // the frontends warn (the CLI, Model)
     params.n_threads       = std::min(params.n_threads, cpus);
     params.n_threads_batch = std::min(params.n_threads_batch, cpus);
+    if (params.ngram_cache < 0) {
+        specee_fail("ngram_cache=%d: the tokens the n-gram cache keeps must be >= 0 (0: off)", params.ngram_cache);
+    }
     if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
         specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);
     }

@@ -600,6 +600,7 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     auto ctx     = std::make_unique<specee_context>();
     ctx->model   = model;
     ctx->cparams = specee_context_params_resolve(*model, params);
+    specee_ngram_cache_init(ctx->ngram_cache, ctx->cparams.ngram_cache);
     init_backends(*ctx);
 
     // ---- each layer's KV cache with its layer, the hidden state on every backend

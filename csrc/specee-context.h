@@ -5,6 +5,7 @@
 
 #include "specee-graph.h"
 #include "specee-kv-cache.h"
+#include "specee-ngram-cache.h"
 #include "specee.h"
 
 #include "ggml-backend.h"
@@ -71,6 +72,8 @@ struct specee_context {
 
     // ---- what a pass costs here (specee_context_pass_cost): pass_ms[n] the fastest pass of n tokens, 0: not timed
     std::vector<double> pass_ms;
+    // ---- earlier requests' tokens for n-gram lookup (cparams.ngram_cache of them; specee-ngram-cache.h)
+    specee_ngram_cache ngram_cache;
 
     ~specee_context();
 };

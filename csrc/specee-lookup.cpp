@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 // the running acceptance per match length: successes and trials decayed by DECAY an observation, read with
 // PRIOR_WEIGHT trials at PRIOR
@@ -40,24 +41,24 @@ static void append(specee_lookup & lk, int32_t token) {
 }
 
 // a continuation of the sequence's last n tokens: the token that followed them at an earlier place, how often it did,
-// and the latest place it did (the position of its first token)
+// and the latest place it did (the position of its first token: in the sequence, or in the cross-request cache)
 struct continuation {
-    int32_t token = -1, count = 0, from = -1;
+    int32_t token = -1, count = 0;
+    int64_t from  = -1;
 };
 
 // the continuations of the longest match (n_max down to n_min, its length in *n_match), most frequent first, then
-// most recent
-static std::vector<continuation> continuations(const specee_lookup & lk, int32_t & n_match) {
+// most recent: at each length the sequence's own first, else the cross-request cache's (*from_cache set)
+static std::vector<continuation> continuations(const specee_lookup & lk, int32_t & n_match, bool & from_cache) {
     const std::vector<int32_t> & t    = lk.tokens;
     const int32_t                last = (int32_t) t.size() - 1;
-    for (int32_t n = std::min(lk.params.n_max, last); n >= lk.params.n_min; --n) {
-        const auto & map = lk.index[n - lk.params.n_min];
-        const auto   it  = map.find(ngram_hash(t, last, n));
-        if (it == map.end()) {
-            continue;
-        }
+    from_cache                        = false;
+    for (int32_t n = std::min(lk.params.n_max, last + 1); n >= lk.params.n_min; --n) {
         std::vector<continuation> out;
-        for (int32_t p : it->second) {
+        const auto &              map = lk.index[n - lk.params.n_min];
+        const auto                it  = n <= last ? map.find(ngram_hash(t, last, n)) : map.end();
+        static const std::vector<int32_t> none;
+        for (int32_t p : it == map.end() ? none : it->second) {
             if (p >= last || !std::equal(t.begin() + (p - n + 1), t.begin() + p + 1, t.begin() + (last - n + 1))) {
                 continue; // the sequence's own end, or a hash collision
             }
@@ -67,7 +68,13 @@ static std::vector<continuation> continuations(const specee_lookup & lk, int32_t
                 c = out.end() - 1;
             }
             c->count += 1;
-            c->from = std::max(c->from, p + 1);
+            c->from = std::max<int64_t>(c->from, p + 1);
+        }
+        if (out.empty() && lk.cache && n <= SPECEE_NGRAM_CACHE_N_MAX) { // none in the sequence: the cache's
+            for (const specee_ngram_cache_cont & x : specee_ngram_cache_find(*lk.cache, t.data() + (last - n + 1), n)) {
+                out.push_back({x.token, x.count, x.from});
+            }
+            from_cache = !out.empty();
         }
         if (!out.empty()) {
             n_match = n;
@@ -82,15 +89,16 @@ static std::vector<continuation> continuations(const specee_lookup & lk, int32_t
 
 // ---- how far to draft ----------------------------------------------------------------------------------
 
-// the running acceptance of drafts from matches of n tokens
-static double acceptance(const specee_lookup & lk, int32_t n) {
+// the running acceptance of drafts from matches of n tokens (in the sequence, or in the cache)
+static double acceptance(const specee_lookup & lk, int32_t n, bool cache) {
     const int32_t k = n - lk.params.n_min;
-    return (lk.succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.trials[k] + PRIOR_WEIGHT);
+    return cache ? (lk.cache_succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.cache_trials[k] + PRIOR_WEIGHT)
+                 : (lk.succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.trials[k] + PRIOR_WEIGHT);
 }
 
 // the chain length in 0..l_max with the most tokens per single-pass cost, for drafts from a match of n tokens
-static int32_t chain_length(const specee_lookup & lk, int32_t n, int32_t l_max) {
-    const double a      = acceptance(lk, n);
+static int32_t chain_length(const specee_lookup & lk, int32_t n, bool cache, int32_t l_max) {
+    const double a      = acceptance(lk, n, cache);
     double       tokens = 1.0, ak = 1.0, best = MARGIN; // L = 0: a plain step, one token per single pass
     int32_t      best_l = 0;
     for (int32_t l = 1; l <= l_max && l + 1 < (int32_t) lk.cost.size(); ++l) {
@@ -127,7 +135,8 @@ static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
 // the tree in dec.nodes: the root, the best continuation's chain of `len` tokens, the other continuations' first
 // tokens as more children of the root (point masses: no q); returns the drafted nodes in row order
 static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder & dec, int32_t root,
-                                       const std::vector<continuation> & conts, int32_t len, int32_t n_branches) {
+                                       const std::vector<continuation> & conts, bool from_cache, int32_t len,
+                                       int32_t n_branches) {
     dec.nodes.clear();
     draft_node rn;
     rn.token = root;
@@ -148,13 +157,74 @@ static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder &
         return ni;
     };
     int32_t parent = 0;
-    for (int32_t k = 0; k < len && conts[0].from + k < (int32_t) t.size(); ++k) {
+    if (len > 0 && from_cache) {
+        for (int32_t tok : specee_ngram_cache_chain(*lk.cache, conts[0].from, len)) {
+            parent = add(parent, tok);
+        }
+    }
+    for (int64_t k = 0; !from_cache && k < len && conts[0].from + k < (int64_t) t.size(); ++k) {
         parent = add(parent, t[conts[0].from + k]);
     }
     for (int32_t b = 1; b < n_branches && b < (int32_t) conts.size(); ++b) {
         add(0, conts[b].token);
     }
     return chosen;
+}
+
+std::vector<int32_t> specee_lookup_draft(specee_lookup & lk, specee_tree_decoder & dec, int32_t root, int32_t budget) {
+    // the longest match's continuations, as far as acceptance and pass cost say it pays
+    int32_t                         n_match = 0;
+    bool                            cache   = false;
+    const std::vector<continuation> conts =
+        budget > 0 ? continuations(lk, n_match, cache) : std::vector<continuation>{};
+    const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
+    const int32_t l_max      = budget - (n_branches - 1);
+    const int32_t len = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, cache, l_max) : l_max;
+    lk.pending_match  = conts.empty() ? 0 : n_match;
+    lk.pending_cache  = cache;
+    lk.pending_len    = len;
+    lk.pending_first  = conts.empty() ? -1 : conts[0].token;
+    return draft_tree(lk, dec, root, conts, cache, len, len > 0 ? n_branches : 0);
+}
+
+int32_t specee_lookup_finish(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t n_rows,
+                             const float * logits, int32_t row0, int32_t n_max, int32_t * out) {
+    specee_context & ctx = step.ctx;
+    std::vector<int32_t>  emitted, path;
+    specee_tree_pass_rows rows  = {&dec, logits, (int32_t) ctx.model->hparams.n_vocab};
+    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
+    specee_tree_keep(dec, step, n_rows, emitted, path, nullptr, row0);
+    // learn how far this sequence's lookups hold: an observation of the match length's acceptance, drafted or not
+    if (lk.pending_match > 0) {
+        const int32_t k      = lk.pending_match - lk.params.n_min;
+        const int32_t len    = lk.pending_len;
+        double &      succ   = lk.pending_cache ? lk.cache_succ[k] : lk.succ[k];
+        double &      trials = lk.pending_cache ? lk.cache_trials[k] : lk.trials[k];
+        succ *= DECAY;
+        trials *= DECAY;
+        if (len > 0) {
+            succ += n_acc;
+            trials += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
+        } else { // not drafted: what the lookup would have drafted first against the token that came
+            succ += emitted[0] == lk.pending_first ? 1.0 : 0.0;
+            trials += 1.0;
+        }
+        if (lk.pending_cache) {
+            step.stats.n_cache_drafted += n_rows - 1;
+            step.stats.n_cache_accepted += n_acc;
+        }
+    }
+    lk.pending_match = 0;
+    for (int32_t tok : emitted) {
+        append(lk, tok);
+    }
+    step.root = emitted.back();
+    step.root_pos += (int32_t) emitted.size();
+    step.stats.n_steps++;
+    step.stats.n_drafted += n_rows - 1;
+    step.stats.n_accepted += n_acc;
+    std::copy(emitted.begin(), emitted.end(), out);
+    return (int32_t) emitted.size();
 }
 
 int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out,
@@ -164,66 +234,37 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
     const int32_t            n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
     const int32_t budget = std::min({lk.params.draft_max, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
 
-    // ---- draft: the longest match's continuations, as far as acceptance and pass cost say it pays
-    auto                            t0    = specee_clock::now();
-    int32_t                         n_match = 0;
-    const std::vector<continuation> conts   = budget > 0 ? continuations(lk, n_match) : std::vector<continuation>{};
-    const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
-    const int32_t l_max      = budget - (n_branches - 1);
-    const int32_t len        = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, l_max) : l_max;
-    const std::vector<int32_t> nodes =
-        draft_tree(lk, dec, step.root, conts, len, len > 0 ? n_branches : 0);
+    auto                       t0    = specee_clock::now();
+    const std::vector<int32_t> nodes = specee_lookup_draft(lk, dec, step.root, budget);
     st.t_draft_ms += specee_ms_since(t0);
 
     // ---- verify root + drafts in one pass
-    t0                           = specee_clock::now();
-    const specee_tree_batch tb   = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
-    const specee_batch      b    = tb.view();
+    t0                         = specee_clock::now();
+    const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
+    const specee_batch      b  = tb.view();
     specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
     const double pass_ms = specee_ms_since(t0);
     st.t_verify_ms += pass_ms;
     observe_pass(lk, b.n_tokens, pass_ms);
 
-    // ---- walk, keep what was accepted, learn how far this sequence's lookups hold
-    t0 = specee_clock::now();
-    std::vector<int32_t>  emitted, path;
-    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
-    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
-    specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
-    if (!conts.empty()) { // an observation of this match length's acceptance, drafted or not
-        const int32_t k = n_match - lk.params.n_min;
-        lk.succ[k] *= DECAY;
-        lk.trials[k] *= DECAY;
-        if (len > 0) {
-            lk.succ[k] += n_acc;
-            lk.trials[k] += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
-        } else { // not drafted: what the lookup would have drafted first against the token that came
-            lk.succ[k] += emitted[0] == conts[0].token ? 1.0 : 0.0;
-            lk.trials[k] += 1.0;
-        }
-    }
-    for (int32_t tok : emitted) {
-        append(lk, tok);
-    }
-    step.root = emitted.back();
-    step.root_pos += (int32_t) emitted.size();
+    t0              = specee_clock::now();
+    const int32_t n = specee_lookup_finish(lk, dec, step, b.n_tokens, ctx.logits.data(), 0, n_max, out);
     st.t_sample_ms += specee_ms_since(t0);
-
-    st.n_steps++;
-    st.n_drafted += b.n_tokens - 1;
-    st.n_accepted += n_acc;
-    std::copy(emitted.begin(), emitted.end(), out);
-    return (int32_t) emitted.size();
+    return n;
 }
 
 // ---- set-up ------------------------------------------------------------------------------------------
 
 void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx) {
+    specee_lookup_commit(lk); // a sequence of the old settings goes to the cache before its tokens do
     lk.params = params;
+    lk.cache  = ctx.ngram_cache.capacity > 0 ? &ctx.ngram_cache : nullptr;
     lk.index.assign(params.n_max - params.n_min + 1, {});
     lk.tokens.clear();
     lk.succ.assign(params.n_max - params.n_min + 1, 0.0);
     lk.trials.assign(params.n_max - params.n_min + 1, 0.0);
+    lk.cache_succ.assign(params.n_max - params.n_min + 1, 0.0);
+    lk.cache_trials.assign(params.n_max - params.n_min + 1, 0.0);
     // a pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
     // timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every
     // size would cost a large model many passes before its first token); then each size the steps use, from their
@@ -255,13 +296,25 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
                "as its acceptance on the sequence pays for";
 }
 
+void specee_lookup_commit(specee_lookup & lk) {
+    if (lk.cache && !lk.committed && !lk.tokens.empty() && lk.cache->epoch == lk.cache_epoch) {
+        specee_ngram_cache_add(*lk.cache, lk.tokens.data(), (int32_t) lk.tokens.size());
+    }
+    lk.committed = true;
+}
+
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {
+    specee_lookup_commit(lk); // the sequence before: earlier requests' tokens for this one's lookups
+    lk.committed   = false;
+    lk.cache_epoch = lk.cache ? lk.cache->epoch : 0;
     lk.tokens.clear();
     for (auto & map : lk.index) {
         map.clear();
     }
     std::fill(lk.succ.begin(), lk.succ.end(), 0.0);
     std::fill(lk.trials.begin(), lk.trials.end(), 0.0);
+    std::fill(lk.cache_succ.begin(), lk.cache_succ.end(), 0.0);
+    std::fill(lk.cache_trials.begin(), lk.cache_trials.end(), 0.0);
     for (int32_t i = 0; i < n; ++i) {
         append(lk, tokens[i]);
     }
@@ -286,13 +339,18 @@ specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, i
         return c;
     }
     int32_t                         n_match = 0;
-    const std::vector<continuation> conts   = continuations(lk, n_match);
+    bool                            cache   = false;
+    const std::vector<continuation> conts   = continuations(lk, n_match, cache);
     if (conts.empty()) {
         return c;
     }
     c.n_match    = n_match;
-    c.acceptance = acceptance(lk, n_match);
-    for (int32_t k = 0; k < l_max && conts[0].from + k < (int32_t) lk.tokens.size(); ++k) {
+    c.from_cache = cache;
+    c.acceptance = acceptance(lk, n_match, cache);
+    if (cache) {
+        c.chain = specee_ngram_cache_chain(*lk.cache, conts[0].from, l_max);
+    }
+    for (int64_t k = 0; !cache && k < l_max && conts[0].from + k < (int64_t) lk.tokens.size(); ++k) {
         c.chain.push_back(lk.tokens[conts[0].from + k]);
     }
     for (int32_t b = 1; b < lk.params.branches && b < (int32_t) conts.size(); ++b) {
@@ -320,22 +378,51 @@ void specee_lookup_observe(specee_lookup & lk, const specee_lookup_candidates & 
                            const std::vector<int32_t> & emitted, int32_t n_rows, double pass_ms) {
     observe_pass(lk, n_rows, pass_ms);
     if (c.n_match > 0 && !emitted.empty()) {
-        const int32_t k = c.n_match - lk.params.n_min;
-        lk.succ[k] *= DECAY;
-        lk.trials[k] *= DECAY;
+        const int32_t k      = c.n_match - lk.params.n_min;
+        double &      succ   = c.from_cache ? lk.cache_succ[k] : lk.succ[k];
+        double &      trials = c.from_cache ? lk.cache_trials[k] : lk.trials[k];
+        succ *= DECAY;
+        trials *= DECAY;
         if (drafted > 0) {
             int32_t n_acc = 0; // the drafted chain's tokens that the emitted ones follow
             while (n_acc < drafted && n_acc < (int32_t) emitted.size() && emitted[n_acc] == c.chain[n_acc]) {
                 ++n_acc;
             }
-            lk.succ[k] += n_acc;
-            lk.trials[k] += n_acc + (n_acc < drafted && n_acc < (int32_t) emitted.size() ? 1 : 0); // and its break
+            succ += n_acc;
+            trials += n_acc + (n_acc < drafted && n_acc < (int32_t) emitted.size() ? 1 : 0); // and its break
         } else {
-            lk.succ[k] += emitted[0] == c.chain[0] ? 1.0 : 0.0;
-            lk.trials[k] += 1.0;
+            succ += emitted[0] == c.chain[0] ? 1.0 : 0.0;
+            trials += 1.0;
         }
     }
     for (int32_t tok : emitted) {
         append(lk, tok);
     }
+}
+
+// ---- C API: the context's cross-request cache (here: specee-ngram-cache.cpp is included by the context) -----
+
+extern "C" struct specee_ngram_cache_info specee_ngram_cache_get_info(const specee_context * ctx) {
+    specee_ngram_cache_info info{};
+    if (!ctx) {
+        return info;
+    }
+    std::lock_guard<std::recursive_mutex> lock(const_cast<specee_context *>(ctx)->mutex);
+    const specee_ngram_cache & c = ctx->ngram_cache;
+    info.capacity                = c.capacity;
+    info.n_tokens                = (int64_t) c.tokens.size();
+    info.n_entries               = c.n_entries;
+    info.n_docs                  = (int64_t) c.starts.size();
+    info.n_added                 = c.n_added;
+    return info;
+}
+
+extern "C" void specee_ngram_cache_clear(specee_context * ctx) {
+    if (!ctx) {
+        return;
+    }
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    const uint64_t epoch = ctx->ngram_cache.epoch;
+    specee_ngram_cache_init(ctx->ngram_cache, ctx->ngram_cache.capacity);
+    ctx->ngram_cache.epoch = epoch + 1;
 }

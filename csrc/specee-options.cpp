@@ -50,7 +50,7 @@ static const specee_mode_info MODES[] = {
      "for sampling",
      SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT},
     {"ngram", "n-gram lookup: drafts copied from the prompt and the output so far, verified in one pass (no draft head)",
-     false, true, false, true, false, nullptr, SPECEE_READS_NGRAM},
+     false, true, false, true, true, nullptr, SPECEE_READS_NGRAM},
     {"ngram+eagle2",
      "hybrid trees: n-gram lookup's drafts grafted onto EAGLE-2's tree, verified in one pass; lookup alone (the head "
      "skipped) where it is confident",
@@ -271,6 +271,11 @@ static const option_def CONTEXT_OPTIONS[] = {
     {{"tensor_split", SPECEE_OPTION_FLOATS, nullptr, "comma-separated numbers >= 0",
       "the share of the offloaded layers each device gets, e.g. 3,1 (default: by free memory)", "-ts,--tensor-split", "SPLIT"},
      OFF(tensor_split), OFF(n_tensor_split), nullptr, 0, 0, 0},
+    {{"ngram_cache", SPECEE_OPTION_INT, nullptr, "an integer >= 0",
+      "tokens of earlier requests (their prompts and outputs) kept for n-gram lookup's drafts, per context: a server's "
+      "requests, a reused Model's calls; the oldest requests are evicted (default: 65536; 0: off)",
+      "--ngram-cache", "N"},
+     OFF(ngram_cache), 0, nullptr, 0, 0, INT_MAX},
     {{"flash_attn", SPECEE_OPTION_CHOICE, "on,off,auto", "on, off or auto",
       "accepted for compatibility; attention is always computed with ggml's flash attention here", "-fa,--flash-attn", "on|off|auto"},
      OFF(flash_attn), 0, FLASH_ATTN_NAMES, 3, 0, 0},
@@ -630,6 +635,7 @@ extern "C" struct specee_context_options specee_context_options_default(void) {
     o.n_gpu_layers  = -1;
     o.offload_order = SPECEE_OFFLOAD_AUTO;
     o.flash_attn    = 2; // auto
+    o.ngram_cache   = SPECEE_DEFAULT_NGRAM_CACHE;
     return o;
 }
 
@@ -653,6 +659,7 @@ extern "C" struct specee_context_params specee_context_options_context_params(co
     p.n_threads             = o->n_threads > 0 ? o->n_threads : specee_max_threads();
     p.n_threads_batch       = o->n_threads_batch > 0 ? o->n_threads_batch : p.n_threads;
     p.type_v                = o->type_v;
+    p.ngram_cache           = o->ngram_cache;
     return p;
 }
 
@@ -670,6 +677,7 @@ static const stat_def STATS[] = {
     STAT(n_prompt, 'i'),   STAT(n_reused, 'i'),    STAT(t_prompt_ms, 'd'),  STAT(n_tokens, 'i'),
     STAT(n_decoded, 'i'),  STAT(n_steps, 'i'),     STAT(t_decode_ms, 'd'),  STAT(t_sample_ms, 'd'),
     STAT(n_drafted, 'i'),  STAT(n_accepted, 'i'),  STAT(t_draft_ms, 'd'),   STAT(t_verify_ms, 'd'),
+    STAT(n_cache_drafted, 'i'), STAT(n_cache_accepted, 'i'),
     STAT(n_exits, 'i'),    STAT(n_layers_run, 'l'), STAT(n_checks, 'i'),    STAT(n_fired, 'i'),
     STAT(n_rejected, 'i'), STAT(t_layers_ms, 'd'), STAT(t_check_ms, 'd'),   STAT(t_exit_ms, 'd'),
     STAT(t_head_ms, 'd'),  STAT(t_fill_ms, 'd'),   STAT(n_verified, 'i'),   STAT(n_rollbacks, 'i'),

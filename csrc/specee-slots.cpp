@@ -6,9 +6,11 @@
 // prefilled, oldest first: a long prompt joins over several passes while the running sequences keep decoding.
 // Requests join (specee_slots_submit) and leave (specee_slots_release) between passes.
 //
-// EAGLE requests share the pass too: each drafts its tree on its own sequence before the pass, the tree is a block
-// of rows with its own tree mask, and after the pass each walks its block's logits and keeps what it accepted, as a
-// step alone does (the same functions of specee-speculative.cpp: EAGLE stays lossless). Early-exit and tree-exit
+// EAGLE and n-gram lookup requests share the pass too: each drafts its tree on its own sequence before the pass (the
+// draft head's, or the lookup's copied chain and branches: specee_lookup_draft), the tree is a block of rows with its
+// own tree mask, and after the pass each walks its block's logits and keeps what it accepted, as a step alone does
+// (the same functions of specee-speculative.cpp: both stay lossless). A lookup request's prefill is in the shared
+// pass as a plain request's is (the lookup needs only the prompt's tokens). Early-exit and tree-exit
 // requests run their sequence alone: each token's pass stops at its own layer, which a shared pass cannot. Their
 // prefill, and an EAGLE request's (whose draft head needs the prompt's features), run alone too, after the shared
 // pass, with the generator of specee-generate.cpp on the slot's sequence. docs/server.md says why.
@@ -147,21 +149,20 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     specee_slot &      sl = s.slots[id];
     specee_generator & g  = *sl.gen;
     specee_generator_set_params_impl(g, p);
-    if (p.mode == SPECEE_MODE_AUTO && specee_mode_row_impl(g.mode).tree && !specee_mode_row_impl(g.mode).shared_pass) {
-        // auto chose a mode whose passes cannot be shared: its steps would take passes of their own, beside the shared
-        // one every other request waits on; here auto decodes plainly, in the shared pass
-        const std::string why = g.why;
+    if (p.mode == SPECEE_MODE_AUTO && n_probs >= 0 && specee_mode_row_impl(g.mode).tree) {
+        // log-probabilities come from a plain step's logits: auto decodes such a request plainly (as the server does)
         specee_generator_params q = p;
         q.mode                    = SPECEE_MODE_PLAIN;
         specee_generator_set_params_impl(g, q);
-        g.why = "auto: plain decoding in the slots' shared pass (" + why.substr(0, why.find('\n')) +
-                ": but its passes cannot be shared)";
+        g.why = "auto: plain decoding (log-probabilities were asked for)";
     }
     g.stats     = specee_generator_stats{};
     g.started   = false;
     const specee_mode_info & mi = specee_mode_row_impl(g.mode);
-    sl.alone    = mi.tree || mi.exits; // a speculative mode: its prefill (and decoding, unless shared) alone
-    if (n_probs >= 0 && sl.alone) {
+    // a mode with a draft head or exits: its prefill (and decoding, unless shared) alone; n-gram lookup needs
+    // nothing of the prompt but its tokens, so its prefill too is in the shared pass
+    sl.alone    = (mi.tree && mi.needs_head) || mi.exits;
+    if (n_probs >= 0 && (mi.tree || mi.exits)) {
         specee_fail("log-probabilities need mode plain, not %s: a speculative step's tokens come from drafts and "
                     "verification passes", specee_mode_name(g.mode));
     }
@@ -221,6 +222,14 @@ static void push_logprobs(specee_slot & sl, const float * logits, int32_t n_voca
     }
 }
 
+// a lookup request's tokens into the context's cross-request cache, where the request ends (once; nothing for other
+// modes or with the cache off)
+static void commit_lookup(specee_slot & sl) {
+    if (specee_mode_row_impl(sl.gen->mode).reads & SPECEE_READS_NGRAM) {
+        specee_lookup_commit(sl.gen->lookup);
+    }
+}
+
 // a token the slot's request produced (logits: its step's, for log-probabilities; NULL in a speculative step): kept
 // for reading, or the end of the request
 static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, const float * logits = nullptr) {
@@ -243,6 +252,7 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
     }
     if (sl.finish != SPECEE_FINISH_NONE) {
         sl.state = SLOT_DONE;
+        commit_lookup(sl);
     }
 }
 
@@ -257,8 +267,9 @@ static int32_t slot_n_max(const specee_slots & s, const specee_slot & sl) {
     return std::max(n_max, 1);
 }
 
-// An EAGLE slot whose step joins the shared pass: its tree (drafted before the pass) is a block of rows of the batch
-// with its own tree mask; after the pass the slot walks it with its rows' logits
+// An EAGLE or n-gram lookup slot whose step joins the shared pass: its tree (drafted before the pass: by the draft
+// head, or copied by the lookup) is a block of rows of the batch with its own tree mask; after the pass the slot walks
+// it with its rows' logits
 struct tree_block {
     int32_t           slot = -1;
     int32_t           row0 = 0; // its first row in the batch (and in the pass's logits: every row has them)
@@ -266,8 +277,8 @@ struct tree_block {
     specee_tree_batch tb;
 };
 
-// whether a slot's next step is an EAGLE draft-and-verify step that can share the pass (its first token, sampled by
-// its prefill, is returned without a pass)
+// whether a slot's next step is a draft-and-verify step (EAGLE, n-gram lookup) that can share the pass (an EAGLE
+// slot's first token, sampled by its prefill alone, is returned without a pass)
 static bool shares_tree(const specee_slot & sl) {
     const specee_generator & g  = *sl.gen;
     const specee_mode_info & mi = specee_mode_row_impl(g.mode);
@@ -278,25 +289,34 @@ static bool shares_tree(const specee_slot & sl) {
 static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms) {
     specee_context &     ctx     = *s.ctx;
     const int32_t        n_layer = (int32_t) ctx.model->hparams.n_layer;
+    const int32_t        n_vocab = (int32_t) ctx.model->hparams.n_vocab;
     specee_slot &        sl      = s.slots[tbk.slot];
     specee_generator &   g       = *sl.gen;
     specee_seq_scope     seq(g);
     const int32_t        n  = (int32_t) tbk.tb.tok.size();
     const auto           t0 = specee_clock::now();
     // the block's logits: the pass's rows row0.. (every row has them)
-    specee_tree_pass_rows rows = {&g.tree, ctx.logits.data() + (size_t) tbk.row0 * g.head->n_vocab, g.head->n_vocab};
-    std::vector<int32_t>  emitted, path;
-    const int32_t n_acc = specee_tree_walk(g.tree, specee_generator_step(g), tbk.n_max, specee_tree_pass_logits, &rows,
-                                           emitted, path);
-    specee_tree_keep(g.tree, specee_generator_step(g), n, emitted, path, nullptr, tbk.row0);
-    g.root = emitted.back();
-    g.root_pos += (int32_t) emitted.size();
+    const float *        logits = ctx.logits.data() + (size_t) tbk.row0 * n_vocab;
+    std::vector<int32_t> emitted;
+    if (g.mode == SPECEE_MODE_NGRAM) {
+        emitted.resize(tbk.n_max);
+        emitted.resize(specee_lookup_finish(g.lookup, g.tree, specee_generator_step(g), n, logits, tbk.row0, tbk.n_max,
+                                            emitted.data()));
+    } else {
+        specee_tree_pass_rows rows = {&g.tree, logits, n_vocab};
+        std::vector<int32_t>  path;
+        const int32_t n_acc = specee_tree_walk(g.tree, specee_generator_step(g), tbk.n_max, specee_tree_pass_logits,
+                                               &rows, emitted, path);
+        specee_tree_keep(g.tree, specee_generator_step(g), n, emitted, path, nullptr, tbk.row0);
+        g.root = emitted.back();
+        g.root_pos += (int32_t) emitted.size();
+        g.stats.n_steps++;
+        g.stats.n_drafted += n - 1;
+        g.stats.n_accepted += n_acc;
+    }
     g.stats.t_sample_ms += specee_ms_since(t0);
     g.stats.t_verify_ms += pass_ms;
     g.stats.t_decode_ms += pass_ms + specee_ms_since(t0);
-    g.stats.n_steps++;
-    g.stats.n_drafted += n - 1;
-    g.stats.n_accepted += n_acc;
     g.stats.n_decoded += (int32_t) emitted.size();
     g.stats.n_tokens += (int32_t) emitted.size();
     for (size_t i = 0; i < emitted.size() && sl.state != SLOT_DONE; ++i) {
@@ -304,13 +324,13 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     }
 }
 
-// The batch of a shared pass, gathered slot by slot: the plain slots' tokens, the EAGLE slots' tree blocks, the prompt
+// The batch of a shared pass, gathered slot by slot: the plain slots' tokens, the trees' blocks, the prompt
 // chunks, in that order (the logits' rows follow it)
 struct shared_batch {
     std::vector<int32_t>    tok, pos, seq;
     std::vector<int8_t>     out;
     std::vector<int32_t>    decoding;           // plain slots with a token in the batch
-    std::vector<tree_block> trees;              // EAGLE slots' trees
+    std::vector<tree_block> trees;              // EAGLE and n-gram lookup slots' trees
     std::vector<int32_t>    prefilling, taken;  // slots with a prompt chunk, and its length
 
     void add(int32_t t, int32_t p, int32_t s, bool logits) {
@@ -325,7 +345,7 @@ struct shared_batch {
 static void gather_decoding(specee_slots & s, shared_batch & sb) {
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
         specee_slot & sl = s.slots[i];
-        if (sl.state == SLOT_DECODE && !sl.alone) {
+        if (sl.state == SLOT_DECODE && !sl.alone && !shares_tree(sl)) {
             sb.add(sl.gen->root, sl.gen->root_pos, sl.gen->seq, true);
             sb.decoding.push_back(i);
         }
@@ -333,27 +353,32 @@ static void gather_decoding(specee_slots & s, shared_batch & sb) {
 }
 
 // EAGLE slots' trees, each drafted on its slot's sequence, as long as the batch has room for its root and a draft
-// token; `stepped` marks the slots taken (a draft that fails ends its request)
+// token, and n-gram lookup slots' (as long as it has room for the root: a lookup slot has no step alone); `stepped`
+// marks the slots taken (a draft that fails ends its request)
 static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_t> & stepped) {
     specee_context & ctx = *s.ctx;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
         specee_slot & sl   = s.slots[i];
         const int32_t room = (int32_t) ctx.cparams.n_batch - (int32_t) sb.tok.size();
-        if (!shares_tree(sl) || room < 2) {
+        specee_generator & g      = *sl.gen;
+        const bool         lookup = g.mode == SPECEE_MODE_NGRAM;
+        if (!shares_tree(sl) || room < (lookup ? 1 : 2)) {
             continue;
         }
-        specee_generator & g = *sl.gen;
         specee_seq_scope   scope(g);
         tree_block         tbk;
         tbk.slot             = i;
         tbk.row0             = (int32_t) sb.tok.size();
         tbk.n_max            = slot_n_max(s, sl);
         const int32_t n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used - (int32_t) sb.tok.size();
-        const int32_t budget = std::min({g.tree.max_nodes, room - 1, tbk.n_max - 1, n_free - 1});
+        const int32_t budget = std::min({lookup ? g.lookup.params.draft_max : g.tree.max_nodes, room - 1, tbk.n_max - 1,
+                                         n_free - 1});
         const auto    t0     = specee_clock::now();
         stepped[i]           = 1;
         try {
-            const std::vector<int32_t> nodes = specee_tree_draft(g.tree, specee_generator_step(g), std::max(budget, 0));
+            const std::vector<int32_t> nodes =
+                lookup ? specee_lookup_draft(g.lookup, g.tree, g.root, std::max(budget, 0))
+                       : specee_tree_draft(g.tree, specee_generator_step(g), std::max(budget, 0));
             tbk.tb                           = specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes);
         } catch (const std::exception & e) {
             sl.error  = e.what();
@@ -435,8 +460,8 @@ static int32_t sample_row(specee_slots & s, specee_slot & sl, int32_t row) {
     return t;
 }
 
-// The shared pass: every plain decoding slot's next token, every EAGLE slot's tree (its own mask; the draft runs
-// before the pass) and a chunk of the waiting prompts. `stepped` marks the EAGLE slots it stepped.
+// The shared pass: every plain decoding slot's next token, every EAGLE and n-gram lookup slot's tree (its own mask;
+// the draft runs before the pass) and a chunk of the waiting prompts. `stepped` marks the tree slots it stepped.
 static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
     specee_context & ctx     = *s.ctx;
     const int32_t    n_layer = (int32_t) ctx.model->hparams.n_layer;
@@ -457,7 +482,9 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
     } catch (...) {
         for (const tree_block & tbk : sb.trees) {
-            specee_draft_drop_tree(*s.slots[tbk.slot].gen->head); // the trees' draft cells go with the failed pass
+            if (s.slots[tbk.slot].gen->head && s.slots[tbk.slot].gen->mode != SPECEE_MODE_NGRAM) {
+                specee_draft_drop_tree(*s.slots[tbk.slot].gen->head); // the trees' draft cells go with the failed pass
+            }
         }
         throw;
     }
@@ -505,6 +532,9 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
             continue;
         }
         const int32_t t = sample_row(s, sl, row);
+        if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_NGRAM) {
+            specee_lookup_reset(g.lookup, sl.prompt.data(), n, t);
+        }
         g.root          = t;
         g.root_pos      = n;
         g.started       = true;
@@ -686,6 +716,7 @@ extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
         specee_slot & sl = slot_at(*s, slot);
         if (sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE) {
             s->totals.n_cancelled++;
+            commit_lookup(sl); // what it said so far
         }
         sl.state = SLOT_FREE;
         sl.out.clear();

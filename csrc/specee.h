@@ -146,6 +146,8 @@ struct specee_context_params {
     int32_t  type_v;          // V cache: SPECEE_KV_F32 (default), with which attention accumulates in F32 on one
                               // kernel path for every batch shape, so a token's logits do not depend on the batch
                               // it is in (speculative == plain, bit for bit), or SPECEE_KV_F16 (half the memory)
+    int32_t  ngram_cache;     // tokens of earlier requests kept for n-gram lookup's drafts (the context's cross-request
+                              // cache: the oldest requests evicted), 0: off
 };
 
 enum specee_kv_type {
@@ -155,6 +157,8 @@ enum specee_kv_type {
 
 // the default context's cap (llama.cpp's default -c): a file's training context can be far larger, or corrupt
 #define SPECEE_DEFAULT_N_CTX 4096u
+// the default cross-request n-gram cache: tokens kept (a few MiB with its index)
+#define SPECEE_DEFAULT_NGRAM_CACHE 65536
 
 struct specee_context_params specee_context_default_params(void);
 // the most threads a context uses: the CPUs this process may run on (its affinity mask), at most 512
@@ -225,6 +229,19 @@ int32_t       specee_set_capture(specee_context * ctx, const char * const * name
 // the captured node of the last evaluation as floats, rows of ne0 values (*n_rows rows); NULL when the last
 // evaluation did not compute it
 const float * specee_get_capture(const specee_context * ctx, const char * name, int64_t * ne0, int64_t * n_rows);
+
+// ---- the cross-request n-gram cache (context option ngram_cache) -------------------------------------
+
+struct specee_ngram_cache_info {
+    int64_t capacity;  // most tokens kept (0: off)
+    int64_t n_tokens;  // tokens kept (earlier requests' prompts and outputs)
+    int64_t n_entries; // n-gram positions in its index (at most 4 per token)
+    int64_t n_docs;    // requests kept
+    int64_t n_added;   // requests added since the context was made
+};
+struct specee_ngram_cache_info specee_ngram_cache_get_info(const specee_context * ctx);
+// drop every kept request
+void                           specee_ngram_cache_clear(specee_context * ctx);
 
 // ---- KV cache ----------------------------------------------------------------------------------
 
@@ -457,6 +474,9 @@ struct specee_generator_stats {
     int32_t n_accepted;    // of which accepted
     double  t_draft_ms;    // in the draft head, tree building included
     double  t_verify_ms;   // in the model's verification passes
+    // ngram: of n_drafted / n_accepted, the drafts copied from the context's cross-request cache (earlier requests)
+    int32_t n_cache_drafted;
+    int32_t n_cache_accepted;
     // early-exit (decoding steps only); tree-exit counts per step (verification pass) instead of per token
     int32_t n_exits;       // tokens (tree-exit: passes) that left before the last layer
     int64_t n_layers_run;  // layers evaluated, summed over tokens (tree-exit: passes)
@@ -692,6 +712,7 @@ struct specee_context_options {
     int32_t n_tensor_split;              // 0: by free memory
     int32_t flash_attn;                  // 0 on, 1 off, 2 auto: accepted for llama.cpp's command lines (attention is
                                          // always flash attention here)
+    int32_t ngram_cache;                 // as specee_context_params
 };
 
 struct specee_context_options specee_context_options_default(void);

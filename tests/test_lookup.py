@@ -36,7 +36,11 @@ def repetitive(n_vocab: int, seed: int, n: int = 48) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_gguf: Path) -> specee.Model:
-    return specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+    # ngram_cache=0: these tests are about the sequence's own lookups, each call alone (the cross-request cache has
+    # tests of its own below). With the cache on, the module's earlier calls would add drafts where seed 4 of
+    # test_greedy_output_equals_plain has a near-tie (top two logits 5.8e-5 apart at its 20th token): the tiny F32
+    # model's 1-row and many-row passes differ by ~1e-5, enough to flip it; SmolLM2's tests below are the real check.
+    return specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, ngram_cache=0)
 
 
 # adaptive=False: the drafts do not depend on this machine's pass cost
@@ -152,12 +156,15 @@ def test_cli_spec_type(bpe_gguf: Path) -> None:
     common = ["-m", str(bpe_gguf), "-p", "a b c a b c a b", "-n", "24", "--temp", "0", "-no-cnv", "--ignore-eos",
               "-t", "1"]
     plain = subprocess.run([cli, *common, "--mode", "plain"], capture_output=True)
-    for extra in (["--mode", "ngram"], ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"]):
+    for extra in (["--mode", "ngram"], ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"],
+                  ["--mode", "ngram", "--ngram-cache", "0"]):
         res = subprocess.run([cli, *common, *extra], capture_output=True, text=True, errors="replace")
         assert res.returncode == 0 and res.stdout == plain.stdout.decode(errors="replace"), res.stderr
         assert "speculative =" in res.stderr
     bad = subprocess.run([cli, *common, "--spec-type", "draft-eagle3"], capture_output=True, text=True)
     assert bad.returncode == 1 and "invalid value for --spec-type" in bad.stderr
+    bad = subprocess.run([cli, *common, "--ngram-cache", "-5"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "ngram-cache" in bad.stderr
 
 
 def dataset_prompts(name: str, n: int) -> list[str]:
@@ -193,3 +200,119 @@ def test_smollm2_greedy_equals_plain_over_the_datasets(smollm2_path: Path) -> No
                 assert m.generate_tokens(tokens, 32, temp=0, mode="ngram") == plain, (name, text[:60])
                 drafted += m.last_stats.n_drafted
         assert drafted > 0
+
+
+# ---- the cross-request n-gram cache (csrc/specee-ngram-cache.cpp)
+
+
+def test_a_repeated_request_drafts_from_the_cache_and_equals_plain(tiny_gguf: Path) -> None:
+    """The same prompt twice in one Model: the second call's lookups find the first call's prompt and output in the
+    context's cache (a random prompt has no n-gram of its own to match), its drafts are accepted, and its output is
+    plain decoding's. adaptive=False: the drafts do not depend on this machine's pass cost."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+    ngram = NgramParams(adaptive=False)
+    drafted = accepted = 0
+    for seed in range(3):
+        prompt = [int(t) for t in np.random.default_rng(100 + seed).permutation(m.n_vocab)[:24]]  # no repeats
+        plain = m.generate_tokens(prompt, 24, temp=0, mode="plain", ignore_eos=True)
+        first = m.generate_tokens(prompt, 24, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+        assert m.last_stats.n_cache_drafted <= m.last_stats.n_drafted
+        second = m.generate_tokens(prompt, 24, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+        st = m.last_stats
+        assert first == second == plain, seed
+        assert st.n_cache_drafted > 0 and st.n_cache_accepted <= st.n_cache_drafted
+        assert st.n_cache_accepted <= st.n_accepted and st.n_cache_drafted <= st.n_drafted
+        drafted += st.n_cache_drafted
+        accepted += st.n_cache_accepted
+    # the earlier output, copied: most of it is accepted (a rejection is a near-tie of the tiny F32 model between a
+    # 1-row and a many-row pass, or a branch of the same n-gram's other continuation)
+    assert accepted > drafted // 2
+    info = m.ngram_cache_info()
+    assert info["capacity"] == 65536 and 0 < info["n_tokens"] <= info["capacity"] and info["n_docs"] >= 3
+
+
+def test_the_cache_stays_bounded_under_many_requests(tiny_gguf: Path) -> None:
+    """Many requests through a small cache: the tokens kept never pass the option, the index stays within 4 entries a
+    token, the oldest requests go first, and lookups keep giving plain decoding's output."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, ngram_cache=200)
+    rng = np.random.default_rng(7)
+    ngram = NgramParams(n_min=1, n_max=4, adaptive=False)
+    sizes = []
+    for k in range(40):
+        prompt = [int(t) for t in rng.integers(1, m.n_vocab, int(rng.integers(10, 60)))]
+        out = m.generate_tokens(prompt, 12, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+        if k % 8 == 0:
+            assert out == m.generate_tokens(prompt, 12, temp=0, mode="plain", ignore_eos=True)
+        info = m.ngram_cache_info()
+        assert info["n_tokens"] <= 200 and info["n_entries"] <= 4 * info["n_tokens"]
+        sizes.append(info["n_tokens"])
+    info = m.ngram_cache_info()
+    assert info["n_added"] >= 39 and info["n_docs"] < info["n_added"]  # evicted
+    assert max(sizes) > 100  # it filled up
+    # a request longer than the whole cache keeps its last tokens
+    m.generate_tokens(list(range(1, 250)), 4, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+    m.generate_tokens([1, 2, 3], 2, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)  # commits the long one
+    assert m.ngram_cache_info()["n_tokens"] <= 200
+    m.ngram_cache_clear()
+    assert m.ngram_cache_info()["n_tokens"] == 0
+    m.generate_tokens([4, 5, 6], 2, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+    assert m.ngram_cache_info()["n_tokens"] == 0  # the call before the clear is not added after it
+    with pytest.raises(ValueError, match="ngram_cache"):
+        specee.Model(tiny_gguf, n_ctx=64, ngram_cache=-1)
+
+
+def test_cache_off_gives_the_old_behaviour(tiny_gguf: Path) -> None:
+    """ngram_cache=0: a repeated request drafts exactly what its first run drafted (its own sequence only), and no
+    draft is counted as the cache's."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, ngram_cache=0)
+    ngram = NgramParams(adaptive=False)
+    for seed in range(3):
+        prompt = repetitive(m.n_vocab, seed)
+        runs = []
+        for _ in range(2):
+            out = m.generate_tokens(prompt, 24, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+            st = m.last_stats
+            runs.append((out, st.n_drafted, st.n_accepted, st.n_steps))
+            assert st.n_cache_drafted == 0 and st.n_cache_accepted == 0
+        assert runs[0] == runs[1]
+    assert m.ngram_cache_info() == dict(capacity=0, n_tokens=0, n_entries=0, n_docs=0, n_added=0)
+
+
+def test_slots_share_the_cache_across_requests(tiny_gguf: Path) -> None:
+    """On the slots (the server's path), a finished lookup request's tokens go to the context's cache, and later
+    requests with the same prompt on either slot draft them, their output still plain decoding's."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+    prompt = [int(t) for t in np.random.default_rng(3).permutation(m.n_vocab)[:20]]
+    want = m.generate_tokens(prompt, 20, temp=0, mode="plain", ignore_eos=True)
+    m.ngram_cache_clear()
+    m.kv_clear()
+    slots = m.slots(2)
+    opts = dict(temp=0, mode="ngram", ngram=NgramParams(adaptive=False), ignore_eos=True)
+    a = slots.submit(prompt, 20, **opts)
+    for _ in range(100):
+        if slots.step() == 0:
+            break
+    assert slots.read(a).tokens == want and slots.stats(a)["n_cache_drafted"] == 0
+    assert m.ngram_cache_info()["n_docs"] == 1  # committed where the request ended
+    slots.release(a)
+    # the same prompt twice more, at once: one on a's slot (its cached prefix), one on the other slot (prefilled)
+    ids = [slots.submit(prompt, 20, **opts), slots.submit(prompt, 20, **opts)]
+    assert sorted(ids) == [0, 1]
+    for _ in range(100):
+        if slots.step() == 0:
+            break
+    for i in ids:
+        assert slots.read(i).tokens == want
+        assert slots.stats(i)["n_cache_drafted"] > 0 and slots.stats(i)["n_cache_accepted"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_repeated_request_drafts_from_the_cache(smollm2_path: Path) -> None:
+    with specee.Model(smollm2_path, n_ctx=1024, n_threads=2) as m:
+        tokens = m.prompt_tokens([{"role": "user", "content": "Write a short poem about the sea."}])
+        plain = m.generate_tokens(tokens, 32, temp=0, mode="plain")
+        ngram = NgramParams(adaptive=False)
+        assert m.generate_tokens(tokens, 32, temp=0, mode="ngram", ngram=ngram) == plain
+        assert m.generate_tokens(tokens, 32, temp=0, mode="ngram", ngram=ngram) == plain
+        st = m.last_stats
+        assert st.n_cache_accepted > 0 and st.n_steps < len(plain) - 1

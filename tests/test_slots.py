@@ -372,3 +372,96 @@ def test_smollm2_batched_greedy_equals_alone(smollm2_path: Path) -> None:
     want = [alone(m, p, 24, temp=0, mode="plain") for p in prompts]
     m.kv_clear()
     assert m.generate_batch(prompts, 24, temp=0, mode="plain") == want
+
+
+def repetitive(n_vocab: int, seed: int, n: int = 48) -> list[int]:
+    """A prompt that repeats a few phrases, so that n-gram lookups find matches."""
+    rng = np.random.default_rng(seed)
+    phrases = [list(rng.integers(1, n_vocab, size=int(rng.integers(3, 7)))) for _ in range(3)]
+    out: list[int] = []
+    while len(out) < n:
+        out += phrases[int(rng.integers(0, 3))]
+    return [int(t) for t in out[:n]]
+
+
+def test_ngram_drafts_of_several_requests_share_one_pass(tiny: specee.Model) -> None:
+    """N-gram lookup requests' drafts (a chain and branches) are blocks of the shared pass beside plain tokens, an
+    EAGLE-less auto request and a prompt being prefilled, their prefill in the shared pass too: each gets what it
+    gets alone, which is plain decoding's (greedy), and the passes are shared. adaptive=False: the drafts do not
+    depend on this machine's pass cost (the tiny F32 model's near-ties between a 1-row and a many-row pass: these
+    prompts were checked to have none, as test_lookup's greedy test's)."""
+    from specee import NgramParams
+
+    ngram = [NgramParams(adaptive=False), NgramParams(n_min=1, n_max=3, draft_max=5, branches=3, adaptive=False),
+             NgramParams(n_min=1, n_max=1, draft_max=1, adaptive=False)]
+    requests = [(repetitive(tiny.n_vocab, s), dict(temp=0, mode="ngram", ngram=ngram[s], ignore_eos=True))
+                for s in range(3)]
+    requests.append((PROMPTS[3], dict(temp=0, mode="plain", ignore_eos=True)))
+    want = [alone(tiny, p, 24, **o) for p, o in requests]
+    assert want[:3] == [alone(tiny, p, 24, temp=0, mode="plain", ignore_eos=True) for p, _ in requests[:3]]
+    long_prompt = repetitive(tiny.n_vocab, 5, 60)
+    want_late = alone(tiny, long_prompt, 8, temp=0, mode="plain", ignore_eos=True)
+    tiny.kv_clear()
+    slots = tiny.slots(5, n_chunk=16)
+    ids = [slots.submit(p, 24, **o) for p, o in requests]
+    late = None
+    for step in range(300):
+        if step == 3:
+            late = slots.submit(long_prompt, 8, temp=0, mode="ngram", ignore_eos=True, ngram=ngram[0])
+        if slots.step() == 0 and late is not None:
+            break
+    assert [slots.read(i).tokens for i in ids] == want
+    assert slots.read(late).tokens == want_late
+    assert [slots.mode(i) for i in ids] == ["ngram"] * 3 + ["plain"]
+    steps = sum(slots.stats(i)["n_steps"] for i in ids + [late])
+    assert sum(slots.stats(i)["n_drafted"] for i in ids[:3]) > 0
+    assert slots.totals()["n_passes"] < steps  # five requests' steps (and two prefills), fewer passes: shared
+
+
+def test_auto_in_slots_may_pick_ngram(tiny: specee.Model) -> None:
+    """A model without a draft head: auto resolves to ngram, and its steps run in the shared pass (no auto->plain rule
+    any longer); its output is plain decoding's."""
+    prompt = repetitive(tiny.n_vocab, 1)
+    want = alone(tiny, prompt, 16, temp=0, mode="plain", ignore_eos=True)
+    tiny.kv_clear()
+    slots = tiny.slots(2)
+    a = slots.submit(prompt, 16, temp=0, ignore_eos=True)
+    b = slots.submit(PROMPTS[2], 16, temp=0, mode="plain", ignore_eos=True)
+    for _ in range(100):
+        if slots.step() == 0:
+            break
+    assert slots.mode(a) == "ngram"
+    assert slots.read(a).tokens == want
+    assert len(slots.read(b).tokens) == 16
+    slots.release(a)
+    slots.release(b)
+    c = slots.submit(prompt, 4, n_probs=2, temp=0, ignore_eos=True)  # log-probabilities: auto decodes plainly
+    for _ in range(100):
+        if slots.step() == 0:
+            break
+    assert slots.mode(c) == "plain" and slots.read(c).tokens == want[:4]
+
+
+@pytest.mark.slow
+def test_smollm2_batched_ngram_equals_alone(smollm2_path: Path) -> None:
+    """SmolLM2: n-gram lookup requests batched in the shared pass (drafting regardless of the pass cost) give what
+    they give alone, which is plain decoding's."""
+    from specee import NgramParams
+
+    m = specee.Model(smollm2_path, n_ctx=2048, n_threads=1)
+    texts = ("The cat sat on the mat. The cat sat on the mat. The cat sat on the",
+             "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+             "Once upon a time", "one two three four one two three four one two")
+    prompts = [m.tokenize(t) for t in texts]
+    opts = dict(temp=0, mode="ngram", ngram=NgramParams(adaptive=False))
+    want = [alone(m, p, 24, temp=0, mode="plain") for p in prompts]
+    assert [alone(m, p, 24, **opts) for p in prompts] == want
+    m.kv_clear()
+    slots = m.slots(4)
+    ids = [slots.submit(p, 24, **opts) for p in prompts]
+    for _ in range(200):
+        if slots.step() == 0:
+            break
+    assert [slots.read(i).tokens for i in ids] == want
+    assert sum(slots.stats(i)["n_accepted"] for i in ids) > 0
+    assert slots.totals()["n_passes"] < sum(slots.stats(i)["n_steps"] for i in ids)

@@ -798,6 +798,18 @@ PYBIND11_MODULE(_core, m) {
              })
         .def("kv_pos_max", [](const Context & s) { return specee_kv_pos_max(s.ptr); })
         .def("kv_n_used", [](const Context & s) { return specee_kv_n_used(s.ptr); })
+        .def("ngram_cache_info",
+             [](const Context & s) {
+                 const specee_ngram_cache_info i = specee_ngram_cache_get_info(s.ptr);
+                 py::dict                      d;
+                 d["capacity"]  = i.capacity;
+                 d["n_tokens"]  = i.n_tokens;
+                 d["n_entries"] = i.n_entries;
+                 d["n_docs"]    = i.n_docs;
+                 d["n_added"]   = i.n_added;
+                 return d;
+             })
+        .def("ngram_cache_clear", [](Context & s) { specee_ngram_cache_clear(s.ptr); })
         .def("kv_cell_pos", [](const Context & s, int32_t c) { return specee_kv_cell_pos(s.ptr, c); })
         .def("kv_cell_valid",
              [](const Context & s, int32_t c, int32_t il) { return specee_kv_cell_valid(s.ptr, c, il); })

@@ -162,6 +162,8 @@ class GenerationStats:
     n_accepted: int = 0  # of which accepted
     t_draft_ms: float = 0.0
     t_verify_ms: float = 0.0
+    n_cache_drafted: int = 0  # ngram: of n_drafted, drafts copied from the context's cross-request cache
+    n_cache_accepted: int = 0  # of which accepted
     n_exits: int = 0  # early-exit: decoded tokens that left before the last layer (tree-exit: steps whose pass did)
     n_layers_run: int = 0  # layers evaluated, summed over decoded tokens (tree-exit: over steps)
     n_checks: int = 0

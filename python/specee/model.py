@@ -65,6 +65,7 @@ class Model:
         devices: Sequence[str] | None = None,
         rpc_servers: Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
+        ngram_cache: int | None = None,
     ) -> None:
         """The keywords are the runtime's context options (specee.context_options.CONTEXT_OPTIONS, the CLI's
         -c -b -ub -t -tb --no-mmap --draft-head -ctv -ngl --offload-order -dev --rpc -ts); None: the table's default.
@@ -87,7 +88,10 @@ class Model:
         with the sizes). n_batch, n_ubatch: llama.cpp's logical and physical batches (2048, 512): a graph holds at
         most the smaller. n_threads, n_threads_batch: None or <= 0: the CPUs this process may use; at most
         `_core.max_threads()` (the CPUs this process may use: more threads than CPUs wait on each other at every
-        step), more are clamped with a warning."""
+        step), more are clamped with a warning.
+        ngram_cache: tokens of earlier calls (their prompts and outputs, under mode ngram or an `auto` that chose it)
+        kept for n-gram lookup's drafts, the oldest calls evicted (default 65536; 0: off): the same prompt asked again
+        drafts what was answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts."""
         self.path = str(path) if path is not None else default_model_path()
         if draft_head == "default":
             draft_head = default_draft_head_path()
@@ -95,7 +99,7 @@ class Model:
             model=self.path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, use_mmap=use_mmap, draft_head=os.fspath(draft_head) if draft_head else None,
             type_v=type_v, n_gpu_layers=n_gpu_layers, offload_order=offload_order, devices=devices,
-            rpc_servers=rpc_servers, tensor_split=tensor_split))
+            rpc_servers=rpc_servers, tensor_split=tensor_split, ngram_cache=ngram_cache))
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
         if not os.path.isfile(self.path):
@@ -326,6 +330,15 @@ class Model:
     @property
     def kv_n_used(self) -> int:
         return self._ctx.kv_n_used()
+
+    def ngram_cache_info(self) -> dict[str, int]:
+        """The cross-request n-gram cache (option ngram_cache): capacity, n_tokens kept, n_entries of its index,
+        n_docs (calls) kept, n_added since the model was made."""
+        return self._ctx.ngram_cache_info()
+
+    def ngram_cache_clear(self) -> None:
+        """Forget the earlier calls' tokens (the next call drafts from its own sequence only)."""
+        self._ctx.ngram_cache_clear()
 
     def kv_cell_pos(self, cell: int) -> int:
         return self._ctx.kv_cell_pos(cell)
