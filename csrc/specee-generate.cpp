@@ -10,6 +10,7 @@
 #include "specee-draft-head.h"
 #include "specee-early-exit.h"
 #include "specee-generate.h"
+#include "specee-grammar.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-options.h"
@@ -194,6 +195,18 @@ static void check_params(const specee_model & m, const specee_generator_params &
     if (p.ngram.n_min > p.ngram.n_max) {
         specee_fail("n-gram lookup: n_min (%d) must be at most n_max (%d)", p.ngram.n_min, p.ngram.n_max);
     }
+    if (p.grammar && p.grammar_type == SPECEE_GRAMMAR_NONE) {
+        specee_fail("a grammar's text without its type (grammar_type)");
+    }
+    if (!p.grammar && p.grammar_type != SPECEE_GRAMMAR_NONE) {
+        specee_fail("grammar_type %s without a grammar (--grammar, --grammar-file, --json-schema or --json-schema-file; "
+                    "Python: grammar= or json_schema=)", specee_grammar_type_name(p.grammar_type));
+    }
+    if (p.grammar && (mi.exits && (mi.tree || p.exit.check))) {
+        specee_fail("a grammar does not go with %s: its rejected steps take tokens back that the grammar has "
+                    "advanced over (use early-exit without exit check, eagle2, ngram or plain)",
+                    mi.tree ? "tree exit" : "checked exits (exit check)");
+    }
     if (ngram_settings_given(p) && !(mi.reads & SPECEE_READS_NGRAM)) {
         specee_fail("n-gram settings are given, but the mode is %s (use mode ngram)", mi.name);
     }
@@ -218,6 +231,15 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
         specee_token_eog_ids(&m, eog.data(), (int32_t) eog.size());
         for (int32_t t : eog) {
             specee_sampler_set_logit_bias_impl(*smpl, t, -INFINITY);
+        }
+    }
+    // the grammar: the sampler's own, kept (with its state) when the text is the same
+    if (p.grammar) {
+        specee_grammar * old = g.smpl ? specee_sampler_grammar(*g.smpl) : nullptr;
+        if (old && specee_grammar_type_of(*old) == p.grammar_type && specee_grammar_text(*old) == p.grammar) {
+            specee_sampler_set_grammar(*smpl, specee_sampler_take_grammar(*g.smpl));
+        } else {
+            specee_sampler_set_grammar(*smpl, specee_grammar_init_impl(m, p.grammar_type, p.grammar));
         }
     }
     specee_tree_decoder      tree;
@@ -269,6 +291,9 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
         specee_sampler_copy_history(*smpl, *g.smpl); // a generation in progress goes on with the new settings
     }
     g.params = p;
+    // the text lives with the sampler's grammar (the caller's is only borrowed)
+    g.params.grammar      = specee_sampler_grammar(*smpl) ? specee_grammar_text(*specee_sampler_grammar(*smpl)).c_str() : nullptr;
+    g.params.grammar_type = g.params.grammar ? p.grammar_type : SPECEE_GRAMMAR_NONE;
     g.mode   = mode;
     g.why    = why;
     g.smpl   = std::move(smpl);
@@ -456,6 +481,8 @@ extern "C" struct specee_generator_params specee_generator_default_params(void) 
     p.ngram.draft_max   = 8;
     p.ngram.branches    = 1;
     p.ngram.adaptive    = true;
+    p.grammar_type      = SPECEE_GRAMMAR_NONE;
+    p.grammar           = nullptr;
     return p;
 }
 
