@@ -426,7 +426,7 @@ struct specee_grammar {
     const specee_model *  model = nullptr;
     int32_t               type  = SPECEE_GRAMMAR_NONE;
     std::string           text;
-    llg_tokenizer *       tok     = nullptr;
+    llg_tokenizer *       tok     = nullptr; // the model's (vocab_tokenizer), not owned
     llg_matcher *         matcher = nullptr;
     std::vector<uint32_t> mask;
     bool                  mask_ok = false; // mask is the current state's
@@ -437,7 +437,6 @@ struct specee_grammar {
     ~specee_grammar() {
         if (g_loaded) {
             g_api.free_matcher(matcher);
-            g_api.free_tokenizer(tok);
         }
     }
 };
@@ -463,6 +462,71 @@ static void token_bytes(const specee_model & m, int32_t t, std::string & out) {
     out.assign(n > 0 ? std::string(buf, n) : std::string());
 }
 
+// The model's vocabulary for llguidance, built once per model (49k tokens take a noticeable fraction of a second) and
+// kept for the process: by the model's address and a hash of its tokens' texts and end-of-generation ids, so a model
+// loaded later at the same address with another vocabulary gets its own. The tokenizer calls back into the model of
+// that address, which a live grammar's generator keeps alive. Replaced entries are left allocated, as grammars of
+// the earlier model may still hold them.
+static llg_tokenizer * vocab_tokenizer(const specee_model & m, const std::vector<int32_t> & eog) {
+    struct entry {
+        uint64_t        hash;
+        llg_tokenizer * tok;
+    };
+    static std::mutex                                  mutex;
+    static std::vector<std::pair<const specee_model *, entry>> cache;
+    const int32_t n_vocab = specee_model_n_vocab(&m);
+    uint64_t      h       = 1469598103934665603ull ^ (uint64_t) n_vocab;
+    auto          mix     = [&h](const char * p, size_t n) {
+        for (size_t k = 0; k < n; ++k) {
+            h = (h ^ (uint8_t) p[k]) * 1099511628211ull;
+        }
+        h = (h ^ 0xff) * 1099511628211ull;
+    };
+    for (int32_t t = 0; t < n_vocab; ++t) {
+        const char * text = specee_token_text(&m, t);
+        mix(text ? text : "", text ? strlen(text) : 0);
+    }
+    mix((const char *) eog.data(), eog.size() * sizeof(int32_t));
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto & [model, e] : cache) {
+        if (model == &m && e.hash == h) {
+            return e.tok;
+        }
+    }
+
+    std::vector<uint32_t> lens(n_vocab);
+    std::string           all, piece;
+    for (int32_t t = 0; t < n_vocab; ++t) {
+        token_bytes(m, t, piece);
+        lens[t] = (uint32_t) piece.size();
+        all += piece;
+    }
+    std::vector<uint32_t> eos_extra(eog.begin() + 1, eog.end());
+    llg_tokenizer_init_v2 ti{};
+    ti.struct_size         = sizeof(ti);
+    ti.vocab_size          = (uint32_t) n_vocab;
+    ti.tok_eos             = (uint32_t) eog[0];
+    ti.token_lens          = lens.data();
+    ti.token_bytes         = (const uint8_t *) all.data();
+    ti.tokenize_fn         = tokenize_cb;
+    ti.tokenize_user_data  = &m;
+    ti.tok_eos_extra       = eos_extra.data();
+    ti.tok_eos_extra_count = (uint32_t) eos_extra.size();
+    char            err[1024] = "";
+    llg_tokenizer * tok       = api().new_tokenizer_v2(&ti, err, sizeof(err));
+    if (!tok) {
+        specee_fail("structured output: llguidance refused the model's vocabulary: %s", err);
+    }
+    for (auto & [model, e] : cache) {
+        if (model == &m) {
+            e = {h, tok};
+            return tok;
+        }
+    }
+    cache.push_back({&m, {h, tok}});
+    return tok;
+}
+
 specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, const char * text) {
     if (!text) {
         specee_fail("grammar: no text");
@@ -483,7 +547,6 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
     }
     const std::string lark = type == SPECEE_GRAMMAR_GBNF ? specee_gbnf_to_lark(text) : std::string();
     const llg_api & a       = api();
-    const int32_t   n_vocab = specee_model_n_vocab(&m);
     auto            g       = std::make_unique<specee_grammar>();
     g->model                = &m;
     g->type                 = type;
@@ -494,30 +557,7 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
         specee_fail("structured output: the model's vocabulary has no end-of-generation token");
     }
 
-    std::vector<uint32_t> lens(n_vocab);
-    std::string           all, piece;
-    for (int32_t t = 0; t < n_vocab; ++t) {
-        token_bytes(m, t, piece);
-        lens[t] = (uint32_t) piece.size();
-        all += piece;
-    }
-    std::vector<uint32_t> eos_extra(g->eog.begin() + 1, g->eog.end());
-    llg_tokenizer_init_v2 ti{};
-    ti.struct_size         = sizeof(ti);
-    ti.vocab_size          = (uint32_t) n_vocab;
-    ti.tok_eos             = (uint32_t) g->eog[0];
-    ti.token_lens          = lens.data();
-    ti.token_bytes         = (const uint8_t *) all.data();
-    ti.tokenize_fn         = tokenize_cb;
-    ti.tokenize_user_data  = &m;
-    ti.tok_eos_extra       = eos_extra.data();
-    ti.tok_eos_extra_count = (uint32_t) eos_extra.size();
-    char err[1024]         = "";
-    g->tok                 = a.new_tokenizer_v2(&ti, err, sizeof(err));
-    if (!g->tok) {
-        specee_fail("structured output: llguidance refused the model's vocabulary: %s", err);
-    }
-
+    g->tok = vocab_tokenizer(m, g->eog);
     llg_constraint_init ci{};
     a.constraint_init_set_defaults(&ci, g->tok);
     ci.log_stderr_level = 0; // its warnings come back as errors or not at all, never on the terminal
