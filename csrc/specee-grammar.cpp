@@ -462,6 +462,20 @@ static void token_bytes(const specee_model & m, int32_t t, std::string & out) {
     out.assign(n > 0 ? std::string(buf, n) : std::string());
 }
 
+// A JSON Schema object whose output is compact JSON (no whitespace between tokens: a model cannot pad it without end,
+// and the output's keys, quotes and braces become forced tokens), unless it gives llguidance's own "x-guidance"
+// settings. Other schema texts (true, false, malformed ones) go as they are, for the engine to judge.
+static std::string compact_json(const char * text) {
+    const std::string s(text);
+    const size_t      b = s.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos || s[b] != '{' || s.find("\"x-guidance\"") != std::string::npos) {
+        return s;
+    }
+    const size_t next = s.find_first_not_of(" \t\r\n", b + 1);
+    const bool   empty = next != std::string::npos && s[next] == '}';
+    return s.substr(0, b + 1) + "\"x-guidance\":{\"whitespace_flexible\":false}" + (empty ? "" : ",") + s.substr(b + 1);
+}
+
 // The model's vocabulary for llguidance, built once per model (49k tokens take a noticeable fraction of a second) and
 // kept for the process: by the model's address and a hash of its tokens' texts and end-of-generation ids, so a model
 // loaded later at the same address with another vocabulary gets its own. The tokenizer calls back into the model of
@@ -546,6 +560,7 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
         specee_fail("%s: empty grammar", specee_grammar_type_name(type));
     }
     const std::string lark = type == SPECEE_GRAMMAR_GBNF ? specee_gbnf_to_lark(text) : std::string();
+    const std::string json = type == SPECEE_GRAMMAR_JSON_SCHEMA ? compact_json(text) : std::string();
     const llg_api & a       = api();
     auto            g       = std::make_unique<specee_grammar>();
     g->model                = &m;
@@ -561,7 +576,9 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
     llg_constraint_init ci{};
     a.constraint_init_set_defaults(&ci, g->tok);
     ci.log_stderr_level = 0; // its warnings come back as errors or not at all, never on the terminal
-    g->matcher          = a.new_matcher(&ci, kind, type == SPECEE_GRAMMAR_GBNF ? lark.c_str() : text);
+    g->matcher          = a.new_matcher(&ci, kind, type == SPECEE_GRAMMAR_GBNF          ? lark.c_str()
+                                                       : type == SPECEE_GRAMMAR_JSON_SCHEMA ? json.c_str()
+                                                                                            : text);
     if (a.matcher_is_error(g->matcher)) {
         specee_fail("%s: %s", specee_grammar_type_name(type), matcher_error(*g).c_str());
     }

@@ -148,6 +148,7 @@ class GenerateOptions:
             self.grammar_type = "json_schema"
         elif self.grammar is not None and self.grammar_type == "none":
             self.grammar_type = "gbnf"
+        _ = self.grammar_spec  # its ValueError here: the bindings read it where an error would be lost
         _core.generate_options_values(self)
 
     @property
