@@ -1,6 +1,6 @@
 """Measure the two constraint engines on this machine: llguidance and xgrammar.
 
-    python -m bench.grammar_engines [-m MODEL.gguf]
+    python -m bench.grammar_engines [-m MODEL.gguf] [--generator RUNS]
 
 For each engine and grammar: the time to compile it for SmolLM2's 49,152-token vocabulary (built from the GGUF's
 own vocabulary, as the runtime builds it), and the time of one token mask along a walk of N tokens that the grammar
@@ -153,9 +153,30 @@ def bench_xgrammar(tokens, eos, specials, grammars, n, tokenize):
     return t_tok, rows
 
 
+def bench_generator(model_path: str, n_runs: int) -> None:
+    """The mask's cost inside the runtime's generator: sampling time per token (mask, draw, advance) with and without
+    a grammar beside the decode step's, greedy, plain mode, on the same prompts."""
+    from specee import Model
+    m = Model(model_path, n_ctx=1024)
+    prompt = [{"role": "user", "content": "Describe a fictional order in a shop as JSON."}]
+    cases = [("none", {}), ("json {}", {"json_schema": {}}),
+             ("json:nested+enum", {"json_schema": JSON_SCHEMAS["nested+enum"]}),
+             ("gbnf:arithmetic", {"grammar": GBNF_ARITHMETIC})]
+    print(f"{'grammar':<18} {'tokens':>7} {'decode ms/token':>16} {'sample ms/token':>16}")
+    for name, opts in cases:
+        n = dec = smp = 0.0
+        for _ in range(n_runs):
+            m.generate(prompt, 64, temp=0, mode="plain", **opts)
+            st = m.last_stats
+            n, dec, smp = n + st.n_decoded, dec + st.t_decode_ms, smp + st.t_sample_ms
+        print(f"{name:<18} {int(n):>7} {dec / n:>16.2f} {smp / n:>16.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default=None, help="GGUF (default: the embedded SmolLM2)")
+    ap.add_argument("--generator", type=int, default=0, metavar="RUNS",
+                    help="also time sampling with and without a grammar inside the generator, RUNS runs each")
     args = ap.parse_args()
     from specee.paths import default_model_path
     tokens, eos, specials, walks, tokenize = gguf_vocab(args.model or default_model_path())
@@ -174,6 +195,8 @@ def main() -> None:
                 print(f"{engine:<11} {name:<18} {tc}")
             else:
                 print(f"{engine:<11} {name:<18} {tc:>12.1f} {med:>17.3f} {mx:>14.3f}")
+    if args.generator:
+        bench_generator(args.model or default_model_path(), args.generator)
 
 
 if __name__ == "__main__":
