@@ -255,6 +255,10 @@ def draft_head_eval(context: typing.Any, tokens: typing.Annotated[numpy.typing.A
     ...
 def draft_head_eval_chains(context: typing.Any, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], features: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], roots: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], depth: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
     ...
+def grammar_check(model: Model, type: typing.SupportsInt | typing.SupportsIndex, text: str) -> None:
+    ...
+def grammar_set_library(path: str) -> None:
+    ...
 def eagle_check_choices(choices: str) -> int:
     ...
 def modes() -> list:
@@ -292,6 +296,10 @@ FINISH_LENGTH: int = 2
 FINISH_NONE: int = 0
 FINISH_STOP: int = 1
 MAX_PROBS: int = 100
+GRAMMAR_GBNF: int = 1
+GRAMMAR_JSON_SCHEMA: int = 2
+GRAMMAR_LARK: int = 3
+GRAMMAR_REGEX: int = 4
 MAX_SEQ: int = 64
 SLOTS_BUSY: int = -2
 EVAL_NO_LOGITS: int = 2
