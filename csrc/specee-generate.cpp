@@ -384,6 +384,61 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
     return e;
 }
 
+// Jump-forward: where the grammar allows one continuation only (a key, a quote, a closing brace), its tokens go as a
+// chain of drafts into the root's pass, and the walk draws the target's token at each row as a plain step would
+// (specee_tree_walk: a drafted token is emitted only where the masked draw gives it, so greedy output is plain
+// decoding's under the grammar and sampling keeps its distribution), in one pass instead of one each. Returns the
+// tokens emitted, 0 when the grammar forces nothing here (a plain step then).
+static int32_t jump_forward_step(specee_generator & g, int32_t * out, int32_t n_max) {
+    specee_context &     ctx    = *g.ctx;
+    const int32_t        n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
+    const int32_t        budget = std::min({n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1, 32});
+    if (budget <= 0) {
+        return 0;
+    }
+    auto                       t0     = specee_clock::now();
+    const std::vector<int32_t> forced = specee_grammar_forced(*specee_sampler_grammar(*g.smpl), budget);
+    g.stats.t_draft_ms += specee_ms_since(t0);
+    if (forced.empty()) {
+        return 0;
+    }
+    specee_tree_decoder & dec = g.tree;
+    dec.nodes.assign(1, draft_node{});
+    dec.nodes[0].token = g.root;
+    dec.nodes[0].row   = 0;
+    std::vector<int32_t> nodes;
+    for (int32_t k = 0; k < (int32_t) forced.size(); ++k) {
+        draft_node nd;
+        nd.token  = forced[k];
+        nd.parent = k;
+        nd.depth  = k + 1;
+        nd.row    = k + 1;
+        dec.nodes.push_back(nd);
+        dec.nodes[k].children.push_back(k + 1);
+        nodes.push_back(k + 1);
+    }
+    t0                         = specee_clock::now();
+    const specee_tree_batch tb = specee_tree_verify_batch(dec, g.root, g.root_pos, nodes);
+    const specee_batch      b  = tb.view();
+    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
+    g.stats.t_verify_ms += specee_ms_since(t0);
+
+    t0 = specee_clock::now();
+    specee_step           step = {ctx, nullptr, *g.smpl, g.root, g.root_pos, g.stats}; // no head: plain decoding
+    std::vector<int32_t>  emitted, path;
+    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
+    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
+    specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
+    g.root = emitted.back();
+    g.root_pos += (int32_t) emitted.size();
+    g.stats.t_sample_ms += specee_ms_since(t0);
+    g.stats.n_steps += 1;
+    g.stats.n_drafted += (int32_t) forced.size();
+    g.stats.n_accepted += n_acc;
+    std::copy(emitted.begin(), emitted.end(), out);
+    return (int32_t) emitted.size();
+}
+
 int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max) {
     specee_context &     ctx     = *g.ctx;
     const specee_model & m       = *ctx.model;
@@ -438,6 +493,12 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
     int32_t run = n_layer; // the layers each emitted token's pass ran
     switch (g.mode) {
         case SPECEE_MODE_PLAIN: {
+            const int32_t n_jump = g.params.jump_forward && specee_sampler_grammar(*g.smpl) ?
+                                       jump_forward_step(g, out, n_max) : 0;
+            if (n_jump > 0) {
+                n = n_jump;
+                break;
+            }
             specee_batch b = {1, &g.root, &g.root_pos, nullptr, nullptr};
             specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
             const auto ts = specee_clock::now();
@@ -483,6 +544,7 @@ extern "C" struct specee_generator_params specee_generator_default_params(void) 
     p.ngram.adaptive    = true;
     p.grammar_type      = SPECEE_GRAMMAR_NONE;
     p.grammar           = nullptr;
+    p.jump_forward      = true;
     return p;
 }
 

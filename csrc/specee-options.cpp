@@ -206,6 +206,10 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "structured output: what the grammar's text is (default: none; --grammar and --grammar-file give gbnf unless "
       "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md"},
      OFF(grammar_type), 0, GRAMMAR_TYPE_NAMES, N_GRAMMAR_TYPES, 0, 0},
+    {{"jump_forward", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "structured output, plain decoding: tokens the grammar forces (keys, quotes, braces) are verified together in "
+      "the next pass instead of one pass each; the output is what it would be without (default: on)"},
+     OFF(jump_forward), 0, nullptr, 0, 0, 0},
 };
 
 #undef OFF

@@ -430,6 +430,8 @@ struct specee_generator_params {
     // none. The text is copied by specee_generator_init, _set_params and specee_slots_submit (only borrowed).
     int32_t                      grammar_type;
     const char *                 grammar;
+    bool                         jump_forward; // plain decoding under a grammar: the tokens it forces go as drafts
+                                               // into the next pass (verified, so output is unchanged)
 };
 
 // What a generator did since its stats were last reset. The same names in Python (GenerationStats), the CLI's

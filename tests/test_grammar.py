@@ -280,6 +280,21 @@ def test_lossless_modes_equal_plain_under_a_grammar(model_head: Model, mode: str
 
 
 @pytest.mark.slow
+def test_jump_forward_batches_forced_tokens_and_keeps_the_output(model: Model) -> None:
+    """Plain decoding under a grammar: the forced tokens go into the next pass as drafts; greedy output is the same
+    as one token per pass, in fewer passes."""
+    for i in (1, 28, 32, 34):
+        prompt = chat(PROMPTS[i % 3])
+        one = model.generate(prompt, 150, temp=0, mode="plain", json_schema=SCHEMAS[i], jump_forward=False)
+        assert model.last_stats.n_drafted == 0
+        jumped = model.generate(prompt, 150, temp=0, mode="plain", json_schema=SCHEMAS[i])
+        st = model.last_stats
+        assert jumped == one
+        assert st.n_drafted > 0 and st.n_steps < st.n_decoded, (st.n_steps, st.n_decoded)
+        check_json(jumped, SCHEMAS[i])
+
+
+@pytest.mark.slow
 def test_sampled_eagle2_stays_inside_the_grammar(model_head: Model) -> None:
     for seed in range(3):
         out = model_head.generate(chat(PROMPTS[0]), 120, temp=0.9, seed=seed, mode="eagle2", json_schema=SCHEMAS[1])

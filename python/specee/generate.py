@@ -117,7 +117,8 @@ class GenerateOptions:
     exit: the trees and the early-exit settings. stop: strings that end generation (not included). chat_template:
     for message prompts, a name instead of the model's own. Structured output (docs/structured-output.md): grammar,
     a GBNF grammar's text (or Lark, or a regular expression, with grammar_type "lark" / "regex"), or json_schema, a
-    JSON Schema (a dict, JSON text or a pydantic model class); grammar_type follows from which is given."""
+    JSON Schema (a dict, JSON text or a pydantic model class); grammar_type follows from which is given; jump_forward:
+    in plain decoding, the tokens the grammar forces are verified together in one pass (the output is the same)."""
 
     mode: str = "auto"
     temp: float = 0.8
@@ -136,6 +137,7 @@ class GenerateOptions:
     grammar: str | None = None
     json_schema: Any = None
     grammar_type: str = "none"
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
