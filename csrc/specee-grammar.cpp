@@ -433,6 +433,7 @@ struct specee_grammar {
     std::vector<int32_t>  eog;             // the model's end-of-generation tokens
     int32_t               n_accepted = 0;
     bool                  ended      = false; // an end-of-generation token was accepted
+    int32_t               n_end      = 0;     // end-of-generation tokens accepted (the last ones: they end the text)
 
     ~specee_grammar() {
         if (g_loaded) {
@@ -598,12 +599,12 @@ const uint32_t * specee_grammar_mask_impl(specee_grammar & g) {
     if (!g.mask_ok) {
         const llg_api & a = api();
         if (g.ended) {
-            std::fill(g.mask.begin(), g.mask.end(), 0u);
+            std::fill(g.mask.begin(), g.mask.end(), 0u); // past the end (ignore-EOS): only the end again
         } else if (a.matcher_compute_mask_into(g.matcher, g.mask.data(), g.mask.size() * 4) != 0) {
             specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
         }
         // every end-of-generation token ends the text where the grammar's own EOS may
-        const bool end = (g.mask[g.eog[0] / 32] >> (g.eog[0] % 32)) & 1u;
+        const bool end = g.ended || ((g.mask[g.eog[0] / 32] >> (g.eog[0] % 32)) & 1u);
         for (int32_t t : g.eog) {
             if (end) {
                 g.mask[t / 32] |= 1u << (t % 32);
@@ -626,6 +627,7 @@ void specee_grammar_accept_impl(specee_grammar & g, int32_t token) {
     const bool eog = std::find(g.eog.begin(), g.eog.end(), token) != g.eog.end();
     if (eog) {
         g.ended = true;
+        g.n_end += 1;
     } else if (api().matcher_consume_token(g.matcher, (uint32_t) token) != 0) {
         specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
     }
@@ -640,12 +642,13 @@ void specee_grammar_rollback_impl(specee_grammar & g, int32_t n) {
     if (n == 0) {
         return;
     }
-    // an accepted end-of-generation token is the last one and never reached the matcher
-    const int32_t n_matcher = n - (g.ended ? 1 : 0);
+    // accepted end-of-generation tokens are the last ones and never reached the matcher
+    const int32_t n_matcher = n - std::min(n, g.n_end);
     if (n_matcher > 0 && api().matcher_rollback(g.matcher, (size_t) n_matcher) != 0) {
         specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
     }
-    g.ended = false;
+    g.n_end -= std::min(n, g.n_end);
+    g.ended = g.n_end > 0;
     g.n_accepted -= n;
     g.mask_ok = false;
 }
@@ -658,6 +661,7 @@ void specee_grammar_reset_impl(specee_grammar & g) {
         specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
     }
     g.ended      = false;
+    g.n_end      = 0;
     g.n_accepted = 0;
     g.mask_ok    = false;
 }

@@ -19,7 +19,7 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from specee import Model, SpecEEError
+from specee import Model, SpecEEError, _core
 from specee._tools import tool_path
 from specee.generate import ExitParams, GenerateOptions
 from test_server import TIMEOUT, Server, call
@@ -233,6 +233,43 @@ def test_options_take_one_grammar(model: Model) -> None:
         model.generate("x", 4, grammar_type="regex")
     with pytest.raises(ValueError, match="a dict, a JSON string or a pydantic model class"):
         model.generate("x", 4, json_schema=3)
+
+
+# ---- the constraint interface -------------------------------------------------------------------------
+
+
+def allowed(mask, token: int) -> bool:
+    return bool((int(mask[token // 32]) >> (token % 32)) & 1)
+
+
+def test_constraint_interface_mask_accept_rollback_forced(model: Model) -> None:
+    """specee_grammar_*: the mask allows a valid output's next token and refuses others, accept advances, rollback
+    gives back the earlier state's mask, forced gives the tokens of a key, the end is allowed once the value is
+    complete."""
+    schema = json.dumps(obj({"name": NAME}))
+    g = _core.Grammar(model._model, _core.GRAMMAR_JSON_SCHEMA, schema)
+    ids = model.tokenize('{"name":"Ada"}', add_special=False)
+    start = g.mask()
+    assert len(start) == (model.n_vocab + 31) // 32
+    eos = model.eog_tokens[0]
+    assert not allowed(start, eos) and not allowed(start, model.tokenize("x", add_special=False)[0])
+    masks = []
+    for t in ids:
+        masks.append(g.mask().copy())
+        assert allowed(masks[-1], t)
+        g.accept(t)
+    assert allowed(g.mask(), eos)  # the value is complete: the end is allowed
+    g.rollback(len(ids) - 1)
+    assert (g.mask() == masks[1]).all()
+    with pytest.raises(SpecEEError, match="is not allowed here by the grammar"):
+        g.accept(eos)
+    g.rollback(1)
+    assert (g.mask() == start).all()
+    g.accept(ids[0])  # '{"' (llguidance allows canonical tokens only: '{' alone is refused here)
+    forced = g.forced(8)  # the only key is "name"
+    assert forced and model.detokenize([ids[0]] + forced).startswith('{"name')
+    with pytest.raises(SpecEEError, match="rollback"):
+        g.rollback(5)
 
 
 # ---- JSON schemas ---------------------------------------------------------------------------------------

@@ -347,6 +347,54 @@ struct Generator {
     py::dict stats() const { return stats_dict(specee_generator_get_stats(ptr)); }
 };
 
+// a grammar driven by hand (specee.h, "grammars"): the constraint interface the sampler uses
+struct Grammar {
+    py::object       model_ref; // keeps the model alive
+    specee_grammar * ptr = nullptr;
+
+    Grammar(py::object model_obj, int32_t type, const std::string & text) : model_ref(model_obj) {
+        const specee_model * m = model_obj.cast<Model &>().ptr;
+        {
+            py::gil_scoped_release release;
+            ptr = specee_grammar_init(m, type, text.c_str());
+        }
+        if (!ptr) {
+            raise_last();
+        }
+    }
+    Grammar(const Grammar &)             = delete;
+    Grammar & operator=(const Grammar &) = delete;
+    ~Grammar() { specee_grammar_free(ptr); }
+
+    py::array_t<uint32_t> mask() {
+        const int32_t         n = specee_grammar_mask(ptr, nullptr, 0);
+        py::array_t<uint32_t> out(std::max(n, 0));
+        if (n < 0 || specee_grammar_mask(ptr, out.mutable_data(), n) < 0) {
+            raise_last();
+        }
+        return out;
+    }
+    void accept(int32_t token) {
+        if (specee_grammar_accept(ptr, token) != 0) {
+            raise_last();
+        }
+    }
+    void rollback(int32_t n) {
+        if (specee_grammar_rollback(ptr, n) != 0) {
+            raise_last();
+        }
+    }
+    std::vector<int32_t> forced(int32_t n_max) {
+        std::vector<int32_t> out(std::max(n_max, 0));
+        const int32_t        n = specee_grammar_forced_tokens(ptr, out.data(), n_max);
+        if (n < 0) {
+            raise_last();
+        }
+        out.resize(n);
+        return out;
+    }
+};
+
 // parallel slots over a context (specee.h, "parallel slots"); the calls run without the GIL
 struct Slots {
     py::object     ctx_ref; // keeps the context (and its model) alive
@@ -813,6 +861,12 @@ PYBIND11_MODULE(_core, m) {
              [](const Context & s, int32_t c, int32_t seq) { return specee_kv_cell_has_seq(s.ptr, c, seq); })
         .def("embed", &Context::embed, py::arg("tokens"), py::arg("n_tokens"), py::arg("normalize") = true);
 
+    py::class_<Grammar>(m, "Grammar")
+        .def(py::init<py::object, int32_t, const std::string &>(), py::arg("model"), py::arg("type"), py::arg("text"))
+        .def("mask", &Grammar::mask)
+        .def("accept", &Grammar::accept, py::arg("token"))
+        .def("rollback", &Grammar::rollback, py::arg("n_tokens"))
+        .def("forced", &Grammar::forced, py::arg("n_max"));
     py::class_<Slots>(m, "Slots")
         .def(py::init<py::object, int32_t, int32_t>(), py::arg("context"), py::arg("n_slots"), py::arg("n_chunk") = 0)
         .def_property_readonly("n_slots", [](const Slots & s) { return specee_slots_n_slots(s.ptr); })
