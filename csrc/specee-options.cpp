@@ -204,7 +204,8 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
      OFF(exit.check), 0, nullptr, 0, 0, 0},
     {{"grammar_type", SPECEE_OPTION_CHOICE, "none,gbnf,json_schema,lark,regex", "none, gbnf, json_schema, lark or regex",
       "structured output: what the grammar's text is (default: none; --grammar and --grammar-file give gbnf unless "
-      "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md"},
+      "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md",
+      nullptr, "TYPE"},
      OFF(grammar_type), 0, GRAMMAR_TYPE_NAMES, N_GRAMMAR_TYPES, 0, 0},
     {{"jump_forward", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "structured output, plain decoding: tokens the grammar forces (keys, quotes, braces) are verified together in "
