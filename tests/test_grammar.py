@@ -77,7 +77,8 @@ def obj(props: dict, required: list[str] | None = None) -> dict:
 NAME = {"type": "string", "minLength": 1, "maxLength": 16}
 AGE = {"type": "integer", "minimum": 0, "maximum": 120}
 
-# 52 schemas: nesting, enums, arrays with bounds, anyOf, required/optional, patterns, number ranges
+# 52 schemas: nesting, enums, arrays with bounds, anyOf, required/optional, patterns, number ranges (numbers with a
+# multipleOf: without one a small model can write decimals until max_tokens, docs/structured-output.md)
 SCHEMAS: list[dict] = [
     obj({"name": NAME}),
     obj({"name": NAME, "age": AGE}),
@@ -91,9 +92,9 @@ SCHEMAS: list[dict] = [
     obj({"answer": {"enum": ["yes", "no", None]}}),
     obj({"score": {"type": "integer", "minimum": -5, "maximum": 5}}),
     obj({"year": {"type": "integer", "minimum": 1900, "maximum": 2100}}),
-    obj({"temp": {"type": "number", "minimum": -50, "maximum": 50}}),
-    obj({"p": {"type": "number", "minimum": 0, "maximum": 1}}),
-    obj({"price": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000}}),
+    obj({"temp": {"type": "number", "minimum": -50, "maximum": 50, "multipleOf": 0.5}}),
+    obj({"p": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01}}),
+    obj({"price": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000, "multipleOf": 0.01}}),
     obj({"n": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}}),
     obj({"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}),
     obj({"sku": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}}),
@@ -137,8 +138,8 @@ SCHEMAS: list[dict] = [
          "priority": {"enum": ["low", "high"]}}),
     obj({"first": NAME, "last": NAME, "age": AGE, "email": {"type": "string",
                                                            "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"}}),
-    obj({"lat": {"type": "number", "minimum": -90, "maximum": 90},
-         "lon": {"type": "number", "minimum": -180, "maximum": 180}}),
+    obj({"lat": {"type": "number", "minimum": -90, "maximum": 90, "multipleOf": 0.001},
+         "lon": {"type": "number", "minimum": -180, "maximum": 180, "multipleOf": 0.001}}),
     obj({"rgb": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}, "minItems": 3,
                  "maxItems": 3}}),
     obj({"steps": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 1, "maxItems": 3},
@@ -371,7 +372,15 @@ def test_slots_decode_under_each_requests_grammar(model: Model) -> None:
 
 def run_cli(smollm2_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(tool_path("llama-cli")), "-m", str(smollm2_path), "-no-cnv", "--temp", "0", "-t", "1",
-                           "--no-display-prompt", *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                           "--no-display-prompt", *args], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+def cli_text(r: subprocess.CompletedProcess) -> str:
+    """The generated text: llama-cli ends it with " [end of text]" where the model ended it."""
+    out = r.stdout.rstrip("\n")
+    assert out.endswith(" [end of text]"), r.stdout
+    return out[: -len(" [end of text]")]
 
 
 @pytest.mark.slow
@@ -379,14 +388,14 @@ def test_cli_json_schema_and_grammar_file(smollm2_path: Path, tmp_path: Path) ->
     schema = SCHEMAS[1]
     r = run_cli(smollm2_path, "-p", "A person as JSON:", "-n", "80", "-j", json.dumps(schema))
     assert r.returncode == 0, r.stderr
-    check_json(r.stdout.strip(), schema)
+    check_json(cli_text(r), schema)
     (tmp_path / "schema.json").write_text(json.dumps(schema))
     r2 = run_cli(smollm2_path, "-p", "A person as JSON:", "-n", "80", "-jf", str(tmp_path / "schema.json"))
     assert r2.stdout == r.stdout
     (tmp_path / "list.gbnf").write_text(GBNF_LIST)
     r = run_cli(smollm2_path, "-p", "A shopping list:\n", "-n", "60", "--grammar-file", str(tmp_path / "list.gbnf"))
     assert r.returncode == 0, r.stderr
-    assert re.fullmatch(LIST_RE, r.stdout.strip("\n") + "\n"), r.stdout
+    assert re.fullmatch(LIST_RE, cli_text(r)), r.stdout
 
 
 def test_cli_refuses_a_malformed_grammar(smollm2_path: Path) -> None:
@@ -417,8 +426,9 @@ def test_openai_response_format(client: OpenAI) -> None:
                                        response_format={"type": "json_schema", "json_schema": {
                                            "name": "person", "schema": schema, "strict": True}})
     check_json(r.choices[0].message.content, schema)
-    r = client.chat.completions.create(model="x", messages=chat(PROMPTS[1]), temperature=0, max_tokens=150,
-                                       response_format={"type": "json_object"})
+    r = client.chat.completions.create(model="x", messages=chat("A JSON object with the name and age of Ada, 36."),
+                                       temperature=0, max_tokens=200, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
