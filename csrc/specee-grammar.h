@@ -46,9 +46,6 @@ std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max);
 // tokens accepted since the start
 int32_t          specee_grammar_n_accepted(const specee_grammar & g);
 
-// the name of a grammar type ("gbnf", "json_schema", ...), "?" for an unknown one
-const char * specee_grammar_type_name(int32_t type);
-
 // llama.cpp's GBNF as llguidance's Lark (what GBNF grammars are compiled through); throws with the line of a syntax
 // error, a rule used but not defined, or no root
 std::string specee_gbnf_to_lark(const std::string & gbnf);
