@@ -10,6 +10,7 @@
 #include "specee-draft-head.h"
 #include "specee-early-exit.h"
 #include "specee-generate.h"
+#include "specee-grammar.h"
 #include "specee-hybrid.h"
 #include "specee-impl.h"
 #include "specee-model.h"
@@ -195,6 +196,18 @@ static void check_params(const specee_model & m, const specee_generator_params &
     if (p.ngram.n_min > p.ngram.n_max) {
         specee_fail("n-gram lookup: n_min (%d) must be at most n_max (%d)", p.ngram.n_min, p.ngram.n_max);
     }
+    if (p.grammar && p.grammar_type == SPECEE_GRAMMAR_NONE) {
+        specee_fail("a grammar's text without its type (grammar_type)");
+    }
+    if (!p.grammar && p.grammar_type != SPECEE_GRAMMAR_NONE) {
+        specee_fail("grammar_type %s without a grammar (--grammar, --grammar-file, --json-schema or --json-schema-file; "
+                    "Python: grammar= or json_schema=)", specee_grammar_type_name(p.grammar_type));
+    }
+    if (p.grammar && (mi.exits && (mi.tree || p.exit.check))) {
+        specee_fail("a grammar does not go with %s: its rejected steps take tokens back that the grammar has "
+                    "advanced over (use early-exit without exit check, eagle2, ngram or plain)",
+                    mi.tree ? "tree exit" : "checked exits (exit check)");
+    }
     if (ngram_settings_given(p) && !(mi.reads & SPECEE_READS_NGRAM)) {
         specee_fail("n-gram settings are given, but the mode is %s (use mode ngram)", mi.name);
     }
@@ -219,6 +232,15 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
         specee_token_eog_ids(&m, eog.data(), (int32_t) eog.size());
         for (int32_t t : eog) {
             specee_sampler_set_logit_bias_impl(*smpl, t, -INFINITY);
+        }
+    }
+    // the grammar: the sampler's own, kept (with its state) when the text is the same
+    if (p.grammar) {
+        specee_grammar * old = g.smpl ? specee_sampler_grammar(*g.smpl) : nullptr;
+        if (old && specee_grammar_type_of(*old) == p.grammar_type && specee_grammar_text(*old) == p.grammar) {
+            specee_sampler_set_grammar(*smpl, specee_sampler_take_grammar(*g.smpl));
+        } else {
+            specee_sampler_set_grammar(*smpl, specee_grammar_init_impl(m, p.grammar_type, p.grammar));
         }
     }
     specee_tree_decoder      tree;
@@ -273,6 +295,9 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
         specee_sampler_copy_history(*smpl, *g.smpl); // a generation in progress goes on with the new settings
     }
     g.params = p;
+    // the text lives with the sampler's grammar (the caller's is only borrowed)
+    g.params.grammar      = specee_sampler_grammar(*smpl) ? specee_grammar_text(*specee_sampler_grammar(*smpl)).c_str() : nullptr;
+    g.params.grammar_type = g.params.grammar ? p.grammar_type : SPECEE_GRAMMAR_NONE;
     g.mode   = mode;
     g.why    = why;
     g.smpl   = std::move(smpl);
@@ -363,6 +388,61 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
     return e;
 }
 
+// Jump-forward: where the grammar allows one continuation only (a key, a quote, a closing brace), its tokens go as a
+// chain of drafts into the root's pass, and the walk draws the target's token at each row as a plain step would
+// (specee_tree_walk: a drafted token is emitted only where the masked draw gives it, so greedy output is plain
+// decoding's under the grammar and sampling keeps its distribution), in one pass instead of one each. Returns the
+// tokens emitted, 0 when the grammar forces nothing here (a plain step then).
+static int32_t jump_forward_step(specee_generator & g, int32_t * out, int32_t n_max) {
+    specee_context &     ctx    = *g.ctx;
+    const int32_t        n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
+    const int32_t        budget = std::min({n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1, 32});
+    if (budget <= 0) {
+        return 0;
+    }
+    auto                       t0     = specee_clock::now();
+    const std::vector<int32_t> forced = specee_grammar_forced(*specee_sampler_grammar(*g.smpl), budget);
+    g.stats.t_draft_ms += specee_ms_since(t0);
+    if (forced.empty()) {
+        return 0;
+    }
+    specee_tree_decoder & dec = g.tree;
+    dec.nodes.assign(1, draft_node{});
+    dec.nodes[0].token = g.root;
+    dec.nodes[0].row   = 0;
+    std::vector<int32_t> nodes;
+    for (int32_t k = 0; k < (int32_t) forced.size(); ++k) {
+        draft_node nd;
+        nd.token  = forced[k];
+        nd.parent = k;
+        nd.depth  = k + 1;
+        nd.row    = k + 1;
+        dec.nodes.push_back(nd);
+        dec.nodes[k].children.push_back(k + 1);
+        nodes.push_back(k + 1);
+    }
+    t0                         = specee_clock::now();
+    const specee_tree_batch tb = specee_tree_verify_batch(dec, g.root, g.root_pos, nodes);
+    const specee_batch      b  = tb.view();
+    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
+    g.stats.t_verify_ms += specee_ms_since(t0);
+
+    t0 = specee_clock::now();
+    specee_step           step = {ctx, nullptr, *g.smpl, g.root, g.root_pos, g.stats}; // no head: plain decoding
+    std::vector<int32_t>  emitted, path;
+    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
+    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
+    specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
+    g.root = emitted.back();
+    g.root_pos += (int32_t) emitted.size();
+    g.stats.t_sample_ms += specee_ms_since(t0);
+    g.stats.n_steps += 1;
+    g.stats.n_drafted += (int32_t) forced.size();
+    g.stats.n_accepted += n_acc;
+    std::copy(emitted.begin(), emitted.end(), out);
+    return (int32_t) emitted.size();
+}
+
 int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max) {
     specee_context &     ctx     = *g.ctx;
     const specee_model & m       = *ctx.model;
@@ -417,6 +497,12 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
     int32_t run = n_layer; // the layers each emitted token's pass ran
     switch (g.mode) {
         case SPECEE_MODE_PLAIN: {
+            const int32_t n_jump = g.params.jump_forward && specee_sampler_grammar(*g.smpl) ?
+                                       jump_forward_step(g, out, n_max) : 0;
+            if (n_jump > 0) {
+                n = n_jump;
+                break;
+            }
             specee_batch b = {1, &g.root, &g.root_pos, nullptr, nullptr};
             specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
             const auto ts = specee_clock::now();
@@ -463,6 +549,9 @@ extern "C" struct specee_generator_params specee_generator_default_params(void) 
     p.ngram.draft_max   = 8;
     p.ngram.branches    = 1;
     p.ngram.adaptive    = true;
+    p.grammar_type      = SPECEE_GRAMMAR_NONE;
+    p.grammar           = nullptr;
+    p.jump_forward      = true;
     return p;
 }
 

@@ -77,6 +77,13 @@ static std::string mode_text(bool help) {
 static const std::string MODE_CHOICES = mode_text(false);
 static const std::string MODE_HELP    = mode_text(true);
 static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
+// by enum specee_grammar_type
+static const char * const GRAMMAR_TYPE_NAMES[] = {"none", "gbnf", "json_schema", "lark", "regex"};
+static const int32_t      N_GRAMMAR_TYPES      = (int32_t) (sizeof(GRAMMAR_TYPE_NAMES) / sizeof(GRAMMAR_TYPE_NAMES[0]));
+
+extern "C" const char * specee_grammar_type_name(int32_t type) {
+    return type >= 0 && type < N_GRAMMAR_TYPES ? GRAMMAR_TYPE_NAMES[type] : "?";
+}
 
 extern "C" const struct specee_mode_info * specee_mode_row(int32_t mode) {
     return mode >= 0 && mode < N_MODES ? &MODES[mode] : nullptr;
@@ -199,6 +206,15 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "the full model disagrees with is taken back, so greedy output equals plain decoding (tokens come out once "
       "checked; default: off, it costs more than it saves on a CPU: docs/early-exit.md)"},
      OFF(exit.check), 0, nullptr, 0, 0, 0},
+    {{"grammar_type", SPECEE_OPTION_CHOICE, "none,gbnf,json_schema,lark,regex", "none, gbnf, json_schema, lark or regex",
+      "structured output: what the grammar's text is (default: none; --grammar and --grammar-file give gbnf unless "
+      "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md",
+      nullptr, "TYPE"},
+     OFF(grammar_type), 0, GRAMMAR_TYPE_NAMES, N_GRAMMAR_TYPES, 0, 0},
+    {{"jump_forward", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "structured output, plain decoding: tokens the grammar forces (keys, quotes, braces) are verified together in "
+      "the next pass instead of one pass each; the output is what it would be without (default: on)"},
+     OFF(jump_forward), 0, nullptr, 0, 0, 0},
 };
 
 #undef OFF

@@ -8,6 +8,7 @@
 // most likely token, so this is the same token the full chain would give at temperature 0).
 // The draw uses std::mt19937 and a 53-bit uniform built from its raw output, so a seed gives the
 // same tokens on every platform.
+#include "specee-grammar.h"
 #include "specee-impl.h"
 #include "specee-sampling.h"
 #include "specee.h"
@@ -32,6 +33,9 @@ struct specee_sampler {
     std::vector<int32_t>  history;      // accepted tokens, oldest first (trimmed lazily)
     std::vector<specee_candidate> cur;  // scratch: the candidates of the current draw
     std::vector<std::pair<int32_t, float>> logit_bias; // (token, added to its logit) on target draws
+    specee_grammar *      grammar      = nullptr; // owned
+    bool                  grammar_live = false;   // a draw since the last reset: accepted tokens are generated ones
+    ~specee_sampler() { specee_grammar_free_impl(grammar); }
 };
 
 // larger logit first; equal logits by lower id, so that every sort below is deterministic
@@ -217,6 +221,16 @@ extern "C" specee_sampler * specee_sampler_init(struct specee_sampler_params par
 
 extern "C" void specee_sampler_free(specee_sampler * smpl) { delete smpl; }
 
+// the lowest token the grammar allows (an end-of-generation token once it is done)
+static int32_t first_allowed(specee_grammar & g, int32_t n_vocab) {
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (specee_grammar_allows(g, i)) {
+            return i;
+        }
+    }
+    specee_fail("%s: the grammar allows no token here", specee_grammar_type_name(specee_grammar_type_of(g)));
+}
+
 // The chain up to the draw. Greedy: returns the argmax of the (penalised) logits. Otherwise leaves in s.cur
 // the candidates the draw picks from, with their tempered logits, and returns -1.
 static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_vocab, bool penalty) {
@@ -239,6 +253,18 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
             cur[token].logit += bias;
         }
         apply_repeat_penalty(s, cur);
+        if (s.grammar) {
+            s.grammar_live = true;
+            if (specee_grammar_done(*s.grammar)) {
+                return first_allowed(*s.grammar, n_vocab); // only the end is left (even under ignore-EOS)
+            }
+            const uint32_t * mask = specee_grammar_mask_impl(*s.grammar);
+            for (int32_t i = 0; i < n_vocab; ++i) {
+                if (!((mask[i / 32] >> (i % 32)) & 1u)) {
+                    cur[i].logit = -INFINITY;
+                }
+            }
+        }
     }
 
     if (s.params.temp <= 0.0f) {
@@ -248,6 +274,9 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
                 best = i;
             }
         }
+        if (cur[best].logit == -INFINITY && s.grammar && penalty) {
+            return first_allowed(*s.grammar, n_vocab);
+        }
         return best;
     }
 
@@ -256,6 +285,9 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
         max_logit = std::max(max_logit, c.logit);
     }
     if (max_logit == -INFINITY) {
+        if (s.grammar && penalty) {
+            return first_allowed(*s.grammar, n_vocab); // what the grammar allows was biased away (ignore-EOS)
+        }
         specee_fail("every logit is -inf: nothing to sample");
     }
     bool sorted = false;
@@ -341,6 +373,9 @@ extern "C" int32_t specee_sampler_sample(specee_sampler * smpl, const float * lo
 }
 
 void specee_sampler_accept_impl(specee_sampler & s, int32_t token) {
+    if (s.grammar && s.grammar_live) {
+        specee_grammar_accept_impl(*s.grammar, token);
+    }
     auto &        h      = s.history;
     const int32_t last_n = s.params.repeat_last_n;
     h.push_back(token);
@@ -352,15 +387,37 @@ void specee_sampler_accept_impl(specee_sampler & s, int32_t token) {
 
 void specee_sampler_reset_impl(specee_sampler & s) {
     s.history.clear();
+    if (s.grammar) {
+        specee_grammar_reset_impl(*s.grammar);
+    }
+    s.grammar_live = false;
     s.seed_cur = resolve_seed(s.params.seed);
     s.rng.seed(s.seed_cur);
 }
 
 uint32_t specee_sampler_seed(const specee_sampler & s) { return s.seed_cur; }
 
-void specee_sampler_copy_history(specee_sampler & dst, const specee_sampler & src) { dst.history = src.history; }
+void specee_sampler_copy_history(specee_sampler & dst, const specee_sampler & src) {
+    dst.history      = src.history;
+    dst.grammar_live = src.grammar_live;
+}
 
 std::vector<int32_t> specee_sampler_history(const specee_sampler & s) { return s.history; }
+
+void specee_sampler_set_grammar(specee_sampler & s, specee_grammar * g) {
+    if (g != s.grammar) {
+        specee_grammar_free_impl(s.grammar);
+    }
+    s.grammar = g;
+}
+
+specee_grammar * specee_sampler_take_grammar(specee_sampler & s) {
+    specee_grammar * g = s.grammar;
+    s.grammar          = nullptr;
+    return g;
+}
+
+specee_grammar * specee_sampler_grammar(const specee_sampler & s) { return s.grammar; }
 
 void specee_sampler_set_history(specee_sampler & s, const std::vector<int32_t> & history) { s.history = history; }
 

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+struct specee_grammar;
 struct specee_sampler;
 
 // The distribution the sampler draws from for one row of logits, as (token, p > 0) pairs: the chain's
@@ -33,3 +34,11 @@ void             specee_sampler_copy_history(specee_sampler & dst, const specee_
 // earlier point)
 std::vector<int32_t> specee_sampler_history(const specee_sampler & s);
 void                 specee_sampler_set_history(specee_sampler & s, const std::vector<int32_t> & history);
+
+// The sampler's grammar (specee-grammar.h; owned, NULL: none). Every draw from the target's logits keeps only the
+// tokens it allows (after the logit biases and penalties; when it allows nothing but the end, the draw is its
+// end-of-generation token even under ignore-EOS). Tokens accepted after a reset advance it from the first draw on:
+// those accepted before are the prompt's. The history's copy and record (above) leave it alone.
+void             specee_sampler_set_grammar(specee_sampler & s, specee_grammar * g);
+specee_grammar * specee_sampler_take_grammar(specee_sampler & s); // the caller owns it then
+specee_grammar * specee_sampler_grammar(const specee_sampler & s);

@@ -455,6 +455,12 @@ struct specee_generator_params {
     struct specee_eagle_params   eagle;
     struct specee_exit_params    exit;
     struct specee_ngram_params   ngram;
+    // structured output (see "grammars" below): enum specee_grammar_type and its text, NULL or SPECEE_GRAMMAR_NONE:
+    // none. The text is copied by specee_generator_init, _set_params and specee_slots_submit (only borrowed).
+    int32_t                      grammar_type;
+    const char *                 grammar;
+    bool                         jump_forward; // plain decoding under a grammar: the tokens it forces go as drafts
+                                               // into the next pass (verified, so output is unchanged)
 };
 
 // What a generator did since its stats were last reset. The same names in Python (GenerationStats), the CLI's
@@ -557,6 +563,42 @@ struct specee_generator_stats specee_generator_get_stats(const specee_generator 
 void                          specee_generator_reset_stats(specee_generator * gen);
 // number of draft tokens of a choices list or preset, or -1 with the reason in specee_last_error()
 int32_t specee_eagle_check_choices(const char * choices);
+
+// ---- grammars: structured output ----------------------------------------------------------------------
+//
+// A grammar constrains what a generator may produce: every draw from the model's logits keeps only the tokens it
+// allows, and every generated token advances it (llguidance, docs/structured-output.md). Plain decoding and the
+// lossless modes (eagle, eagle2, ngram) draw node by node along the verified tree, so their greedy output under a
+// grammar equals plain decoding's under it; early exit exits only with an allowed token; tree-exit and checked
+// exits (exit.check) refuse a grammar. Malformed grammars are errors with the engine's message.
+
+enum specee_grammar_type {
+    SPECEE_GRAMMAR_NONE        = 0,
+    SPECEE_GRAMMAR_GBNF        = 1, // llama.cpp's GBNF (root ::= ...)
+    SPECEE_GRAMMAR_JSON_SCHEMA = 2, // a JSON Schema (as JSON text); output is compact JSON
+    SPECEE_GRAMMAR_LARK        = 3, // llguidance's Lark dialect
+    SPECEE_GRAMMAR_REGEX       = 4, // a regular expression the whole output matches
+};
+
+// The constraint interface every frontend shares (the sampler uses it inside the generator; a caller may drive one
+// by hand): compile for a model's vocabulary (NULL with specee_last_error() on a malformed grammar), the allowed
+// tokens as a bitmask (bit t % 32 of word t / 32; returns the words needed and writes them when n_words is enough),
+// advance on a generated token (-1 when the grammar refuses it), take back the last n, and the tokens the grammar
+// forces next (up to n_max; their count).
+typedef struct specee_grammar specee_grammar;
+specee_grammar * specee_grammar_init(const specee_model * model, int32_t type, const char * text);
+void             specee_grammar_free(specee_grammar * grammar);
+int32_t          specee_grammar_mask(specee_grammar * grammar, uint32_t * mask, int32_t n_words);
+int32_t          specee_grammar_accept(specee_grammar * grammar, int32_t token);
+int32_t          specee_grammar_rollback(specee_grammar * grammar, int32_t n_tokens);
+int32_t          specee_grammar_forced_tokens(specee_grammar * grammar, int32_t * tokens, int32_t n_max);
+// 0 when the grammar compiles for the model, else -1 with the engine's message in specee_last_error()
+int32_t          specee_grammar_check(const specee_model * model, int32_t type, const char * text);
+// "none", "gbnf", "json_schema", "lark", "regex"
+const char *     specee_grammar_type_name(int32_t type);
+// Where llguidance's library is (before the first grammar; Python passes its installed package's). Otherwise
+// $SPECEE_LLGUIDANCE, else the one found when this was built.
+void             specee_grammar_set_library(const char * path);
 
 // ---- parallel slots: continuous batching of several sequences on one context -----------------------------
 //

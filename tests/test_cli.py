@@ -95,7 +95,9 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--exit-check",
                 "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
                 "--list-devices", "--rpc", "-tb", "--threads-batch", "--no-mmap", "--ngram-n-min", "--ngram-n-max",
-                "--ngram-draft-max", "--spec-draft-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type"]
+                "--ngram-draft-max", "--spec-draft-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type",
+                "--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file", "--grammar-type",
+                "--no-jump-forward"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
@@ -105,7 +107,9 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
               "--eagle-choices": "[[0]]", "--eagle_choices": "[[0], [1]]", "--exit-threshold": "0.5",
               "--exit-layers": "16,20", "--exit-kv": "fill", "--exit-replay": "3,4", "--eagle-replay": "3,1", "-fa": "on",
               "--flash-attn": "on", "--offload-order": "first", "-ts": "1,1", "--tensor-split": "3,1",
-              "--spec-type": "ngram-simple", "--ngram-n-max": "4"}
+              "--spec-type": "ngram-simple", "--ngram-n-max": "4", "--grammar-file": str(tmp_path / "prompt.txt"),
+              "-jf": str(tmp_path / "prompt.txt"), "--json-schema-file": str(tmp_path / "prompt.txt"),
+              "--grammar-type": "gbnf"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():

@@ -239,8 +239,10 @@ static std::string option_text(const py::object & v) {
     return s.empty() ? std::string(",") : s; // an empty list is not the default: refused
 }
 
-// group "": every option, read off o (GenerateOptions); "exit": the exit.* options, read off o (ExitParams)
-static specee_generator_params params_of(const py::object & o, const std::string & group = "") {
+// group "": every option, read off o (GenerateOptions); "exit": the exit.* options, read off o (ExitParams).
+// grammar: where o's grammar_spec ((type, text) or None: specee.grammar) is kept while the params point to it
+static specee_generator_params params_of(const py::object & o, const std::string & group = "",
+                                         std::string * grammar = nullptr) {
     specee_generator_params p = specee_generator_default_params();
     for (int32_t i = 0; const specee_option * opt = specee_generator_option(i); ++i) {
         std::string name = opt->name;
@@ -257,6 +259,15 @@ static specee_generator_params params_of(const py::object & o, const std::string
         }
         if (specee_generator_params_set(&p, opt->name, option_text(v).c_str()) != 0) {
             throw py::value_error(specee_last_error());
+        }
+    }
+    if (grammar && py::hasattr(o, "grammar_spec")) {
+        const py::object spec = o.attr("grammar_spec");
+        if (!spec.is_none()) {
+            const py::tuple t = spec.cast<py::tuple>();
+            p.grammar_type    = t[0].cast<int32_t>();
+            *grammar          = t[1].cast<std::string>();
+            p.grammar         = grammar->c_str();
         }
     }
     return p;
@@ -276,8 +287,12 @@ struct Generator {
     specee_generator * ptr = nullptr;
 
     Generator(py::object ctx_obj, const py::object & options) : ctx_ref(ctx_obj) {
-        const specee_generator_params p = params_of(options);
-        ptr                             = specee_generator_init(ctx_obj.cast<Context &>().ptr, p);
+        std::string                   grammar;
+        const specee_generator_params p = params_of(options, "", &grammar);
+        {
+            py::gil_scoped_release release; // a grammar compiles here
+            ptr = specee_generator_init(ctx_obj.cast<Context &>().ptr, p);
+        }
         if (!ptr) {
             raise_last();
         }
@@ -287,7 +302,14 @@ struct Generator {
     ~Generator() { specee_generator_free(ptr); }
 
     void set_params(const py::object & options) {
-        if (specee_generator_set_params(ptr, params_of(options)) != 0) {
+        std::string                   grammar;
+        const specee_generator_params p = params_of(options, "", &grammar);
+        int32_t                       r;
+        {
+            py::gil_scoped_release release; // a grammar compiles here
+            r = specee_generator_set_params(ptr, p);
+        }
+        if (r != 0) {
             raise_last();
         }
     }
@@ -325,6 +347,54 @@ struct Generator {
     py::dict stats() const { return stats_dict(specee_generator_get_stats(ptr)); }
 };
 
+// a grammar driven by hand (specee.h, "grammars"): the constraint interface the sampler uses
+struct Grammar {
+    py::object       model_ref; // keeps the model alive
+    specee_grammar * ptr = nullptr;
+
+    Grammar(py::object model_obj, int32_t type, const std::string & text) : model_ref(model_obj) {
+        const specee_model * m = model_obj.cast<Model &>().ptr;
+        {
+            py::gil_scoped_release release;
+            ptr = specee_grammar_init(m, type, text.c_str());
+        }
+        if (!ptr) {
+            raise_last();
+        }
+    }
+    Grammar(const Grammar &)             = delete;
+    Grammar & operator=(const Grammar &) = delete;
+    ~Grammar() { specee_grammar_free(ptr); }
+
+    py::array_t<uint32_t> mask() {
+        const int32_t         n = specee_grammar_mask(ptr, nullptr, 0);
+        py::array_t<uint32_t> out(std::max(n, 0));
+        if (n < 0 || specee_grammar_mask(ptr, out.mutable_data(), n) < 0) {
+            raise_last();
+        }
+        return out;
+    }
+    void accept(int32_t token) {
+        if (specee_grammar_accept(ptr, token) != 0) {
+            raise_last();
+        }
+    }
+    void rollback(int32_t n) {
+        if (specee_grammar_rollback(ptr, n) != 0) {
+            raise_last();
+        }
+    }
+    std::vector<int32_t> forced(int32_t n_max) {
+        std::vector<int32_t> out(std::max(n_max, 0));
+        const int32_t        n = specee_grammar_forced_tokens(ptr, out.data(), n_max);
+        if (n < 0) {
+            raise_last();
+        }
+        out.resize(n);
+        return out;
+    }
+};
+
 // parallel slots over a context (specee.h, "parallel slots"); the calls run without the GIL
 struct Slots {
     py::object     ctx_ref; // keeps the context (and its model) alive
@@ -345,7 +415,8 @@ struct Slots {
 
     // the slot, or SLOTS_BUSY when every slot holds a request
     int32_t submit(const i32_array & tokens, const py::object & options, int32_t n_predict, int32_t n_probs) {
-        const specee_generator_params p = params_of(options);
+        std::string                   grammar;
+        const specee_generator_params p = params_of(options, "", &grammar);
         int32_t                       r;
         {
             py::gil_scoped_release release;
@@ -837,6 +908,12 @@ PYBIND11_MODULE(_core, m) {
              [](const Context & s, int32_t c, int32_t seq) { return specee_kv_cell_has_seq(s.ptr, c, seq); })
         .def("embed", &Context::embed, py::arg("tokens"), py::arg("n_tokens"), py::arg("normalize") = true);
 
+    py::class_<Grammar>(m, "Grammar")
+        .def(py::init<py::object, int32_t, const std::string &>(), py::arg("model"), py::arg("type"), py::arg("text"))
+        .def("mask", &Grammar::mask)
+        .def("accept", &Grammar::accept, py::arg("token"))
+        .def("rollback", &Grammar::rollback, py::arg("n_tokens"))
+        .def("forced", &Grammar::forced, py::arg("n_max"));
     py::class_<Slots>(m, "Slots")
         .def(py::init<py::object, int32_t, int32_t>(), py::arg("context"), py::arg("n_slots"), py::arg("n_chunk") = 0)
         .def_property_readonly("n_slots", [](const Slots & s) { return specee_slots_n_slots(s.ptr); })
@@ -953,6 +1030,24 @@ PYBIND11_MODULE(_core, m) {
               return logits;
           },
           py::arg("context"), py::arg("tokens"), py::arg("features"), py::arg("roots"), py::arg("depth"));
+    m.attr("GRAMMAR_GBNF")        = (int) SPECEE_GRAMMAR_GBNF;
+    m.attr("GRAMMAR_JSON_SCHEMA") = (int) SPECEE_GRAMMAR_JSON_SCHEMA;
+    m.attr("GRAMMAR_LARK")        = (int) SPECEE_GRAMMAR_LARK;
+    m.attr("GRAMMAR_REGEX")       = (int) SPECEE_GRAMMAR_REGEX;
+    m.def("grammar_set_library", [](const std::string & path) { specee_grammar_set_library(path.c_str()); },
+          py::arg("path"));
+    m.def("grammar_check",
+          [](const Model & model, int32_t type, const std::string & text) {
+              int32_t r;
+              {
+                  py::gil_scoped_release release;
+                  r = specee_grammar_check(model.ptr, type, text.c_str());
+              }
+              if (r != 0) {
+                  throw py::value_error(specee_last_error());
+              }
+          },
+          py::arg("model"), py::arg("type"), py::arg("text"));
     m.def("eagle_check_choices",
           [](const std::string & choices) {
               const int32_t n = specee_eagle_check_choices(choices.c_str());

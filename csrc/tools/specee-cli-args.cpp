@@ -182,6 +182,14 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"--verbose-prompt"}, "", "print the prompt's tokens to stderr before generating", "", flag([&p] { p.verbose_prompt = true; })},
         {{"--no-display-prompt"}, "", "do not echo the prompt", "", flag([&p] { p.display_prompt = false; })},
         {{"--list-devices"}, "", "print the devices (after adding the --rpc servers) and exit", "", flag([&p] { p.list_devices = true; })},
+        {{"--grammar"}, "GRAMMAR", "constrain the output to a GBNF grammar (llama.cpp's grammars/ form; Lark or a regular expression with --grammar-type lark / regex): docs/structured-output.md", "a grammar",
+         [&p](const std::string & v) { p.grammar = v; p.grammar_is_schema = false; return true; }},
+        {{"--grammar-file"}, "FNAME", "as --grammar, read from a file", "a readable grammar file",
+         [&p](const std::string & v) { p.grammar_is_schema = false; return read_text_file(v, p.grammar, g_why); }},
+        {{"-j", "--json-schema"}, "SCHEMA", "constrain the output to JSON that validates against a JSON Schema, e.g. {} for any JSON value", "a JSON Schema",
+         [&p](const std::string & v) { p.grammar = v; p.grammar_is_schema = true; return true; }},
+        {{"-jf", "--json-schema-file"}, "FNAME", "as --json-schema, read from a file", "a readable JSON Schema file",
+         [&p](const std::string & v) { p.grammar_is_schema = true; return read_text_file(v, p.grammar, g_why); }},
         {{"--spec-type"}, "TYPE", "llama.cpp's draft-free speculation types, accepted as --mode ngram (this runtime's n-gram lookup serves them all): ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache", "an n-gram type",
          [&p](const std::string & v) {
              for (const char * t : {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}) {
@@ -314,6 +322,18 @@ bool cli_parse(int argc, char ** argv, cli_params & p, bool & help) {
     std::vector<cli_option> opts = make_options(p);
     if (!parse_args(argc, argv, opts, help)) {
         return false;
+    }
+    if (!p.grammar.empty() || p.grammar_is_schema) {
+        // the text's type: a schema's, else --grammar-type's (gbnf when not given); compiled with the model
+        if (p.grammar_is_schema) {
+            p.gen.grammar_type = SPECEE_GRAMMAR_JSON_SCHEMA;
+        } else if (p.gen.grammar_type == SPECEE_GRAMMAR_NONE) {
+            p.gen.grammar_type = SPECEE_GRAMMAR_GBNF;
+        } else if (p.gen.grammar_type == SPECEE_GRAMMAR_JSON_SCHEMA) {
+            fprintf(stderr, "error: --grammar-type json_schema: give the schema with --json-schema or --json-schema-file\n");
+            return false;
+        }
+        p.gen.grammar = p.grammar.c_str();
     }
     const int32_t cpus = specee_max_threads();
     if (std::max(p.ctx.n_threads, p.ctx.n_threads_batch) > cpus) {

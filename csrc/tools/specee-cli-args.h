@@ -17,6 +17,10 @@ struct cli_params {
     cnv_mode    conversation = CNV_AUTO;
     specee_generator_params gen           = specee_generator_default_params(); // the generation flags set it
     bool                    list_devices  = false;
+    // --grammar / --grammar-file (GBNF, or what --grammar-type says) or --json-schema / --json-schema-file; gen.grammar
+    // points here once parsed (keep p where it is)
+    std::string             grammar;
+    bool                    grammar_is_schema = false;
 };
 
 // a --help line: the flags and placeholder (head), then the help wrapped at 110 columns from column 36 (specee-bench

@@ -8,7 +8,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_families', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'quantize', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
+__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Grammar', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_families', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'quantize', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
 class SpecEEError(RuntimeError):
     pass
 class Model:
@@ -263,6 +263,21 @@ def draft_head_eval(context: typing.Any, tokens: typing.Annotated[numpy.typing.A
     ...
 def draft_head_eval_chains(context: typing.Any, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], features: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], roots: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], depth: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
     ...
+class Grammar:
+    def __init__(self, model: Model, type: typing.SupportsInt | typing.SupportsIndex, text: str) -> None:
+        ...
+    def mask(self) -> numpy.typing.NDArray[numpy.uint32]:
+        ...
+    def accept(self, token: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def rollback(self, n_tokens: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def forced(self, n_max: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
+        ...
+def grammar_check(model: Model, type: typing.SupportsInt | typing.SupportsIndex, text: str) -> None:
+    ...
+def grammar_set_library(path: str) -> None:
+    ...
 def eagle_check_choices(choices: str) -> int:
     ...
 def modes() -> list:
@@ -304,6 +319,10 @@ FINISH_LENGTH: int = 2
 FINISH_NONE: int = 0
 FINISH_STOP: int = 1
 MAX_PROBS: int = 100
+GRAMMAR_GBNF: int = 1
+GRAMMAR_JSON_SCHEMA: int = 2
+GRAMMAR_LARK: int = 3
+GRAMMAR_REGEX: int = 4
 MAX_SEQ: int = 64
 SLOTS_BUSY: int = -2
 EVAL_NO_LOGITS: int = 2

@@ -1,7 +1,9 @@
 """Console-script shims for the native tools installed in specee/bin."""
 
+import importlib.util
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 from specee._ggml import beside, ggml_lib_dir
@@ -33,10 +35,24 @@ def _exec(name: str) -> None:
             os.environ[DEFAULT_DRAFT_HEAD_ENV] = default_draft_head_path()
         except FileNotFoundError:
             pass  # --draft-head default then reports that it is not set
+    _grammar_env()
     if not beside() and (lib_dir := ggml_lib_dir()) is not None:  # see specee._ggml
         paths = [str(lib_dir), os.environ.get("LD_LIBRARY_PATH")]
         os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in paths if p)
     os.execv(path, [name, *args])
+
+
+def _grammar_env() -> None:
+    """Where the installed llguidance's library and this Python's libpython are, for the tools' grammars
+    (csrc/specee-grammar.cpp; the build's paths otherwise)."""
+    spec = importlib.util.find_spec("llguidance")
+    if spec is not None and spec.submodule_search_locations and not os.environ.get("SPECEE_LLGUIDANCE"):
+        for folder in spec.submodule_search_locations:
+            for lib in sorted(Path(folder).glob("_lib*.so")):
+                os.environ["SPECEE_LLGUIDANCE"] = str(lib)
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if libdir and soname and not os.environ.get("SPECEE_LIBPYTHON") and (Path(libdir) / soname).is_file():
+        os.environ["SPECEE_LIBPYTHON"] = str(Path(libdir) / soname)
 
 
 def bench() -> None:

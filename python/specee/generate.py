@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 from specee import _core
 
@@ -44,7 +44,7 @@ class Mode:
 MODES: dict[str, Mode] = {m["name"]: Mode(**{**m, "reads": tuple(m["reads"])}) for m in _core.modes()}
 EXIT_KV: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "exit.kv"))
 # GenerateOptions' fields of the frontends, not the runtime's: text (stop strings) and chat rendering
-FRONTEND_OPTIONS = ("stop", "chat_template")
+FRONTEND_OPTIONS = ("stop", "chat_template", "grammar", "json_schema")
 
 
 @dataclass
@@ -115,7 +115,10 @@ class GenerateOptions:
     temp 0 (SpecEE's behaviour), eagle2 with a draft head, else plain. Sampling: llama.cpp's chain and defaults
     (temp <= 0: greedy; seed None or -1: random); ignore_eos: end-of-generation tokens are never sampled. eagle and
     exit: the trees and the early-exit settings. stop: strings that end generation (not included). chat_template:
-    for message prompts, a name instead of the model's own."""
+    for message prompts, a name instead of the model's own. Structured output (docs/structured-output.md): grammar,
+    a GBNF grammar's text (or Lark, or a regular expression, with grammar_type "lark" / "regex"), or json_schema, a
+    JSON Schema (a dict, JSON text or a pydantic model class); grammar_type follows from which is given; jump_forward:
+    in plain decoding, the tokens the grammar forces are verified together in one pass (the output is the same)."""
 
     mode: str = "auto"
     temp: float = 0.8
@@ -131,6 +134,10 @@ class GenerateOptions:
     ngram: NgramParams = field(default_factory=NgramParams)
     stop: Sequence[str] = ()
     chat_template: str | None = None
+    grammar: str | None = None
+    json_schema: Any = None
+    grammar_type: str = "none"
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -140,7 +147,23 @@ class GenerateOptions:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty str (an empty one would end every generation before its "
                              f"first token), not {list(self.stop)!r:.60}")
+        if self.json_schema is not None:
+            if self.grammar is not None:
+                raise ValueError("give grammar or json_schema, not both")
+            if self.grammar_type not in ("none", "json_schema"):
+                raise ValueError(f"json_schema is a JSON Schema, not grammar_type {self.grammar_type}")
+            self.grammar_type = "json_schema"
+        elif self.grammar is not None and self.grammar_type == "none":
+            self.grammar_type = "gbnf"
+        _ = self.grammar_spec  # its ValueError here: the bindings read it where an error would be lost
         _core.generate_options_values(self)
+
+    @property
+    def grammar_spec(self) -> tuple[int, str] | None:
+        """The runtime's (type, text) of the grammar, None without one (read by the bindings)."""
+        from specee.grammar import GRAMMAR_TYPES, grammar_spec
+        spec = grammar_spec(self.grammar, self.json_schema)
+        return None if spec is None else (GRAMMAR_TYPES[self.grammar_type], spec[1])
 
 
 @dataclass

@@ -256,6 +256,43 @@ def tokens_wanted(body: dict, api: str, cap: int = -1) -> int:
     return cap if cap >= 0 and (n < 0 or n > cap) else n
 
 
+def grammar_of(body: dict) -> dict[str, Any]:
+    """The structured output a request asks for, as GenerateOptions' fields (400 on a malformed field; a grammar or
+    schema the engine refuses is a 400 with its message when the request is admitted): OpenAI's `response_format`
+    ({"type": "text"}, {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name", "schema",
+    "strict"}}), llama.cpp's `grammar` (GBNF) and `json_schema`. At most one of them."""
+    found: dict[str, Any] = {}
+    fmt = body_field(body, "response_format", dict, None, expect="an object like {\"type\": \"json_object\"}")
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            found["json_schema"] = {"type": "object"}
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+                raise ApiError(400, "response_format json_schema: 'json_schema' must be an object with a 'schema' "
+                               "object", param="response_format")
+            if "strict" in spec and not isinstance(spec["strict"], bool):
+                raise ApiError(400, "response_format json_schema: 'strict' must be true or false",
+                               param="response_format")
+            # strict or not, the output is held to the schema (the engine has no looser mode)
+            found["json_schema"] = spec.get("schema", {})
+        elif kind != "text":
+            raise ApiError(400, "'response_format' type must be text, json_object or json_schema, not "
+                           f"{json.dumps(kind)[:40]}", param="response_format")
+    grammar = body_field(body, "grammar", str, None, lambda v: v != "", "a non-empty GBNF grammar")
+    schema = body_field(body, "json_schema", (dict, bool), None, expect="a JSON Schema object")
+    given = [k for k, v in (("response_format", found.get("json_schema")), ("grammar", grammar),
+                            ("json_schema", schema)) if v is not None]
+    if len(given) > 1:
+        raise ApiError(400, f"one structured-output field at a time, not {' and '.join(given)}", param=given[1])
+    if grammar is not None:
+        return {"grammar": grammar}
+    if schema is not None:
+        return {"json_schema": schema}
+    return found
+
+
 def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> RequestParams:
     """What a request body asks to generate (api: chat, completions, llama; mode: the server's, for requests that
     name none; n_predict_cap: the server's -n), every field checked (400 on a bad one). The mode is settled first,
@@ -287,6 +324,7 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> 
                        "from drafts and verification passes", param="logprobs")
     if n_probs >= 0:
         given["mode"] = "plain"  # mode auto: a request asking for log-probabilities decodes plainly
+    given.update(grammar_of(body))
     try:
         options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:

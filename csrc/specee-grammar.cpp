@@ -1,0 +1,740 @@
+// specee-grammar.cpp: structured output through llguidance's C API (specee-grammar.h states the contract).
+//
+// The declarations below are this file's own, of the few entry points of llguidance's stable C ABI it uses (its
+// matcher API, 1.x); the structs it passes are zero-filled beyond what is set, and the tokenizer's is sized by
+// struct_size (the library reads no more). The library is loaded once per process.
+#include "specee-grammar.h"
+#include "specee-impl.h"
+#include "specee.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+// ---- llguidance's C ABI, as far as it is used here ------------------------------------------------------
+
+namespace {
+
+struct llg_tokenizer;
+struct llg_matcher;
+
+struct llg_parser_limits {
+    size_t   max_items_in_row;
+    uint64_t initial_lexer_fuel;
+    uint64_t step_lexer_fuel;
+    size_t   step_max_items;
+    size_t   max_lexer_states;
+    size_t   max_grammar_size;
+    bool     precompute_large_lexemes;
+    bool     verbose_errors;
+};
+
+struct llg_constraint_init {
+    const llg_tokenizer * tokenizer;
+    uint32_t              log_buffer_level;
+    uint32_t              log_stderr_level;
+    bool                  ff_tokens_ok;
+    bool                  backtrack_ok;
+    llg_parser_limits     limits;
+    char                  reserve[256]; // fields a later library may add: left zero
+};
+
+typedef size_t (*llg_tokenize_fn)(const void * user, const uint8_t * bytes, size_t n_bytes, uint32_t * out,
+                                  size_t n_out);
+
+struct llg_tokenizer_init_v2 {
+    size_t              struct_size;
+    uint32_t            vocab_size;
+    uint32_t            tok_eos;
+    const uint32_t *    token_lens;
+    const uint8_t *     token_bytes;
+    const char *        tokenizer_json;
+    bool                tokenize_assumes_string;
+    llg_tokenize_fn     tokenize_fn;
+    bool                use_approximate_greedy_tokenize_fn;
+    const void *        tokenize_user_data;
+    const char * const * slices;
+    const uint32_t *    tok_eos_extra;
+    uint32_t            tok_eos_extra_count;
+};
+
+struct llg_api {
+    void (*constraint_init_set_defaults)(llg_constraint_init *, const llg_tokenizer *);
+    llg_tokenizer * (*new_tokenizer_v2)(const llg_tokenizer_init_v2 *, char *, size_t);
+    void (*free_tokenizer)(llg_tokenizer *);
+    llg_matcher * (*new_matcher)(const llg_constraint_init *, const char *, const char *);
+    void (*free_matcher)(llg_matcher *);
+    const char * (*matcher_get_error)(llg_matcher *);
+    bool (*matcher_is_error)(const llg_matcher *);
+    size_t (*matcher_get_mask_byte_size)(const llg_matcher *);
+    int32_t (*matcher_compute_mask_into)(llg_matcher *, uint32_t *, size_t);
+    int32_t (*matcher_consume_token)(llg_matcher *, uint32_t);
+    int32_t (*matcher_rollback)(llg_matcher *, size_t);
+    int32_t (*matcher_reset)(llg_matcher *);
+    bool (*matcher_is_accepting)(llg_matcher *);
+    bool (*matcher_is_stopped)(const llg_matcher *);
+    int32_t (*matcher_compute_ff_tokens)(llg_matcher *, uint32_t *, size_t);
+};
+
+std::mutex  g_lib_mutex;
+std::string g_lib_path; // specee_grammar_set_library
+llg_api     g_api{};
+bool        g_loaded = false;
+
+#ifndef SPECEE_LLGUIDANCE_DEFAULT
+#define SPECEE_LLGUIDANCE_DEFAULT ""
+#endif
+#ifndef SPECEE_LIBPYTHON_DEFAULT
+#define SPECEE_LIBPYTHON_DEFAULT ""
+#endif
+
+const char * first_set(const char * a, const char * b) { return a && a[0] ? a : b; }
+
+template <typename F> void resolve(void * h, const char * name, F & fn) {
+    fn = reinterpret_cast<F>(dlsym(h, name));
+    if (!fn) {
+        specee_fail("structured output: the llguidance library has no %s (llguidance 1.x is needed)", name);
+    }
+}
+
+const llg_api & api() {
+    std::lock_guard<std::mutex> lock(g_lib_mutex);
+    if (g_loaded) {
+        return g_api;
+    }
+    const std::string path = !g_lib_path.empty() ? g_lib_path : first_set(getenv("SPECEE_LLGUIDANCE"), SPECEE_LLGUIDANCE_DEFAULT);
+    if (path.empty()) {
+        specee_fail("structured output needs the llguidance package (pip install llguidance), and none was found "
+                    "when this was built: set SPECEE_LLGUIDANCE to its library (python -c \"import llguidance._lib as "
+                    "l; print(l.__file__)\")");
+    }
+    void * h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        // a process without Python: the wheel's library links against libpython's symbols, so load those first
+        const char * py = first_set(getenv("SPECEE_LIBPYTHON"), SPECEE_LIBPYTHON_DEFAULT);
+        if (py[0] && dlopen(py, RTLD_NOW | RTLD_GLOBAL)) {
+            h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        }
+    }
+    if (!h) {
+        const char * e = dlerror();
+        specee_fail("structured output: cannot load llguidance from %s: %s (set SPECEE_LLGUIDANCE to its library, "
+                    "and SPECEE_LIBPYTHON to libpython when it asks for Python's symbols)", path.c_str(), e ? e : "?");
+    }
+    llg_api a{};
+    resolve(h, "llg_constraint_init_set_defaults", a.constraint_init_set_defaults);
+    resolve(h, "llg_new_tokenizer_v2", a.new_tokenizer_v2);
+    resolve(h, "llg_free_tokenizer", a.free_tokenizer);
+    resolve(h, "llg_new_matcher", a.new_matcher);
+    resolve(h, "llg_free_matcher", a.free_matcher);
+    resolve(h, "llg_matcher_get_error", a.matcher_get_error);
+    resolve(h, "llg_matcher_is_error", a.matcher_is_error);
+    resolve(h, "llg_matcher_get_mask_byte_size", a.matcher_get_mask_byte_size);
+    resolve(h, "llg_matcher_compute_mask_into", a.matcher_compute_mask_into);
+    resolve(h, "llg_matcher_consume_token", a.matcher_consume_token);
+    resolve(h, "llg_matcher_rollback", a.matcher_rollback);
+    resolve(h, "llg_matcher_reset", a.matcher_reset);
+    resolve(h, "llg_matcher_is_accepting", a.matcher_is_accepting);
+    resolve(h, "llg_matcher_is_stopped", a.matcher_is_stopped);
+    resolve(h, "llg_matcher_compute_ff_tokens", a.matcher_compute_ff_tokens);
+    g_api    = a;
+    g_loaded = true;
+    return g_api;
+}
+
+// the model's own tokenizer, for llguidance's checks of token boundaries (no BOS, special tokens as text)
+size_t tokenize_cb(const void * user, const uint8_t * bytes, size_t n_bytes, uint32_t * out, size_t n_out) {
+    const specee_model * m = (const specee_model *) user;
+    if (n_bytes > (size_t) INT32_MAX / 2) {
+        return 0;
+    }
+    std::vector<int32_t> ids(n_bytes + 8);
+    int32_t n = specee_tokenize(m, (const char *) bytes, (int32_t) n_bytes, ids.data(), (int32_t) ids.size(), false, false);
+    if (n < 0 && n != INT32_MIN) {
+        ids.resize(-n);
+        n = specee_tokenize(m, (const char *) bytes, (int32_t) n_bytes, ids.data(), (int32_t) ids.size(), false, false);
+    }
+    if (n < 0) {
+        return 0;
+    }
+    for (int32_t i = 0; i < n && (size_t) i < n_out; ++i) {
+        out[i] = (uint32_t) ids[i];
+    }
+    return (size_t) n;
+}
+
+} // namespace
+
+// ---- GBNF to Lark ---------------------------------------------------------------------------------------
+//
+// llguidance reads Lark; llama.cpp's GBNF maps onto it term for term: `name ::= ...` becomes `r_name: ...` (Lark's
+// rule names are lower case: '-' becomes '_', and every name gets an r_ prefix so none clashes with `start` or
+// another), `root` is `start`, "strings" stay strings, [classes] and `.` become /regular expressions/ (Rust's
+// syntax takes GBNF's \x, \u and \U escapes), and the operators * + ? {m,n} ( ) | are the same. Comments go.
+
+namespace {
+
+struct gbnf_reader {
+    const std::string & src;
+    size_t              i = 0;
+
+    [[noreturn]] void fail(const char * what) const {
+        const size_t line = 1 + (size_t) std::count(src.begin(), src.begin() + (ptrdiff_t) std::min(i, src.size()), '\n');
+        specee_fail("gbnf: line %zu: %s", line, what);
+    }
+
+    // spaces and comments; newlines too unless they end a rule (a newline not followed by more of it)
+    void skip(bool newlines) {
+        while (i < src.size()) {
+            const char c = src[i];
+            if (c == '#') {
+                while (i < src.size() && src[i] != '\n') {
+                    ++i;
+                }
+            } else if (c == ' ' || c == '\t' || c == '\r' || (newlines && c == '\n')) {
+                ++i;
+            } else {
+                break;
+            }
+        }
+    }
+
+    static bool name_char(char c) { return isalnum((unsigned char) c) || c == '-' || c == '_'; }
+
+    std::string name() {
+        const size_t b = i;
+        while (i < src.size() && name_char(src[i])) {
+            ++i;
+        }
+        if (b == i) {
+            fail("a rule name expected");
+        }
+        return src.substr(b, i - b);
+    }
+};
+
+std::string lark_name(const std::string & gbnf) {
+    std::string n = "r_";
+    for (char c : gbnf) {
+        n += c == '-' ? '_' : (char) tolower((unsigned char) c);
+    }
+    return n;
+}
+
+// a quoted string as Lark takes it (the escapes are JSON's, which GBNF's \x.. \u.... are turned into)
+void convert_string(gbnf_reader & r, std::string & out) {
+    out += '"';
+    ++r.i; // the opening quote
+    while (r.i < r.src.size() && r.src[r.i] != '"') {
+        char c = r.src[r.i++];
+        if (c == '\n') {
+            r.fail("a string runs past the end of its line");
+        }
+        if (c != '\\') {
+            out += c;
+            continue;
+        }
+        if (r.i >= r.src.size()) {
+            r.fail("an escape at the end of the grammar");
+        }
+        c = r.src[r.i++];
+        int digits = c == 'x' ? 2 : c == 'u' ? 4 : c == 'U' ? 8 : 0;
+        if (digits == 0) {
+            if (!strchr("nrt\"\\[]", c)) {
+                r.fail("unknown escape in a string");
+            }
+            out += c == '[' || c == ']' ? std::string(1, c) : std::string("\\") + c;
+            continue;
+        }
+        uint32_t cp = 0;
+        for (; digits > 0; --digits) {
+            if (r.i >= r.src.size() || !isxdigit((unsigned char) r.src[r.i])) {
+                r.fail("bad hexadecimal escape in a string");
+            }
+            cp = cp * 16 + (uint32_t) strtol(std::string(1, r.src[r.i++]).c_str(), nullptr, 16);
+        }
+        if (cp > 0x10FFFF) {
+            r.fail("a code point past U+10FFFF");
+        }
+        char buf[16];
+        if (cp > 0xFFFF) { // a surrogate pair
+            cp -= 0x10000;
+            snprintf(buf, sizeof(buf), "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+        } else {
+            snprintf(buf, sizeof(buf), "\\u%04x", cp);
+        }
+        out += buf;
+    }
+    if (r.i >= r.src.size()) {
+        r.fail("a string without its closing quote");
+    }
+    ++r.i;
+    out += '"';
+}
+
+// [...] as a regular expression
+void convert_class(gbnf_reader & r, std::string & out) {
+    out += "/[";
+    ++r.i;
+    while (r.i < r.src.size() && r.src[r.i] != ']') {
+        const char c = r.src[r.i++];
+        if (c == '\n') {
+            r.fail("a character class runs past the end of its line");
+        }
+        if (c == '\\') {
+            if (r.i >= r.src.size()) {
+                r.fail("an escape at the end of the grammar");
+            }
+            const char e = r.src[r.i++];
+            out += e == '/' ? std::string("\\/") : std::string("\\") + e;
+        } else {
+            out += c == '/' ? std::string("\\/") : std::string(1, c);
+        }
+    }
+    if (r.i >= r.src.size()) {
+        r.fail("a character class without its closing ]");
+    }
+    ++r.i;
+    out += "]/";
+}
+
+// one rule's alternatives, to the end of the rule (a newline outside parentheses, unless the next line goes on
+// with '|')
+void convert_body(gbnf_reader & r, std::string & out, std::vector<std::string> & used) {
+    int depth = 0;
+    bool empty = true;
+    for (;;) {
+        r.skip(depth > 0);
+        if (r.i >= r.src.size()) {
+            break;
+        }
+        const char c = r.src[r.i];
+        if (c == '\n') {
+            // the rule ends at a newline outside parentheses (as llama.cpp reads it), unless the next line starts
+            // with '|'
+            size_t j = r.i;
+            while (j < r.src.size() && strchr("\n \t\r", r.src[j])) {
+                ++j;
+            }
+            if (j < r.src.size() && r.src[j] == '|') {
+                r.i = j;
+                continue;
+            }
+            break;
+        }
+        empty = false;
+        if (c == '"') {
+            convert_string(r, out);
+        } else if (c == '[') {
+            convert_class(r, out);
+        } else if (c == '.') {
+            out += "/(?s:.)/";
+            ++r.i;
+        } else if (c == '(') {
+            out += '(';
+            ++depth;
+            ++r.i;
+        } else if (c == ')') {
+            if (depth == 0) {
+                r.fail("a ')' without its '('");
+            }
+            out += ')';
+            --depth;
+            ++r.i;
+        } else if (c == '|') {
+            out += c;
+            ++r.i;
+            r.skip(true); // the next alternative may start on the next line
+        } else if (c == '*' || c == '+' || c == '?') {
+            out += c;
+            ++r.i;
+        } else if (c == '{') {
+            const size_t b = r.i;
+            while (r.i < r.src.size() && r.src[r.i] != '}' && r.src[r.i] != '\n') {
+                ++r.i;
+            }
+            if (r.i >= r.src.size() || r.src[r.i] != '}') {
+                r.fail("a repetition {m,n} without its closing }");
+            }
+            ++r.i;
+            const std::string rep = r.src.substr(b, r.i - b);
+            if (rep.find_first_not_of("{}0123456789, ") != std::string::npos || rep == "{}") {
+                r.fail("a repetition is {m}, {m,} or {m,n}");
+            }
+            out += rep;
+        } else if (gbnf_reader::name_char(c)) {
+            const std::string n = r.name();
+            used.push_back(n);
+            out += lark_name(n);
+        } else {
+            r.fail(specee_format("unexpected '%c'", c).c_str());
+        }
+        out += ' ';
+    }
+    if (depth > 0) {
+        r.fail("a '(' without its ')'");
+    }
+    if (empty) {
+        r.fail("a rule with an empty body");
+    }
+}
+
+} // namespace
+
+std::string specee_gbnf_to_lark(const std::string & gbnf) {
+    gbnf_reader              r{gbnf};
+    std::string              out;
+    std::vector<std::string> defined, used;
+    for (;;) {
+        r.skip(true);
+        if (r.i >= gbnf.size()) {
+            break;
+        }
+        const std::string n = r.name();
+        r.skip(false);
+        if (gbnf.compare(r.i, 3, "::=") != 0) {
+            r.fail(specee_format("'::=' expected after the rule name '%s'", n.c_str()).c_str());
+        }
+        r.i += 3;
+        r.skip(true); // the body may start on the next line
+        if (std::find(defined.begin(), defined.end(), n) != defined.end()) {
+            r.fail(specee_format("rule '%s' is defined twice", n.c_str()).c_str());
+        }
+        defined.push_back(n);
+        out += lark_name(n) + ": ";
+        convert_body(r, out, used);
+        out += '\n';
+    }
+    if (std::find(defined.begin(), defined.end(), "root") == defined.end()) {
+        specee_fail("gbnf: no rule named root (where the output starts)");
+    }
+    for (const std::string & u : used) {
+        if (std::find(defined.begin(), defined.end(), u) == defined.end()) {
+            specee_fail("gbnf: rule '%s' is used but not defined", u.c_str());
+        }
+    }
+    return "start: r_root\n" + out;
+}
+
+// ---- the grammar -----------------------------------------------------------------------------------------
+
+struct specee_grammar {
+    const specee_model *  model = nullptr;
+    int32_t               type  = SPECEE_GRAMMAR_NONE;
+    std::string           text;
+    llg_tokenizer *       tok     = nullptr; // the model's (vocab_tokenizer), not owned
+    llg_matcher *         matcher = nullptr;
+    std::vector<uint32_t> mask;
+    bool                  mask_ok = false; // mask is the current state's
+    std::vector<int32_t>  eog;             // the model's end-of-generation tokens
+    int32_t               n_accepted = 0;
+    bool                  ended      = false; // an end-of-generation token was accepted
+    int32_t               n_end      = 0;     // end-of-generation tokens accepted (the last ones: they end the text)
+
+    ~specee_grammar() {
+        if (g_loaded) {
+            g_api.free_matcher(matcher);
+        }
+    }
+};
+
+static std::string matcher_error(specee_grammar & g) {
+    const char * e = api().matcher_get_error(g.matcher);
+    return e ? e : "unknown error";
+}
+
+// a token's bytes for llguidance: its text; a control token's name after a 0xFF byte (llguidance's mark of a
+// special token, which a grammar never produces as text)
+static void token_bytes(const specee_model & m, int32_t t, std::string & out) {
+    char    buf[512];
+    int32_t n = specee_token_to_piece(&m, t, buf, sizeof(buf), false);
+    if (n == 0) {
+        n = specee_token_to_piece(&m, t, buf, sizeof(buf), true);
+        if (n > 0) {
+            out.assign("\xff");
+            out.append(buf, n);
+            return;
+        }
+    }
+    out.assign(n > 0 ? std::string(buf, n) : std::string());
+}
+
+// A JSON Schema object whose output is compact JSON (no whitespace between tokens: a model cannot pad it without end,
+// and the output's keys, quotes and braces become forced tokens), unless it gives llguidance's own "x-guidance"
+// settings. Other schema texts (true, false, malformed ones) go as they are, for the engine to judge.
+static std::string compact_json(const char * text) {
+    const std::string s(text);
+    const size_t      b = s.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos || s[b] != '{' || s.find("\"x-guidance\"") != std::string::npos) {
+        return s;
+    }
+    const size_t next = s.find_first_not_of(" \t\r\n", b + 1);
+    const bool   empty = next != std::string::npos && s[next] == '}';
+    return s.substr(0, b + 1) + "\"x-guidance\":{\"whitespace_flexible\":false}" + (empty ? "" : ",") + s.substr(b + 1);
+}
+
+// The model's vocabulary for llguidance, built once per model (49k tokens take a noticeable fraction of a second) and
+// kept for the process: by the model's address and a hash of its tokens' texts and end-of-generation ids, so a model
+// loaded later at the same address with another vocabulary gets its own. The tokenizer calls back into the model of
+// that address, which a live grammar's generator keeps alive. Replaced entries are left allocated, as grammars of
+// the earlier model may still hold them.
+static llg_tokenizer * vocab_tokenizer(const specee_model & m, const std::vector<int32_t> & eog) {
+    struct entry {
+        uint64_t        hash;
+        llg_tokenizer * tok;
+    };
+    static std::mutex                                  mutex;
+    static std::vector<std::pair<const specee_model *, entry>> cache;
+    const int32_t n_vocab = specee_model_n_vocab(&m);
+    uint64_t      h       = 1469598103934665603ull ^ (uint64_t) n_vocab;
+    auto          mix     = [&h](const char * p, size_t n) {
+        for (size_t k = 0; k < n; ++k) {
+            h = (h ^ (uint8_t) p[k]) * 1099511628211ull;
+        }
+        h = (h ^ 0xff) * 1099511628211ull;
+    };
+    for (int32_t t = 0; t < n_vocab; ++t) {
+        const char * text = specee_token_text(&m, t);
+        mix(text ? text : "", text ? strlen(text) : 0);
+    }
+    mix((const char *) eog.data(), eog.size() * sizeof(int32_t));
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto & [model, e] : cache) {
+        if (model == &m && e.hash == h) {
+            return e.tok;
+        }
+    }
+
+    std::vector<uint32_t> lens(n_vocab);
+    std::string           all, piece;
+    for (int32_t t = 0; t < n_vocab; ++t) {
+        token_bytes(m, t, piece);
+        lens[t] = (uint32_t) piece.size();
+        all += piece;
+    }
+    std::vector<uint32_t> eos_extra(eog.begin() + 1, eog.end());
+    llg_tokenizer_init_v2 ti{};
+    ti.struct_size         = sizeof(ti);
+    ti.vocab_size          = (uint32_t) n_vocab;
+    ti.tok_eos             = (uint32_t) eog[0];
+    ti.token_lens          = lens.data();
+    ti.token_bytes         = (const uint8_t *) all.data();
+    ti.tokenize_fn         = tokenize_cb;
+    ti.tokenize_user_data  = &m;
+    ti.tok_eos_extra       = eos_extra.data();
+    ti.tok_eos_extra_count = (uint32_t) eos_extra.size();
+    char            err[1024] = "";
+    llg_tokenizer * tok       = api().new_tokenizer_v2(&ti, err, sizeof(err));
+    if (!tok) {
+        specee_fail("structured output: llguidance refused the model's vocabulary: %s", err);
+    }
+    for (auto & [model, e] : cache) {
+        if (model == &m) {
+            e = {h, tok};
+            return tok;
+        }
+    }
+    cache.push_back({&m, {h, tok}});
+    return tok;
+}
+
+specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, const char * text) {
+    if (!text) {
+        specee_fail("grammar: no text");
+    }
+    const char * kind = nullptr;
+    switch (type) {
+        case SPECEE_GRAMMAR_GBNF: // llguidance's Lark reader takes GBNF's `rule ::= ...` form
+        case SPECEE_GRAMMAR_LARK: kind = "lark"; break;
+        case SPECEE_GRAMMAR_JSON_SCHEMA: kind = "json"; break;
+        case SPECEE_GRAMMAR_REGEX: kind = "regex"; break;
+        default: specee_fail("grammar: unknown type %d (gbnf, json_schema, lark or regex)", type);
+    }
+    if (type == SPECEE_GRAMMAR_JSON_SCHEMA && text[strspn(text, " \t\r\n")] == '\0') {
+        specee_fail("json_schema: empty schema (give {} for any JSON value)");
+    }
+    if (type != SPECEE_GRAMMAR_JSON_SCHEMA && text[strspn(text, " \t\r\n")] == '\0') {
+        specee_fail("%s: empty grammar", specee_grammar_type_name(type));
+    }
+    const std::string lark = type == SPECEE_GRAMMAR_GBNF ? specee_gbnf_to_lark(text) : std::string();
+    const std::string json = type == SPECEE_GRAMMAR_JSON_SCHEMA ? compact_json(text) : std::string();
+    const llg_api & a       = api();
+    auto            g       = std::make_unique<specee_grammar>();
+    g->model                = &m;
+    g->type                 = type;
+    g->text                 = text;
+    g->eog.resize(specee_token_eog_ids(&m, nullptr, 0));
+    specee_token_eog_ids(&m, g->eog.data(), (int32_t) g->eog.size());
+    if (g->eog.empty()) {
+        specee_fail("structured output: the model's vocabulary has no end-of-generation token");
+    }
+
+    g->tok = vocab_tokenizer(m, g->eog);
+    llg_constraint_init ci{};
+    a.constraint_init_set_defaults(&ci, g->tok);
+    ci.log_stderr_level = 0; // its warnings come back as errors or not at all, never on the terminal
+    g->matcher          = a.new_matcher(&ci, kind, type == SPECEE_GRAMMAR_GBNF          ? lark.c_str()
+                                                       : type == SPECEE_GRAMMAR_JSON_SCHEMA ? json.c_str()
+                                                                                            : text);
+    if (a.matcher_is_error(g->matcher)) {
+        specee_fail("%s: %s", specee_grammar_type_name(type), matcher_error(*g).c_str());
+    }
+    g->mask.assign(a.matcher_get_mask_byte_size(g->matcher) / 4, 0);
+    return g.release();
+}
+
+void specee_grammar_free_impl(specee_grammar * g) { delete g; }
+
+int32_t specee_grammar_type_of(const specee_grammar & g) { return g.type; }
+
+const std::string & specee_grammar_text(const specee_grammar & g) { return g.text; }
+
+int32_t specee_grammar_n_accepted(const specee_grammar & g) { return g.n_accepted; }
+
+const uint32_t * specee_grammar_mask_impl(specee_grammar & g) {
+    if (!g.mask_ok) {
+        const llg_api & a = api();
+        if (g.ended) {
+            std::fill(g.mask.begin(), g.mask.end(), 0u); // past the end (ignore-EOS): only the end again
+        } else if (a.matcher_compute_mask_into(g.matcher, g.mask.data(), g.mask.size() * 4) != 0) {
+            specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+        }
+        // every end-of-generation token ends the text where the grammar's own EOS may
+        const bool end = g.ended || ((g.mask[g.eog[0] / 32] >> (g.eog[0] % 32)) & 1u);
+        for (int32_t t : g.eog) {
+            if (end) {
+                g.mask[t / 32] |= 1u << (t % 32);
+            }
+        }
+        g.mask_ok = true;
+    }
+    return g.mask.data();
+}
+
+bool specee_grammar_allows(specee_grammar & g, int32_t token) {
+    const uint32_t * mask = specee_grammar_mask_impl(g);
+    return token >= 0 && (size_t) token / 32 < g.mask.size() && ((mask[token / 32] >> (token % 32)) & 1u);
+}
+
+void specee_grammar_accept_impl(specee_grammar & g, int32_t token) {
+    if (!specee_grammar_allows(g, token)) {
+        specee_fail("%s: token %d is not allowed here by the grammar", specee_grammar_type_name(g.type), token);
+    }
+    const bool eog = std::find(g.eog.begin(), g.eog.end(), token) != g.eog.end();
+    if (eog) {
+        g.ended = true;
+        g.n_end += 1;
+    } else if (api().matcher_consume_token(g.matcher, (uint32_t) token) != 0) {
+        specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+    }
+    g.n_accepted += 1;
+    g.mask_ok = false;
+}
+
+void specee_grammar_rollback_impl(specee_grammar & g, int32_t n) {
+    if (n < 0 || n > g.n_accepted) {
+        specee_fail("grammar rollback: %d tokens, but %d were accepted", n, g.n_accepted);
+    }
+    if (n == 0) {
+        return;
+    }
+    // accepted end-of-generation tokens are the last ones and never reached the matcher
+    const int32_t n_matcher = n - std::min(n, g.n_end);
+    if (n_matcher > 0 && api().matcher_rollback(g.matcher, (size_t) n_matcher) != 0) {
+        specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+    }
+    g.n_end -= std::min(n, g.n_end);
+    g.ended = g.n_end > 0;
+    g.n_accepted -= n;
+    g.mask_ok = false;
+}
+
+void specee_grammar_reset_impl(specee_grammar & g) {
+    if (g.n_accepted == 0 && !g.ended) {
+        return;
+    }
+    if (api().matcher_reset(g.matcher) != 0) {
+        specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+    }
+    g.ended      = false;
+    g.n_end      = 0;
+    g.n_accepted = 0;
+    g.mask_ok    = false;
+}
+
+bool specee_grammar_done(specee_grammar & g) { return g.ended || api().matcher_is_stopped(g.matcher); }
+
+std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max) {
+    std::vector<uint32_t> ff(std::max(n_max, 1));
+    if (g.ended) {
+        return {};
+    }
+    const int32_t n = api().matcher_compute_ff_tokens(g.matcher, ff.data(), ff.size());
+    if (n < 0) {
+        specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+    }
+    return std::vector<int32_t>(ff.begin(), ff.begin() + std::min(n, n_max));
+}
+
+// ---- C API -----------------------------------------------------------------------------------------------
+
+extern "C" void specee_grammar_set_library(const char * path) {
+    std::lock_guard<std::mutex> lock(g_lib_mutex);
+    if (!g_loaded) {
+        g_lib_path = path ? path : "";
+    }
+}
+
+extern "C" specee_grammar * specee_grammar_init(const specee_model * model, int32_t type, const char * text) {
+    return specee_guard<specee_grammar *>(nullptr, [&] {
+        if (!model) {
+            specee_fail("no model");
+        }
+        return specee_grammar_init_impl(*model, type, text);
+    });
+}
+
+extern "C" void specee_grammar_free(specee_grammar * g) { specee_grammar_free_impl(g); }
+
+extern "C" int32_t specee_grammar_mask(specee_grammar * g, uint32_t * mask, int32_t n_words) {
+    return specee_guard<int32_t>(-1, [&] {
+        const uint32_t * m = specee_grammar_mask_impl(*g);
+        const int32_t    n = (int32_t) g->mask.size();
+        if (mask && n_words >= n) {
+            std::copy(m, m + n, mask);
+        }
+        return n;
+    });
+}
+
+extern "C" int32_t specee_grammar_accept(specee_grammar * g, int32_t token) {
+    return specee_guard<int32_t>(-1, [&] {
+        specee_grammar_accept_impl(*g, token);
+        return 0;
+    });
+}
+
+extern "C" int32_t specee_grammar_rollback(specee_grammar * g, int32_t n_tokens) {
+    return specee_guard<int32_t>(-1, [&] {
+        specee_grammar_rollback_impl(*g, n_tokens);
+        return 0;
+    });
+}
+
+extern "C" int32_t specee_grammar_forced_tokens(specee_grammar * g, int32_t * tokens, int32_t n_max) {
+    return specee_guard<int32_t>(-1, [&] {
+        const std::vector<int32_t> ff = specee_grammar_forced(*g, n_max);
+        std::copy(ff.begin(), ff.end(), tokens);
+        return (int32_t) ff.size();
+    });
+}
+
+extern "C" int32_t specee_grammar_check(const specee_model * model, int32_t type, const char * text) {
+    specee_grammar * g = specee_grammar_init(model, type, text);
+    specee_grammar_free(g);
+    return g ? 0 : -1;
+}

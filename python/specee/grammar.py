@@ -1,0 +1,63 @@
+"""Structured output: what a generation's `grammar=` / `json_schema=` become for the runtime.
+
+The runtime's sampler masks every draw with a grammar compiled by llguidance (csrc/specee-grammar.cpp,
+docs/structured-output.md). This module turns the Python forms into the runtime's (type, text) pair: a GBNF or Lark
+grammar as text; a JSON Schema as a dict, a JSON string, or a pydantic model class (its `model_json_schema()`); and
+points the runtime at the installed llguidance package's library.
+"""
+
+import json
+from typing import Any
+
+from specee import _core
+
+GRAMMAR_TYPES = {"gbnf": _core.GRAMMAR_GBNF, "json_schema": _core.GRAMMAR_JSON_SCHEMA, "lark": _core.GRAMMAR_LARK,
+                 "regex": _core.GRAMMAR_REGEX}
+
+
+def schema_text(schema: Any) -> str:
+    """A JSON Schema as the runtime takes it: JSON text from a dict, a JSON string or a pydantic model class."""
+    if isinstance(schema, str):
+        try:
+            json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema: not JSON: {e}") from None
+        return schema
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return json.dumps(schema.model_json_schema())
+    if isinstance(schema, (dict, bool)):
+        return json.dumps(schema)
+    raise ValueError(f"json_schema: a dict, a JSON string or a pydantic model class, not {type(schema).__name__}")
+
+
+def grammar_spec(grammar: str | None, json_schema: Any) -> tuple[int, str] | None:
+    """(type, text) for the runtime, None for no constraint; ValueError when both are given or one is malformed in
+    a way found before compiling."""
+    if grammar is not None and json_schema is not None:
+        raise ValueError("give grammar or json_schema, not both")
+    if json_schema is not None:
+        use_library()
+        return GRAMMAR_TYPES["json_schema"], schema_text(json_schema)
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise ValueError(f"grammar: GBNF or Lark text, not {type(grammar).__name__}")
+        use_library()
+        return GRAMMAR_TYPES["gbnf"], grammar
+    return None
+
+
+def use_library() -> None:
+    """Point the runtime at the installed llguidance package's library (before its first grammar)."""
+    try:
+        import llguidance._lib as lib
+    except ImportError:
+        raise ValueError("structured output needs the llguidance package: pip install llguidance") from None
+    _core.grammar_set_library(lib.__file__)
+
+
+def check(model, grammar: str | None = None, json_schema: Any = None) -> None:
+    """ValueError with llguidance's message when the grammar or schema does not compile for the model's
+    vocabulary (specee.Model)."""
+    spec = grammar_spec(grammar, json_schema)
+    if spec is not None:
+        _core.grammar_check(model._model, *spec)
