@@ -285,6 +285,12 @@ static bool shares_tree(const specee_slot & sl) {
     return sl.state == SLOT_DECODE && mi.tree && mi.shared_pass && g.started && g.queue.empty();
 }
 
+// a slot whose tree is n-gram lookup's alone (no head: mode ngram), as the mode table says
+static bool drafts_by_lookup(const specee_generator & g) {
+    const specee_mode_info & mi = specee_mode_row_impl(g.mode);
+    return (mi.reads & SPECEE_READS_NGRAM) && !mi.needs_head;
+}
+
 // after the pass: the slot's walk over its block and what it keeps, as specee_tree_step does alone
 static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms) {
     specee_context &     ctx     = *s.ctx;
@@ -298,7 +304,7 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     // the block's logits: the pass's rows row0.. (every row has them)
     const float *        logits = ctx.logits.data() + (size_t) tbk.row0 * n_vocab;
     std::vector<int32_t> emitted;
-    if (g.mode == SPECEE_MODE_NGRAM) {
+    if (drafts_by_lookup(g)) {
         emitted.resize(tbk.n_max);
         emitted.resize(specee_lookup_finish(g.lookup, g.tree, specee_generator_step(g), n, logits, tbk.row0, tbk.n_max,
                                             emitted.data()));
@@ -361,7 +367,7 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
         specee_slot & sl   = s.slots[i];
         const int32_t room = (int32_t) ctx.cparams.n_batch - (int32_t) sb.tok.size();
         specee_generator & g      = *sl.gen;
-        const bool         lookup = g.mode == SPECEE_MODE_NGRAM;
+        const bool         lookup = drafts_by_lookup(g);
         if (!shares_tree(sl) || room < (lookup ? 1 : 2)) {
             continue;
         }
@@ -482,7 +488,7 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
     } catch (...) {
         for (const tree_block & tbk : sb.trees) {
-            if (s.slots[tbk.slot].gen->head && s.slots[tbk.slot].gen->mode != SPECEE_MODE_NGRAM) {
+            if (s.slots[tbk.slot].gen->head && !drafts_by_lookup(*s.slots[tbk.slot].gen)) {
                 specee_draft_drop_tree(*s.slots[tbk.slot].gen->head); // the trees' draft cells go with the failed pass
             }
         }

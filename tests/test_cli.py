@@ -96,6 +96,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
                 "--list-devices", "--rpc", "-tb", "--threads-batch", "--no-mmap", "--ngram-n-min", "--ngram-n-max",
                 "--ngram-draft-max", "--spec-draft-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type",
+                "--ngram-cache",
                 "--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file", "--grammar-type",
                 "--no-jump-forward"]
     assert sorted(flags) == sorted(expected)
