@@ -45,8 +45,10 @@ from test_eagle import save_published
 from test_early_exit import check_against_masked_forward, exit_decode
 from test_parity import TINY_ATOL, assert_logits_close
 
-UPSTREAM = Path(os.environ.get("SPECEE_UPSTREAM_CONVERT",
-                               "/work/up/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py"))
+# upstream's converter: $SPECEE_UPSTREAM_CONVERT, else the llama-cpp-python 0.3.36 sdist unpacked in ../up beside the
+# repository; the tests that need it skip without it
+UPSTREAM = Path(os.environ.get("SPECEE_UPSTREAM_CONVERT", Path(__file__).resolve().parents[2] / "up" /
+                               "llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py"))
 
 COMMON = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=160, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-5,
