@@ -98,10 +98,8 @@ int32_t specee_hybrid_step(specee_tree_decoder & dec, specee_lookup & lk, specee
 
     // ---- verify root + tree in one pass
     t0                         = specee_clock::now();
-    const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
-    const specee_batch      b  = tb.view();
-    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
-    const double pass_ms = specee_ms_since(t0);
+    const int32_t n_rows  = specee_tree_verify(dec, step, nodes);
+    const double  pass_ms = specee_ms_since(t0);
     st.t_verify_ms += pass_ms;
 
     // ---- walk, keep what was accepted in both caches, and let lookup learn from the step
@@ -109,14 +107,14 @@ int32_t specee_hybrid_step(specee_tree_decoder & dec, specee_lookup & lk, specee
     std::vector<int32_t>  emitted, path;
     specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
     const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
-    specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
-    specee_lookup_observe(lk, c, drafted, emitted, b.n_tokens, pass_ms);
+    specee_tree_keep(dec, step, n_rows, emitted, path, nullptr);
+    specee_lookup_observe(lk, c, drafted, emitted, n_rows, pass_ms);
     step.root = emitted.back();
     step.root_pos += (int32_t) emitted.size();
     st.t_sample_ms += specee_ms_since(t0);
 
     st.n_steps++;
-    st.n_drafted += b.n_tokens - 1;
+    st.n_drafted += n_rows - 1;
     st.n_accepted += n_acc;
     std::copy(emitted.begin(), emitted.end(), out);
     return (int32_t) emitted.size();

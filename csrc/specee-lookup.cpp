@@ -240,15 +240,13 @@ int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee
 
     // ---- verify root + drafts in one pass
     t0                         = specee_clock::now();
-    const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
-    const specee_batch      b  = tb.view();
-    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
-    const double pass_ms = specee_ms_since(t0);
+    const int32_t n_rows  = specee_tree_verify(dec, step, nodes);
+    const double  pass_ms = specee_ms_since(t0);
     st.t_verify_ms += pass_ms;
-    observe_pass(lk, b.n_tokens, pass_ms);
+    observe_pass(lk, n_rows, pass_ms);
 
     t0              = specee_clock::now();
-    const int32_t n = specee_lookup_finish(lk, dec, step, b.n_tokens, ctx.logits.data(), 0, n_max, out);
+    const int32_t n = specee_lookup_finish(lk, dec, step, n_rows, ctx.logits.data(), 0, n_max, out);
     st.t_sample_ms += specee_ms_since(t0);
     return n;
 }

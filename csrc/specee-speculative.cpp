@@ -553,8 +553,7 @@ specee_tree_batch specee_tree_verify_batch(const specee_tree_decoder & dec, int3
     return b;
 }
 
-// One pass of the target over root + the drafted nodes; returns the number of rows
-static int32_t verify_tree(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
+int32_t specee_tree_verify(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
     const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
     const specee_batch      b  = tb.view();
     specee_eval_layers_impl(step.ctx, &b, 0, (int32_t) step.ctx.model->hparams.n_layer, 0);
@@ -661,7 +660,7 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * 
 
     // ---- verify root + tree in one pass
     t0              = specee_clock::now();
-    const int32_t n = verify_tree(dec, step, nodes);
+    const int32_t n = specee_tree_verify(dec, step, nodes);
     st.t_verify_ms += specee_ms_since(t0);
 
     // ---- walk from the root, then keep what was accepted in both caches

@@ -71,6 +71,8 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * 
 std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_step step, int32_t budget);
 specee_tree_batch    specee_tree_verify_batch(const specee_tree_decoder & dec, int32_t root, int32_t root_pos,
                                               const std::vector<int32_t> & nodes);
+// one pass of the target over step.root + the drafted nodes (specee_tree_verify_batch); returns the pass's rows
+int32_t              specee_tree_verify(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes);
 // Walks the verified tree from the root (the acceptance rule of the mode: greedy, sampled or replayed), reading each
 // node's logits through logits_of(user, node); fills the emitted tokens and the accepted nodes whose tokens stay in
 // the cache (the nodes the emitted tokens but the last were drawn at); returns the drafted tokens accepted
