@@ -34,6 +34,15 @@ static std::vector<int32_t> id_list(int32_t (*get)(const specee_model *, int32_t
 // a value as the options' text form: None the default, bools true/false, a sequence comma-separated
 static std::string option_text(const py::object & v);
 
+// the strings a C call lists by index, NULL past the end
+static std::vector<std::string> name_list(const char * (*get)(int32_t)) {
+    std::vector<std::string> names;
+    for (int32_t i = 0; get(i); ++i) {
+        names.emplace_back(get(i));
+    }
+    return names;
+}
+
 // the context options from {name: value} (specee_context_option's names; None: the default); ValueError naming a
 // refused value or an unknown name
 static specee_context_options context_options_of(const py::dict & values) {
@@ -609,13 +618,7 @@ PYBIND11_MODULE(_core, m) {
         return out;
     });
     m.def("max_threads", &specee_max_threads);
-    m.def("arch_eagle_tensor_names", [] {
-        std::vector<std::string> names;
-        for (int32_t i = 0; specee_arch_eagle_tensor_name(i); ++i) {
-            names.emplace_back(specee_arch_eagle_tensor_name(i));
-        }
-        return names;
-    });
+    m.def("arch_eagle_tensor_names", [] { return name_list(specee_arch_eagle_tensor_name); });
     m.def("quantize", [](int32_t type, const f32_array & rows) {
         if (rows.ndim() != 2) {
             throw py::value_error("quantize: expected a 2-D array of rows");
@@ -637,34 +640,12 @@ PYBIND11_MODULE(_core, m) {
         return out;
     }, "rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize "
        "makes them without an importance matrix");
-    m.def("vocab_pre_names", [] {
-        std::vector<std::string> names;
-        for (int32_t i = 0; specee_vocab_pre_name(i); ++i) {
-            names.emplace_back(specee_vocab_pre_name(i));
-        }
-        return names;
-    }, "the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has");
-    m.def("arch_pred_tensor_names", [] {
-        std::vector<std::string> names;
-        for (int32_t i = 0; specee_arch_pred_tensor_name(i); ++i) {
-            names.emplace_back(specee_arch_pred_tensor_name(i));
-        }
-        return names;
-    });
-    m.def("arch_families", [] {
-        std::vector<std::string> rows;
-        for (int32_t i = 0; specee_arch_family_row(i); ++i) {
-            rows.emplace_back(specee_arch_family_row(i));
-        }
-        return rows;
-    }, "the model families' table, a row each: 'NAME ROPE TENSOR,TENSOR,...'");
-    m.def("arch_tensor_names", [] {
-        std::vector<std::string> names;
-        for (int32_t i = 0; specee_arch_tensor_name(i); ++i) {
-            names.emplace_back(specee_arch_tensor_name(i));
-        }
-        return names;
-    });
+    m.def("vocab_pre_names", [] { return name_list(specee_vocab_pre_name); },
+          "the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has");
+    m.def("arch_pred_tensor_names", [] { return name_list(specee_arch_pred_tensor_name); });
+    m.def("arch_families", [] { return name_list(specee_arch_family_row); },
+          "the model families' table, a row each: 'NAME ROPE TENSOR,TENSOR,...'");
+    m.def("arch_tensor_names", [] { return name_list(specee_arch_tensor_name); });
 
     py::class_<Model>(m, "Model")
         .def(py::init<const py::dict &>(), py::arg("options"),
