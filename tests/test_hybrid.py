@@ -20,8 +20,7 @@ from specee.generate import EagleParams, GenerateOptions, NgramParams
 from specee.paths import default_draft_head_path
 from test_eagle import (PROMPTS, base_weights, cfg, chi2_stat, random_gguf, random_state,  # noqa: F401 (fixtures)
                         target_probs, trained_gguf)
-from test_lookup import dataset_prompts, find_prompt, repetitive
-from test_sampling import chi2_critical
+from test_lookup import assert_first_two_tokens_follow_the_target, dataset_prompts, find_prompt, repetitive
 
 N_CTX = 512
 MODE = "ngram+eagle2"
@@ -113,15 +112,7 @@ def test_sampling_keeps_the_target_distribution(trained_gguf: Path) -> None:
     # every step verified the head's 2 and at least one point node (lookup's 2 tokens, one of them maybe the head's)
     assert st["n_drafted"] >= 3 * n_runs and 0 < st["n_accepted"] < st["n_drafted"]
 
-    sampler = _core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, 0)
-    p1 = target_probs(m, prompt + [root], sampler)
-    stat, dof = chi2_stat(np.bincount(first, minlength=m.n_vocab), p1)
-    assert stat < chi2_critical(dof), f"first token: chi2 {stat:.1f} with {dof} dof"
-    x, seconds = max(pairs.items(), key=lambda kv: len(kv[1]))
-    assert len(seconds) > 200
-    p2 = target_probs(m, prompt + [root, x], sampler)
-    stat, dof = chi2_stat(np.bincount(seconds, minlength=m.n_vocab), p2)
-    assert stat < chi2_critical(dof), f"second token after {x}: chi2 {stat:.1f} with {dof} dof"
+    assert_first_two_tokens_follow_the_target(m, prompt, root, first, pairs, temp, top_k)
 
 
 def test_settings_and_refusals(tiny_gguf: Path, random_gguf: Path) -> None:

@@ -34,6 +34,21 @@ def repetitive(n_vocab: int, seed: int, n: int = 48) -> list[int]:
     return [int(t) for t in out[:n]]
 
 
+def assert_first_two_tokens_follow_the_target(m: specee.Model, prompt: list[int], root: int, first: list[int],
+                                               pairs: dict[int, list[int]], temp: float, top_k: int) -> None:
+    """Chi-square: the first tokens drawn after root, and the second after the most frequent first, against the
+    target's own distributions under the same sampler."""
+    sampler = _core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, 0)
+    p1 = target_probs(m, prompt + [root], sampler)
+    stat, dof = chi2_stat(np.bincount(first, minlength=m.n_vocab), p1)
+    assert stat < chi2_critical(dof), f"first token: chi2 {stat:.1f} with {dof} dof"
+    x, seconds = max(pairs.items(), key=lambda kv: len(kv[1]))
+    assert len(seconds) > 200
+    p2 = target_probs(m, prompt + [root, x], sampler)
+    stat, dof = chi2_stat(np.bincount(seconds, minlength=m.n_vocab), p2)
+    assert stat < chi2_critical(dof), f"second token after {x}: chi2 {stat:.1f} with {dof} dof"
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_gguf: Path) -> specee.Model:
     # ngram_cache=0: these tests are about the sequence's own lookups, each call alone (the cross-request cache has
@@ -126,15 +141,7 @@ def test_sampling_keeps_the_target_distribution(tiny_gguf: Path) -> None:
     st = gen.stats()
     assert 0 < st["n_accepted"] < st["n_drafted"]  # both outcomes happen
 
-    sampler = _core.Sampler(temp, top_k, 1.0, 0.0, 1.0, 64, 0)
-    p1 = target_probs(m, prompt + [root], sampler)
-    stat, dof = chi2_stat(np.bincount(first, minlength=m.n_vocab), p1)
-    assert stat < chi2_critical(dof), f"first token: chi2 {stat:.1f} with {dof} dof"
-    x, seconds = max(pairs.items(), key=lambda kv: len(kv[1]))
-    assert len(seconds) > 200
-    p2 = target_probs(m, prompt + [root, x], sampler)
-    stat, dof = chi2_stat(np.bincount(seconds, minlength=m.n_vocab), p2)
-    assert stat < chi2_critical(dof), f"second token after {x}: chi2 {stat:.1f} with {dof} dof"
+    assert_first_two_tokens_follow_the_target(m, prompt, root, first, pairs, temp, top_k)
 
 
 def test_slots_run_ngram_requests_as_alone(tiny: specee.Model) -> None:

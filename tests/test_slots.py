@@ -14,6 +14,7 @@ from specee import EagleParams, ExitParams
 from test_api_edges import vocab_gguf  # noqa: F401 (fixture: a tiny model with a vocabulary)
 from test_early_exit import merged, predictors, with_head  # noqa: F401 (fixtures: a tiny model with exit predictors)
 from test_eagle import cfg, random_gguf, random_state  # noqa: F401 (fixtures: a tiny model with an EAGLE-1 head)
+from test_lookup import repetitive
 
 N_CTX = 512
 PROMPTS = [np.random.default_rng(20 + s).integers(0, 256, 4 + 3 * s).tolist() for s in range(4)]
@@ -372,16 +373,6 @@ def test_smollm2_batched_greedy_equals_alone(smollm2_path: Path) -> None:
     want = [alone(m, p, 24, temp=0, mode="plain") for p in prompts]
     m.kv_clear()
     assert m.generate_batch(prompts, 24, temp=0, mode="plain") == want
-
-
-def repetitive(n_vocab: int, seed: int, n: int = 48) -> list[int]:
-    """A prompt that repeats a few phrases, so that n-gram lookups find matches."""
-    rng = np.random.default_rng(seed)
-    phrases = [list(rng.integers(1, n_vocab, size=int(rng.integers(3, 7)))) for _ in range(3)]
-    out: list[int] = []
-    while len(out) < n:
-        out += phrases[int(rng.integers(0, 3))]
-    return [int(t) for t in out[:n]]
 
 
 def test_ngram_drafts_of_several_requests_share_one_pass(tiny: specee.Model) -> None:
