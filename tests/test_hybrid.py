@@ -18,8 +18,8 @@ from specee import MODES, _core
 from specee.bench.code_edit import code_edit_messages
 from specee.generate import EagleParams, GenerateOptions, NgramParams
 from specee.paths import default_draft_head_path
-from test_eagle import (PROMPTS, base_weights, cfg, chi2_stat, random_gguf, random_state,  # noqa: F401 (fixtures)
-                        target_probs, trained_gguf)
+from test_eagle import (PROMPTS, base_weights, cfg, random_gguf, random_state,  # noqa: F401 (fixtures)
+                        trained_gguf)
 from test_lookup import assert_first_two_tokens_follow_the_target, dataset_prompts, find_prompt, repetitive
 
 N_CTX = 512
