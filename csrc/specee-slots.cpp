@@ -637,6 +637,9 @@ extern "C" specee_slots * specee_slots_init(specee_context * ctx, int32_t n_slot
             specee_fail("n_ctx=%u over %d slots leaves %d cells a slot: too few", ctx->cparams.n_ctx, n_slots,
                         s->n_ctx_slot);
         }
+        // the slots share out every cell of the cache: what the context's own generator kept of its last prompt
+        // (sequence 0, reused as a prefix by its next call) goes, so a slot's n_ctx_slot cells are really free
+        ctx->kv.seq_remove(0, 0, -1);
         specee_generator_params p = specee_generator_default_params();
         p.mode                    = SPECEE_MODE_PLAIN;
         s->slots.resize(n_slots);

@@ -135,6 +135,21 @@ def test_an_empty_stop_string_is_refused(model: specee.Model) -> None:
     assert full and model.generate("Hello", stop=full[2:4], **greedy) == full[:full.index(full[2:4])]
 
 
+def test_options_given_as_text_are_stored_as_numbers_and_groups_must_be_their_classes() -> None:
+    """The runtime reads "0.5" as 0.5; the options then hold the number (a caller comparing or doing arithmetic on them
+    must not find a string), and eagle=None is a TypeError that names the class, not an AttributeError from inside."""
+    from specee.generate import EagleParams, ExitParams, GenerateOptions, NgramParams
+    o = GenerateOptions(temp="0.5", top_k="3", seed="7", eagle=EagleParams(total_tokens="10"),
+                        exit=ExitParams(threshold="0.25"), ngram=NgramParams(draft_max="6"))
+    assert (o.temp, o.top_k, o.seed) == (0.5, 3, 7) and type(o.temp) is float and type(o.top_k) is int
+    assert (o.eagle.total_tokens, o.exit.threshold, o.ngram.draft_max) == (10, 0.25, 6)
+    for group in ("eagle", "exit", "ngram"):
+        with pytest.raises(TypeError, match=f"{group} must be"):
+            GenerateOptions(**{group: None})
+    with pytest.raises(ValueError, match="temp"):
+        GenerateOptions(temp="warm")
+
+
 def test_chat_roles_and_contents_are_checked(model: specee.Model) -> None:
     """A message's role is one of the known set (a role 5 was accepted as "5"), its content text (5 became "5"),
     each message a mapping; the errors name what is allowed. Rendering then tokenizing (GIL released) gives

@@ -109,6 +109,17 @@ def test_batched_greedy_equals_alone(tiny: specee.Model) -> None:
     assert tiny.generate_batch(PROMPTS, 20, temp=0, mode="plain") == want
 
 
+def test_slots_after_a_generation_that_filled_the_context(tiny: specee.Model) -> None:
+    """A generation that ran to the end of the context leaves its cells to be reused as the next call's prefix; slots
+    made afterwards share out every cell, so they take those back instead of overflowing, and give what each prompt
+    gives alone."""
+    tiny.kv_clear()
+    filled = tiny.generate_tokens(PROMPTS[0], -1, temp=0, mode="plain", ignore_eos=True)
+    assert len(PROMPTS[0]) + len(filled) >= N_CTX and tiny.kv_seq_pos_max(0) >= N_CTX - 2  # the last one unevaluated
+    got = tiny.generate_batch(PROMPTS[1:3], 6, temp=0, mode="plain")
+    assert got == [alone(tiny, p, 6, temp=0, mode="plain") for p in PROMPTS[1:3]]
+
+
 def test_chunked_prefill_and_joining_between_passes(tiny: specee.Model) -> None:
     want = [alone(tiny, p, 12, temp=0, mode="plain") for p in PROMPTS]
     tiny.kv_clear()

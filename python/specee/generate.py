@@ -11,7 +11,7 @@ names. tests/test_options.py keeps both equal to the runtime's tables. `Model.ge
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from specee import _core
@@ -47,6 +47,16 @@ EXIT_KV: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_opti
 FRONTEND_OPTIONS = ("stop", "chat_template", "grammar", "json_schema")
 
 
+def _checked(params: Any, group: str = "") -> None:
+    """The runtime checks every value (ValueError with its message); then the numbers it took from text ("0.5") are
+    stored as numbers, so a field holds the type it is annotated with."""
+    _core.generate_options_values(params, group)
+    for f in fields(params):
+        value, kind = getattr(params, f.name), str(f.type).split(" ")[0]
+        if isinstance(value, str) and kind in ("int", "float"):
+            setattr(params, f.name, int(value) if kind == "int" else float(value))
+
+
 @dataclass
 class EagleParams:
     """EAGLE trees. eagle: `choices`, child-rank paths such as [[0], [1], [0, 0]] (or their text) or the preset
@@ -65,7 +75,7 @@ class EagleParams:
     def __post_init__(self) -> None:
         if self.choices is not None and not isinstance(self.choices, str):
             self.choices = str([[int(r) for r in path] for path in self.choices])
-        _core.generate_options_values(self, "eagle")
+        _checked(self, "eagle")
 
 
 @dataclass
@@ -86,7 +96,7 @@ class ExitParams:
     check: bool = False
 
     def __post_init__(self) -> None:
-        _core.generate_options_values(self, "exit")
+        _checked(self, "exit")
 
 
 @dataclass
@@ -103,7 +113,7 @@ class NgramParams:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        _core.generate_options_values(self, "ngram")
+        _checked(self, "ngram")
 
 
 @dataclass
@@ -155,8 +165,11 @@ class GenerateOptions:
             self.grammar_type = "json_schema"
         elif self.grammar is not None and self.grammar_type == "none":
             self.grammar_type = "gbnf"
+        for name, kind in (("eagle", EagleParams), ("exit", ExitParams), ("ngram", NgramParams)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"{name} must be {kind.__name__}(...), not {type(getattr(self, name)).__name__}")
         _ = self.grammar_spec  # its ValueError here: the bindings read it where an error would be lost
-        _core.generate_options_values(self)
+        _checked(self)
 
     @property
     def grammar_spec(self) -> tuple[int, str] | None:
