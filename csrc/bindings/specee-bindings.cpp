@@ -686,12 +686,16 @@ PYBIND11_MODULE(_core, m) {
         .def("detokenize",
              [](const Model & s, const std::vector<int32_t> & tokens, bool remove_special, bool unparse_special) {
                  std::string text(tokens.size() * 8 + 16, '\0');
-                 int32_t     n = specee_detokenize(s.ptr, tokens.data(), (int32_t) tokens.size(), text.data(),
-                                                   (int32_t) text.size(), remove_special, unparse_special);
-                 if (n < 0 && n != INT32_MIN) {
-                     text.resize(-n);
+                 int32_t     n;
+                 {
+                     py::gil_scoped_release release; // a long list is a long loop: the server's other threads go on
                      n = specee_detokenize(s.ptr, tokens.data(), (int32_t) tokens.size(), text.data(),
                                            (int32_t) text.size(), remove_special, unparse_special);
+                     if (n < 0 && n != INT32_MIN) {
+                         text.resize(-n);
+                         n = specee_detokenize(s.ptr, tokens.data(), (int32_t) tokens.size(), text.data(),
+                                               (int32_t) text.size(), remove_special, unparse_special);
+                     }
                  }
                  if (n < 0) {
                      raise_last();
