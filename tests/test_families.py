@@ -86,8 +86,8 @@ def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
     model = AutoModelForCausalLM.from_config(config_cls(**{**COMMON, **extra, **config}))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            if name.endswith("norm.weight"):  # Gemma's scale by 1 + weight: the same spread around 1
+                p.copy_((0.0 if family in GEMMA else 1.0) + 0.2 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn_like(p))
     model.save_pretrained(path)
@@ -563,19 +563,48 @@ def test_qwen2_with_its_bpe_tokenizer_end_to_end(tmp_path: Path) -> None:
 
 # ---- Gemma 2 and 3: chat template, tokenizer, sliding windows, what llama.cpp's converter leaves to assumption
 
-# google/gemma-3-*-it's chat template, text parts only (its image branch renders no text for text messages)
-GEMMA3_TEMPLATE = (
-    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- set first_user_prefix = messages[0]['content']"
-    " + '\n\n' -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n"
-    "    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n"
-    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
-    "    {%- endif -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
-    "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
-    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
-    "    {{- message['content'] | trim }}\n    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n"
-)
+# google/gemma-3-*-it's chat template
+GEMMA3_TEMPLATE = r"""{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
 # google/gemma-2-*-it's (no system messages)
 GEMMA2_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
