@@ -144,7 +144,8 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
         rope_scaling=rope,
         arch=arch,
         n_ctx_orig=rope.get("original_max_position_embeddings") or hp.get("original_max_position_embeddings"),
-        **(gemma_settings(hp, theta_swa) if arch in NORM_PLUS_ONE else {}),
+        **(gemma_settings(hp, theta_swa) if arch in NORM_PLUS_ONE else
+           {"sliding_window": hp.get("sliding_window")} if arch == "phi3" else {}),
     )
 
 
@@ -250,8 +251,9 @@ def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: g
     writer.add_file_type(ftype)
     writer.add_vocab_size(cfg.n_vocab)
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.arch == "phi3":  # as llama.cpp's converter writes it
+    if cfg.arch == "phi3":  # as llama.cpp's converter writes it (its window too, which both runtimes ignore)
         writer.add_rope_scaling_orig_ctx_len(int(cfg.n_ctx_orig or cfg.n_ctx_train))
+        writer.add_sliding_window(int(cfg.sliding_window or 0))
         if (lr := longrope(cfg)) is not None:
             writer.add_rope_scaling_attn_factors(lr[2])
     rs = cfg.rope_scaling

@@ -86,6 +86,9 @@ struct specee_arch_family {
     // {arch}.attention.sliding_window_pattern
     uint32_t       swa_pattern;
     uint32_t       swa_default; // the window when the file has no {arch}.attention.sliding_window (0: no sliding)
+    // the RoPE base of sliding layers when the file has no {arch}.rope.freq_base_swa, and then unscaled (gemma3's
+    // local base); 0: the global layers' base and scale
+    float          swa_rope_base;
     // the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head) instead of
     // 1/sqrt(head size) (Gemma's 27B: query_pre_attn_scalar), when the file has no {arch}.attention.scale; 0: none
     uint32_t       n_layer_embd_query_scale;

@@ -61,8 +61,9 @@ static ggml_tensor * build_rope(ggml_context * ctx0, const specee_model & model,
     }
     const float attn_factor = il == SPECEE_IL_EAGLE ? 1.0f : hp.rope_attn_factor; // the head: a plain Llama layer's
     const bool  swa         = hp.is_swa(il); // sliding-window layers turn at their own base and scale (gemma)
-    x = ggml_rope_ext(ctx0, x, io.inp_pos, factors, hp.n_rot, rope_type_of(model, il), hp.n_ctx_orig,
-                      swa ? hp.rope_freq_base_swa : hp.rope_freq_base, swa ? hp.rope_freq_scale_swa : hp.rope_freq_scale,
+    const float base        = swa ? hp.rope_freq_base_swa : hp.rope_freq_base;
+    const float scale       = swa ? hp.rope_freq_scale_swa : hp.rope_freq_scale;
+    x = ggml_rope_ext(ctx0, x, io.inp_pos, factors, hp.n_rot, rope_type_of(model, il), hp.n_ctx_orig, base, scale,
                       hp.rope_ext_factor, attn_factor, 32.0f, 1.0f);
     return x;
 }

@@ -144,12 +144,13 @@ static void load_family_hparams(specee_model & m, const specee_arch_family & fam
         return;
     }
     load_swa_layers(m, family, key(SPECEE_KEY_SLIDING_WINDOW_PATTERN));
-    // the sliding layers turn unscaled, at their own base (gemma3: 10000 unless the file says), as llama.cpp
-    hp.rope_freq_scale_swa = 1.0f;
-    if (!specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_FREQ_BASE_SWA), hp.rope_freq_base_swa, 0.0f, INFINITY) &&
-        arch == "gemma3") {
-        hp.rope_freq_base_swa = 10000.0f;
+    // the sliding layers' RoPE as llama.cpp turns them: the global base and scale, or (gemma3) a base of their own,
+    // unscaled; the file's base in either case
+    if (family.swa_rope_base > 0.0f) {
+        hp.rope_freq_base_swa  = family.swa_rope_base;
+        hp.rope_freq_scale_swa = 1.0f;
     }
+    specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_FREQ_BASE_SWA), hp.rope_freq_base_swa, 0.0f, INFINITY);
 }
 
 static void load_hparams(specee_model & m, const specee_arch_family & family) {

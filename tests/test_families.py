@@ -1,8 +1,9 @@
 """Model families beyond Llama (csrc/specee-arch.cpp's table): tiny random Qwen2, Qwen3, Phi-3, Mistral, Gemma 2 and
-Gemma 3 models made with transformers, converted by `python -m specee.convert hf` and by upstream llama.cpp's convert_hf_to_gguf.py (when
-its source is here). Logits against transformers' (F32), the two converters' files against each other, EAGLE's greedy
-tokens against plain decoding, early exit's forced exits against a masked forward of the same weights, and the errors
-a file or checkpoint of a family gets when it is incomplete."""
+Gemma 3 models made with transformers, converted by `python -m specee.convert hf` and by upstream llama.cpp's
+convert_hf_to_gguf.py (when its source is here). Logits against transformers' (F32), the two converters' files against
+each other, EAGLE's greedy tokens against plain decoding, early exit's forced exits against a masked forward of the same
+weights, Gemma's sliding windows, tokenizer and chat template, and the errors a file or checkpoint of a family gets when
+it is incomplete."""
 
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ FAMILIES = {
                                       eos_token_id=1), "gemma3"),
 }
 GEMMA = ("gemma2", "gemma3")
+GEMMA_MARKERS = ["<start_of_turn>", "<end_of_turn>"]  # Gemma's chat turns: user-defined pieces, special tokens
 TOKENS = np.random.default_rng(11).integers(3, 320, 40).tolist()
 PROMPTS = [np.random.default_rng(s).integers(3, 320, 5 + 2 * s).tolist() for s in range(3)]
 
@@ -98,14 +100,14 @@ def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
         character_coverage=1.0, hard_vocab_limit=False, normalization_rule_name="identity",
         remove_extra_whitespaces=False, minloglevel=2,
         **(dict(add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
-                bos_piece="<bos>", user_defined_symbols=["<start_of_turn>", "<end_of_turn>"]) if gemma else {}))
+                bos_piece="<bos>", user_defined_symbols=GEMMA_MARKERS) if gemma else {}))
     (path / "tokenizer.model").write_bytes(buf.getvalue())
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
          "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA3_TEMPLATE,
          "added_tokens_decoder": {str(4 + i): {"content": t, "special": True, "normalized": False, "lstrip": False,
                                                "rstrip": False, "single_word": False}
-                                  for i, t in enumerate(["<start_of_turn>", "<end_of_turn>"])}}
+                                  for i, t in enumerate(GEMMA_MARKERS)}}
         if gemma else
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
          "add_eos_token": False}))
@@ -663,13 +665,13 @@ def gemma_tokenizers(model_file: Path):
     vocab = {sp.IdToPiece(i): i for i in range(sp.vocab_size())}
     merges = []
     for piece, i in vocab.items():
-        if sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i) or piece.startswith("<start_of") or piece.startswith("<end_of"):
+        if sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i) or piece in GEMMA_MARKERS:
             continue
         local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
         merges += [(sp.GetScore(i), vocab[a], vocab[b], a, b) for a, b in local]
     merges = [(a, b) for _, _, _, a, b in sorted(merges, key=lambda m: (-m[0], m[1], m[2]))]
     tok = GemmaTokenizer(vocab=vocab, merges=merges)
-    tok.add_tokens(["<start_of_turn>", "<end_of_turn>"], special_tokens=True)
+    tok.add_tokens(GEMMA_MARKERS, special_tokens=True)
     return tok
 
 

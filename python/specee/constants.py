@@ -57,6 +57,9 @@ class Family:
     # for Mistral and Phi-3); n, layer il slides unless il % n == n - 1 (KEY_SLIDING_WINDOW_PATTERN overrides)
     swa_pattern: int = 0
     swa_default: int = 0  # the window without KEY_SLIDING_WINDOW
+    # the RoPE base of sliding layers without KEY_ROPE_FREQ_BASE_SWA, then unscaled (gemma3); 0: the global base and
+    # scale
+    swa_rope_base: int = 0
     # the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head) (Gemma 27B's
     # query_pre_attn_scalar) when the file has no KEY_ATTENTION_SCALE; 0: none
     n_layer_embd_query_scale: int = 0
@@ -64,7 +67,8 @@ class Family:
     def row(self) -> str:
         """The family as the C++ table lists it (specee._core.arch_families())."""
         return (f"{self.name} {self.rope} {self.ffn_act} {int(self.embd_scale)} {self.swa_pattern} "
-                f"{self.swa_default} {self.n_layer_embd_query_scale} {','.join(self.layer_tensors)}")
+                f"{self.swa_default} {self.swa_rope_base} {self.n_layer_embd_query_scale} "
+                f"{','.join(self.layer_tensors)}")
 
 
 _LLAMA_ATTN = (ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT)
@@ -76,9 +80,10 @@ FAMILIES = {
         Family("qwen2", "neox", _LLAMA_ATTN + (ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS) + _LLAMA_FFN),
         Family("qwen3", "neox", _LLAMA_ATTN + (ATTN_Q_NORM, ATTN_K_NORM) + _LLAMA_FFN),
         Family("phi3", "neox", (ATTN_NORM, ATTN_QKV, ATTN_OUTPUT, FFN_NORM, FFN_UP, FFN_DOWN)),
-        Family("gemma2", "neox", _LLAMA_ATTN + (ATTN_POST_NORM, FFN_POST_NORM) + _LLAMA_FFN, "gelu", True, 2, 4096, 46),
+        Family("gemma2", "neox", _LLAMA_ATTN + (ATTN_POST_NORM, FFN_POST_NORM) + _LLAMA_FFN,
+               "gelu", True, 2, 4096, 0, 46),
         Family("gemma3", "neox", _LLAMA_ATTN + (ATTN_Q_NORM, ATTN_K_NORM, ATTN_POST_NORM, FFN_POST_NORM) + _LLAMA_FFN,
-               "gelu", True, 6, 0, 62),
+               "gelu", True, 6, 0, 10000, 62),
     )
 }
 
