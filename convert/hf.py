@@ -1,5 +1,7 @@
 """Hugging Face checkpoint -> GGUF, readable by upstream llama.cpp: Llama and Mistral (architecture "llama"), Qwen2 /
-Qwen2.5 ("qwen2"), Qwen3 ("qwen3"), Phi-3 ("phi3"), the families of specee.constants.FAMILIES.
+Qwen2.5 ("qwen2"), Qwen3 ("qwen3"), Phi-3 ("phi3"), Gemma 2 ("gemma2"), Gemma 3 text ("gemma3"), the families of
+specee.constants.FAMILIES. Gemma's RMS norms multiply by (1 + weight): the weights are written plus one, as
+llama.cpp's converter writes them (the addition in the checkpoint's own dtype, as there).
 
 Keys, tensor names and the Q/K row permutation (llama only: the other families use NEOX RoPE, HF's own row order)
 follow llama.cpp's convert_hf_to_gguf.py; tokenizer metadata is described in vocab.py. Tensors are read and written
@@ -36,8 +38,8 @@ from specee.convert.quantize import OUTTYPES, fitting_type, quantize_array
 from specee.convert.retype import Field
 from specee.convert.vocab import add_vocab, load_vocab
 
-DESCRIPTION = ("Convert a Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 folder to a GGUF that upstream llama.cpp "
-               "also loads")
+DESCRIPTION = ("Convert a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or Gemma 3 (text) folder to a GGUF "
+               "that upstream llama.cpp also loads")
 
 Q = gguf.GGMLQuantizationType
 
@@ -63,8 +65,19 @@ TENSOR_MAP = {
     "model.layers.{bid}.self_attn.qkv_proj.weight": C.ATTN_QKV,
     "model.layers.{bid}.mlp.gate_up_proj.weight": C.FFN_UP,  # phi3: gate rows, then up rows
 }
+# Gemma's layers: four norms, of which post_attention_layernorm is the attention output's, not the FFN input's
+_GEMMA_TENSOR_MAP = {
+    **TENSOR_MAP,
+    "model.layers.{bid}.post_attention_layernorm.weight": C.ATTN_POST_NORM,
+    "model.layers.{bid}.pre_feedforward_layernorm.weight": C.FFN_NORM,
+    "model.layers.{bid}.post_feedforward_layernorm.weight": C.FFN_POST_NORM,
+}
+TENSOR_MAP_OF_ARCH = {"gemma2": _GEMMA_TENSOR_MAP, "gemma3": _GEMMA_TENSOR_MAP}
 # config.json's model_type -> the GGUF architecture (the family) it is written as
-ARCH_OF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+ARCH_OF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                      "gemma2": "gemma2", "gemma3_text": "gemma3"}
+# the families whose RMS norms scale by (1 + weight) in transformers
+NORM_PLUS_ONE = ("gemma2", "gemma3")
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
@@ -86,6 +99,13 @@ class LlamaConfig:
     rope_scaling: dict[str, Any] = field(default_factory=dict)
     arch: str = "llama"
     n_ctx_orig: int | None = None  # the context RoPE was trained on before any scaling (Phi-3's config gives it)
+    # gemma: the sliding window, which layers slide, the local RoPE base, the query scale, soft-capping
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
+    rope_theta_swa: float | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
 
 def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
@@ -97,8 +117,12 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
     if arch is None:
         raise ValueError(f"{path}: model_type {hp.get('model_type')!r} is not supported "
                          f"(one of {', '.join(ARCH_OF_MODEL_TYPE)})")
-    # transformers 5 keeps rope_theta and the scaling in rope_parameters, older versions at the top level
+    # transformers 5 keeps rope_theta and the scaling in rope_parameters (per layer type for Gemma 3: the global
+    # layers' and the sliding ones'), older versions at the top level
     rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+    local = rope.pop("sliding_attention", None)
+    rope = dict(rope.pop("full_attention", None) or rope)
+    theta_swa = (local or {}).get("rope_theta", hp.get("rope_local_base_freq"))
     kind = str(rope.get("rope_type", rope.get("type", "default"))).lower()
     if kind not in ("default", "linear", "llama3") and not (arch == "phi3" and kind in ("longrope", "su")):
         raise ValueError(f"{path}: rope type {kind!r} is not supported (linear, llama3; Phi-3: longrope)")
@@ -120,7 +144,23 @@ def load_config(model_dir: str | os.PathLike) -> LlamaConfig:
         rope_scaling=rope,
         arch=arch,
         n_ctx_orig=rope.get("original_max_position_embeddings") or hp.get("original_max_position_embeddings"),
+        **(gemma_settings(hp, theta_swa) if arch in NORM_PLUS_ONE else
+           {"sliding_window": hp.get("sliding_window")} if arch == "phi3" else {}),
     )
+
+
+def gemma_settings(hp: dict, theta_swa: float | None) -> dict[str, Any]:
+    """A Gemma config's sliding window (its layer_types, else every other layer for Gemma 2 and five in six for
+    Gemma 3), local RoPE base, query scale and soft-capping."""
+    n_layer = hp["num_hidden_layers"]
+    pattern = 2 if hp["model_type"] == "gemma2" else int(hp.get("sliding_window_pattern", 6))
+    types = hp.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                      for i in range(n_layer)]
+    if len(types) != n_layer or set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"layer_types {types} is not one of sliding_attention / full_attention per layer")
+    return dict(sliding_window=hp.get("sliding_window"), layer_types=list(types), rope_theta_swa=theta_swa,
+                query_pre_attn_scalar=hp.get("query_pre_attn_scalar"),
+                attn_softcap=hp.get("attn_logit_softcapping"), final_softcap=hp.get("final_logit_softcapping"))
 
 
 def input_files(model_dir: str | os.PathLike) -> list[Path]:
@@ -149,9 +189,10 @@ def gguf_name(hf_name: str, arch: str = C.ARCH) -> tuple[str, int | None]:
     """The GGUF name of a checkpoint tensor, and its block; a tensor the family's layers do not have is refused."""
     m = re.match(r"model\.layers\.(\d+)\.(.*)$", hf_name)
     key, bid = (f"model.layers.{{bid}}.{m.group(2)}", int(m.group(1))) if m else (hf_name, None)
-    if key not in TENSOR_MAP or (bid is not None and TENSOR_MAP[key] not in C.FAMILIES[arch].layer_tensors):
+    names = TENSOR_MAP_OF_ARCH.get(arch, TENSOR_MAP)
+    if key not in names or (bid is not None and names[key] not in C.FAMILIES[arch].layer_tensors):
         raise ValueError(f"unexpected tensor {hf_name!r} in a {arch} checkpoint")
-    return (TENSOR_MAP[key] % bid if bid is not None else TENSOR_MAP[key]), bid
+    return (names[key] % bid if bid is not None else names[key]), bid
 
 
 def llama3_rope_factors(cfg: LlamaConfig) -> np.ndarray | None:
@@ -210,15 +251,42 @@ def write_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig, name: str, ftype: g
     writer.add_file_type(ftype)
     writer.add_vocab_size(cfg.n_vocab)
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.arch == "phi3":  # as llama.cpp's converter writes it
+    if cfg.arch == "phi3":  # as llama.cpp's converter writes it (its window too, which both runtimes ignore)
         writer.add_rope_scaling_orig_ctx_len(int(cfg.n_ctx_orig or cfg.n_ctx_train))
+        writer.add_sliding_window(int(cfg.sliding_window or 0))
         if (lr := longrope(cfg)) is not None:
             writer.add_rope_scaling_attn_factors(lr[2])
     rs = cfg.rope_scaling
     if rs.get("rope_type", rs.get("type")) == "linear" and "factor" in rs:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rs["factor"])
+    if cfg.arch in NORM_PLUS_ONE:
+        write_gemma_hparams(writer, cfg)
 
+
+def write_gemma_hparams(writer: gguf.GGUFWriter, cfg: LlamaConfig) -> None:
+    """Gemma's keys, as llama.cpp's converter writes them; beyond them, what llama.cpp would otherwise assume wrongly:
+    which layers slide when they are not the family's pattern, and the query scale when query_pre_attn_scalar is
+    neither the head size nor (27B) n_embd / n_head."""
+    if cfg.attn_softcap:
+        writer.add_attn_logit_softcapping(cfg.attn_softcap)
+    if cfg.final_softcap:
+        writer.add_final_logit_softcapping(cfg.final_softcap)
+    if cfg.rope_theta_swa is not None:
+        writer.add_rope_freq_base_swa(float(cfg.rope_theta_swa))
+    slides = [t == "sliding_attention" for t in cfg.layer_types or []]
+    if cfg.sliding_window and any(slides):
+        writer.add_sliding_window(int(cfg.sliding_window))
+        n = C.FAMILIES[cfg.arch].swa_pattern
+        if slides != [i % n < n - 1 for i in range(cfg.n_layer)]:
+            writer.add_sliding_window_pattern(slides)
+    elif cfg.arch == "gemma2":  # no sliding layers: a window no position reaches past (the runtime's default is 4096)
+        writer.add_sliding_window(cfg.n_ctx_train)
+    scalar = cfg.query_pre_attn_scalar
+    family = C.FAMILIES[cfg.arch]
+    assumed = cfg.n_embd / cfg.n_head if cfg.n_layer == family.n_layer_embd_query_scale else cfg.head_dim
+    if scalar is not None and float(scalar) != float(assumed):
+        writer.add_attention_scale(float(scalar) ** -0.5)
 
 def tensor_type(name: str, shape: tuple[int, ...], outtype: str) -> gguf.GGMLQuantizationType:
     """1-D tensors and norms F32; matrices the outtype, or F16 when a row is not whole blocks of it."""
@@ -229,14 +297,18 @@ def tensor_type(name: str, shape: tuple[int, ...], outtype: str) -> gguf.GGMLQua
 
 
 def tensor_loader(
-    src: Callable[[], torch.Tensor], qtype: gguf.GGMLQuantizationType, heads: tuple[int, int] | None = None
+    src: Callable[[], torch.Tensor], qtype: gguf.GGMLQuantizationType, heads: tuple[int, int] | None = None,
+    plus_one: bool = False,
 ) -> Callable[[], np.ndarray]:
-    """Load, permute Q/K rows when `heads` = (n_head, n_head_kv) is given, and convert to `qtype`."""
+    """Load, permute Q/K rows when `heads` = (n_head, n_head_kv) is given, add 1 (Gemma's norms) when asked, and
+    convert to `qtype`."""
 
     def load() -> np.ndarray:
         t = src()
         if heads is not None:
             t = permute(t, *heads)
+        if plus_one:
+            t = t + 1
         return quantize_array(t.to(torch.float32).numpy(), qtype)
 
     return load
@@ -257,7 +329,8 @@ def plan_tensors(cfg: LlamaConfig, sources: list[SourceTensor], outtype: str, mo
         elif C.FAMILIES[cfg.arch].rope == "normal" and bid is not None and name == C.ATTN_K % bid:
             heads = (cfg.n_head, cfg.n_head_kv)
         qtype = tensor_type(name, src.shape, outtype)
-        out.append(OutTensor(name, src.shape, qtype, tensor_loader(src.load, qtype, heads)))
+        plus_one = cfg.arch in NORM_PLUS_ONE and src.name.endswith("norm.weight")
+        out.append(OutTensor(name, src.shape, qtype, tensor_loader(src.load, qtype, heads, plus_one)))
     factors = llama3_rope_factors(cfg)
     if factors is not None:
         out.append(OutTensor(C.ROPE_FREQS, factors.shape, Q.F32, lambda: factors))
@@ -295,7 +368,8 @@ def convert_hf_to_gguf(
     write_hparams(meta, cfg, Path(model_dir).resolve().name, OUTTYPES[outtype][1])
     vocab = load_vocab(model_dir, cfg.n_vocab, vocab_pre)
     if vocab is not None:
-        add_vocab(meta, vocab, model_dir)
+        add_vocab(meta, vocab, model_dir,
+                  space_prefix=False if cfg.arch in NORM_PLUS_ONE and vocab.model == "llama" else None)
     meta.add_quantization_version(gguf.GGML_QUANT_VERSION)
     with ExitStack() as stack:
         tensors = plan_tensors(cfg, index_tensors(model_dir, stack), outtype, str(model_dir))

@@ -183,10 +183,13 @@ def load_vocab(model_dir: str | os.PathLike, n_vocab: int, pre: str | None = Non
     return None
 
 
-def add_vocab(writer: gguf.GGUFWriter, vocab: Vocab, model_dir: str | os.PathLike) -> None:
-    """tokenizer.ggml.* keys and the chat template."""
+def add_vocab(writer: gguf.GGUFWriter, vocab: Vocab, model_dir: str | os.PathLike,
+              space_prefix: bool | None = None) -> None:
+    """tokenizer.ggml.* keys and the chat template; space_prefix: tokenizer.ggml.add_space_prefix whatever the
+    folder says (Gemma's SentencePiece adds no space in front, which llama.cpp's converter writes as False)."""
     folder = Path(model_dir)
     add_prefix = read_json(folder / "tokenizer_config.json").get("add_prefix_space")
+    add_prefix = add_prefix if space_prefix is None else space_prefix
     if add_prefix is not None:
         writer.add_add_space_prefix(bool(add_prefix))
     writer.add_tokenizer_model(vocab.model)

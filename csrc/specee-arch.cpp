@@ -31,6 +31,8 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* ATTN_QKV    */ "blk.%d.attn_qkv.weight",
     /* ROPE_FACTORS_LONG  */ "rope_factors_long.weight",
     /* ROPE_FACTORS_SHORT */ "rope_factors_short.weight",
+    /* ATTN_POST_NORM */ "blk.%d.post_attention_norm.weight",
+    /* FFN_POST_NORM  */ "blk.%d.post_ffw_norm.weight",
     /* EAGLE_TOKEN_EMBD */ "eagle.token_embd.weight",
     /* EAGLE_FC         */ "eagle.fc.weight",
     /* EAGLE_FC_BIAS    */ "eagle.fc.bias",
@@ -68,20 +70,32 @@ std::string specee_tensor_name(specee_tensor t, int il) {
     SPECEE_TENSOR_ATTN_NORM, SPECEE_TENSOR_ATTN_Q, SPECEE_TENSOR_ATTN_K, SPECEE_TENSOR_ATTN_V, SPECEE_TENSOR_ATTN_OUTPUT
 #define LLAMA_FFN SPECEE_TENSOR_FFN_NORM, SPECEE_TENSOR_FFN_GATE, SPECEE_TENSOR_FFN_UP, SPECEE_TENSOR_FFN_DOWN
 
+#define GEMMA_POST_NORMS SPECEE_TENSOR_ATTN_POST_NORM, SPECEE_TENSOR_FFN_POST_NORM
+
 static const specee_arch_family FAMILIES[] = {
     // llama (and Mistral, which upstream's converter writes as llama): Q/K rows permuted to GGML's RoPE order
-    {"llama", GGML_ROPE_TYPE_NORMAL, {LLAMA_ATTN, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
+    {"llama", GGML_ROPE_TYPE_NORMAL, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
+     {LLAMA_ATTN, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
     // Qwen2 / Qwen2.5: biases on the Q, K and V projections
-    {"qwen2", GGML_ROPE_TYPE_NEOX,
+    {"qwen2", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
      {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_BIAS, SPECEE_TENSOR_ATTN_K_BIAS, SPECEE_TENSOR_ATTN_V_BIAS, LLAMA_FFN,
       SPECEE_TENSOR_COUNT}},
     // Qwen3: RMS norms of each head's Q and K before RoPE, no biases
-    {"qwen3", GGML_ROPE_TYPE_NEOX,
+    {"qwen3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
      {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_NORM, SPECEE_TENSOR_ATTN_K_NORM, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
     // Phi-3: one QKV matrix, one gate+up matrix
-    {"phi3", GGML_ROPE_TYPE_NEOX,
+    {"phi3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
      {SPECEE_TENSOR_ATTN_NORM, SPECEE_TENSOR_ATTN_QKV, SPECEE_TENSOR_ATTN_OUTPUT, SPECEE_TENSOR_FFN_NORM,
       SPECEE_TENSOR_FFN_UP, SPECEE_TENSOR_FFN_DOWN, SPECEE_TENSOR_COUNT}},
+    // Gemma 2: scaled embeddings, GeGLU, norms after attention and FFN, every other layer a sliding window (4096 by
+    // default), soft-capped attention and final logits (keys)
+    {"gemma2", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_GELU, true, 2, 4096, 0.0f, 46,
+     {LLAMA_ATTN, GEMMA_POST_NORMS, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
+    // Gemma 3 (text): Gemma 2's layer with Qwen3's Q/K norms, five sliding layers in six (with their own RoPE base,
+    // {arch}.rope.freq_base_swa), no attention soft-capping
+    {"gemma3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_GELU, true, 6, 0, 10000.0f, 62,
+     {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_NORM, SPECEE_TENSOR_ATTN_K_NORM, GEMMA_POST_NORMS, LLAMA_FFN,
+      SPECEE_TENSOR_COUNT}},
 };
 static const int N_FAMILIES = (int) (sizeof(FAMILIES) / sizeof(FAMILIES[0]));
 
@@ -136,11 +150,16 @@ extern "C" const char * specee_arch_pred_tensor_name(int32_t i) {
 }
 
 extern "C" const char * specee_arch_family_row(int32_t i) {
-    // "NAME ROPE TENSOR,TENSOR,...", built once (a static local's initialisation is thread-safe)
+    // "NAME ROPE ACT EMBD_SCALE SWA_PATTERN SWA_DEFAULT SWA_ROPE_BASE N_LAYER_EMBD_QUERY_SCALE TENSOR,TENSOR,...",
+    // built once (a static local's initialisation is thread-safe)
     static const std::vector<std::string> rows = [] {
         std::vector<std::string> out;
         for (const specee_arch_family & f : FAMILIES) {
-            std::string row = std::string(f.name) + (f.rope_type == GGML_ROPE_TYPE_NEOX ? " neox " : " normal ");
+            std::string row = std::string(f.name) + (f.rope_type == GGML_ROPE_TYPE_NEOX ? " neox " : " normal ") +
+                              (f.ffn_act == SPECEE_FFN_GELU ? "gelu " : "silu ") + (f.embd_scale ? "1 " : "0 ") +
+                              std::to_string(f.swa_pattern) + " " + std::to_string(f.swa_default) + " " +
+                              std::to_string((int64_t) f.swa_rope_base) + " " +
+                              std::to_string(f.n_layer_embd_query_scale) + " ";
             for (int j = 0; j < SPECEE_MAX_LAYER_TENSORS && f.layer_tensors[j] != SPECEE_TENSOR_COUNT; ++j) {
                 row += (j ? "," : "") + std::string(TENSOR_FORMATS[f.layer_tensors[j]]);
             }

@@ -26,6 +26,8 @@ enum specee_tensor {
     SPECEE_TENSOR_ATTN_QKV,     // phi3: Q, K and V rows in one matrix
     SPECEE_TENSOR_ROPE_FACTORS_LONG,  // phi3 LongRoPE: frequency factors past the original context, and within it
     SPECEE_TENSOR_ROPE_FACTORS_SHORT,
+    SPECEE_TENSOR_ATTN_POST_NORM, // gemma2/3: RMS norms of the attention's and the FFN's outputs, before the residual
+    SPECEE_TENSOR_FFN_POST_NORM,
     // the EAGLE draft head of a merged file (SpecEE's names; the last three: EAGLE-3 only), in
     // python/specee/constants.py's order
     SPECEE_TENSOR_EAGLE_TOKEN_EMBD,
@@ -61,16 +63,36 @@ std::string specee_tensor_name(specee_tensor t, int il = -1);
 
 // ---- model families
 
-// A family is a row: its general.architecture name (also its key prefix, "qwen2.block_count"), its RoPE type, and the
-// tensors each of its layers has, all required. What a family's layers have, the plain layer loop applies
-// (specee-graph.cpp): biases after the Q/K/V projections, Q/K norms before RoPE, a fused QKV matrix split into views;
-// a family without ffn_gate has ffn_up [n_embd, 2 n_ff] holding the gate rows first, then the up rows.
+// A family is a row: its general.architecture name (also its key prefix, "qwen2.block_count"), its RoPE type, its
+// FFN's activation, whether its token embeddings are scaled, its sliding-window layers, and the tensors each of its
+// layers has, all required. What a family's layers have, the plain layer loop applies (specee-graph.cpp): biases
+// after the Q/K/V projections, Q/K norms before RoPE, a fused QKV matrix split into views, norms of the attention's
+// and the FFN's outputs; a family without ffn_gate has ffn_up [n_embd, 2 n_ff] holding the gate rows first, then the
+// up rows.
 static constexpr int SPECEE_MAX_LAYER_TENSORS = 16;
 
+enum specee_ffn_act {
+    SPECEE_FFN_SILU, // SwiGLU: silu(gate) * up
+    SPECEE_FFN_GELU, // GeGLU: gelu_tanh(gate) * up (gemma)
+};
+
 struct specee_arch_family {
-    const char *  name;
-    int           rope_type; // GGML_ROPE_TYPE_NORMAL (0, llama: the converter permutes Q/K rows) or NEOX (2)
-    specee_tensor layer_tensors[SPECEE_MAX_LAYER_TENSORS]; // ends at SPECEE_TENSOR_COUNT
+    const char *   name;
+    int            rope_type;  // GGML_ROPE_TYPE_NORMAL (0, llama: the converter permutes Q/K rows) or NEOX (2)
+    specee_ffn_act ffn_act;
+    bool           embd_scale; // token embeddings times sqrt(n_embd) (gemma)
+    // Sliding-window attention as llama.cpp runs the family: 0, none (the file's window, if any, is ignored, as
+    // upstream ignores Mistral's and Phi-3's); n, layer il slides unless il % n == n - 1, when the file does not give
+    // {arch}.attention.sliding_window_pattern
+    uint32_t       swa_pattern;
+    uint32_t       swa_default; // the window when the file has no {arch}.attention.sliding_window (0: no sliding)
+    // the RoPE base of sliding layers when the file has no {arch}.rope.freq_base_swa, and then unscaled (gemma3's
+    // local base); 0: the global layers' base and scale
+    float          swa_rope_base;
+    // the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head) instead of
+    // 1/sqrt(head size) (Gemma's 27B: query_pre_attn_scalar), when the file has no {arch}.attention.scale; 0: none
+    uint32_t       n_layer_embd_query_scale;
+    specee_tensor  layer_tensors[SPECEE_MAX_LAYER_TENSORS]; // ends at SPECEE_TENSOR_COUNT
 };
 
 // the family named `arch`, nullptr when this runtime has none of that name
@@ -103,6 +125,12 @@ std::string specee_arch_family_names();
     X(ROPE_SCALE_LINEAR, "%s.rope.scale_linear")                                    \
     X(ROPE_SCALING_ORIG_CTX_LEN, "%s.rope.scaling.original_context_length")         \
     X(ROPE_SCALING_ATTN_FACTOR, "%s.rope.scaling.attn_factor")                      \
+    X(ROPE_FREQ_BASE_SWA, "%s.rope.freq_base_swa")                                  \
+    X(ATTENTION_SCALE, "%s.attention.scale")                                        \
+    X(SLIDING_WINDOW, "%s.attention.sliding_window")                                \
+    X(SLIDING_WINDOW_PATTERN, "%s.attention.sliding_window_pattern")                \
+    X(ATTN_LOGIT_SOFTCAPPING, "%s.attn_logit_softcapping")                          \
+    X(FINAL_LOGIT_SOFTCAPPING, "%s.final_logit_softcapping")                        \
     X(EAGLE_VERSION, "specee.eagle.version")                                        \
     X(EAGLE_FEED_FORWARD_LENGTH, "specee.eagle.feed_forward_length")                \
     X(EAGLE_DRAFT_VOCAB, "specee.eagle.draft_vocab")                                \

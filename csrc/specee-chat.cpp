@@ -12,6 +12,7 @@
 //   llama3   Llama-3-instruct: <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
 //   zephyr   <|role|>\ncontent</s>\n ... <|assistant|>\n
 //   phi3     <|role|>\ncontent<|end|>\n ... <|assistant|>\n (Phi-3 / Phi-3.5 instruct; no generation prompt: the EOS)
+//   gemma    <bos><start_of_turn>user\ncontent<end_of_turn>\n<start_of_turn>model\n (Gemma 2 and 3 instruct)
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-vocab.h"
@@ -31,7 +32,7 @@ static const char * const VICUNA_SYSTEM =
 static const char * const ALTERNATE_ERROR = "Conversation roles must alternate user/assistant/user/assistant/...";
 
 static const char * const TEMPLATE_NAMES[] = {"chatml", "smollm2", "qwen2.5", "llama2",
-                                              "vicuna", "llama3",  "zephyr",  "phi3"};
+                                              "vicuna", "llama3",  "zephyr",  "phi3", "gemma"};
 
 // the names above, comma separated, for messages
 static std::string template_names() {
@@ -226,6 +227,28 @@ static std::string render_phi3(const std::vector<chat_message> & msgs, bool add_
     return out + (add_ass ? "<|assistant|>\n" : "<|endoftext|>");
 }
 
+// google/gemma-3-*-it (Gemma 2's renders the same without a system message, which it refuses): the BOS text, a system
+// message prepended to the first turn with a blank line, turns alternating user / model (the assistant's role), each
+// content stripped
+static std::string render_gemma(const std::vector<chat_message> & msgs, bool add_ass) {
+    size_t      first = 0;
+    std::string prefix;
+    if (!msgs.empty() && msgs[0].role == "system") {
+        prefix = msgs[0].content + "\n\n";
+        first  = 1;
+    }
+    std::string out = "<bos>";
+    for (size_t i = first; i < msgs.size(); ++i) {
+        const chat_message & m = msgs[i];
+        if ((m.role == "user") != ((i - first) % 2 == 0)) {
+            specee_fail("%s", ALTERNATE_ERROR);
+        }
+        const std::string role = m.role == "assistant" ? "model" : m.role;
+        out += "<start_of_turn>" + role + "\n" + (i == first ? prefix : "") + py_strip(m.content) + "<end_of_turn>\n";
+    }
+    return out + (add_ass ? "<start_of_turn>model\n" : "");
+}
+
 // ---- API -----------------------------------------------------------------------------------------
 
 extern "C" const char * specee_chat_template_detect(const char * tmpl) {
@@ -250,6 +273,9 @@ extern "C" const char * specee_chat_template_detect(const char * tmpl) {
     }
     if (has("<|assistant|>") && has("<|end|>")) {
         return "phi3";
+    }
+    if (has("<start_of_turn>")) {
+        return "gemma";
     }
     if (has("<|user|>") && has("<|assistant|>")) {
         return "zephyr";
@@ -293,6 +319,8 @@ static int32_t chat_apply_impl(const char * name, const specee_chat_message * ms
         out = render_zephyr(chat, add_ass);
     } else if (n == "phi3") {
         out = render_phi3(chat, add_ass);
+    } else if (n == "gemma") {
+        out = render_gemma(chat, add_ass);
     } else {
         specee_fail("unknown chat template '%s' (known: %s)", name, template_names().c_str());
     }

@@ -82,17 +82,21 @@ void specee_graph_compute(specee_context & ctx, ggml_cgraph * gf, int32_t n_toke
 
 static const int32_t KV_PAD = 256;
 
-// Masks of a batch over cells [0, n_kv): one per group of layers whose cached cells' validity is the same.
+// Masks of a batch over cells [0, n_kv): one per group of layers whose cached cells' validity and sliding window
+// (gemma's sliding layers) are the same. Every pass over the target's layers builds its masks here: prompts, single
+// tokens, EAGLE's tree and lookup chains' verification (ctx.tree_mask), several sequences (the server's slots).
 static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, int32_t l1,
                         std::vector<std::vector<ggml_fp16_t>> & masks, std::vector<int32_t> & mask_of_layer) {
     const specee_kv_cache &           kv = ctx.kv;
-    std::vector<std::vector<uint8_t>> columns;
+    const specee_hparams &            hp = ctx.model->hparams;
+    std::vector<std::vector<uint8_t>> columns; // per group: the cells' validity, then whether the layers slide
     mask_of_layer.assign(l1 - l0, 0);
     for (int32_t il = l0; il < l1; ++il) {
-        std::vector<uint8_t> col(n_kv, 0);
+        std::vector<uint8_t> col(n_kv + 1, 0);
         for (int32_t c = 0; c < n_kv; ++c) {
             col[c] = kv.pos[c] >= 0 && kv.is_valid(c, il);
         }
+        col[n_kv]     = hp.is_swa(il);
         const auto it = std::find(columns.begin(), columns.end(), col);
         mask_of_layer[il - l0] = (int32_t) (it - columns.begin());
         if (it == columns.end()) {
@@ -102,7 +106,8 @@ static void build_masks(const specee_context & ctx, int32_t n_kv, int32_t l0, in
     masks.resize(columns.size());
     const uint8_t * tree = ctx.tree_mask.empty() ? nullptr : ctx.tree_mask.data();
     for (size_t g = 0; g < columns.size(); ++g) {
-        specee_build_mask(kv, ctx.cells, ctx.pos, ctx.seqs, tree, columns[g], n_kv, masks[g]);
+        specee_build_mask(kv, ctx.cells, ctx.pos, ctx.seqs, tree, columns[g], n_kv, masks[g],
+                          columns[g][n_kv] ? hp.n_swa : 0);
     }
 }
 

@@ -60,8 +60,11 @@ static ggml_tensor * build_rope(ggml_context * ctx0, const specee_model & model,
         name_il(x, normed_name, il);
     }
     const float attn_factor = il == SPECEE_IL_EAGLE ? 1.0f : hp.rope_attn_factor; // the head: a plain Llama layer's
-    x = ggml_rope_ext(ctx0, x, io.inp_pos, factors, hp.n_rot, rope_type_of(model, il), hp.n_ctx_orig,
-                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, attn_factor, 32.0f, 1.0f);
+    const bool  swa         = hp.is_swa(il); // sliding-window layers turn at their own base and scale (gemma)
+    const float base        = swa ? hp.rope_freq_base_swa : hp.rope_freq_base;
+    const float scale       = swa ? hp.rope_freq_scale_swa : hp.rope_freq_scale;
+    x = ggml_rope_ext(ctx0, x, io.inp_pos, factors, hp.n_rot, rope_type_of(model, il), hp.n_ctx_orig, base, scale,
+                      hp.rope_ext_factor, attn_factor, 32.0f, 1.0f);
     return x;
 }
 
@@ -161,7 +164,10 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
                                    ggml_row_size(k_cache->type, head_k), 0);
     ggml_tensor * v = ggml_view_3d(ctx0, v_cache, head_v, gp.n_kv, hp.n_head_kv, v_cache->nb[1],
                                    ggml_row_size(v_cache->type, head_v), 0);
-    ggml_tensor * kqv = ggml_flash_attn_ext(ctx0, q, k, v, mask, 1.0f / sqrtf((float) head_k), 0.0f, 0.0f);
+    // the target's layers: the family's query scale and soft-capping (gemma); the head: a plain Llama layer's
+    const bool    head    = il == SPECEE_IL_EAGLE;
+    const float   scale   = head ? 1.0f / sqrtf((float) head_k) : hp.attn_scale;
+    ggml_tensor * kqv     = ggml_flash_attn_ext(ctx0, q, k, v, mask, scale, 0.0f, head ? 0.0f : hp.attn_softcap);
     ggml_flash_attn_ext_set_prec(kqv, GGML_PREC_F32);
     name_il(kqv, "kqv", il);                                          // [head_v, n_head, n_tokens]
     cur = ggml_reshape_2d(ctx0, kqv, head_v * hp.n_head, n_tokens); // [head_v * n_head, n_tokens]
@@ -171,15 +177,16 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
     return cur;
 }
 
-// SwiGLU feed-forward of a normed input [n_embd, n_tokens]; without ffn_gate, ffn_up holds the gate rows, then the up
-// rows (phi3)
-static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_layer & layer, ggml_tensor * cur, int il) {
+// SwiGLU (GeGLU: gelu_tanh, gemma) feed-forward of a normed input [n_embd, n_tokens]; without ffn_gate, ffn_up holds
+// the gate rows, then the up rows (phi3)
+static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_layer & layer, ggml_tensor * cur, int il,
+                               int act = SPECEE_FFN_SILU) {
     if (layer.ffn_gate) {
         ggml_tensor * gate = ggml_mul_mat(ctx0, layer.ffn_gate, cur); // [n_ff, n_tokens]
         name_il(gate, "ffn_gate", il);
         ggml_tensor * up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [n_ff, n_tokens]
         name_il(up, "ffn_up", il);
-        cur = ggml_swiglu_split(ctx0, gate, up);
+        cur = act == SPECEE_FFN_GELU ? ggml_geglu_split(ctx0, gate, up) : ggml_swiglu_split(ctx0, gate, up);
     } else {
         ggml_tensor * gate_up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [2 n_ff, n_tokens]
         name_il(gate_up, "ffn_up", il);
@@ -203,6 +210,10 @@ static ggml_tensor * build_inputs(ggml_context * ctx0, const specee_model & mode
         ggml_set_input(io.inp_tokens);
         inpL = ggml_get_rows(ctx0, model.tok_embd, io.inp_tokens); // [n_embd, n_tokens]
         ggml_set_name(inpL, "inp_embd");
+        if (hp.embd_scale) {
+            inpL = ggml_scale(ctx0, inpL, sqrtf((float) hp.n_embd));
+            ggml_set_name(inpL, "inp_scaled");
+        }
     } else {
         inpL = ggml_view_2d(ctx0, gp.state_in, hp.n_embd, gp.n_tokens, gp.state_in->nb[1], 0); // [n_embd, n_tokens]
         ggml_set_name(inpL, "inp_hidden");
@@ -236,6 +247,16 @@ static ggml_tensor * keep_output(ggml_context * ctx0, ggml_tensor * cur, const c
     return keep;
 }
 
+// the lm_head's logits [n_vocab, rows] of normed rows, soft-capped where the model's are (gemma)
+static ggml_tensor * build_lm_head(ggml_context * ctx0, const specee_model & model, ggml_tensor * cur) {
+    cur              = ggml_mul_mat(ctx0, model.output, cur);
+    const float  cap = model.hparams.final_softcap;
+    if (cap > 0.0f) {
+        cur = ggml_scale(ctx0, ggml_tanh(ctx0, ggml_scale(ctx0, cur, 1.0f / cap)), cap);
+    }
+    return cur;
+}
+
 // the final norm, and the lm_head for the output rows
 static ggml_tensor * build_output(ggml_context * ctx0, const specee_model & model, const specee_graph_params & gp,
                                   specee_graph_io & io, ggml_tensor * cur) {
@@ -250,7 +271,7 @@ static ggml_tensor * build_output(ggml_context * ctx0, const specee_model & mode
             ggml_set_input(io.inp_out_ids);
             cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
         }
-        cur = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, n_outputs]
+        cur = build_lm_head(ctx0, model, cur); // [n_vocab, n_outputs]
         ggml_set_name(cur, "result_output");
         ggml_set_output(cur);
         io.result_output = cur;
@@ -280,13 +301,21 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         cur = build_attn(ctx0, gf, model, layer, kv.k[il], kv.v[il], gp, io, cur, mask, rope_factors(model, kv.size),
                          il);
 
+        if (layer.attn_post_norm) {
+            cur = build_norm(ctx0, cur, layer.attn_post_norm, hp.f_norm_rms_eps);
+            name_il(cur, "attn_post_norm", il);
+        }
         ggml_tensor * ffn_inp = ggml_add(ctx0, cur, inpSA);
         name_il(ffn_inp, "ffn_inp", il);
 
         cur = build_norm(ctx0, ffn_inp, layer.ffn_norm, hp.f_norm_rms_eps);
         name_il(cur, "ffn_norm", il);
 
-        cur = build_ffn(ctx0, layer, cur, il);
+        cur = build_ffn(ctx0, layer, cur, il, hp.ffn_act);
+        if (layer.ffn_post_norm) {
+            cur = build_norm(ctx0, cur, layer.ffn_post_norm, hp.f_norm_rms_eps);
+            name_il(cur, "ffn_post_norm", il);
+        }
 
         cur = ggml_add(ctx0, cur, ffn_inp);
         name_il(cur, "l_out", il);
@@ -477,7 +506,7 @@ ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & 
     ggml_set_name(cur, "result_norm");
     ggml_set_output(cur);
     io.result_norm = cur;
-    cur            = ggml_mul_mat(ctx0, model.output, cur); // [n_vocab, rows]
+    cur            = build_lm_head(ctx0, model, cur); // [n_vocab, rows]
     ggml_set_name(cur, "result_output");
     ggml_set_output(cur);
     io.result_output = cur;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 struct specee_hparams {
     uint32_t n_vocab       = 0;
@@ -24,6 +25,20 @@ struct specee_hparams {
     float    rope_ext_factor = 0.0f; // YaRN only
     float    rope_attn_factor = 1.0f; // scales RoPE's cos and sin (phi3 LongRoPE)
     uint32_t n_ctx_orig      = 0;
+    // sliding-window layers (gemma) turn with their own base and scale
+    float    rope_freq_base_swa  = 10000.0f;
+    float    rope_freq_scale_swa = 1.0f;
+
+    // the family's layer (specee-arch.cpp)
+    int      ffn_act    = 0;     // specee_ffn_act
+    bool     embd_scale = false; // token embeddings times sqrt(n_embd)
+    float    attn_scale = 0.0f;  // of Q.K (set at load: 1/sqrt(head size) unless the file or family says otherwise)
+    float    attn_softcap  = 0.0f; // attention logits soft-capped: cap * tanh(x / cap) (0: not)
+    float    final_softcap = 0.0f; // the same on the output logits
+    uint32_t n_swa = 0;            // the sliding window: a token sees the last n_swa positions (itself included)
+    std::vector<uint8_t> swa_layers; // [n_layer] layer il slides (empty: none does)
+
+    bool is_swa(int il) const { return n_swa > 0 && il >= 0 && il < (int) swa_layers.size() && swa_layers[il]; }
 
     uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
     uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }

@@ -250,7 +250,8 @@ void specee_kv_cache::move_cell(int32_t src, int32_t dst) {
 
 void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & cells, const std::vector<int32_t> & pos,
                        const std::vector<int32_t> & seqs, const uint8_t * tree_mask,
-                       const std::vector<uint8_t> & cached, int32_t n_kv, std::vector<ggml_fp16_t> & mask) {
+                       const std::vector<uint8_t> & cached, int32_t n_kv, std::vector<ggml_fp16_t> & mask,
+                       uint32_t n_swa) {
     const int32_t        n = (int32_t) cells.size();
     const bool           one_seq = seqs.empty();
     std::vector<int32_t> batch_index(n_kv, -1);
@@ -270,6 +271,10 @@ void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & 
                 see = (one_seq || seqs[j] == s) && (tree_mask ? tree_mask[(size_t) i * n + j] != 0 : pos[j] <= pos[i]);
             } else {
                 see = cached[c] && kv.pos[c] >= 0 && kv.pos[c] <= pos[i] && kv.has_seq(c, s);
+            }
+            if (see && n_swa > 0) { // as llama.cpp's standard window: masked when pos[i] - p >= n_swa
+                const int32_t p = j >= 0 ? pos[j] : kv.pos[c];
+                see             = (int64_t) pos[i] - p < (int64_t) n_swa;
             }
             if (see) {
                 row[c] = zero;

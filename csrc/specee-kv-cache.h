@@ -82,7 +82,9 @@ struct specee_kv_cache {
 // An attention mask [n_tokens][n_kv] (F16: 0 or -inf) for a batch whose tokens sit in cells[i] at positions
 // pos[i] of sequences seqs[i] (empty: every token of kv.seq_cur): token i sees batch token j of its own sequence
 // when tree_mask[i * n_tokens + j] (NULL: when pos[j] <= pos[i]), and any other cell c of its sequence when
-// cached[c] and kv.pos[c] <= pos[i].
+// cached[c] and kv.pos[c] <= pos[i]; with a sliding window n_swa > 0, only what lies in the last n_swa positions
+// (pos[i] - n_swa, pos[i]] (batch tokens, tree drafts and cached cells alike).
 void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & cells, const std::vector<int32_t> & pos,
                        const std::vector<int32_t> & seqs, const uint8_t * tree_mask,
-                       const std::vector<uint8_t> & cached, int32_t n_kv, std::vector<ggml_fp16_t> & mask);
+                       const std::vector<uint8_t> & cached, int32_t n_kv, std::vector<ggml_fp16_t> & mask,
+                       uint32_t n_swa = 0);

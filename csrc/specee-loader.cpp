@@ -91,6 +91,68 @@ static const specee_arch_family & read_metadata(specee_model & m) {
     return *family;
 }
 
+// Which layers slide: {arch}.attention.sliding_window_pattern as a per-layer bool array, or as n (layer il slides
+// unless il % n == n - 1; 0: all do), else the family's n
+static void load_swa_layers(specee_model & m, const specee_arch_family & family, const std::string & key) {
+    specee_hparams &     hp = m.hparams;
+    const gguf_context * g  = m.file.gguf;
+    const int64_t        id = gguf_find_key(g, key.c_str());
+    hp.swa_layers.assign(hp.n_layer, 0);
+    if (id >= 0 && gguf_get_kv_type(g, id) == GGUF_TYPE_ARRAY && gguf_get_arr_type(g, id) == GGUF_TYPE_BOOL) {
+        if (gguf_get_arr_n(g, id) != hp.n_layer) {
+            specee_fail("invalid hyperparameters: %s has %zu entries for %u layers", key.c_str(),
+                        gguf_get_arr_n(g, id), hp.n_layer);
+        }
+        const bool * is_swa = (const bool *) gguf_get_arr_data(g, id);
+        for (uint32_t il = 0; il < hp.n_layer; ++il) {
+            hp.swa_layers[il] = is_swa[il] ? 1 : 0;
+        }
+        return;
+    }
+    uint32_t n = family.swa_pattern;
+    specee_gguf_get_int(g, key, n, 0, SPECEE_MAX_LAYERS, false);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        hp.swa_layers[il] = n == 0 || il % n < n - 1;
+    }
+}
+
+// what a family's layer adds to llama's: the FFN's activation, scaled embeddings, the query scale, soft-capping,
+// sliding-window layers with their RoPE base (as llama.cpp reads them: a family without sliding windows in the table
+// ignores a window its file gives)
+static void load_family_hparams(specee_model & m, const specee_arch_family & family) {
+    const std::string    arch = family.name;
+    const gguf_context * g    = m.file.gguf;
+    specee_hparams &     hp   = m.hparams;
+    auto                 key  = [&](const char * fmt) { return specee_gguf_key(fmt, arch); };
+    hp.ffn_act    = family.ffn_act;
+    hp.embd_scale = family.embd_scale;
+    hp.attn_scale = 1.0f / sqrtf((float) hp.n_embd_head_k);
+    if (family.n_layer_embd_query_scale != 0 && hp.n_layer == family.n_layer_embd_query_scale) {
+        hp.attn_scale = 1.0f / sqrtf((float) (hp.n_embd / hp.n_head)); // Gemma 27B's query_pre_attn_scalar
+    }
+    specee_gguf_get_f32_in(g, key(SPECEE_KEY_ATTENTION_SCALE), hp.attn_scale, 0.0f, INFINITY);
+    specee_gguf_get_f32_in(g, key(SPECEE_KEY_ATTN_LOGIT_SOFTCAPPING), hp.attn_softcap, 0.0f, INFINITY);
+    specee_gguf_get_f32_in(g, key(SPECEE_KEY_FINAL_LOGIT_SOFTCAPPING), hp.final_softcap, 0.0f, INFINITY);
+    hp.rope_freq_base_swa  = hp.rope_freq_base;
+    hp.rope_freq_scale_swa = hp.rope_freq_scale;
+    if (family.swa_pattern == 0) {
+        return;
+    }
+    hp.n_swa = family.swa_default;
+    specee_gguf_get_int(g, key(SPECEE_KEY_SLIDING_WINDOW), hp.n_swa, 0, INT32_MAX, false);
+    if (hp.n_swa == 0) {
+        return;
+    }
+    load_swa_layers(m, family, key(SPECEE_KEY_SLIDING_WINDOW_PATTERN));
+    // the sliding layers' RoPE as llama.cpp turns them: the global base and scale, or (gemma3) a base of their own,
+    // unscaled; the file's base in either case
+    if (family.swa_rope_base > 0.0f) {
+        hp.rope_freq_base_swa  = family.swa_rope_base;
+        hp.rope_freq_scale_swa = 1.0f;
+    }
+    specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_FREQ_BASE_SWA), hp.rope_freq_base_swa, 0.0f, INFINITY);
+}
+
 static void load_hparams(specee_model & m, const specee_arch_family & family) {
     const std::string    arch = family.name;
     const gguf_context * g   = m.file.gguf;
@@ -139,6 +201,7 @@ static void load_hparams(specee_model & m, const specee_arch_family & family) {
     specee_gguf_get_int(g, key(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN), hp.n_ctx_orig, 1, INT32_MAX, false);
     specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_SCALING_ATTN_FACTOR), hp.rope_attn_factor, 0.0f, INFINITY);
     hp.rope_type = family.rope_type;
+    load_family_hparams(m, family);
 }
 
 // The blk.N tensors must be those of layers 0..n_layer-1: a file whose block_count is smaller than its layers
@@ -201,6 +264,8 @@ static ggml_tensor ** layer_slot(specee_layer & l, specee_tensor t) {
         case SPECEE_TENSOR_FFN_GATE:    return &l.ffn_gate;
         case SPECEE_TENSOR_FFN_UP:      return &l.ffn_up;
         case SPECEE_TENSOR_FFN_DOWN:    return &l.ffn_down;
+        case SPECEE_TENSOR_ATTN_POST_NORM: return &l.attn_post_norm;
+        case SPECEE_TENSOR_FFN_POST_NORM:  return &l.ffn_post_norm;
         default:                        return nullptr;
     }
 }
@@ -225,7 +290,7 @@ static std::vector<int64_t> layer_shape(const specee_hparams & hp, specee_tensor
         case SPECEE_TENSOR_FFN_GATE:    return {n_embd, n_ff};
         case SPECEE_TENSOR_FFN_UP:      return {n_embd, fused_gate_up ? 2 * n_ff : n_ff};
         case SPECEE_TENSOR_FFN_DOWN:    return {n_ff, n_embd};
-        default:                        return {n_embd}; // attn_norm, ffn_norm
+        default:                        return {n_embd}; // attn_norm, ffn_norm, the post norms
     }
 }
 

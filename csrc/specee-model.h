@@ -33,12 +33,15 @@ struct specee_layer {
     ggml_tensor * ffn_gate  = nullptr; // [n_embd, n_ff] (NULL: ffn_up holds the gate rows too)
     ggml_tensor * ffn_up    = nullptr; // [n_embd, n_ff] or [n_embd, 2 n_ff]: gate rows, then up rows (phi3)
     ggml_tensor * ffn_down  = nullptr; // [n_ff, n_embd]
+    ggml_tensor * attn_post_norm = nullptr; // [n_embd] (gemma: the attention's output normed before the residual)
+    ggml_tensor * ffn_post_norm  = nullptr; // [n_embd] (the FFN's)
 };
 
 // the slots of the weights a layer has (those not NULL), and of those the matrices (only matrix products read them)
 inline std::vector<ggml_tensor **> specee_layer_weights(specee_layer & l, bool matrices_only = false) {
     std::vector<ggml_tensor **> all = {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wqkv, &l.bq, &l.bk, &l.bv, &l.q_norm,
-                                       &l.k_norm, &l.wo, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down};
+                                       &l.k_norm, &l.wo, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down,
+                                       &l.attn_post_norm, &l.ffn_post_norm};
     std::vector<ggml_tensor **> out;
     for (ggml_tensor ** t : all) {
         if (*t && (!matrices_only || ggml_n_dims(*t) == 2)) {

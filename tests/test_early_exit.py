@@ -229,12 +229,11 @@ def check_against_masked_forward(tiny_hf, prompt: list[int], out: list[int], lay
                 m[j, j] = True
         masks.append(m)
     _, hiddens = llama_forward(tiny_hf, seq, masks=masks)
-    eps = tiny_hf.config.rms_norm_eps
-    norm_w, lm_head = tiny_hf.model.norm.weight.detach(), tiny_hf.lm_head.weight.detach()
     for k, layer in enumerate(layers):
         q = len(prompt) + k
         h = torch.from_numpy(hiddens[layer][q])
-        logits = (h * torch.rsqrt(h.pow(2).mean() + eps) * norm_w) @ lm_head.T
+        with torch.no_grad():  # the model's own final norm and lm_head (Gemma's norm scales by 1 + weight)
+            logits = tiny_hf.lm_head(tiny_hf.model.norm(h))
         want = int(torch.argmax(logits))
         got = out[k + 1]
         # equal, or a floating-point near-tie between the runtime (F32 weights, F16 K cache) and PyTorch

@@ -1,8 +1,9 @@
-"""Model families beyond Llama (csrc/specee-arch.cpp's table): tiny random Qwen2, Qwen3, Phi-3 and Mistral models made
-with transformers, converted by `python -m specee.convert hf` and by upstream llama.cpp's convert_hf_to_gguf.py (when
-its source is here). Logits against transformers' (F32), the two converters' files against each other, EAGLE's greedy
-tokens against plain decoding, early exit's forced exits against a masked forward of the same weights, and the errors
-a file or checkpoint of a family gets when it is incomplete."""
+"""Model families beyond Llama (csrc/specee-arch.cpp's table): tiny random Qwen2, Qwen3, Phi-3, Mistral, Gemma 2 and
+Gemma 3 models made with transformers, converted by `python -m specee.convert hf` and by upstream llama.cpp's
+convert_hf_to_gguf.py (when its source is here). Logits against transformers' (F32), the two converters' files against
+each other, EAGLE's greedy tokens against plain decoding, early exit's forced exits against a masked forward of the same
+weights, Gemma's sliding windows, tokenizer and chat template, and the errors a file or checkpoint of a family gets when
+it is incomplete."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
     MistralConfig,
     Phi3Config,
     Qwen2Config,
@@ -59,31 +62,53 @@ FAMILIES = {
     "qwen3": (Qwen3Config, dict(head_dim=32), "qwen3"),  # head_dim * heads != hidden_size, as in Qwen3
     "phi3": (Phi3Config, dict(original_max_position_embeddings=512), "phi3"),
     "mistral": (MistralConfig, dict(sliding_window=None), "llama"),
+    # a window of 6 positions on prompts of up to 40 tokens; soft-capping low enough to bend these logits; the query
+    # scale of the head size (llama.cpp assumes it; test_gemma_query_scale_other_than_the_head_size the other case)
+    "gemma2": (Gemma2Config, dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=6, tie_word_embeddings=True,
+                                  attn_logit_softcapping=3.0, final_logit_softcapping=5.0, bos_token_id=2,
+                                  eos_token_id=1), "gemma2"),
+    # six layers: five sliding (with their own RoPE base), one global
+    "gemma3": (Gemma3TextConfig, dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=6, num_hidden_layers=6,
+                                      tie_word_embeddings=True, rope_local_base_freq=100.0, bos_token_id=2,
+                                      eos_token_id=1), "gemma3"),
 }
+GEMMA = ("gemma2", "gemma3")
+GEMMA_MARKERS = ["<start_of_turn>", "<end_of_turn>"]  # Gemma's chat turns: user-defined pieces, special tokens
 TOKENS = np.random.default_rng(11).integers(3, 320, 40).tolist()
 PROMPTS = [np.random.default_rng(s).integers(3, 320, 5 + 2 * s).tolist() for s in range(3)]
 
 
 def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
     """A tiny random model of the family (config: settings over the family's) with a SentencePiece tokenizer (both
-    converters read one); norms, Q/K norms and biases random (transformers makes them 1 and 0), so that a missing or
-    misplaced one shows."""
+    converters read one; Gemma's as Gemma has it: no space put in front, <pad> <eos> <bos> <unk> first, the chat
+    turn markers); norms, Q/K norms and biases random (transformers makes them 1 and 0, Gemma's norms 0: they scale
+    by 1 + weight), so that a missing or misplaced one shows."""
     config_cls, extra, _ = FAMILIES[family]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config_cls(**{**COMMON, **extra, **config}))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            if name.endswith("norm.weight"):  # Gemma's scale by 1 + weight: the same spread around 1
+                p.copy_((0.0 if family in GEMMA else 1.0) + 0.2 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn_like(p))
     model.save_pretrained(path)
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS), model_writer=buf, vocab_size=320, model_type="bpe",
-                                   byte_fallback=True, character_coverage=1.0, hard_vocab_limit=False,
-                                   normalization_rule_name="identity", remove_extra_whitespaces=False, minloglevel=2)
+    gemma = family in GEMMA
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS), model_writer=buf, vocab_size=320, model_type="bpe", byte_fallback=True,
+        character_coverage=1.0, hard_vocab_limit=False, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, minloglevel=2,
+        **(dict(add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
+                bos_piece="<bos>", user_defined_symbols=GEMMA_MARKERS) if gemma else {}))
     (path / "tokenizer.model").write_bytes(buf.getvalue())
     (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+         "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA3_TEMPLATE,
+         "added_tokens_decoder": {str(4 + i): {"content": t, "special": True, "normalized": False, "lstrip": False,
+                                               "rstrip": False, "single_word": False}
+                                  for i, t in enumerate(GEMMA_MARKERS)}}
+        if gemma else
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
          "add_eos_token": False}))
 
@@ -137,20 +162,33 @@ def hf_logits(model: torch.nn.Module, tokens: list[int]) -> np.ndarray:
 def family_forward(model: torch.nn.Module, tokens: list[int], pos: list[int] | None = None,
                    masks: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """conftest.llama_forward_masked for every family, through the model's own modules (biases, Q/K norms, fused QKV
-    and gate/up as each has them); RoPE rotate-half on HF's rows. Returns logits and each layer's output."""
+    and gate/up as each has them; Gemma's scaled embeddings, post norms, GeGLU, query scale, soft-capping, sliding
+    windows and local RoPE base); RoPE rotate-half on HF's rows. Returns logits and each layer's output."""
     cfg = model.config
     n = len(tokens)
     n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head
-    theta = float(cfg.rope_parameters["rope_theta"])
+    rp = cfg.rope_parameters
+    theta = float(rp.get("full_attention", rp)["rope_theta"])
+    theta_swa = float(rp.get("sliding_attention", rp.get("full_attention", rp))["rope_theta"])
+    gemma = cfg.model_type in ("gemma2", "gemma3_text")
+    scale = float(cfg.query_pre_attn_scalar) ** -0.5 if gemma else hd ** -0.5
+    softcap = getattr(cfg, "attn_logit_softcapping", None)
+    types = getattr(cfg, "layer_types", None) if gemma else None
     p = torch.arange(n) if pos is None else torch.as_tensor(pos)
     if masks is None:
         masks = [np.tril(np.ones((n, n), dtype=bool))] * cfg.num_hidden_layers
+    window = (p[:, None] - p[None, :]).numpy() < (cfg.sliding_window or 0)
     hiddens = []
     with torch.no_grad():
         x = model.model.embed_tokens.weight[torch.as_tensor(tokens)]
-        for layer, mask in zip(model.model.layers, masks):
+        if gemma:
+            x = x * torch.tensor(cfg.hidden_size ** 0.5, dtype=x.dtype)
+        for il, (layer, mask) in enumerate(zip(model.model.layers, masks)):
             att, mlp = layer.self_attn, layer.mlp
+            slides = types is not None and types[il] == "sliding_attention"
+            if slides:
+                mask = mask & window
             h = layer.input_layernorm(x)
             if hasattr(att, "qkv_proj"):
                 q, k, v = att.qkv_proj(h).split([n_head * hd, n_kv * hd, n_kv * hd], -1)
@@ -159,19 +197,33 @@ def family_forward(model: torch.nn.Module, tokens: list[int], pos: list[int] | N
             q, k, v = q.view(n, n_head, hd), k.view(n, n_kv, hd), v.view(n, n_kv, hd)
             if hasattr(att, "q_norm"):
                 q, k = att.q_norm(q), att.k_norm(k)
-            q, k = rope(q.transpose(0, 1), p, theta), rope(k.transpose(0, 1), p, theta)
+            th = theta_swa if slides else theta
+            q, k = rope(q.transpose(0, 1), p, th), rope(k.transpose(0, 1), p, th)
             k = k.repeat_interleave(n_head // n_kv, 0)
             v = v.transpose(0, 1).repeat_interleave(n_head // n_kv, 0)
-            scores = (q @ k.transpose(1, 2) / math.sqrt(hd)).masked_fill(~torch.as_tensor(mask)[None], float("-inf"))
-            x = x + att.o_proj((scores.softmax(-1) @ v).transpose(0, 1).reshape(n, n_head * hd))
-            h = layer.post_attention_layernorm(x)
-            if hasattr(mlp, "gate_up_proj"):
-                gate, up = mlp.gate_up_proj(h).chunk(2, -1)
-            else:
+            scores = q @ k.transpose(1, 2) * scale
+            if softcap:
+                scores = torch.tanh(scores / softcap) * softcap
+            scores = scores.masked_fill(~torch.as_tensor(mask)[None], float("-inf"))
+            a = att.o_proj((scores.softmax(-1) @ v).transpose(0, 1).reshape(n, n_head * hd))
+            if gemma:  # post_attention_layernorm is the attention output's norm there
+                x = x + layer.post_attention_layernorm(a)
+                h = layer.pre_feedforward_layernorm(x)
                 gate, up = mlp.gate_proj(h), mlp.up_proj(h)
-            x = x + mlp.down_proj(torch.nn.functional.silu(gate) * up)
+                x = x + layer.post_feedforward_layernorm(
+                    mlp.down_proj(torch.nn.functional.gelu(gate, approximate="tanh") * up))
+            else:
+                x = x + a
+                h = layer.post_attention_layernorm(x)
+                if hasattr(mlp, "gate_up_proj"):
+                    gate, up = mlp.gate_up_proj(h).chunk(2, -1)
+                else:
+                    gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+                x = x + mlp.down_proj(torch.nn.functional.silu(gate) * up)
             hiddens.append(x.numpy().copy())
         logits = model.lm_head(model.model.norm(x))
+        if getattr(cfg, "final_logit_softcapping", None):
+            logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
     return logits.numpy(), hiddens
 
 
@@ -185,14 +237,15 @@ def test_the_explicit_forward_is_transformers(hf_model: torch.nn.Module) -> None
 
 def test_architecture_and_family_tensors(ours: Path, family: str) -> None:
     arch = FAMILIES[family][2]
+    n_layer = FAMILIES[family][1].get("num_hidden_layers", COMMON["num_hidden_layers"])
     fields, tensors = read_gguf(ours)
     assert fields["general.architecture"].value == arch
-    assert fields[C.KEY_BLOCK_COUNT.format(arch=arch)].value == 3
+    assert fields[C.KEY_BLOCK_COUNT.format(arch=arch)].value == n_layer
     layer0 = {n for n in tensors if n.startswith("blk.0.")}
     assert layer0 == {t % 0 for t in C.FAMILIES[arch].layer_tensors}
     m = specee.Model(ours, n_ctx=64, n_threads=2)
     assert m.desc.startswith(arch + " ")
-    assert (m.n_layer, m.n_embd, m.n_head, m.n_head_kv, m.n_vocab) == (3, 64, 4, 2, 320)
+    assert (m.n_layer, m.n_embd, m.n_head, m.n_head_kv, m.n_vocab) == (n_layer, 64, 4, 2, 320)
 
 
 @pytest.mark.parametrize("converter", ["ours", "upstream"])
@@ -260,7 +313,7 @@ def test_tokenizer_matches_sentencepiece(ours: Path, hf_dir: Path) -> None:
     sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "tokenizer.model"))
     m = specee.Model(ours, n_ctx=64, n_threads=2)
     for text in ("Hello world", " two  spaces and\nnew lines", "digits 12345 and ünïcödé"):
-        assert m.tokenize(text, add_special=True) == [1] + sp.encode(text), text
+        assert m.tokenize(text, add_special=True) == [sp.bos_id()] + sp.encode(text), text
 
 
 # ---- EAGLE and early exit on every family
@@ -372,15 +425,16 @@ def test_incomplete_family_files_are_refused(ours: Path, family: str, tmp_path: 
 
 
 def test_unknown_architecture_names_the_known_ones(tmp_path: Path) -> None:
-    w = gguf.GGUFWriter(tmp_path / "gemma.gguf", "gemma2")
+    w = gguf.GGUFWriter(tmp_path / "gemma3n.gguf", "gemma3n")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(specee.SpecEEError, match="unsupported architecture 'gemma2'.*llama, qwen2, qwen3, phi3"):
-        specee.Model(tmp_path / "gemma.gguf", n_ctx=64)
+    with pytest.raises(specee.SpecEEError,
+                       match="unsupported architecture 'gemma3n'.*llama, qwen2, qwen3, phi3, gemma2, gemma3"):
+        specee.Model(tmp_path / "gemma3n.gguf", n_ctx=64)
 
 
 def test_converter_refusals(tmp_path: Path) -> None:
@@ -390,8 +444,9 @@ def test_converter_refusals(tmp_path: Path) -> None:
                                                                                    "factor": 2.0}}))
     with pytest.raises(ValueError, match="rope type 'dynamic' is not supported"):
         convert_hf_to_gguf(tmp_path, tmp_path / "x.gguf")
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma2"}))
-    with pytest.raises(ValueError, match="'gemma2' is not supported.*llama, mistral, qwen2, qwen3, phi3"):
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma3n"}))
+    with pytest.raises(ValueError, match="'gemma3n' is not supported.*llama, mistral, qwen2, qwen3, phi3, gemma2, "
+                                         "gemma3_text"):
         convert_hf_to_gguf(tmp_path, tmp_path / "x.gguf")
     # a Qwen2 checkpoint whose model_type says llama: the biases are not a llama layer's
     qwen = tmp_path / "qwen"
@@ -506,3 +561,202 @@ def test_qwen2_with_its_bpe_tokenizer_end_to_end(tmp_path: Path) -> None:
         assert m.tokenize(text, add_special=False) == tok.encode(text).ids, repr(text)
     chat = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     assert m.tokenize(chat, add_special=False, parse_special=True) == tok.encode(chat).ids
+
+
+# ---- Gemma 2 and 3: chat template, tokenizer, sliding windows, what llama.cpp's converter leaves to assumption
+
+# google/gemma-3-*-it's chat template
+GEMMA3_TEMPLATE = r"""{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+# google/gemma-2-*-it's (no system messages)
+GEMMA2_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+
+
+def test_gemma_chat_templates_match_jinja() -> None:
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from specee import _core
+
+    def raise_exception(msg: str) -> None:
+        raise TemplateError(msg)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    plain = [[{"role": "user", "content": "Hello!"}],
+             [{"role": "user", "content": "  2+2?\n"}, {"role": "assistant", "content": " 4 "},
+              {"role": "user", "content": "multi\nline ünï"}]]
+    with_system = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi"},
+                    {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More?"}]]
+    for template, conversations in ((GEMMA2_TEMPLATE, plain), (GEMMA3_TEMPLATE, plain + with_system)):
+        assert _core.chat_template_detect(template) == "gemma"
+        for conversation in conversations:
+            for add in (True, False):
+                want = env.from_string(template).render(messages=conversation, add_generation_prompt=add,
+                                                        bos_token="<bos>")
+                assert _core.chat_apply_template("gemma", conversation, add) == want
+    bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(TemplateError, match="alternate"):
+        env.from_string(GEMMA3_TEMPLATE).render(messages=bad, add_generation_prompt=True, bos_token="<bos>")
+    with pytest.raises(specee.SpecEEError, match="alternate"):
+        _core.chat_apply_template("gemma", bad, True)
+
+
+@pytest.fixture(scope="module")
+def gemma(family: str) -> str:
+    if family not in GEMMA:
+        pytest.skip("Gemma only")
+    return family
+
+
+def gemma_tokenizers(model_file: Path):
+    """transformers' GemmaTokenizer (a `tokenizers` BPE with Gemma's normalizer and byte fallback) over the
+    SentencePiece model's pieces, with the merges transformers derives from a BPE model's scores (its own extractor
+    needs protobuf, which this environment lacks), the chat markers as special tokens."""
+    from transformers import GemmaTokenizer
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    vocab = {sp.IdToPiece(i): i for i in range(sp.vocab_size())}
+    merges = []
+    for piece, i in vocab.items():
+        if sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i) or piece in GEMMA_MARKERS:
+            continue
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += [(sp.GetScore(i), vocab[a], vocab[b], a, b) for a, b in local]
+    merges = [(a, b) for _, _, _, a, b in sorted(merges, key=lambda m: (-m[0], m[1], m[2]))]
+    tok = GemmaTokenizer(vocab=vocab, merges=merges)
+    tok.add_tokens(GEMMA_MARKERS, special_tokens=True)
+    return tok
+
+
+def test_gemma_tokenizer_matches_transformers(gemma: str, ours: Path, hf_dir: Path) -> None:
+    """Gemma's SentencePiece as llama.cpp writes it (no space in front: tokenizer.ggml.add_space_prefix false)
+    tokenizes as transformers' GemmaTokenizer (`tokenizers`) on a text set, and a chat rendered by the model's own
+    template (found in the file) as the same tokens with one BOS."""
+    import tokenizer_fixtures as tf
+
+    tok = gemma_tokenizers(hf_dir / "tokenizer.model")
+    fields, _ = read_gguf(ours)
+    assert fields["tokenizer.ggml.add_space_prefix"].value is False
+    m = specee.Model(ours, n_ctx=512, n_threads=2)
+    texts = tf.stress_texts(n_random=60) + tf.whitespace_texts() + ["Hello world", " lead", "x  y\n\nz"]
+    assert len(texts) > 60
+    for text in texts:
+        assert m.tokenize(text, add_special=False) == tok(text, add_special_tokens=False)["input_ids"], repr(text)
+        assert m.tokenize(text, add_special=True)[:1] == [tok.convert_tokens_to_ids("<bos>")]
+    chat = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "And you?"}]
+    assert m.chat_template() == "gemma"
+    rendered = _core_apply("gemma", chat)
+    assert rendered.startswith("<bos><start_of_turn>user\n")
+    assert m.prompt_tokens(chat) == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert m.prompt_tokens(chat).count(2) == 1  # the template's BOS, not another
+
+
+def _core_apply(name: str, chat: list[dict]) -> str:
+    from specee import _core
+
+    return _core.chat_apply_template(name, chat, True)
+
+
+@pytest.fixture(scope="module")
+def unwindowed(gemma: str, hf_dir: Path) -> torch.nn.Module:
+    """The same weights with a window no prompt here reaches past."""
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager",
+                                                sliding_window=4096).eval()
+
+
+def test_gemma_sliding_window_in_prompts_caches_and_several_sequences(gemma: str, ours: Path, hf_model,
+                                                                      unwindowed) -> None:
+    """A prompt longer than the window: the window matters (without it transformers' logits differ), and the
+    runtime gives the windowed logits whether the prompt comes at once, a token at a time (the cache's cells masked
+    per layer type) or beside another sequence in one batch (the server's slots)."""
+    ref = hf_logits(hf_model, TOKENS)
+    assert np.abs(hf_logits(unwindowed, TOKENS) - ref).max() > 10 * TINY_ATOL
+    a, b = TOKENS[:23], TOKENS[5:]
+    ref_a, ref_b = hf_logits(hf_model, a), hf_logits(hf_model, b)
+    m = specee.Model(ours, n_ctx=256, n_threads=2)
+    both = m.eval(a + b, output="all", seq_id=[1] * len(a) + [2] * len(b))
+    assert_logits_close(both[:len(a)], ref_a, TINY_ATOL)
+    assert_logits_close(both[len(a):], ref_b, TINY_ATOL)
+    nxt = m.eval([TOKENS[23], 7], output="all", seq_id=[1, 2])  # the next token of each, in one batch
+    assert_logits_close(nxt[:1], hf_logits(hf_model, TOKENS[:24])[-1:], TINY_ATOL)
+    assert_logits_close(nxt[1:], hf_logits(hf_model, b + [7])[-1:], TINY_ATOL)
+
+
+def test_gemma_batched_and_lookup_greedy_equal_alone(gemma: str, with_head: Path) -> None:
+    """Several slots at once, and n-gram lookup's chains (verified through the same masks as EAGLE's trees), give
+    the tokens plain decoding gives alone, past the window."""
+    m = specee.Model(with_head, n_ctx=512, n_threads=2)
+    prompts = [p * 3 for p in PROMPTS]  # repeats for lookup to find
+    want = [m.generate_tokens(p, 24, mode="plain", temp=0, ignore_eos=True) for p in prompts]
+    m.kv_clear()
+    assert m.generate_batch(prompts, 24, temp=0, mode="plain", ignore_eos=True) == want
+    for p, w in zip(prompts, want):
+        assert m.generate_tokens(p, 24, mode="ngram", temp=0, ignore_eos=True) == w
+
+
+def test_gemma_settings_llama_cpp_leaves_to_assumption(tmp_path: Path) -> None:
+    """Gemma 3 with a query_pre_attn_scalar other than the head size, global layers' linear RoPE scaling (as Gemma
+    3's 4B+ models), and sliding layers off its five-in-six pattern: `convert hf` writes attention.scale and the
+    per-layer pattern, and the logits are transformers'."""
+    types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    rope = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 20000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}
+    save_family("gemma3", tmp_path, num_hidden_layers=4, layer_types=types, query_pre_attn_scalar=40,
+                rope_parameters=rope, final_logit_softcapping=6.0)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+    out = tmp_path / "gemma3.gguf"
+    convert_hf_to_gguf(tmp_path, out, "f32", progress=False)
+    fields, _ = read_gguf(out)
+    assert fields[C.KEY_ATTENTION_SCALE.format(arch="gemma3")].value == pytest.approx(40 ** -0.5)
+    assert list(fields[C.KEY_SLIDING_WINDOW_PATTERN.format(arch="gemma3")].value) == [True, False, True, True]
+    assert fields[C.KEY_ROPE_SCALING_FACTOR.format(arch="gemma3")].value == pytest.approx(4.0)
+    m = specee.Model(out, n_ctx=128, n_threads=2)
+    assert_logits_close(m.eval(TOKENS, output="all"), hf_logits(hf, TOKENS), TINY_ATOL)

@@ -31,16 +31,19 @@ ATTN_QKV = "blk.%d.attn_qkv.weight"  # phi3: the Q, K and V rows in one matrix
 # phi3 LongRoPE [n_rot / 2]: RoPE frequency factors for a context past the original one, and within it
 ROPE_FACTORS_LONG = "rope_factors_long.weight"
 ROPE_FACTORS_SHORT = "rope_factors_short.weight"
+ATTN_POST_NORM = "blk.%d.post_attention_norm.weight"  # gemma2/3: RMS norms of the attention's and FFN's outputs
+FFN_POST_NORM = "blk.%d.post_ffw_norm.weight"
 
 TENSOR_NAMES = (
     TOKEN_EMBD, OUTPUT_NORM, OUTPUT, ROPE_FREQS,
     ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT,
     FFN_NORM, FFN_GATE, FFN_UP, FFN_DOWN,
     ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS, ATTN_Q_NORM, ATTN_K_NORM, ATTN_QKV,
-    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT,
+    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ATTN_POST_NORM, FFN_POST_NORM,
 )
 
-# ---- model families: general.architecture (also the key prefix), RoPE type, the tensors every layer has
+# ---- model families: general.architecture (also the key prefix), RoPE type, the FFN's activation, embedding scale,
+# sliding-window layers, the tensors every layer has
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,24 @@ class Family:
     name: str
     rope: str  # "normal" (GGML's interleaved pairs: the converter permutes Q/K rows) or "neox" (HF's rotate-half)
     layer_tensors: tuple[str, ...]  # all required; without FFN_GATE, FFN_UP is [2 n_ff, n_embd]: gate rows, then up
+    ffn_act: str = "silu"  # "silu" (SwiGLU) or "gelu" (GeGLU with tanh's GELU: gemma)
+    embd_scale: bool = False  # token embeddings times sqrt(n_embd) (gemma)
+    # sliding-window layers as llama.cpp runs the family: 0, none (a window in the file is ignored, as upstream does
+    # for Mistral and Phi-3); n, layer il slides unless il % n == n - 1 (KEY_SLIDING_WINDOW_PATTERN overrides)
+    swa_pattern: int = 0
+    swa_default: int = 0  # the window without KEY_SLIDING_WINDOW
+    # the RoPE base of sliding layers without KEY_ROPE_FREQ_BASE_SWA, then unscaled (gemma3); 0: the global base and
+    # scale
+    swa_rope_base: int = 0
+    # the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head) (Gemma 27B's
+    # query_pre_attn_scalar) when the file has no KEY_ATTENTION_SCALE; 0: none
+    n_layer_embd_query_scale: int = 0
 
     def row(self) -> str:
         """The family as the C++ table lists it (specee._core.arch_families())."""
-        return f"{self.name} {self.rope} {','.join(self.layer_tensors)}"
+        return (f"{self.name} {self.rope} {self.ffn_act} {int(self.embd_scale)} {self.swa_pattern} "
+                f"{self.swa_default} {self.swa_rope_base} {self.n_layer_embd_query_scale} "
+                f"{','.join(self.layer_tensors)}")
 
 
 _LLAMA_ATTN = (ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT)
@@ -63,6 +80,10 @@ FAMILIES = {
         Family("qwen2", "neox", _LLAMA_ATTN + (ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS) + _LLAMA_FFN),
         Family("qwen3", "neox", _LLAMA_ATTN + (ATTN_Q_NORM, ATTN_K_NORM) + _LLAMA_FFN),
         Family("phi3", "neox", (ATTN_NORM, ATTN_QKV, ATTN_OUTPUT, FFN_NORM, FFN_UP, FFN_DOWN)),
+        Family("gemma2", "neox", _LLAMA_ATTN + (ATTN_POST_NORM, FFN_POST_NORM) + _LLAMA_FFN,
+               "gelu", True, 2, 4096, 0, 46),
+        Family("gemma3", "neox", _LLAMA_ATTN + (ATTN_Q_NORM, ATTN_K_NORM, ATTN_POST_NORM, FFN_POST_NORM) + _LLAMA_FFN,
+               "gelu", True, 6, 0, 10000, 62),
     )
 }
 
@@ -88,6 +109,12 @@ KEY_ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
 KEY_ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # older files: the linear factor
 KEY_ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
 KEY_ROPE_SCALING_ATTN_FACTOR = "{arch}.rope.scaling.attn_factor"  # float32: RoPE's cos/sin scale (phi3 LongRoPE)
+KEY_ROPE_FREQ_BASE_SWA = "{arch}.rope.freq_base_swa"  # float32: the RoPE base of sliding-window layers (gemma3)
+KEY_ATTENTION_SCALE = "{arch}.attention.scale"  # float32: Q.K's scale (default 1/sqrt(head size))
+KEY_SLIDING_WINDOW = "{arch}.attention.sliding_window"  # uint32: a sliding layer's token sees the last n positions
+KEY_SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"  # uint32 n, or bool per layer: which slide
+KEY_ATTN_LOGIT_SOFTCAPPING = "{arch}.attn_logit_softcapping"  # float32: attention logits cap * tanh(x / cap)
+KEY_FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"  # float32: the output logits the same
 
 # ---- the draft head (EAGLE-1 or EAGLE-3) and the per-layer exit predictors, merged into a model file or alone in a draft
 # head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which
