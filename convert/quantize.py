@@ -70,7 +70,7 @@ OUTTYPES = {
 }
 # a matrix whose rows are not whole blocks of the type gets the next of these whose blocks fit (llama-quantize's
 # fallbacks for the 256-value super-blocks), else F16
-FALLBACK = {Q.Q2_K: Q.IQ4_NL, Q.Q3_K: Q.IQ4_NL, Q.IQ3_XXS: Q.IQ4_NL, Q.IQ3_S: Q.IQ4_NL, Q.IQ4_XS: Q.IQ4_NL,
+FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.IQ3_XXS: Q.IQ4_NL, Q.IQ3_S: Q.IQ4_NL, Q.IQ4_XS: Q.IQ4_NL,
             Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.TQ1_0: Q.Q4_0, Q.TQ2_0: Q.Q4_0}
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 KEY_QUANT_VERSION = gguf.Keys.General.QUANTIZATION_VERSION
