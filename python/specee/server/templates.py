@@ -113,7 +113,8 @@ def chat_template_of(model: Model, jinja: bool, template: str | None, template_f
     - without --jinja: a built-in template, by --chat-template NAME (or Jinja text with a known template's markers),
       by the file's text, or the model's own recognised by its markers; a model whose own template the built-in
       renderer does not know is rendered by jinja2 instead (said on stderr by the caller);
-    - with --jinja: jinja2 renders --chat-template TEXT, the file's text, or the model's tokenizer.chat_template."""
+    - with --jinja: jinja2 renders --chat-template TEXT, the file's text, or the model's tokenizer.chat_template
+      (--chat-template NAME still names a built-in template, as llama.cpp takes it)."""
     if template is not None and template_file is not None:
         raise ValueError("give --chat-template or --chat-template-file, not both")
     if template_file is not None:
@@ -134,8 +135,7 @@ def chat_template_of(model: Model, jinja: bool, template: str | None, template_f
     if not source:
         raise ValueError("the model has no tokenizer.chat_template: give --chat-template or --chat-template-file")
     if template is not None and _core.chat_template_detect(template) == template:
-        raise ValueError(f"--jinja renders Jinja text, and {template!r} is a built-in template's name: give its "
-                         "text (--chat-template-file) or drop --jinja")
+        return checked(ChatTemplate(builtin=template))  # a built-in name: renders as its Jinja text does
     try:
         compiled = jinja_environment().from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:

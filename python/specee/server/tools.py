@@ -103,7 +103,7 @@ def tools_of(body: dict, template: ChatTemplate) -> Tools | None:
         f = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(f, dict):
             raise ApiError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
-                           "\"description\", \"parameters\"}}}", param="tools")
+                           "\"description\", \"parameters\"}}", param="tools")
         name = f.get("name")
         if not isinstance(name, str) or not NAME.match(name):
             raise ApiError(400, f"tools[{i}].function.name must be 1 to 64 letters, digits, '_', '.' or '-', not "
@@ -325,8 +325,25 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
     if kwargs is not None and not isinstance(kwargs, dict):
         raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     described = tools.openai if tools is not None and tools.native and tools.choice != "none" else None
+    add = body.get("add_generation_prompt", True)
+    cont = body.get("continue_final_message")
+    if not isinstance(add, bool) or cont is not None and not isinstance(cont, bool):
+        raise ApiError(400, "'add_generation_prompt' and 'continue_final_message' must be true or false")
+    if add and cont and "add_generation_prompt" in body:
+        raise ApiError(400, "'continue_final_message' continues the last message: not with 'add_generation_prompt'",
+                       param="continue_final_message")
+    last = messages[-1]
+    # llama.cpp's prefill: a chat ending with an assistant's message (no tool calls) is continued, not answered
+    if cont is None:
+        cont = last["role"] == "assistant" and not last.get("tool_calls") and bool(last["content"])
     try:
-        text = template.render(messages, described, add_generation_prompt=True, kwargs=kwargs)
+        if cont:
+            text = template.render(messages, described, add_generation_prompt=False, kwargs=kwargs)
+            end = text.rfind(last["content"])
+            if end >= 0:
+                text = text[:end + len(last["content"])]
+        else:
+            text = template.render(messages, described, add_generation_prompt=add, kwargs=kwargs)
     except TemplateError as e:
         raise ApiError(400, str(e), param="messages") from None
     extra: dict[str, Any] = {}
