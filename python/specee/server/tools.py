@@ -185,6 +185,9 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
     native = template.supports_tools
+    # a chat without tool calls renders as the Python API renders it (Model.prompt_tokens): tool results in the
+    # generic form only where the chat has calls or tools
+    calling = tools is not None or any(isinstance(m, dict) and m.get("tool_calls") for m in messages)
     out: list[dict] = []
     names: dict[str, str] = {}  # tool_call_id -> function name, for the results
     for i, m in enumerate(messages):
@@ -202,7 +205,7 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
         if role == "tool":
             call_id = m.get("tool_call_id")
             name = m.get("name") if isinstance(m.get("name"), str) else names.get(call_id, "")
-            if native:
+            if native or not calling:
                 out.append({"role": "tool", "content": content, "tool_call_id": call_id, "name": name})
             else:
                 result = json.dumps({"tool_response": {"tool_call_id": call_id, "name": name, "content": content}},
@@ -212,8 +215,6 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
                 else:
                     out.append({"role": "user", "content": result, "tool_results": True})
             continue
-        if role == "developer":
-            role = "system"
         if calls and native:
             out.append({"role": role, "content": content, "tool_calls": [
                 {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
