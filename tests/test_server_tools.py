@@ -11,6 +11,7 @@ HTTP: every call's arguments validate against its tool's schema (jsonschema), a 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from openai import OpenAI
 
 from specee import Model, _core
 from specee.server.request import ApiError
-from specee.server.templates import ChatTemplate, jinja_environment
+from specee.server.templates import ChatTemplate, checked, jinja_environment
 from specee.server.tools import Tools, chat_messages, reply_of, tools_of
 from test_server import TIMEOUT, Server, call
 
@@ -176,6 +177,50 @@ def test_jinja_conventions() -> None:
     unsafe = "{{ messages.__class__.__mro__ }}"
     with pytest.raises(ValueError, match="chat template"):
         ChatTemplate(source=unsafe, compiled=jinja_environment().from_string(unsafe)).render(QUESTION)
+
+
+def test_generation_tag_and_templates_without_a_system_role() -> None:
+    source = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+              "{% endif %}<{{ m.role }}>{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}")
+    t = checked(ChatTemplate(source=source, compiled=jinja_environment().from_string(source)))
+    assert not t.system  # found by the probe at start
+    assert t.render([{"role": "system", "content": "Be brief."}, *QUESTION]) == \
+        "<user>Be brief.\n\nWhat is the weather in Paris?"
+
+
+# upstream's own collection of real models' templates (the llama-cpp-python 0.3.36 sdist unpacked in ../up), or
+# $SPECEE_UPSTREAM_TEMPLATES
+UPSTREAM_TEMPLATES = Path(os.environ.get("SPECEE_UPSTREAM_TEMPLATES", Path(__file__).resolve().parents[2] / "up" /
+                                         "llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates"))
+# templates that need what this server does not give: Cohere's older tool format (tools' top-level description),
+# Firefunction's `functions`, Functionary's string arguments, Mistral's 9-character call ids
+NOT_RENDERED = {"CohereForAI-c4ai-command-r-plus-tool_use", "fireworks-ai-llama-3-firefunction-v2",
+                "meetkai-functionary-medium-v3.2", "Mistral-Small-3.2-24B-Instruct-2506",
+                "mistralai-Mistral-Nemo-Instruct-2407"}
+
+
+@pytest.mark.upstream
+def test_real_templates_render_an_agent_loop() -> None:
+    """Every real template of upstream's collection (but NOT_RENDERED) passes the start's check and renders an agent's
+    loop: the tools described (by the template where it reads them, else by the generic system message) and the tool's
+    result in the prompt."""
+    files = sorted(UPSTREAM_TEMPLATES.glob("*.jinja"))
+    if not files:
+        pytest.skip(f"upstream's templates are not here ({UPSTREAM_TEMPLATES}; SPECEE_UPSTREAM_TEMPLATES names them)")
+    body = {"messages": agent_history(), "tools": TOOLS}
+    failed = []
+    for f in files:
+        source = f.read_text()
+        try:
+            t = checked(ChatTemplate(source=source, bos="<s>", eos="</s>",
+                                     compiled=jinja_environment().from_string(source)))
+            tools = tools_of(body, t)
+            text = t.render(chat_messages(body, tools, t), tools.openai if tools.native else None)
+            assert "sunny, 21 C" in text and "get_time" in text
+        except (ValueError, AssertionError) as e:
+            failed.append(f.stem)
+            assert f.stem in NOT_RENDERED, f"{f.name}: {e}"
+    assert set(failed) == NOT_RENDERED & {f.stem for f in files}
 
 
 # ---- the server on SmolLM2 ------------------------------------------------------------------------------------

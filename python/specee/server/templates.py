@@ -4,6 +4,7 @@ default) or Jinja text rendered by jinja2 as Hugging Face's `apply_chat_template
 The choice is made once, at start (`chat_template_of`), and checked there by rendering a probe conversation: a
 template that does not compile or render is an error naming the template before the server listens, never a crash
 on the first request. Hugging Face's conventions: a sandboxed environment with `trim_blocks` and `lstrip_blocks`,
+the loop-control extension and `{% generation %}` (rendered as its body),
 `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter as transformers writes it (no ASCII escapes, keys
 in their order), and the variables `messages`, `tools`, `documents`, `add_generation_prompt`, `bos_token`,
 `eos_token`, plus the server's `--chat-template-kwargs` and a request's `chat_template_kwargs`.
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import jinja2.ext
+from jinja2.sandbox import SandboxedEnvironment
 
 from specee import _core
 from specee.model import Model
@@ -40,11 +42,37 @@ def _strftime_now(fmt: str) -> str:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    def plain(v: Any) -> Any:  # what a filter chain leaves (`tools | map(...)`: a generator) as a list
+        if isinstance(v, (str, bytes, int, float, bool, type(None), dict, list, tuple)):
+            return v
+        if isinstance(v, (jinja2.Undefined,)):
+            return None
+        try:
+            return list(v)
+        except TypeError:
+            return str(v)
+
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=plain)
 
 
-def jinja_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+class GenerationTag(jinja2.ext.Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens for training masks):
+    here its body renders as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def jinja_environment() -> SandboxedEnvironment:
+    # sandboxed (no attribute a template should not reach), not immutable: some templates build lists with
+    # .append (Kimi-K2's), as llama.cpp's own engine allows; the messages they see are the request's own copy
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                               extensions=["jinja2.ext.loopcontrols", GenerationTag])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -65,6 +93,7 @@ class ChatTemplate:
     bos: str = ""
     eos: str = ""
     compiled: jinja2.Template | None = None
+    system: bool = True  # it renders a system message (else one is put before the first user message's text)
 
     @property
     def kind(self) -> str:
@@ -88,6 +117,8 @@ class ChatTemplate:
                 return _core.chat_apply_template(self.builtin, chat, add_generation_prompt)
             except _core.SpecEEError as e:
                 raise TemplateError(str(e)) from None
+        if not self.system and messages and messages[0]["role"] == "system":
+            messages = without_system(messages)
         values = {**self.kwargs, **(kwargs or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
                   "bos_token": self.bos, "eos_token": self.eos}
         if tools:
@@ -143,14 +174,28 @@ def chat_template_of(model: Model, jinja: bool, template: str | None, template_f
     return checked(ChatTemplate(source=source, kwargs=dict(kwargs or {}), bos=bos, eos=eos, compiled=compiled))
 
 
+def without_system(messages: list[dict]) -> list[dict]:
+    """A chat's leading system message put before the text of the first user message (llama.cpp does the same for
+    templates without a system role, Gemma's)."""
+    system, rest = messages[0], list(messages[1:])
+    for i, m in enumerate(rest):
+        if m["role"] == "user" and isinstance(m.get("content"), str):
+            rest[i] = {**m, "content": system["content"] + "\n\n" + m["content"]}
+            return rest
+    return [{"role": "user", "content": system["content"]}, *rest]
+
+
 def checked(t: ChatTemplate) -> ChatTemplate:
-    """The template, once it has rendered a probe conversation (system, user, assistant, user), or, for templates
-    that refuse a system message, the same without it."""
+    """The template, once it has rendered a probe conversation (system, user, assistant, user), or, for a Jinja
+    template that refuses a system message, the same with the system text put into the first user message."""
     try:
         t.render(PROBE)
-    except TemplateError:
+    except TemplateError as first:
+        if t.compiled is None:
+            raise ValueError(f"the chat template cannot render a conversation: {first}") from None
+        t.system = False
         try:
-            t.render(PROBE[1:])
+            t.render(PROBE)
         except TemplateError as e:
             raise ValueError(f"the chat template cannot render a conversation: {e}") from None
     return t
