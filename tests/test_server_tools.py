@@ -25,7 +25,7 @@ from openai import OpenAI
 from specee import Model, _core
 from specee.server.request import ApiError
 from specee.server.templates import ChatTemplate, checked, jinja_environment
-from specee.server.tools import Tools, chat_messages, reply_of, tools_of
+from specee.server.tools import Tools, chat_messages, reply_of, response_so_far, tools_of
 from test_server import TIMEOUT, Server, call
 
 KEY = "test-key"
@@ -41,6 +41,7 @@ TIME = {"type": "function", "function": {
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]
 BUILTIN = ChatTemplate(builtin="chatml")
 # a Hermes-style template that describes tools itself (written for these tests, in the manner of such templates)
 HERMES = """{%- if tools %}<|im_start|>system
@@ -107,6 +108,14 @@ def test_reply_read_back() -> None:
     cut = '{"tool_calls":[{"name":"get_time","arguments":{"zone":"UTC"}},{"name":"get_time","argu'
     assert [json.loads(c["function"]["arguments"]) for c in reply_of(cut, generic)[1]] == [{"zone": "UTC"}]
     assert reply_of("plain words", generic) == ("plain words", [])
+    # a generic answer as far as it is written: what a stream sends as it comes, and the whole reply when cut short
+    written = '{"response":"Caf\\u00e9 \\"ok\\"\\n\\ud83d\\ude00 done"}'
+    assert json.loads(written)["response"] == "Café \"ok\"\n\U0001F600 done"
+    prefixes = [response_so_far(written[:n]) for n in range(len(written) + 1)]
+    assert all(p is None for p in prefixes[:13]) and prefixes[-1] == json.loads(written)["response"]
+    assert all(json.loads(written)["response"].startswith(p) for p in prefixes[13:])  # never a wrong character
+    assert [len(p) for p in prefixes[13:]] == sorted(len(p) for p in prefixes[13:])
+    assert reply_of(written[:30], generic) == (response_so_far(written[:30]), [])
     native = Tools(generic.functions, "auto", True, native=True)
     content, calls = reply_of('Let me look.\n<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}'
                               '</tool_call>', native)
@@ -265,7 +274,7 @@ def test_required_and_named_give_valid_calls(client: OpenAI, choice: Any, temper
 
 @pytest.mark.slow
 def test_auto_and_none(client: OpenAI) -> None:
-    for question in (QUESTION, [{"role": "user", "content": "Write a haiku about the sea."}]):
+    for question in (QUESTION, HAIKU):
         r = client.chat.completions.create(model="m", messages=question, tools=TOOLS, max_tokens=80, temperature=0)
         m = r.choices[0].message
         if m.tool_calls:
@@ -295,15 +304,20 @@ def test_agent_loop_with_content_null(client: OpenAI) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("choice", ["required", "auto"])
-def test_streamed_calls_equal_whole_answer(client: OpenAI, choice: str) -> None:
-    args = dict(model="m", messages=QUESTION, tools=TOOLS, tool_choice=choice, max_tokens=80, temperature=0, seed=3)
-    whole = client.chat.completions.create(**args).choices[0]
+@pytest.mark.parametrize("choice, messages, max_tokens", [
+    ("required", QUESTION, 80), ("auto", QUESTION, 80), ("auto", HAIKU, 60), ("auto", HAIKU, 12),
+    ("auto", [{"role": "user", "content": "Say hello to Ann."}], 40)])
+def test_streamed_calls_equal_whole_answer(client: OpenAI, choice: str, messages: list, max_tokens: int) -> None:
+    args = dict(model="m", messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=max_tokens, temperature=0,
+                seed=3)
+    whole_reply = client.chat.completions.create(**args)
+    whole = whole_reply.choices[0]
     calls: dict[int, dict] = {}
-    content, finish = "", None
+    content, finish, content_chunks = "", None, 0
     for chunk in client.chat.completions.create(**args, stream=True):
         d = chunk.choices[0].delta
         content += d.content or ""
+        content_chunks += bool(d.content)
         for tc in d.tool_calls or []:
             c = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
             c["id"] += tc.id or ""
@@ -315,6 +329,9 @@ def test_streamed_calls_equal_whole_answer(client: OpenAI, choice: str) -> None:
     expected = [{"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls or []]
     assert [{"name": c["name"], "arguments": c["arguments"]} for _, c in sorted(calls.items())] == expected
     assert all(c["id"].startswith("call_") for c in calls.values())
+    if whole.message.content and not whole.message.content.startswith('{"tool_calls"') and \
+            whole_reply.usage.completion_tokens > 8:  # (a call cut short before it was whole comes back as text)
+        assert content_chunks > 1  # a generic answer's text streams as it is generated
 
 
 @pytest.mark.slow

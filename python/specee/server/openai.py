@@ -16,7 +16,7 @@ from specee import _core
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
 from specee.server.request import ApiError, json_object, off_loop, prompt_of
-from specee.server.tools import chat_prompt, reply_of
+from specee.server.tools import chat_prompt, reply_of, response_so_far
 
 
 def base(state: ServerState, kind: str, rid: str) -> dict:
@@ -59,14 +59,15 @@ def tool_call_deltas(calls: list[dict]) -> list[dict]:
 
 
 async def chat_completions(request: Request) -> Response:
-    """Chat through the server's template; with `tools`, the reply read as OpenAI's `tool_calls` (server/tools.py),
-    streamed once the reply is whole."""
+    """Chat through the server's template; with `tools`, the reply read as OpenAI's `tool_calls` (server/tools.py):
+    in a stream, a generic answer's text as it is generated, calls (and a native template's reply) once whole."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
     prompt = await off_loop(request, chat_prompt, state.model, state.template, body)
     tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None
     stream = bool(body.get("stream"))
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+    sent = [0]  # characters of a generic {"response": ...} answer streamed so far
 
     def reply(res: Result) -> tuple[str | None, list[dict], str | None]:
         if tools is None:
@@ -91,11 +92,19 @@ async def chat_completions(request: Request) -> Response:
         if first:
             return chunk(res, {"role": "assistant", "content": None if tools else ""}, None, logprobs)
         if not final:
-            return None if tools is not None else chunk(res, {"content": piece}, None, logprobs)
+            if tools is None:
+                return chunk(res, {"content": piece}, None, logprobs)
+            # a generic answer's text is streamed as it comes; calls, and a native reply, once whole
+            so_far = None if tools.native else response_so_far(res.text)
+            if not so_far or len(so_far) <= sent[0]:
+                return None
+            new_text, sent[0] = so_far[sent[0]:], len(so_far)
+            return chunk(res, {"content": new_text}, None, None)
         if tools is None:
             return chunk(res, {}, res.finish, logprobs)
         content, calls, finish = reply(res)
-        deltas = ([{"content": content}] if content else []) + tool_call_deltas(calls)
+        rest = (content or "")[sent[0]:]
+        deltas = ([{"content": rest}] if rest else []) + tool_call_deltas(calls)
         return [chunk(res, d, None, None) for d in deltas] + [chunk(res, {}, finish, logprobs)]
 
     return await respond(state, request, prompt.tokens, {**body, **prompt.extra}, shape, "chat")

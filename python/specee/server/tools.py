@@ -264,6 +264,29 @@ def whole_calls(text: str) -> list[Any]:
         at += sep.end()
 
 
+RESPONSE_HEAD = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+UNFINISHED_ESCAPE = re.compile(r'(\\u[0-9a-fA-F]{0,3}|\\u[dD][89abAB][0-9a-fA-F]{2}(\\u?[0-9a-fA-F]{0,3})?)$')
+
+
+def response_so_far(text: str) -> str | None:
+    """The text of a generic `{"response": "..."}` reply as far as it is written (escapes decoded, an unfinished
+    one held back), None when the reply is not one: what a stream sends while the reply is generated."""
+    head = RESPONSE_HEAD.match(text)
+    if head is None:
+        return None
+    body, i = text[head.end():], 0
+    while i < len(body) and body[i] != '"':
+        i += 2 if body[i] == "\\" else 1
+    body = body[:min(i, len(body))]
+    if (len(body) - len(body.rstrip("\\"))) % 2 == 1:  # a lone backslash: its escape is not written yet
+        body = body[:-1]
+    body = UNFINISHED_ESCAPE.sub("", body)
+    try:
+        return json.loads('"' + body + '"')
+    except ValueError:
+        return None
+
+
 def reply_of(text: str, tools: Tools) -> tuple[str | None, list[dict]]:
     """A reply's text content (None when it only calls tools) and its calls in OpenAI's shape."""
     known = {f["name"] for f in tools.functions}
@@ -277,8 +300,11 @@ def reply_of(text: str, tools: Tools) -> tuple[str | None, list[dict]]:
 
     try:
         whole = json.loads(text)
-    except ValueError:
-        whole = {"tool_calls": whole_calls(text)}  # cut short (max_tokens): the calls written whole
+    except ValueError:  # cut short (max_tokens): the calls written whole, or the answer as far as it goes
+        so_far = None if tools.native else response_so_far(text)
+        if so_far is not None:
+            return so_far, []
+        whole = {"tool_calls": whole_calls(text)}
     if isinstance(whole, dict) and isinstance(whole.get("tool_calls"), list):
         calls = [c for c in (call_in(x) for x in whole["tool_calls"]) if c is not None]
         if calls:
