@@ -147,7 +147,7 @@ async def messages(request: Request) -> Response:
         if final and not stream:
             return message(res, *blocks_of(res))
         if first:
-            start = [{"type": "message_start", "message": message(res, [], None)}]
+            start: list[dict] = [{"type": "message_start", "message": message(res, [], None)}]
             if tools is None:
                 start.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
             return start
@@ -155,12 +155,14 @@ async def messages(request: Request) -> Response:
             if tools is not None or not piece:
                 return None
             return {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
-        end = {"type": "message_delta", "delta": {"stop_reason": None, "stop_sequence": None},
-               "usage": {"output_tokens": res.n_generated}}
+        def end(reason: str) -> dict:
+            return {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
+                    "usage": {"output_tokens": res.n_generated}}
+
         if tools is None:
-            end["delta"]["stop_reason"] = STOP_REASON.get(res.finish or "", "end_turn")
-            return [{"type": "content_block_stop", "index": 0}, end, {"type": "message_stop"}]
-        blocks, end["delta"]["stop_reason"] = blocks_of(res)
+            return [{"type": "content_block_stop", "index": 0}, end(STOP_REASON.get(res.finish or "", "end_turn")),
+                    {"type": "message_stop"}]
+        blocks, reason = blocks_of(res)
         out: list[dict] = []
         for i, b in enumerate(blocks):
             if b["type"] == "text":
@@ -172,7 +174,7 @@ async def messages(request: Request) -> Response:
                 out.append({"type": "content_block_delta", "index": i, "delta": {
                     "type": "input_json_delta", "partial_json": json.dumps(b["input"], ensure_ascii=False)}})
             out.append({"type": "content_block_stop", "index": i})
-        return out + [end, {"type": "message_stop"}]
+        return out + [end(reason), {"type": "message_stop"}]
 
     return await respond(state, request, prompt.tokens, {**chat, **prompt.extra}, shape, "anthropic")
 

@@ -131,7 +131,7 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
             engine.cancel(job)  # gone, or ended by a stop string: free the slot now
 
 
-async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., dict],
+async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., Any],
                   api: str) -> Response:
     """A generation's response (api: chat, completions, llama, anthropic): one JSON body, or server-sent events
     when body["stream"]. In a stream, `shape` may give a list of chunks or None (a piece it holds back: a tool call

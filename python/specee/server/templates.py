@@ -108,6 +108,7 @@ class ChatTemplate:
                kwargs: dict[str, Any] | None = None) -> str:
         """The prompt text of messages (TemplateError when the template refuses them)."""
         if self.compiled is None:
+            assert self.builtin is not None
             chat = []
             for i, m in enumerate(messages):
                 if not isinstance(m.get("content"), str):

@@ -98,7 +98,7 @@ def tools_of(body: dict, template: ChatTemplate) -> Tools | None:
         return None
     if not isinstance(tools, list):
         raise ApiError(400, "'tools' must be a list of {\"type\": \"function\", \"function\": {...}}", param="tools")
-    functions = []
+    functions: list[dict] = []
     for i, t in enumerate(tools):
         f = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(f, dict):
@@ -204,7 +204,7 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
             names[c["id"]] = c["name"]
         if role == "tool":
             call_id = m.get("tool_call_id")
-            name = m.get("name") if isinstance(m.get("name"), str) else names.get(call_id, "")
+            name = m.get("name") if isinstance(m.get("name"), str) else names.get(str(call_id), "")
             if native or not calling:
                 out.append({"role": "tool", "content": content, "tool_call_id": call_id, "name": name})
             else:
@@ -375,7 +375,7 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
         raise ApiError(400, str(e), param="messages") from None
     extra: dict[str, Any] = {}
     schema = tools.schema() if tools is not None else None
-    if schema is not None:
+    if tools is not None and schema is not None:
         taken = [k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None and
                  not (k == "response_format" and isinstance(body[k], dict) and body[k].get("type") == "text")]
         if taken:
