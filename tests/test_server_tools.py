@@ -144,6 +144,10 @@ def test_agent_history_rendered_both_ways() -> None:
     text = t.render(native, tools_of(body, t).openai)
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in text
     assert "<tool_response>sunny, 21 C</tool_response>" in text and '"name": "get_time"' in text
+    # an assistant's reasoning reaches a Jinja template (Qwen3's <think>), not the built-in ones
+    thought = {"messages": [*QUESTION, {"role": "assistant", "content": "Sunny.", "reasoning_content": "Look it up."}]}
+    assert chat_messages(thought, None, t)[1]["reasoning_content"] == "Look it up."
+    assert "reasoning_content" not in chat_messages(thought, None, BUILTIN)[1]
 
 
 @pytest.mark.parametrize("body, message", [

@@ -1,9 +1,10 @@
 """Anthropic's Messages API on the same engine: POST /v1/messages (one JSON message, or its stream of named events:
 message_start, content_block_start, content_block_delta, content_block_stop, message_delta, message_stop) and POST
 /v1/messages/count_tokens. A request is read into the chat request it means (`chat_body`: system as a string or
-text blocks, text / tool_use / tool_result blocks, tools with input_schema, tool_choice auto / any / tool / none,
-stop_sequences) and goes through chat's template, tools and generation; the reply is written back in Anthropic's
-shape. Errors keep the server's one error shape (request.py's ApiError)."""
+text blocks, text / tool_use / tool_result blocks, an assistant's thinking blocks as its `reasoning_content`, tools
+with input_schema, tool_choice auto / any / tool / none, stop_sequences) and goes through chat's template, tools and
+generation; the reply is written back in Anthropic's shape. Errors keep the server's one error shape (request.py's
+ApiError)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,15 @@ def chat_messages(messages: Any) -> list[dict]:
         if not isinstance(content, list):
             raise ApiError(400, f"messages[{i}].content must be a string or a list of content blocks",
                            param="messages")
-        texts, calls = [], []
+        texts, calls, thinking = [], [], []
         for b in content:
             kind = b.get("type") if isinstance(b, dict) else None
             if kind == "text" and isinstance(b.get("text"), str):
                 texts.append(b["text"])
+            elif kind == "thinking" and m["role"] == "assistant" and isinstance(b.get("thinking"), str):
+                thinking.append(b["thinking"])  # the template's reasoning_content
+            elif kind == "redacted_thinking" and m["role"] == "assistant":
+                continue
             elif kind == "tool_use" and m["role"] == "assistant" and isinstance(b.get("name"), str):
                 calls.append({"id": str(b.get("id", "")), "type": "function", "function": {
                     "name": b["name"], "arguments": json.dumps(b.get("input", {}), ensure_ascii=False)}})
@@ -74,10 +79,12 @@ def chat_messages(messages: Any) -> list[dict]:
                 raise ApiError(400, f"messages[{i}]: a content block of type {json.dumps(kind)[:40]} is not "
                                "supported here (text, tool_use in assistant messages, tool_result in user ones)",
                                param="messages")
-        if texts or calls:
+        if texts or calls or thinking:
             msg: dict[str, Any] = {"role": m["role"], "content": "\n".join(texts) if texts else None}
             if calls:
                 msg["tool_calls"] = calls
+            if thinking:
+                msg["reasoning_content"] = "\n".join(thinking)
             out.append(msg)
     return out
 

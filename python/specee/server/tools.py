@@ -215,8 +215,11 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
                 else:
                     out.append({"role": "user", "content": result, "tool_results": True})
             continue
+        # an assistant's reasoning, for Jinja templates that render it (Qwen3's <think>)
+        reasoning = m.get("reasoning_content") if role == "assistant" and template.kind == "jinja" else None
+        extra = {"reasoning_content": reasoning} if isinstance(reasoning, str) else {}
         if calls and native:
-            out.append({"role": role, "content": content, "tool_calls": [
+            out.append({"role": role, "content": content, **extra, "tool_calls": [
                 {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                 for c in calls]})
             continue
@@ -224,7 +227,7 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
             written = json.dumps({"tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in calls]},
                                  ensure_ascii=False)
             content = (content + "\n" if content else "") + written
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": content, **extra})
     for m in out:
         m.pop("tool_results", None)
     if tools is not None and not tools.native and tools.choice != "none":
