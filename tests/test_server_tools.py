@@ -182,9 +182,10 @@ def test_content_null_only_where_tool_calls_may_stand() -> None:
 def test_jinja_conventions() -> None:
     """Hugging Face's: raise_exception, tojson without ASCII escapes, strftime_now, bos/eos, sandboxed."""
     source = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('no ' + m.role) }}"
-              "{% endif %}{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}{{ eos_token }}")
+              "{% endif %}{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}{{ eos_token }}"
+              "{{ date_string == strftime_now('%d %b %Y') }}")
     t = ChatTemplate(source=source, bos="<s>", eos="</s>", compiled=jinja_environment().from_string(source))
-    assert t.render([{"role": "user", "content": "é"}]) == '<s>{"role": "user", "content": "é"}4</s>'
+    assert t.render([{"role": "user", "content": "é"}]) == '<s>{"role": "user", "content": "é"}4</s>True'
     with pytest.raises(ValueError, match="no bad"):
         t.render([{"role": "bad", "content": ""}])
     unsafe = "{{ messages.__class__.__mro__ }}"

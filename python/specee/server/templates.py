@@ -7,7 +7,8 @@ on the first request. Hugging Face's conventions: a sandboxed environment with `
 the loop-control extension and `{% generation %}` (rendered as its body),
 `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter as transformers writes it (no ASCII escapes, keys
 in their order), and the variables `messages`, `tools`, `documents`, `add_generation_prompt`, `bos_token`,
-`eos_token`, plus the server's `--chat-template-kwargs` and a request's `chat_template_kwargs`.
+`eos_token`, llama.cpp's `date_string` (today), plus the server's `--chat-template-kwargs` and a request's
+`chat_template_kwargs`.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ class ChatTemplate:
                 raise TemplateError(str(e)) from None
         if not self.system and messages and messages[0]["role"] == "system":
             messages = without_system(messages)
-        values = {**self.kwargs, **(kwargs or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
+        # date_string: today, as llama.cpp gives it (Llama-3.x templates print it; theirs default to a fixed date)
+        values = {"date_string": datetime.date.today().strftime("%d %b %Y"), **self.kwargs, **(kwargs or {}),
+                  "messages": messages, "add_generation_prompt": add_generation_prompt,
                   "bos_token": self.bos, "eos_token": self.eos}
         if tools:
             values["tools"] = tools
