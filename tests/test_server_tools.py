@@ -183,9 +183,10 @@ def test_jinja_conventions() -> None:
     """Hugging Face's: raise_exception, tojson without ASCII escapes, strftime_now, bos/eos, sandboxed."""
     source = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('no ' + m.role) }}"
               "{% endif %}{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}{{ eos_token }}"
-              "{{ date_string == strftime_now('%d %b %Y') }}")
+              "{{ date_string == strftime_now('%d %b %Y') }}{{ enable_thinking }}")
     t = ChatTemplate(source=source, bos="<s>", eos="</s>", compiled=jinja_environment().from_string(source))
-    assert t.render([{"role": "user", "content": "é"}]) == '<s>{"role": "user", "content": "é"}4</s>True'
+    assert t.render([{"role": "user", "content": "é"}]) == '<s>{"role": "user", "content": "é"}4</s>TrueTrue'
+    assert t.render(QUESTION, kwargs={"enable_thinking": False}).endswith("TrueFalse")  # a request's kwargs win'
     with pytest.raises(ValueError, match="no bad"):
         t.render([{"role": "bad", "content": ""}])
     unsafe = "{{ messages.__class__.__mro__ }}"

@@ -7,8 +7,8 @@ on the first request. Hugging Face's conventions: a sandboxed environment with `
 the loop-control extension and `{% generation %}` (rendered as its body),
 `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter as transformers writes it (no ASCII escapes, keys
 in their order), and the variables `messages`, `tools`, `documents`, `add_generation_prompt`, `bos_token`,
-`eos_token`, llama.cpp's `date_string` (today), plus the server's `--chat-template-kwargs` and a request's
-`chat_template_kwargs`.
+`eos_token`, llama.cpp's `date_string` (today) and `enable_thinking` (true), then the server's
+`--chat-template-kwargs` and a request's `chat_template_kwargs` over them.
 """
 
 from __future__ import annotations
@@ -121,8 +121,10 @@ class ChatTemplate:
                 raise TemplateError(str(e)) from None
         if not self.system and messages and messages[0]["role"] == "system":
             messages = without_system(messages)
-        # date_string: today, as llama.cpp gives it (Llama-3.x templates print it; theirs default to a fixed date)
-        values = {"date_string": datetime.date.today().strftime("%d %b %Y"), **self.kwargs, **(kwargs or {}),
+        # llama.cpp's defaults: date_string today (Llama-3.x templates print it; theirs default to a fixed date) and
+        # enable_thinking true (its reasoning "auto": a thinking model's template opens its <think>)
+        values = {"date_string": datetime.date.today().strftime("%d %b %Y"), "enable_thinking": True,
+                  **self.kwargs, **(kwargs or {}),
                   "messages": messages, "add_generation_prompt": add_generation_prompt,
                   "bos_token": self.bos, "eos_token": self.eos}
         if tools:
