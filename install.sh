@@ -15,6 +15,6 @@ py="${PYTHON:-python3}"
 # structured output's engine first, so the build finds its library for the native tools (csrc/specee-grammar.cpp)
 "$py" -m pip install --quiet "llguidance>=1.9,<2"
 # no build isolation: the extension must link against the ggml installed above; [eval]: plots, parquet, HumanEval;
-# [server]: specee-server's HTTP stack (Starlette, uvicorn)
+# [server]: specee-server's HTTP stack (Starlette, uvicorn) and jinja2 for the models' own chat templates
 "$py" -m pip install --quiet --no-build-isolation ".[eval,server]"
 echo "specee: installed; try: specee-bench"

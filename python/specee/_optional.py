@@ -27,6 +27,7 @@ PIP = {
     "llama_cpp": "pip install llama-cpp-python",
     "starlette": "pip install 'specee[server]'",
     "uvicorn": "pip install 'specee[server]'",
+    "jinja2": "pip install 'specee[server]'",
 }
 
 

@@ -12,14 +12,17 @@ text (stop strings included) and writes responses. HTTP is Starlette on uvicorn 
     request.py     a request read and checked: body, prompt, its generation parameters (the options made once)
     engine.py      the batching thread over the slots, and the state the endpoints share
     generation.py  one generation as text (stop strings, log-probabilities) and as a response (JSON or events)
-    openai.py      OpenAI's endpoints: chat, completions, embeddings, models
+    templates.py   chat messages -> prompt text: the built-in templates or jinja2 (--jinja)
+    tools.py       tool calls on chat: tools checked, history rendered, the reply held to a schema and read back
+    openai.py      OpenAI's endpoints: chat (tool calls included), completions, embeddings, models; /apply-template
+    anthropic.py   Anthropic's /v1/messages and /v1/messages/count_tokens over chat's path
     llama.py       llama.cpp's endpoints: /completion, /tokenize, /detokenize, /health, /metrics
     app.py         the routes, the guard (API key, errors), the flags and main()
 """
 
 from specee._optional import missing_package_exits
 
-with missing_package_exits("specee-server"):  # the [server] extra: Starlette, uvicorn
+with missing_package_exits("specee-server"):  # the [server] extra: Starlette, uvicorn, jinja2
     from specee.server.app import main, parse_args
 
 __all__ = ["main", "parse_args"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import json
 import logging
 import os
 import sys
@@ -23,12 +24,16 @@ from specee.generate import MODES
 from specee.model import Model
 from specee.server.engine import Engine, ServerState
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, tokenize
-from specee.server.openai import chat_completions, completions, embeddings, models
+from specee.server.anthropic import count_tokens
+from specee.server.anthropic import messages as anthropic_messages
+from specee.server.openai import apply_template, chat_completions, completions, embeddings, models
 from specee.server.request import ApiError
+from specee.server.templates import ChatTemplate, chat_template_of
 
 
 class Guard:
-    """ASGI middleware: the API key (every endpoint but /health; compared in constant time) and ApiError as an
+    """ASGI middleware: the API key (every endpoint but /health; `Authorization: Bearer KEY` or Anthropic's
+    `x-api-key: KEY`; compared in constant time) and ApiError as an
     OpenAI-shaped response; any other failure before a response began is a 500 in the same shape (its traceback in the
     log), never a bare one."""
 
@@ -40,8 +45,10 @@ class Guard:
             return await self.app(scope, receive, send)
         key = self.state.api_key
         if key and scope["path"] != "/health":
-            auth = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(auth, b"Bearer " + key.encode()):
+            headers = dict(scope["headers"])
+            bearer = hmac.compare_digest(headers.get(b"authorization", b""), b"Bearer " + key.encode())
+            x_api_key = hmac.compare_digest(headers.get(b"x-api-key", b""), key.encode())  # Anthropic's header
+            if not (bearer or x_api_key):
                 return await ApiError(401, "invalid API key", "authentication_error").response()(scope, receive, send)
         started = False
 
@@ -81,6 +88,7 @@ def make_app(state: ServerState) -> Starlette:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),
+        *TEMPLATE_ROUTES,
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -92,6 +100,54 @@ def make_app(state: ServerState) -> Starlette:
                     exception_handlers={404: not_found, 405: not_found})
     app.state.server = state
     return app
+
+
+# ---- chat templates, tool calls, Anthropic's API: their flags and routes ----------------------------------
+# (one block: server/templates.py, server/tools.py, server/anthropic.py; docs/server.md "Chat templates and tools")
+
+TEMPLATE_ROUTES = [
+    Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/v1/messages", anthropic_messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+]
+
+
+def add_template_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jinja", action=argparse.BooleanOptionalAction, default=False,
+                   help="render chats with jinja2: the model's tokenizer.chat_template, or --chat-template(-file) "
+                   "(--no-jinja, the default: the built-in templates, byte-identical to their Jinja for the "
+                   "templates they know; a model's own template they do not know is rendered with jinja2 anyway)")
+    p.add_argument("--chat-template", metavar="NAME|TEXT",
+                   help="the chat template: a built-in name (chatml, smollm2, qwen2.5, llama2, vicuna, llama3, zephyr, "
+                   "phi3) or Jinja text (any text with --jinja); default: the model's own")
+    p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's text from a file")
+    p.add_argument("--chat-template-kwargs", metavar="JSON", type=json_object_arg, default={},
+                   help="variables for a Jinja template, a JSON object ('{\"enable_thinking\": false}'); a request's "
+                   "chat_template_kwargs add to them")
+
+
+def json_object_arg(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def template_of(model: Model, args: argparse.Namespace) -> ChatTemplate:
+    """The server's chat template from its flags; a clear exit (status 2) when it cannot render a chat."""
+    try:
+        template = chat_template_of(model, args.jinja, args.chat_template, args.chat_template_file,
+                                    args.chat_template_kwargs)
+    except ValueError as e:
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if template.kind == "jinja" and not args.jinja:
+        print("specee-server: the model's chat template is not a built-in one: rendered with jinja2",
+              file=sys.stderr, flush=True)
+    return template
 
 
 # every context option but llama.cpp's -fa, which means nothing here
@@ -118,6 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "token or the slot's context is full, -c / -np tokens with the prompt)")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
+    add_template_flags(p)
     args = p.parse_args(argv)
     if args.n_predict < -1:
         p.error(f"-n/--n-predict must be -1 (no cap) or >= 0, not {args.n_predict}")
@@ -131,9 +188,10 @@ def main(argv: list[str] | None = None) -> None:
                       f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
+    template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
     alias = args.alias or os.path.basename(model.path)
-    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics, args.n_predict)
+    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics, args.n_predict, template=template)
     app = make_app(state)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()

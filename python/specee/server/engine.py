@@ -18,6 +18,7 @@ from specee import _core
 from specee.generate import MODES
 from specee.model import Model
 from specee.server.request import ApiError, RequestParams
+from specee.server.templates import ChatTemplate
 
 
 @dataclass
@@ -167,8 +168,8 @@ class Engine:
 @dataclass
 class ServerState:
     """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
-    none, the API key (None: none needed), whether /metrics is served and the most tokens a request generates (-n;
-    -1: until an end-of-generation token or a full slot)."""
+    none, the API key (None: none needed), whether /metrics is served, the most tokens a request generates (-n;
+    -1: until an end-of-generation token or a full slot) and the chat template."""
 
     model: Model
     engine: Engine
@@ -178,3 +179,4 @@ class ServerState:
     metrics: bool
     n_predict: int = -1
     created: int = field(default_factory=lambda: int(time.time()))
+    template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)

@@ -58,8 +58,15 @@ def usage(res: Result) -> dict:
             "total_tokens": res.n_prompt + res.n_generated}
 
 
-def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+def sse(obj: Any, named: bool = False) -> str:
+    """One server-sent event; named: with an `event:` line, its object's "type" (Anthropic's events)."""
+    head = f"event: {obj['type']}\n" if named else ""
+    return f"{head}data: {json.dumps(obj)}\n\n"
+
+
+def chunks(out: dict | list[dict] | None) -> list[dict]:
+    """What a `shape` gave for a stream: one chunk, several, or none (a piece held back)."""
+    return [] if out is None else out if isinstance(out, list) else [out]
 
 
 async def generate(state: ServerState, request: Request, tokens: list[int], params: RequestParams,
@@ -124,10 +131,11 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
             engine.cancel(job)  # gone, or ended by a stop string: free the slot now
 
 
-async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., dict],
+async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., Any],
                   api: str) -> Response:
-    """A generation's response (api: chat, completions, llama): one JSON body, or server-sent events when
-    body["stream"]."""
+    """A generation's response (api: chat, completions, llama, anthropic): one JSON body, or server-sent events
+    when body["stream"]. In a stream, `shape` may give a list of chunks or None (a piece it holds back: a tool call
+    is sent once it is whole); Anthropic's events are named and end without [DONE]."""
     params = request_params(body, api, state.mode, state.n_predict)
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
@@ -142,17 +150,23 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
         return JSONResponse(shape(res, None, final=True))
 
     async def events() -> AsyncIterator[str]:
+        named = api == "anthropic"
         try:
-            yield sse(shape(res, "", first=True))
+            for chunk in chunks(shape(res, "", first=True)):
+                yield sse(chunk, named)
             async for piece in pieces:
-                yield sse(shape(res, piece))
-            yield sse(shape(res, None, final=True))
+                for chunk in chunks(shape(res, piece)):
+                    yield sse(chunk, named)
+            final = chunks(shape(res, None, final=True))
+            for chunk in final:
+                yield sse(chunk, named)
             if include_usage:
-                yield sse({**shape(res, None, final=True), "choices": [], "usage": usage(res)})
-            if api != "llama":
+                yield sse({**final[-1], "choices": [], "usage": usage(res)})
+            if api not in ("llama", "anthropic"):
                 yield "data: [DONE]\n\n"
         except ApiError as e:
-            yield sse({"error": {"message": e.message, "type": e.kind, "code": e.status}})
+            error = {"message": e.message, "type": e.kind, "code": e.status}
+            yield sse({"type": "error", "error": error}, True) if named else sse({"error": error})
         finally:
             await pieces.aclose()
 

@@ -1,5 +1,5 @@
-"""OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, in OpenAI's shapes (the
-log-probabilities of chat and of completions included)."""
+"""OpenAI's endpoints: /v1/chat/completions (tool calls included), /v1/completions, /v1/embeddings, /v1/models, in
+OpenAI's shapes (the log-probabilities of chat and of completions included), and llama.cpp's /apply-template."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from starlette.responses import JSONResponse, Response
 from specee import _core
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
-from specee.server.request import ApiError, json_object, messages_of, off_loop, prompt_of
+from specee.server.request import ApiError, json_object, off_loop, prompt_of
+from specee.server.tools import chat_prompt, reply_of, response_so_far
 
 
 def base(state: ServerState, kind: str, rid: str) -> dict:
@@ -47,24 +48,74 @@ def completion_logprobs(probs: list[TokenProb], offset: int = 0) -> dict:
             "top_logprobs": tops, "text_offset": offsets}
 
 
+def tool_call_deltas(calls: list[dict]) -> list[dict]:
+    """A reply's tool calls as stream deltas: per call, one with its id, type and name, one with its arguments."""
+    out = []
+    for i, c in enumerate(calls):
+        out.append({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                                    "function": {"name": c["function"]["name"], "arguments": ""}}]})
+        out.append({"tool_calls": [{"index": i, "function": {"arguments": c["function"]["arguments"]}}]})
+    return out
+
+
 async def chat_completions(request: Request) -> Response:
+    """Chat through the server's template; with `tools`, the reply read as OpenAI's `tool_calls` (server/tools.py):
+    in a stream, a generic answer's text as it is generated, calls (and a native template's reply) once whole."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
-    tokens = await off_loop(request, messages_of, state.model, body)
+    prompt = await off_loop(request, chat_prompt, state.model, state.template, body)
+    tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None
+    stream = bool(body.get("stream"))
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+    sent = [0]  # characters of a generic {"response": ...} answer streamed so far
 
-    def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
-        new = res.new_probs(final and not body.get("stream"))
-        logprobs = None if new is None else chat_logprobs(new)
-        if piece is None and final and not body.get("stream"):
-            msg = {"role": "assistant", "content": res.text}
-            return {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
-                    "finish_reason": res.finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
-        delta = {"role": "assistant", "content": ""} if first else {} if final else {"content": piece}
+    def reply(res: Result) -> tuple[str | None, list[dict], str | None]:
+        if tools is None:
+            return res.text, [], res.finish
+        content, calls = reply_of(res.text, tools)
+        return content, calls, "tool_calls" if calls and res.finish == "stop" else res.finish
+
+    def chunk(res: Result, delta: dict, finish: str | None, logprobs: dict | None) -> dict:
         return {**base(state, "chat.completion.chunk", rid), "choices": [{"index": 0, "delta": delta,
-                "finish_reason": res.finish if final else None, "logprobs": logprobs}]}
+                "finish_reason": finish, "logprobs": logprobs}]}
 
-    return await respond(state, request, tokens, body, shape, "chat")
+    def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict | list[dict] | None:
+        new = res.new_probs(final and not stream)
+        logprobs = None if new is None else chat_logprobs(new)
+        if final and not stream:
+            content, calls, finish = reply(res)
+            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                msg["tool_calls"] = calls
+            return {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
+                    "finish_reason": finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
+        if first:
+            return chunk(res, {"role": "assistant", "content": None if tools else ""}, None, logprobs)
+        if not final:
+            if tools is None:
+                return chunk(res, {"content": piece}, None, logprobs)
+            # a generic answer's text is streamed as it comes; calls, and a native reply, once whole
+            so_far = None if tools.native else response_so_far(res.text)
+            if not so_far or len(so_far) <= sent[0]:
+                return None
+            new_text, sent[0] = so_far[sent[0]:], len(so_far)
+            return chunk(res, {"content": new_text}, None, None)
+        if tools is None:
+            return chunk(res, {}, res.finish, logprobs)
+        content, calls, finish = reply(res)
+        rest = (content or "")[sent[0]:]
+        deltas = ([{"content": rest}] if rest else []) + tool_call_deltas(calls)
+        return [chunk(res, d, None, None) for d in deltas] + [chunk(res, {}, finish, logprobs)]
+
+    return await respond(state, request, prompt.tokens, {**body, **prompt.extra}, shape, "chat")
+
+
+async def apply_template(request: Request) -> Response:
+    """llama.cpp's /apply-template: {"messages", "tools"?, ...} -> {"prompt": the rendered text}."""
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    prompt = await off_loop(request, chat_prompt, state.model, state.template, body, False)
+    return JSONResponse({"prompt": prompt.text})
 
 
 async def completions(request: Request) -> Response:

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 
 from specee import _core
 from specee.generate import MODES, ExitParams, GenerateOptions
-from specee.model import CHAT_ROLES, Model
+from specee.model import Model
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
 MAX_DEPTH = 64  # arrays and objects nested in a request body
@@ -181,31 +181,6 @@ def prompt_of(model: Model, body: dict, key: str = "prompt") -> list[int]:
             raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
         return list(prompt)
     raise ApiError(400, f"'{key}' must be a non-empty string or list of token ids (one prompt per request)", param=key)
-
-
-def messages_of(model: Model, body: dict) -> list[int]:
-    """A chat's messages through the model's chat template, as token ids."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
-    chat = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"each message must be an object with a 'role' ({', '.join(CHAT_ROLES)}) and a "
-                                "'content'", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: the text ones
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ApiError(400, "only text content parts are supported", param="messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise ApiError(400, "a message's 'content' must be a string or a list of text parts", param="messages")
-        chat.append({"role": m["role"], "content": content})
-    try:
-        return model.prompt_tokens(chat)
-    except ValueError as e:
-        raise ApiError(400, str(e), param="messages") from None
 
 
 # ---- what it asks to generate ---------------------------------------------------------------------------

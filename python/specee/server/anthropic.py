@@ -1,0 +1,194 @@
+"""Anthropic's Messages API on the same engine: POST /v1/messages (one JSON message, or its stream of named events:
+message_start, content_block_start, content_block_delta, content_block_stop, message_delta, message_stop) and POST
+/v1/messages/count_tokens. A request is read into the chat request it means (`chat_body`: system as a string or
+text blocks, text / tool_use / tool_result blocks, an assistant's thinking blocks as its `reasoning_content`, tools
+with input_schema, tool_choice auto / any / tool / none, stop_sequences) and goes through chat's template, tools and
+generation; the reply is written back in Anthropic's shape. Errors keep the server's one error shape (request.py's
+ApiError)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from specee.server.engine import ServerState
+from specee.server.generation import Result, respond
+from specee.server.request import ApiError, json_object, off_loop
+from specee.server.tools import chat_prompt, reply_of
+
+STOP_REASON = {"stop": "end_turn", "length": "max_tokens"}
+
+
+def text_blocks(value: Any, where: str) -> str:
+    """A string, or a list of text blocks, as text (400 on any other block)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ApiError(400, f"{where} must be a string or a list of content blocks", param=where)
+    out = []
+    for b in value:
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            kind = b.get("type") if isinstance(b, dict) else None
+            raise ApiError(400, f"{where}: {kind or 'a'} block where a text block was expected"
+                           + (" (image input is not supported)" if kind == "image" else ""), param=where)
+        out.append(b["text"])
+    return "\n".join(out)
+
+
+def chat_messages(messages: Any) -> list[dict]:
+    """Anthropic's messages as chat's: an assistant's tool_use blocks become its tool_calls, a user's tool_result
+    blocks become tool messages."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
+    out: list[dict] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise ApiError(400, f"messages[{i}] must be an object with a 'role' (user or assistant) and a 'content'",
+                           param="messages")
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append({"role": m["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise ApiError(400, f"messages[{i}].content must be a string or a list of content blocks",
+                           param="messages")
+        texts, calls, thinking = [], [], []
+        for b in content:
+            kind = b.get("type") if isinstance(b, dict) else None
+            if kind == "text" and isinstance(b.get("text"), str):
+                texts.append(b["text"])
+            elif kind == "thinking" and m["role"] == "assistant" and isinstance(b.get("thinking"), str):
+                thinking.append(b["thinking"])  # the template's reasoning_content
+            elif kind == "redacted_thinking" and m["role"] == "assistant":
+                continue
+            elif kind == "tool_use" and m["role"] == "assistant" and isinstance(b.get("name"), str):
+                calls.append({"id": str(b.get("id", "")), "type": "function", "function": {
+                    "name": b["name"], "arguments": json.dumps(b.get("input", {}), ensure_ascii=False)}})
+            elif kind == "tool_result" and m["role"] == "user":
+                result = b.get("content", "")
+                text = text_blocks(result, f"messages[{i}].content tool_result")
+                out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")),
+                            "content": ("Error: " if b.get("is_error") else "") + text})
+            elif kind == "image":
+                raise ApiError(400, f"messages[{i}]: image input is not supported", param="messages")
+            else:
+                raise ApiError(400, f"messages[{i}]: a content block of type {json.dumps(kind)[:40]} is not "
+                               "supported here (text, tool_use in assistant messages, tool_result in user ones)",
+                               param="messages")
+        if texts or calls or thinking:
+            msg: dict[str, Any] = {"role": m["role"], "content": "\n".join(texts) if texts else None}
+            if calls:
+                msg["tool_calls"] = calls
+            if thinking:
+                msg["reasoning_content"] = "\n".join(thinking)
+            out.append(msg)
+    return out
+
+
+def chat_body(body: dict) -> dict:
+    """The chat request an Anthropic request means (400 on a malformed field)."""
+    messages = chat_messages(body.get("messages"))
+    system = body.get("system")
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": text_blocks(system, "system")})
+    chat: dict[str, Any] = {"messages": messages}
+    for key in ("temperature", "top_p", "top_k", "stream", "max_tokens", "seed", "mode"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    if body.get("stop_sequences") is not None:
+        chat["stop"] = body["stop_sequences"]
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise ApiError(400, "'tools' must be a list of {name, description, input_schema}", param="tools")
+        chat["tools"] = [{"type": "function", "function": {k: v for k, v in (
+            ("name", t.get("name")), ("description", t.get("description")), ("parameters", t.get("input_schema")))
+            if v is not None}} for t in tools]
+    choice = body.get("tool_choice")
+    if choice is not None:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        if kind == "tool":
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        elif kind in ("auto", "any", "none"):
+            chat["tool_choice"] = "required" if kind == "any" else kind
+        else:
+            raise ApiError(400, "'tool_choice' must be {\"type\": \"auto\"}, {\"type\": \"any\"}, "
+                           "{\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}", param="tool_choice")
+        if isinstance(choice, dict) and choice.get("disable_parallel_tool_use"):
+            chat["parallel_tool_calls"] = False
+    return chat
+
+
+def usage_of(res: Result) -> dict:
+    return {"input_tokens": res.n_prompt, "output_tokens": res.n_generated, "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0}
+
+
+async def messages(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    chat = chat_body(body)
+    prompt = await off_loop(request, chat_prompt, state.model, state.template, chat)
+    tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None
+    stream = bool(chat.get("stream"))
+    mid = "msg_" + uuid.uuid4().hex[:24]
+
+    def blocks_of(res: Result) -> tuple[list[dict], str]:
+        content, calls = (res.text, []) if tools is None else reply_of(res.text, tools)
+        blocks: list[dict] = [{"type": "text", "text": content}] if content or not calls else []
+        for c in calls:
+            blocks.append({"type": "tool_use", "id": "toolu_" + c["id"][5:], "name": c["function"]["name"],
+                           "input": json.loads(c["function"]["arguments"])})
+        reason = "tool_use" if calls and res.finish == "stop" else STOP_REASON.get(res.finish or "", "end_turn")
+        return blocks, reason
+
+    def message(res: Result, blocks: list[dict], reason: str | None) -> dict:
+        return {"id": mid, "type": "message", "role": "assistant", "model": state.alias, "content": blocks,
+                "stop_reason": reason, "stop_sequence": None, "usage": usage_of(res)}
+
+    def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict | list[dict] | None:
+        if final and not stream:
+            return message(res, *blocks_of(res))
+        if first:
+            start: list[dict] = [{"type": "message_start", "message": message(res, [], None)}]
+            if tools is None:
+                start.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            return start
+        if not final:
+            if tools is not None or not piece:
+                return None
+            return {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
+        def end(reason: str) -> dict:
+            return {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
+                    "usage": {"output_tokens": res.n_generated}}
+
+        if tools is None:
+            return [{"type": "content_block_stop", "index": 0}, end(STOP_REASON.get(res.finish or "", "end_turn")),
+                    {"type": "message_stop"}]
+        blocks, reason = blocks_of(res)
+        out: list[dict] = []
+        for i, b in enumerate(blocks):
+            if b["type"] == "text":
+                out.append({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})
+                out.append({"type": "content_block_delta", "index": i,
+                            "delta": {"type": "text_delta", "text": b["text"]}})
+            else:
+                out.append({"type": "content_block_start", "index": i, "content_block": {**b, "input": {}}})
+                out.append({"type": "content_block_delta", "index": i, "delta": {
+                    "type": "input_json_delta", "partial_json": json.dumps(b["input"], ensure_ascii=False)}})
+            out.append({"type": "content_block_stop", "index": i})
+        return out + [end(reason), {"type": "message_stop"}]
+
+    return await respond(state, request, prompt.tokens, {**chat, **prompt.extra}, shape, "anthropic")
+
+
+async def count_tokens(request: Request) -> Response:
+    """{model, messages, system?, tools?} -> {"input_tokens": N}: the prompt /v1/messages would evaluate."""
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    prompt = await off_loop(request, chat_prompt, state.model, state.template, chat_body(body))
+    return JSONResponse({"input_tokens": len(prompt.tokens)})

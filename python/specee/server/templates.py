@@ -1,0 +1,207 @@
+"""How the server turns chat messages into a prompt: the runtime's built-in templates (csrc/specee-chat.cpp, the
+default) or Jinja text rendered by jinja2 as Hugging Face's `apply_chat_template` renders it (`--jinja`).
+
+The choice is made once, at start (`chat_template_of`), and checked there by rendering a probe conversation: a
+template that does not compile or render is an error naming the template before the server listens, never a crash
+on the first request. Hugging Face's conventions: a sandboxed environment with `trim_blocks` and `lstrip_blocks`,
+the loop-control extension and `{% generation %}` (rendered as its body),
+`raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter as transformers writes it (no ASCII escapes, keys
+in their order), and the variables `messages`, `tools`, `documents`, `add_generation_prompt`, `bos_token`,
+`eos_token`, llama.cpp's `date_string` (today) and `enable_thinking` (true), then the server's
+`--chat-template-kwargs` and a request's `chat_template_kwargs` over them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import SandboxedEnvironment
+
+from specee import _core
+from specee.model import Model
+
+PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+         {"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}]
+
+
+class TemplateError(ValueError):
+    """A template that cannot render these messages (its own raise_exception included)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    def plain(v: Any) -> Any:  # what a filter chain leaves (`tools | map(...)`: a generator) as a list
+        if isinstance(v, (str, bytes, int, float, bool, type(None), dict, list, tuple)):
+            return v
+        if isinstance(v, (jinja2.Undefined,)):
+            return None
+        try:
+            return list(v)
+        except TypeError:
+            return str(v)
+
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=plain)
+
+
+class GenerationTag(jinja2.ext.Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens for training masks):
+    here its body renders as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def jinja_environment() -> SandboxedEnvironment:
+    # sandboxed (no attribute a template should not reach), not immutable: some templates build lists with
+    # .append (Kimi-K2's), as llama.cpp's own engine allows; the messages they see are the request's own copy
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                               extensions=["jinja2.ext.loopcontrols", GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def special_text(model: Model, token: int) -> str:
+    return "" if token < 0 else model.token_to_piece(token, True).decode("utf-8", errors="replace")
+
+
+@dataclass
+class ChatTemplate:
+    """The server's chat template: a built-in one by name (`builtin`), or Jinja `source` compiled by jinja2."""
+
+    builtin: str | None = None
+    source: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
+    bos: str = ""
+    eos: str = ""
+    compiled: jinja2.Template | None = None
+    system: bool = True  # it renders a system message (else one is put before the first user message's text)
+
+    @property
+    def kind(self) -> str:
+        return "jinja" if self.source is not None else "builtin"
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template itself describes tools to the model (its text reads the `tools` variable)."""
+        return self.source is not None and "tools" in self.source
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
+               kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text of messages (TemplateError when the template refuses them)."""
+        if self.compiled is None:
+            assert self.builtin is not None
+            chat = []
+            for i, m in enumerate(messages):
+                if not isinstance(m.get("content"), str):
+                    raise TemplateError(f"message {i}: the built-in template {self.builtin} needs text content")
+                chat.append({"role": m["role"], "content": m["content"]})
+            try:
+                return _core.chat_apply_template(self.builtin, chat, add_generation_prompt)
+            except _core.SpecEEError as e:
+                raise TemplateError(str(e)) from None
+        if not self.system and messages and messages[0]["role"] == "system":
+            messages = without_system(messages)
+        # llama.cpp's defaults: date_string today (Llama-3.x templates print it; theirs default to a fixed date) and
+        # enable_thinking true (its reasoning "auto": a thinking model's template opens its <think>)
+        values = {"date_string": datetime.date.today().strftime("%d %b %Y"), "enable_thinking": True,
+                  **self.kwargs, **(kwargs or {}),
+                  "messages": messages, "add_generation_prompt": add_generation_prompt,
+                  "bos_token": self.bos, "eos_token": self.eos}
+        if tools:
+            values["tools"] = tools
+        try:
+            return self.compiled.render(**values)
+        except jinja2.exceptions.TemplateError as e:
+            raise TemplateError(f"chat template: {e}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
+            raise TemplateError(f"chat template: {type(e).__name__}: {e}") from None
+
+    def tokens(self, model: Model, text: str) -> list[int]:
+        """The rendered text's tokens: special-token text parsed, BOS as the vocabulary asks and not twice."""
+        tokens = model.tokenize(text, add_special=True, parse_special=True)
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos:
+            tokens = tokens[1:]
+        return tokens
+
+
+def chat_template_of(model: Model, jinja: bool, template: str | None, template_file: str | None,
+                     kwargs: dict[str, Any] | None = None) -> ChatTemplate:
+    """The template the server renders with (ValueError naming what is wrong, at start):
+    - without --jinja: a built-in template, by --chat-template NAME (or Jinja text with a known template's markers),
+      by the file's text, or the model's own recognised by its markers; a model whose own template the built-in
+      renderer does not know is rendered by jinja2 instead (said on stderr by the caller);
+    - with --jinja: jinja2 renders --chat-template TEXT, the file's text, or the model's tokenizer.chat_template
+      (--chat-template NAME still names a built-in template, as llama.cpp takes it)."""
+    if template is not None and template_file is not None:
+        raise ValueError("give --chat-template or --chat-template-file, not both")
+    if template_file is not None:
+        try:
+            with open(template_file, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template-file {template_file}: {e}") from None
+    own = model.metadata.get("tokenizer.chat_template")
+    bos, eos = special_text(model, model.bos), special_text(model, model.eos)
+    if not jinja:
+        try:
+            return checked(ChatTemplate(builtin=model.chat_template(template)))
+        except ValueError as e:
+            if template is not None or not own:
+                raise ValueError(f"{e} (--jinja renders any Jinja template)") from None
+    source = template if template is not None else own
+    if not source:
+        raise ValueError("the model has no tokenizer.chat_template: give --chat-template or --chat-template-file")
+    if template is not None and _core.chat_template_detect(template) == template:
+        return checked(ChatTemplate(builtin=template))  # a built-in name: renders as its Jinja text does
+    try:
+        compiled = jinja_environment().from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None
+    return checked(ChatTemplate(source=source, kwargs=dict(kwargs or {}), bos=bos, eos=eos, compiled=compiled))
+
+
+def without_system(messages: list[dict]) -> list[dict]:
+    """A chat's leading system message put before the text of the first user message (llama.cpp does the same for
+    templates without a system role, Gemma's)."""
+    system, rest = messages[0], list(messages[1:])
+    for i, m in enumerate(rest):
+        if m["role"] == "user" and isinstance(m.get("content"), str):
+            rest[i] = {**m, "content": system["content"] + "\n\n" + m["content"]}
+            return rest
+    return [{"role": "user", "content": system["content"]}, *rest]
+
+
+def checked(t: ChatTemplate) -> ChatTemplate:
+    """The template, once it has rendered a probe conversation (system, user, assistant, user), or, for a Jinja
+    template that refuses a system message, the same with the system text put into the first user message."""
+    try:
+        t.render(PROBE)
+    except TemplateError as first:
+        if t.compiled is None:
+            raise ValueError(f"the chat template cannot render a conversation: {first}") from None
+        t.system = False
+        try:
+            t.render(PROBE)
+        except TemplateError as e:
+            raise ValueError(f"the chat template cannot render a conversation: {e}") from None
+    return t
