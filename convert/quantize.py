@@ -32,7 +32,9 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from specee.convert.output import OutTensor, copy_tensor, field_value, read_fields, uint32_field, write_gguf
+from specee.convert.imatrix import read_imatrix
+from specee.convert.output import (OutTensor, copy_tensor, field_value, read_fields, string_field, uint32_field,
+                                   write_gguf)
 
 DESCRIPTION = "Retype a GGUF's tensors (dequantize or quantize), as llama-quantize does"
 
@@ -68,9 +70,18 @@ OUTTYPES = {
     "tq2_0": (Q.TQ2_0, FT.MOSTLY_TQ2_0),
     "mxfp4": (Q.MXFP4, FT.MOSTLY_MXFP4_MOE),
 }
+# the types ggml makes only with an importance matrix (quantize --imatrix FILE; not offered by `hf --outtype`)
+IMATRIX_OUTTYPES = {
+    "iq2_xxs": (Q.IQ2_XXS, FT.MOSTLY_IQ2_XXS),
+    "iq2_xs": (Q.IQ2_XS, FT.MOSTLY_IQ2_XS),
+    "iq2_s": (Q.IQ2_S, FT.MOSTLY_IQ2_S),
+    "iq1_s": (Q.IQ1_S, FT.MOSTLY_IQ1_S),
+    "iq1_m": (Q.IQ1_M, FT.MOSTLY_IQ1_M),
+}
 # a matrix whose rows are not whole blocks of the type gets the next of these whose blocks fit (llama-quantize's
 # fallbacks for the 256-value super-blocks), else F16
-FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.IQ3_XXS: Q.IQ4_NL, Q.IQ3_S: Q.IQ4_NL, Q.IQ4_XS: Q.IQ4_NL,
+FALLBACK = {Q.IQ2_XXS: Q.IQ4_NL, Q.IQ2_XS: Q.IQ4_NL, Q.IQ2_S: Q.IQ4_NL, Q.IQ1_S: Q.IQ4_NL, Q.IQ1_M: Q.IQ4_NL,
+            Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.IQ3_XXS: Q.IQ4_NL, Q.IQ3_S: Q.IQ4_NL, Q.IQ4_XS: Q.IQ4_NL,
             Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.TQ1_0: Q.Q4_0, Q.TQ2_0: Q.Q4_0}
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 KEY_QUANT_VERSION = gguf.Keys.General.QUANTIZATION_VERSION
@@ -112,40 +123,78 @@ def fitting_type(qtype: Q, row: int) -> Q:
     return Q.F16 if qtype is None else qtype
 
 
-def quantize_array(data: np.ndarray, qtype: Q) -> np.ndarray:
+def quantize_array(data: np.ndarray, qtype: Q, imatrix: np.ndarray | None = None) -> np.ndarray:
     """Floats [..., row] as `qtype`: the float types by the gguf package, the others by ggml's quantizers (what
-    llama-quantize runs), as rows of bytes [..., row bytes]."""
+    llama-quantize runs), as rows of bytes [..., row bytes]. imatrix: importance weights, one row of them per matrix
+    of a 3-D tensor (the quantized types that take one use it)."""
     if qtype in FLOAT_TYPES:
         return gguf.quants.quantize(np.asarray(data, dtype=np.float32), qtype)
     from specee import _core
 
-    rows = np.ascontiguousarray(data, dtype=np.float32).reshape(-1, data.shape[-1])
-    return _core.quantize(int(qtype), rows).reshape(*data.shape[:-1], -1)
+    n_per_row = data.shape[-1]
+    if imatrix is None:
+        rows = np.ascontiguousarray(data, dtype=np.float32).reshape(-1, n_per_row)
+        return _core.quantize(int(qtype), rows).reshape(*data.shape[:-1], -1)
+    mats = np.ascontiguousarray(data, dtype=np.float32).reshape(-1, data.shape[-2], n_per_row)
+    weights = np.asarray(imatrix, dtype=np.float32).reshape(len(mats), n_per_row)
+    return np.stack([_core.quantize(int(qtype), m, w) for m, w in zip(mats, weights)]).reshape(*data.shape[:-1], -1)
 
 
-def converter(t: gguf.ReaderTensor, qtype: Q) -> Callable[[], np.ndarray]:
+def converter(t: gguf.ReaderTensor, qtype: Q, imatrix: np.ndarray | None = None) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         data = gguf.quants.dequantize(t.data, t.tensor_type)
-        return quantize_array(np.asarray(data, dtype=np.float32), qtype)
+        return quantize_array(np.asarray(data, dtype=np.float32), qtype, imatrix)
 
     return load
 
 
+def imatrix_of(name: str, ne: np.ndarray, qtype: Q, entries: dict[str, np.ndarray], path: str) -> np.ndarray | None:
+    """The importance weights of matrix `name` (GGML shape `ne`) when quantized to `qtype`, as llama-quantize picks
+    them: the entry of that name if its size is the matrix's (rows x matrices; token_embd, which llama-imatrix never
+    sees, is let off a mismatch); ValueError where the type needs weights and there are none."""
+    w = entries.get(name)
+    n_mat = int(np.prod([int(n) for n in ne[2:]])) if len(ne) > 2 else 1
+    if w is not None and w.size != int(ne[0]) * n_mat:
+        if name != "token_embd.weight":
+            raise ValueError(f"{path}: the importance matrix of {name} has {w.size} weights, the tensor "
+                             f"{int(ne[0]) * n_mat} columns")
+        w = None
+    if w is None and qtype in {q for q, _ in IMATRIX_OUTTYPES.values()}:
+        raise ValueError(f"{path}: no importance matrix entry for {name}, which {qtype.name} needs (llama-imatrix "
+                         "records the matrices a model multiplies by)")
+    return w
+
+
 def quantize_gguf(
     src: str | os.PathLike, dst: str | os.PathLike, outtype: str, *, allow_requantize: bool = False,
-    progress: bool = True,
+    progress: bool = True, imatrix: str | os.PathLike | None = None,
 ) -> None:
-    if outtype not in OUTTYPES:
-        raise ValueError(f"outtype must be one of {list(OUTTYPES)}, not {outtype!r}")
+    """Retype `src` into `dst` (see the module's text); imatrix: an importance matrix file (llama-imatrix's), needed
+    by the IMATRIX_OUTTYPES and used by every quantized type that takes one, as llama-quantize --imatrix."""
+    types = {**OUTTYPES, **IMATRIX_OUTTYPES}
+    if outtype not in types:
+        raise ValueError(f"outtype must be one of {list(types)}, not {outtype!r}")
+    if outtype in IMATRIX_OUTTYPES and imatrix is None:
+        raise ValueError(f"{outtype} needs an importance matrix: --imatrix FILE (llama-imatrix's output)")
     if not os.path.isfile(src):
         raise FileNotFoundError(f"{src}: no such file")
-    qtype, ftype = OUTTYPES[outtype]
+    imat = None if imatrix is None else read_imatrix(imatrix)
+    entries = {} if imat is None else imat.entries
+    qtype, ftype = types[outtype]
     reader = gguf.GGUFReader(src)
     fields = read_fields(reader)
     for key in (KEY_QUANT_VERSION, KEY_FILE_TYPE, *SPLIT_KEYS):
         fields.pop(key, None)
     fields[KEY_QUANT_VERSION] = uint32_field(gguf.GGML_QUANT_VERSION)
     fields[KEY_FILE_TYPE] = uint32_field(int(ftype))
+    if imat is not None:  # what llama-quantize records of it, in its order (a text of at most 127 bytes)
+        fields["quantize.imatrix.file"] = string_field(os.fsencode(imatrix)[:127].decode("utf-8", "replace"))
+        if imat.datasets:
+            fields["quantize.imatrix.dataset"] = string_field(imat.datasets[0].encode()[:127].decode("utf-8",
+                                                                                                    "replace"))
+        fields["quantize.imatrix.entries_count"] = uint32_field(len(imat.entries))
+        if imat.chunk_count > 0:
+            fields["quantize.imatrix.chunks_count"] = uint32_field(imat.chunk_count)
     tensors = []
     for t in sorted(reader.tensors, key=lambda t: llama_order(t.name)):
         new = target_type(t.name, t.shape, t.tensor_type, qtype)
@@ -157,7 +206,9 @@ def quantize_gguf(
                 f"{src}: tensor {t.name} is {t.tensor_type.name} already; converting quantized tensors is "
                 "disabled unless --allow-requantize is given (quantizing them again loses quality)"
             )
-        tensors.append(OutTensor(t.name, tuple(int(n) for n in reversed(t.shape)), new, converter(t, new)))
+        weights = None if new in FLOAT_TYPES or imatrix is None else imatrix_of(t.name, t.shape, new, entries,
+                                                                                 str(imatrix))
+        tensors.append(OutTensor(t.name, tuple(int(n) for n in reversed(t.shape)), new, converter(t, new, weights)))
     arch = field_value(fields[gguf.Keys.General.ARCHITECTURE])
     write_gguf(dst, str(arch), fields, tensors, desc=f"quantizing to {outtype}", progress=progress, inputs=[src])
 
@@ -165,12 +216,16 @@ def quantize_gguf(
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("src", help="input .gguf")
     ap.add_argument("dst", help="output .gguf")
-    ap.add_argument("outtype", type=str.lower, choices=list(OUTTYPES), help="target type of the matrices")
+    ap.add_argument("outtype", type=str.lower, choices=[*OUTTYPES, *IMATRIX_OUTTYPES],
+                    help=f"target type of the matrices ({', '.join(IMATRIX_OUTTYPES)}: with --imatrix only)")
     ap.add_argument("--allow-requantize", action="store_true",
                     help="allow converting tensors that are quantized already (as llama-quantize)")
+    ap.add_argument("--imatrix", metavar="FILE",
+                    help="an importance matrix (llama-imatrix's output, GGUF or legacy .dat), as llama-quantize "
+                    "--imatrix: needed by iq2_*/iq1_*, used by every type that takes one")
 
 
 def run(args: argparse.Namespace) -> None:
-    quantize_gguf(args.src, args.dst, args.outtype, allow_requantize=args.allow_requantize)
+    quantize_gguf(args.src, args.dst, args.outtype, allow_requantize=args.allow_requantize, imatrix=args.imatrix)
     print(f"wrote {args.dst}")
 

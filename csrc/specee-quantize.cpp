@@ -1,6 +1,6 @@
 // specee-quantize.cpp: rows of floats into any ggml type, with ggml's own quantizers (ggml_quantize_chunk, what
 // llama-quantize runs), so `python -m specee.convert quantize` and `convert hf --outtype` make every type upstream
-// makes without an importance matrix, byte for byte
+// makes, with an importance matrix or without, byte for byte
 #include "specee-impl.h"
 #include "specee.h"
 
@@ -8,15 +8,16 @@
 
 #include <cstdint>
 
-extern "C" int64_t specee_quantize(int32_t type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row) {
+extern "C" int64_t specee_quantize(int32_t type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row,
+                                   const float * imatrix) {
     return specee_guard<int64_t>(-1, [&]() -> int64_t {
         if (type < 0 || type >= GGML_TYPE_COUNT || ggml_type_size((ggml_type) type) == 0) {
             specee_fail("type %d is not a ggml tensor type", type);
         }
         const ggml_type t = (ggml_type) type;
-        if (ggml_quantize_requires_imatrix(t)) {
-            specee_fail("%s needs an importance matrix (llama-imatrix) to keep its quality; this converter makes "
-                        "types without one", ggml_type_name(t));
+        if (!imatrix && ggml_quantize_requires_imatrix(t)) {
+            specee_fail("%s needs an importance matrix (llama-imatrix's output, --imatrix FILE) to keep its quality",
+                        ggml_type_name(t));
         }
         if (n_rows < 0 || n_per_row <= 0 || n_per_row % ggml_blck_size(t) != 0) {
             specee_fail("rows of %lld values cannot be %s (a row must be whole blocks of %lld values; rows: %lld)",
@@ -29,6 +30,6 @@ extern "C" int64_t specee_quantize(int32_t type, const float * src, void * dst, 
             specee_fail("no rows to quantize");
         }
         ggml_quantize_init(t);
-        return (int64_t) ggml_quantize_chunk(t, src, dst, 0, n_rows, n_per_row, nullptr);
+        return (int64_t) ggml_quantize_chunk(t, src, dst, 0, n_rows, n_per_row, imatrix);
     });
 }

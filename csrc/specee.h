@@ -327,9 +327,12 @@ const char * specee_arch_key(int32_t i);
 const char * specee_vocab_pre_name(int32_t i);
 
 // n_rows rows of n_per_row floats as ggml type `type` (a ggml_type) into dst (n_rows rows of that type), as
-// llama-quantize makes them without an importance matrix: the bytes written (dst NULL: the bytes it needs), or -1 with
-// specee_last_error() (a type that needs an importance matrix, rows that are not whole blocks of the type)
-int64_t specee_quantize(int32_t type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row);
+// llama-quantize makes them; imatrix: NULL, or n_per_row importance weights (an importance matrix's entry for this
+// tensor, llama-quantize --imatrix), which the types that take one use: the bytes written (dst NULL: the bytes it
+// needs), or -1 with specee_last_error() (a type that needs an importance matrix given none, rows that are not whole
+// blocks of the type)
+int64_t specee_quantize(int32_t type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row,
+                        const float * imatrix);
 
 int32_t      specee_model_exit_n_pred(const specee_model * model); // layers with a predictor
 bool         specee_model_exit_has_pred(const specee_model * model, int32_t layer);

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -278,7 +279,6 @@ def test_bpe_pre_tokenizer_names(bpe_dir: Path, tmp_path: Path) -> None:
                                                                   byte_level]}
     (folder / "tokenizer.json").write_text(json.dumps(tj))
     assert "--vocab-pre" in cli("hf", folder, "-o", tmp_path / "x.gguf")
-    assert not (tmp_path / "x.gguf").exists()
     # a name the runtime has no rules for would write a file that does not load: refused, naming the known ones
     assert "known: default, gpt-2" in cli("hf", folder, "-o", tmp_path / "x.gguf", "--vocab-pre", "tekken")
     assert not (tmp_path / "x.gguf").exists()
@@ -819,9 +819,73 @@ def test_quantize_smollm2_to_k_iq_and_ternary_types(outtype: str, smollm2_path: 
     assert np.isfinite(logits).all() and len(m.generate("Hello", max_tokens=4, mode="plain")) > 0
 
 
-def test_quantize_refuses_types_that_need_an_importance_matrix(tiny_gguf: Path, tmp_path: Path, capsys) -> None:
-    assert cli("quantize", tiny_gguf, tmp_path / "x.gguf", "iq2_xxs") == 2
-    assert "invalid choice: 'iq2_xxs'" in capsys.readouterr().err
+def write_imatrix(path: Path, model: Path, seed: int = 0, legacy: bool = False) -> None:
+    """An importance matrix for `model`'s matrices (but token_embd, which llama-imatrix never records)
+    in llama-imatrix's GGUF layout (NAME.in_sum2 [n_mat, n_per_row], NAME.counts [n_mat]) or its legacy binary one:
+    random positive sums over 7 calls."""
+    rng = np.random.default_rng(seed)
+    names = {n: int(t.shape[0]) for n, t in tensors_of(model).items()
+             if len(t.shape) > 1 and n.endswith("weight") and "norm" not in n and n != "token_embd.weight"}
+    sums = {n: (rng.random(k) * 7).astype(np.float32) for n, k in names.items()}
+    if legacy:
+        out = struct.pack("<i", len(sums))
+        for n, v in sums.items():
+            out += struct.pack("<i", len(n)) + n.encode() + struct.pack("<ii", 7, v.size) + v.tobytes()
+        path.write_bytes(out + struct.pack("<ii", 3, 4) + b"wiki")
+        return
+    w = gguf.GGUFWriter(str(path), "imatrix")
+    w.add_type("imatrix")
+    w.add_array("imatrix.datasets", ["wiki"])
+    w.add_uint32("imatrix.chunk_count", 3)
+    w.add_uint32("imatrix.chunk_size", 512)
+    for n, v in sums.items():
+        w.add_tensor(n + ".in_sum2", v.reshape(1, -1))
+        w.add_tensor(n + ".counts", np.full((1, 1), 7, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_quantize_with_an_importance_matrix(tiny_gguf: Path, tmp_path: Path) -> None:
+    """--imatrix FILE (llama-imatrix's GGUF or legacy format, read alike): the types that take weights use them (the
+    bytes change), llama-quantize's quantize.imatrix.* keys are written; the iq2/iq1 types need one, and a matrix
+    it lacks or an entry of the wrong size is an error naming the tensor."""
+    from specee.convert.imatrix import read_imatrix
+    imat, legacy = tmp_path / "imatrix.gguf", tmp_path / "imatrix.dat"
+    write_imatrix(imat, tiny_gguf)
+    write_imatrix(legacy, tiny_gguf, legacy=True)
+    a, b = read_imatrix(imat), read_imatrix(legacy)
+    assert a.entries.keys() == b.entries.keys() and (a.datasets, a.chunk_count) == (b.datasets, 3) == (["wiki"], 3)
+    for n in a.entries:
+        np.testing.assert_allclose(a.entries[n], b.entries[n], rtol=1e-6)
+    plain, weighted = tmp_path / "plain.gguf", tmp_path / "weighted.gguf"
+    quantize_gguf(tiny_gguf, plain, "iq4_nl", progress=False)
+    assert cli("quantize", "--imatrix", imat, tiny_gguf, weighted, "iq4_nl") == 0
+    p, w = tensors_of(plain), tensors_of(weighted)
+    assert not np.array_equal(p["blk.0.ffn_up.weight"].data, w["blk.0.ffn_up.weight"].data)
+    assert np.array_equal(p["token_embd.weight"].data, w["token_embd.weight"].data)  # no entry: no weights
+    assert meta(weighted)["quantize.imatrix.entries_count"] == len(a.entries)
+    assert meta(weighted)["quantize.imatrix.chunks_count"] == 3
+    assert np.isfinite(specee.Model(weighted, n_ctx=64, n_threads=1).eval([1, 2, 3])).all()
+    assert "iq2_xxs needs an importance matrix: --imatrix FILE" in str(cli("quantize", tiny_gguf, tmp_path / "x.gguf",
+                                                                            "iq2_xxs"))
+    # the tiny model's rows (64, 160) take iq2_xxs's fallback (iq4_nl, which needs no weights): a 256-wide matrix
+    from specee.convert.quantize import imatrix_of
+    with pytest.raises(ValueError, match="no importance matrix entry for blk.1.attn_q.weight, which IQ2_XXS needs"):
+        imatrix_of("blk.1.attn_q.weight", np.array([256, 8]), Q.IQ2_XXS, {}, "imatrix.gguf")
+    with pytest.raises(ValueError, match="the importance matrix of blk.1.attn_q.weight has 64 weights, the tensor 256"):
+        imatrix_of("blk.1.attn_q.weight", np.array([256, 8]), Q.IQ4_NL, a.entries, "imatrix.gguf")
+    assert imatrix_of("token_embd.weight", np.array([256, 8]), Q.IQ4_NL, a.entries, "imatrix.gguf") is None
+    with pytest.raises(ValueError, match="one weight per column"):
+        specee._core.quantize(int(Q.IQ4_NL), np.zeros((1, 64), np.float32), np.ones(32, np.float32))
+    (tmp_path / "junk.gguf").write_bytes(b"\x02\x00\x00\x00\x05\x00")
+    with pytest.raises(ValueError, match="cut short"):
+        read_imatrix(tmp_path / "junk.gguf")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_quantize_refuses_types_that_need_an_importance_matrix() -> None:
     with pytest.raises(specee.SpecEEError, match="iq2_xxs needs an importance matrix"):
         specee._core.quantize(int(Q.IQ2_XXS), np.zeros((1, 256), np.float32))
     with pytest.raises(specee.SpecEEError, match="rows of 100 values cannot be q4_K"):
@@ -866,6 +930,37 @@ def test_quantize_smollm2_bytes_equal_llama_quantize(smollm2_path: Path, tmp_pat
     assert run.returncode == 0, run.stderr[-2000:]
     ours = tmp_path / "ours-f16.gguf"
     quantize_gguf(smollm2_path, ours, "f16", allow_requantize=True, progress=False)
+    assert ours.read_bytes() == theirs.read_bytes()
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("outtype", ["IQ4_NL", "Q4_K_M", "IQ2_XXS", "Q8_0"])
+def test_quantize_with_an_importance_matrix_bytes_equal_llama_quantize(outtype: str, tiny_gguf: Path,
+                                                                       tmp_path: Path) -> None:
+    exe = upstream_binary("llama-quantize", "SPECEE_LLAMA_QUANTIZE")
+    imat = tmp_path / "imatrix.gguf"
+    write_imatrix(imat, tiny_gguf)
+    theirs, ours = tmp_path / "upstream.gguf", tmp_path / "ours.gguf"
+    run = subprocess.run([exe, "--pure", "--imatrix", imat, tiny_gguf, theirs, outtype], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    quantize_gguf(tiny_gguf, ours, outtype.lower(), imatrix=imat, progress=False)
+    assert ours.read_bytes() == theirs.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_quantize_smollm2_iq2_xxs_bytes_equal_llama_quantize(smollm2_path: Path, tmp_path: Path) -> None:
+    """SmolLM2's ffn_down rows (1536) take IQ2_XXS itself, with the importance weights."""
+    exe = upstream_binary("llama-quantize", "SPECEE_LLAMA_QUANTIZE")
+    imat = tmp_path / "imatrix.gguf"
+    write_imatrix(imat, smollm2_path)
+    theirs, ours = tmp_path / "upstream.gguf", tmp_path / "ours.gguf"
+    run = subprocess.run([exe, "--pure", "--allow-requantize", "--imatrix", imat, smollm2_path, theirs, "IQ2_XXS"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    quantize_gguf(smollm2_path, ours, "iq2_xxs", imatrix=imat, allow_requantize=True, progress=False)
+    assert tensors_of(ours)["blk.0.ffn_down.weight"].tensor_type == Q.IQ2_XXS
     assert ours.read_bytes() == theirs.read_bytes()
 
 

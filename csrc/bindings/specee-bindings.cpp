@@ -619,12 +619,17 @@ PYBIND11_MODULE(_core, m) {
     });
     m.def("max_threads", &specee_max_threads);
     m.def("arch_eagle_tensor_names", [] { return name_list(specee_arch_eagle_tensor_name); });
-    m.def("quantize", [](int32_t type, const f32_array & rows) {
+    m.def("quantize", [](int32_t type, const f32_array & rows, std::optional<f32_array> imatrix) {
         if (rows.ndim() != 2) {
             throw py::value_error("quantize: expected a 2-D array of rows");
         }
         const int64_t n_rows = rows.shape(0), n_per_row = rows.shape(1);
-        const int64_t size   = specee_quantize(type, nullptr, nullptr, 1, n_per_row); // one row's bytes
+        if (imatrix && (imatrix->ndim() != 1 || imatrix->shape(0) != n_per_row)) {
+            throw py::value_error("quantize: the importance matrix must hold one weight per column (" +
+                                  std::to_string(n_per_row) + "), not " + std::to_string(imatrix->size()));
+        }
+        const float * weights = imatrix ? imatrix->data() : nullptr;
+        const int64_t size    = specee_quantize(type, nullptr, nullptr, 1, n_per_row, weights); // one row's bytes
         if (size < 0) {
             raise_last();
         }
@@ -632,14 +637,15 @@ PYBIND11_MODULE(_core, m) {
         int64_t               n;
         {
             py::gil_scoped_release release;
-            n = specee_quantize(type, rows.data(), out.mutable_data(), n_rows, n_per_row);
+            n = specee_quantize(type, rows.data(), out.mutable_data(), n_rows, n_per_row, weights);
         }
         if (n < 0) {
             raise_last();
         }
         return out;
-    }, "rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize "
-       "makes them without an importance matrix");
+    }, py::arg("type"), py::arg("rows"), py::arg("imatrix") = py::none(),
+       "rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize makes "
+       "them; imatrix: None or [n_per_row] importance weights (an importance matrix's entry for the tensor)");
     m.def("vocab_pre_names", [] { return name_list(specee_vocab_pre_name); },
           "the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has");
     m.def("arch_pred_tensor_names", [] { return name_list(specee_arch_pred_tensor_name); });

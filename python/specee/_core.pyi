@@ -304,8 +304,8 @@ def generator_stat_names() -> list:
     ...
 def max_threads() -> int:
     ...
-def quantize(type: typing.SupportsInt, rows: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.uint8]:
-    """rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize makes them without an importance matrix"""
+def quantize(type: typing.SupportsInt, rows: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], imatrix: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None) -> numpy.typing.NDArray[numpy.uint8]:
+    """rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize makes them; imatrix: None or [n_per_row] importance weights (an importance matrix's entry for the tensor)"""
 def rpc_add_servers(servers: str) -> None:
     ...
 def set_verbose(arg0: bool) -> None:
