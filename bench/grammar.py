@@ -147,20 +147,30 @@ def library(model: Model, cases: list[str], rounds: int, max_tokens: int) -> lis
     return samples
 
 
-def server_speed(port: int, tokens: list[int], schema: dict | None, max_tokens: int) -> tuple[float, int]:
-    """(decode t/s as the server reports it, tokens predicted) of one /completion request."""
+def is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+def server_speed(port: int, tokens: list[int], schema: dict | None, max_tokens: int) -> tuple[float, bool]:
+    """(decode t/s as the server reports it, whether the text is JSON) of one /completion request."""
     body = {"prompt": tokens, "n_predict": max_tokens, "temperature": 0}
     body.update({"json_schema": schema} if schema is not None else {"ignore_eos": True})
     r = post(port, "/completion", body)
-    return float(r["timings"]["predicted_per_second"]), int(r["tokens_predicted"])
+    return float(r["timings"]["predicted_per_second"]), is_json(r["content"])
 
 
-def servers_table(rows: list[tuple[str, float, float, float, float]]) -> str:
-    """rows: (case, specee constrained, llama constrained, specee unconstrained, llama unconstrained) t/s."""
+def servers_table(rows: list[tuple[str, float, float, float, float, str]]) -> str:
+    """rows: (case, specee constrained, llama constrained, specee unconstrained, llama unconstrained t/s, how many
+    constrained texts of each server were JSON)."""
     lines = ["| case | specee-server t/s | llama-server t/s | specee / llama | specee unconstrained t/s | "
-             "llama unconstrained t/s | specee / llama |", "|---|---|---|---|---|---|---|"]
-    for case, sc, lc, su, lu in rows:
-        lines.append(f"| {case} | {sc:.1f} | {lc:.1f} | {sc / lc:.2f}x | {su:.1f} | {lu:.1f} | {su / lu:.2f}x |")
+             "llama unconstrained t/s | specee / llama | JSON texts (specee, llama) |", "|---|---|---|---|---|---|---|---|"]
+    for case, sc, lc, su, lu, valid in rows:
+        lines.append(f"| {case} | {sc:.1f} | {lc:.1f} | {sc / lc:.2f}x | {su:.1f} | {lu:.1f} | {su / lu:.2f}x | "
+                     f"{valid} |")
     return "\n".join(lines)
 
 
@@ -170,6 +180,7 @@ def servers(args: argparse.Namespace, model: Model, cases: list[str]) -> str:
             Server("llama-server", [args.llama_server, *common, "--no-webui"], "", "")]
     prompts = {c: model.prompt_tokens([{"role": "user", "content": CASES[c][0]}]) for c in cases}
     speeds: dict[tuple[str, str, bool], list[float]] = {}
+    valid: dict[tuple[str, str], list[bool]] = {}
     try:
         for s in both:
             s.start()
@@ -181,8 +192,10 @@ def servers(args: argparse.Namespace, model: Model, cases: list[str]) -> str:
                 for s in (both if r % 2 == 0 else both[::-1]):
                     for constrained in (True, False):
                         schema = CASES[c][1] if constrained else None
-                        tps, _ = server_speed(s.port, prompts[c], schema, args.max_tokens)
+                        tps, ok = server_speed(s.port, prompts[c], schema, args.max_tokens)
                         speeds.setdefault((s.name, c, constrained), []).append(tps)
+                        if constrained:
+                            valid.setdefault((s.name, c), []).append(ok)
     finally:
         for s in both:
             s.stop()
@@ -190,8 +203,11 @@ def servers(args: argparse.Namespace, model: Model, cases: list[str]) -> str:
     def med(name: str, c: str, constrained: bool) -> float:
         return statistics.median(speeds[(name, c, constrained)])
 
+    def n_valid(c: str) -> str:
+        return ", ".join(f"{sum(valid[(n, c)])}/{len(valid[(n, c)])}" for n in ("specee-server", "llama-server"))
+
     return servers_table([(c, med("specee-server", c, True), med("llama-server", c, True),
-                           med("specee-server", c, False), med("llama-server", c, False)) for c in cases])
+                           med("specee-server", c, False), med("llama-server", c, False), n_valid(c)) for c in cases])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

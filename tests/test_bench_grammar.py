@@ -44,8 +44,9 @@ def test_tables() -> None:
     table = bench_grammar.library_table({"order": s}).splitlines()
     assert len(table) == 3 and table[2].startswith("| order | 100.0 | 80.0 / 95.2 | 2.0% / 0.2% | 0.250 |")
     assert table[2].endswith("| 75% | 0.30 | 2.00x |")
-    rows = bench_grammar.servers_table([("config", 30.0, 20.0, 50.0, 40.0)]).splitlines()
-    assert rows[2] == "| config | 30.0 | 20.0 | 1.50x | 50.0 | 40.0 | 1.25x |"
+    rows = bench_grammar.servers_table([("config", 30.0, 20.0, 50.0, 40.0, "3/3, 2/3")]).splitlines()
+    assert rows[2] == "| config | 30.0 | 20.0 | 1.50x | 50.0 | 40.0 | 1.25x | 3/3, 2/3 |"
+    assert bench_grammar.is_json('{"a":1}') and not bench_grammar.is_json('{"a":')
 
 
 @pytest.mark.parametrize("argv,message", [
