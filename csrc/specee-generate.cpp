@@ -242,6 +242,7 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
         } else {
             specee_sampler_set_grammar(*smpl, specee_grammar_init_impl(m, p.grammar_type, p.grammar));
         }
+        specee_grammar_set_overlap(*specee_sampler_grammar(*smpl), p.grammar_overlap);
     }
     specee_tree_decoder      tree;
     specee_exit_decoder      exit;
@@ -391,20 +392,17 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
 // Jump-forward: where the grammar allows one continuation only (a key, a quote, a closing brace), its tokens go as a
 // chain of drafts into the root's pass, and the walk draws the target's token at each row as a plain step would
 // (specee_tree_walk: a drafted token is emitted only where the masked draw gives it, so greedy output is plain
-// decoding's under the grammar and sampling keeps its distribution), in one pass instead of one each. Returns the
-// tokens emitted, 0 when the grammar forces nothing here (a plain step then).
-static int32_t jump_forward_step(specee_generator & g, int32_t * out, int32_t n_max) {
-    specee_context &     ctx    = *g.ctx;
-    const int32_t        n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
-    const int32_t        budget = std::min({n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1, 32});
-    if (budget <= 0) {
-        return 0;
+// decoding's under the grammar and sampling keeps its distribution), in one pass instead of one each.
+std::vector<int32_t> specee_jump_forward_draft(specee_generator & g, int32_t budget) {
+    specee_grammar * gr = specee_sampler_grammar(*g.smpl);
+    if (!g.params.jump_forward || !gr || budget <= 0) {
+        return {};
     }
-    auto                       t0     = specee_clock::now();
-    const std::vector<int32_t> forced = specee_grammar_forced(*specee_sampler_grammar(*g.smpl), budget);
+    const auto                 t0     = specee_clock::now();
+    const std::vector<int32_t> forced = specee_grammar_forced(*gr, std::min(budget, JUMP_MAX));
     g.stats.t_draft_ms += specee_ms_since(t0);
     if (forced.empty()) {
-        return 0;
+        return {};
     }
     specee_tree_decoder & dec = g.tree;
     dec.nodes.assign(1, draft_node{});
@@ -421,26 +419,45 @@ static int32_t jump_forward_step(specee_generator & g, int32_t * out, int32_t n_
         dec.nodes[k].children.push_back(k + 1);
         nodes.push_back(k + 1);
     }
-    t0                         = specee_clock::now();
-    const specee_tree_batch tb = specee_tree_verify_batch(dec, g.root, g.root_pos, nodes);
-    const specee_batch      b  = tb.view();
-    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
-    g.stats.t_verify_ms += specee_ms_since(t0);
+    return nodes;
+}
 
-    t0 = specee_clock::now();
+int32_t specee_jump_forward_finish(specee_generator & g, int32_t n_rows, const float * logits, int32_t row0,
+                                   int32_t n_max, int32_t * out) {
+    specee_context &      ctx  = *g.ctx;
+    specee_tree_decoder & dec  = g.tree;
+    const auto            t0   = specee_clock::now();
     specee_step           step = {ctx, nullptr, *g.smpl, g.root, g.root_pos, g.stats}; // no head: plain decoding
     std::vector<int32_t>  emitted, path;
-    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) ctx.model->hparams.n_vocab};
+    specee_tree_pass_rows rows  = {&dec, logits, (int32_t) ctx.model->hparams.n_vocab};
     const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
-    specee_tree_keep(dec, step, b.n_tokens, emitted, path, nullptr);
+    specee_tree_keep(dec, step, n_rows, emitted, path, nullptr, row0);
     g.root = emitted.back();
     g.root_pos += (int32_t) emitted.size();
     g.stats.t_sample_ms += specee_ms_since(t0);
     g.stats.n_steps += 1;
-    g.stats.n_drafted += (int32_t) forced.size();
+    g.stats.n_drafted += n_rows - 1;
     g.stats.n_accepted += n_acc;
     std::copy(emitted.begin(), emitted.end(), out);
     return (int32_t) emitted.size();
+}
+
+// one jump-forward step alone: returns the tokens emitted, 0 when the grammar forces nothing here (a plain step then)
+static int32_t jump_forward_step(specee_generator & g, int32_t * out, int32_t n_max) {
+    specee_context &           ctx    = *g.ctx;
+    const int32_t              n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
+    const int32_t              budget = std::min({n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
+    const std::vector<int32_t> nodes  = specee_jump_forward_draft(g, budget);
+    if (nodes.empty()) {
+        return 0;
+    }
+    const auto              t0 = specee_clock::now();
+    const specee_tree_batch tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes);
+    const specee_batch      b  = tb.view();
+    specee_sampler_prefetch(*g.smpl); // the root row's mask, while the pass runs
+    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
+    g.stats.t_verify_ms += specee_ms_since(t0);
+    return specee_jump_forward_finish(g, b.n_tokens, ctx.logits.data(), 0, n_max, out);
 }
 
 int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max) {
@@ -468,7 +485,8 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
     if ((int64_t) ctx.kv.pos_max() + 1 != g.root_pos) {
         specee_fail("the KV cache was changed since this generation started (start again)");
     }
-    const auto t0 = specee_clock::now();
+    const auto               t0 = specee_clock::now();
+    const double             m0 = specee_sampler_mask_ms(*g.smpl);
     const specee_mode_info & mi = specee_mode_row_impl(g.mode);
     if (mi.exits && g.params.exit.check) {
         // checked exits: steps until a chain is checked (a pass that runs every layer, or a full context)
@@ -497,13 +515,13 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
     int32_t run = n_layer; // the layers each emitted token's pass ran
     switch (g.mode) {
         case SPECEE_MODE_PLAIN: {
-            const int32_t n_jump = g.params.jump_forward && specee_sampler_grammar(*g.smpl) ?
-                                       jump_forward_step(g, out, n_max) : 0;
+            const int32_t n_jump = jump_forward_step(g, out, n_max);
             if (n_jump > 0) {
                 n = n_jump;
                 break;
             }
             specee_batch b = {1, &g.root, &g.root_pos, nullptr, nullptr};
+            specee_sampler_prefetch(*g.smpl); // the next position's mask, while the pass runs
             specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
             const auto ts = specee_clock::now();
             out[0]        = specee_sampler_sample_impl(*g.smpl, ctx.logits.data(), (int32_t) m.hparams.n_vocab);
@@ -528,6 +546,7 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
     for (int32_t i = 0; layers_run && i < n; ++i) {
         layers_run[i] = run;
     }
+    g.stats.t_mask_ms += specee_sampler_mask_ms(*g.smpl) - m0;
     g.stats.t_decode_ms += specee_ms_since(t0);
     g.stats.n_tokens += n;
     g.stats.n_decoded += n;
@@ -552,6 +571,7 @@ extern "C" struct specee_generator_params specee_generator_default_params(void) 
     p.grammar_type      = SPECEE_GRAMMAR_NONE;
     p.grammar           = nullptr;
     p.jump_forward      = true;
+    p.grammar_overlap   = true;
     return p;
 }
 

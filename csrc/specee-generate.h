@@ -59,3 +59,13 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
 int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max);
 // leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
 int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n);
+
+// Jump-forward (plain decoding under a grammar, params.jump_forward): the tokens the grammar forces next, at most
+// budget (and JUMP_MAX), as a chain of drafts after the root in g.tree.nodes; returns the chain's nodes in row order,
+// none when the grammar forces nothing (or there is no grammar, or jump-forward is off).
+constexpr int32_t JUMP_MAX = 32;
+std::vector<int32_t> specee_jump_forward_draft(specee_generator & g, int32_t budget);
+// After the chain's pass (n_rows rows from row0, logits: the chain's rows'): the walk as a plain step draws, what it
+// accepted kept in the cache; writes the emitted tokens (1..n_max), advances root / root_pos and the stats
+int32_t specee_jump_forward_finish(specee_generator & g, int32_t n_rows, const float * logits, int32_t row0,
+                                   int32_t n_max, int32_t * out);

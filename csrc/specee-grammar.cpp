@@ -10,10 +10,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 // ---- llguidance's C ABI, as far as it is used here ------------------------------------------------------
 
@@ -73,11 +76,13 @@ struct llg_api {
     size_t (*matcher_get_mask_byte_size)(const llg_matcher *);
     int32_t (*matcher_compute_mask_into)(llg_matcher *, uint32_t *, size_t);
     int32_t (*matcher_consume_token)(llg_matcher *, uint32_t);
+    int32_t (*matcher_consume_tokens)(llg_matcher *, const uint32_t *, size_t);
     int32_t (*matcher_rollback)(llg_matcher *, size_t);
     int32_t (*matcher_reset)(llg_matcher *);
     bool (*matcher_is_accepting)(llg_matcher *);
     bool (*matcher_is_stopped)(const llg_matcher *);
     int32_t (*matcher_compute_ff_tokens)(llg_matcher *, uint32_t *, size_t);
+    int32_t (*matcher_validate_tokens)(llg_matcher *, const uint32_t *, size_t);
 };
 
 std::mutex  g_lib_mutex;
@@ -136,11 +141,13 @@ const llg_api & api() {
     resolve(h, "llg_matcher_get_mask_byte_size", a.matcher_get_mask_byte_size);
     resolve(h, "llg_matcher_compute_mask_into", a.matcher_compute_mask_into);
     resolve(h, "llg_matcher_consume_token", a.matcher_consume_token);
+    resolve(h, "llg_matcher_consume_tokens", a.matcher_consume_tokens);
     resolve(h, "llg_matcher_rollback", a.matcher_rollback);
     resolve(h, "llg_matcher_reset", a.matcher_reset);
     resolve(h, "llg_matcher_is_accepting", a.matcher_is_accepting);
     resolve(h, "llg_matcher_is_stopped", a.matcher_is_stopped);
     resolve(h, "llg_matcher_compute_ff_tokens", a.matcher_compute_ff_tokens);
+    resolve(h, "llg_matcher_validate_tokens", a.matcher_validate_tokens);
     g_api    = a;
     g_loaded = true;
     return g_api;
@@ -169,258 +176,19 @@ size_t tokenize_cb(const void * user, const uint8_t * bytes, size_t n_bytes, uin
 
 } // namespace
 
-// ---- GBNF to Lark ---------------------------------------------------------------------------------------
-//
-// llguidance reads Lark; llama.cpp's GBNF maps onto it term for term: `name ::= ...` becomes `r_name: ...` (Lark's
-// rule names are lower case: '-' becomes '_', and every name gets an r_ prefix so none clashes with `start` or
-// another), `root` is `start`, "strings" stay strings, [classes] and `.` become /regular expressions/ (Rust's
-// syntax takes GBNF's \x, \u and \U escapes), and the operators * + ? {m,n} ( ) | are the same. Comments go.
-
-namespace {
-
-struct gbnf_reader {
-    const std::string & src;
-    size_t              i = 0;
-
-    [[noreturn]] void fail(const char * what) const {
-        const size_t line = 1 + (size_t) std::count(src.begin(), src.begin() + (ptrdiff_t) std::min(i, src.size()), '\n');
-        specee_fail("gbnf: line %zu: %s", line, what);
-    }
-
-    // spaces and comments; newlines too unless they end a rule (a newline not followed by more of it)
-    void skip(bool newlines) {
-        while (i < src.size()) {
-            const char c = src[i];
-            if (c == '#') {
-                while (i < src.size() && src[i] != '\n') {
-                    ++i;
-                }
-            } else if (c == ' ' || c == '\t' || c == '\r' || (newlines && c == '\n')) {
-                ++i;
-            } else {
-                break;
-            }
-        }
-    }
-
-    static bool name_char(char c) { return isalnum((unsigned char) c) || c == '-' || c == '_'; }
-
-    std::string name() {
-        const size_t b = i;
-        while (i < src.size() && name_char(src[i])) {
-            ++i;
-        }
-        if (b == i) {
-            fail("a rule name expected");
-        }
-        return src.substr(b, i - b);
-    }
-};
-
-std::string lark_name(const std::string & gbnf) {
-    std::string n = "r_";
-    for (char c : gbnf) {
-        n += c == '-' ? '_' : (char) tolower((unsigned char) c);
-    }
-    return n;
-}
-
-// a quoted string as Lark takes it (the escapes are JSON's, which GBNF's \x.. \u.... are turned into)
-void convert_string(gbnf_reader & r, std::string & out) {
-    out += '"';
-    ++r.i; // the opening quote
-    while (r.i < r.src.size() && r.src[r.i] != '"') {
-        char c = r.src[r.i++];
-        if (c == '\n') {
-            r.fail("a string runs past the end of its line");
-        }
-        if (c != '\\') {
-            out += c;
-            continue;
-        }
-        if (r.i >= r.src.size()) {
-            r.fail("an escape at the end of the grammar");
-        }
-        c = r.src[r.i++];
-        int digits = c == 'x' ? 2 : c == 'u' ? 4 : c == 'U' ? 8 : 0;
-        if (digits == 0) {
-            if (!strchr("nrt\"\\[]", c)) {
-                r.fail("unknown escape in a string");
-            }
-            out += c == '[' || c == ']' ? std::string(1, c) : std::string("\\") + c;
-            continue;
-        }
-        uint32_t cp = 0;
-        for (; digits > 0; --digits) {
-            if (r.i >= r.src.size() || !isxdigit((unsigned char) r.src[r.i])) {
-                r.fail("bad hexadecimal escape in a string");
-            }
-            cp = cp * 16 + (uint32_t) strtol(std::string(1, r.src[r.i++]).c_str(), nullptr, 16);
-        }
-        if (cp > 0x10FFFF) {
-            r.fail("a code point past U+10FFFF");
-        }
-        char buf[16];
-        if (cp > 0xFFFF) { // a surrogate pair
-            cp -= 0x10000;
-            snprintf(buf, sizeof(buf), "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
-        } else {
-            snprintf(buf, sizeof(buf), "\\u%04x", cp);
-        }
-        out += buf;
-    }
-    if (r.i >= r.src.size()) {
-        r.fail("a string without its closing quote");
-    }
-    ++r.i;
-    out += '"';
-}
-
-// [...] as a regular expression
-void convert_class(gbnf_reader & r, std::string & out) {
-    out += "/[";
-    ++r.i;
-    while (r.i < r.src.size() && r.src[r.i] != ']') {
-        const char c = r.src[r.i++];
-        if (c == '\n') {
-            r.fail("a character class runs past the end of its line");
-        }
-        if (c == '\\') {
-            if (r.i >= r.src.size()) {
-                r.fail("an escape at the end of the grammar");
-            }
-            const char e = r.src[r.i++];
-            out += e == '/' ? std::string("\\/") : std::string("\\") + e;
-        } else {
-            out += c == '/' ? std::string("\\/") : std::string(1, c);
-        }
-    }
-    if (r.i >= r.src.size()) {
-        r.fail("a character class without its closing ]");
-    }
-    ++r.i;
-    out += "]/";
-}
-
-// one rule's alternatives, to the end of the rule (a newline outside parentheses, unless the next line goes on
-// with '|')
-void convert_body(gbnf_reader & r, std::string & out, std::vector<std::string> & used) {
-    int depth = 0;
-    bool empty = true;
-    for (;;) {
-        r.skip(depth > 0);
-        if (r.i >= r.src.size()) {
-            break;
-        }
-        const char c = r.src[r.i];
-        if (c == '\n') {
-            // the rule ends at a newline outside parentheses (as llama.cpp reads it), unless the next line starts
-            // with '|'
-            size_t j = r.i;
-            while (j < r.src.size() && strchr("\n \t\r", r.src[j])) {
-                ++j;
-            }
-            if (j < r.src.size() && r.src[j] == '|') {
-                r.i = j;
-                continue;
-            }
-            break;
-        }
-        empty = false;
-        if (c == '"') {
-            convert_string(r, out);
-        } else if (c == '[') {
-            convert_class(r, out);
-        } else if (c == '.') {
-            out += "/(?s:.)/";
-            ++r.i;
-        } else if (c == '(') {
-            out += '(';
-            ++depth;
-            ++r.i;
-        } else if (c == ')') {
-            if (depth == 0) {
-                r.fail("a ')' without its '('");
-            }
-            out += ')';
-            --depth;
-            ++r.i;
-        } else if (c == '|') {
-            out += c;
-            ++r.i;
-            r.skip(true); // the next alternative may start on the next line
-        } else if (c == '*' || c == '+' || c == '?') {
-            out += c;
-            ++r.i;
-        } else if (c == '{') {
-            const size_t b = r.i;
-            while (r.i < r.src.size() && r.src[r.i] != '}' && r.src[r.i] != '\n') {
-                ++r.i;
-            }
-            if (r.i >= r.src.size() || r.src[r.i] != '}') {
-                r.fail("a repetition {m,n} without its closing }");
-            }
-            ++r.i;
-            const std::string rep = r.src.substr(b, r.i - b);
-            if (rep.find_first_not_of("{}0123456789, ") != std::string::npos || rep == "{}") {
-                r.fail("a repetition is {m}, {m,} or {m,n}");
-            }
-            out += rep;
-        } else if (gbnf_reader::name_char(c)) {
-            const std::string n = r.name();
-            used.push_back(n);
-            out += lark_name(n);
-        } else {
-            r.fail(specee_format("unexpected '%c'", c).c_str());
-        }
-        out += ' ';
-    }
-    if (depth > 0) {
-        r.fail("a '(' without its ')'");
-    }
-    if (empty) {
-        r.fail("a rule with an empty body");
-    }
-}
-
-} // namespace
-
-std::string specee_gbnf_to_lark(const std::string & gbnf) {
-    gbnf_reader              r{gbnf};
-    std::string              out;
-    std::vector<std::string> defined, used;
-    for (;;) {
-        r.skip(true);
-        if (r.i >= gbnf.size()) {
-            break;
-        }
-        const std::string n = r.name();
-        r.skip(false);
-        if (gbnf.compare(r.i, 3, "::=") != 0) {
-            r.fail(specee_format("'::=' expected after the rule name '%s'", n.c_str()).c_str());
-        }
-        r.i += 3;
-        r.skip(true); // the body may start on the next line
-        if (std::find(defined.begin(), defined.end(), n) != defined.end()) {
-            r.fail(specee_format("rule '%s' is defined twice", n.c_str()).c_str());
-        }
-        defined.push_back(n);
-        out += lark_name(n) + ": ";
-        convert_body(r, out, used);
-        out += '\n';
-    }
-    if (std::find(defined.begin(), defined.end(), "root") == defined.end()) {
-        specee_fail("gbnf: no rule named root (where the output starts)");
-    }
-    for (const std::string & u : used) {
-        if (std::find(defined.begin(), defined.end(), u) == defined.end()) {
-            specee_fail("gbnf: rule '%s' is used but not defined", u.c_str());
-        }
-    }
-    return "start: r_root\n" + out;
-}
-
 // ---- the grammar -----------------------------------------------------------------------------------------
+
+// The mask worker (specee_grammar_prefetch): one thread per grammar, started on the first prefetch, that computes
+// the current state's mask while the caller runs the model's pass. Every function below that reads or moves the
+// matcher first waits for it (settle), so the matcher is only ever used by one thread at a time.
+struct mask_worker {
+    std::thread             thread;
+    std::mutex              mutex;
+    std::condition_variable cv;
+    bool                    job  = false; // a mask to compute (set by prefetch, cleared by the worker when done)
+    bool                    stop = false;
+    std::exception_ptr      error;        // the job's failure, rethrown by settle
+};
 
 struct specee_grammar {
     const specee_model *  model = nullptr;
@@ -434,8 +202,19 @@ struct specee_grammar {
     int32_t               n_accepted = 0;
     bool                  ended      = false; // an end-of-generation token was accepted
     int32_t               n_end      = 0;     // end-of-generation tokens accepted (the last ones: they end the text)
+    bool                  overlap    = true;  // prefetch computes masks on the worker (else it does nothing)
+    double                t_mask_ms  = 0.0;   // masks on the caller's thread: computing them, or waiting for the worker
+    mask_worker           worker;
 
     ~specee_grammar() {
+        if (worker.thread.joinable()) {
+            {
+                std::lock_guard<std::mutex> lock(worker.mutex);
+                worker.stop = true;
+            }
+            worker.cv.notify_all();
+            worker.thread.join();
+        }
         if (g_loaded) {
             g_api.free_matcher(matcher);
         }
@@ -595,24 +374,137 @@ const std::string & specee_grammar_text(const specee_grammar & g) { return g.tex
 
 int32_t specee_grammar_n_accepted(const specee_grammar & g) { return g.n_accepted; }
 
+// the current state's mask into g.mask (whichever thread runs it)
+static void compute_mask(specee_grammar & g) {
+    const llg_api & a = api();
+    if (g.ended) {
+        std::fill(g.mask.begin(), g.mask.end(), 0u); // past the end (ignore-EOS): only the end again
+    } else if (a.matcher_compute_mask_into(g.matcher, g.mask.data(), g.mask.size() * 4) != 0) {
+        specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+    }
+    // every end-of-generation token ends the text where the grammar's own EOS may
+    const bool end = g.ended || ((g.mask[g.eog[0] / 32] >> (g.eog[0] % 32)) & 1u);
+    for (int32_t t : g.eog) {
+        if (end) {
+            g.mask[t / 32] |= 1u << (t % 32);
+        }
+    }
+    g.mask_ok = true;
+}
+
+static void worker_loop(specee_grammar * g) {
+    mask_worker &                w = g->worker;
+    std::unique_lock<std::mutex> lock(w.mutex);
+    for (;;) {
+        w.cv.wait(lock, [&] { return w.job || w.stop; });
+        if (w.stop) {
+            return;
+        }
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+            compute_mask(*g);
+        } catch (...) {
+            error = std::current_exception();
+        }
+        lock.lock();
+        w.error = error;
+        w.job   = false;
+        w.cv.notify_all();
+    }
+}
+
+// waits for the worker's mask, if one is being computed (the wait counts as mask time), and rethrows its failure
+static void settle(specee_grammar & g) {
+    mask_worker & w = g.worker;
+    if (!w.thread.joinable()) {
+        return;
+    }
+    std::unique_lock<std::mutex> lock(w.mutex);
+    if (w.job) {
+        const auto t0 = specee_clock::now();
+        w.cv.wait(lock, [&] { return !w.job; });
+        g.t_mask_ms += specee_ms_since(t0);
+    }
+    if (w.error) {
+        std::exception_ptr e = w.error;
+        w.error              = nullptr;
+        std::rethrow_exception(e);
+    }
+}
+
+void specee_grammar_prefetch(specee_grammar & g) {
+    settle(g);
+    if (!g.overlap || g.mask_ok) {
+        return;
+    }
+    mask_worker & w = g.worker;
+    if (!w.thread.joinable()) {
+        w.thread = std::thread(worker_loop, &g);
+    }
+    {
+        std::lock_guard<std::mutex> lock(w.mutex);
+        w.job = true;
+    }
+    w.cv.notify_all();
+}
+
+void specee_grammar_set_overlap(specee_grammar & g, bool on) {
+    settle(g);
+    g.overlap = on;
+}
+
+double specee_grammar_mask_ms(const specee_grammar & g) { return g.t_mask_ms; }
+
 const uint32_t * specee_grammar_mask_impl(specee_grammar & g) {
+    settle(g);
     if (!g.mask_ok) {
-        const llg_api & a = api();
-        if (g.ended) {
-            std::fill(g.mask.begin(), g.mask.end(), 0u); // past the end (ignore-EOS): only the end again
-        } else if (a.matcher_compute_mask_into(g.matcher, g.mask.data(), g.mask.size() * 4) != 0) {
-            specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
-        }
-        // every end-of-generation token ends the text where the grammar's own EOS may
-        const bool end = g.ended || ((g.mask[g.eog[0] / 32] >> (g.eog[0] % 32)) & 1u);
-        for (int32_t t : g.eog) {
-            if (end) {
-                g.mask[t / 32] |= 1u << (t % 32);
-            }
-        }
-        g.mask_ok = true;
+        const auto t0 = specee_clock::now();
+        compute_mask(g);
+        g.t_mask_ms += specee_ms_since(t0);
     }
     return g.mask.data();
+}
+
+int32_t specee_grammar_valid_prefix(specee_grammar & g, const int32_t * tokens, int32_t n) {
+    settle(g);
+    const llg_api & a = api();
+    auto is_eog = [&](int32_t t) { return std::find(g.eog.begin(), g.eog.end(), t) != g.eog.end(); };
+    if (g.ended) { // only the end again
+        int32_t k = 0;
+        while (k < n && is_eog(tokens[k])) {
+            ++k;
+        }
+        return k;
+    }
+    // the tokens before the first end-of-generation token go to the matcher's check as they are
+    std::vector<uint32_t> run;
+    int32_t               k = 0;
+    for (; k < n && !is_eog(tokens[k]); ++k) {
+        if (tokens[k] < 0 || (size_t) tokens[k] / 32 >= g.mask.size()) {
+            break;
+        }
+        run.push_back((uint32_t) tokens[k]);
+    }
+    const int32_t ok = run.empty() ? 0 : a.matcher_validate_tokens(g.matcher, run.data(), run.size());
+    if (ok < 0) {
+        specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+    }
+    if (ok < (int32_t) run.size() || k == n || !is_eog(tokens[k])) {
+        return ok;
+    }
+    // an end-of-generation token after the run: allowed where the text so far is complete
+    if (run.empty()) {
+        return specee_grammar_allows(g, tokens[k]) ? k + 1 : k;
+    }
+    bool accepting = false;
+    if (a.matcher_consume_tokens(g.matcher, run.data(), run.size()) == 0) {
+        accepting = a.matcher_is_accepting(g.matcher);
+        if (a.matcher_rollback(g.matcher, run.size()) != 0) {
+            specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
+        }
+    }
+    return accepting ? k + 1 : k;
 }
 
 bool specee_grammar_allows(specee_grammar & g, int32_t token) {
@@ -621,6 +513,7 @@ bool specee_grammar_allows(specee_grammar & g, int32_t token) {
 }
 
 void specee_grammar_accept_impl(specee_grammar & g, int32_t token) {
+    settle(g);
     if (!specee_grammar_allows(g, token)) {
         specee_fail("%s: token %d is not allowed here by the grammar", specee_grammar_type_name(g.type), token);
     }
@@ -636,6 +529,7 @@ void specee_grammar_accept_impl(specee_grammar & g, int32_t token) {
 }
 
 void specee_grammar_rollback_impl(specee_grammar & g, int32_t n) {
+    settle(g);
     if (n < 0 || n > g.n_accepted) {
         specee_fail("grammar rollback: %d tokens, but %d were accepted", n, g.n_accepted);
     }
@@ -654,6 +548,7 @@ void specee_grammar_rollback_impl(specee_grammar & g, int32_t n) {
 }
 
 void specee_grammar_reset_impl(specee_grammar & g) {
+    settle(g);
     if (g.n_accepted == 0 && !g.ended) {
         return;
     }
@@ -666,9 +561,13 @@ void specee_grammar_reset_impl(specee_grammar & g) {
     g.mask_ok    = false;
 }
 
-bool specee_grammar_done(specee_grammar & g) { return g.ended || api().matcher_is_stopped(g.matcher); }
+bool specee_grammar_done(specee_grammar & g) {
+    settle(g);
+    return g.ended || api().matcher_is_stopped(g.matcher);
+}
 
 std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max) {
+    settle(g);
     std::vector<uint32_t> ff(std::max(n_max, 1));
     if (g.ended) {
         return {};
@@ -730,6 +629,15 @@ extern "C" int32_t specee_grammar_forced_tokens(specee_grammar * g, int32_t * to
         const std::vector<int32_t> ff = specee_grammar_forced(*g, n_max);
         std::copy(ff.begin(), ff.end(), tokens);
         return (int32_t) ff.size();
+    });
+}
+
+extern "C" int32_t specee_grammar_valid_prefix(specee_grammar * g, const int32_t * tokens, int32_t n_tokens) {
+    return specee_guard<int32_t>(-1, [&] {
+        if (n_tokens < 0 || (n_tokens > 0 && !tokens)) {
+            specee_fail("grammar valid_prefix: no tokens (n = %d)", n_tokens);
+        }
+        return specee_grammar_valid_prefix(*g, tokens, n_tokens);
     });
 }
 

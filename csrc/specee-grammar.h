@@ -34,6 +34,19 @@ const std::string &  specee_grammar_text(const specee_grammar & g);
 // allowed exactly when the grammar accepts the text so far.
 const uint32_t * specee_grammar_mask_impl(specee_grammar & g);
 bool             specee_grammar_allows(specee_grammar & g, int32_t token);
+// Masks off the critical path: starts computing the current state's mask on the grammar's worker thread (when
+// overlap is on, the default), for the caller to run the model's pass meanwhile: the mask for the position a pass
+// computes depends only on the tokens before it. Every other function here waits for the worker first, so a caller
+// never sees the matcher in use; the wait is mask time.
+void             specee_grammar_prefetch(specee_grammar & g);
+void             specee_grammar_set_overlap(specee_grammar & g, bool on);
+// milliseconds the caller's thread spent on masks since the grammar was made: computing them (no overlap, or no
+// prefetch) or waiting for the worker
+double           specee_grammar_mask_ms(const specee_grammar & g);
+// How many of tokens[0..n) the grammar allows one after another from its state (which stays as it is): llguidance's
+// check of a token sequence, without masks; an end-of-generation token counts where the text before it is complete.
+// For drafts: a drafted token it refuses can never be drawn (specee_tree_filter).
+int32_t          specee_grammar_valid_prefix(specee_grammar & g, const int32_t * tokens, int32_t n);
 // Advance on a generated token; throws when the grammar does not allow it. End-of-generation tokens end the text.
 void             specee_grammar_accept_impl(specee_grammar & g, int32_t token);
 // Take back the last n accepted tokens; back to the start
@@ -46,6 +59,6 @@ std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max);
 // tokens accepted since the start
 int32_t          specee_grammar_n_accepted(const specee_grammar & g);
 
-// llama.cpp's GBNF as llguidance's Lark (what GBNF grammars are compiled through); throws with the line of a syntax
-// error, a rule used but not defined, or no root
+// llama.cpp's GBNF as llguidance's Lark (specee-gbnf.cpp; what GBNF grammars are compiled through); throws with the
+// line of a syntax error, a rule used but not defined, or no root
 std::string specee_gbnf_to_lark(const std::string & gbnf);

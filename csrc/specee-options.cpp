@@ -215,6 +215,10 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "structured output, plain decoding: tokens the grammar forces (keys, quotes, braces) are verified together in "
       "the next pass instead of one pass each; the output is what it would be without (default: on)"},
      OFF(jump_forward), 0, nullptr, 0, 0, 0},
+    {{"grammar_overlap", SPECEE_OPTION_BOOL, nullptr, "true or false",
+      "structured output: the grammar's mask for the position a pass computes depends only on the tokens before it, "
+      "so it is computed on a worker thread while the pass runs (default: on; off: after the pass, to measure it)"},
+     OFF(grammar_overlap), 0, nullptr, 0, 0, 0},
 };
 
 #undef OFF
@@ -697,7 +701,7 @@ static const stat_def STATS[] = {
     STAT(n_exits, 'i'),    STAT(n_layers_run, 'l'), STAT(n_checks, 'i'),    STAT(n_fired, 'i'),
     STAT(n_rejected, 'i'), STAT(t_layers_ms, 'd'), STAT(t_check_ms, 'd'),   STAT(t_exit_ms, 'd'),
     STAT(t_head_ms, 'd'),  STAT(t_fill_ms, 'd'),   STAT(n_verified, 'i'),   STAT(n_rollbacks, 'i'),
-    STAT(n_discarded, 'i'), STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'), STAT(mean_layers_run, 'd'),
+    STAT(n_discarded, 'i'), STAT(t_mask_ms, 'd'),   STAT(n_grammar_dropped, 'i'), STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'), STAT(mean_layers_run, 'd'),
 };
 
 #undef STAT

@@ -419,6 +419,14 @@ specee_grammar * specee_sampler_take_grammar(specee_sampler & s) {
 
 specee_grammar * specee_sampler_grammar(const specee_sampler & s) { return s.grammar; }
 
+void specee_sampler_prefetch(specee_sampler & s) {
+    if (s.grammar && s.grammar_live) {
+        specee_grammar_prefetch(*s.grammar);
+    }
+}
+
+double specee_sampler_mask_ms(const specee_sampler & s) { return s.grammar ? specee_grammar_mask_ms(*s.grammar) : 0.0; }
+
 void specee_sampler_set_history(specee_sampler & s, const std::vector<int32_t> & history) { s.history = history; }
 
 extern "C" void specee_sampler_accept(specee_sampler * smpl, int32_t token) { specee_sampler_accept_impl(*smpl, token); }
@@ -435,4 +443,18 @@ std::vector<int32_t> specee_top_k(const float * x, int32_t n, int32_t k) {
                       [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
     idx.resize(k);
     return idx;
+}
+
+void specee_logprobs(const float * logits, int32_t n_vocab, int32_t t, int32_t n_top,
+                     std::vector<specee_token_logprob> & out) {
+    const float max_logit = *std::max_element(logits, logits + n_vocab);
+    double      sum       = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        sum += std::exp((double) (logits[i] - max_logit));
+    }
+    const float lse = max_logit + (float) std::log(sum);
+    out.push_back({t, logits[t] - lse});
+    for (int32_t id : specee_top_k(logits, n_vocab, n_top)) { // most likely first, equal logits by id
+        out.push_back({id, logits[id] - lse});
+    }
 }

@@ -14,6 +14,10 @@ struct specee_sampler;
 // transforms (repetition penalty when `penalty`, top-k, top-p, min-p, temperature); greedy: the argmax, p = 1.
 void   specee_sampler_dist(specee_sampler & s, const float * logits, int32_t n_vocab, bool penalty,
                            std::vector<std::pair<int32_t, float>> & out);
+// a token's log-probability under a row of logits (log-softmax), then the n_top most likely tokens' (most likely first,
+// equal logits by id, so the order is the same every time), appended to out
+void   specee_logprobs(const float * logits, int32_t n_vocab, int32_t t, int32_t n_top,
+                       std::vector<specee_token_logprob> & out);
 // the next uniform in [0, 1) of the sampler's seeded generator
 double specee_sampler_uniform(specee_sampler & s);
 bool   specee_sampler_greedy(const specee_sampler & s);
@@ -42,3 +46,7 @@ void                 specee_sampler_set_history(specee_sampler & s, const std::v
 void             specee_sampler_set_grammar(specee_sampler & s, specee_grammar * g);
 specee_grammar * specee_sampler_take_grammar(specee_sampler & s); // the caller owns it then
 specee_grammar * specee_sampler_grammar(const specee_sampler & s);
+// the grammar's next mask on its worker while the caller runs a pass (specee_grammar_prefetch), and the milliseconds
+// the decoding thread has spent on its masks; without a grammar nothing, and 0
+void             specee_sampler_prefetch(specee_sampler & s);
+double           specee_sampler_mask_ms(const specee_sampler & s);

@@ -197,31 +197,6 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     return id;
 }
 
-// the token's log-probability and the n_probs most likely tokens', from the logits of its step (log-softmax)
-static void push_logprobs(specee_slot & sl, const float * logits, int32_t n_vocab, int32_t t) {
-    const float max_logit = *std::max_element(logits, logits + n_vocab);
-    double      sum       = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        sum += std::exp((double) (logits[i] - max_logit));
-    }
-    const float lse = max_logit + (float) std::log(sum);
-    sl.out_probs.push_back({t, logits[t] - lse});
-    if (sl.n_probs == 0) {
-        return;
-    }
-    std::vector<int32_t> ids(n_vocab);
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        ids[i] = i;
-    }
-    // most likely first; equal logits by token id, so the order is the same every time
-    std::partial_sort(ids.begin(), ids.begin() + sl.n_probs, ids.end(), [&](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    for (int32_t k = 0; k < sl.n_probs; ++k) {
-        sl.out_probs.push_back({ids[k], logits[ids[k]] - lse});
-    }
-}
-
 // a lookup request's tokens into the context's cross-request cache, where the request ends (once; nothing for other
 // modes or with the cache off)
 static void commit_lookup(specee_slot & sl) {
@@ -240,7 +215,7 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
         sl.out.push_back(t);
         sl.out_layers.push_back(layers);
         if (sl.n_probs >= 0 && logits) {
-            push_logprobs(sl, logits, (int32_t) s.ctx->model->hparams.n_vocab, t);
+            specee_logprobs(logits, (int32_t) s.ctx->model->hparams.n_vocab, t, sl.n_probs, sl.out_probs);
         }
         sl.n_generated++;
         s.totals.n_tokens++;
@@ -274,8 +249,10 @@ struct tree_block {
     int32_t           slot = -1;
     int32_t           row0 = 0; // its first row in the batch (and in the pass's logits: every row has them)
     int32_t           n_max = 1;
+    bool              jump  = false; // a plain slot's chain of tokens its grammar forces (jump-forward)
     specee_tree_batch tb;
 };
+
 
 // whether a slot's next step is a draft-and-verify step (EAGLE, n-gram lookup) that can share the pass (an EAGLE
 // slot's first token, sampled by its prefill alone, is returned without a pass)
@@ -304,7 +281,11 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     // the block's logits: the pass's rows row0.. (every row has them)
     const float *        logits = ctx.logits.data() + (size_t) tbk.row0 * n_vocab;
     std::vector<int32_t> emitted;
-    if (drafts_by_lookup(g)) {
+    const double         m0 = specee_sampler_mask_ms(*g.smpl);
+    if (tbk.jump) {
+        emitted.resize(tbk.n_max);
+        emitted.resize(specee_jump_forward_finish(g, n, logits, tbk.row0, tbk.n_max, emitted.data()));
+    } else if (drafts_by_lookup(g)) {
         emitted.resize(tbk.n_max);
         emitted.resize(specee_lookup_finish(g.lookup, g.tree, specee_generator_step(g), n, logits, tbk.row0, tbk.n_max,
                                             emitted.data()));
@@ -320,13 +301,17 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
         g.stats.n_drafted += n - 1;
         g.stats.n_accepted += n_acc;
     }
-    g.stats.t_sample_ms += specee_ms_since(t0);
+    if (!tbk.jump) {
+        g.stats.t_sample_ms += specee_ms_since(t0); // (jump-forward's finish adds its own)
+    }
+    g.stats.t_mask_ms += specee_sampler_mask_ms(*g.smpl) - m0;
     g.stats.t_verify_ms += pass_ms;
     g.stats.t_decode_ms += pass_ms + specee_ms_since(t0);
     g.stats.n_decoded += (int32_t) emitted.size();
     g.stats.n_tokens += (int32_t) emitted.size();
     for (size_t i = 0; i < emitted.size() && sl.state != SLOT_DONE; ++i) {
-        emit(s, sl, emitted[i], n_layer);
+        // a chain's token i was drawn at its row i (log-probabilities as a plain step gives them)
+        emit(s, sl, emitted[i], n_layer, tbk.jump ? logits + i * (size_t) n_vocab : nullptr);
     }
 }
 
@@ -345,16 +330,40 @@ struct shared_batch {
         seq.push_back(s);
         out.push_back(logits);
     }
+    // a tree block's rows, on its slot's sequence, after the rows so far
+    void add_block(tree_block && tbk, int32_t s) {
+        tbk.row0 = (int32_t) tok.size();
+        for (size_t r = 0; r < tbk.tb.tok.size(); ++r) {
+            add(tbk.tb.tok[r], tbk.tb.pos[r], s, true);
+        }
+        trees.push_back(std::move(tbk));
+    }
 };
 
-// every plain decoding slot's next token
+// every plain decoding slot's next token; then, as tree blocks after them, the slots whose grammar forces tokens next
+// (jump-forward: the root and the forced chain, in the room the batch has left)
 static void gather_decoding(specee_slots & s, shared_batch & sb) {
+    auto plain = [](const specee_slot & sl) { return sl.state == SLOT_DECODE && !sl.alone && !shares_tree(sl); };
+    int32_t room = (int32_t) s.ctx->cparams.n_batch - (int32_t) std::count_if(s.slots.begin(), s.slots.end(), plain);
+    std::vector<tree_block> jumps;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
         specee_slot & sl = s.slots[i];
-        if (sl.state == SLOT_DECODE && !sl.alone && !shares_tree(sl)) {
-            sb.add(sl.gen->root, sl.gen->root_pos, sl.gen->seq, true);
-            sb.decoding.push_back(i);
+        if (!plain(sl)) {
+            continue;
         }
+        specee_generator &         g     = *sl.gen;
+        const int32_t              n_max = slot_n_max(s, sl);
+        const std::vector<int32_t> nodes = specee_jump_forward_draft(g, std::min(room, n_max - 1));
+        if (nodes.empty()) {
+            sb.add(g.root, g.root_pos, g.seq, true);
+            sb.decoding.push_back(i);
+            continue;
+        }
+        room -= (int32_t) nodes.size();
+        jumps.push_back({i, 0, n_max, true, specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes)});
+    }
+    for (tree_block & tbk : jumps) {
+        sb.add_block(std::move(tbk), s.slots[tbk.slot].gen->seq);
     }
 }
 
@@ -385,7 +394,8 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
             const std::vector<int32_t> nodes =
                 lookup ? specee_lookup_draft(g.lookup, g.tree, g.root, std::max(budget, 0))
                        : specee_tree_draft(g.tree, specee_generator_step(g), std::max(budget, 0));
-            tbk.tb                           = specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes);
+            tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos,
+                                              specee_tree_filter(g.tree, specee_generator_step(g), nodes));
         } catch (const std::exception & e) {
             sl.error  = e.what();
             sl.finish = SPECEE_FINISH_ERROR;
@@ -394,10 +404,7 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
         }
         g.stats.t_draft_ms += specee_ms_since(t0);
         g.stats.t_decode_ms += specee_ms_since(t0);
-        for (size_t r = 0; r < tbk.tb.tok.size(); ++r) {
-            sb.add(tbk.tb.tok[r], tbk.tb.pos[r], g.seq, true);
-        }
-        sb.trees.push_back(std::move(tbk));
+        sb.add_block(std::move(tbk), g.seq);
     }
 }
 
@@ -480,6 +487,11 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         return;
     }
     const std::vector<uint8_t> mask = shared_mask(sb);
+    for (specee_slot & sl : s.slots) { // the decoding slots' grammars' next masks, while the pass runs
+        if (sl.state == SLOT_DECODE) {
+            specee_sampler_prefetch(*sl.gen->smpl);
+        }
+    }
 
     const auto   t0 = specee_clock::now();
     specee_batch b  = {(int32_t) sb.tok.size(), sb.tok.data(), sb.pos.data(), mask.empty() ? nullptr : mask.data(),
@@ -514,7 +526,9 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         specee_slot &      sl = s.slots[i];
         specee_generator & g  = *sl.gen;
         const auto         ts = specee_clock::now();
+        const double       m0 = specee_sampler_mask_ms(*g.smpl);
         const int32_t      t  = sample_row(s, sl, row);
+        g.stats.t_mask_ms += specee_sampler_mask_ms(*g.smpl) - m0;
         g.stats.t_sample_ms += specee_ms_since(ts);
         g.stats.t_decode_ms += ms + specee_ms_since(ts);
         g.stats.n_steps++;

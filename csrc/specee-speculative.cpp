@@ -16,6 +16,7 @@
 #include "specee-speculative.h"
 
 #include "specee-context.h"
+#include "specee-grammar.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-sampling.h"
@@ -453,15 +454,18 @@ static int32_t accept_sampled(const specee_tree_decoder & dec, specee_sampler & 
     const draft_node & nd = dec.nodes[ni];
     bool               q_in = false;
     for (int32_t c : nd.children) {
-        if (dec.nodes[c].row < 0) {
-            break; // the verified children are a prefix of the drawn ones
+        // a child the grammar refused (specee_tree_filter) is a draft rejected for sure: p(x) = 0, so the test below
+        // would reject it whatever the uniform; it takes no uniform, the residuals are updated as for any rejection
+        const bool refused = dec.nodes[c].refused;
+        if (dec.nodes[c].row < 0 && !refused) {
+            break; // the verified children (and refused ones) are a prefix of the drawn ones
         }
         const int32_t x = dec.nodes[c].token;
         if (nd.q.empty() || dec.nodes[c].point) {
             // a drafter's point mass (n-gram lookup, alone or grafted into the head's tree): its own proposal, q =
             // [x], so x is accepted with probability p(x) and a rejection leaves norm(max(p - [x], 0)): p without x.
             // The head's children drawn from q are independent of it, so the head's running q stays as it was.
-            if (specee_sampler_uniform(smpl) < p[x]) {
+            if (!refused && specee_sampler_uniform(smpl) < p[x]) {
                 child = c;
                 return x;
             }
@@ -486,7 +490,7 @@ static int32_t accept_sampled(const specee_tree_decoder & dec, specee_sampler & 
             q_in = true;
         }
         const double px = p[x], qx = q[x];
-        if (qx > 0.0 && specee_sampler_uniform(smpl) * qx < px) {
+        if (!refused && qx > 0.0 && specee_sampler_uniform(smpl) * qx < px) {
             child = c;
             return x;
         }
@@ -553,9 +557,40 @@ specee_tree_batch specee_tree_verify_batch(const specee_tree_decoder & dec, int3
     return b;
 }
 
+std::vector<int32_t> specee_tree_filter(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
+    specee_grammar * g = specee_sampler_grammar(step.smpl);
+    if (!g || nodes.empty()) {
+        return nodes;
+    }
+    // rows grow along every path (a parent's row before its children's), so parents are judged first
+    std::vector<int32_t> kept, path;
+    for (int32_t ni : nodes) {
+        draft_node & nd = dec.nodes[ni];
+        nd.refused      = nd.parent > 0 && dec.nodes[nd.parent].refused;
+        if (!nd.refused) {
+            path.clear();
+            for (int32_t a = ni; a > 0; a = dec.nodes[a].parent) {
+                path.push_back(dec.nodes[a].token);
+            }
+            std::reverse(path.begin(), path.end());
+            nd.refused = specee_grammar_valid_prefix(*g, path.data(), (int32_t) path.size()) < (int32_t) path.size();
+        }
+        if (nd.refused) {
+            nd.row = -1;
+            step.stats.n_grammar_dropped++;
+        } else {
+            nd.row = (int32_t) kept.size() + 1;
+            kept.push_back(ni);
+        }
+    }
+    return kept;
+}
+
 int32_t specee_tree_verify(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
-    const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
-    const specee_batch      b  = tb.view();
+    const std::vector<int32_t> kept = specee_tree_filter(dec, step, nodes);
+    const specee_tree_batch    tb   = specee_tree_verify_batch(dec, step.root, step.root_pos, kept);
+    const specee_batch         b    = tb.view();
+    specee_sampler_prefetch(step.smpl); // the root row's mask, while the pass runs
     specee_eval_layers_impl(step.ctx, &b, 0, (int32_t) step.ctx.model->hparams.n_layer, 0);
     return b.n_tokens;
 }

@@ -33,6 +33,8 @@ struct draft_node {
                                         // node, its leaves expanded for them)
     bool                 point = false; // drafted by a drafter without a distribution (n-gram lookup, grafted into a
                                         // head's tree: specee-hybrid.cpp): a point mass, its parent's q does not apply
+    bool                 refused = false; // the grammar refuses its token (or an ancestor's): dropped before the pass,
+                                          // never verified (specee_tree_filter)
 };
 
 struct specee_tree_decoder {
@@ -71,7 +73,13 @@ int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * 
 std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_step step, int32_t budget);
 specee_tree_batch    specee_tree_verify_batch(const specee_tree_decoder & dec, int32_t root, int32_t root_pos,
                                               const std::vector<int32_t> & nodes);
-// one pass of the target over step.root + the drafted nodes (specee_tree_verify_batch); returns the pass's rows
+// Drafts filtered by the sampler's grammar before the pass (none: nodes as they are): a node whose token the grammar
+// refuses after its path, and its subtree, gets no row (refused; the walk treats it as a draft the target rejected,
+// which it would be: its probability under the masked target is 0) and the rows left are renumbered 1.. in the same
+// order. Returns the nodes kept, in row order; adds the refused nodes that had rows to stats.n_grammar_dropped.
+std::vector<int32_t> specee_tree_filter(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes);
+// One pass of the target over step.root + the drafted nodes the grammar allows (specee_tree_filter, then
+// specee_tree_verify_batch), with the grammar's mask for the root's row computed meanwhile; returns the pass's rows
 int32_t              specee_tree_verify(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes);
 // Walks the verified tree from the root (the acceptance rule of the mode: greedy, sampled or replayed), reading each
 // node's logits through logits_of(user, node); fills the emitted tokens and the accepted nodes whose tokens stay in

@@ -459,11 +459,12 @@ struct specee_generator_params {
     struct specee_exit_params    exit;
     struct specee_ngram_params   ngram;
     // structured output (see "grammars" below): enum specee_grammar_type and its text, NULL or SPECEE_GRAMMAR_NONE:
-    // none. The text is copied by specee_generator_init, _set_params and specee_slots_submit (only borrowed).
+    // none, copied by specee_generator_init, _set_params and specee_slots_submit (only borrowed); jump_forward: forced
+    // tokens go as verified drafts into a pass (plain decoding); grammar_overlap: its next mask made while a pass runs
     int32_t                      grammar_type;
     const char *                 grammar;
-    bool                         jump_forward; // plain decoding under a grammar: the tokens it forces go as drafts
-                                               // into the next pass (verified, so output is unchanged)
+    bool                         jump_forward;
+    bool                         grammar_overlap;
 };
 
 // What a generator did since its stats were last reset. The same names in Python (GenerationStats), the CLI's
@@ -501,6 +502,8 @@ struct specee_generator_stats {
     int32_t n_verified;    // exited tokens the full model agreed with
     int32_t n_rollbacks;   // exited tokens it disagreed with: the sequence went back to the full model's token
     int32_t n_discarded;   // tokens emitted after a wrong exit, taken back by the rollbacks
+    double  t_mask_ms;         // in next: a grammar's masks on the decoding thread (computed, or waited for: overlap)
+    int32_t n_grammar_dropped; // drafted tokens a grammar refused, dropped (with their subtrees) before verification
     // derived by specee_generator_get_stats (0 where a mode does not count them)
     double  mean_accepted_tokens; // eagle, eagle2, tree-exit: n_decoded / n_steps, tokens per step (1: no draft
                                   // accepted)
@@ -569,11 +572,10 @@ int32_t specee_eagle_check_choices(const char * choices);
 
 // ---- grammars: structured output ----------------------------------------------------------------------
 //
-// A grammar constrains what a generator may produce: every draw from the model's logits keeps only the tokens it
-// allows, and every generated token advances it (llguidance, docs/structured-output.md). Plain decoding and the
-// lossless modes (eagle, eagle2, ngram) draw node by node along the verified tree, so their greedy output under a
-// grammar equals plain decoding's under it; early exit exits only with an allowed token; tree-exit and checked
-// exits (exit.check) refuse a grammar. Malformed grammars are errors with the engine's message.
+// A grammar constrains what a generator produces (llguidance, docs/structured-output.md): each draw keeps only the
+// tokens it allows (its next mask made while the pass runs), each generated token advances it, drafts it refuses are
+// dropped before verification, so eagle, eagle2 and ngram give plain decoding's greedy output under it; early exit
+// exits only on an allowed token; tree-exit and checked exits refuse it. Malformed grammars: the engine's message.
 
 enum specee_grammar_type {
     SPECEE_GRAMMAR_NONE        = 0,
@@ -583,11 +585,10 @@ enum specee_grammar_type {
     SPECEE_GRAMMAR_REGEX       = 4, // a regular expression the whole output matches
 };
 
-// The constraint interface every frontend shares (the sampler uses it inside the generator; a caller may drive one
-// by hand): compile for a model's vocabulary (NULL with specee_last_error() on a malformed grammar), the allowed
-// tokens as a bitmask (bit t % 32 of word t / 32; returns the words needed and writes them when n_words is enough),
-// advance on a generated token (-1 when the grammar refuses it), take back the last n, and the tokens the grammar
-// forces next (up to n_max; their count).
+// The constraint interface every frontend shares (the sampler's; a caller may drive one by hand): compile for a
+// model's vocabulary (NULL with specee_last_error() on a malformed grammar), the allowed tokens as a bitmask (bit t %
+// 32 of word t / 32; returns the words needed, writes them when n_words is enough), advance on a token (-1: refused),
+// take back the last n, the tokens it forces next (up to n_max; their count), how many of n tokens it allows in turn.
 typedef struct specee_grammar specee_grammar;
 specee_grammar * specee_grammar_init(const specee_model * model, int32_t type, const char * text);
 void             specee_grammar_free(specee_grammar * grammar);
@@ -595,12 +596,11 @@ int32_t          specee_grammar_mask(specee_grammar * grammar, uint32_t * mask, 
 int32_t          specee_grammar_accept(specee_grammar * grammar, int32_t token);
 int32_t          specee_grammar_rollback(specee_grammar * grammar, int32_t n_tokens);
 int32_t          specee_grammar_forced_tokens(specee_grammar * grammar, int32_t * tokens, int32_t n_max);
+int32_t          specee_grammar_valid_prefix(specee_grammar * grammar, const int32_t * tokens, int32_t n_tokens);
 // 0 when the grammar compiles for the model, else -1 with the engine's message in specee_last_error()
 int32_t          specee_grammar_check(const specee_model * model, int32_t type, const char * text);
-// "none", "gbnf", "json_schema", "lark", "regex"
-const char *     specee_grammar_type_name(int32_t type);
-// Where llguidance's library is (before the first grammar; Python passes its installed package's). Otherwise
-// $SPECEE_LLGUIDANCE, else the one found when this was built.
+const char *     specee_grammar_type_name(int32_t type); // "none", "gbnf", "json_schema", "lark", "regex"
+// llguidance's library (before the first grammar; Python passes its package's; else $SPECEE_LLGUIDANCE, the build's)
 void             specee_grammar_set_library(const char * path);
 
 // ---- parallel slots: continuous batching of several sequences on one context -----------------------------

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from specee import Model, SpecEEError, _core
 from specee._tools import tool_path
-from specee.generate import ExitParams, GenerateOptions
+from specee.generate import ExitParams, GenerateOptions, NgramParams
 from test_server import TIMEOUT, Server, call
 
 # ---- grammars -------------------------------------------------------------------------------------------
@@ -273,6 +273,43 @@ def test_constraint_interface_mask_accept_rollback_forced(model: Model) -> None:
         g.rollback(5)
 
 
+def mask_walk(g: _core.Grammar, tokens: list[int]) -> int:
+    """How many of tokens the mask allows one after another (accepting them), the grammar left as it was."""
+    n = 0
+    while n < len(tokens) and allowed(g.mask(), tokens[n]):
+        g.accept(tokens[n])
+        n += 1
+    g.rollback(n)
+    return n
+
+
+def test_valid_prefix_agrees_with_the_masks(model: Model) -> None:
+    """specee_grammar_valid_prefix (how the generator judges drafts before verifying them) counts what the masks
+    allow token by token, from several states, for valid outputs and outputs broken at each position, and leaves the
+    state as it was (the mask after equals the mask before)."""
+    schema = SCHEMAS[1]
+    g = _core.Grammar(model._model, _core.GRAMMAR_JSON_SCHEMA, json.dumps(schema))
+    good = model.tokenize('{"name":"Ada","age":36}', add_special=False)
+    eos = model.eog_tokens[0]
+    wrong = model.tokenize("x", add_special=False)[0]
+    cases = [good, good + [eos], good[:3] + [eos], [wrong] + good]
+    cases += [good[:k] + [wrong] + good[k:] for k in range(1, len(good), 2)]
+    counts = set()
+    for start in (0, 1, 3):
+        for t in good[:start]:
+            g.accept(t)
+        before = g.mask().copy()
+        for tokens in cases:
+            tokens = tokens[start:] if start and tokens[:start] == good[:start] else tokens
+            n = g.valid_prefix(tokens)
+            assert n == mask_walk(g, tokens), (start, tokens)
+            counts.add(n)
+            assert (g.mask() == before).all()
+        g.rollback(start)
+    assert len(counts) > 3  # the cases stop at different places
+    assert g.valid_prefix([]) == 0
+
+
 # ---- JSON schemas ---------------------------------------------------------------------------------------
 
 
@@ -313,6 +350,41 @@ def test_lossless_modes_equal_plain_under_a_grammar(model_head: Model, mode: str
         spec = model_head.generate(chat(prompt), 100, temp=0, mode=mode, **{kind: g})
         assert model_head.last_stats.mode == mode
         assert spec == plain, (mode, prompt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eagle2", "ngram"])
+def test_drafts_the_grammar_refuses_are_dropped_before_verification(model_head: Model, mode: str) -> None:
+    """The draft head, and lookup (the prompt repeats an object whose next key, "id", the schema refuses after
+    "name"), propose tokens the grammar refuses: they are dropped with their subtrees before the pass
+    (n_grammar_dropped) and get no row, and the output is plain decoding's under the same grammar."""
+    schema = obj({"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 99}})
+    prompt = chat('Reply with {"name":"x","id":1} {"name":"x","id":1} {"name":"x","id":1} as JSON.')
+    # lookup drafts wherever the sequence's end was seen before (not only where its acceptance so far says it pays)
+    extra = {"ngram": NgramParams(adaptive=False)} if mode == "ngram" else {}
+    plain = model_head.generate(prompt, 60, temp=0, mode="plain", jump_forward=False, json_schema=schema)
+    spec = model_head.generate(prompt, 60, temp=0, mode=mode, json_schema=schema, **extra)
+    st = model_head.last_stats
+    assert spec == plain
+    assert st.n_grammar_dropped > 0, (mode, st)
+    unconstrained = model_head.generate(prompt, 60, temp=0, mode=mode, **extra)
+    assert model_head.last_stats.n_grammar_dropped == 0, unconstrained
+
+
+@pytest.mark.slow
+def test_masks_off_the_critical_path_keep_the_output(model: Model) -> None:
+    """grammar_overlap (the next mask computed by a worker while the pass runs) changes nothing but where the mask is
+    computed: greedy and seeded sampled outputs are the same with it off, and with it off the decoding thread spends
+    time on masks (t_mask_ms) in every mode that draws through the grammar."""
+    for sampling in ({"temp": 0}, {"temp": 0.8, "seed": 7}):
+        for jump in (False, True):
+            kw = dict(mode="plain", json_schema=SCHEMAS[28], jump_forward=jump, **sampling)
+            on = model.generate(chat(PROMPTS[0]), 80, **kw)
+            off = model.generate(chat(PROMPTS[0]), 80, grammar_overlap=False, **kw)
+            assert model.last_stats.t_mask_ms > 0
+            assert on == off, (sampling, jump)
+    model.generate(chat(PROMPTS[0]), 20, temp=0, mode="plain")
+    assert model.last_stats.t_mask_ms == 0  # no grammar, no masks
 
 
 @pytest.mark.slow
@@ -365,6 +437,31 @@ def test_slots_decode_under_each_requests_grammar(model: Model) -> None:
         if slots.step() == 0:
             break
     assert [slots.read(a).tokens, slots.read(b).tokens] == alone
+
+
+@pytest.mark.slow
+def test_slots_jump_forward_in_the_shared_pass(model: Model) -> None:
+    """A slot under a schema puts the tokens its grammar forces into the shared pass as its own chain of draft rows
+    (jump-forward), beside a plain slot without a grammar: each gives what it gives alone, the schema's slot in fewer
+    steps than tokens, and with jump_forward off the same tokens one per pass."""
+    prompts = [model.prompt_tokens(chat(p)) for p in PROMPTS[:2]]
+    for i in (1, 32):
+        alone = [model.generate_tokens(prompts[0], 80, temp=0, mode="plain", json_schema=SCHEMAS[i]),
+                 model.generate_tokens(prompts[1], 30, temp=0, mode="plain")]
+        for jump in (True, False):
+            slots = model.slots(2)
+            a = slots.submit(prompts[0], 80, temp=0, mode="plain", json_schema=SCHEMAS[i], jump_forward=jump)
+            b = slots.submit(prompts[1], 30, temp=0, mode="plain")
+            for _ in range(200):
+                if slots.step() == 0:
+                    break
+            st = slots.stats(a)
+            assert [slots.read(a).tokens, slots.read(b).tokens] == alone, (i, jump)
+            if jump:
+                assert st["n_drafted"] > 0 and st["n_steps"] < st["n_decoded"], st
+            else:
+                assert st["n_drafted"] == 0 and st["n_steps"] == st["n_decoded"], st
+            assert slots.stats(b)["n_drafted"] == 0
 
 
 # ---- the CLI --------------------------------------------------------------------------------------------

@@ -168,6 +168,9 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return set_flag(set_flag(out, "--load", "1"), "--load-limit", "120")
     if module == "specee.bench.cli":
         return set_flag(set_flag(set_flag(set_flag(argv, "-n", "8"), "--rounds", "1"), "-t", "1"), "--limit", "1")
+    if module == "specee.bench.grammar":  # one round of one case, a few tokens
+        out = set_flag(set_flag(set_flag(argv, "--max-tokens", "16"), "--rounds", "1"), "-t", "1")
+        return set_flag(out, "--cases", "person")
     raise AssertionError(f"command not covered by tests/test_readme.py: {shlex.join(argv)}")
 
 

@@ -393,6 +393,13 @@ struct Grammar {
             raise_last();
         }
     }
+    int32_t valid_prefix(const std::vector<int32_t> & tokens) {
+        const int32_t n = specee_grammar_valid_prefix(ptr, tokens.data(), (int32_t) tokens.size());
+        if (n < 0) {
+            raise_last();
+        }
+        return n;
+    }
     std::vector<int32_t> forced(int32_t n_max) {
         std::vector<int32_t> out(std::max(n_max, 0));
         const int32_t        n = specee_grammar_forced_tokens(ptr, out.data(), n_max);
@@ -904,7 +911,8 @@ PYBIND11_MODULE(_core, m) {
         .def("mask", &Grammar::mask)
         .def("accept", &Grammar::accept, py::arg("token"))
         .def("rollback", &Grammar::rollback, py::arg("n_tokens"))
-        .def("forced", &Grammar::forced, py::arg("n_max"));
+        .def("forced", &Grammar::forced, py::arg("n_max"))
+        .def("valid_prefix", &Grammar::valid_prefix, py::arg("tokens"));
     py::class_<Slots>(m, "Slots")
         .def(py::init<py::object, int32_t, int32_t>(), py::arg("context"), py::arg("n_slots"), py::arg("n_chunk") = 0)
         .def_property_readonly("n_slots", [](const Slots & s) { return specee_slots_n_slots(s.ptr); })

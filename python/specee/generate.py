@@ -128,7 +128,8 @@ class GenerateOptions:
     for message prompts, a name instead of the model's own. Structured output (docs/structured-output.md): grammar,
     a GBNF grammar's text (or Lark, or a regular expression, with grammar_type "lark" / "regex"), or json_schema, a
     JSON Schema (a dict, JSON text or a pydantic model class); grammar_type follows from which is given; jump_forward:
-    in plain decoding, the tokens the grammar forces are verified together in one pass (the output is the same)."""
+    in plain decoding, the tokens the grammar forces are verified together in one pass (the output is the same);
+    grammar_overlap: the grammar's next mask is computed on a worker thread while the pass runs."""
 
     mode: str = "auto"
     temp: float = 0.8
@@ -148,6 +149,7 @@ class GenerateOptions:
     json_schema: Any = None
     grammar_type: str = "none"
     jump_forward: bool = True
+    grammar_overlap: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -213,6 +215,8 @@ class GenerationStats:
     n_verified: int = 0  # checked exits: exited tokens the full model agreed with
     n_rollbacks: int = 0  # exited tokens it disagreed with (the sequence went back to the full model's token)
     n_discarded: int = 0  # tokens emitted after a wrong exit, taken back by the rollbacks
+    t_mask_ms: float = 0.0  # a grammar's masks on the decoding thread (computed, or waited for: grammar_overlap)
+    n_grammar_dropped: int = 0  # drafted tokens the grammar refused, dropped before verification
     mean_accepted_tokens: float = 0.0  # eagle, eagle2, tree-exit: tokens per step (1.0: no draft token accepted)
     exit_ratio: float = 0.0  # early-exit: share of decoded tokens that exited (tree-exit: of steps)
     mean_layers_run: float = 0.0  # early-exit: layers per decoded token, SpecEE's "average exit layer" (tree-exit: per step)
