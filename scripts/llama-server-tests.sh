@@ -123,17 +123,21 @@ skips: dict[str, int] = defaultdict(int)
 
 
 def cause_of(case: ET.Element, bad: ET.Element) -> str:
-    """A failure's cause in one line: for a server that did not start, its own error line; else the failure's
-    message with numbers and quoted text blurred, so that tests failing alike group together."""
+    """A failure's cause in one line: for a server that did not start, its own error line; else the failing line of
+    the test and its message's first line (addresses, ids and timestamps blurred, so that tests failing alike group
+    together)."""
     message = (bad.get("message") or bad.text or "").strip()
     out = "\n".join(x.text or "" for x in case.iter("system-out")) + "\n".join(x.text or "" for x in case.iter("system-err"))
     if "Server process died" in message or "did not start" in message:
         errors = [line.strip() for line in out.splitlines() if re.search(r"error|unrecognized|refused|invalid|not supported", line, re.I)
                   and not line.startswith(("tests:", "Response from", "server pid"))]
-        return "start: " + (errors[-1][:150] if errors else message.splitlines()[0][:150])
+        return "start: " + (errors[-1][:160] if errors else message.splitlines()[0][:160])
     first = message.splitlines()[0] if message else "(no message)"
-    first = re.sub(r"\b\d+(\.\d+)?\b", "N", first)
-    return first[:150]
+    where = [line[1:].strip() for line in (bad.text or "").splitlines() if line.startswith(">")]
+    if where and not first.startswith(where[-1]):
+        first = f"{where[-1][:80]}  ->  {first}"
+    first = re.sub(r"0x[0-9a-f]+|\b[a-z]+-[0-9a-f]{16,}\b|\b\d{9,}\b", "#", first)
+    return first[:200]
 
 
 for case in ET.parse(path).getroot().iter("testcase"):

@@ -19,9 +19,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_options_of
-from specee.generate import MODES
+from specee._core import SpecEEError
+from specee.generate import MODES, GenerateOptions
 from specee.model import Model
 from specee.server.engine import Engine, ServerState
+from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, tokenize
 from specee.server.openai import chat_completions, completions, embeddings, models
 from specee.server.request import ApiError
@@ -94,13 +96,14 @@ def make_app(state: ServerState) -> Starlette:
     return app
 
 
-# every context option but llama.cpp's -fa, which means nothing here
-CONTEXT_FLAGS = [name for name in CONTEXT_OPTIONS if name != "flash_attn"]
+# every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
+CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specee-server", description="OpenAI-compatible server with parallel slots "
-                                "batched in the runtime, EAGLE and SpecEE early exit per request")
+    p = argparse.ArgumentParser(prog="specee-server", allow_abbrev=False, usage="%(prog)s [-m FNAME] [options]",
+                                description="OpenAI-compatible server with parallel slots batched in the runtime, "
+                                "EAGLE and SpecEE early exit per request")
     p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
     p.add_argument("-np", "--parallel", type=int, default=4, help="parallel slots: requests decoded together (4)")
     p.add_argument("--prefill-chunk", type=int, default=256,
@@ -112,15 +115,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
     p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
-    p.add_argument("-n", "--n-predict", type=int, default=-1,
+    p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
                    help="most tokens a request generates: a larger max_tokens / n_predict is lowered to it, and a "
                    "request with none (or -1) gets it; /props shows it (default: -1 = until an end-of-generation "
                    "token or the slot's context is full, -c / -np tokens with the prompt)")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
+    # llama-server's other flags: the table in flags.py (after every flag of the server's own)
+    add_llama_flags(p)
     args = p.parse_args(argv)
     if args.n_predict < -1:
         p.error(f"-n/--n-predict must be -1 (no cap) or >= 0, not {args.n_predict}")
+    args.sampling, args.llama = llama_flags_of(args, p)
+    if "api_key_file" in args.llama:
+        try:
+            with open(args.llama["api_key_file"]) as f:
+                args.api_key = f.readline().strip() or None
+        except OSError as e:
+            p.error(f"--api-key-file: {e.strerror}: {args.llama['api_key_file']}")
+    origins = args.llama.get("cors_origins", "*")
+    args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
+    if not args.cors_origins:
+        p.error("--cors-origins: give '*', 'localhost' or comma-separated origins")
+    try:  # the defaults are checked now, not at the first request
+        GenerateOptions(**args.sampling)
+    except (ValueError, SpecEEError) as e:
+        p.error(f"sampling flags: {e}")
     return args
 
 
@@ -133,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     model = Model(options.pop("model", None), **options)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
     alias = args.alias or os.path.basename(model.path)
-    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics, args.n_predict)
+    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics, args.n_predict,
+                        sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots",
+                        cors_origins=args.cors_origins)
     app = make_app(state)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
@@ -141,6 +163,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"specee-server: {alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
           f"{engine.slots.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if "verbose" in args.llama else "warning")
     finally:
         engine.stop()

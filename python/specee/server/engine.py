@@ -167,8 +167,9 @@ class Engine:
 @dataclass
 class ServerState:
     """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
-    none, the API key (None: none needed), whether /metrics is served and the most tokens a request generates (-n;
-    -1: until an end-of-generation token or a full slot)."""
+    none, the API key (None: none needed), whether /metrics is served, the most tokens a request generates (-n;
+    -1: until an end-of-generation token or a full slot), the sampling defaults of requests (GenerateOptions' fields,
+    from --temp, --seed, ...), whether /slots is served and the origins CORS lets a browser call from."""
 
     model: Model
     engine: Engine
@@ -177,4 +178,7 @@ class ServerState:
     api_key: str | None
     metrics: bool
     n_predict: int = -1
+    sampling: dict[str, Any] = field(default_factory=dict)
+    slots: bool = True
+    cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))

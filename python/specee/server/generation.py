@@ -128,7 +128,7 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
                   api: str) -> Response:
     """A generation's response (api: chat, completions, llama): one JSON body, or server-sent events when
     body["stream"]."""
-    params = request_params(body, api, state.mode, state.n_predict)
+    params = request_params(body, api, state.mode, state.n_predict, state.sampling)
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
     include_usage = stream and bool(stream_options.get("include_usage"))

@@ -293,10 +293,12 @@ def grammar_of(body: dict) -> dict[str, Any]:
     return found
 
 
-def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> RequestParams:
+def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
+                   defaults: dict[str, Any] | None = None) -> RequestParams:
     """What a request body asks to generate (api: chat, completions, llama; mode: the server's, for requests that
-    name none; n_predict_cap: the server's -n), every field checked (400 on a bad one). The mode is settled first,
-    then the options are made: the runtime's checks see them as they will run."""
+    name none; n_predict_cap: the server's -n; defaults: the server's sampling defaults, GenerateOptions' fields, for
+    fields a request does not give), every field checked (400 on a bad one). The mode is settled first, then the
+    options are made: the runtime's checks see them as they will run."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     n_predict = tokens_wanted(body, api, n_predict_cap)
@@ -306,10 +308,16 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> 
         "top_p": body_field(body, "top_p", (int, float), None, lambda v: 0 < v <= 1, "a number in (0, 1]"),
         "top_k": body_field(body, "top_k", int, None, lambda v: 0 <= v < 2**31, "an integer >= 0"),
         "min_p": body_field(body, "min_p", (int, float), None, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        "repeat_penalty": body_field(body, "repeat_penalty", (int, float), None, lambda v: 0 < v <= 100,
+                                     "a number in (0, 100]"),
+        "repeat_last_n": body_field(body, "repeat_last_n", int, None, lambda v: -1 <= v < 2**31, "an integer >= -1"),
         "seed": body_field(body, "seed", int, None, lambda v: -1 <= v < 2**32, "an integer in [-1, 2**32)"),
         "ignore_eos": body_field(body, "ignore_eos", bool, None),
         "mode": body_field(body, "mode", str, mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
     }
+    for name, value in (defaults or {}).items():
+        if given.get(name) is None:
+            given[name] = value
     if body_field(body, "exit_check", bool, False):  # checked exits: early-exit and tree-exit output equals plain's
         given["exit"] = ExitParams(check=True)
     stop = body_field(body, "stop", (str, list), [], expect="a string or a list of strings")
