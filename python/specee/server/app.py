@@ -24,15 +24,47 @@ from specee.generate import MODES, GenerateOptions
 from specee.model import Model
 from specee.server.engine import Engine, ServerState
 from specee.server.flags import add_llama_flags, llama_flags_of
-from specee.server.llama import detokenize, health, llama_completion, metrics, props, tokenize
+from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
 from specee.server.openai import chat_completions, completions, embeddings, models
 from specee.server.request import ApiError
 
 
+CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
+
+
+def is_localhost(origin: str) -> bool:
+    """An origin on this machine: http(s)://localhost, 127.0.0.1 or [::1], any port."""
+    rest = origin.split("://", 1)[1] if "://" in origin else ""
+    host = rest[1:rest.find("]")] if rest.startswith("[") else rest.split(":", 1)[0]
+    return host in ("localhost", "127.0.0.1", "::1") and "/" not in rest
+
+
+def cors_origin(origins: list[str], origin: str) -> str | None:
+    """The Access-Control-Allow-Origin a request from `origin` gets (None: none, the browser refuses): '*' reflects
+    any origin (credentials are allowed), 'localhost' those on this machine, else the listed ones."""
+    if not origin:
+        return "*" if origins == ["*"] else None
+    if "*" in origins or origin in origins or ("localhost" in origins and is_localhost(origin)):
+        return origin
+    return None
+
+
+def with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
+    """An ASGI send that adds `extra` to the response's headers."""
+
+    async def send_with(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return send_with
+
+
 class Guard:
-    """ASGI middleware: the API key (every endpoint but /health; compared in constant time) and ApiError as an
-    OpenAI-shaped response; any other failure before a response began is a 500 in the same shape (its traceback in the
-    log), never a bare one."""
+    """ASGI middleware: CORS (a preflight OPTIONS is answered here, before the API key, as browsers send it without
+    one; every response gets the allowed origin), the API key (every endpoint but /health; compared in constant time)
+    and ApiError as an OpenAI-shaped response; any other failure before a response began is a 500 in the same shape
+    (its traceback in the log), never a bare one."""
 
     def __init__(self, app: Any, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -40,9 +72,20 @@ class Guard:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        allowed = cors_origin(self.state.cors_origins, headers.get(b"origin", b"").decode("latin-1"))
+        # header names as llama-server spells them (HTTP's are case-insensitive; some clients' dicts are not)
+        cors = [] if allowed is None else [(b"Access-Control-Allow-Origin", allowed.encode("latin-1"))]
+        if scope["method"] == "OPTIONS":
+            cors += [(b"Access-Control-Allow-Credentials", b"true"), (b"Access-Control-Allow-Methods", CORS_METHODS),
+                     (b"Access-Control-Allow-Headers", b"*"), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 200, "headers": cors})
+            return await send({"type": "http.response.body", "body": b""})
+        if cors:
+            send = with_headers(send, cors)
         key = self.state.api_key
         if key and scope["path"] != "/health":
-            auth = dict(scope["headers"]).get(b"authorization", b"")
+            auth = headers.get(b"authorization", b"")
             if not hmac.compare_digest(auth, b"Bearer " + key.encode()):
                 return await ApiError(401, "invalid API key", "authentication_error").response()(scope, receive, send)
         started = False
@@ -72,7 +115,7 @@ def make_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
-        Route("/completions", completions, methods=["POST"]),
+        Route("/completions", llama_completion, methods=["POST"]),  # llama.cpp's, as llama-server routes it
         Route("/completion", llama_completion, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),
@@ -80,6 +123,7 @@ def make_app(state: ServerState) -> Starlette:
         Route("/models", models),
         Route("/health", health),
         Route("/props", props),
+        Route("/slots", slots),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),
@@ -104,7 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="specee-server", allow_abbrev=False, usage="%(prog)s [-m FNAME] [options]",
                                 description="OpenAI-compatible server with parallel slots batched in the runtime, "
                                 "EAGLE and SpecEE early exit per request")
-    p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
+    p.add_argument("-a", "--alias", help="the model's name in the API, or comma-separated names: "
+                   "all are listed as /v1/models' aliases, the first in sorted order is its id (default: the file's name)")
     p.add_argument("-np", "--parallel", type=int, default=4, help="parallel slots: requests decoded together (4)")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="most prompt tokens prefilled in one pass beside the decoding slots (256)")
@@ -152,15 +197,17 @@ def main(argv: list[str] | None = None) -> None:
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
-    alias = args.alias or os.path.basename(model.path)
-    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics, args.n_predict,
-                        sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots",
+    # llama-server's order: its id is the first of the names sorted
+    aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
+    state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
+                        sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
+                        tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
                         cors_origins=args.cors_origins)
     app = make_app(state)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
     cap = "" if args.n_predict < 0 else f", at most {args.n_predict} generated"
-    print(f"specee-server: {alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
+    print(f"specee-server: {state.alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
           f"{engine.slots.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info" if "verbose" in args.llama else "warning")

@@ -107,7 +107,7 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--api-key-file", "FNAME", "server", "the API key, read from a file", "api_key_file"),
     S("--reuse-port", None, "ignored", "one process serves the port"),
     S("-to --timeout --threads-http --sse-ping-interval", "N", "ignored", "HTTP is served by uvicorn's event loop"),
-    S("--tags", "STRING", "ignored", "model tags are informational"),
+    S("--tags", "STRING", "server", "comma-separated model tags, shown by /v1/models (informational)", "tags"),
     S("--models-dir --models-preset --models-max", "VALUE", "refused", "one model per server: no router mode"),
     S("--models-autoload --no-models-autoload", None, "refused", "one model per server: no router mode"),
     S("--sleep-idle-seconds", "SECONDS", "refused", "the model stays loaded"),

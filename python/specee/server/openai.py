@@ -4,6 +4,7 @@ log-probabilities of chat and of completions included)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 import uuid
 from typing import Any
@@ -18,8 +19,13 @@ from specee.server.generation import Result, TokenProb, respond, text_of, usage
 from specee.server.request import ApiError, json_object, messages_of, off_loop, prompt_of
 
 
+# llama-server's system_fingerprint is "b" and its build number; here "b" and the package's version
+FINGERPRINT = "b" + importlib.metadata.version("specee")
+
+
 def base(state: ServerState, kind: str, rid: str) -> dict:
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": state.alias}
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": state.alias,
+            "system_fingerprint": FINGERPRINT}
 
 
 def chat_logprobs(probs: list[TokenProb]) -> dict:
@@ -60,7 +66,7 @@ async def chat_completions(request: Request) -> Response:
             msg = {"role": "assistant", "content": res.text}
             return {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
                     "finish_reason": res.finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
-        delta = {"role": "assistant", "content": ""} if first else {} if final else {"content": piece}
+        delta = {"role": "assistant", "content": None} if first else {} if final else {"content": piece}
         return {**base(state, "chat.completion.chunk", rid), "choices": [{"index": 0, "delta": delta,
                 "finish_reason": res.finish if final else None, "logprobs": logprobs}]}
 
@@ -111,6 +117,9 @@ async def embeddings(request: Request) -> Response:
             vec = await asyncio.to_thread(state.engine.slots.embed, tokens)
         except _core.SpecEEError as e:
             raise ApiError(503, f"cannot embed now: {e}", "server_error", headers={"Retry-After": "1"}) from None
+        with state.engine.cond:  # llama.cpp's metrics count an embedding's prompt and its pass
+            state.engine.metrics["prompt_tokens"] += len(tokens)
+            state.engine.metrics["embed_passes"] += 1
         vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
         data.append({"object": "embedding", "index": i, "embedding": vec.astype(float).tolist()})
         n_tokens += len(tokens)
@@ -121,5 +130,6 @@ async def embeddings(request: Request) -> Response:
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [{"id": state.alias, "object": "model", "created": state.created,
-                                                     "owned_by": "specee", "meta": {"n_ctx": state.model.n_ctx,
+                                                     "owned_by": "specee", "aliases": state.aliases,
+                                                     "tags": state.tags, "meta": {"n_ctx": state.model.n_ctx,
                                                      "n_vocab": state.model.n_vocab, "desc": state.model.desc}}]})

@@ -35,13 +35,17 @@ class ApiError(Exception):
     """A request the server refuses: an HTTP status and an OpenAI-shaped error body."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
+        self.extra = extra or {}  # more fields of the error object (llama.cpp's n_prompt_tokens, n_ctx)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status,
+                          **self.extra}}
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def shown(value: Any) -> str:
@@ -166,21 +170,45 @@ async def json_object(request: Request) -> dict:
 # ---- the prompt -----------------------------------------------------------------------------------------
 
 
-def prompt_of(model: Model, body: dict, key: str = "prompt") -> list[int]:
-    """A completion prompt: a string, or token ids (or a list holding one of them)."""
+def prompts_of(model: Model, body: dict, key: str = "prompt") -> list[list[int]]:
+    """A completion's prompts as token ids: one prompt, or a list of them (llama.cpp's /completion answers each).
+    A prompt is a string, token ids (strings among them are tokenized in place, without BOS), or llama.cpp's JSON
+    prompt object {"prompt_string": ...} (its `multimodal_data` refused: text only)."""
     prompt = body.get(key)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        try:
+    several = isinstance(prompt, list) and prompt and all(isinstance(p, (str, list, dict)) for p in prompt)
+    return [one_prompt(model, p, key) for p in (prompt if several else [prompt])]
+
+
+def one_prompt(model: Model, prompt: Any, key: str) -> list[int]:
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise ApiError(400, f"'{key}': multimodal data is not supported: this server takes text only", param=key)
+        prompt = prompt.get("prompt_string")
+    try:
+        if isinstance(prompt, str) and prompt:
             return model.tokenize(prompt, add_special=True, parse_special=True)
-        except ValueError as e:  # a lone surrogate (check_json refuses them first)
-            raise ApiError(400, f"'{key}': {e}", param=key) from None
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not all(0 <= t < model.n_vocab for t in prompt):
-            raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
-        return list(prompt)
-    raise ApiError(400, f"'{key}' must be a non-empty string or list of token ids (one prompt per request)", param=key)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, (int, str)) and not isinstance(t, bool)
+                                                       for t in prompt):
+            tokens: list[int] = []
+            for t in prompt:
+                tokens += model.tokenize(t, add_special=False, parse_special=True) if isinstance(t, str) else [t]
+            if not all(0 <= t < model.n_vocab for t in tokens):
+                raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
+            if tokens:
+                return tokens
+    except ValueError as e:  # a lone surrogate (check_json refuses them first)
+        raise ApiError(400, f"'{key}': {e}", param=key) from None
+    raise ApiError(400, f"'{key}' must be a non-empty string, a list of token ids (and strings), a JSON prompt "
+                   "object {\"prompt_string\": ...}, or a list of these", param=key)
+
+
+def prompt_of(model: Model, body: dict, key: str = "prompt") -> list[int]:
+    """A completion prompt (`prompts_of`), one per request."""
+    prompts = prompts_of(model, body, key)
+    if len(prompts) != 1:
+        raise ApiError(400, f"'{key}': one prompt per request here, not {len(prompts)} (llama.cpp's /completion "
+                       "takes several)", param=key)
+    return prompts[0]
 
 
 def messages_of(model: Model, body: dict) -> list[int]:
