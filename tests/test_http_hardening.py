@@ -295,7 +295,9 @@ def test_health_answers_while_a_4_mib_word_is_tokenized(server: Server) -> None:
         if path == "/tokenize":
             assert r.status_code == 200 and len(r.json()["tokens"]) >= len(word) // 16
         else:
-            assert_400(r, "more than the context allows", "prompt")  # tokenized, then refused
+            err = r.json()["error"]  # tokenized, then refused in llama.cpp's shape
+            assert r.status_code == 400 and err["type"] == "exceed_context_size_error", r.text
+            assert "more than the context allows" in err["message"] and err["n_prompt_tokens"] > err["n_ctx"], err
         assert len(waits) >= 3, waits  # the word took long enough to poll beside it
         assert max(waits) < 1.0, max(waits)
     assert_answers(server)
@@ -378,6 +380,7 @@ def test_an_unforeseen_failure_is_an_openai_shaped_500() -> None:
 
     class State:
         api_key = None
+        cors_origins = ["*"]
 
     def run(app: Any) -> list[dict]:
         sent: list[dict] = []

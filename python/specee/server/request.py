@@ -172,7 +172,7 @@ async def json_object(request: Request) -> dict:
 
 def prompts_of(model: Model, body: dict, key: str = "prompt") -> list[list[int]]:
     """A completion's prompts as token ids: one prompt, or a list of them (llama.cpp's /completion answers each).
-    A prompt is a string, token ids (strings among them are tokenized in place, without BOS), or llama.cpp's JSON
+    A prompt is a string, token ids (strings among ids are tokenized in place, without BOS), or llama.cpp's JSON
     prompt object {"prompt_string": ...} (its `multimodal_data` refused: text only)."""
     prompt = body.get(key)
     several = isinstance(prompt, list) and prompt and all(isinstance(p, (str, list, dict)) for p in prompt)
@@ -187,8 +187,8 @@ def one_prompt(model: Model, prompt: Any, key: str) -> list[int]:
     try:
         if isinstance(prompt, str) and prompt:
             return model.tokenize(prompt, add_special=True, parse_special=True)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, (int, str)) and not isinstance(t, bool)
-                                                       for t in prompt):
+        if isinstance(prompt, list) and any(isinstance(t, int) for t in prompt) and all(
+                isinstance(t, (int, str)) and not isinstance(t, bool) for t in prompt):
             tokens: list[int] = []
             for t in prompt:
                 tokens += model.tokenize(t, add_special=False, parse_special=True) if isinstance(t, str) else [t]
