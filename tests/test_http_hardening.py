@@ -201,7 +201,7 @@ def test_a_wrong_content_type_is_read_as_json_or_refused(server: Server) -> None
     ("/v1/completions", {"prompt": "hi", "max_tokens": 2.0}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_completion_tokens": -5}, "max_completion_tokens"),
     ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 17}, "n"),
     ("/v1/completions", {"prompt": "hi", "stream": 1}, "stream"),
     ("/v1/completions", {"prompt": "hi", "stream_options": [1]}, "stream_options"),
     ("/completion", {"prompt": "hi", "n_predict": -2}, "n_predict"),

@@ -70,10 +70,11 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--mirostat-ent", "N", "refused", NO_SAMPLER, neutral=("5",)),
     S("--samplers", "SAMPLERS", "refused", "the sampler chain is fixed here (penalties, top-k, top-p, min-p, temp)"),
     S("--sampler-seq --sampling-seq", "SEQUENCE", "refused", "the sampler chain is fixed here"),
-    S("-l --logit-bias", "TOKEN_ID(+/-)BIAS", "refused", "a server-wide logit bias is not supported"),
+    S("-l --logit-bias", "TOKEN_ID(+/-)BIAS", "sampling", "default logit bias of requests, e.g. 15043+1,2-inf",
+      "logit_bias"),
     S("--grammar --grammar-file -j --json-schema -jf --json-schema-file", "GRAMMAR", "refused",
       "a server-wide grammar is not supported: requests give `grammar`, `json_schema` or `response_format`"),
-    S("-bs --backend-sampling", None, "ignored", "sampling runs where it runs here (the CPU)"),
+    S("-bs --backend-sampling --backend_sampling", None, "ignored", "sampling runs where it runs here (the CPU)"),
     # ---- the server
     S("--slots --no-slots", None, "server", "serve GET /slots, or not (default: served)", "slots"),
     S("--props", None, "refused", "changing the server's settings with POST /props is not supported"),
@@ -173,7 +174,7 @@ LLAMA_FLAGS: list[LlamaFlag] = [
 ]
 
 USES = ("sampling", "server", "ignored", "refused")
-FLOAT_FIELDS = ("temp", "top_p", "min_p", "repeat_penalty")  # the other sampling rows are integers
+FLOAT_FIELDS = ("temp", "top_p", "min_p", "repeat_penalty")  # the other sampling rows are integers (logit_bias: text)
 
 
 def flag_name(row: LlamaFlag) -> str:
@@ -235,7 +236,8 @@ def llama_flags_of(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                 sampling[row.dest] = True
                 continue
             try:
-                sampling[row.dest] = float(value) if row.dest in FLOAT_FIELDS else int(value)
+                sampling[row.dest] = (value if row.dest == "logit_bias" else float(value) if row.dest in FLOAT_FIELDS
+                                      else int(value))
             except ValueError:
                 parser.error(f"{flag}: expected a number, not {value!r}")
         elif row.use == "server":

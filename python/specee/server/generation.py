@@ -159,10 +159,18 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
                   api: str) -> Response:
     """A generation's response (api: chat, completions, llama): one JSON body, or server-sent events when
     body["stream"]."""
-    params = request_params(body, api, state.mode, state.n_predict, state.sampling)
+    params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model)
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
     include_usage = stream and bool(stream_options.get("include_usage"))
+    if not stream and params.n_choices > 1:  # n choices: n generations on the slots, one response
+        results = await asyncio.gather(*(generate_all(state, request, tokens, params) for _ in range(params.n_choices)))
+        bodies = [shape(r, None, final=True) for r in results]
+        out = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
+        n_generated = sum(r.n_generated for r in results)
+        out["usage"] = {"prompt_tokens": len(tokens), "completion_tokens": n_generated,
+                        "total_tokens": len(tokens) + n_generated}
+        return JSONResponse(out)
     if not stream:
         return JSONResponse(shape(await generate_all(state, request, tokens, params), None, final=True))
     res = Result(n_probs=params.n_probs)
@@ -172,7 +180,8 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
 
     async def events() -> AsyncIterator[str]:
         try:
-            yield sse(shape(res, "", first=True))
+            if api != "llama":  # OpenAI's first chunk: the role; llama.cpp's chunks each hold a piece
+                yield sse(shape(res, "", first=True))
             async for piece in pieces:
                 yield sse(shape(res, piece))
             yield sse(shape(res, None, final=True))

@@ -5,6 +5,8 @@ this server's own under `specee:`)."""
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -13,22 +15,25 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
-from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, off_loop, prompts_of,
-                                   request_params)
+from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
+                                   prompts_of, request_params)
 
 # a request's fields that /completion's generation_settings echo (llama.cpp's names)
 GENERATION_FIELDS = ("n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
                      "ignore_eos", "mode", "n_probs", "stop")
 
 
-def llama_probs(probs: list[TokenProb]) -> list[dict]:
+def llama_probs(probs: list[TokenProb], as_probs: bool = False) -> list[dict]:
     """llama.cpp's `completion_probabilities`: [{id, token, bytes, logprob, top_logprobs: [{id, token, bytes,
-    logprob}]}]."""
+    logprob}]}]; as_probs (the request's post_sampling_probs): `prob` and `top_probs` instead, the probabilities
+    themselves (here the model's, before the sampler's top-k / top-p / min-p, not after them as in llama.cpp)."""
 
     def entry(tok: int, piece: bytes, lp: float) -> dict:
-        return {"id": tok, "token": text_of(piece), "bytes": list(piece), "logprob": lp}
+        value = {"prob": math.exp(lp)} if as_probs else {"logprob": lp}
+        return {"id": tok, "token": text_of(piece), "bytes": list(piece), **value}
 
-    return [{**entry(p.token, p.piece, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in probs]
+    top = "top_probs" if as_probs else "top_logprobs"
+    return [{**entry(p.token, p.piece, p.logprob), top: [entry(*t) for t in p.top]} for p in probs]
 
 
 def pick_fields(out: dict, fields: list[str]) -> dict:
@@ -53,14 +58,21 @@ async def llama_completion(request: Request) -> Response:
     fields = body_field(body, "response_fields", list, [], lambda v: all(isinstance(f, str) for f in v),
                         "a list of field names")
     with_tokens = body_field(body, "return_tokens", bool, False)
+    as_probs = body_field(body, "post_sampling_probs", bool, False)
     settings = {**default_params(state), **{k: body[k] for k in GENERATION_FIELDS if body.get(k) is not None}}
+    # llama.cpp's list of logit biases, {token, bias} (null: -inf), the end-of-generation tokens' with ignore_eos
+    bias = logit_bias_of(state.model, body) or state.sampling.get("logit_bias") or ""
+    settings["logit_bias"] = [{"token": int(t), "bias": None if b == "inf" and sign == "-" else float(sign + b)}
+                              for t, sign, b in (re.match(r"(\d+)([+-])(.*)", x).groups() for x in bias.split(",") if x)]
+    if settings["ignore_eos"]:
+        settings["logit_bias"] += [{"token": t, "bias": None} for t in state.model.eog_tokens]
     if state.n_predict >= 0 and (settings["n_predict"] < 0 or settings["n_predict"] > state.n_predict):
         settings["n_predict"] = state.n_predict
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False, tokens: list[int] = prompts[0],
               index: int = 0) -> dict:
         new = res.new_probs(final and not stream)
-        probs = {} if new is None else {"completion_probabilities": llama_probs(new)}
+        probs = {} if new is None else {"completion_probabilities": llama_probs(new, as_probs)}
         ids = res.new_tokens() if stream else res.tokens
         if not final:
             return {"index": index, "content": piece or "", "tokens": ids if with_tokens or stream else [],
@@ -78,7 +90,7 @@ async def llama_completion(request: Request) -> Response:
         return await respond(state, request, prompts[0], body, shape, "llama")
     if stream:
         raise ApiError(400, "'prompt': a list of prompts is answered as one JSON list, not streamed", param="prompt")
-    params = request_params(body, "llama", state.mode, state.n_predict, state.sampling)
+    params = request_params(body, "llama", state.mode, state.n_predict, state.sampling, state.model)
     results = await asyncio.gather(*(generate_all(state, request, t, params) for t in prompts))
     return JSONResponse([shape(r, None, final=True, tokens=t, index=i)
                          for i, (r, t) in enumerate(zip(results, prompts))])

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from specee import _core
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
-from specee.server.request import ApiError, json_object, messages_of, off_loop, prompt_of
+from specee.server.request import ApiError, json_object, messages_of, off_loop, prompt_of, prompts_of
 
 
 # llama-server's system_fingerprint is "b" and its build number; here "b" and the package's version
@@ -97,22 +97,17 @@ async def embeddings(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
     inputs = body.get("input", body.get("content"))
-    if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
-        inputs = [inputs]
-    if not isinstance(inputs, list) or not inputs or len(inputs) > 256:
+    if isinstance(inputs, list) and len(inputs) > 256:
         raise ApiError(400, "'input' must be a non-empty string or list of at most 256 strings", param="input")
+    # inputs as completion prompts: a string, token ids, a JSON prompt object, or a list of these
+    prompts = await off_loop(request, prompts_of, state.model, {"input": inputs}, "input")
     n_ctx = state.engine.slots.n_ctx_slot
-
-    def tokens_of(i: int, text: Any) -> list[int]:
-        tokens = prompt_of(state.model, {"input": text}, "input")
+    data, n_tokens = [], 0
+    for i, tokens in enumerate(prompts):
         if len(tokens) > n_ctx:
             raise ApiError(400, f"input {i} has {len(tokens)} tokens, more than the context allows: {n_ctx}",
-                           param="input")
-        return tokens
-
-    data, n_tokens = [], 0
-    for i, text in enumerate(inputs):
-        tokens = await off_loop(request, tokens_of, i, text)
+                           "exceed_context_size_error", param="input",
+                           extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx})
         try:
             vec = await asyncio.to_thread(state.engine.slots.embed, tokens)
         except _core.SpecEEError as e:

@@ -26,6 +26,7 @@ from specee.model import CHAT_ROLES, Model
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
 MAX_DEPTH = 64  # arrays and objects nested in a request body
+MAX_CHOICES = 16  # a request's n: generations of one prompt, each on a slot
 # a body up to this size is parsed, tokenized and answered on the event loop (a few ms at most: a 16 KiB single word
 # tokenizes in about 3 ms on SmolLM2); a larger one on a worker thread, so /health and the streams keep being served
 INLINE_BYTES = 16 * 1024
@@ -173,7 +174,7 @@ async def json_object(request: Request) -> dict:
 def prompts_of(model: Model, body: dict, key: str = "prompt") -> list[list[int]]:
     """A completion's prompts as token ids: one prompt, or a list of them (llama.cpp's /completion answers each).
     A prompt is a string, token ids (strings among ids are tokenized in place, without BOS), or llama.cpp's JSON
-    prompt object {"prompt_string": ...} (its `multimodal_data` refused: text only)."""
+    prompt object {"prompt_string": ...} or {"content": [text parts]} (`multimodal_data` refused: text only)."""
     prompt = body.get(key)
     several = isinstance(prompt, list) and prompt and all(isinstance(p, (str, list, dict)) for p in prompt)
     return [one_prompt(model, p, key) for p in (prompt if several else [prompt])]
@@ -183,7 +184,14 @@ def one_prompt(model: Model, prompt: Any, key: str) -> list[int]:
     if isinstance(prompt, dict):
         if prompt.get("multimodal_data"):
             raise ApiError(400, f"'{key}': multimodal data is not supported: this server takes text only", param=key)
-        prompt = prompt.get("prompt_string")
+        parts = prompt.get("content")
+        if isinstance(parts, list) and "prompt_string" not in prompt:  # content parts: the text ones
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in parts):
+                raise ApiError(400, f"'{key}': only text content parts are supported", param=key)
+            prompt = "".join(p["text"] for p in parts)
+        else:
+            prompt = prompt.get("prompt_string")
     try:
         if isinstance(prompt, str) and prompt:
             return model.tokenize(prompt, add_special=True, parse_special=True)
@@ -242,12 +250,14 @@ def messages_of(model: Model, body: dict) -> list[int]:
 @dataclass
 class RequestParams:
     """A generation request's parameters, checked: the runtime's options (made once), how many tokens, the
-    alternatives per token with log-probabilities (< 0: none) and the stop strings (the server's, not the runtime's)."""
+    alternatives per token with log-probabilities (< 0: none), the stop strings (the server's, not the runtime's) and
+    how many choices."""
 
     options: GenerateOptions
     n_predict: int
     n_probs: int
     stop: list[str]
+    n_choices: int = 1  # OpenAI's n: generations of the same request, answered together (not streamed)
 
 
 def probs_wanted(body: dict, api: str) -> int:
@@ -321,12 +331,44 @@ def grammar_of(body: dict) -> dict[str, Any]:
     return found
 
 
+def logit_bias_of(model: Model | None, body: dict) -> str | None:
+    """A request's `logit_bias` as the runtime's text ("15043+1,2-inf"), None when absent: OpenAI's {"TOKEN": bias}
+    or llama.cpp's [[TOKEN, bias], ...], where a key may also be text (each of its tokens gets the bias) and a bias
+    false bans the token."""
+    given = body.get("logit_bias")
+    if given is None:
+        return None
+    pairs = list(given.items()) if isinstance(given, dict) else given
+    if not isinstance(pairs, list) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise ApiError(400, "'logit_bias' must be an object {token: bias} or a list of [token, bias]",
+                       param="logit_bias")
+    items = []
+    for key, bias in pairs:
+        if bias is False:
+            bias = float("-inf")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise ApiError(400, f"'logit_bias': the bias of {shown(key)} must be a number or false, not {shown(bias)}",
+                           param="logit_bias")
+        if isinstance(key, str) and key.isdigit():
+            key = int(key)
+        if isinstance(key, int) and not isinstance(key, bool):
+            tokens = [key]
+        elif isinstance(key, str) and key and model is not None:
+            tokens = model.tokenize(key, add_special=False, parse_special=False)
+        else:
+            raise ApiError(400, f"'logit_bias': {shown(key)} is not a token id or text", param="logit_bias")
+        if not all(0 <= t < (model.n_vocab if model is not None else 2**31) for t in tokens):
+            raise ApiError(400, f"'logit_bias': token {shown(key)} is not in the vocabulary", param="logit_bias")
+        items += [f"{t}{'+' if bias >= 0 else '-'}{abs(float(bias))}" for t in tokens]
+    return ",".join(items)
+
+
 def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
-                   defaults: dict[str, Any] | None = None) -> RequestParams:
+                   defaults: dict[str, Any] | None = None, model: Model | None = None) -> RequestParams:
     """What a request body asks to generate (api: chat, completions, llama; mode: the server's, for requests that
     name none; n_predict_cap: the server's -n; defaults: the server's sampling defaults, GenerateOptions' fields, for
-    fields a request does not give), every field checked (400 on a bad one). The mode is settled first, then the
-    options are made: the runtime's checks see them as they will run."""
+    fields a request does not give; model: for logit_bias given as text), every field checked (400 on a bad one). The
+    mode is settled first, then the options are made: the runtime's checks see them as they will run."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     n_predict = tokens_wanted(body, api, n_predict_cap)
@@ -341,6 +383,7 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
         "repeat_last_n": body_field(body, "repeat_last_n", int, None, lambda v: -1 <= v < 2**31, "an integer >= -1"),
         "seed": body_field(body, "seed", int, None, lambda v: -1 <= v < 2**32, "an integer in [-1, 2**32)"),
         "ignore_eos": body_field(body, "ignore_eos", bool, None),
+        "logit_bias": logit_bias_of(model, body),
         "mode": body_field(body, "mode", str, mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
     }
     for name, value in (defaults or {}).items():
@@ -352,8 +395,9 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
         raise ApiError(400, "'stop' must be a string or a list of at most 16 non-empty strings", param="stop")
-    if body_field(body, "n", int, 1) != 1:
-        raise ApiError(400, "'n' must be 1: one choice per request", param="n")
+    n_choices = body_field(body, "n", int, 1, lambda v: 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]")
+    if n_choices > 1 and body_field(body, "stream", bool, False):
+        raise ApiError(400, "'n' > 1 is answered as one response, not streamed", param="n")
     n_probs = probs_wanted(body, api)
     if n_probs >= 0 and (MODES[given["mode"]].tree or MODES[given["mode"]].exits):
         raise ApiError(400, f"log-probabilities need mode plain, not {given['mode']}: a speculative step's tokens come "
@@ -365,4 +409,4 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
         options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:
         raise ApiError(400, str(e)) from None
-    return RequestParams(options, n_predict, n_probs, stop)
+    return RequestParams(options, n_predict, n_probs, stop, n_choices)
