@@ -212,7 +212,7 @@ def test_a_wrong_content_type_is_read_as_json_or_refused(server: Server) -> None
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": ["user"], "content": "hi"}]}, "messages"),
     ("/v1/embeddings", {"input": {"a": 1}}, "input"),
-    ("/v1/embeddings", {"input": ["hi", 5]}, "input"),
+    ("/v1/embeddings", {"input": ["hi", None]}, "input"),  # ["hi", 5] is one prompt: llama.cpp's mixed ids and text
     ("/v1/embeddings", {"input": ["hi"] * 257}, "input"),
     ("/tokenize", {"content": ["hi"]}, "content"),
     ("/tokenize", {"content": "hi", "add_special": "yes"}, "add_special"),
