@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import importlib.metadata
 import logging
 import os
 import sys
@@ -144,7 +145,7 @@ def make_app(state: ServerState) -> Starlette:
 CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specee-server", allow_abbrev=False, usage="%(prog)s [-m FNAME] [options]",
                                 description="OpenAI-compatible server with parallel slots batched in the runtime, "
                                 "EAGLE and SpecEE early exit per request")
@@ -168,10 +169,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
     # llama-server's other flags: the table in flags.py (after every flag of the server's own)
     add_llama_flags(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = make_parser()
     args = p.parse_args(argv)
     if args.n_predict < -1:
         p.error(f"-n/--n-predict must be -1 (no cap) or >= 0, not {args.n_predict}")
     args.sampling, args.llama = llama_flags_of(args, p)
+    if "version" in args.llama:
+        print(f"specee-server {importlib.metadata.version('specee')}")
+        raise SystemExit(0)
     if "api_key_file" in args.llama:
         try:
             with open(args.llama["api_key_file"]) as f:

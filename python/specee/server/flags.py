@@ -168,7 +168,31 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "--hf-repo-draft -ngld --gpu-layers-draft --n-gpu-layers-draft --spec-draft-ngl -devd --device-draft "
       "--spec-draft-device -ctkd --cache-type-k-draft -ctvd --cache-type-v-draft --spec-draft-p-min --draft-p-min "
       "--spec-draft-p-split --draft-p-split", "VALUE", "refused", NO_SPEC),
-    S("-td --threads-draft -tbd --threads-batch-draft", "N", "ignored", SCHEDULING),
+    S("-td --threads-draft -tbd --threads-batch-draft --spec-draft-threads --spec-draft-threads-batch "
+      "--spec-draft-cpu-mask -Cd --cpu-mask-draft --spec-draft-cpu-range -Crd --cpu-range-draft --spec-draft-cpu-strict "
+      "--cpu-strict-draft --spec-draft-prio --prio-draft --spec-draft-poll --poll-draft --spec-draft-cpu-mask-batch "
+      "-Cbd --cpu-mask-batch-draft --spec-draft-cpu-strict-batch --cpu-strict-batch-draft --spec-draft-prio-batch "
+      "--prio-batch-draft --spec-draft-poll-batch --poll-batch-draft", "N", "ignored", SCHEDULING),
+    S("--spec-draft-type-k --spec-draft-type-v --spec-draft-override-tensor -otd --override-tensor-draft "
+      "--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft --spec-ngram-mod-n-min "
+      "--spec-ngram-mod-n-max --spec-ngram-mod-n-match --spec-ngram-simple-size-n --spec-ngram-simple-size-m "
+      "--spec-ngram-simple-min-hits --spec-ngram-map-k-size-n --spec-ngram-map-k-size-m --spec-ngram-map-k-min-hits "
+      "--spec-ngram-map-k4v-size-n --spec-ngram-map-k4v-size-m --spec-ngram-map-k4v-min-hits --spec-ngram-size-n "
+      "--spec-ngram-size-m --spec-ngram-min-hits", "VALUE", "ignored",
+      "settings of llama.cpp's draft model and n-gram drafts (--spec-type, -md: refused here)"),
+    S("--spec-draft-cpu-moe -cmoed --cpu-moe-draft --spec-draft-backend-sampling --no-spec-draft-backend-sampling", None,
+      "ignored", "settings of llama.cpp's draft model (-md: refused here)"),
+    S("--spec-default", None, "refused", NO_SPEC),
+    S("--image-min-tokens --image-max-tokens --mtmd-batch-max-tokens --video-fps --video-timestamp-interval "
+      "--video-ffmpeg-dir", "VALUE", "ignored", "text only: no projector is ever loaded"),
+    S("--embd-gemma-default --fim-qwen-1.5b-default --fim-qwen-3b-default --fim-qwen-7b-default --fim-qwen-7b-spec "
+      "--fim-qwen-14b-spec --fim-qwen-30b-default --gpt-oss-20b-default --gpt-oss-120b-default "
+      "--vision-gemma-4b-default --vision-gemma-12b-default", None, "refused", NO_DOWNLOAD),
+    S("--version", None, "server", "print the version and exit", "version"),
+    S("--usage", None, "refused", "see --help"),
+    S("-cl --cache-list", None, "refused", "there is no model cache: " + NO_DOWNLOAD),
+    S("--completion-bash", None, "refused", "no shell completion script"),
+    S("--list-devices", None, "refused", "llama-cli --list-devices (this package's) lists them"),
     S("-lcs --lookup-cache-static -lcd --lookup-cache-dynamic", "FNAME", "refused",
       "n-gram lookup here learns from the server's own requests (--ngram-cache)"),
 ]
