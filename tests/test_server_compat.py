@@ -249,6 +249,14 @@ def test_n_choices_and_the_context_error_shape(server: Server) -> None:
     assert (err["n_prompt_tokens"], err["n_ctx"]) == (200, 128)
 
 
+def test_chat_input_tokens_and_verbose(server: Server) -> None:
+    chat = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "hi"}]}
+    n = post(server, "/chat/completions/input_tokens", chat)["input_tokens"]
+    out = post(server, "/v1/chat/completions", {**chat, "max_tokens": 1, "verbose": True})
+    assert n == out["usage"]["prompt_tokens"] > 2 and "Book" in out["__verbose"]["prompt"]
+    assert "__verbose" not in post(server, "/v1/chat/completions", {**chat, "max_tokens": 1})
+
+
 def test_no_slots_is_a_501(chat_gguf: Path) -> None:  # noqa: F811
     s = Server(chat_gguf, "-np", "1", "-c", "128", "--no-slots")
     try:

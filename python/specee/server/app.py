@@ -26,7 +26,7 @@ from specee.model import Model
 from specee.server.engine import Engine, ServerState
 from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
-from specee.server.openai import chat_completions, completions, embeddings, models
+from specee.server.openai import chat_completions, chat_input_tokens, completions, embeddings, models
 from specee.server.request import ApiError
 
 
@@ -115,6 +115,8 @@ def make_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+        Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", llama_completion, methods=["POST"]),  # llama.cpp's, as llama-server routes it
         Route("/completion", llama_completion, methods=["POST"]),

@@ -64,13 +64,24 @@ async def chat_completions(request: Request) -> Response:
         logprobs = None if new is None else chat_logprobs(new)
         if piece is None and final and not body.get("stream"):
             msg = {"role": "assistant", "content": res.text}
-            return {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
-                    "finish_reason": res.finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
+            out = {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
+                   "finish_reason": res.finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
+            if body.get("verbose") is True:  # llama.cpp's: the prompt as the template rendered it
+                out["__verbose"] = {"prompt": state.model.detokenize(tokens), "content": res.text}
+            return out
         delta = {"role": "assistant", "content": None} if first else {} if final else {"content": piece}
         return {**base(state, "chat.completion.chunk", rid), "choices": [{"index": 0, "delta": delta,
                 "finish_reason": res.finish if final else None, "logprobs": logprobs}]}
 
     return await respond(state, request, tokens, body, shape, "chat")
+
+
+async def chat_input_tokens(request: Request) -> Response:
+    """llama.cpp's /chat/completions/input_tokens: how many tokens a chat's messages are through the template."""
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    tokens = await off_loop(request, messages_of, state.model, body)
+    return JSONResponse({"input_tokens": len(tokens)})
 
 
 async def completions(request: Request) -> Response:
