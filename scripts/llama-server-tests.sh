@@ -127,9 +127,10 @@ def cause_of(case: ET.Element, bad: ET.Element) -> str:
     the test and its message's first line (addresses, ids and timestamps blurred, so that tests failing alike group
     together)."""
     message = (bad.get("message") or bad.text or "").strip()
-    out = "\n".join(x.text or "" for x in case.iter("system-out")) + "\n".join(x.text or "" for x in case.iter("system-err"))
+    out = "\n".join(x.text or "" for tag in ("system-out", "system-err") for x in case.iter(tag))
     if "Server process died" in message or "did not start" in message:
-        errors = [line.strip() for line in out.splitlines() if re.search(r"error|unrecognized|refused|invalid|not supported", line, re.I)
+        errors = [line.strip() for line in out.splitlines()
+                  if re.search(r"error|unrecognized|refused|invalid|not supported", line, re.I)
                   and not line.startswith(("tests:", "Response from", "server pid"))]
         return "start: " + (errors[-1][:160] if errors else message.splitlines()[0][:160])
     first = message.splitlines()[0] if message else "(no message)"

@@ -283,8 +283,8 @@ SUBSET = [
 @pytest.mark.upstream
 @pytest.mark.skipif(not (SUITE / "utils.py").exists(), reason=f"llama.cpp's server tests are not at {SUITE}")
 def test_llama_cpp_server_tests_subset(smollm2_path: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHON": sys.executable, "WORK_DIR": str(tmp_path / "suite"), "SPECEE_MODEL": str(smollm2_path),
-           "LLAMA_SERVER_TESTS": str(SUITE), "PORT": str(18080 + os.getpid() % 1000)}
+    env = {**os.environ, "PYTHON": sys.executable, "WORK_DIR": str(tmp_path / "suite"),
+           "SPECEE_MODEL": str(smollm2_path), "LLAMA_SERVER_TESTS": str(SUITE), "PORT": str(18080 + os.getpid() % 1000)}
     out = subprocess.run(["bash", str(REPO / "scripts" / "llama-server-tests.sh"), "specee", *SUBSET], env=env,
                          capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -152,7 +152,8 @@ def make_parser() -> argparse.ArgumentParser:
                                 description="OpenAI-compatible server with parallel slots batched in the runtime, "
                                 "EAGLE and SpecEE early exit per request")
     p.add_argument("-a", "--alias", help="the model's name in the API, or comma-separated names: "
-                   "all are listed as /v1/models' aliases, the first in sorted order is its id (default: the file's name)")
+                   "all are listed as /v1/models' aliases, the first in sorted order is its id (default: the file's "
+                   "name)")
     p.add_argument("-np", "--parallel", type=int, default=4, help="parallel slots: requests decoded together (4)")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="most prompt tokens prefilled in one pass beside the decoding slots (256)")

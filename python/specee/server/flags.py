@@ -169,7 +169,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "--spec-draft-device -ctkd --cache-type-k-draft -ctvd --cache-type-v-draft --spec-draft-p-min --draft-p-min "
       "--spec-draft-p-split --draft-p-split", "VALUE", "refused", NO_SPEC),
     S("-td --threads-draft -tbd --threads-batch-draft --spec-draft-threads --spec-draft-threads-batch "
-      "--spec-draft-cpu-mask -Cd --cpu-mask-draft --spec-draft-cpu-range -Crd --cpu-range-draft --spec-draft-cpu-strict "
+      "--spec-draft-cpu-mask -Cd --cpu-mask-draft --spec-draft-cpu-range -Crd --cpu-range-draft "
+      "--spec-draft-cpu-strict "
       "--cpu-strict-draft --spec-draft-prio --prio-draft --spec-draft-poll --poll-draft --spec-draft-cpu-mask-batch "
       "-Cbd --cpu-mask-batch-draft --spec-draft-cpu-strict-batch --cpu-strict-batch-draft --spec-draft-prio-batch "
       "--prio-batch-draft --spec-draft-poll-batch --poll-batch-draft", "N", "ignored", SCHEDULING),
@@ -180,8 +181,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "--spec-ngram-map-k4v-size-n --spec-ngram-map-k4v-size-m --spec-ngram-map-k4v-min-hits --spec-ngram-size-n "
       "--spec-ngram-size-m --spec-ngram-min-hits", "VALUE", "ignored",
       "settings of llama.cpp's draft model and n-gram drafts (--spec-type, -md: refused here)"),
-    S("--spec-draft-cpu-moe -cmoed --cpu-moe-draft --spec-draft-backend-sampling --no-spec-draft-backend-sampling", None,
-      "ignored", "settings of llama.cpp's draft model (-md: refused here)"),
+    S("--spec-draft-cpu-moe -cmoed --cpu-moe-draft --spec-draft-backend-sampling --no-spec-draft-backend-sampling",
+      None, "ignored", "settings of llama.cpp's draft model (-md: refused here)"),
     S("--spec-default", None, "refused", NO_SPEC),
     S("--image-min-tokens --image-max-tokens --mtmd-batch-max-tokens --video-fps --video-timestamp-interval "
       "--video-ffmpeg-dir", "VALUE", "ignored", "text only: no projector is ever loaded"),

@@ -62,8 +62,9 @@ async def llama_completion(request: Request) -> Response:
     settings = {**default_params(state), **{k: body[k] for k in GENERATION_FIELDS if body.get(k) is not None}}
     # llama.cpp's list of logit biases, {token, bias} (null: -inf), the end-of-generation tokens' with ignore_eos
     bias = logit_bias_of(state.model, body) or state.sampling.get("logit_bias") or ""
+    items = (re.match(r"(\d+)([+-])(.*)", x).groups() for x in bias.split(",") if x)
     settings["logit_bias"] = [{"token": int(t), "bias": None if b == "inf" and sign == "-" else float(sign + b)}
-                              for t, sign, b in (re.match(r"(\d+)([+-])(.*)", x).groups() for x in bias.split(",") if x)]
+                              for t, sign, b in items]
     if settings["ignore_eos"]:
         settings["logit_bias"] += [{"token": t, "bias": None} for t in state.model.eog_tokens]
     if state.n_predict >= 0 and (settings["n_predict"] < 0 or settings["n_predict"] > state.n_predict):
@@ -206,7 +207,8 @@ async def metrics(request: Request) -> Response:
         ("specee", "requests_total", "counter", "requests submitted to the slots", tot["n_requests"]),
         ("specee", "requests_cancelled_total", "counter", "requests whose client left (or a stop string ended)",
          m["requests_cancelled"]),
-        ("specee", "requests_refused_total", "counter", "requests refused with 503 (queue full)", m["requests_refused"]),
+        ("specee", "requests_refused_total", "counter", "requests refused with 503 (queue full)",
+         m["requests_refused"]),
         ("specee", "slots_total", "gauge", "parallel slots (-np)", e.slots.n_slots),
         ("specee", "slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.slots.n_slots),
         ("specee", "passes_total", "counter", "passes of the model", tot["n_passes"]),
