@@ -274,7 +274,8 @@ SUBSET = [
     "unit/test_basic.py::test_server_model_aliases_and_tags", "unit/test_tokenize.py::test_tokenize_with_pieces",
     "unit/test_security.py::test_cors_options", "unit/test_security.py::test_incorrect_api_key",
     "unit/test_metrics.py::test_metrics_prometheus_format", "unit/test_completion.py::test_n_probs_stream",
-    "unit/test_completion.py::test_completion_response_fields", "unit/test_ignore_eos.py",
+    "unit/test_completion.py::test_completion_response_fields[I believe the meaning of life is-8-response_fields0]",
+    "unit/test_ignore_eos.py",
     "unit/test_chat_completion.py::test_chat_completions_multiple_choices",
 ]
 
