@@ -120,6 +120,18 @@ def test_logit_bias_is_a_generation_option() -> None:
         GenerateOptions(logit_bias="5x")
 
 
+def test_logit_bias_steers_generation_in_every_lossless_mode(chat_gguf: Path) -> None:  # noqa: F811
+    """The runtime's option, not the server's: a ban moves the greedy token, a large bias forces one, in plain
+    decoding and under EAGLE's verification (the draft head's proposals are not biased, the target's draws are)."""
+    from specee.model import Model
+    m = Model(chat_gguf, n_ctx=128, n_threads=1)
+    prompt = [5, 6, 7]
+    first = m.generate_tokens(prompt, 1, temp=0, mode="plain")[0]
+    for mode in ("plain", "eagle"):
+        assert m.generate_tokens(prompt, 1, temp=0, mode=mode, logit_bias={first: -math.inf})[0] != first
+        assert m.generate_tokens(prompt, 4, temp=0, mode=mode, logit_bias={42: 1e4}) == [42] * 4
+
+
 # ---- the server -----------------------------------------------------------------------------------------
 
 
