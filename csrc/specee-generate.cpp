@@ -234,6 +234,12 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
             specee_sampler_set_logit_bias_impl(*smpl, t, -INFINITY);
         }
     }
+    for (const auto & [token, bias] : specee_parse_logit_bias(p.logit_bias)) {
+        if (token >= (int32_t) m.hparams.n_vocab) {
+            specee_fail("logit_bias: token %d is not in the vocabulary (%d tokens)", token, (int32_t) m.hparams.n_vocab);
+        }
+        specee_sampler_set_logit_bias_impl(*smpl, token, bias);
+    }
     // the grammar: the sampler's own, kept (with its state) when the text is the same
     if (p.grammar) {
         specee_grammar * old = g.smpl ? specee_sampler_grammar(*g.smpl) : nullptr;

@@ -146,6 +146,10 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "never generate an end-of-generation token (its logit is -inf), so a run goes on to the token limit or a full "
       "context"},
      OFF(ignore_eos), 0, nullptr, 0, 0, 0},
+    {{"logit_bias", SPECEE_OPTION_TEXT, nullptr, "comma-separated TOKEN(+|-)BIAS like 15043+1,2-inf",
+      "added to tokens' logits on every draw from the model's logits, e.g. 15043+1,2-inf (-inf bans a token; "
+      "default: none)", "-l,--logit-bias", "TOKEN_ID(+/-)BIAS"},
+     OFF(logit_bias), 0, nullptr, 0, 0, 0},
     {{"eagle.choices", SPECEE_OPTION_TEXT, nullptr, "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
       "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU "
       "default; default here: from the cost of a verification pass, [[0], [1], [0, 0]] where the CPU's layer "
@@ -351,6 +355,10 @@ void specee_generator_check_values(const specee_generator_params & p) {
     if (p.eagle.choices[0]) {
         specee_tree_count_choices(p.eagle.choices); // throws with the reason
     }
+    if (memchr(p.logit_bias, '\0', sizeof(p.logit_bias)) == nullptr) {
+        specee_fail("logit_bias: the text is not terminated");
+    }
+    specee_parse_logit_bias(p.logit_bias); // throws with the item that is not TOKEN(+|-)BIAS
     if (std::isnan(p.exit.threshold) || p.exit.threshold > 1.0f) {
         specee_fail("exit threshold must be in [0, 1] (< 0: the model's), got %g", (double) p.exit.threshold);
     }

@@ -16,7 +16,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <climits>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -351,6 +354,34 @@ void specee_sampler_set_logit_bias_impl(specee_sampler & s, int32_t token, float
         }
     }
     s.logit_bias.emplace_back(token, bias);
+}
+
+std::vector<std::pair<int32_t, float>> specee_parse_logit_bias(const char * text) {
+    std::vector<std::pair<int32_t, float>> out;
+    const std::string                      all(text ? text : "");
+    for (size_t a = 0; a < all.size();) {
+        size_t            b    = all.find(',', a);
+        const std::string item = all.substr(a, b == std::string::npos ? std::string::npos : b - a);
+        a                      = b == std::string::npos ? all.size() : b + 1;
+        const size_t      sign = item.find_first_of("+-", 1);
+        char *            end  = nullptr;
+        const long        tok  = sign == std::string::npos ? -1 : strtol(item.c_str(), &end, 10);
+        if (tok < 0 || tok > INT32_MAX || end != item.c_str() + sign) {
+            specee_fail("logit_bias: '%s' is not TOKEN(+|-)BIAS, e.g. 15043+1 or 2-inf", item.c_str());
+        }
+        const std::string value = item.substr(sign + 1);
+        float             bias  = 0.0f;
+        if (value == "inf") {
+            bias = INFINITY;
+        } else {
+            bias = strtof(value.c_str(), &end);
+            if (value.empty() || *end != '\0' || !std::isfinite(bias)) {
+                specee_fail("logit_bias: '%s' is not TOKEN(+|-)BIAS, e.g. 15043+1 or 2-inf", item.c_str());
+            }
+        }
+        out.emplace_back((int32_t) tok, item[sign] == '-' ? -bias : bias);
+    }
+    return out;
 }
 
 extern "C" int32_t specee_sampler_set_logit_bias(specee_sampler * smpl, int32_t token, float bias) {

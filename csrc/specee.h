@@ -454,6 +454,9 @@ struct specee_generator_params {
     struct specee_sampler_params sampling;
     bool                         ignore_eos; // end-of-generation tokens get logit -inf on every draw from the
                                              // model's logits (never the draft head's): lossless with EAGLE
+    // added to tokens' logits on every draw from the model's logits (never the draft head's, as ignore_eos):
+    // "TOKEN(+|-)BIAS,...", llama.cpp's --logit-bias spelling ("15043+1,2-inf": -inf bans a token); "": none
+    char                         logit_bias[SPECEE_MAX_CHOICES];
     int32_t                      mode;       // enum specee_mode
     struct specee_eagle_params   eagle;
     struct specee_exit_params    exit;

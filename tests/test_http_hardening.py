@@ -201,7 +201,7 @@ def test_a_wrong_content_type_is_read_as_json_or_refused(server: Server) -> None
     ("/v1/completions", {"prompt": "hi", "max_tokens": 2.0}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_completion_tokens": -5}, "max_completion_tokens"),
     ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 17}, "n"),
     ("/v1/completions", {"prompt": "hi", "stream": 1}, "stream"),
     ("/v1/completions", {"prompt": "hi", "stream_options": [1]}, "stream_options"),
     ("/completion", {"prompt": "hi", "n_predict": -2}, "n_predict"),
@@ -212,7 +212,7 @@ def test_a_wrong_content_type_is_read_as_json_or_refused(server: Server) -> None
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": ["user"], "content": "hi"}]}, "messages"),
     ("/v1/embeddings", {"input": {"a": 1}}, "input"),
-    ("/v1/embeddings", {"input": ["hi", 5]}, "input"),
+    ("/v1/embeddings", {"input": ["hi", None]}, "input"),  # ["hi", 5] is one prompt: llama.cpp's mixed ids and text
     ("/v1/embeddings", {"input": ["hi"] * 257}, "input"),
     ("/tokenize", {"content": ["hi"]}, "content"),
     ("/tokenize", {"content": "hi", "add_special": "yes"}, "add_special"),
@@ -295,7 +295,9 @@ def test_health_answers_while_a_4_mib_word_is_tokenized(server: Server) -> None:
         if path == "/tokenize":
             assert r.status_code == 200 and len(r.json()["tokens"]) >= len(word) // 16
         else:
-            assert_400(r, "more than the context allows", "prompt")  # tokenized, then refused
+            err = r.json()["error"]  # tokenized, then refused in llama.cpp's shape
+            assert r.status_code == 400 and err["type"] == "exceed_context_size_error", r.text
+            assert "more than the context allows" in err["message"] and err["n_prompt_tokens"] > err["n_ctx"], err
         assert len(waits) >= 3, waits  # the word took long enough to poll beside it
         assert max(waits) < 1.0, max(waits)
     assert_answers(server)
@@ -378,6 +380,7 @@ def test_an_unforeseen_failure_is_an_openai_shaped_500() -> None:
 
     class State:
         api_key = None
+        cors_origins = ["*"]
 
     def run(app: Any) -> list[dict]:
         sent: list[dict] = []

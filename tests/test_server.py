@@ -130,7 +130,7 @@ def client(server: Server) -> OpenAI:
 def metric(server: Server, name: str) -> float:
     text = call(server.port, "GET", "/metrics").text
     for line in text.splitlines():
-        if line.startswith(f"specee:{name} "):
+        if line.split(" ")[0] in (f"specee:{name}", f"llamacpp:{name}"):
             return float(line.split()[1])
     raise KeyError(name)
 
@@ -216,7 +216,7 @@ def test_llama_completion_tokenize_detokenize(server: Server) -> None:
     lines = [ln for ln in stream.text.split("\n") if ln.startswith("data: ")]
     assert json.loads(lines[-1][6:])["stop"] is True
     m = call(server.port, "GET", "/metrics")
-    assert m.status_code == 200 and "specee:tokens_predicted_total" in m.text and "specee:exit_ratio" in m.text
+    assert m.status_code == 200 and "llamacpp:tokens_predicted_total" in m.text and "specee:exit_ratio" in m.text
 
 
 # ---- batching and modes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 from specee import _core
 
@@ -123,7 +123,8 @@ class GenerateOptions:
     mode: "plain", "eagle", "eagle2", "early-exit", "tree-exit" (early exit inside the EAGLE tree's verification
     pass: eagle's tree settings and exit's, greedy) or "auto": early-exit with a draft head and exit predictors at
     temp 0 (SpecEE's behaviour), eagle2 with a draft head, else plain. Sampling: llama.cpp's chain and defaults
-    (temp <= 0: greedy; seed None or -1: random); ignore_eos: end-of-generation tokens are never sampled. eagle and
+    (temp <= 0: greedy; seed None or -1: random); ignore_eos: end-of-generation tokens are never sampled; logit_bias:
+    {token: bias} (or llama.cpp's text "15043+1,2-inf"; -inf bans a token) added to the model's logits. eagle and
     exit: the trees and the early-exit settings. stop: strings that end generation (not included). chat_template:
     for message prompts, a name instead of the model's own. Structured output (docs/structured-output.md): grammar,
     a GBNF grammar's text (or Lark, or a regular expression, with grammar_type "lark" / "regex"), or json_schema, a
@@ -140,6 +141,7 @@ class GenerateOptions:
     repeat_last_n: int = 64
     seed: int | None = None
     ignore_eos: bool = False
+    logit_bias: str | Mapping[int, float] = ""
     eagle: EagleParams = field(default_factory=EagleParams)
     exit: ExitParams = field(default_factory=ExitParams)
     ngram: NgramParams = field(default_factory=NgramParams)
@@ -152,6 +154,9 @@ class GenerateOptions:
     grammar_overlap: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, Mapping):  # {token: bias} as the runtime's text ("15043+1,2-inf")
+            self.logit_bias = ",".join(f"{int(t)}{'+' if b >= 0 else '-'}{abs(float(b))}"
+                                       for t, b in self.logit_bias.items())
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         if isinstance(self.stop, (bytes, bytearray)) or not hasattr(self.stop, "__iter__"):

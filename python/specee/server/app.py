@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import importlib.metadata
 import json
 import logging
 import os
@@ -20,22 +21,55 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_options_of
-from specee.generate import MODES
+from specee._core import SpecEEError
+from specee.generate import MODES, GenerateOptions
 from specee.model import Model
 from specee.server.engine import Engine, ServerState
-from specee.server.llama import detokenize, health, llama_completion, metrics, props, tokenize
 from specee.server.anthropic import count_tokens
 from specee.server.anthropic import messages as anthropic_messages
-from specee.server.openai import apply_template, chat_completions, completions, embeddings, models
+from specee.server.flags import add_llama_flags, llama_flags_of
+from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
+from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
 from specee.server.request import ApiError
 from specee.server.templates import ChatTemplate, chat_template_of
 
 
+CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
+
+
+def is_localhost(origin: str) -> bool:
+    """An origin on this machine: http(s)://localhost, 127.0.0.1 or [::1], any port."""
+    rest = origin.split("://", 1)[1] if "://" in origin else ""
+    host = rest[1:rest.find("]")] if rest.startswith("[") else rest.split(":", 1)[0]
+    return host in ("localhost", "127.0.0.1", "::1") and "/" not in rest
+
+
+def cors_origin(origins: list[str], origin: str) -> str | None:
+    """The Access-Control-Allow-Origin a request from `origin` gets (None: none, the browser refuses): '*' reflects
+    any origin (credentials are allowed), 'localhost' those on this machine, else the listed ones."""
+    if not origin:
+        return "*" if origins == ["*"] else None
+    if "*" in origins or origin in origins or ("localhost" in origins and is_localhost(origin)):
+        return origin
+    return None
+
+
+def with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
+    """An ASGI send that adds `extra` to the response's headers."""
+
+    async def send_with(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return send_with
+
+
 class Guard:
-    """ASGI middleware: the API key (every endpoint but /health; `Authorization: Bearer KEY` or Anthropic's
-    `x-api-key: KEY`; compared in constant time) and ApiError as an
-    OpenAI-shaped response; any other failure before a response began is a 500 in the same shape (its traceback in the
-    log), never a bare one."""
+    """ASGI middleware: CORS (a preflight OPTIONS is answered here, before the API key, as browsers send it without
+    one; every response gets the allowed origin), the API key (every endpoint but /health; `Authorization: Bearer
+    KEY` or Anthropic's `x-api-key: KEY`; compared in constant time) and ApiError as an OpenAI-shaped response; any
+    other failure before a response began is a 500 in the same shape (its traceback in the log), never a bare one."""
 
     def __init__(self, app: Any, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -43,9 +77,19 @@ class Guard:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        allowed = cors_origin(self.state.cors_origins, headers.get(b"origin", b"").decode("latin-1"))
+        # header names as llama-server spells them (HTTP's are case-insensitive; some clients' dicts are not)
+        cors = [] if allowed is None else [(b"Access-Control-Allow-Origin", allowed.encode("latin-1"))]
+        if scope["method"] == "OPTIONS":
+            cors += [(b"Access-Control-Allow-Credentials", b"true"), (b"Access-Control-Allow-Methods", CORS_METHODS),
+                     (b"Access-Control-Allow-Headers", b"*"), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 200, "headers": cors})
+            return await send({"type": "http.response.body", "body": b""})
+        if cors:
+            send = with_headers(send, cors)
         key = self.state.api_key
         if key and scope["path"] != "/health":
-            headers = dict(scope["headers"])
             bearer = hmac.compare_digest(headers.get(b"authorization", b""), b"Bearer " + key.encode())
             x_api_key = hmac.compare_digest(headers.get(b"x-api-key", b""), key.encode())  # Anthropic's header
             if not (bearer or x_api_key):
@@ -76,8 +120,10 @@ def make_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+        Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
-        Route("/completions", completions, methods=["POST"]),
+        Route("/completions", llama_completion, methods=["POST"]),  # llama.cpp's, as llama-server routes it
         Route("/completion", llama_completion, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),
@@ -85,6 +131,7 @@ def make_app(state: ServerState) -> Starlette:
         Route("/models", models),
         Route("/health", health),
         Route("/props", props),
+        Route("/slots", slots),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),
@@ -150,14 +197,17 @@ def template_of(model: Model, args: argparse.Namespace) -> ChatTemplate:
     return template
 
 
-# every context option but llama.cpp's -fa, which means nothing here
-CONTEXT_FLAGS = [name for name in CONTEXT_OPTIONS if name != "flash_attn"]
+# every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
+CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specee-server", description="OpenAI-compatible server with parallel slots "
-                                "batched in the runtime, EAGLE and SpecEE early exit per request")
-    p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specee-server", allow_abbrev=False, usage="%(prog)s [-m FNAME] [options]",
+                                description="OpenAI-compatible server with parallel slots batched in the runtime, "
+                                "EAGLE and SpecEE early exit per request")
+    p.add_argument("-a", "--alias", help="the model's name in the API, or comma-separated names: "
+                   "all are listed as /v1/models' aliases, the first in sorted order is its id (default: the file's "
+                   "name)")
     p.add_argument("-np", "--parallel", type=int, default=4, help="parallel slots: requests decoded together (4)")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="most prompt tokens prefilled in one pass beside the decoding slots (256)")
@@ -168,16 +218,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
     p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
-    p.add_argument("-n", "--n-predict", type=int, default=-1,
+    p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
                    help="most tokens a request generates: a larger max_tokens / n_predict is lowered to it, and a "
                    "request with none (or -1) gets it; /props shows it (default: -1 = until an end-of-generation "
                    "token or the slot's context is full, -c / -np tokens with the prompt)")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
     add_template_flags(p)
+    # llama-server's other flags: the table in flags.py (after every flag of the server's own)
+    add_llama_flags(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = make_parser()
     args = p.parse_args(argv)
     if args.n_predict < -1:
         p.error(f"-n/--n-predict must be -1 (no cap) or >= 0, not {args.n_predict}")
+    args.sampling, args.llama = llama_flags_of(args, p)
+    if "version" in args.llama:
+        print(f"specee-server {importlib.metadata.version('specee')}")
+        raise SystemExit(0)
+    if "api_key_file" in args.llama:
+        try:
+            with open(args.llama["api_key_file"]) as f:
+                args.api_key = f.readline().strip() or None
+        except OSError as e:
+            p.error(f"--api-key-file: {e.strerror}: {args.llama['api_key_file']}")
+    origins = args.llama.get("cors_origins", "*")
+    args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
+    if not args.cors_origins:
+        p.error("--cors-origins: give '*', 'localhost' or comma-separated origins")
+    try:  # the defaults are checked now, not at the first request
+        GenerateOptions(**args.sampling)
+    except (ValueError, SpecEEError) as e:
+        p.error(f"sampling flags: {e}")
     return args
 
 
@@ -190,15 +265,19 @@ def main(argv: list[str] | None = None) -> None:
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
-    alias = args.alias or os.path.basename(model.path)
-    state = ServerState(model, engine, alias, args.mode, args.api_key, args.metrics, args.n_predict, template=template)
+    # llama-server's order: its id is the first of the names sorted
+    aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
+    state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
+                        sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
+                        tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
+                        cors_origins=args.cors_origins, template=template)
     app = make_app(state)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
     cap = "" if args.n_predict < 0 else f", at most {args.n_predict} generated"
-    print(f"specee-server: {alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
+    print(f"specee-server: {state.alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
           f"{engine.slots.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if "verbose" in args.llama else "warning")
     finally:
         engine.stop()

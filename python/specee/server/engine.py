@@ -47,9 +47,10 @@ class Engine:
         self.running: dict[int, Job] = {}
         self.cond = threading.Condition()
         self.stopping = False
-        self.metrics = dict(prompt_tokens=0, prompt_ms=0.0, predicted_tokens=0, predicted_ms=0.0, requests_ok=0,
-                            requests_error=0, requests_cancelled=0, requests_refused=0, spec_steps=0,
-                            spec_tokens=0, exit_steps=0, exit_exits=0)
+        self.metrics = dict(prompt_tokens=0, prompt_cached=0, prompt_ms=0.0, predicted_tokens=0, predicted_decoded=0,
+                            predicted_ms=0.0, tokens_max=0, embed_passes=0, requests_ok=0, requests_error=0,
+                            requests_cancelled=0, requests_refused=0, spec_steps=0, spec_tokens=0, spec_drafted=0,
+                            spec_accepted=0, exit_steps=0, exit_exits=0)
         self.thread = threading.Thread(target=self._run, name="specee-slots", daemon=True)
 
     def start(self) -> None:
@@ -123,9 +124,14 @@ class Engine:
     def _count(self, st: dict[str, float], mode: str) -> None:
         m = self.metrics
         m["prompt_tokens"] += int(st["n_prompt"])
+        m["prompt_cached"] += int(st["n_reused"])
         m["prompt_ms"] += st["t_prompt_ms"]
         m["predicted_tokens"] += int(st["n_tokens"])
+        m["predicted_decoded"] += int(st["n_decoded"])
         m["predicted_ms"] += st["t_decode_ms"]
+        m["tokens_max"] = max(m["tokens_max"], int(st["n_prompt"] + st["n_reused"] + st["n_tokens"]))
+        m["spec_drafted"] += int(st["n_drafted"])
+        m["spec_accepted"] += int(st["n_accepted"])
         if MODES[mode].tree:
             m["spec_steps"] += int(st["n_steps"])
             m["spec_tokens"] += int(st["n_decoded"])
@@ -169,7 +175,9 @@ class Engine:
 class ServerState:
     """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
     none, the API key (None: none needed), whether /metrics is served, the most tokens a request generates (-n;
-    -1: until an end-of-generation token or a full slot) and the chat template."""
+    -1: until an end-of-generation token or a full slot), the sampling defaults of requests (GenerateOptions' fields,
+    from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
+    (--tags), the origins CORS lets a browser call from, and the chat template."""
 
     model: Model
     engine: Engine
@@ -178,5 +186,10 @@ class ServerState:
     api_key: str | None
     metrics: bool
     n_predict: int = -1
+    sampling: dict[str, Any] = field(default_factory=dict)
+    slots: bool = True
+    aliases: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)

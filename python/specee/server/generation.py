@@ -41,6 +41,13 @@ class Result:
     n_probs: int = -1  # the request's alternatives per token; < 0: no log-probabilities
     probs: list[TokenProb] = field(default_factory=list)  # with n_probs >= 0, per generated token
     probs_sent: int = 0  # of probs, given out in stream chunks so far
+    tokens: list[int] = field(default_factory=list)  # the generated token ids
+    tokens_sent: int = 0  # of tokens, given out in stream chunks so far
+
+    def new_tokens(self) -> list[int]:
+        """The generated token ids not yet given out."""
+        new, self.tokens_sent = self.tokens[self.tokens_sent:], len(self.tokens)
+        return new
 
     def new_probs(self, whole: bool) -> list[TokenProb] | None:
         """The tokens' log-probabilities not yet given out; None where there are none to give (whole: a whole
@@ -56,6 +63,19 @@ def text_of(piece: bytes) -> str:
 def usage(res: Result) -> dict:
     return {"prompt_tokens": res.n_prompt, "completion_tokens": res.n_generated,
             "total_tokens": res.n_prompt + res.n_generated}
+
+
+def timings(res: Result) -> dict:
+    """llama.cpp's `timings` object: prompt_n the prompt tokens evaluated (cache_n more were reused), predicted_n the
+    tokens generated, the rates over the decoding steps (the first token comes from the prompt's pass)."""
+    st = res.stats
+    pn, pms = int(st.get("n_prompt", 0)), float(st.get("t_prompt_ms", 0.0))
+    dn, dms = int(st.get("n_decoded", 0)), float(st.get("t_decode_ms", 0.0))
+    return {"cache_n": int(st.get("n_reused", 0)), "prompt_n": pn, "prompt_ms": pms,
+            "prompt_per_token_ms": pms / pn if pn else 0.0, "prompt_per_second": 1e3 * pn / pms if pms else 0.0,
+            "predicted_n": int(st.get("n_tokens", res.n_generated)), "predicted_ms": dms,
+            "predicted_per_token_ms": dms / dn if dn and dms else 0.0,
+            "predicted_per_second": 1e3 * dn / dms if dn and dms else 0.0}
 
 
 def sse(obj: Any, named: bool = False) -> str:
@@ -76,7 +96,9 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
     engine = state.engine
     if len(tokens) >= engine.slots.n_ctx_slot:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens, more than the context allows: {engine.slots.n_ctx_slot}"
-                       f" per slot (-c {engine.model.n_ctx} over -np {engine.slots.n_slots})", param="prompt")
+                       f" per slot (-c {engine.model.n_ctx} over -np {engine.slots.n_slots})",
+                       "exceed_context_size_error", param="prompt",
+                       extra={"n_prompt_tokens": len(tokens), "n_ctx": engine.slots.n_ctx_slot})
     job = Job(tokens, params, asyncio.get_running_loop())
     engine.submit(job)
     out = StopText(params.stop)
@@ -105,6 +127,7 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
             elif event[0] == "tokens":
                 for i, tok in enumerate(event[1]):
                     result.n_generated += 1
+                    result.tokens.append(tok)
                     raw = engine.model.token_to_piece(tok)
                     if params.n_probs >= 0:
                         top = [(t, engine.model.token_to_piece(t), lp) for t, lp in event[2][i][1:]]
@@ -131,29 +154,44 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
             engine.cancel(job)  # gone, or ended by a stop string: free the slot now
 
 
+async def generate_all(state: ServerState, request: Request, tokens: list[int], params: RequestParams) -> Result:
+    """One generation run to its end, not streamed."""
+    res = Result(n_probs=params.n_probs)
+    async for _ in generate(state, request, tokens, params, res):
+        pass
+    return res
+
+
 async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., Any],
                   api: str) -> Response:
     """A generation's response (api: chat, completions, llama, anthropic): one JSON body, or server-sent events
     when body["stream"]. In a stream, `shape` may give a list of chunks or None (a piece it holds back: a tool call
     is sent once it is whole); Anthropic's events are named and end without [DONE]."""
-    params = request_params(body, api, state.mode, state.n_predict)
+    params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model)
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
     include_usage = stream and bool(stream_options.get("include_usage"))
+    if not stream and params.n_choices > 1:  # n choices: n generations on the slots, one response
+        results = await asyncio.gather(*(generate_all(state, request, tokens, params) for _ in range(params.n_choices)))
+        bodies = [shape(r, None, final=True) for r in results]
+        out = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
+        n_generated = sum(r.n_generated for r in results)
+        out["usage"] = {"prompt_tokens": len(tokens), "completion_tokens": n_generated,
+                        "total_tokens": len(tokens) + n_generated}
+        return JSONResponse(out)
+    if not stream:
+        return JSONResponse(shape(await generate_all(state, request, tokens, params), None, final=True))
     res = Result(n_probs=params.n_probs)
     pieces = generate(state, request, tokens, params, res)
     first = await pieces.__anext__()  # admitted (or an ApiError now, before any header)
     assert first == ""
-    if not stream:
-        async for _ in pieces:
-            pass
-        return JSONResponse(shape(res, None, final=True))
 
     async def events() -> AsyncIterator[str]:
         named = api == "anthropic"
         try:
-            for chunk in chunks(shape(res, "", first=True)):
-                yield sse(chunk, named)
+            if api != "llama":  # OpenAI's first chunk: the role; llama.cpp's chunks each hold a piece
+                for chunk in chunks(shape(res, "", first=True)):
+                    yield sse(chunk, named)
             async for piece in pieces:
                 for chunk in chunks(shape(res, piece)):
                     yield sse(chunk, named)
@@ -161,12 +199,11 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
             for chunk in final:
                 yield sse(chunk, named)
             if include_usage:
-                yield sse({**final[-1], "choices": [], "usage": usage(res)})
+                yield sse({**final[-1], "choices": [], "usage": usage(res), "timings": timings(res)})
             if api not in ("llama", "anthropic"):
                 yield "data: [DONE]\n\n"
         except ApiError as e:
-            error = {"message": e.message, "type": e.kind, "code": e.status}
-            yield sse({"type": "error", "error": error}, True) if named else sse({"error": error})
+            yield sse({"type": "error", "error": e.body()["error"]}, True) if named else sse(e.body())
         finally:
             await pieces.aclose()
 

@@ -1,74 +1,136 @@
 """llama.cpp's server endpoints, in its shapes: /completion (with its `timings` and `completion_probabilities`),
-/tokenize, /detokenize, /health, /props and /metrics (Prometheus text, under `specee:`)."""
+/tokenize, /detokenize, /health, /props, /slots and /metrics (Prometheus text: llama.cpp's metrics under `llamacpp:`,
+this server's own under `specee:`)."""
 
 from __future__ import annotations
+
+import asyncio
+import math
+import re
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
-from specee.server.generation import Result, TokenProb, respond, text_of
-from specee.server.request import MAX_BODY, ApiError, body_field, json_body, json_object, off_loop, prompt_of
+from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
+from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
+                                   prompts_of, request_params)
+
+# a request's fields that /completion's generation_settings echo (llama.cpp's names)
+GENERATION_FIELDS = ("n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                     "ignore_eos", "mode", "n_probs", "stop")
 
 
-def timings(res: Result) -> dict:
-    """llama.cpp's `timings` object."""
-    st = res.stats
-    pn, pms = int(st.get("n_prompt", 0)), float(st.get("t_prompt_ms", 0.0))
-    dn, dms = int(st.get("n_decoded", 0)), float(st.get("t_decode_ms", 0.0))
-    return {"prompt_n": pn, "prompt_ms": pms, "prompt_per_token_ms": pms / pn if pn else 0.0,
-            "prompt_per_second": 1e3 * pn / pms if pms else 0.0, "predicted_n": dn, "predicted_ms": dms,
-            "predicted_per_token_ms": dms / dn if dn else 0.0, "predicted_per_second": 1e3 * dn / dms if dms else 0.0,
-            "cache_n": int(st.get("n_reused", 0))}
-
-
-def llama_probs(probs: list[TokenProb]) -> list[dict]:
+def llama_probs(probs: list[TokenProb], as_probs: bool = False) -> list[dict]:
     """llama.cpp's `completion_probabilities`: [{id, token, bytes, logprob, top_logprobs: [{id, token, bytes,
-    logprob}]}]."""
+    logprob}]}]; as_probs (the request's post_sampling_probs): `prob` and `top_probs` instead, the probabilities
+    themselves (here the model's, before the sampler's top-k / top-p / min-p, not after them as in llama.cpp)."""
 
     def entry(tok: int, piece: bytes, lp: float) -> dict:
-        return {"id": tok, "token": text_of(piece), "bytes": list(piece), "logprob": lp}
+        value = {"prob": math.exp(lp)} if as_probs else {"logprob": lp}
+        return {"id": tok, "token": text_of(piece), "bytes": list(piece), **value}
 
-    return [{**entry(p.token, p.piece, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in probs]
+    top = "top_probs" if as_probs else "top_logprobs"
+    return [{**entry(p.token, p.piece, p.logprob), top: [entry(*t) for t in p.top]} for p in probs]
+
+
+def pick_fields(out: dict, fields: list[str]) -> dict:
+    """llama.cpp's `response_fields`: only these fields, a path "a/b" read inside objects and kept under its path."""
+    picked = {}
+    for path in fields:
+        value: Any = out
+        for part in path.split("/"):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            picked[path] = value
+    return picked
 
 
 async def llama_completion(request: Request) -> Response:
-    """llama.cpp's /completion: {prompt, n_predict, ...} -> {content, stop, timings, ...}"""
+    """llama.cpp's /completion: {prompt, n_predict, ...} -> {content, stop, tokens, generation_settings, timings,
+    ...}; a list of prompts (not streamed) -> a list of such answers."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
-    tokens = await off_loop(request, prompt_of, state.model, body)
+    prompts = await off_loop(request, prompts_of, state.model, body)
+    stream = body_field(body, "stream", bool, False)
+    fields = body_field(body, "response_fields", list, [], lambda v: all(isinstance(f, str) for f in v),
+                        "a list of field names")
+    with_tokens = body_field(body, "return_tokens", bool, False)
+    as_probs = body_field(body, "post_sampling_probs", bool, False)
+    settings = {**default_params(state), **{k: body[k] for k in GENERATION_FIELDS if body.get(k) is not None}}
+    # llama.cpp's list of logit biases, {token, bias} (null: -inf), the end-of-generation tokens' with ignore_eos
+    bias = logit_bias_of(state.model, body) or state.sampling.get("logit_bias") or ""
+    items = (re.match(r"(\d+)([+-])(.*)", x).groups() for x in bias.split(",") if x)
+    settings["logit_bias"] = [{"token": int(t), "bias": None if b == "inf" and sign == "-" else float(sign + b)}
+                              for t, sign, b in items]
+    if settings["ignore_eos"]:
+        settings["logit_bias"] += [{"token": t, "bias": None} for t in state.model.eog_tokens]
+    if state.n_predict >= 0 and (settings["n_predict"] < 0 or settings["n_predict"] > state.n_predict):
+        settings["n_predict"] = state.n_predict
 
-    def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict:
-        new = res.new_probs(final and not body.get("stream"))
-        probs = {} if new is None else {"completion_probabilities": llama_probs(new)}
+    def shape(res: Result, piece: str | None, first: bool = False, final: bool = False, tokens: list[int] = prompts[0],
+              index: int = 0) -> dict:
+        new = res.new_probs(final and not stream)
+        probs = {} if new is None else {"completion_probabilities": llama_probs(new, as_probs)}
+        ids = res.new_tokens() if stream else res.tokens
         if not final:
-            return {"content": piece or "", "stop": False, **probs}
-        out = {"content": "" if body.get("stream") else res.text, "stop": True, "model": state.alias, **probs,
-               "tokens_predicted": res.n_generated, "tokens_evaluated": res.n_prompt, "mode": res.mode,
+            return {"index": index, "content": piece or "", "tokens": ids if with_tokens or stream else [],
+                    "stop": False, **probs}
+        out = {"index": index, "content": "" if stream else res.text, "tokens": ids if with_tokens else [],
+               "id_slot": -1, "stop": True, "model": state.alias, **probs, "tokens_predicted": res.n_generated,
+               "tokens_evaluated": len(tokens), "generation_settings": settings,
+               "prompt": state.model.detokenize(tokens), "has_new_line": "\n" in res.text, "truncated": False,
                "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(
-                   res.finish or "", "none"), "timings": timings(res)}
-        return out
+                   res.finish or "", "none"), "stopping_word": "", "tokens_cached": len(tokens) + res.n_generated,
+               "mode": res.mode, "timings": timings(res)}
+        return pick_fields(out, fields) if fields else out
 
-    return await respond(state, request, tokens, body, shape, "llama")
+    if len(prompts) == 1:
+        return await respond(state, request, prompts[0], body, shape, "llama")
+    if stream:
+        raise ApiError(400, "'prompt': a list of prompts is answered as one JSON list, not streamed", param="prompt")
+    params = request_params(body, "llama", state.mode, state.n_predict, state.sampling, state.model)
+    results = await asyncio.gather(*(generate_all(state, request, t, params) for t in prompts))
+    return JSONResponse([shape(r, None, final=True, tokens=t, index=i)
+                         for i, (r, t) in enumerate(zip(results, prompts))])
 
 
 async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+def default_params(state: ServerState) -> dict:
+    """The settings a request gets when it names none (the server's sampling flags over the library's defaults)."""
+    o = GenerateOptions(**state.sampling)
+    return {"n_predict": state.n_predict, "seed": -1 if o.seed is None else o.seed, "temperature": o.temp,
+            "top_k": o.top_k, "top_p": o.top_p, "min_p": o.min_p, "repeat_penalty": o.repeat_penalty,
+            "repeat_last_n": o.repeat_last_n, "ignore_eos": o.ignore_eos, "mode": state.mode}
+
+
 async def props(request: Request) -> Response:
     """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's cap (-n; -1: none,
     a request then generates until an end-of-generation token or a full slot of `n_ctx` tokens, its prompt
-    included), the slots, the largest body."""
+    included), the slots, the model's file, the largest body."""
     state: ServerState = request.app.state.server
-    o = GenerateOptions()
-    params = {"n_predict": state.n_predict, "temperature": o.temp, "top_k": o.top_k, "top_p": o.top_p,
-              "min_p": o.min_p, "mode": state.mode}
     return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.slots.n_ctx_slot,
-                                                         "n_predict": state.n_predict, "params": params},
+                                                         "n_predict": state.n_predict, "params": default_params(state)},
                          "total_slots": state.engine.slots.n_slots, "model_alias": state.alias,
+                         "model_path": state.model.path, "modalities": {"vision": False, "audio": False},
                          "max_body_bytes": MAX_BODY})
+
+
+async def slots(request: Request) -> Response:
+    """llama.cpp's GET /slots (unless --no-slots): each slot's id, context size and whether it holds a request."""
+    state: ServerState = request.app.state.server
+    if not state.slots:
+        raise ApiError(501, "the slots endpoint is off (started with --no-slots)", "not_supported_error")
+    e = state.engine
+    with e.cond:
+        busy = set(e.running)
+    return JSONResponse([{"id": i, "n_ctx": e.slots.n_ctx_slot, "is_processing": i in busy}
+                         for i in range(e.slots.n_slots)])
 
 
 async def tokenize(request: Request) -> Response:
@@ -77,12 +139,22 @@ async def tokenize(request: Request) -> Response:
     if not isinstance(body, dict) or not isinstance(body.get("content"), str):
         raise ApiError(400, "'content' must be a string", param="content")
     special = body_field(body, "add_special", bool, False)
+    pieces = body_field(body, "with_pieces", bool, False)
 
     def answer() -> Response:  # a 4 MiB body: a second of tokenizing and a list of millions to write
         try:
             tokens = state.model.tokenize(body["content"], add_special=special, parse_special=True)
         except ValueError as e:  # a lone surrogate (json_body refuses them first)
             raise ApiError(400, f"'content': {e}", param="content") from None
+        if pieces:  # llama.cpp's with_pieces: [{id, piece}], a piece that is not whole UTF-8 as its bytes
+            out = []
+            for t in tokens:
+                raw = state.model.token_to_piece(t)
+                try:
+                    out.append({"id": t, "piece": raw.decode("utf-8")})
+                except UnicodeDecodeError:
+                    out.append({"id": t, "piece": list(raw)})
+            return JSONResponse({"tokens": out})
         # written in pieces: json.dumps of the whole list would hold the GIL, and so the event loop, for 0.5 s
         parts = [",".join(map(str, tokens[i:i + 65536])) for i in range(0, len(tokens), 65536)]
         return Response('{"tokens":[' + ",".join(parts) + "]}", media_type="application/json")
@@ -111,27 +183,45 @@ async def metrics(request: Request) -> Response:
     e = state.engine
     with e.cond:
         m, tot, waiting, running = dict(e.metrics), e.slots.totals(), len(e.waiting), len(e.running)
+    # llama.cpp's metrics under its names, then this server's own under specee:
     rows = [
-        ("prompt_tokens_total", "counter", "prompt tokens evaluated", m["prompt_tokens"]),
-        ("prompt_seconds_total", "counter", "time in prompt evaluation", m["prompt_ms"] / 1e3),
-        ("tokens_predicted_total", "counter", "tokens generated", tot["n_tokens"]),
-        ("requests_total", "counter", "requests submitted to the slots", tot["n_requests"]),
-        ("requests_cancelled_total", "counter", "requests whose client left (or a stop string ended)",
+        ("llamacpp", "prompt_tokens_total", "counter", "prompt tokens evaluated", m["prompt_tokens"]),
+        ("llamacpp", "prompt_tokens_cached_total", "counter", "prompt tokens reused from a slot's cache",
+         m["prompt_cached"]),
+        ("llamacpp", "prompt_seconds_total", "counter", "time in prompt evaluation", m["prompt_ms"] / 1e3),
+        ("llamacpp", "tokens_predicted_total", "counter", "tokens generated", m["predicted_tokens"]),
+        ("llamacpp", "tokens_predicted_seconds_total", "counter", "time in decoding", m["predicted_ms"] / 1e3),
+        ("llamacpp", "n_decode_total", "counter", "passes of the model", tot["n_passes"] + m["embed_passes"]),
+        ("llamacpp", "n_tokens_max", "counter", "most tokens a request has had (prompt and output)", m["tokens_max"]),
+        ("llamacpp", "spec_decode_num_draft_tokens_total", "counter", "draft tokens verified (EAGLE and n-gram)",
+         m["spec_drafted"]),
+        ("llamacpp", "spec_decode_num_accepted_tokens_total", "counter", "draft tokens accepted", m["spec_accepted"]),
+        ("llamacpp", "spec_decode_num_drafts_total", "counter", "draft-and-verify steps", m["spec_steps"]),
+        ("llamacpp", "prompt_tokens_seconds", "gauge", "prompt tokens per second",
+         1e3 * m["prompt_tokens"] / m["prompt_ms"] if m["prompt_ms"] else 0.0),
+        ("llamacpp", "predicted_tokens_seconds", "gauge", "generated tokens per second",
+         1e3 * m["predicted_decoded"] / m["predicted_ms"] if m["predicted_ms"] else 0.0),
+        ("llamacpp", "requests_processing", "gauge", "requests on a slot", running),
+        ("llamacpp", "requests_deferred", "gauge", "requests waiting for a slot", waiting),
+        ("llamacpp", "n_busy_slots_per_decode", "gauge", "slots holding a request now", running),
+        ("specee", "requests_total", "counter", "requests submitted to the slots", tot["n_requests"]),
+        ("specee", "requests_cancelled_total", "counter", "requests whose client left (or a stop string ended)",
          m["requests_cancelled"]),
-        ("requests_refused_total", "counter", "requests refused with 503 (queue full)", m["requests_refused"]),
-        ("requests_processing", "gauge", "requests on a slot", running),
-        ("requests_deferred", "gauge", "requests waiting for a slot", waiting),
-        ("slots_total", "gauge", "parallel slots (-np)", e.slots.n_slots),
-        ("slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.slots.n_slots),
-        ("passes_total", "counter", "passes of the model", tot["n_passes"]),
-        ("pass_tokens_total", "counter", "tokens evaluated in the shared passes", tot["n_pass_tokens"]),
-        ("pass_seconds_total", "counter", "time in the shared passes", tot["t_pass_ms"] / 1e3),
-        ("tokens_per_pass", "gauge", "tokens evaluated per shared pass (batching)",
+        ("specee", "requests_refused_total", "counter", "requests refused with 503 (queue full)",
+         m["requests_refused"]),
+        ("specee", "slots_total", "gauge", "parallel slots (-np)", e.slots.n_slots),
+        ("specee", "slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.slots.n_slots),
+        ("specee", "passes_total", "counter", "passes of the model", tot["n_passes"]),
+        ("specee", "pass_tokens_total", "counter", "tokens evaluated in the shared passes", tot["n_pass_tokens"]),
+        ("specee", "pass_seconds_total", "counter", "time in the shared passes", tot["t_pass_ms"] / 1e3),
+        ("specee", "tokens_per_pass", "gauge", "tokens evaluated per shared pass (batching)",
          tot["n_pass_tokens"] / tot["n_passes"] if tot["n_passes"] else 0.0),
-        ("accepted_tokens_per_step", "gauge", "EAGLE requests: tokens per draft-and-verify step",
+        ("specee", "accepted_tokens_per_step", "gauge", "EAGLE requests: tokens per draft-and-verify step",
          m["spec_tokens"] / m["spec_steps"] if m["spec_steps"] else 0.0),
-        ("exit_ratio", "gauge", "early-exit requests: share of tokens that left before the last layer",
+        ("specee", "exit_ratio", "gauge", "early-exit requests: share of tokens that left before the last layer",
          m["exit_exits"] / m["exit_steps"] if m["exit_steps"] else 0.0),
     ]
-    text = "".join(f"# HELP specee:{n} {h}\n# TYPE specee:{n} {t}\nspecee:{n} {v}\n" for n, t, h, v in rows)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    text = "".join(f"# HELP {p}:{n} {h}\n# TYPE {p}:{n} {t}\n{p}:{n} {v}\n" for p, n, t, h, v in rows)
+    response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(state.created).encode()))  # llama-server's spelling
+    return response

@@ -4,6 +4,7 @@ OpenAI's shapes (the log-probabilities of chat and of completions included), and
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 import uuid
 from typing import Any
@@ -15,12 +16,17 @@ from starlette.responses import JSONResponse, Response
 from specee import _core
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
-from specee.server.request import ApiError, json_object, off_loop, prompt_of
+from specee.server.request import ApiError, json_object, off_loop, prompt_of, prompts_of
 from specee.server.tools import chat_prompt, reply_of, response_so_far
 
 
+# llama-server's system_fingerprint is "b" and its build number; here "b" and the package's version
+FINGERPRINT = "b" + importlib.metadata.version("specee")
+
+
 def base(state: ServerState, kind: str, rid: str) -> dict:
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": state.alias}
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": state.alias,
+            "system_fingerprint": FINGERPRINT}
 
 
 def chat_logprobs(probs: list[TokenProb]) -> dict:
@@ -87,10 +93,13 @@ async def chat_completions(request: Request) -> Response:
             msg: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 msg["tool_calls"] = calls
-            return {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
-                    "finish_reason": finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
-        if first:
-            return chunk(res, {"role": "assistant", "content": None if tools else ""}, None, logprobs)
+            out = {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
+                   "finish_reason": finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
+            if body.get("verbose") is True:  # llama.cpp's: the prompt as the template rendered it
+                out["__verbose"] = {"prompt": prompt.text, "content": res.text}
+            return out
+        if first:  # llama.cpp's first chunk: the role, no content
+            return chunk(res, {"role": "assistant", "content": None}, None, logprobs)
         if not final:
             if tools is None:
                 return chunk(res, {"content": piece}, None, logprobs)
@@ -118,6 +127,14 @@ async def apply_template(request: Request) -> Response:
     return JSONResponse({"prompt": prompt.text})
 
 
+async def chat_input_tokens(request: Request) -> Response:
+    """llama.cpp's /chat/completions/input_tokens: how many tokens a chat's messages are through the template."""
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    prompt = await off_loop(request, chat_prompt, state.model, state.template, body)
+    return JSONResponse({"input_tokens": len(prompt.tokens)})
+
+
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
@@ -142,26 +159,24 @@ async def embeddings(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
     inputs = body.get("input", body.get("content"))
-    if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
-        inputs = [inputs]
-    if not isinstance(inputs, list) or not inputs or len(inputs) > 256:
+    if isinstance(inputs, list) and len(inputs) > 256:
         raise ApiError(400, "'input' must be a non-empty string or list of at most 256 strings", param="input")
+    # inputs as completion prompts: a string, token ids, a JSON prompt object, or a list of these
+    prompts = await off_loop(request, prompts_of, state.model, {"input": inputs}, "input")
     n_ctx = state.engine.slots.n_ctx_slot
-
-    def tokens_of(i: int, text: Any) -> list[int]:
-        tokens = prompt_of(state.model, {"input": text}, "input")
+    data, n_tokens = [], 0
+    for i, tokens in enumerate(prompts):
         if len(tokens) > n_ctx:
             raise ApiError(400, f"input {i} has {len(tokens)} tokens, more than the context allows: {n_ctx}",
-                           param="input")
-        return tokens
-
-    data, n_tokens = [], 0
-    for i, text in enumerate(inputs):
-        tokens = await off_loop(request, tokens_of, i, text)
+                           "exceed_context_size_error", param="input",
+                           extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx})
         try:
             vec = await asyncio.to_thread(state.engine.slots.embed, tokens)
         except _core.SpecEEError as e:
             raise ApiError(503, f"cannot embed now: {e}", "server_error", headers={"Retry-After": "1"}) from None
+        with state.engine.cond:  # llama.cpp's metrics count an embedding's prompt and its pass
+            state.engine.metrics["prompt_tokens"] += len(tokens)
+            state.engine.metrics["embed_passes"] += 1
         vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
         data.append({"object": "embedding", "index": i, "embedding": vec.astype(float).tolist()})
         n_tokens += len(tokens)
@@ -172,5 +187,6 @@ async def embeddings(request: Request) -> Response:
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [{"id": state.alias, "object": "model", "created": state.created,
-                                                     "owned_by": "specee", "meta": {"n_ctx": state.model.n_ctx,
+                                                     "owned_by": "specee", "aliases": state.aliases,
+                                                     "tags": state.tags, "meta": {"n_ctx": state.model.n_ctx,
                                                      "n_vocab": state.model.n_vocab, "desc": state.model.desc}}]})

@@ -26,6 +26,7 @@ from specee.model import Model
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
 MAX_DEPTH = 64  # arrays and objects nested in a request body
+MAX_CHOICES = 16  # a request's n: generations of one prompt, each on a slot
 # a body up to this size is parsed, tokenized and answered on the event loop (a few ms at most: a 16 KiB single word
 # tokenizes in about 3 ms on SmolLM2); a larger one on a worker thread, so /health and the streams keep being served
 INLINE_BYTES = 16 * 1024
@@ -35,13 +36,17 @@ class ApiError(Exception):
     """A request the server refuses: an HTTP status and an OpenAI-shaped error body."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
+        self.extra = extra or {}  # more fields of the error object (llama.cpp's n_prompt_tokens, n_ctx)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status,
+                          **self.extra}}
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def shown(value: Any) -> str:
@@ -166,21 +171,52 @@ async def json_object(request: Request) -> dict:
 # ---- the prompt -----------------------------------------------------------------------------------------
 
 
-def prompt_of(model: Model, body: dict, key: str = "prompt") -> list[int]:
-    """A completion prompt: a string, or token ids (or a list holding one of them)."""
+def prompts_of(model: Model, body: dict, key: str = "prompt") -> list[list[int]]:
+    """A completion's prompts as token ids: one prompt, or a list of them (llama.cpp's /completion answers each).
+    A prompt is a string, token ids (strings among ids are tokenized in place, without BOS), or llama.cpp's JSON
+    prompt object {"prompt_string": ...} or {"content": [text parts]} (`multimodal_data` refused: text only)."""
     prompt = body.get(key)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        try:
+    several = isinstance(prompt, list) and prompt and all(isinstance(p, (str, list, dict)) for p in prompt)
+    return [one_prompt(model, p, key) for p in (prompt if several else [prompt])]
+
+
+def one_prompt(model: Model, prompt: Any, key: str) -> list[int]:
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise ApiError(400, f"'{key}': multimodal data is not supported: this server takes text only", param=key)
+        parts = prompt.get("content")
+        if isinstance(parts, list) and "prompt_string" not in prompt:  # content parts: the text ones
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in parts):
+                raise ApiError(400, f"'{key}': only text content parts are supported", param=key)
+            prompt = "".join(p["text"] for p in parts)
+        else:
+            prompt = prompt.get("prompt_string")
+    try:
+        if isinstance(prompt, str) and prompt:
             return model.tokenize(prompt, add_special=True, parse_special=True)
-        except ValueError as e:  # a lone surrogate (check_json refuses them first)
-            raise ApiError(400, f"'{key}': {e}", param=key) from None
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not all(0 <= t < model.n_vocab for t in prompt):
-            raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
-        return list(prompt)
-    raise ApiError(400, f"'{key}' must be a non-empty string or list of token ids (one prompt per request)", param=key)
+        if isinstance(prompt, list) and any(isinstance(t, int) for t in prompt) and all(
+                isinstance(t, (int, str)) and not isinstance(t, bool) for t in prompt):
+            tokens: list[int] = []
+            for t in prompt:
+                tokens += model.tokenize(t, add_special=False, parse_special=True) if isinstance(t, str) else [t]
+            if not all(0 <= t < model.n_vocab for t in tokens):
+                raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
+            if tokens:
+                return tokens
+    except ValueError as e:  # a lone surrogate (check_json refuses them first)
+        raise ApiError(400, f"'{key}': {e}", param=key) from None
+    raise ApiError(400, f"'{key}' must be a non-empty string, a list of token ids (and strings), a JSON prompt "
+                   "object {\"prompt_string\": ...}, or a list of these", param=key)
+
+
+def prompt_of(model: Model, body: dict, key: str = "prompt") -> list[int]:
+    """A completion prompt (`prompts_of`), one per request."""
+    prompts = prompts_of(model, body, key)
+    if len(prompts) != 1:
+        raise ApiError(400, f"'{key}': one prompt per request here, not {len(prompts)} (llama.cpp's /completion "
+                       "takes several)", param=key)
+    return prompts[0]
 
 
 # ---- what it asks to generate ---------------------------------------------------------------------------
@@ -189,12 +225,14 @@ def prompt_of(model: Model, body: dict, key: str = "prompt") -> list[int]:
 @dataclass
 class RequestParams:
     """A generation request's parameters, checked: the runtime's options (made once), how many tokens, the
-    alternatives per token with log-probabilities (< 0: none) and the stop strings (the server's, not the runtime's)."""
+    alternatives per token with log-probabilities (< 0: none), the stop strings (the server's, not the runtime's) and
+    how many choices."""
 
     options: GenerateOptions
     n_predict: int
     n_probs: int
     stop: list[str]
+    n_choices: int = 1  # OpenAI's n: generations of the same request, answered together (not streamed)
 
 
 def probs_wanted(body: dict, api: str) -> int:
@@ -268,10 +306,44 @@ def grammar_of(body: dict) -> dict[str, Any]:
     return found
 
 
-def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> RequestParams:
+def logit_bias_of(model: Model | None, body: dict) -> str | None:
+    """A request's `logit_bias` as the runtime's text ("15043+1,2-inf"), None when absent: OpenAI's {"TOKEN": bias}
+    or llama.cpp's [[TOKEN, bias], ...], where a key may also be text (each of its tokens gets the bias) and a bias
+    false bans the token."""
+    given = body.get("logit_bias")
+    if given is None:
+        return None
+    pairs = list(given.items()) if isinstance(given, dict) else given
+    if not isinstance(pairs, list) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise ApiError(400, "'logit_bias' must be an object {token: bias} or a list of [token, bias]",
+                       param="logit_bias")
+    items = []
+    for key, bias in pairs:
+        if bias is False:
+            bias = float("-inf")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise ApiError(400, f"'logit_bias': the bias of {shown(key)} must be a number or false, not {shown(bias)}",
+                           param="logit_bias")
+        if isinstance(key, str) and key.isdigit():
+            key = int(key)
+        if isinstance(key, int) and not isinstance(key, bool):
+            tokens = [key]
+        elif isinstance(key, str) and key and model is not None:
+            tokens = model.tokenize(key, add_special=False, parse_special=False)
+        else:
+            raise ApiError(400, f"'logit_bias': {shown(key)} is not a token id or text", param="logit_bias")
+        if not all(0 <= t < (model.n_vocab if model is not None else 2**31) for t in tokens):
+            raise ApiError(400, f"'logit_bias': token {shown(key)} is not in the vocabulary", param="logit_bias")
+        items += [f"{t}{'+' if bias >= 0 else '-'}{abs(float(bias))}" for t in tokens]
+    return ",".join(items)
+
+
+def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
+                   defaults: dict[str, Any] | None = None, model: Model | None = None) -> RequestParams:
     """What a request body asks to generate (api: chat, completions, llama; mode: the server's, for requests that
-    name none; n_predict_cap: the server's -n), every field checked (400 on a bad one). The mode is settled first,
-    then the options are made: the runtime's checks see them as they will run."""
+    name none; n_predict_cap: the server's -n; defaults: the server's sampling defaults, GenerateOptions' fields, for
+    fields a request does not give; model: for logit_bias given as text), every field checked (400 on a bad one). The
+    mode is settled first, then the options are made: the runtime's checks see them as they will run."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     n_predict = tokens_wanted(body, api, n_predict_cap)
@@ -281,18 +353,26 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> 
         "top_p": body_field(body, "top_p", (int, float), None, lambda v: 0 < v <= 1, "a number in (0, 1]"),
         "top_k": body_field(body, "top_k", int, None, lambda v: 0 <= v < 2**31, "an integer >= 0"),
         "min_p": body_field(body, "min_p", (int, float), None, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        "repeat_penalty": body_field(body, "repeat_penalty", (int, float), None, lambda v: 0 < v <= 100,
+                                     "a number in (0, 100]"),
+        "repeat_last_n": body_field(body, "repeat_last_n", int, None, lambda v: -1 <= v < 2**31, "an integer >= -1"),
         "seed": body_field(body, "seed", int, None, lambda v: -1 <= v < 2**32, "an integer in [-1, 2**32)"),
         "ignore_eos": body_field(body, "ignore_eos", bool, None),
+        "logit_bias": logit_bias_of(model, body),
         "mode": body_field(body, "mode", str, mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
     }
+    for name, value in (defaults or {}).items():
+        if given.get(name) is None:
+            given[name] = value
     if body_field(body, "exit_check", bool, False):  # checked exits: early-exit and tree-exit output equals plain's
         given["exit"] = ExitParams(check=True)
     stop = body_field(body, "stop", (str, list), [], expect="a string or a list of strings")
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
         raise ApiError(400, "'stop' must be a string or a list of at most 16 non-empty strings", param="stop")
-    if body_field(body, "n", int, 1) != 1:
-        raise ApiError(400, "'n' must be 1: one choice per request", param="n")
+    n_choices = body_field(body, "n", int, 1, lambda v: 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]")
+    if n_choices > 1 and body_field(body, "stream", bool, False):
+        raise ApiError(400, "'n' > 1 is answered as one response, not streamed", param="n")
     n_probs = probs_wanted(body, api)
     if n_probs >= 0 and (MODES[given["mode"]].tree or MODES[given["mode"]].exits):
         raise ApiError(400, f"log-probabilities need mode plain, not {given['mode']}: a speculative step's tokens come "
@@ -304,4 +384,4 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1) -> 
         options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:
         raise ApiError(400, str(e)) from None
-    return RequestParams(options, n_predict, n_probs, stop)
+    return RequestParams(options, n_predict, n_probs, stop, n_choices)
