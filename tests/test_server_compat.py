@@ -50,7 +50,6 @@ def test_routine_llama_server_flags_are_accepted_and_sampling_ones_are_defaults(
     (["--presence-penalty", "0.5"], "--presence-penalty 0.5"),
     (["-hf", "org/model"], "-hf org/model"),
     (["-nocb"], "-nocb"),
-    (["--jinja"], "--jinja"),
     (["--tools", "all"], "--tools all"),
     (["--fim-qwen-7b-spec"], "--fim-qwen-7b-spec"),
 ])

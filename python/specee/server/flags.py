@@ -252,6 +252,7 @@ def llama_flags_of(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                 parser.error(f"{flag if value is None else f'{flag} {value}'}: not supported by specee-server: "
                              f"{row.why}")
         elif row.use == "sampling":
+            assert row.dest is not None  # every sampling and server row names its field
             if value is None:
                 sampling[row.dest] = True
                 continue
@@ -261,5 +262,6 @@ def llama_flags_of(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             except ValueError:
                 parser.error(f"{flag}: expected a number, not {value!r}")
         elif row.use == "server":
+            assert row.dest is not None
             server[row.dest] = flag if value is None else value
     return sampling, server

@@ -62,7 +62,7 @@ async def llama_completion(request: Request) -> Response:
     settings = {**default_params(state), **{k: body[k] for k in GENERATION_FIELDS if body.get(k) is not None}}
     # llama.cpp's list of logit biases, {token, bias} (null: -inf), the end-of-generation tokens' with ignore_eos
     bias = logit_bias_of(state.model, body) or state.sampling.get("logit_bias") or ""
-    items = (re.match(r"(\d+)([+-])(.*)", x).groups() for x in bias.split(",") if x)
+    items = (m.groups() for x in bias.split(",") if (m := re.match(r"(\d+)([+-])(.*)", x)))
     settings["logit_bias"] = [{"token": int(t), "bias": None if b == "inf" and sign == "-" else float(sign + b)}
                               for t, sign, b in items]
     if settings["ignore_eos"]:

@@ -176,8 +176,9 @@ def prompts_of(model: Model, body: dict, key: str = "prompt") -> list[list[int]]
     A prompt is a string, token ids (strings among ids are tokenized in place, without BOS), or llama.cpp's JSON
     prompt object {"prompt_string": ...} or {"content": [text parts]} (`multimodal_data` refused: text only)."""
     prompt = body.get(key)
-    several = isinstance(prompt, list) and prompt and all(isinstance(p, (str, list, dict)) for p in prompt)
-    return [one_prompt(model, p, key) for p in (prompt if several else [prompt])]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list, dict)) for p in prompt):
+        return [one_prompt(model, p, key) for p in prompt]
+    return [one_prompt(model, prompt, key)]
 
 
 def one_prompt(model: Model, prompt: Any, key: str) -> list[int]:
