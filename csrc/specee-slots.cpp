@@ -7,9 +7,9 @@
 // Requests join (specee_slots_submit) and leave (specee_slots_release) between passes.
 //
 // EAGLE and n-gram lookup requests share the pass too: each drafts its tree on its own sequence before the pass (the
-// draft head's, or the lookup's copied chain and branches: specee_lookup_draft), the tree is a block of rows with its
-// own tree mask, and after the pass each walks its block's logits and keeps what it accepted, as a step alone does
-// (the same functions of specee-speculative.cpp: both stay lossless). A lookup request's prefill is in the shared
+// draft head's, or the lookup's copied chain and branches: the mode's drafter, specee-drafter.h), the tree is a block
+// of rows with its own tree mask, and after the pass each walks its block's logits and keeps what it accepted, as a
+// step alone does (specee_drafter_finish: both stay lossless). A lookup request's prefill is in the shared
 // pass as a plain request's is (the lookup needs only the prompt's tokens). Early-exit and tree-exit
 // requests run their sequence alone: each token's pass stops at its own layer, which a shared pass cannot. Their
 // prefill, and an EAGLE request's (whose draft head needs the prompt's features), run alone too, after the shared
@@ -20,6 +20,7 @@
 // prefills only its new tokens): a request goes to the free slot whose cache holds the longest prefix of its
 // prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out.
 #include "specee-context.h"
+#include "specee-drafter.h"
 #include "specee-embed.h"
 #include "specee-generate.h"
 #include "specee-impl.h"
@@ -274,6 +275,7 @@ struct tree_block {
     int32_t           slot = -1;
     int32_t           row0 = 0; // its first row in the batch (and in the pass's logits: every row has them)
     int32_t           n_max = 1;
+    specee_proposal   p;  // what its drafter proposed
     specee_tree_batch tb;
 };
 
@@ -285,14 +287,9 @@ static bool shares_tree(const specee_slot & sl) {
     return sl.state == SLOT_DECODE && mi.tree && mi.shared_pass && g.started && g.queue.empty();
 }
 
-// a slot whose tree is n-gram lookup's alone (no head: mode ngram), as the mode table says
-static bool drafts_by_lookup(const specee_generator & g) {
-    const specee_mode_info & mi = specee_mode_row_impl(g.mode);
-    return (mi.reads & SPECEE_READS_NGRAM) && !mi.needs_head;
-}
-
-// after the pass: the slot's walk over its block and what it keeps, as specee_tree_step does alone
-static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms) {
+// after the pass (n_pass rows, pass_ms): the slot's walk over its block and what it keeps, as a step alone does
+// (specee_drafter_finish)
+static void finish_tree(specee_slots & s, const tree_block & tbk, int32_t n_pass, double pass_ms) {
     specee_context &     ctx     = *s.ctx;
     const int32_t        n_layer = (int32_t) ctx.model->hparams.n_layer;
     const int32_t        n_vocab = (int32_t) ctx.model->hparams.n_vocab;
@@ -302,24 +299,10 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     const int32_t        n  = (int32_t) tbk.tb.tok.size();
     const auto           t0 = specee_clock::now();
     // the block's logits: the pass's rows row0.. (every row has them)
-    const float *        logits = ctx.logits.data() + (size_t) tbk.row0 * n_vocab;
-    std::vector<int32_t> emitted;
-    if (drafts_by_lookup(g)) {
-        emitted.resize(tbk.n_max);
-        emitted.resize(specee_lookup_finish(g.lookup, g.tree, specee_generator_step(g), n, logits, tbk.row0, tbk.n_max,
-                                            emitted.data()));
-    } else {
-        specee_tree_pass_rows rows = {&g.tree, logits, n_vocab};
-        std::vector<int32_t>  path;
-        const int32_t n_acc = specee_tree_walk(g.tree, specee_generator_step(g), tbk.n_max, specee_tree_pass_logits,
-                                               &rows, emitted, path);
-        specee_tree_keep(g.tree, specee_generator_step(g), n, emitted, path, nullptr, tbk.row0);
-        g.root = emitted.back();
-        g.root_pos += (int32_t) emitted.size();
-        g.stats.n_steps++;
-        g.stats.n_drafted += n - 1;
-        g.stats.n_accepted += n_acc;
-    }
+    const specee_verified v = {n, ctx.logits.data() + (size_t) tbk.row0 * n_vocab, tbk.row0, n_pass, pass_ms};
+    std::vector<int32_t>  emitted(tbk.n_max);
+    emitted.resize(specee_drafter_finish(*specee_generator_drafter(g), {g.tree, g.lookup}, specee_generator_step(g),
+                                         tbk.p, v, tbk.n_max, emitted.data()));
     g.stats.t_sample_ms += specee_ms_since(t0);
     g.stats.t_verify_ms += pass_ms;
     g.stats.t_decode_ms += pass_ms + specee_ms_since(t0);
@@ -364,28 +347,25 @@ static void gather_decoding(specee_slots & s, shared_batch & sb) {
 static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_t> & stepped) {
     specee_context & ctx = *s.ctx;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
-        specee_slot & sl   = s.slots[i];
-        const int32_t room = (int32_t) ctx.cparams.n_batch - (int32_t) sb.tok.size();
-        specee_generator & g      = *sl.gen;
-        const bool         lookup = drafts_by_lookup(g);
-        if (!shares_tree(sl) || room < (lookup ? 1 : 2)) {
+        specee_slot &      sl   = s.slots[i];
+        const int32_t      room = (int32_t) ctx.cparams.n_batch - (int32_t) sb.tok.size();
+        specee_generator & g    = *sl.gen;
+        if (!shares_tree(sl) || room < (specee_mode_row_impl(g.mode).needs_head ? 2 : 1)) {
             continue;
         }
-        specee_seq_scope   scope(g);
-        tree_block         tbk;
+        specee_seq_scope scope(g);
+        tree_block       tbk;
         tbk.slot             = i;
         tbk.row0             = (int32_t) sb.tok.size();
         tbk.n_max            = slot_n_max(s, sl);
         const int32_t n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used - (int32_t) sb.tok.size();
-        const int32_t budget = std::min({lookup ? g.lookup.params.draft_max : g.tree.max_nodes, room - 1, tbk.n_max - 1,
-                                         n_free - 1});
+        const int32_t budget = std::min({room - 1, tbk.n_max - 1, n_free - 1});
         const auto    t0     = specee_clock::now();
         stepped[i]           = 1;
         try {
-            const std::vector<int32_t> nodes =
-                lookup ? specee_lookup_draft(g.lookup, g.tree, g.root, std::max(budget, 0))
-                       : specee_tree_draft(g.tree, specee_generator_step(g), std::max(budget, 0));
-            tbk.tb                           = specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes);
+            tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup}, specee_generator_step(g),
+                                                        std::max(budget, 0), specee_pass_share{});
+            tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos, tbk.p.nodes);
         } catch (const std::exception & e) {
             sl.error  = e.what();
             sl.finish = SPECEE_FINISH_ERROR;
@@ -488,7 +468,8 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
     } catch (...) {
         for (const tree_block & tbk : sb.trees) {
-            if (s.slots[tbk.slot].gen->head && !drafts_by_lookup(*s.slots[tbk.slot].gen)) {
+            const specee_generator & g = *s.slots[tbk.slot].gen;
+            if (g.head && specee_mode_row_impl(g.mode).needs_head) {
                 specee_draft_drop_tree(*s.slots[tbk.slot].gen->head); // the trees' draft cells go with the failed pass
             }
         }
@@ -502,7 +483,7 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
     for (const tree_block & tbk : sb.trees) {
         specee_slot & sl = s.slots[tbk.slot];
         try {
-            finish_tree(s, tbk, ms);
+            finish_tree(s, tbk, (int32_t) sb.tok.size(), ms);
         } catch (const std::exception & e) {
             sl.error  = e.what();
             sl.finish = SPECEE_FINISH_ERROR;
