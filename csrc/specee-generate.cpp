@@ -584,7 +584,10 @@ extern "C" int32_t specee_generator_start(specee_generator * gen, const int32_t 
     std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
         specee_seq_scope seq(*gen);
-        return specee_generator_start_impl(*gen, tokens, n_tokens);
+        specee_ngram_cache_doc_end(gen->ctx->ngram_cache, gen->doc); // the request before joins the cache
+        const int32_t e = specee_generator_start_impl(*gen, tokens, n_tokens);
+        specee_ngram_cache_doc_begin(gen->ctx->ngram_cache, gen->doc, tokens, n_tokens);
+        return e;
     });
 }
 
@@ -592,7 +595,9 @@ extern "C" int32_t specee_generator_next(specee_generator * gen, int32_t * token
     std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
         specee_seq_scope seq(*gen);
-        return specee_generator_next_impl(*gen, tokens, layers_run, n_max);
+        const int32_t    n = specee_generator_next_impl(*gen, tokens, layers_run, n_max);
+        specee_ngram_cache_doc_append(gen->doc, tokens, n);
+        return n;
     });
 }
 

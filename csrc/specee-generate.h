@@ -38,6 +38,9 @@ struct specee_generator {
     std::vector<std::pair<int32_t, int32_t>> queue;
     specee_generator_stats stats{};
     int32_t              seq = 0; // the KV cache's sequence this generator decodes
+    // the request's prompt and output for the context's cross-request n-gram cache, whatever the mode; kept by the
+    // generator's callers: specee_generator_start / _next (ended when the next request starts), the slots
+    specee_ngram_cache_doc doc;
 };
 
 // the generator's state for one step of its decoder (specee-step.h; head: nullptr in a mode without one)

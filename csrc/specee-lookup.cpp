@@ -116,7 +116,6 @@ static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
 // ---- set-up ------------------------------------------------------------------------------------------
 
 void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx) {
-    specee_lookup_commit(lk); // a sequence of the old settings goes to the cache before its tokens do
     lk.params = params;
     lk.cache  = ctx.ngram_cache.capacity > 0 ? &ctx.ngram_cache : nullptr;
     lk.index.assign(params.n_max - params.n_min + 1, {});
@@ -125,14 +124,27 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
     lk.trials.assign(params.n_max - params.n_min + 1, 0.0);
     lk.cache_succ.assign(params.n_max - params.n_min + 1, 0.0);
     lk.cache_trials.assign(params.n_max - params.n_min + 1, 0.0);
-    // a pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
-    // timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every
-    // size would cost a large model many passes before its first token); then each size the steps use, from their
-    // own passes (observe_pass). Where no pass can be timed, the dearest case the CPU measured here (3.2 for 4 tokens).
-    lk.cost.assign(params.draft_max + 2, 1.0);
-    const int32_t n_last = params.draft_max + 1;
-    int32_t       prev   = 1;
-    for (int32_t n = 2; n <= n_last; n = n == n_last ? n_last + 1 : std::min(2 * n - 1, n_last)) {
+    lk.cost.assign(2, 1.0); // cost[1] = 1: a single pass
+    lk.pass_ms.assign(2, 0.0);
+    specee_lookup_time_passes(lk, ctx, params.draft_max + 1);
+}
+
+// A pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
+// timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every size
+// would cost a large model many passes before its first token); then each size the steps use, from their own passes
+// (observe_pass). The context keeps what it timed, so its other generators and slots time nothing again. Where no
+// pass can be timed, the dearest case the CPU measured here (3.2 for 4 tokens).
+void specee_lookup_time_passes(specee_lookup & lk, specee_context & ctx, int32_t n_rows) {
+    int32_t prev = (int32_t) lk.cost.size() - 1;
+    if (n_rows <= prev) {
+        return;
+    }
+    lk.cost.resize(n_rows + 1, 1.0);
+    lk.pass_ms.resize(n_rows + 1, 0.0);
+    for (int32_t n = prev + 1; n <= n_rows; ++n) {
+        if (n != n_rows && ((n - 1) & (n - 2)) != 0) { // timed: 2^k + 1, and the last
+            continue;
+        }
         const double c = specee_context_pass_cost(ctx, n);
         lk.cost[n]     = std::isnan(c) ? 1.0 + 0.73 * (n - 1) : std::max(c, 1.0);
         for (int32_t k = prev + 1; k < n; ++k) {
@@ -140,7 +152,6 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
         }
         prev = n;
     }
-    lk.pass_ms.assign(params.draft_max + 2, 0.0);
 }
 
 std::string specee_lookup_describe(const specee_lookup & lk) {
@@ -156,17 +167,7 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
                "as its acceptance on the sequence pays for";
 }
 
-void specee_lookup_commit(specee_lookup & lk) {
-    if (lk.cache && !lk.committed && !lk.tokens.empty() && lk.cache->epoch == lk.cache_epoch) {
-        specee_ngram_cache_add(*lk.cache, lk.tokens.data(), (int32_t) lk.tokens.size());
-    }
-    lk.committed = true;
-}
-
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {
-    specee_lookup_commit(lk); // the sequence before: earlier requests' tokens for this one's lookups
-    lk.committed   = false;
-    lk.cache_epoch = lk.cache ? lk.cache->epoch : 0;
     lk.tokens.clear();
     for (auto & map : lk.index) {
         map.clear();

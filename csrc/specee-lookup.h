@@ -52,9 +52,8 @@ struct specee_lookup {
     std::vector<double>  succ, trials; // per match length n (index n - n_min): accepted drafts and tries on this
                                        // sequence (observed, drafted or not), decayed each observation
     std::vector<double>  cache_succ, cache_trials; // the same for matches found in the cross-request cache
-    specee_ngram_cache * cache     = nullptr; // the context's cross-request cache (nullptr: off)
-    bool                 committed = true;    // the sequence's tokens went to the cache (or there were none)
-    uint64_t             cache_epoch = 0;     // the cache's epoch when the sequence began (a clear since: not added)
+    specee_ngram_cache * cache = nullptr; // the context's cross-request cache (nullptr: off), read only: requests join
+                                          // it through their generator's document (specee_ngram_cache_doc)
     std::vector<double>  cost;    // cost[n]: a pass of n tokens in single passes (cost[1] = 1)
     std::vector<double>  pass_ms; // pass_ms[n]: the running time of this generator's passes of n tokens (0: none yet)
     // what the step drafted and has not observed yet: lookup's candidates and the tokens of their chain in the tree
@@ -62,15 +61,14 @@ struct specee_lookup {
     int32_t                  pending_drafted = 0;
 };
 
-// The sequence (prompt and output so far) into the context's cross-request cache, once: where a request ends (the
-// slots), or before the lookup's next sequence or settings replace it. Nothing when the cache is off.
-void    specee_lookup_commit(specee_lookup & lk);
 // checks nothing the options did not (specee_generator_check_values); passes of a few sizes are timed on the context
 void    specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx);
+// the pass-cost table as far as passes of n_rows rows (init: ngram.draft_max + 1; the slots: a batch of several
+// sequences' drafts), passes of 2^k + 1 rows and n_rows timed on the context (once per context), linear between
+void    specee_lookup_time_passes(specee_lookup & lk, specee_context & ctx, int32_t n_rows);
 // one line: what drafting costs here ("ngram: a pass of 2, 3, ... tokens costs 1.6, 2.2, ... single passes")
 std::string specee_lookup_describe(const specee_lookup & lk);
-// a new sequence: the prompt's n tokens and the first token sampled after them (the root); the sequence before goes
-// to the cross-request cache (specee_lookup_commit)
+// a new sequence: the prompt's n tokens and the first token sampled after them (the root)
 void    specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first);
 
 // ---- drafting (the lookup drafter, specee_drafter_lookup; the hybrid's, specee-hybrid.cpp) -------------------

@@ -160,6 +160,12 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     g.stats     = specee_generator_stats{};
     g.started   = false;
     const specee_mode_info & mi = specee_mode_row_impl(g.mode);
+    if ((mi.reads & SPECEE_READS_NGRAM) && mi.shared_pass) {
+        // its chains are weighed in the shared pass: the pass costs of batches of every slot's draft rows
+        specee_seq_scope seq(g);
+        specee_lookup_time_passes(g.lookup, ctx, std::min((int32_t) ctx.cparams.n_batch,
+                                                          (int32_t) s.slots.size() * (g.params.ngram.draft_max + 1)));
+    }
     // a mode with a draft head or exits: its prefill (and decoding, unless shared) alone; n-gram lookup needs
     // nothing of the prompt but its tokens, so its prefill too is in the shared pass
     sl.alone    = (mi.tree && mi.needs_head) || mi.exits;
@@ -170,6 +176,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     sl.n_probs = std::min(n_probs, n_vocab);
     sl.out_probs.clear();
     sl.prompt.assign(tokens, tokens + n);
+    specee_ngram_cache_doc_begin(ctx.ngram_cache, g.doc, tokens, n);
     sl.n_predict   = n_predict;
     sl.n_generated = 0;
     sl.out.clear();
@@ -223,18 +230,15 @@ static void push_logprobs(specee_slot & sl, const float * logits, int32_t n_voca
     }
 }
 
-// a lookup request's tokens into the context's cross-request cache, where the request ends (once; nothing for other
-// modes or with the cache off)
-static void commit_lookup(specee_slot & sl) {
-    if (specee_mode_row_impl(sl.gen->mode).reads & SPECEE_READS_NGRAM) {
-        specee_lookup_commit(sl.gen->lookup);
-    }
-}
+// the request's prompt and output into the context's cross-request cache, where it ends (once; whatever its mode;
+// nothing with the cache off)
+static void commit_doc(specee_slots & s, specee_slot & sl) { specee_ngram_cache_doc_end(s.ctx->ngram_cache, sl.gen->doc); }
 
 // a token the slot's request produced (logits: its step's, for log-probabilities; NULL in a speculative step): kept
 // for reading, or the end of the request
 static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, const float * logits = nullptr) {
-    const specee_generator & g = *sl.gen;
+    specee_generator & g = *sl.gen;
+    specee_ngram_cache_doc_append(g.doc, &t, 1);
     if (!g.params.ignore_eos && specee_token_is_eog(s.ctx->model, t)) {
         sl.finish = SPECEE_FINISH_STOP;
     } else {
@@ -253,7 +257,7 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
     }
     if (sl.finish != SPECEE_FINISH_NONE) {
         sl.state = SLOT_DONE;
-        commit_lookup(sl);
+        commit_doc(s, sl);
     }
 }
 
@@ -341,6 +345,16 @@ static void gather_decoding(specee_slots & s, shared_batch & sb) {
     }
 }
 
+// The pass a slot's draft rows join, as far as it is gathered: the rows before them and the slot's root, yielding a
+// token each for a plain slot, at least one for a tree (counted one) and the root (prompt chunks, gathered after the
+// trees, are not counted: the rule errs on the side of drafting less)
+static specee_pass_share share_so_far(const shared_batch & sb) {
+    specee_pass_share share;
+    share.n_rows   = (int32_t) sb.tok.size() + 1;
+    share.n_tokens = (double) (sb.decoding.size() + sb.trees.size() + 1);
+    return share;
+}
+
 // EAGLE slots' trees, each drafted on its slot's sequence, as long as the batch has room for its root and a draft
 // token, and n-gram lookup slots' (as long as it has room for the root: a lookup slot has no step alone); `stepped`
 // marks the slots taken (a draft that fails ends its request)
@@ -363,8 +377,8 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
         const auto    t0     = specee_clock::now();
         stepped[i]           = 1;
         try {
-            tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup}, specee_generator_step(g),
-                                                        std::max(budget, 0), specee_pass_share{});
+            tbk.p = specee_generator_drafter(g)->propose({g.tree, g.lookup}, specee_generator_step(g),
+                                                       std::max(budget, 0), share_so_far(sb));
             tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos, tbk.p.nodes);
         } catch (const std::exception & e) {
             sl.error  = e.what();
@@ -703,7 +717,7 @@ extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
         specee_slot & sl = slot_at(*s, slot);
         if (sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE) {
             s->totals.n_cancelled++;
-            commit_lookup(sl); // what it said so far
+            commit_doc(*s, sl); // what it said so far
         }
         sl.state = SLOT_FREE;
         sl.out.clear();
