@@ -432,3 +432,17 @@ def test_smollm2_repeated_request_drafts_from_the_cache(smollm2_path: Path) -> N
         assert m.generate_tokens(tokens, 32, temp=0, mode="ngram", ngram=ngram) == plain
         st = m.last_stats
         assert st.n_cache_accepted > 0 and st.n_steps < len(plain) - 1
+
+
+def test_the_exit_measurement_replays_the_lookup_rule() -> None:
+    """bench/exit_lookup.py's lookup (for the early-exit measurement, docs/lookup.md): the longest match of 4..2 tokens
+    gives the candidate, confident once matches of 4 have been right (acceptance >= 0.85 over the prior 0.8)."""
+    from specee.bench.exit_lookup import lookup_candidates
+
+    seq = [1, 2, 3, 4, 5] * 4 + [1, 2, 3, 4, 9]
+    out = lookup_candidates(seq, 6)
+    assert len(out) == len(seq) - 6
+    assert out[0] == (-1, 0, False)  # [5, 1] has not occurred before
+    assert out[1] == (3, 2, False) and out[2] == (4, 3, False) and out[3] == (5, 4, False)  # prior 0.8: not confident
+    assert out[4] == (1, 4, True)  # the match of 4 was right once: (1 + 1.6) / (1 + 2) > 0.85
+    assert out[-1] == (5, 4, True) and seq[-1] == 9  # confident, and wrong
