@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(all_c, k, getattr(all_c, k) + getattr(c, k))
         head = c.head_ms / c.decode_ms if c.decode_ms else 0.0
         n = c.tokens  # decoded tokens; the offline counts run over the same positions
-        print(f"| {name} | {c.tokens} | {c.exits / max(n, 1):.2f} | {c.rejected / max(n, 1):.2f} | {100 * head:.0f} % | "
+        print(f"| {name} | {c.tokens} | {c.exits / max(n, 1):.2f} | {c.rejected / max(n, 1):.2f} | "
+              f"{100 * head:.0f} % | "
               f"{pct(c.in_top4, n)} | {pct(c.lookup_right, n)} | {pct(c.lookup_only, n)} | "
               f"{pct(c.confident, n)} ({pct(c.confident_right, c.confident)}) | "
               f"{100 * head * c.confident_right / max(n, 1):.1f} % |")

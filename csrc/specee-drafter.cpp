@@ -23,7 +23,8 @@ double specee_drafter_head_cost(const specee_model & m) {
     for (const specee_layer & l : m.layers) {
         model += layer_bytes(l);
     }
-    const double head = nbytes(m.eagle.fc) + layer_bytes(m.eagle.layer) + nbytes(m.eagle.output ? m.eagle.output : m.output);
+    const double head =
+        nbytes(m.eagle.fc) + layer_bytes(m.eagle.layer) + nbytes(m.eagle.output ? m.eagle.output : m.output);
     return model > 0.0 ? head / model : 0.0;
 }
 

@@ -52,7 +52,8 @@ struct specee_drafter {
     const char * name;
     // the tree after step.root, at most `budget` nodes to verify (>= 0: the room the pass, the cache and the request
     // leave; each drafter keeps within its own settings too); `share`: the pass its rows join
-    specee_proposal (*propose)(specee_drafter_state s, specee_step step, int32_t budget, const specee_pass_share & share);
+    specee_proposal (*propose)(specee_drafter_state s, specee_step step, int32_t budget,
+                               const specee_pass_share & share);
     // after the walk: the emitted tokens, and the pass (n_pass rows, pass_ms) the proposal's rows were part of
     void (*observe)(specee_drafter_state s, const specee_proposal & p, const std::vector<int32_t> & emitted,
                     int32_t n_pass, double pass_ms);

@@ -198,7 +198,8 @@ static double cost_of(const specee_lookup & lk, int32_t n) {
 
 // the chain length in 0..l_max that gives the pass the most tokens per cost, for a chain whose tokens are each right
 // with probability a: its share's n rows yield t tokens for c(n) + x; L more rows, t - 1 + (1 + a + ... + a^L) tokens
-// for c(n + L) + x; L = 0 unless it beats not drafting by MARGIN. Alone (n = 1, t = 1, x = 0): (1 + ... + a^L) / c(1 + L).
+// for c(n + L) + x; L = 0 unless it beats not drafting by MARGIN. Alone (n = 1, t = 1, x = 0):
+// (1 + ... + a^L) / c(1 + L).
 static int32_t chain_length(const specee_lookup & lk, double a, int32_t l_max, const specee_pass_share & share) {
     const double base   = share.n_tokens / (cost_of(lk, share.n_rows) + share.extra);
     double       tokens = 1.0, ak = 1.0, best = MARGIN;

@@ -75,7 +75,8 @@ void    specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t 
 
 // What lookup would draft now, read without changing anything: a chain of l_max tokens at most, its length by the
 // pass it joins (share)
-specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max, const specee_pass_share & share);
+specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max,
+                                                     const specee_pass_share & share);
 // Grafts the first c.len tokens of lookup's chain, and (where the chain is drafted) its other continuations' first
 // tokens as children of the root, onto the tree in dec.nodes whose verified nodes are `nodes` (rows 1.. in order;
 // the root alone: lookup's own tree): the chain follows verified nodes holding its tokens and goes on with point

@@ -232,7 +232,9 @@ static void push_logprobs(specee_slot & sl, const float * logits, int32_t n_voca
 
 // the request's prompt and output into the context's cross-request cache, where it ends (once; whatever its mode;
 // nothing with the cache off)
-static void commit_doc(specee_slots & s, specee_slot & sl) { specee_ngram_cache_doc_end(s.ctx->ngram_cache, sl.gen->doc); }
+static void commit_doc(specee_slots & s, specee_slot & sl) {
+    specee_ngram_cache_doc_end(s.ctx->ngram_cache, sl.gen->doc);
+}
 
 // a token the slot's request produced (logits: its step's, for log-probabilities; NULL in a speculative step): kept
 // for reading, or the end of the request
