@@ -493,45 +493,6 @@ void specee_eval_impl(specee_context & ctx, const specee_batch * batch) {
     ctx.n_outputs   = n_outputs;
 }
 
-// ---- what a pass costs ------------------------------------------------------------------------------
-
-// one pass of n tokens after the cache's last position, every token with logits, removed again; its time in ms
-static double one_pass(specee_context & ctx, int32_t n) {
-    const int32_t        p0 = specee_batch_next_pos(ctx.kv, n);
-    std::vector<int32_t> tok(n, 0), pos(n);
-    std::vector<int8_t>  out(n, 1);
-    for (int32_t i = 0; i < n; ++i) {
-        pos[i] = p0 + i;
-    }
-    specee_batch b  = {n, tok.data(), pos.data(), nullptr, out.data()};
-    const auto   t0 = specee_clock::now();
-    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
-    const double ms = specee_ms_since(t0);
-    ctx.kv.remove(p0, -1);
-    return ms;
-}
-
-double specee_context_pass_cost(specee_context & ctx, int32_t n) {
-    if (n < 1 || (uint32_t) n > ctx.cparams.n_batch || ctx.kv.used + (uint32_t) n > ctx.kv.size ||
-        (int64_t) ctx.kv.pos_max() + n > INT32_MAX) { // no room, no positions left
-        return NAN;
-    }
-    ctx.pass_ms.resize(std::max((int32_t) ctx.pass_ms.size(), n + 1), 0.0);
-    if (ctx.pass_ms[1] <= 0.0 || ctx.pass_ms[n] <= 0.0) {
-        // a warm-up pass of each size, then five of each in turn (both see the same load), the fastest kept
-        one_pass(ctx, 1);
-        one_pass(ctx, n);
-        double t1 = INFINITY, tn = INFINITY;
-        for (int32_t r = 0; r < 5; ++r) {
-            t1 = std::min(t1, one_pass(ctx, 1));
-            tn = std::min(tn, one_pass(ctx, n));
-        }
-        ctx.pass_ms[1] = ctx.pass_ms[1] > 0.0 ? std::min(ctx.pass_ms[1], t1) : t1;
-        ctx.pass_ms[n] = tn;
-    }
-    return ctx.pass_ms[n] / ctx.pass_ms[1];
-}
-
 // ---- creation ---------------------------------------------------------------------------------------
 
 static void reserve_worst_case(specee_context & ctx) {

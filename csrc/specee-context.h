@@ -120,4 +120,5 @@ void specee_context_check_memory(const specee_context & ctx, uint32_t n_ctx, uin
 // What a pass of n tokens (every one with logits, as a tree verification) costs on this context's devices and
 // threads, in single-token passes; timed once per n and context. The timing passes go after the cache's last
 // position and are removed again (the last batch's results are overwritten). NAN when the cache has no room.
+// (specee-pass-cost.cpp)
 double specee_context_pass_cost(specee_context & ctx, int32_t n);

@@ -2,12 +2,14 @@
 //
 // The policy lives here once: which mode `auto` means for a model, what each mode needs, the sampler chain with
 // ignore-EOS, the prompt (with the longest cached prefix kept), and one pass per call of next() in plain decoding,
-// one draft-and-verify step in eagle / eagle2 (specee-speculative.cpp), one layer-range walk in early exit
-// (specee-early-exit.cpp), one draft-and-verify step whose pass may exit early in tree-exit (specee-tree-exit.cpp).
+// one draft-and-verify step of the mode's drafter in eagle / eagle2 / ngram / ngram+eagle2 (specee-drafter.h), one
+// layer-range walk in early exit (specee-early-exit.cpp), one draft-and-verify step whose pass may exit early in
+// tree-exit (specee-tree-exit.cpp).
 // The decoders share the generator's draft head, so its cache of pairs outlives a change of parameters
 // (specee_generator_set_params) and prompt-prefix reuse covers the head too.
 #include "specee-context.h"
 #include "specee-draft-head.h"
+#include "specee-drafter.h"
 #include "specee-early-exit.h"
 #include "specee-generate.h"
 #include "specee-grammar.h"
@@ -62,24 +64,6 @@ static specee_eagle_params resolve_eagle(const specee_model & m, const specee_ea
 // published 7B heads accept per position (docs/speculative.md).
 static const double ACCEPTANCE_UNKNOWN = 0.7;
 
-static double nbytes(const ggml_tensor * t) { return t ? (double) ggml_nbytes(t) : 0.0; }
-
-static double layer_bytes(const specee_layer & l) {
-    return nbytes(l.wq) + nbytes(l.wk) + nbytes(l.wv) + nbytes(l.wqkv) + nbytes(l.wo) + nbytes(l.ffn_gate) +
-           nbytes(l.ffn_up) + nbytes(l.ffn_down);
-}
-
-// A drafted level's cost in single target passes, from the bytes each reads (decoding reads every weight once per
-// pass): the head's fc, layer and output rows against the model's layers and lm_head.
-static double draft_cost(const specee_model & m) {
-    double model = nbytes(m.output);
-    for (const specee_layer & l : m.layers) {
-        model += layer_bytes(l);
-    }
-    const double head = nbytes(m.eagle.fc) + layer_bytes(m.eagle.layer) + nbytes(m.eagle.output ? m.eagle.output : m.output);
-    return model > 0.0 ? head / model : 0.0;
-}
-
 // EAGLE-2 with its default tree: the expected tokens per step (1 + a + ... + a^depth, a chain's, for the head's
 // acceptance a) over a step's cost (one verification pass of the tree, timed here once, and a draft per level).
 // Returns the expected speedup over plain decoding, NAN when the pass could not be timed; says why in `why`.
@@ -88,7 +72,7 @@ static double eagle_speedup(specee_context & ctx, std::string & why) {
     const specee_eagle_params tree = resolve_eagle(m, specee_eagle_params{});
     const double              a    = m.eagle.acceptance >= 0.0f ? m.eagle.acceptance : ACCEPTANCE_UNKNOWN;
     const double              pass = specee_context_pass_cost(ctx, tree.total_tokens + 1);
-    const double              draft = draft_cost(m);
+    const double              draft = specee_drafter_head_cost(m);
     double                    tokens = 1.0, ak = 1.0;
     for (int32_t k = 0; k < tree.depth; ++k) {
         ak *= a;
@@ -466,6 +450,16 @@ static int32_t jump_forward_step(specee_generator & g, int32_t * out, int32_t n_
     return specee_jump_forward_finish(g, b.n_tokens, ctx.logits.data(), 0, n_max, out);
 }
 
+const specee_drafter * specee_generator_drafter(const specee_generator & g) {
+    switch (g.mode) {
+        case SPECEE_MODE_EAGLE:
+        case SPECEE_MODE_EAGLE2: return &specee_drafter_eagle;
+        case SPECEE_MODE_NGRAM: return &specee_drafter_lookup;
+        case SPECEE_MODE_NGRAM_EAGLE2: return &specee_drafter_hybrid;
+        default: return nullptr;
+    }
+}
+
 int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max) {
     specee_context &     ctx     = *g.ctx;
     const specee_model & m       = *ctx.model;
@@ -539,10 +533,11 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
             break;
         }
         case SPECEE_MODE_EAGLE:
-        case SPECEE_MODE_EAGLE2: n = specee_tree_step(g.tree, specee_generator_step(g), out, n_max); break;
-        case SPECEE_MODE_NGRAM: n = specee_lookup_step(g.lookup, g.tree, specee_generator_step(g), out, n_max); break;
+        case SPECEE_MODE_EAGLE2:
+        case SPECEE_MODE_NGRAM:
         case SPECEE_MODE_NGRAM_EAGLE2:
-            n = specee_hybrid_step(g.tree, g.lookup, specee_generator_step(g), out, n_max);
+            n = specee_drafter_step(*specee_generator_drafter(g), {g.tree, g.lookup}, specee_generator_step(g), out,
+                                    n_max);
             break;
         case SPECEE_MODE_TREE_EXIT:
             n = specee_tree_exit_step(g.tree, g.exit, specee_generator_step(g), out, n_max, run);
@@ -615,7 +610,10 @@ extern "C" int32_t specee_generator_start(specee_generator * gen, const int32_t 
     std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
         specee_seq_scope seq(*gen);
-        return specee_generator_start_impl(*gen, tokens, n_tokens);
+        specee_ngram_cache_doc_end(gen->ctx->ngram_cache, gen->doc); // the request before joins the cache
+        const int32_t e = specee_generator_start_impl(*gen, tokens, n_tokens);
+        specee_ngram_cache_doc_begin(gen->ctx->ngram_cache, gen->doc, tokens, n_tokens);
+        return e;
     });
 }
 
@@ -623,7 +621,9 @@ extern "C" int32_t specee_generator_next(specee_generator * gen, int32_t * token
     std::lock_guard<std::recursive_mutex> lock(gen->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
         specee_seq_scope seq(*gen);
-        return specee_generator_next_impl(*gen, tokens, layers_run, n_max);
+        const int32_t    n = specee_generator_next_impl(*gen, tokens, layers_run, n_max);
+        specee_ngram_cache_doc_append(gen->doc, tokens, n);
+        return n;
     });
 }
 

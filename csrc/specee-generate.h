@@ -3,6 +3,7 @@
 #pragma once
 
 #include "specee-draft-head.h"
+#include "specee-drafter.h"
 #include "specee-exit.h"
 #include "specee-lookup.h"
 #include "specee-sampling.h"
@@ -37,6 +38,9 @@ struct specee_generator {
     std::vector<std::pair<int32_t, int32_t>> queue;
     specee_generator_stats stats{};
     int32_t              seq = 0; // the KV cache's sequence this generator decodes
+    // the request's prompt and output for the context's cross-request n-gram cache, whatever the mode; kept by the
+    // generator's callers: specee_generator_start / _next (ended when the next request starts), the slots
+    specee_ngram_cache_doc doc;
 };
 
 // the generator's state for one step of its decoder (specee-step.h; head: nullptr in a mode without one)
@@ -51,6 +55,10 @@ struct specee_seq_scope {
     explicit specee_seq_scope(specee_generator & g);
     ~specee_seq_scope();
 };
+
+// the drafter of the generator's mode where its step is a drafted tree verified in one full pass (eagle, eagle2, ngram,
+// ngram+eagle2: specee-drafter.h); nullptr for the others (plain, and the exits, whose passes stop early)
+const specee_drafter * specee_generator_drafter(const specee_generator & g);
 
 void    specee_generator_set_params_impl(specee_generator & g, const specee_generator_params & params);
 // specee_generator_start / _next without the lock and the error guard (they throw); on the generator's sequence

@@ -96,23 +96,6 @@ static double acceptance(const specee_lookup & lk, int32_t n, bool cache) {
                  : (lk.succ[k] + PRIOR * PRIOR_WEIGHT) / (lk.trials[k] + PRIOR_WEIGHT);
 }
 
-// the chain length in 0..l_max with the most tokens per single-pass cost, for drafts from a match of n tokens
-static int32_t chain_length(const specee_lookup & lk, int32_t n, bool cache, int32_t l_max) {
-    const double a      = acceptance(lk, n, cache);
-    double       tokens = 1.0, ak = 1.0, best = MARGIN; // L = 0: a plain step, one token per single pass
-    int32_t      best_l = 0;
-    for (int32_t l = 1; l <= l_max && l + 1 < (int32_t) lk.cost.size(); ++l) {
-        ak *= a;
-        tokens += ak;
-        const double rate = tokens / lk.cost[l + 1];
-        if (rate > best) {
-            best   = rate;
-            best_l = l;
-        }
-    }
-    return best_l;
-}
-
 // A pass of n tokens took ms: its running time (the first pass of a size replaces the prior, then a moving average)
 // and, once a single-token pass is known too, the cost of that size in single passes
 static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
@@ -130,131 +113,9 @@ static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
     }
 }
 
-// ---- the step -----------------------------------------------------------------------------------------
-
-// the tree in dec.nodes: the root, the best continuation's chain of `len` tokens, the other continuations' first
-// tokens as more children of the root (point masses: no q); returns the drafted nodes in row order
-static std::vector<int32_t> draft_tree(specee_lookup & lk, specee_tree_decoder & dec, int32_t root,
-                                       const std::vector<continuation> & conts, bool from_cache, int32_t len,
-                                       int32_t n_branches) {
-    dec.nodes.clear();
-    draft_node rn;
-    rn.token = root;
-    rn.row   = 0;
-    dec.nodes.push_back(rn);
-    const std::vector<int32_t> & t = lk.tokens;
-    std::vector<int32_t>         chosen;
-    auto add = [&](int32_t parent, int32_t token) {
-        draft_node nd;
-        nd.token  = token;
-        nd.parent = parent;
-        nd.depth  = dec.nodes[parent].depth + 1;
-        nd.row    = (int32_t) chosen.size() + 1;
-        dec.nodes.push_back(nd);
-        const int32_t ni = (int32_t) dec.nodes.size() - 1;
-        dec.nodes[parent].children.push_back(ni);
-        chosen.push_back(ni);
-        return ni;
-    };
-    int32_t parent = 0;
-    if (len > 0 && from_cache) {
-        for (int32_t tok : specee_ngram_cache_chain(*lk.cache, conts[0].from, len)) {
-            parent = add(parent, tok);
-        }
-    }
-    for (int64_t k = 0; !from_cache && k < len && conts[0].from + k < (int64_t) t.size(); ++k) {
-        parent = add(parent, t[conts[0].from + k]);
-    }
-    for (int32_t b = 1; b < n_branches && b < (int32_t) conts.size(); ++b) {
-        add(0, conts[b].token);
-    }
-    return chosen;
-}
-
-std::vector<int32_t> specee_lookup_draft(specee_lookup & lk, specee_tree_decoder & dec, int32_t root, int32_t budget) {
-    // the longest match's continuations, as far as acceptance and pass cost say it pays
-    int32_t                         n_match = 0;
-    bool                            cache   = false;
-    const std::vector<continuation> conts =
-        budget > 0 ? continuations(lk, n_match, cache) : std::vector<continuation>{};
-    const int32_t n_branches = conts.empty() ? 0 : std::min({lk.params.branches, (int32_t) conts.size(), budget});
-    const int32_t l_max      = budget - (n_branches - 1);
-    const int32_t len = conts.empty() ? 0 : lk.params.adaptive ? chain_length(lk, n_match, cache, l_max) : l_max;
-    lk.pending_match  = conts.empty() ? 0 : n_match;
-    lk.pending_cache  = cache;
-    lk.pending_len    = len;
-    lk.pending_first  = conts.empty() ? -1 : conts[0].token;
-    return draft_tree(lk, dec, root, conts, cache, len, len > 0 ? n_branches : 0);
-}
-
-int32_t specee_lookup_finish(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t n_rows,
-                             const float * logits, int32_t row0, int32_t n_max, int32_t * out) {
-    specee_context & ctx = step.ctx;
-    std::vector<int32_t>  emitted, path;
-    specee_tree_pass_rows rows  = {&dec, logits, (int32_t) ctx.model->hparams.n_vocab};
-    const int32_t         n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
-    specee_tree_keep(dec, step, n_rows, emitted, path, nullptr, row0);
-    // learn how far this sequence's lookups hold: an observation of the match length's acceptance, drafted or not
-    if (lk.pending_match > 0) {
-        const int32_t k      = lk.pending_match - lk.params.n_min;
-        const int32_t len    = lk.pending_len;
-        double &      succ   = lk.pending_cache ? lk.cache_succ[k] : lk.succ[k];
-        double &      trials = lk.pending_cache ? lk.cache_trials[k] : lk.trials[k];
-        succ *= DECAY;
-        trials *= DECAY;
-        if (len > 0) {
-            succ += n_acc;
-            trials += n_acc + (n_acc < len ? 1 : 0); // the accepted run, and the draft that broke it
-        } else { // not drafted: what the lookup would have drafted first against the token that came
-            succ += emitted[0] == lk.pending_first ? 1.0 : 0.0;
-            trials += 1.0;
-        }
-        if (lk.pending_cache) {
-            step.stats.n_cache_drafted += n_rows - 1;
-            step.stats.n_cache_accepted += n_acc;
-        }
-    }
-    lk.pending_match = 0;
-    for (int32_t tok : emitted) {
-        append(lk, tok);
-    }
-    step.root = emitted.back();
-    step.root_pos += (int32_t) emitted.size();
-    step.stats.n_steps++;
-    step.stats.n_drafted += n_rows - 1;
-    step.stats.n_accepted += n_acc;
-    std::copy(emitted.begin(), emitted.end(), out);
-    return (int32_t) emitted.size();
-}
-
-int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out,
-                           int32_t n_max) {
-    specee_generator_stats & st     = step.stats;
-    specee_context &         ctx    = step.ctx;
-    const int32_t            n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
-    const int32_t budget = std::min({lk.params.draft_max, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
-
-    auto                       t0    = specee_clock::now();
-    const std::vector<int32_t> nodes = specee_lookup_draft(lk, dec, step.root, budget);
-    st.t_draft_ms += specee_ms_since(t0);
-
-    // ---- verify root + drafts in one pass
-    t0                         = specee_clock::now();
-    const int32_t n_rows  = specee_tree_verify(dec, step, nodes);
-    const double  pass_ms = specee_ms_since(t0);
-    st.t_verify_ms += pass_ms;
-    observe_pass(lk, n_rows, pass_ms);
-
-    t0              = specee_clock::now();
-    const int32_t n = specee_lookup_finish(lk, dec, step, n_rows, ctx.logits.data(), 0, n_max, out);
-    st.t_sample_ms += specee_ms_since(t0);
-    return n;
-}
-
 // ---- set-up ------------------------------------------------------------------------------------------
 
 void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx) {
-    specee_lookup_commit(lk); // a sequence of the old settings goes to the cache before its tokens do
     lk.params = params;
     lk.cache  = ctx.ngram_cache.capacity > 0 ? &ctx.ngram_cache : nullptr;
     lk.index.assign(params.n_max - params.n_min + 1, {});
@@ -263,14 +124,27 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
     lk.trials.assign(params.n_max - params.n_min + 1, 0.0);
     lk.cache_succ.assign(params.n_max - params.n_min + 1, 0.0);
     lk.cache_trials.assign(params.n_max - params.n_min + 1, 0.0);
-    // a pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
-    // timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every
-    // size would cost a large model many passes before its first token); then each size the steps use, from their
-    // own passes (observe_pass). Where no pass can be timed, the dearest case the CPU measured here (3.2 for 4 tokens).
-    lk.cost.assign(params.draft_max + 2, 1.0);
-    const int32_t n_last = params.draft_max + 1;
-    int32_t       prev   = 1;
-    for (int32_t n = 2; n <= n_last; n = n == n_last ? n_last + 1 : std::min(2 * n - 1, n_last)) {
+    lk.cost.assign(2, 1.0); // cost[1] = 1: a single pass
+    lk.pass_ms.assign(2, 0.0);
+    specee_lookup_time_passes(lk, ctx, params.draft_max + 1);
+}
+
+// A pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
+// timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every size
+// would cost a large model many passes before its first token); then each size the steps use, from their own passes
+// (observe_pass). The context keeps what it timed, so its other generators and slots time nothing again. Where no
+// pass can be timed, the dearest case the CPU measured here (3.2 for 4 tokens).
+void specee_lookup_time_passes(specee_lookup & lk, specee_context & ctx, int32_t n_rows) {
+    int32_t prev = (int32_t) lk.cost.size() - 1;
+    if (n_rows <= prev) {
+        return;
+    }
+    lk.cost.resize(n_rows + 1, 1.0);
+    lk.pass_ms.resize(n_rows + 1, 0.0);
+    for (int32_t n = prev + 1; n <= n_rows; ++n) {
+        if (n != n_rows && ((n - 1) & (n - 2)) != 0) { // timed: 2^k + 1, and the last
+            continue;
+        }
         const double c = specee_context_pass_cost(ctx, n);
         lk.cost[n]     = std::isnan(c) ? 1.0 + 0.73 * (n - 1) : std::max(c, 1.0);
         for (int32_t k = prev + 1; k < n; ++k) {
@@ -278,7 +152,6 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
         }
         prev = n;
     }
-    lk.pass_ms.assign(params.draft_max + 2, 0.0);
 }
 
 std::string specee_lookup_describe(const specee_lookup & lk) {
@@ -294,17 +167,7 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
                "as its acceptance on the sequence pays for";
 }
 
-void specee_lookup_commit(specee_lookup & lk) {
-    if (lk.cache && !lk.committed && !lk.tokens.empty() && lk.cache->epoch == lk.cache_epoch) {
-        specee_ngram_cache_add(*lk.cache, lk.tokens.data(), (int32_t) lk.tokens.size());
-    }
-    lk.committed = true;
-}
-
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {
-    specee_lookup_commit(lk); // the sequence before: earlier requests' tokens for this one's lookups
-    lk.committed   = false;
-    lk.cache_epoch = lk.cache ? lk.cache->epoch : 0;
     lk.tokens.clear();
     for (auto & map : lk.index) {
         map.clear();
@@ -313,13 +176,15 @@ void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, 
     std::fill(lk.trials.begin(), lk.trials.end(), 0.0);
     std::fill(lk.cache_succ.begin(), lk.cache_succ.end(), 0.0);
     std::fill(lk.cache_trials.begin(), lk.cache_trials.end(), 0.0);
+    lk.pending         = specee_lookup_candidates{};
+    lk.pending_drafted = 0;
     for (int32_t i = 0; i < n; ++i) {
         append(lk, tokens[i]);
     }
     append(lk, first);
 }
 
-// ---- for another drafter's tree ------------------------------------------------------------------------
+// ---- drafting ------------------------------------------------------------------------------------------
 
 // a pass of n tokens in single passes: the table, then its last step's slope beyond it
 static double cost_of(const specee_lookup & lk, int32_t n) {
@@ -331,7 +196,28 @@ static double cost_of(const specee_lookup & lk, int32_t n) {
     return lk.cost[last] + slope * (n - last);
 }
 
-specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max, int32_t n_base) {
+// the chain length in 0..l_max that gives the pass the most tokens per cost, for a chain whose tokens are each right
+// with probability a: its share's n rows yield t tokens for c(n) + x; L more rows, t - 1 + (1 + a + ... + a^L) tokens
+// for c(n + L) + x; L = 0 unless it beats not drafting by MARGIN. Alone (n = 1, t = 1, x = 0):
+// (1 + ... + a^L) / c(1 + L).
+static int32_t chain_length(const specee_lookup & lk, double a, int32_t l_max, const specee_pass_share & share) {
+    const double base   = share.n_tokens / (cost_of(lk, share.n_rows) + share.extra);
+    double       tokens = 1.0, ak = 1.0, best = MARGIN;
+    int32_t      best_l = 0;
+    for (int32_t l = 1; l <= l_max; ++l) {
+        ak *= a;
+        tokens += ak;
+        const double rate = (share.n_tokens - 1.0 + tokens) / (cost_of(lk, share.n_rows + l) + share.extra) / base;
+        if (rate > best) {
+            best   = rate;
+            best_l = l;
+        }
+    }
+    return best_l;
+}
+
+specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max,
+                                                     const specee_pass_share & share) {
     specee_lookup_candidates c;
     if (l_max <= 0 || lk.tokens.empty()) {
         return c;
@@ -354,27 +240,52 @@ specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, i
     for (int32_t b = 1; b < lk.params.branches && b < (int32_t) conts.size(); ++b) {
         c.others.push_back(conts[b].token);
     }
-    if (!lk.params.adaptive) {
-        c.len = (int32_t) c.chain.size();
-        return c;
-    }
-    const double base   = cost_of(lk, n_base);
-    double       tokens = 1.0, ak = 1.0, best = MARGIN;
-    for (int32_t l = 1; l <= (int32_t) c.chain.size(); ++l) {
-        ak *= c.acceptance;
-        tokens += ak;
-        const double rate = tokens / (cost_of(lk, n_base + l) / base);
-        if (rate > best) {
-            best  = rate;
-            c.len = l;
-        }
-    }
+    c.len = lk.params.adaptive ? chain_length(lk, c.acceptance, (int32_t) c.chain.size(), share)
+                               : (int32_t) c.chain.size();
     return c;
 }
 
-void specee_lookup_observe(specee_lookup & lk, const specee_lookup_candidates & c, int32_t drafted,
-                           const std::vector<int32_t> & emitted, int32_t n_rows, double pass_ms) {
-    observe_pass(lk, n_rows, pass_ms);
+int32_t specee_lookup_graft(specee_lookup & lk, specee_tree_decoder & dec, std::vector<int32_t> & nodes,
+                            const specee_lookup_candidates & c, int32_t budget) {
+    auto add = [&](int32_t parent, int32_t token) {
+        draft_node nd;
+        nd.token  = token;
+        nd.parent = parent;
+        nd.depth  = dec.nodes[parent].depth + 1;
+        nd.row    = (int32_t) nodes.size() + 1;
+        nd.point  = true;
+        dec.nodes.push_back(nd);
+        const int32_t          ni   = (int32_t) dec.nodes.size() - 1;
+        std::vector<int32_t> & kids = dec.nodes[parent].children;
+        kids.insert(std::find_if(kids.begin(), kids.end(), [&](int32_t k) { return dec.nodes[k].row < 0; }), ni);
+        nodes.push_back(ni);
+        return ni;
+    };
+    int32_t cur = 0, n = 0;
+    for (; n < c.len; ++n) {
+        int32_t next = specee_tree_verified_child(dec, cur, c.chain[n]);
+        if (next < 0) {
+            if ((int32_t) nodes.size() >= budget) {
+                break;
+            }
+            next = add(cur, c.chain[n]);
+        }
+        cur = next;
+    }
+    for (size_t b = 0; n > 0 && b < c.others.size() && (int32_t) nodes.size() < budget; ++b) {
+        if (specee_tree_verified_child(dec, 0, c.others[b]) < 0) {
+            add(0, c.others[b]);
+        }
+    }
+    lk.pending         = c;
+    lk.pending_drafted = n;
+    return n;
+}
+
+void specee_lookup_observe(specee_lookup & lk, const std::vector<int32_t> & emitted, int32_t n_pass, double pass_ms) {
+    const specee_lookup_candidates & c       = lk.pending;
+    const int32_t                    drafted = lk.pending_drafted;
+    observe_pass(lk, n_pass, pass_ms);
     if (c.n_match > 0 && !emitted.empty()) {
         const int32_t k      = c.n_match - lk.params.n_min;
         double &      succ   = c.from_cache ? lk.cache_succ[k] : lk.succ[k];
@@ -393,10 +304,41 @@ void specee_lookup_observe(specee_lookup & lk, const specee_lookup_candidates & 
             trials += 1.0;
         }
     }
+    lk.pending         = specee_lookup_candidates{};
+    lk.pending_drafted = 0;
     for (int32_t tok : emitted) {
         append(lk, tok);
     }
 }
+
+// ---- the lookup drafter: its chain and branches grafted onto the root alone --------------------------------
+
+static specee_proposal lookup_propose(specee_drafter_state s, specee_step step, int32_t budget,
+                                      const specee_pass_share & share) {
+    specee_lookup & lk = s.lookup;
+    budget             = std::min(budget, lk.params.draft_max);
+    // the chain leaves room for the other continuations, one row each
+    specee_lookup_candidates c = specee_lookup_candidates_of(lk, budget, share);
+    const int32_t            k = std::min((int32_t) c.others.size(), budget - 1);
+    if (k > 0 && (int32_t) c.chain.size() > budget - k) {
+        c = specee_lookup_candidates_of(lk, budget - k, share);
+    }
+    specee_tree_decoder & dec = s.dec;
+    dec.nodes.assign(1, draft_node{});
+    dec.nodes[0].token = step.root;
+    dec.nodes[0].row   = 0;
+    specee_proposal p;
+    specee_lookup_graft(lk, dec, p.nodes, c, budget);
+    p.cache = c.from_cache;
+    return p;
+}
+
+static void lookup_observe(specee_drafter_state s, const specee_proposal &, const std::vector<int32_t> & emitted,
+                           int32_t n_pass, double pass_ms) {
+    specee_lookup_observe(s.lookup, emitted, n_pass, pass_ms);
+}
+
+const specee_drafter specee_drafter_lookup = {"ngram", lookup_propose, lookup_observe};
 
 // ---- C API: the context's cross-request cache (here: specee-ngram-cache.cpp is included by the context) -----
 

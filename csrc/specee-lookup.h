@@ -17,6 +17,7 @@
 // repeat itself is drafted again.
 #pragma once
 
+#include "specee-drafter.h"
 #include "specee-ngram-cache.h"
 #include "specee-speculative.h"
 #include "specee-step.h"
@@ -27,6 +28,22 @@
 #include <unordered_map>
 #include <vector>
 
+// What lookup would draft after the sequence's end (specee_lookup_candidates_of): the longest match, its
+// continuations and how far its chain pays in the pass it joins
+struct specee_lookup_candidates {
+    int32_t              n_match    = 0;   // the longest match's length (0: none, nothing below is set)
+    bool                 from_cache = false; // the match is in the cross-request cache (none in the sequence)
+    double               acceptance = 0.0; // the running acceptance of drafts from matches of that length
+    std::vector<int32_t> chain;            // the most frequent continuation (the latest on a tie), l_max tokens at most
+    std::vector<int32_t> others;           // the other continuations' first tokens, most frequent first
+                                           // (ngram.branches - 1 at most)
+    int32_t              len = 0;          // the chain's tokens that pay: the L <= chain.size() maximising the pass's
+                                           // tokens per cost, (t - 1 + 1 + a + ... + a^L) / (c(n + L) + x), over
+                                           // not drafting's t / (c(n) + x) (share: n rows yielding t tokens, x
+                                           // besides the pass), 0 where none beats it by the margin
+                                           // (ngram.adaptive off: all of the chain)
+};
+
 struct specee_lookup {
     specee_ngram_params  params{};
     std::vector<int32_t> tokens; // the sequence: the prompt and every emitted token, the root last
@@ -35,56 +52,41 @@ struct specee_lookup {
     std::vector<double>  succ, trials; // per match length n (index n - n_min): accepted drafts and tries on this
                                        // sequence (observed, drafted or not), decayed each observation
     std::vector<double>  cache_succ, cache_trials; // the same for matches found in the cross-request cache
-    specee_ngram_cache * cache     = nullptr; // the context's cross-request cache (nullptr: off)
-    bool                 committed = true;    // the sequence's tokens went to the cache (or there were none)
-    uint64_t             cache_epoch = 0;     // the cache's epoch when the sequence began (a clear since: not added)
+    specee_ngram_cache * cache = nullptr; // the context's cross-request cache (nullptr: off), read only: requests join
+                                          // it through their generator's document (specee_ngram_cache_doc)
     std::vector<double>  cost;    // cost[n]: a pass of n tokens in single passes (cost[1] = 1)
     std::vector<double>  pass_ms; // pass_ms[n]: the running time of this generator's passes of n tokens (0: none yet)
-    // the step drafted and not finished yet: its match length (0: no match), chain length and the match's first token
-    int32_t pending_match = 0, pending_len = 0, pending_first = -1;
-    bool    pending_cache = false; // the match was the cache's
+    // what the step drafted and has not observed yet: lookup's candidates and the tokens of their chain in the tree
+    specee_lookup_candidates pending;
+    int32_t                  pending_drafted = 0;
 };
 
-// The sequence (prompt and output so far) into the context's cross-request cache, once: where a request ends (the
-// slots), or before the lookup's next sequence or settings replace it. Nothing when the cache is off.
-void    specee_lookup_commit(specee_lookup & lk);
 // checks nothing the options did not (specee_generator_check_values); passes of a few sizes are timed on the context
 void    specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, specee_context & ctx);
+// the pass-cost table as far as passes of n_rows rows (init: ngram.draft_max + 1; the slots: a batch of several
+// sequences' drafts), passes of 2^k + 1 rows and n_rows timed on the context (once per context), linear between
+void    specee_lookup_time_passes(specee_lookup & lk, specee_context & ctx, int32_t n_rows);
 // one line: what drafting costs here ("ngram: a pass of 2, 3, ... tokens costs 1.6, 2.2, ... single passes")
 std::string specee_lookup_describe(const specee_lookup & lk);
-// a new sequence: the prompt's n tokens and the first token sampled after them (the root); the sequence before goes
-// to the cross-request cache (specee_lookup_commit)
+// a new sequence: the prompt's n tokens and the first token sampled after them (the root)
 void    specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first);
-// A step in two parts, for a pass shared with other sequences (specee-slots.cpp): the draft fills dec's tree after
-// root with at most `budget` tokens and returns its drafted nodes in row order (none: a plain step); after a pass
-// that verified root + those nodes (specee_tree_verify_batch's rows, n_rows of them, the pass's rows row0.., their
-// logits row by row at `logits`), the finish walks them, keeps the accepted cells, learns the match's acceptance and
-// writes the emitted tokens (1..n_max) to out (step.root / root_pos advanced, steps / drafted / accepted counted).
-std::vector<int32_t> specee_lookup_draft(specee_lookup & lk, specee_tree_decoder & dec, int32_t root, int32_t budget);
-int32_t specee_lookup_finish(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t n_rows,
-                             const float * logits, int32_t row0, int32_t n_max, int32_t * out);
-// One draft-and-verify step after step.root: as specee_tree_step (1..n_max tokens, root / root_pos advanced), the
-// drafts from the lookup; a step that drafts nothing is a plain step. dec holds the step's tree.
-int32_t specee_lookup_step(specee_lookup & lk, specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max);
 
-// ---- for another drafter's tree (hybrid trees: specee-hybrid.h) -----------------------------------------------
+// ---- drafting (the lookup drafter, specee_drafter_lookup; the hybrid's, specee-hybrid.cpp) -------------------
 
-// What lookup would draft after the sequence's end, read without changing anything: the longest match, its
-// continuations and how far its chain pays on top of n_base rows already in the pass
-struct specee_lookup_candidates {
-    int32_t              n_match    = 0;   // the longest match's length (0: none, nothing below is set)
-    bool                 from_cache = false; // the match is in the cross-request cache (none in the sequence)
-    double               acceptance = 0.0; // the running acceptance of drafts from matches of that length
-    std::vector<int32_t> chain;            // the most frequent continuation (the latest on a tie), l_max tokens at most
-    std::vector<int32_t> others;           // the other continuations' first tokens, most frequent first
-                                           // (ngram.branches - 1 at most)
-    int32_t              len = 0;          // the chain's tokens that pay: the L <= chain.size() maximising
-                                           // (1 + a + ... + a^L) / (c(n_base + L) / c(n_base)), 0 where none beats
-                                           // not drafting by the margin (ngram.adaptive off: all of the chain)
-};
-specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max, int32_t n_base);
-// After a step whose tree held the first `drafted` tokens of c.chain (0: none, the match still observed: the chain's
-// first token against the first emitted) and emitted `emitted`: the acceptance of c.n_match's drafts learns from it,
-// the emitted tokens join the sequence and its index, and the pass of n_rows tokens that took pass_ms is observed
-void specee_lookup_observe(specee_lookup & lk, const specee_lookup_candidates & c, int32_t drafted,
-                           const std::vector<int32_t> & emitted, int32_t n_rows, double pass_ms);
+// What lookup would draft now, read without changing anything: a chain of l_max tokens at most, its length by the
+// pass it joins (share)
+specee_lookup_candidates specee_lookup_candidates_of(const specee_lookup & lk, int32_t l_max,
+                                                     const specee_pass_share & share);
+// Grafts the first c.len tokens of lookup's chain, and (where the chain is drafted) its other continuations' first
+// tokens as children of the root, onto the tree in dec.nodes whose verified nodes are `nodes` (rows 1.. in order;
+// the root alone: lookup's own tree): the chain follows verified nodes holding its tokens and goes on with point
+// nodes, each with the next row (after its parent's: rows grow along every path, as specee_tree_keep needs) and placed
+// before its parent's unverified children (the sampling walk tries a prefix of verified ones). At most `budget`
+// verified nodes in all. Returns the chain's tokens in the tree; the candidates wait in lk.pending for the observe.
+int32_t specee_lookup_graft(specee_lookup & lk, specee_tree_decoder & dec, std::vector<int32_t> & nodes,
+                            const specee_lookup_candidates & c, int32_t budget);
+// After the step's walk (the candidates grafted last, lk.pending: n_match 0 where none): their match's acceptance
+// learns from the emitted tokens (a chain drafted: how far they follow it; not drafted, the chain's first token
+// against the first emitted), the emitted tokens join the sequence and its index, and the pass of n_pass rows that
+// took pass_ms is observed
+void specee_lookup_observe(specee_lookup & lk, const std::vector<int32_t> & emitted, int32_t n_pass, double pass_ms);

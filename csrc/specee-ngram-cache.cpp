@@ -119,3 +119,26 @@ std::vector<int32_t> specee_ngram_cache_chain(const specee_ngram_cache & c, int6
     }
     return out;
 }
+
+// ---- a request's document ------------------------------------------------------------------------------
+
+void specee_ngram_cache_doc_begin(const specee_ngram_cache & c, specee_ngram_cache_doc & d, const int32_t * tokens,
+                                  int32_t n) {
+    d.open  = c.capacity > 0;
+    d.epoch = c.epoch;
+    d.tokens.assign(d.open ? tokens : tokens + n, tokens + n);
+}
+
+void specee_ngram_cache_doc_append(specee_ngram_cache_doc & d, const int32_t * tokens, int32_t n) {
+    if (d.open) {
+        d.tokens.insert(d.tokens.end(), tokens, tokens + n);
+    }
+}
+
+void specee_ngram_cache_doc_end(specee_ngram_cache & c, specee_ngram_cache_doc & d) {
+    if (d.open && d.epoch == c.epoch) {
+        specee_ngram_cache_add(c, d.tokens.data(), (int32_t) d.tokens.size());
+    }
+    d.open = false;
+    d.tokens.clear();
+}

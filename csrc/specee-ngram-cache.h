@@ -39,6 +39,15 @@ struct specee_ngram_cache_cont {
     int64_t from  = -1;
 };
 
+// A request's tokens on their way into the cache: its prompt, then every token it produced, added once where it ends
+// (the slots: when it finishes or is cancelled; a generator: when its next request starts). Every request's, whatever
+// its mode: a plain request's text is drafted from as a lookup request's is.
+struct specee_ngram_cache_doc {
+    std::vector<int32_t> tokens;
+    uint64_t             epoch = 0;     // the cache's epoch when it began (a clear since: not added)
+    bool                 open  = false; // begun (with the cache on) and not added yet
+};
+
 // off (capacity 0) or empty with room for `capacity` tokens; the kept documents are dropped
 void    specee_ngram_cache_init(specee_ngram_cache & c, int64_t capacity);
 // one document (a request's prompt and output), the oldest documents evicted until it fits; nothing when off or n < 2
@@ -49,5 +58,11 @@ std::vector<specee_ngram_cache_cont> specee_ngram_cache_find(const specee_ngram_
                                                              int32_t n);
 // up to len tokens from position `from` on, within its document
 std::vector<int32_t> specee_ngram_cache_chain(const specee_ngram_cache & c, int64_t from, int32_t len);
+// a request's document: begun with its prompt (an open one before is dropped: end it first), tokens appended to it
+// while open, and ended: added to the cache, unless the cache is off or was cleared since it began
+void specee_ngram_cache_doc_begin(const specee_ngram_cache & c, specee_ngram_cache_doc & d, const int32_t * tokens,
+                                  int32_t n);
+void specee_ngram_cache_doc_append(specee_ngram_cache_doc & d, const int32_t * tokens, int32_t n);
+void specee_ngram_cache_doc_end(specee_ngram_cache & c, specee_ngram_cache_doc & d);
 // tokens kept
 inline int64_t specee_ngram_cache_size(const specee_ngram_cache & c) { return (int64_t) c.tokens.size(); }

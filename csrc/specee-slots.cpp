@@ -7,9 +7,9 @@
 // Requests join (specee_slots_submit) and leave (specee_slots_release) between passes.
 //
 // EAGLE and n-gram lookup requests share the pass too: each drafts its tree on its own sequence before the pass (the
-// draft head's, or the lookup's copied chain and branches: specee_lookup_draft), the tree is a block of rows with its
-// own tree mask, and after the pass each walks its block's logits and keeps what it accepted, as a step alone does
-// (the same functions of specee-speculative.cpp: both stay lossless). A lookup request's prefill is in the shared
+// draft head's, or the lookup's copied chain and branches: the mode's drafter, specee-drafter.h), the tree is a block
+// of rows with its own tree mask, and after the pass each walks its block's logits and keeps what it accepted, as a
+// step alone does (specee_drafter_finish: both stay lossless). A lookup request's prefill is in the shared
 // pass as a plain request's is (the lookup needs only the prompt's tokens). Early-exit and tree-exit
 // requests run their sequence alone: each token's pass stops at its own layer, which a shared pass cannot. Their
 // prefill, and an EAGLE request's (whose draft head needs the prompt's features), run alone too, after the shared
@@ -20,6 +20,7 @@
 // prefills only its new tokens): a request goes to the free slot whose cache holds the longest prefix of its
 // prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out.
 #include "specee-context.h"
+#include "specee-drafter.h"
 #include "specee-embed.h"
 #include "specee-generate.h"
 #include "specee-impl.h"
@@ -159,6 +160,12 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     g.stats     = specee_generator_stats{};
     g.started   = false;
     const specee_mode_info & mi = specee_mode_row_impl(g.mode);
+    if ((mi.reads & SPECEE_READS_NGRAM) && mi.shared_pass) {
+        // its chains are weighed in the shared pass: the pass costs of batches of every slot's draft rows
+        specee_seq_scope seq(g);
+        specee_lookup_time_passes(g.lookup, ctx, std::min((int32_t) ctx.cparams.n_batch,
+                                                          (int32_t) s.slots.size() * (g.params.ngram.draft_max + 1)));
+    }
     // a mode with a draft head or exits: its prefill (and decoding, unless shared) alone; n-gram lookup needs
     // nothing of the prompt but its tokens, so its prefill too is in the shared pass
     sl.alone    = (mi.tree && mi.needs_head) || mi.exits;
@@ -169,6 +176,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     sl.n_probs = std::min(n_probs, n_vocab);
     sl.out_probs.clear();
     sl.prompt.assign(tokens, tokens + n);
+    specee_ngram_cache_doc_begin(ctx.ngram_cache, g.doc, tokens, n);
     sl.n_predict   = n_predict;
     sl.n_generated = 0;
     sl.out.clear();
@@ -197,18 +205,17 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     return id;
 }
 
-// a lookup request's tokens into the context's cross-request cache, where the request ends (once; nothing for other
-// modes or with the cache off)
-static void commit_lookup(specee_slot & sl) {
-    if (specee_mode_row_impl(sl.gen->mode).reads & SPECEE_READS_NGRAM) {
-        specee_lookup_commit(sl.gen->lookup);
-    }
+// the request's prompt and output into the context's cross-request cache, where it ends (once; whatever its mode;
+// nothing with the cache off)
+static void commit_doc(specee_slots & s, specee_slot & sl) {
+    specee_ngram_cache_doc_end(s.ctx->ngram_cache, sl.gen->doc);
 }
 
 // a token the slot's request produced (logits: its step's, for log-probabilities; NULL in a speculative step): kept
 // for reading, or the end of the request
 static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, const float * logits = nullptr) {
-    const specee_generator & g = *sl.gen;
+    specee_generator & g = *sl.gen;
+    specee_ngram_cache_doc_append(g.doc, &t, 1);
     if (!g.params.ignore_eos && specee_token_is_eog(s.ctx->model, t)) {
         sl.finish = SPECEE_FINISH_STOP;
     } else {
@@ -227,7 +234,7 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
     }
     if (sl.finish != SPECEE_FINISH_NONE) {
         sl.state = SLOT_DONE;
-        commit_lookup(sl);
+        commit_doc(s, sl);
     }
 }
 
@@ -250,6 +257,7 @@ struct tree_block {
     int32_t           row0 = 0; // its first row in the batch (and in the pass's logits: every row has them)
     int32_t           n_max = 1;
     bool              jump  = false; // a plain slot's chain of tokens its grammar forces (jump-forward)
+    specee_proposal   p;             // what its drafter proposed (not a jump)
     specee_tree_batch tb;
 };
 
@@ -262,14 +270,9 @@ static bool shares_tree(const specee_slot & sl) {
     return sl.state == SLOT_DECODE && mi.tree && mi.shared_pass && g.started && g.queue.empty();
 }
 
-// a slot whose tree is n-gram lookup's alone (no head: mode ngram), as the mode table says
-static bool drafts_by_lookup(const specee_generator & g) {
-    const specee_mode_info & mi = specee_mode_row_impl(g.mode);
-    return (mi.reads & SPECEE_READS_NGRAM) && !mi.needs_head;
-}
-
-// after the pass: the slot's walk over its block and what it keeps, as specee_tree_step does alone
-static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms) {
+// after the pass (n_pass rows, pass_ms): the slot's walk over its block and what it keeps, as a step alone does
+// (specee_drafter_finish)
+static void finish_tree(specee_slots & s, const tree_block & tbk, int32_t n_pass, double pass_ms) {
     specee_context &     ctx     = *s.ctx;
     const int32_t        n_layer = (int32_t) ctx.model->hparams.n_layer;
     const int32_t        n_vocab = (int32_t) ctx.model->hparams.n_vocab;
@@ -280,28 +283,14 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, double pass_ms
     const auto           t0 = specee_clock::now();
     // the block's logits: the pass's rows row0.. (every row has them)
     const float *        logits = ctx.logits.data() + (size_t) tbk.row0 * n_vocab;
-    std::vector<int32_t> emitted;
+    std::vector<int32_t> emitted(tbk.n_max);
     const double         m0 = specee_sampler_mask_ms(*g.smpl);
     if (tbk.jump) {
-        emitted.resize(tbk.n_max);
         emitted.resize(specee_jump_forward_finish(g, n, logits, tbk.row0, tbk.n_max, emitted.data()));
-    } else if (drafts_by_lookup(g)) {
-        emitted.resize(tbk.n_max);
-        emitted.resize(specee_lookup_finish(g.lookup, g.tree, specee_generator_step(g), n, logits, tbk.row0, tbk.n_max,
-                                            emitted.data()));
     } else {
-        specee_tree_pass_rows rows = {&g.tree, logits, n_vocab};
-        std::vector<int32_t>  path;
-        const int32_t n_acc = specee_tree_walk(g.tree, specee_generator_step(g), tbk.n_max, specee_tree_pass_logits,
-                                               &rows, emitted, path);
-        specee_tree_keep(g.tree, specee_generator_step(g), n, emitted, path, nullptr, tbk.row0);
-        g.root = emitted.back();
-        g.root_pos += (int32_t) emitted.size();
-        g.stats.n_steps++;
-        g.stats.n_drafted += n - 1;
-        g.stats.n_accepted += n_acc;
-    }
-    if (!tbk.jump) {
+        const specee_verified v = {n, logits, tbk.row0, n_pass, pass_ms};
+        emitted.resize(specee_drafter_finish(*specee_generator_drafter(g), {g.tree, g.lookup}, specee_generator_step(g),
+                                             tbk.p, v, tbk.n_max, emitted.data()));
         g.stats.t_sample_ms += specee_ms_since(t0); // (jump-forward's finish adds its own)
     }
     g.stats.t_mask_ms += specee_sampler_mask_ms(*g.smpl) - m0;
@@ -360,11 +349,21 @@ static void gather_decoding(specee_slots & s, shared_batch & sb) {
             continue;
         }
         room -= (int32_t) nodes.size();
-        jumps.push_back({i, 0, n_max, true, specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes)});
+        jumps.push_back({i, 0, n_max, true, {}, specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes)});
     }
     for (tree_block & tbk : jumps) {
         sb.add_block(std::move(tbk), s.slots[tbk.slot].gen->seq);
     }
+}
+
+// The pass a slot's draft rows join, as far as it is gathered: the rows before them and the slot's root, yielding a
+// token each for a plain slot, at least one for a tree (counted one) and the root (prompt chunks, gathered after the
+// trees, are not counted: the rule errs on the side of drafting less)
+static specee_pass_share share_so_far(const shared_batch & sb) {
+    specee_pass_share share;
+    share.n_rows   = (int32_t) sb.tok.size() + 1;
+    share.n_tokens = (double) (sb.decoding.size() + sb.trees.size() + 1);
+    return share;
 }
 
 // EAGLE slots' trees, each drafted on its slot's sequence, as long as the batch has room for its root and a draft
@@ -373,29 +372,26 @@ static void gather_decoding(specee_slots & s, shared_batch & sb) {
 static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_t> & stepped) {
     specee_context & ctx = *s.ctx;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
-        specee_slot & sl   = s.slots[i];
-        const int32_t room = (int32_t) ctx.cparams.n_batch - (int32_t) sb.tok.size();
-        specee_generator & g      = *sl.gen;
-        const bool         lookup = drafts_by_lookup(g);
-        if (!shares_tree(sl) || room < (lookup ? 1 : 2)) {
+        specee_slot &      sl   = s.slots[i];
+        const int32_t      room = (int32_t) ctx.cparams.n_batch - (int32_t) sb.tok.size();
+        specee_generator & g    = *sl.gen;
+        if (!shares_tree(sl) || room < (specee_mode_row_impl(g.mode).needs_head ? 2 : 1)) {
             continue;
         }
-        specee_seq_scope   scope(g);
-        tree_block         tbk;
+        specee_seq_scope scope(g);
+        tree_block       tbk;
         tbk.slot             = i;
         tbk.row0             = (int32_t) sb.tok.size();
         tbk.n_max            = slot_n_max(s, sl);
         const int32_t n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used - (int32_t) sb.tok.size();
-        const int32_t budget = std::min({lookup ? g.lookup.params.draft_max : g.tree.max_nodes, room - 1, tbk.n_max - 1,
-                                         n_free - 1});
+        const int32_t budget = std::min({room - 1, tbk.n_max - 1, n_free - 1});
         const auto    t0     = specee_clock::now();
         stepped[i]           = 1;
         try {
-            const std::vector<int32_t> nodes =
-                lookup ? specee_lookup_draft(g.lookup, g.tree, g.root, std::max(budget, 0))
-                       : specee_tree_draft(g.tree, specee_generator_step(g), std::max(budget, 0));
+            tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup}, specee_generator_step(g),
+                                                          std::max(budget, 0), share_so_far(sb));
             tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos,
-                                              specee_tree_filter(g.tree, specee_generator_step(g), nodes));
+                                              specee_tree_filter(g.tree, specee_generator_step(g), tbk.p.nodes));
         } catch (const std::exception & e) {
             sl.error  = e.what();
             sl.finish = SPECEE_FINISH_ERROR;
@@ -500,7 +496,8 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         specee_eval_layers_impl(ctx, &b, 0, n_layer, 0);
     } catch (...) {
         for (const tree_block & tbk : sb.trees) {
-            if (s.slots[tbk.slot].gen->head && !drafts_by_lookup(*s.slots[tbk.slot].gen)) {
+            const specee_generator & g = *s.slots[tbk.slot].gen;
+            if (g.head && specee_mode_row_impl(g.mode).needs_head) {
                 specee_draft_drop_tree(*s.slots[tbk.slot].gen->head); // the trees' draft cells go with the failed pass
             }
         }
@@ -514,7 +511,7 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
     for (const tree_block & tbk : sb.trees) {
         specee_slot & sl = s.slots[tbk.slot];
         try {
-            finish_tree(s, tbk, ms);
+            finish_tree(s, tbk, (int32_t) sb.tok.size(), ms);
         } catch (const std::exception & e) {
             sl.error  = e.what();
             sl.finish = SPECEE_FINISH_ERROR;
@@ -739,7 +736,7 @@ extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
         specee_slot & sl = slot_at(*s, slot);
         if (sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE) {
             s->totals.n_cancelled++;
-            commit_lookup(sl); // what it said so far
+            commit_doc(*s, sl); // what it said so far
         }
         sl.state = SLOT_FREE;
         sl.out.clear();

@@ -681,38 +681,13 @@ void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, co
     }
 }
 
-int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max) {
-    specee_generator_stats & st     = step.stats;
-    specee_context &         ctx    = step.ctx;
-    const int32_t            n_ctx  = (int32_t) ctx.cparams.n_ctx;
-    const int32_t            n_free = n_ctx - (int32_t) ctx.kv.used;
-    const int32_t budget = std::min({dec.max_nodes, n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
-
-    // ---- draft
-    auto                       t0    = specee_clock::now();
-    const std::vector<int32_t> nodes = specee_tree_draft(dec, step, budget);
-    st.t_draft_ms += specee_ms_since(t0);
-
-    // ---- verify root + tree in one pass
-    t0              = specee_clock::now();
-    const int32_t n = specee_tree_verify(dec, step, nodes);
-    st.t_verify_ms += specee_ms_since(t0);
-
-    // ---- walk from the root, then keep what was accepted in both caches
-    t0 = specee_clock::now();
-    std::vector<int32_t> emitted, path;
-    specee_tree_pass_rows rows  = {&dec, ctx.logits.data(), (int32_t) step.ctx.model->hparams.n_vocab};
-    const int32_t n_acc = specee_tree_walk(dec, step, n_max, specee_tree_pass_logits, &rows, emitted, path);
-    specee_tree_keep(dec, step, n, emitted, path, nullptr);
-    step.root = emitted.back();
-    step.root_pos += (int32_t) emitted.size();
-    st.t_sample_ms += specee_ms_since(t0);
-
-    st.n_steps++;
-    st.n_drafted += n - 1;
-    st.n_accepted += n_acc;
-    std::copy(emitted.begin(), emitted.end(), out);
-    return (int32_t) emitted.size();
+int32_t specee_tree_verified_child(const specee_tree_decoder & dec, int32_t parent, int32_t token) {
+    for (int32_t k : dec.nodes[parent].children) {
+        if (dec.nodes[k].row >= 0 && dec.nodes[k].token == token) {
+            return k;
+        }
+    }
+    return -1;
 }
 
 // ---- set-up ------------------------------------------------------------------------------------------

@@ -63,10 +63,9 @@ using specee_node_logits = const float * (*) (void * user, int32_t node);
 
 // checks the parameters; the head's cache must hold max_expand cells beyond n_ctx (specee_tree_extra_cells)
 void    specee_tree_init(specee_tree_decoder & dec, bool dynamic, const specee_eagle_params & params);
-// One draft-and-verify step after step.root (the last emitted token, not in the cache yet, at step.root_pos): writes
-// 1..n_max tokens (it stops after an end-of-generation token) and advances root / root_pos; returns the count.
-int32_t specee_tree_step(specee_tree_decoder & dec, specee_step step, int32_t * out, int32_t n_max);
-// The parts of a step, for the tree-exit decoder (specee-tree-exit.cpp) and the slots' shared pass (specee-slots.cpp);
+// The parts of a draft-and-verify step after step.root (the last emitted token, not in the cache yet, at
+// step.root_pos), for the drafters' step (specee-drafter.h: the head is one drafter) and the tree-exit decoder
+// (specee-tree-exit.cpp);
 // none of them moves step.root / root_pos or adds to step.stats:
 // the tree of this step after step.root in dec.nodes (root first, its pending pairs committed); the nodes to verify
 // get rows 1.. in breadth-first order, at most `budget` of them; returns them in row order
@@ -100,5 +99,7 @@ const float * specee_tree_pass_logits(void * user, int32_t node); // user: a spe
 // 0: the pass is the tree's).
 void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, const std::vector<int32_t> & emitted,
                       const std::vector<int32_t> & path, const float * feats, int32_t row0 = 0);
+// the verified child of node `parent` holding `token`, or -1
+int32_t specee_tree_verified_child(const specee_tree_decoder & dec, int32_t parent, int32_t token);
 // number of draft tokens of a choices list or preset; throws with the reason
 int32_t specee_tree_count_choices(const char * choices);

@@ -15,7 +15,7 @@
 void    specee_tree_exit_init(specee_tree_decoder & tree, specee_exit_decoder & exit, const specee_model & model,
                               const specee_exit_params & params);
 // One draft-and-verify step whose verification pass may stop at a checked layer: writes 1..n_max tokens and advances
-// step.root / root_pos as specee_tree_step does; layers_run receives the layers the pass ran; returns the count.
+// step.root / root_pos as specee_drafter_step does; layers_run receives the layers the pass ran; returns the count.
 int32_t specee_tree_exit_step(specee_tree_decoder & tree, specee_exit_decoder & exit, specee_step step,
                               int32_t * out, int32_t n_max, int32_t & layers_run);
 // The same step with checked exits (exit.check): the tokens of a pass that exits wait for their check (their skipped

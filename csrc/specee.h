@@ -169,6 +169,10 @@ int32_t specee_max_threads(void);
 specee_context * specee_context_init(specee_model * model, struct specee_context_params params);
 void             specee_context_free(specee_context * ctx);
 
+// A pass of n_tokens (2..n_batch) tokens costs `cost` >= 1 single passes here: what n-gram lookup and `auto` would
+// time once per context (an earlier measurement, a test of their rules). 0, or -1 with specee_last_error().
+int32_t specee_context_set_pass_cost(specee_context * ctx, int32_t n_tokens, double cost);
+
 uint32_t specee_n_ctx(const specee_context * ctx);
 uint32_t specee_n_batch(const specee_context * ctx);
 int32_t  specee_n_threads(const specee_context * ctx);
@@ -326,11 +330,9 @@ const char * specee_arch_key(int32_t i);
 // load), NULL past the end
 const char * specee_vocab_pre_name(int32_t i);
 
-// n_rows rows of n_per_row floats as ggml type `type` (a ggml_type) into dst (n_rows rows of that type), as
-// llama-quantize makes them; imatrix: NULL, or n_per_row importance weights (an importance matrix's entry for this
-// tensor, llama-quantize --imatrix), which the types that take one use: the bytes written (dst NULL: the bytes it
-// needs), or -1 with specee_last_error() (a type that needs an importance matrix given none, rows that are not whole
-// blocks of the type)
+// n_rows rows of n_per_row floats as ggml type `type` into dst, as llama-quantize makes them; imatrix: NULL or
+// n_per_row importance weights (llama-quantize --imatrix): the bytes written (dst NULL: the bytes it needs), or -1
+// (a type that needs an importance matrix given none, rows that are not whole blocks of the type)
 int64_t specee_quantize(int32_t type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row,
                         const float * imatrix);
 
@@ -372,20 +374,11 @@ int32_t specee_draft_head_eval_chains(specee_context * ctx, const int32_t * toke
 
 // ---- generation: one decoding loop for every mode ----------------------------------------------------
 //
-// A generator decodes on a context with a sampler chain and one of five modes:
-//   plain       one token per pass of the model;
-//   eagle       EAGLE-1 speculative decoding: the draft head drafts a static tree (eagle.choices), the model
-//               verifies it in one batched pass; lossless (greedy output = plain output; sampling keeps the
-//               sampler's distribution, see specee-speculative.cpp);
-//   eagle2      EAGLE-2: a dynamic tree (eagle.total_tokens, depth, topk), lossless likewise;
-//   early-exit  SpecEE: each token's pass stops at a checked layer when its predictor fires and that layer's
-//               argmax is one of the draft head's candidates; greedy only, lossy by design.
-//   tree-exit   SpecEE's early exit inside an EAGLE tree (EAGLE-2's dynamic tree, or EAGLE-1's with eagle.choices):
-//               the verification pass stops at a checked layer when the predictors fire on the tree's best path and
-//               every token the walk emits from that layer's logits is a candidate (specee-tree-exit.cpp); greedy
-//               only, lossy by design; auto never picks it.
-// auto picks early-exit for a model with a draft head and exit predictors when decoding greedily (SpecEE's
-// behaviour for its merged files), else eagle2 with a draft head, else plain.
+// A generator decodes on a context with a sampler chain and a mode, each described by its row of the mode table
+// (specee_mode_row: what it does, what it needs, whether it is lossless): plain; eagle and eagle2 (the draft head's
+// tree verified in one pass), ngram (n-gram lookup's drafts) and ngram+eagle2 (both in one tree), all lossless
+// (greedy output = plain output, sampling keeps the sampler's distribution); early-exit and tree-exit (SpecEE: a pass
+// stops at a checked layer), greedy only, lossy by design; auto, which picks one for the model and this machine.
 //
 // Usage: specee_generator_start(tokens of the whole sequence so far), then specee_generator_next until it
 // returns an end-of-generation token or 0 (context full). start keeps the longest prefix of `tokens` the KV cache
@@ -560,8 +553,9 @@ int32_t            specee_generator_mode(const specee_generator * gen);
 // what mode `auto` chose and why, one line ("auto: plain decoding: ..."); "" when the mode was given, or auto had
 // nothing to weigh (no draft head; exit predictors that do not say they lose)
 const char *       specee_generator_why(const specee_generator * gen);
-// Begin generating after `tokens` (the whole sequence: prompt, or conversation so far). Returns how many of
-// them were reused from the cache, or -1 with specee_last_error() (context overflow: nothing changes).
+// Begin generating after `tokens` (the whole sequence: prompt, or conversation so far); the request before joins the
+// context's n-gram cache. Returns how many of them were reused from the KV cache, or -1 with specee_last_error()
+// (context overflow: nothing changes).
 int32_t specee_generator_start(specee_generator * gen, const int32_t * tokens, int32_t n_tokens);
 // The next 1..n_max tokens (more than one when a speculative step accepts drafted tokens; it stops after an
 // end-of-generation token). layers_run [n_max] (NULL: not needed) receives the layers each token's pass ran

@@ -313,6 +313,115 @@ def test_slots_share_the_cache_across_requests(tiny_gguf: Path) -> None:
         assert slots.stats(i)["n_cache_drafted"] > 0 and slots.stats(i)["n_cache_accepted"] > 0
 
 
+def test_plain_requests_feed_the_cache(tiny_gguf: Path) -> None:
+    """Every request joins the cache when it ends, whatever its mode: a plain call's prompt and output are drafted by
+    a later ngram call of the same prompt (a random prompt has no n-gram of its own to match), whose output stays
+    plain decoding's; on the slots a plain request joins where it ends. With the cache off nothing joins."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1)
+    ngram = NgramParams(adaptive=False)
+    prompt = [int(t) for t in np.random.default_rng(11).permutation(m.n_vocab)[:24]]
+    plain = m.generate_tokens(prompt, 24, temp=0, mode="plain", ignore_eos=True)
+    assert m.ngram_cache_info()["n_docs"] == 0  # it joins when the next call starts
+    again = m.generate_tokens(prompt, 24, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+    st = m.last_stats
+    assert again == plain
+    assert m.ngram_cache_info()["n_docs"] == 1 and m.ngram_cache_info()["n_tokens"] == len(prompt) + len(plain)
+    assert st.n_cache_drafted > 0 and st.n_cache_accepted > 0
+
+    m.ngram_cache_clear()
+    m.kv_clear()
+    other = [int(t) for t in np.random.default_rng(12).permutation(m.n_vocab)[:20]]
+    with m.slots(2) as slots:
+        a = slots.submit(other, 20, temp=0, mode="plain", ignore_eos=True)
+        for _ in range(100):
+            if slots.step() == 0:
+                break
+        want = slots.read(a).tokens
+        assert m.ngram_cache_info()["n_docs"] == 1  # where it ended
+        slots.release(a)
+        b = slots.submit(other, 20, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+        for _ in range(100):
+            if slots.step() == 0:
+                break
+        assert slots.read(b).tokens == want
+        assert slots.stats(b)["n_cache_drafted"] > 0 and slots.stats(b)["n_cache_accepted"] > 0
+
+    off = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, ngram_cache=0)
+    for _ in range(2):
+        off.generate_tokens(prompt, 8, temp=0, mode="plain", ignore_eos=True)
+    assert off.ngram_cache_info()["n_added"] == 0
+
+
+# ---- the chain length in the slots' shared pass: a row's marginal cost in the batch
+
+# a pass of n tokens in single passes, forced on the context: dear for a sequence alone (2 tokens cost 3 single
+# passes), nearly flat from 2 to 9 rows, dear again past 9; linear between the sizes the lookup times (2^k + 1), so
+# its table is this
+PASS_COST = ([1, 2, 3, 5, 9, 17, 33, 65], [1.0, 3.0, 3.5, 4.0, 4.4, 9.0, 17.0, 33.0])
+
+
+def pass_cost(n: int) -> float:
+    return float(np.interp(n, *PASS_COST))
+
+
+def chain_length(a: float, l_max: int, n_rows: int = 1, n_tokens: float = 1.0, margin: float = 1.1) -> int:
+    """The lookup's rule, written out: of L = 0..l_max drafted rows, each right with probability a, the L that gives
+    the pass the most tokens per cost, (n_tokens - 1 + 1 + a + ... + a^L) / c(n_rows + L), over not drafting's
+    n_tokens / c(n_rows); 0 unless it beats that by the margin."""
+    base = n_tokens / pass_cost(n_rows)
+    best, best_l, tokens, ak = margin, 0, 1.0, 1.0
+    for n in range(1, l_max + 1):
+        ak *= a
+        tokens += ak
+        rate = (n_tokens - 1 + tokens) / pass_cost(n_rows + n) / base
+        if rate > best:
+            best, best_l = rate, n
+    return best_l
+
+
+def first_draft(tiny_gguf: Path, prompt: list[int], ngram: NgramParams, n_plain: int) -> int:
+    """The draft rows of an ngram request's first decoding step on 4 slots, beside n_plain plain requests decoding in
+    the same pass, with the forced pass costs."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, ngram_cache=0)
+    for n in range(2, 65):
+        m._ctx.set_pass_cost(n, pass_cost(n))
+    with m.slots(4) as slots:
+        for k in range(n_plain):
+            slots.submit([5 + k, 6, 7], 32, temp=0, mode="plain", ignore_eos=True)
+        i = slots.submit(prompt, 32, temp=0, mode="ngram", ngram=ngram, ignore_eos=True)
+        slots.step()  # every prefill, in one pass
+        assert slots.stats(i)["n_drafted"] == 0
+        slots.step()  # the plain requests' tokens and the ngram request's tree
+        return int(slots.stats(i)["n_drafted"])
+
+
+def test_the_chain_length_in_a_batch_follows_a_row_s_marginal_cost(tiny_gguf: Path) -> None:
+    """With forced pass costs where a sequence alone loses by drafting and a batch of 4 rows gains: the same request
+    drafts nothing alone and, beside 3 plain requests, the length the rule's figures give (acceptance 0.8: lookup's
+    prior, nothing observed yet)."""
+    m = specee.Model(tiny_gguf, n_ctx=N_CTX, n_threads=1, ngram_cache=0)
+
+    def echo(seed: int) -> list[int]:
+        """p, the model's next token x after p, a few other tokens, p again: where the model says x again, the first
+        step's lookup matches (p's end, x) and drafts what followed x."""
+        rng = np.random.default_rng(seed)
+        p = [int(t) for t in rng.integers(1, m.n_vocab, 12)]
+        x = m.generate_tokens(p, 1, temp=0, mode="plain", ignore_eos=True)[0]
+        return p + [x] + [int(t) for t in rng.integers(1, m.n_vocab, 10)] + p
+
+    prompt = next(p for p in map(echo, range(40)) if first_draft(tiny_gguf, p, NgramParams(adaptive=False), 0) > 0)
+    available = first_draft(tiny_gguf, prompt, NgramParams(adaptive=False), 0)  # the whole chain the match gives
+    assert chain_length(0.8, available) == 0
+    want = chain_length(0.8, available, n_rows=4, n_tokens=4.0)
+    assert 0 < want < available  # the rule, not the chain's end, stops it
+    assert first_draft(tiny_gguf, prompt, NgramParams(), 0) == 0
+    assert first_draft(tiny_gguf, prompt, NgramParams(), 3) == want
+    with pytest.raises(ValueError, match="at least one single pass"):
+        m._ctx.set_pass_cost(4, 0.5)
+    with pytest.raises(ValueError, match="2 to n_batch"):
+        m._ctx.set_pass_cost(1, 1.0)
+
+
 @pytest.mark.slow
 def test_smollm2_repeated_request_drafts_from_the_cache(smollm2_path: Path) -> None:
     with specee.Model(smollm2_path, n_ctx=1024, n_threads=2) as m:
@@ -323,3 +432,17 @@ def test_smollm2_repeated_request_drafts_from_the_cache(smollm2_path: Path) -> N
         assert m.generate_tokens(tokens, 32, temp=0, mode="ngram", ngram=ngram) == plain
         st = m.last_stats
         assert st.n_cache_accepted > 0 and st.n_steps < len(plain) - 1
+
+
+def test_the_exit_measurement_replays_the_lookup_rule() -> None:
+    """bench/exit_lookup.py's lookup (for the early-exit measurement, docs/lookup.md): the longest match of 4..2 tokens
+    gives the candidate, confident once matches of 4 have been right (acceptance >= 0.85 over the prior 0.8)."""
+    from specee.bench.exit_lookup import lookup_candidates
+
+    seq = [1, 2, 3, 4, 5] * 4 + [1, 2, 3, 4, 9]
+    out = lookup_candidates(seq, 6)
+    assert len(out) == len(seq) - 6
+    assert out[0] == (-1, 0, False)  # [5, 1] has not occurred before
+    assert out[1] == (3, 2, False) and out[2] == (4, 3, False) and out[3] == (5, 4, False)  # prior 0.8: not confident
+    assert out[4] == (1, 4, True)  # the match of 4 was right once: (1 + 1.6) / (1 + 2) > 0.85
+    assert out[-1] == (5, 4, True) and seq[-1] == 9  # confident, and wrong

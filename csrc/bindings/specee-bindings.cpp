@@ -879,6 +879,13 @@ PYBIND11_MODULE(_core, m) {
                  return d;
              })
         .def("ngram_cache_clear", [](Context & s) { specee_ngram_cache_clear(s.ptr); })
+        .def("set_pass_cost",
+             [](Context & s, int32_t n_tokens, double cost) {
+                 if (specee_context_set_pass_cost(s.ptr, n_tokens, cost) != 0) {
+                     throw py::value_error(specee_last_error());
+                 }
+             },
+             py::arg("n_tokens"), py::arg("cost"))
         .def("kv_cell_pos", [](const Context & s, int32_t c) { return specee_kv_cell_pos(s.ptr, c); })
         .def("kv_cell_valid",
              [](const Context & s, int32_t c, int32_t il) { return specee_kv_cell_valid(s.ptr, c, il); })

@@ -89,9 +89,9 @@ class Model:
         most the smaller. n_threads, n_threads_batch: None or <= 0: the CPUs this process may use; at most
         `_core.max_threads()` (the CPUs this process may use: more threads than CPUs wait on each other at every
         step), more are clamped with a warning.
-        ngram_cache: tokens of earlier calls (their prompts and outputs, under mode ngram or an `auto` that chose it)
-        kept for n-gram lookup's drafts, the oldest calls evicted (default 65536; 0: off): the same prompt asked again
-        drafts what was answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts."""
+        ngram_cache: tokens of earlier calls (their prompts and outputs, whatever their mode) kept for n-gram lookup's
+        drafts, the oldest calls evicted (default 65536; 0: off): the same prompt asked again drafts what was
+        answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts."""
         self.path = str(path) if path is not None else default_model_path()
         if draft_head == "default":
             draft_head = default_draft_head_path()

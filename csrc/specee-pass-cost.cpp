@@ -1,0 +1,74 @@
+// specee-pass-cost.cpp: what a pass of n tokens costs on a context, in single-token passes: timed once per context
+// (specee_context_pass_cost: `auto` weighs EAGLE-2 with it, n-gram lookup its chain lengths), or given
+// (specee_context_set_pass_cost).
+#include "specee-batch.h"
+#include "specee-context.h"
+#include "specee-impl.h"
+#include "specee-model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+// one pass of n tokens after the cache's last position, every token with logits, removed again; its time in ms
+static double one_pass(specee_context & ctx, int32_t n) {
+    const int32_t        p0 = specee_batch_next_pos(ctx.kv, n);
+    std::vector<int32_t> tok(n, 0), pos(n);
+    std::vector<int8_t>  out(n, 1);
+    for (int32_t i = 0; i < n; ++i) {
+        pos[i] = p0 + i;
+    }
+    specee_batch b  = {n, tok.data(), pos.data(), nullptr, out.data()};
+    const auto   t0 = specee_clock::now();
+    specee_eval_layers_impl(ctx, &b, 0, (int32_t) ctx.model->hparams.n_layer, 0);
+    const double ms = specee_ms_since(t0);
+    ctx.kv.remove(p0, -1);
+    return ms;
+}
+
+double specee_context_pass_cost(specee_context & ctx, int32_t n) {
+    if (n < 1 || (uint32_t) n > ctx.cparams.n_batch || ctx.kv.used + (uint32_t) n > ctx.kv.size ||
+        (int64_t) ctx.kv.pos_max() + n > INT32_MAX) { // no room, no positions left
+        return NAN;
+    }
+    ctx.pass_ms.resize(std::max((int32_t) ctx.pass_ms.size(), n + 1), 0.0);
+    if (ctx.pass_ms[1] <= 0.0 || ctx.pass_ms[n] <= 0.0) {
+        // a warm-up pass of each size, then five of each in turn (both see the same load), the fastest kept
+        one_pass(ctx, 1);
+        one_pass(ctx, n);
+        double t1 = INFINITY, tn = INFINITY;
+        for (int32_t r = 0; r < 5; ++r) {
+            t1 = std::min(t1, one_pass(ctx, 1));
+            tn = std::min(tn, one_pass(ctx, n));
+        }
+        ctx.pass_ms[1] = ctx.pass_ms[1] > 0.0 ? std::min(ctx.pass_ms[1], t1) : t1;
+        ctx.pass_ms[n] = tn;
+    }
+    return ctx.pass_ms[n] / ctx.pass_ms[1];
+}
+
+extern "C" int32_t specee_context_set_pass_cost(specee_context * ctx, int32_t n_tokens, double cost) {
+    if (!ctx) {
+        specee_set_error("no context");
+        return -1;
+    }
+    std::lock_guard<std::recursive_mutex> lock(ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        if (n_tokens < 2 || (uint32_t) n_tokens > ctx->cparams.n_batch) {
+            specee_fail("a pass cost is set for 2 to n_batch (%u) tokens, not %d", ctx->cparams.n_batch, n_tokens);
+        }
+        if (!(cost >= 1.0) || !std::isfinite(cost)) {
+            specee_fail("a pass of %d tokens costs at least one single pass: %g", n_tokens, cost);
+        }
+        if (ctx->pass_ms.size() < 2 || ctx->pass_ms[1] <= 0.0) {
+            if (std::isnan(specee_context_pass_cost(*ctx, 1))) {
+                specee_fail("no room in the KV cache to time a single pass");
+            }
+        }
+        ctx->pass_ms.resize(std::max(ctx->pass_ms.size(), (size_t) n_tokens + 1), 0.0);
+        ctx->pass_ms[n_tokens] = cost * ctx->pass_ms[1];
+        return 0;
+    });
+}
+
