@@ -117,7 +117,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(chat_gguf: Path) -> Iterator[Server]:
-    s = Server(chat_gguf, "-np", "4", "-c", "2048", "--metrics", "--mode", "plain", "-a", "tiny")
+    # no cross-request n-gram cache: every finished request would join it (bounded, but growing until full), and the
+    # load test below measures what requests leave behind
+    s = Server(chat_gguf, "-np", "4", "-c", "2048", "--metrics", "--mode", "plain", "-a", "tiny", "--ngram-cache", "0")
     yield s
     s.stop()
 
