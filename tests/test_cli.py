@@ -70,7 +70,7 @@ def help_flags(text: str) -> list[tuple[str, bool]]:
         for word in line.split():
             if re.fullmatch(r"-{1,2}[a-zA-Z][\w-]*,?", word):
                 names.append(word.rstrip(","))
-            elif re.fullmatch(r"[A-Z]+", word) and names:
+            elif re.fullmatch(r"[A-Z][A-Z_]*(\S*)", word) and names:  # FNAME, N, TOKEN_ID(+/-)BIAS
                 takes_value = True
                 break
             else:
@@ -98,7 +98,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--ngram-draft-max", "--spec-draft-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type",
                 "--ngram-cache",
                 "--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file", "--grammar-type",
-                "--no-jump-forward"]
+                "--no-jump-forward", "--no-grammar-overlap", "-l", "--logit-bias"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
@@ -110,7 +110,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
               "--flash-attn": "on", "--offload-order": "first", "-ts": "1,1", "--tensor-split": "3,1",
               "--spec-type": "ngram-simple", "--ngram-n-max": "4", "--grammar-file": str(tmp_path / "prompt.txt"),
               "-jf": str(tmp_path / "prompt.txt"), "--json-schema-file": str(tmp_path / "prompt.txt"),
-              "--grammar-type": "gbnf"}
+              "--grammar-type": "gbnf", "-l": "15043+1", "--logit-bias": "2-inf,7+0.5"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():
