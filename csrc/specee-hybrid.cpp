@@ -45,12 +45,7 @@ static specee_proposal hybrid_propose(specee_drafter_state s, specee_step step, 
     return p;
 }
 
-static void hybrid_observe(specee_drafter_state s, const specee_proposal &, const std::vector<int32_t> & emitted,
-                           int32_t n_pass, double pass_ms) {
-    specee_lookup_observe(s.lookup, emitted, n_pass, pass_ms);
-}
-
-const specee_drafter specee_drafter_hybrid = {"ngram+eagle2", hybrid_propose, hybrid_observe};
+const specee_drafter specee_drafter_hybrid = {"ngram+eagle2", hybrid_propose, specee_lookup_drafter_observe};
 
 std::string specee_hybrid_describe(const specee_lookup & lk) {
     return specee_format("ngram+eagle2: lookup's chain grafted onto the draft head's tree where it pays; lookup alone "

@@ -333,12 +333,13 @@ static specee_proposal lookup_propose(specee_drafter_state s, specee_step step, 
     return p;
 }
 
-static void lookup_observe(specee_drafter_state s, const specee_proposal &, const std::vector<int32_t> & emitted,
-                           int32_t n_pass, double pass_ms) {
+// what the lookup drafter and the hybrid learn from a step: lookup's estimates (the head learns in specee_tree_keep)
+void specee_lookup_drafter_observe(specee_drafter_state s, const specee_proposal &,
+                                   const std::vector<int32_t> & emitted, int32_t n_pass, double pass_ms) {
     specee_lookup_observe(s.lookup, emitted, n_pass, pass_ms);
 }
 
-const specee_drafter specee_drafter_lookup = {"ngram", lookup_propose, lookup_observe};
+const specee_drafter specee_drafter_lookup = {"ngram", lookup_propose, specee_lookup_drafter_observe};
 
 // ---- C API: the context's cross-request cache (here: specee-ngram-cache.cpp is included by the context) -----
 

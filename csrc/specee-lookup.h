@@ -90,3 +90,6 @@ int32_t specee_lookup_graft(specee_lookup & lk, specee_tree_decoder & dec, std::
 // against the first emitted), the emitted tokens join the sequence and its index, and the pass of n_pass rows that
 // took pass_ms is observed
 void specee_lookup_observe(specee_lookup & lk, const std::vector<int32_t> & emitted, int32_t n_pass, double pass_ms);
+// the lookup drafter's observe (the hybrid's too): specee_lookup_observe on the state's lookup
+void specee_lookup_drafter_observe(specee_drafter_state s, const specee_proposal & p,
+                                   const std::vector<int32_t> & emitted, int32_t n_pass, double pass_ms);
