@@ -40,8 +40,15 @@ NAME=$(basename -- "$SERVER")
 WORK=${WORK_DIR:-$REPO/build/llama-server-tests/$NAME}
 rm -rf "$WORK"
 mkdir -p "$WORK"
-cp -r "$SUITE" "$WORK/tests"
-mkdir -p "$WORK/tests/tmp"
+# the suite's own layout (tools/server/tests), so its relative paths to llama.cpp's chat templates
+# (../../../models/templates) resolve: models/ is a link to the source tree's
+TESTS=$WORK/tools/server/tests
+mkdir -p "$WORK/tools/server"
+cp -r "$SUITE" "$TESTS"
+if [ -d "$SUITE/../../../models" ]; then
+    ln -s "$(cd -- "$SUITE/../../../models" && pwd)" "$WORK/models"
+fi
+mkdir -p "$TESTS/tmp"
 
 if [ "$SERVER" = specee ]; then
     BIN=$WORK/specee-server
@@ -56,7 +63,7 @@ else
 fi
 
 # ---- the patch: local model, no downloads, /tools and MCP not applicable
-"$PYTHON" - "$WORK/tests/utils.py" <<'EOF'
+"$PYTHON" - "$TESTS/utils.py" <<'EOF'
 import sys
 
 path = sys.argv[1]
@@ -96,11 +103,11 @@ ServerPreset.load_all = staticmethod(lambda: None)
 open(path, "w").write(text)
 EOF
 
-cd "$WORK/tests"
+cd "$TESTS"
 if [ $# -eq 0 ]; then
     set -- -m "not slow" unit
 fi
-echo "llama-server-tests: $BIN on $MODEL, in $WORK/tests" >&2
+echo "llama-server-tests: $BIN on $MODEL, in $TESTS" >&2
 LLAMA_SERVER_BIN_PATH=$BIN LLAMA_SERVER_TESTS_MODEL=$MODEL "$PYTHON" -m pytest -p no:cacheprovider -q \
     --ignore=unit/test_tools_builtin.py --ignore=unit/test_mcp_servers.py --ignore=unit/test_proxy.py \
     -o junit_logging=all --junitxml="$WORK/results.xml" "$@" > "$WORK/pytest.log" 2>&1 || true
