@@ -78,6 +78,7 @@ IMATRIX_OUTTYPES = {
     "iq1_s": (Q.IQ1_S, FT.MOSTLY_IQ1_S),
     "iq1_m": (Q.IQ1_M, FT.MOSTLY_IQ1_M),
 }
+IMATRIX_TYPES = {q for q, _ in IMATRIX_OUTTYPES.values()}
 # a matrix whose rows are not whole blocks of the type gets the next of these whose blocks fit (llama-quantize's
 # fallbacks for the 256-value super-blocks), else F16
 FALLBACK = {Q.IQ2_XXS: Q.IQ4_NL, Q.IQ2_XS: Q.IQ4_NL, Q.IQ2_S: Q.IQ4_NL, Q.IQ1_S: Q.IQ4_NL, Q.IQ1_M: Q.IQ4_NL,
@@ -159,7 +160,7 @@ def imatrix_of(name: str, ne: np.ndarray, qtype: Q, entries: dict[str, np.ndarra
             raise ValueError(f"{path}: the importance matrix of {name} has {w.size} weights, the tensor "
                              f"{int(ne[0]) * n_mat} columns")
         w = None
-    if w is None and qtype in {q for q, _ in IMATRIX_OUTTYPES.values()}:
+    if w is None and qtype in IMATRIX_TYPES:
         raise ValueError(f"{path}: no importance matrix entry for {name}, which {qtype.name} needs (llama-imatrix "
                          "records the matrices a model multiplies by)")
     return w
