@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import uvicorn
 from starlette.applications import Starlette
@@ -35,6 +35,9 @@ from specee.server.openai import apply_template, chat_completions, chat_input_to
 from specee.server.request import ApiError
 from specee.server.sleep import READ_ONLY, Sleeper
 from specee.server.templates import ChatTemplate, chat_template_of
+
+if TYPE_CHECKING:
+    from specee.server.router import RouterState
 
 
 CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
@@ -76,7 +79,7 @@ class Guard:
     failure before a response began is a 500 in the same shape (its traceback in the log), never a bare one. `state`:
     the one-model server's ServerState, or the router's RouterState (server/router.py)."""
 
-    def __init__(self, app: Any, state: ServerState) -> None:
+    def __init__(self, app: Any, state: ServerState | RouterState) -> None:
         self.app, self.state = app, state
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
