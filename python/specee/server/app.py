@@ -293,7 +293,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def listen(hosts: list[str], port: int) -> list[socket.socket]:
     """A listening socket on each address (llama-server's `--host a,b`); a clear exit when one cannot be bound."""
-    sockets = []
+    sockets: list[socket.socket] = []
     for host in hosts:
         try:
             family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
