@@ -6,6 +6,7 @@ Every server binds 127.0.0.1 (or ::1), is stopped by the test that started it, a
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -84,6 +85,20 @@ def test_token_counting_wakes_the_model(sleepy: Server) -> None:
     r = call(sleepy.port, "POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and r.json()["input_tokens"] > 0
     assert not sleeping(sleepy)
+
+
+def test_a_model_that_cannot_be_loaded_again_is_a_503(chat_gguf: Path, tmp_path: Path) -> None:  # noqa: F811
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(chat_gguf, copy)
+    s = Server(copy, "-c", "256", "-np", "1", "--sleep-idle-seconds", "1")
+    try:
+        wait_for(lambda: sleeping(s), "asleep")
+        copy.unlink()
+        r = call(s.port, "POST", "/completion", {"prompt": [5, 6], "n_predict": 2})
+        assert r.status_code == 503 and "could not be loaded again" in r.json()["error"]["message"]
+        assert call(s.port, "GET", "/health").status_code == 200 and sleeping(s)
+    finally:
+        s.stop()
 
 
 def test_sleep_seconds_must_be_positive_or_minus_one() -> None:
@@ -172,6 +187,13 @@ def test_a_bad_preset_is_refused_naming_what(tmp_path: Path, text: str, message:
     ini.write_text(text)
     with pytest.raises(ValueError, match=message):
         preset_sources(str(ini), make_parser())
+
+
+def test_router_flags_with_a_model_file_are_refused() -> None:
+    for argv in (["-m", "x.gguf", "--models-dir", "/m"], ["-m", "x.gguf", "--no-models-autoload"],
+                 ["--models-max", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
 
 
 def test_children_get_the_routers_flags_but_its_own() -> None:

@@ -277,6 +277,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hosts = [h.strip() for h in args.host.split(",") if h.strip()]
     if not args.hosts:
         p.error("--host: give at least one address")
+    given = [args.llama[k] if k == "models_autoload" else f"--{k.replace('_', '-')}" for k in ROUTER_SETTINGS
+             if k in args.llama]  # (models_autoload holds the spelling given)
+    if args.model is not None and given:
+        p.error(f"{given[0]}: router mode serves the models of --models-dir / --models-preset: give it without -m")
+    if int_setting(p, args.llama, "models_max", 4) < 0:
+        p.error("--models-max: a number of models, 0 for no limit")
     args.sleep_idle_seconds = int_setting(p, args.llama, "sleep_idle_seconds", -1)
     if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
         p.error("--sleep-idle-seconds: seconds > 0, or -1 (never)")

@@ -479,11 +479,8 @@ def serve_router(args: argparse.Namespace, argv: list[str]) -> None:
     from specee.server.app import make_parser, serve
 
     parser = make_parser()
-    try:
-        models_max = int(args.llama.get("models_max", "4"))
-    except ValueError:
-        parser.error(f"--models-max: expected an integer, not {args.llama['models_max']!r}")
-    router = RouterState(args, parser, child_base_args(argv, parser), args.api_key, args.cors_origins, models_max,
+    router = RouterState(args, parser, child_base_args(argv, parser), args.api_key, args.cors_origins,
+                         int(args.llama.get("models_max", "4")),  # checked by parse_args
                          args.llama.get("models_autoload") != "--no-models-autoload")
     try:
         router.children = {name: Child(name, spec) for name, spec in router.scan().items()}

@@ -15,8 +15,10 @@ import threading
 import time
 from typing import Callable
 
+from specee._core import SpecEEError
 from specee.model import Model
 from specee.server.engine import ServerState
+from specee.server.request import ApiError
 
 READ_ONLY = frozenset({"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics"})
 
@@ -42,11 +44,14 @@ class Sleeper:
 
     def hold(self) -> None:
         """A request that needs the model begins: the model is loaded first if it sleeps (blocking: call it off the
-        event loop). A failed load raises, and the request is not counted."""
+        event loop). A failed load is a 503 (ApiError), and the request is not counted."""
         with self.lock:
             if self.sleeping:
                 started = time.monotonic()
-                model = self.load()
+                try:
+                    model = self.load()
+                except (OSError, ValueError, SpecEEError) as e:  # the file gone or changed since the start
+                    raise ApiError(503, f"the model could not be loaded again: {e}", "server_error") from None
                 self.state.engine.load(model)
                 self.state.model = model
                 self.sleeping = False
