@@ -257,12 +257,8 @@ class RouterState:
         """Mark `child` loaded once its /health answers, unloaded when its process ends."""
         while proc.poll() is None:
             if child.status == "loading" and child.proc is proc:
-                try:
-                    status, _, _ = await asyncio.to_thread(request_child, child.port, "GET", "/health", b"", {}, 2.0)
-                    if status == 200:
-                        child.status = "loaded"
-                except OSError:
-                    pass
+                if await asyncio.to_thread(answers_health, child.port):
+                    child.status = "loaded"
             await asyncio.sleep(0.1)
         if child.proc is proc:  # it ended by itself (a stop clears proc first)
             child.status, child.exit_code, child.proc = "unloaded", proc.returncode, None
@@ -284,6 +280,17 @@ class RouterState:
             await self.stop(child)
 
 
+def answers_health(port: int) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
 def request_child(port: int, method: str, path: str, body: bytes, headers: dict[str, str], timeout: float
                   ) -> tuple[int, list[tuple[str, str]], http.client.HTTPResponse]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -300,11 +307,13 @@ def router_of(request: Request) -> RouterState:
 
 
 async def body_of(request: Request) -> tuple[bytes, dict]:
-    raw = b""
+    chunks, n = [], 0
     async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
+        chunks.append(chunk)
+        n += len(chunk)
+        if n > MAX_BODY:
             raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes")
+    raw = b"".join(chunks)
     try:
         body = json.loads(raw) if raw else {}
     except ValueError as e:
