@@ -287,6 +287,20 @@ def test_router_starts_a_child_per_model_and_evicts_the_least_recently_used(mode
     assert log.count("specee-server: a on http://127.0.0.1:") == 1  # each child's start line
 
 
+def test_a_routers_children_end_with_it_even_when_it_is_killed(models_dir: Path) -> None:
+    router = Router("--models-dir", str(models_dir), "-c", "256", "-np", "1", "-t", "1")
+    try:
+        assert chat(router, "a")[0] == 200
+        children = Path(f"/proc/{router.proc.pid}/task/{router.proc.pid}/children").read_text().split()
+        assert len(children) == 1
+        router.proc.kill()  # no chance to stop its children itself
+        router.proc.wait(timeout=15)
+        wait_for(lambda: not Path(f"/proc/{children[0]}").exists()
+                 or "Z" in Path(f"/proc/{children[0]}/stat").read_text().split()[2], "the child ended", 30)
+    finally:
+        router.stop()
+
+
 def test_without_autoload_a_model_is_loaded_by_request(models_dir: Path) -> None:
     router = Router("--models-dir", str(models_dir), "--no-models-autoload", "-c", "256", "-np", "1", "-t", "1")
     try:

@@ -337,6 +337,10 @@ def main(argv: list[str] | None = None) -> None:
         from specee.server.router import serve_router  # router mode: no model here, a child server per model
 
         return serve_router(args, argv if argv is not None else sys.argv[1:])
+    if os.environ.get("SPECEE_ROUTER_CHILD"):  # started by a router (server/router.py): it ends with the router
+        from specee.server.router import exit_with_router
+
+        exit_with_router()
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)

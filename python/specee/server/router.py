@@ -27,9 +27,11 @@ import contextlib
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -45,6 +47,8 @@ from specee.server.request import MAX_BODY, ApiError
 # the router's flags, and what else its children do not get (--host, --port, the API key: the router checks it)
 ROUTER_FLAGS = ("--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload")
 ROUTER_ONLY = (*ROUTER_FLAGS, "--host", "--port", "--api-key", "--api-key-file", "-a", "--alias", "-m", "--model")
+# set in a child's environment: it ends when the router does (exit_with_router)
+CHILD_ENV = "SPECEE_ROUTER_CHILD"
 # an INI section's keys that are the router's, not a child's flag (llama.cpp's dedup-cache-models hides a downloaded
 # model a preset also names: there are no downloaded models here, so it changes nothing)
 PRESET_KEYS = ("load-on-startup", "stop-timeout", "alias", "dedup-cache-models", "version")
@@ -172,6 +176,17 @@ def child_base_args(argv: list[str], parser: argparse.ArgumentParser) -> list[st
     return out
 
 
+def exit_with_router() -> None:
+    """In a child (CHILD_ENV set): a thread that ends this server (SIGTERM to itself) once its stdin, a pipe from the
+    router, closes; a router killed outright leaves no server behind."""
+
+    def wait() -> None:
+        sys.stdin.buffer.read()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="specee-router-pipe", daemon=True).start()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -239,7 +254,8 @@ class RouterState:
                     child.port, child.status, child.last_used = free_port(), "loading", time.monotonic()
                     argv = [sys.executable, "-m", "specee.server", *child.spec.args, *self.base_args,
                             "--host", "127.0.0.1", "--port", str(child.port), "-a", child.name]
-                    child.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+                    # the child's stdin is a pipe from the router: its end (the router gone, however) ends the child
+                    child.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env={**os.environ, CHILD_ENV: "1"})
                     asyncio.get_running_loop().create_task(self.watch(child, child.proc))
                     break
                 idle = [c for c in running if c.busy == 0 and c.status == "loaded"]
@@ -269,6 +285,8 @@ class RouterState:
         if proc is None:
             return
         proc.terminate()
+        if proc.stdin is not None:
+            proc.stdin.close()
         try:
             await asyncio.to_thread(proc.wait, child.spec.stop_timeout)
         except subprocess.TimeoutExpired:
