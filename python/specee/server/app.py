@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import uvicorn
 from starlette.applications import Starlette
@@ -33,11 +33,9 @@ from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
 from specee.server.request import ApiError
+from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
 from specee.server.sleep import READ_ONLY, Sleeper
 from specee.server.templates import ChatTemplate, chat_template_of
-
-if TYPE_CHECKING:
-    from specee.server.router import RouterState
 
 
 CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
@@ -79,8 +77,8 @@ class Guard:
     failure before a response began is a 500 in the same shape (its traceback in the log), never a bare one. `state`:
     the one-model server's ServerState, or the router's RouterState (server/router.py)."""
 
-    def __init__(self, app: Any, state: ServerState | RouterState) -> None:
-        self.app, self.state = app, state
+    def __init__(self, app: Any, state: ServerState | RouterState, sleeper: Sleeper | None = None) -> None:
+        self.app, self.state, self.sleeper = app, state, sleeper
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -109,7 +107,7 @@ class Guard:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        sleeper = getattr(self.state, "sleeper", None)
+        sleeper = self.sleeper
         held = False
         try:
             if sleeper is not None and scope["path"] not in READ_ONLY:
@@ -133,7 +131,7 @@ class Guard:
                 sleeper.release()
 
 
-def make_app(state: ServerState) -> Starlette:
+def make_app(state: ServerState, sleeper: Sleeper | None = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
@@ -160,7 +158,7 @@ def make_app(state: ServerState) -> Starlette:
         return ApiError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
                         "not_found_error" if status == 404 else "invalid_request_error").response()
 
-    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=state)],
+    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=state, sleeper=sleeper)],
                     exception_handlers={404: not_found, 405: not_found})
     app.state.server = state
     return app
@@ -333,13 +331,12 @@ def serve(app: Starlette, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.model is None and any(k in args.llama for k in ROUTER_SETTINGS):
-        from specee.server.router import serve_router  # router mode: no model here, a child server per model
-
-        return serve_router(args, argv if argv is not None else sys.argv[1:])
-    if os.environ.get("SPECEE_ROUTER_CHILD"):  # started by a router (server/router.py): it ends with the router
-        from specee.server.router import exit_with_router
-
+    if args.model is None and any(k in args.llama for k in ROUTER_SETTINGS):  # no model here, a child per model
+        router = make_router(args, argv if argv is not None else sys.argv[1:], make_parser())
+        app = Starlette(routes=ROUTER_ROUTES, middleware=[Middleware(Guard, state=router)], lifespan=router_lifespan)
+        app.state.router = router
+        return serve(app, args)
+    if os.environ.get(CHILD_ENV):  # started by a router (server/router.py): it ends with the router
         exit_with_router()
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
@@ -352,19 +349,20 @@ def main(argv: list[str] | None = None) -> None:
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
                         cors_origins=args.cors_origins, template=template,
                         model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc})
+    sleeper = None
     if args.sleep_idle_seconds > 0:
-        state.sleeper = Sleeper(state, args.sleep_idle_seconds, lambda: Model(model.path, **options))
-    app = make_app(state)
+        sleeper = Sleeper(state, args.sleep_idle_seconds, lambda: Model(model.path, **options))
+    app = make_app(state, sleeper)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
-    if state.sleeper is not None:
-        state.sleeper.start()
+    if sleeper is not None:
+        sleeper.start()
     cap = "" if args.n_predict < 0 else f", at most {args.n_predict} generated"
     print(f"specee-server: {state.alias} on {', '.join(f'http://{h}:{args.port}' for h in args.hosts)} "
           f"({args.parallel} slots of {engine.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
     try:
         serve(app, args)
     finally:
-        if state.sleeper is not None:
-            state.sleeper.stop()
+        if sleeper is not None:
+            sleeper.stop()
         engine.stop()

@@ -14,16 +14,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specee import _core
 from specee.generate import MODES
 from specee.model import Model
 from specee.server.request import ApiError, RequestParams
 from specee.server.templates import ChatTemplate
-
-if TYPE_CHECKING:
-    from specee.server.sleep import Sleeper
 
 
 @dataclass
@@ -207,7 +204,7 @@ class ServerState:
     -1: until an end-of-generation token or a full slot), the sampling defaults of requests (GenerateOptions' fields,
     from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
     (--tags), the origins CORS lets a browser call from, the chat template, the model's facts /v1/models shows, and
-    what unloads the model when idle (None: it stays)."""
+    whether the model is unloaded for now."""
 
     model: Model
     engine: Engine
@@ -224,4 +221,4 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
     model_meta: dict[str, Any] = field(default_factory=dict)  # /v1/models' meta, kept while the model sleeps
-    sleeper: Sleeper | None = None  # --sleep-idle-seconds (server/sleep.py)
+    sleeping: bool = False  # the model is unloaded for now (--sleep-idle-seconds, server/sleep.py)

@@ -124,7 +124,7 @@ async def props(request: Request) -> Response:
                          "total_slots": state.engine.n_slots, "model_alias": state.alias,
                          "model_path": state.model.path, "modalities": {"vision": False, "audio": False},
                          "max_body_bytes": MAX_BODY, "build_info": BUILD_INFO,
-                         "is_sleeping": state.sleeper is not None and state.sleeper.sleeping})
+                         "is_sleeping": state.sleeping})
 
 
 async def slots(request: Request) -> Response:

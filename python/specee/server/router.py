@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from specee.server.llama import BUILD_INFO
 from specee.server.request import MAX_BODY, ApiError
 
 # the router's flags, and what else its children do not get (--host, --port, the API key: the router checks it)
@@ -406,8 +406,6 @@ async def health(request: Request) -> Response:
 
 async def props(request: Request) -> Response:
     """The router's /props (llama.cpp's shape), or the named model's with ?model=."""
-    from specee.server.llama import BUILD_INFO
-
     if request.query_params.get("model"):
         return await proxy_get(request)
     router = router_of(request)
@@ -472,40 +470,35 @@ async def remove(request: Request) -> Response:
                    "nothing (its models are files of --models-dir or --models-preset)", param="model")
 
 
-def make_router_app(router: RouterState) -> Starlette:
-    from specee.server.app import Guard  # the API key, CORS and error shapes, as for one model
-
-    routes = [
-        Route("/health", health), Route("/v1/health", health),
-        Route("/props", props),
-        Route("/models", list_models), Route("/v1/models", list_models),
-        Route("/models", download, methods=["POST"]),
-        Route("/models", remove, methods=["DELETE"]),
-        Route("/models/load", load, methods=["POST"]),
-        Route("/models/unload", unload, methods=["POST"]),
-        Route("/{path:path}", proxy_post, methods=["POST"]),
-        Route("/{path:path}", proxy_get, methods=["GET"]),
-    ]
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-        for child in router.children.values():
-            if child.spec.load_on_startup:
-                loop.create_task(router.start(child))
-        yield
-        async with router.lock:
-            await router.stop_all()
-
-    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=router)], lifespan=lifespan)
-    app.state.router = router
-    return app
+ROUTER_ROUTES = [
+    Route("/health", health), Route("/v1/health", health),
+    Route("/props", props),
+    Route("/models", list_models), Route("/v1/models", list_models),
+    Route("/models", download, methods=["POST"]),
+    Route("/models", remove, methods=["DELETE"]),
+    Route("/models/load", load, methods=["POST"]),
+    Route("/models/unload", unload, methods=["POST"]),
+    Route("/{path:path}", proxy_post, methods=["POST"]),  # every other request goes to the model it names
+    Route("/{path:path}", proxy_get, methods=["GET"]),
+]
 
 
-def serve_router(args: argparse.Namespace, argv: list[str]) -> None:
-    from specee.server.app import make_parser, serve
+@contextlib.asynccontextmanager
+async def router_lifespan(app: Starlette) -> AsyncIterator[None]:
+    """The models marked load-on-startup are started; every child is stopped when the router stops."""
+    router: RouterState = app.state.router
+    loop = asyncio.get_running_loop()
+    for child in router.children.values():
+        if child.spec.load_on_startup:
+            loop.create_task(router.start(child))
+    yield
+    async with router.lock:
+        await router.stop_all()
 
-    parser = make_parser()
+
+def make_router(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> RouterState:
+    """The router of parsed `args` (`argv` as given: the children get its flags; `parser`: the server's, which
+    reads a preset's keys); a source that cannot be read ends the start (status 1) naming it."""
     router = RouterState(args, parser, child_base_args(argv, parser), args.api_key, args.cors_origins,
                          int(args.llama.get("models_max", "4")),  # checked by parse_args
                          args.llama.get("models_autoload") != "--no-models-autoload")
@@ -514,8 +507,7 @@ def serve_router(args: argparse.Namespace, argv: list[str]) -> None:
     except ValueError as e:
         print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    app = make_router_app(router)
     names = ", ".join(f"{c.name} ({c.spec.source})" for c in router.children.values()) or "none"
     print(f"specee-server: router on {', '.join(f'http://{h}:{args.port}' for h in args.hosts)}, models: {names}",
           file=sys.stderr, flush=True)
-    serve(app, args)
+    return router

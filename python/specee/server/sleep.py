@@ -31,7 +31,6 @@ class Sleeper:
         self.lock = threading.Lock()  # held while the model is loaded or unloaded
         self.held = 0  # requests that need the model, in progress
         self.last = time.monotonic()  # when the last of them ended
-        self.sleeping = False
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="specee-sleep", daemon=True)
 
@@ -46,7 +45,7 @@ class Sleeper:
         """A request that needs the model begins: the model is loaded first if it sleeps (blocking: call it off the
         event loop). A failed load is a 503 (ApiError), and the request is not counted."""
         with self.lock:
-            if self.sleeping:
+            if self.state.sleeping:
                 started = time.monotonic()
                 try:
                     model = self.load()
@@ -54,7 +53,7 @@ class Sleeper:
                     raise ApiError(503, f"the model could not be loaded again: {e}", "server_error") from None
                 self.state.engine.load(model)
                 self.state.model = model
-                self.sleeping = False
+                self.state.sleeping = False
                 print(f"specee-server: the model is loaded again ({time.monotonic() - started:.2f} s)", file=sys.stderr,
                       flush=True)
             self.held += 1
@@ -67,13 +66,13 @@ class Sleeper:
     def _watch(self) -> None:
         while not self.stopping.wait(min(0.1, self.idle_seconds / 4)):
             with self.lock:
-                if self.sleeping or self.held or time.monotonic() - self.last < self.idle_seconds:
+                if self.state.sleeping or self.held or time.monotonic() - self.last < self.idle_seconds:
                     continue
                 engine = self.state.engine
                 with engine.cond:
                     if engine.waiting or engine.running:
                         continue
                     engine.unload()
-                self.sleeping = True
+                self.state.sleeping = True
                 print(f"specee-server: idle for {self.idle_seconds:g} s: the model is unloaded until the next request",
                       file=sys.stderr, flush=True)
