@@ -191,7 +191,7 @@ def test_a_bad_preset_is_refused_naming_what(tmp_path: Path, text: str, message:
 
 def test_router_flags_with_a_model_file_are_refused() -> None:
     for argv in (["-m", "x.gguf", "--models-dir", "/m"], ["-m", "x.gguf", "--no-models-autoload"],
-                 ["--models-max", "-1"]):
+                 ["--models-max", "-1"], ["--models-dir", "/m", "-a", "name"]):
         with pytest.raises(SystemExit):
             parse_args(argv)
 

@@ -279,6 +279,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              if k in args.llama]  # (models_autoload holds the spelling given)
     if args.model is not None and given:
         p.error(f"{given[0]}: router mode serves the models of --models-dir / --models-preset: give it without -m")
+    if given and args.alias:
+        p.error("-a/--alias: in router mode a model's name is its file's or its preset section's (a preset's `alias` "
+                "key adds names)")
     if int_setting(p, args.llama, "models_max", 4) < 0:
         p.error("--models-max: a number of models, 0 for no limit")
     args.sleep_idle_seconds = int_setting(p, args.llama, "sleep_idle_seconds", -1)
