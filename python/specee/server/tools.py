@@ -350,7 +350,7 @@ class ChatPrompt:
     thoughts: ReplyThoughts | None = None  # how the reply's thoughts are split out of it (None: they are not)
 
 
-def template_kwargs(template: ChatTemplate, body: dict) -> dict[str, Any]:
+def template_kwargs(body: dict) -> dict[str, Any]:
     """The variables a request gives the template beyond the messages: its `chat_template_kwargs`, with
     `reasoning_effort` ("none": no thinking, else the template's `reasoning_effort`) and a thinking budget of 0
     (`reasoning_budget_tokens`, `thinking_budget_tokens`: no thinking) over them (400 on a bad one)."""
@@ -359,10 +359,12 @@ def template_kwargs(template: ChatTemplate, body: dict) -> dict[str, Any]:
         raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     kwargs = dict(kwargs or {})
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-        raise ApiError(400, "'chat_template_kwargs': enable_thinking must be true or false", param="chat_template_kwargs")
+        raise ApiError(400, "'chat_template_kwargs': enable_thinking must be true or false",
+                       param="chat_template_kwargs")
     effort = body.get("reasoning_effort")
     if effort is not None and not isinstance(effort, str):
-        raise ApiError(400, "'reasoning_effort' must be a string (none, low, medium, high, ...)", param="reasoning_effort")
+        raise ApiError(400, "'reasoning_effort' must be a string (none, low, medium, high, ...)",
+                       param="reasoning_effort")
     if effort == "none":
         kwargs["enable_thinking"] = False
         kwargs.pop("reasoning_effort", None)
@@ -394,8 +396,8 @@ def continued(template: ChatTemplate, messages: list[dict], described: list[dict
         start, end = template.thinking
         thoughts = messages[-1].get("reasoning_content") or ""
         at = generation.find(start)
-        generation = (generation if at < 0 else generation[:at]) + start + thoughts + (end if content or not
-                                                                                        thoughts else "")
+        closed = bool(content) or not thoughts  # a message of thoughts only continues them
+        generation = (generation if at < 0 else generation[:at]) + start + thoughts + (end if closed else "")
     return prompt + generation + content
 
 
@@ -404,7 +406,7 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
     refuses them)."""
     tools = tools_of(body, template)
     messages = chat_messages(body, tools, template)
-    kwargs = template_kwargs(template, body)
+    kwargs = template_kwargs(body)
     described = tools.openai if tools is not None and tools.native and tools.choice != "none" else None
     add = body.get("add_generation_prompt", True)
     cont = body.get("continue_final_message")
@@ -419,12 +421,17 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
         cont = template.prefill and last["role"] == "assistant" and not last.get("tool_calls") and bool(
             last["content"] or last.get("reasoning_content"))
     try:
-        if cont:
-            if last["role"] != "assistant" or last.get("tool_calls"):
-                raise ApiError(400, "'continue_final_message' continues an assistant's message without tool calls",
-                               param="continue_final_message")
+        if cont and last.get("tool_calls"):
+            raise ApiError(400, "'continue_final_message': an assistant's message with tool calls cannot be continued",
+                           param="continue_final_message")
+        if cont and last["role"] == "assistant":
             content = text_of_content(body["messages"][-1].get("content"), len(messages) - 1, "\n\n")
             text = continued(template, messages, described, kwargs, content)
+        elif cont:  # another role's message (transformers'): the chat rendered whole, cut after that message's text
+            text = template.render(messages, described, add_generation_prompt=False, kwargs=kwargs)
+            end = text.rfind(last["content"])
+            if end >= 0:
+                text = text[:end + len(last["content"])]
         else:
             text = template.render(messages, described, add_generation_prompt=add, kwargs=kwargs)
     except TemplateError as e:
@@ -450,9 +457,9 @@ def thoughts_of(template: ChatTemplate, body: dict, text: str, extra: dict[str, 
             else template.reasoning.format
     except ReasoningError as e:
         raise ApiError(400, str(e), param="reasoning_format") from None
-    held = extra.get("json_schema") is not None or any(
-        body.get(k) is not None for k in ("grammar", "json_schema")) or isinstance(
-        body.get("response_format"), dict) and body["response_format"].get("type") not in (None, "text")
+    fmt = body.get("response_format")
+    held = (extra.get("json_schema") is not None or body.get("grammar") is not None
+            or body.get("json_schema") is not None or isinstance(fmt, dict) and fmt.get("type") not in (None, "text"))
     if template.thinking is None or not REASONING_FORMATS[name].split or held:
         return None
     return ReplyThoughts(template.thinking, thinks_open(text, template.thinking), REASONING_FORMATS[name].in_content)
