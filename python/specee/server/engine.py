@@ -193,3 +193,4 @@ class ServerState:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
+    verbose: bool = False  # --verbose: chat responses carry llama.cpp's __verbose (the prompt as evaluated)
