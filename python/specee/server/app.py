@@ -32,6 +32,7 @@ from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
+from specee.server.reasoning import ReasoningError, reasoning_of
 from specee.server.request import ApiError
 from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
 from specee.server.sleep import READ_ONLY, Sleeper
@@ -181,7 +182,7 @@ def add_template_flags(p: argparse.ArgumentParser) -> None:
                    "templates they know; a model's own template they do not know is rendered with jinja2 anyway)")
     p.add_argument("--chat-template", metavar="NAME|TEXT",
                    help="the chat template: a built-in name (chatml, smollm2, qwen2.5, llama2, vicuna, llama3, zephyr, "
-                   "phi3) or Jinja text (any text with --jinja); default: the model's own")
+                   "phi3, gemma, command-r) or Jinja text (any text with --jinja); default: the model's own")
     p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's text from a file")
     p.add_argument("--chat-template-kwargs", metavar="JSON", type=json_object_arg, default={},
                    help="variables for a Jinja template, a JSON object ('{\"enable_thinking\": false}'); a request's "
@@ -202,13 +203,14 @@ def template_of(model: Model, args: argparse.Namespace) -> ChatTemplate:
     """The server's chat template from its flags; a clear exit (status 2) when it cannot render a chat."""
     try:
         template = chat_template_of(model, args.jinja, args.chat_template, args.chat_template_file,
-                                    args.chat_template_kwargs)
+                                    args.chat_template_kwargs, args.reasoning)
     except ValueError as e:
         print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     if template.kind == "jinja" and not args.jinja:
         print("specee-server: the model's chat template is not a built-in one: rendered with jinja2",
               file=sys.stderr, flush=True)
+    template.prefill = args.llama.get("prefill_assistant") != "--no-prefill-assistant"
     return template
 
 
@@ -287,6 +289,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sleep_idle_seconds = int_setting(p, args.llama, "sleep_idle_seconds", -1)
     if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
         p.error("--sleep-idle-seconds: seconds > 0, or -1 (never)")
+    try:
+        args.reasoning = reasoning_of(args.llama)
+    except ReasoningError as e:
+        p.error(str(e))
     origins = args.llama.get("cors_origins", "*")
     args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
     if not args.cors_origins:
@@ -350,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
                         sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
-                        cors_origins=args.cors_origins, template=template,
+                        cors_origins=args.cors_origins, template=template, verbose="verbose" in args.llama,
                         model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc})
     sleeper = None
     if args.sleep_idle_seconds > 0:

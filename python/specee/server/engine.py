@@ -220,5 +220,6 @@ class ServerState:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
+    verbose: bool = False  # --verbose: chat responses carry llama.cpp's __verbose (the prompt as evaluated)
     model_meta: dict[str, Any] = field(default_factory=dict)  # /v1/models' meta, kept while the model sleeps
     sleeping: bool = False  # the model is unloaded for now (--sleep-idle-seconds, server/sleep.py)

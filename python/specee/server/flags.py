@@ -137,13 +137,24 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("-e --escape --no-escape -sp --special --spm-infill --verbose-prompt", None, "ignored",
       "command-line generation only"),
     S("-r --reverse-prompt", "PROMPT", "ignored", "command-line generation only: requests give `stop`"),
-    S("--reasoning-format", "FORMAT", "refused", "reasoning is not parsed out of the output", neutral=("none",)),
-    S("-rea --reasoning", "on|off|auto", "refused", "reasoning is not parsed out of the output",
-      neutral=("off", "auto")),
-    S("--reasoning-effort --reasoning-budget --reasoning-budget-message", "VALUE", "refused",
-      "reasoning is not parsed out of the output"),
-    S("--reasoning-preserve --no-reasoning-preserve --skip-chat-parsing --no-skip-chat-parsing "
-      "--prefill-assistant --no-prefill-assistant", None, "ignored", "reasoning and tool calls are not parsed here"),
+    S("--reasoning-format", "FORMAT", "server", "thoughts of a reply: auto and deepseek in "
+      "message.reasoning_content, deepseek-legacy there and in content, none left in content (default: auto)",
+      "reasoning_format"),
+    S("-rea --reasoning", "on|off|auto", "server", "the chat template's enable_thinking: on, off, or auto = where the "
+      "template thinks (default: auto)", "reasoning"),
+    S("--reasoning-budget", "N", "server", "thinking budget: -1 unlimited, 0 no thinking (N > 0 is refused)",
+      "reasoning_budget"),
+    S("--reasoning-effort", "LEVEL", "server", "the chat template's reasoning_effort ('default': the template's own)",
+      "reasoning_effort"),
+    S("--reasoning-budget-message", "MESSAGE", "ignored", "the message of a thinking budget of N > 0 tokens, which is "
+      "refused here"),
+    S("--reasoning-preserve --no-reasoning-preserve", None, "ignored", "every assistant message's reasoning_content "
+      "goes to the template, which renders what it renders"),
+    S("--prefill-assistant --no-prefill-assistant", None, "server", "continue a chat's final assistant message, or "
+      "answer after it (default: continue)", "prefill_assistant"),
+    S("--skip-chat-parsing", None, "refused", "replies are always parsed for thoughts and tool calls here "
+      "(--reasoning-format none leaves thoughts in content)"),
+    S("--no-skip-chat-parsing", None, "ignored", "replies are always parsed for thoughts and tool calls here"),
     # ---- the model and context: what the runtime's context table (specee.context_options) does not take
     S("-hf -hfr --hf-repo -hff --hf-file -hft --hf-token -mu --model-url -dr --docker-repo", "VALUE", "refused",
       NO_DOWNLOAD),
