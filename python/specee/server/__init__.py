@@ -17,7 +17,9 @@ text (stop strings included) and writes responses. HTTP is Starlette on uvicorn 
     openai.py      OpenAI's endpoints: chat (tool calls included), completions, embeddings, models; /apply-template
     anthropic.py   Anthropic's /v1/messages and /v1/messages/count_tokens over chat's path
     llama.py       llama.cpp's endpoints: /completion, /tokenize, /detokenize, /health, /metrics
-    app.py         the routes, the guard (API key, errors), the flags and main()
+    sleep.py       --sleep-idle-seconds: the model unloaded when idle, loaded again by the next request needing it
+    router.py      router mode (no -m, --models-dir / --models-preset): a child server per model, requests routed
+    app.py         the routes, the guard (API key, errors, the sleeper), the flags, the listening sockets, main()
 """
 
 from specee._optional import missing_package_exits

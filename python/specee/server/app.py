@@ -4,11 +4,13 @@ main()."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import importlib.metadata
 import json
 import logging
 import os
+import socket
 import sys
 import warnings
 from typing import Any, Callable
@@ -32,6 +34,8 @@ from specee.server.llama import detokenize, health, llama_completion, metrics, p
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
 from specee.server.reasoning import ReasoningError, reasoning_of
 from specee.server.request import ApiError
+from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
+from specee.server.sleep import READ_ONLY, Sleeper
 from specee.server.templates import ChatTemplate, chat_template_of
 
 
@@ -69,11 +73,13 @@ def with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
 class Guard:
     """ASGI middleware: CORS (a preflight OPTIONS is answered here, before the API key, as browsers send it without
     one; every response gets the allowed origin), the API key (every endpoint but /health; `Authorization: Bearer
-    KEY` or Anthropic's `x-api-key: KEY`; compared in constant time) and ApiError as an OpenAI-shaped response; any
-    other failure before a response began is a 500 in the same shape (its traceback in the log), never a bare one."""
+    KEY` or Anthropic's `x-api-key: KEY`; compared in constant time), the sleeper (a request that needs the model
+    wakes it and holds it awake until it ends, server/sleep.py) and ApiError as an OpenAI-shaped response; any other
+    failure before a response began is a 500 in the same shape (its traceback in the log), never a bare one. `state`:
+    the one-model server's ServerState, or the router's RouterState (server/router.py)."""
 
-    def __init__(self, app: Any, state: ServerState) -> None:
-        self.app, self.state = app, state
+    def __init__(self, app: Any, state: ServerState | RouterState, sleeper: Sleeper | None = None) -> None:
+        self.app, self.state, self.sleeper = app, state, sleeper
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -102,7 +108,12 @@ class Guard:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        sleeper = self.sleeper
+        held = False
         try:
+            if sleeper is not None and scope["path"] not in READ_ONLY:
+                await asyncio.to_thread(sleeper.hold)  # loads the model if it sleeps
+                held = True
             await self.app(scope, receive, send_noting)
         except ApiError as e:
             if started:
@@ -115,9 +126,13 @@ class Guard:
                 raise
             logging.getLogger("specee.server").exception("%s %s", scope.get("method"), scope["path"])
             await ApiError(500, f"internal error: {type(e).__name__}", "server_error").response()(scope, receive, send)
+        finally:
+            if held:
+                assert sleeper is not None
+                sleeper.release()
 
 
-def make_app(state: ServerState) -> Starlette:
+def make_app(state: ServerState, sleeper: Sleeper | None = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
@@ -144,7 +159,7 @@ def make_app(state: ServerState) -> Starlette:
         return ApiError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
                         "not_found_error" if status == 404 else "invalid_request_error").response()
 
-    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=state)],
+    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=state, sleeper=sleeper)],
                     exception_handlers={404: not_found, 405: not_found})
     app.state.server = state
     return app
@@ -199,6 +214,9 @@ def template_of(model: Model, args: argparse.Namespace) -> ChatTemplate:
     return template
 
 
+# the settings (flags.py's server rows) that start the router instead of a model, when no -m is given
+ROUTER_SETTINGS = ("models_dir", "models_preset", "models_max", "models_autoload")
+
 # every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
 CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
 
@@ -214,7 +232,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="most prompt tokens prefilled in one pass beside the decoding slots (256)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503 (64)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="addresses to listen on, comma-separated (127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (8080)")
     p.add_argument("--api-key", default=os.environ.get("SPECEE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
@@ -232,6 +250,15 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def int_setting(p: argparse.ArgumentParser, settings: dict[str, Any], dest: str, default: int) -> int:
+    """A server row's value as an integer (the parser's error naming the flag otherwise)."""
+    value = settings.get(dest, default)
+    try:
+        return int(value)
+    except ValueError:
+        p.error(f"--{dest.replace('_', '-')}: expected an integer, not {value!r}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = make_parser()
     args = p.parse_args(argv)
@@ -247,6 +274,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 args.api_key = f.readline().strip() or None
         except OSError as e:
             p.error(f"--api-key-file: {e.strerror}: {args.llama['api_key_file']}")
+    args.hosts = [h.strip() for h in args.host.split(",") if h.strip()]
+    if not args.hosts:
+        p.error("--host: give at least one address")
+    given = [args.llama[k] if k == "models_autoload" else f"--{k.replace('_', '-')}" for k in ROUTER_SETTINGS
+             if k in args.llama]  # (models_autoload holds the spelling given)
+    if args.model is not None and given:
+        p.error(f"{given[0]}: router mode serves the models of --models-dir / --models-preset: give it without -m")
+    if given and args.alias:
+        p.error("-a/--alias: in router mode a model's name is its file's or its preset section's (a preset's `alias` "
+                "key adds names)")
+    if int_setting(p, args.llama, "models_max", 4) < 0:
+        p.error("--models-max: a number of models, 0 for no limit")
+    args.sleep_idle_seconds = int_setting(p, args.llama, "sleep_idle_seconds", -1)
+    if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
+        p.error("--sleep-idle-seconds: seconds > 0, or -1 (never)")
     try:
         args.reasoning = reasoning_of(args.llama)
     except ReasoningError as e:
@@ -262,11 +304,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def listen(hosts: list[str], port: int) -> list[socket.socket]:
+    """A listening socket on each address (llama-server's `--host a,b`); a clear exit when one cannot be bound."""
+    sockets: list[socket.socket] = []
+    for host in hosts:
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                 flags=socket.AI_PASSIVE)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # :: and 0.0.0.0 may both be given
+            sock.bind(address)
+            sock.listen(2048)
+        except OSError as e:
+            for s in sockets:
+                s.close()
+            print(f"specee-server: error: cannot listen on {host} port {port}: {e.strerror or e}", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(1) from None
+        sockets.append(sock)
+    return sockets
+
+
+def serve(app: Starlette, args: argparse.Namespace) -> None:
+    """Serve `app` on every address of --host (comma-separated) at --port until stopped."""
+    for host in args.hosts:
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            warnings.warn(f"specee-server listens on {host}: reachable from other machines"
+                          f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
+    sockets = listen(args.hosts, args.port)
+    config = uvicorn.Config(app, log_level="info" if "verbose" in args.llama else "warning")
+    uvicorn.Server(config).run(sockets=sockets)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        warnings.warn(f"specee-server listens on {args.host}: reachable from other machines"
-                      f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
+    if args.model is None and any(k in args.llama for k in ROUTER_SETTINGS):  # no model here, a child per model
+        router = make_router(args, argv if argv is not None else sys.argv[1:], make_parser())
+        app = Starlette(routes=ROUTER_ROUTES, middleware=[Middleware(Guard, state=router)], lifespan=router_lifespan)
+        app.state.router = router
+        return serve(app, args)
+    if os.environ.get(CHILD_ENV):  # started by a router (server/router.py): it ends with the router
+        exit_with_router()
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
@@ -276,14 +356,22 @@ def main(argv: list[str] | None = None) -> None:
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
                         sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
-                        cors_origins=args.cors_origins, template=template, verbose="verbose" in args.llama)
-    app = make_app(state)
+                        cors_origins=args.cors_origins, template=template, verbose="verbose" in args.llama,
+                        model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc})
+    sleeper = None
+    if args.sleep_idle_seconds > 0:
+        sleeper = Sleeper(state, args.sleep_idle_seconds, lambda: Model(model.path, **options))
+    app = make_app(state, sleeper)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
+    if sleeper is not None:
+        sleeper.start()
     cap = "" if args.n_predict < 0 else f", at most {args.n_predict} generated"
-    print(f"specee-server: {state.alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
-          f"{engine.slots.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
+    print(f"specee-server: {state.alias} on {', '.join(f'http://{h}:{args.port}' for h in args.hosts)} "
+          f"({args.parallel} slots of {engine.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if "verbose" in args.llama else "warning")
+        serve(app, args)
     finally:
+        if sleeper is not None:
+            sleeper.stop()
         engine.stop()

@@ -2,7 +2,9 @@
 
 The batching loop itself is the library's (csrc/specee-slots.cpp); `Engine` only admits waiting jobs between passes,
 calls `Slots.step()` (one pass of the model, the GIL released) and hands each job its tokens through the event loop.
-`ServerState` is what the endpoints share: the model, the engine and the server's settings.
+`ServerState` is what the endpoints share: the model, the engine and the server's settings. `unload` and `load` take
+the model out and put one back while nothing runs (--sleep-idle-seconds, server/sleep.py): the queue, the thread and
+the metrics stay.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ class Engine:
     """The model, its slots and the thread that steps them; jobs wait in a bounded queue for a free slot."""
 
     def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int) -> None:
-        self.model = model
-        self.slots = model.slots(n_parallel, n_chunk)
+        self.model = model  # closed while unloaded
+        self.slots: Any = model.slots(n_parallel, n_chunk)  # Slots; None while unloaded
+        self.n_parallel, self.n_chunk = n_parallel, n_chunk
+        self.n_slots, self.n_ctx_slot = self.slots.n_slots, self.slots.n_ctx_slot
+        self.totals_before: dict[str, float] = {}  # the slots' totals of the models unloaded before
         self.max_queue = max_queue
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}
@@ -51,6 +56,8 @@ class Engine:
                             predicted_ms=0.0, tokens_max=0, embed_passes=0, requests_ok=0, requests_error=0,
                             requests_cancelled=0, requests_refused=0, spec_steps=0, spec_tokens=0, spec_drafted=0,
                             spec_accepted=0, exit_steps=0, exit_exits=0)
+        # what /metrics' rate gauges average over: the tokens and times since the last scrape (as llama.cpp's buckets)
+        self.bucket = dict(prompt_tokens=0, prompt_ms=0.0, predicted_decoded=0, predicted_ms=0.0)
         self.thread = threading.Thread(target=self._run, name="specee-slots", daemon=True)
 
     def start(self) -> None:
@@ -61,6 +68,24 @@ class Engine:
             self.stopping = True
             self.cond.notify()
         self.thread.join(timeout=30)
+
+    def totals(self) -> dict[str, float]:
+        """The slots' totals (requests, passes, tokens, time) since the server started, across unloads."""
+        now = self.slots.totals() if self.slots is not None else {}
+        return {k: self.totals_before.get(k, 0) + now.get(k, 0) for k in {*self.totals_before, *now}}
+
+    def unload(self) -> None:
+        """Close the slots and the model (their memory is freed); the caller holds `cond` and nothing runs or waits."""
+        assert not self.running and not self.waiting and self.slots is not None
+        self.totals_before = self.totals()
+        self.slots.close("the model is unloaded")
+        self.model.close()
+        self.slots = None
+
+    def load(self, model: Model) -> None:
+        """Serve `model` (the same file, options and slots as before `unload`)."""
+        with self.cond:
+            self.model, self.slots = model, model.slots(self.n_parallel, self.n_chunk)
 
     def submit(self, job: Job) -> None:
         with self.cond:
@@ -123,12 +148,13 @@ class Engine:
 
     def _count(self, st: dict[str, float], mode: str) -> None:
         m = self.metrics
-        m["prompt_tokens"] += int(st["n_prompt"])
+        for d in (m, self.bucket):
+            d["prompt_tokens"] += int(st["n_prompt"])
+            d["prompt_ms"] += st["t_prompt_ms"]
+            d["predicted_decoded"] += int(st["n_decoded"])
+            d["predicted_ms"] += st["t_decode_ms"]
         m["prompt_cached"] += int(st["n_reused"])
-        m["prompt_ms"] += st["t_prompt_ms"]
         m["predicted_tokens"] += int(st["n_tokens"])
-        m["predicted_decoded"] += int(st["n_decoded"])
-        m["predicted_ms"] += st["t_decode_ms"]
         m["tokens_max"] = max(m["tokens_max"], int(st["n_prompt"] + st["n_reused"] + st["n_tokens"]))
         m["spec_drafted"] += int(st["n_drafted"])
         m["spec_accepted"] += int(st["n_accepted"])
@@ -177,7 +203,8 @@ class ServerState:
     none, the API key (None: none needed), whether /metrics is served, the most tokens a request generates (-n;
     -1: until an end-of-generation token or a full slot), the sampling defaults of requests (GenerateOptions' fields,
     from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
-    (--tags), the origins CORS lets a browser call from, and the chat template."""
+    (--tags), the origins CORS lets a browser call from, the chat template, the model's facts /v1/models shows, and
+    whether the model is unloaded for now."""
 
     model: Model
     engine: Engine
@@ -194,3 +221,5 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
     verbose: bool = False  # --verbose: chat responses carry llama.cpp's __verbose (the prompt as evaluated)
+    model_meta: dict[str, Any] = field(default_factory=dict)  # /v1/models' meta, kept while the model sleeps
+    sleeping: bool = False  # the model is unloaded for now (--sleep-idle-seconds, server/sleep.py)

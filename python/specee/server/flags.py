@@ -108,9 +108,16 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--reuse-port", None, "ignored", "one process serves the port"),
     S("-to --timeout --threads-http --sse-ping-interval", "N", "ignored", "HTTP is served by uvicorn's event loop"),
     S("--tags", "STRING", "server", "comma-separated model tags, shown by /v1/models (informational)", "tags"),
-    S("--models-dir --models-preset --models-max", "VALUE", "refused", "one model per server: no router mode"),
-    S("--models-autoload --no-models-autoload", None, "refused", "one model per server: no router mode"),
-    S("--sleep-idle-seconds", "SECONDS", "refused", "the model stays loaded"),
+    S("--models-dir", "PATH", "server", "router mode (without -m): serve each GGUF file of PATH (or sub-folder "
+      "holding one) under its name, a child server per model (docs/server.md)", "models_dir"),
+    S("--models-preset", "PATH", "server", "router mode (without -m): the models of an INI file, a [name] section "
+      "each with llama-server's flags as keys ([*]: for every model)", "models_preset"),
+    S("--models-max", "N", "server", "router mode: most models loaded at once, the least recently used unloaded "
+      "first (default: 4; 0: no limit)", "models_max"),
+    S("--models-autoload --no-models-autoload", None, "server", "router mode: load a model when a request names it "
+      "(default), or only by POST /models/load", "models_autoload"),
+    S("--sleep-idle-seconds", "SECONDS", "server", "unload the model after SECONDS without a request that needs it; "
+      "the next one loads it again (default: -1, never)", "sleep_idle_seconds"),
     S("--slot-save-path", "PATH", "refused", "saving and restoring slots is not supported"),
     S("-cb --cont-batching", None, "ignored", "continuous batching is always on"),
     S("-nocb --no-cont-batching", None, "refused", "continuous batching is always on"),

@@ -94,11 +94,11 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
     """Text pieces of one generation as they complete; `result` holds the rest when it ends. The slot is freed when
     the client goes away, or a stop string is found."""
     engine = state.engine
-    if len(tokens) >= engine.slots.n_ctx_slot:
-        raise ApiError(400, f"the prompt has {len(tokens)} tokens, more than the context allows: {engine.slots.n_ctx_slot}"
-                       f" per slot (-c {engine.model.n_ctx} over -np {engine.slots.n_slots})",
+    if len(tokens) >= engine.n_ctx_slot:
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens, more than the context allows: {engine.n_ctx_slot}"
+                       f" per slot (-c {engine.model.n_ctx} over -np {engine.n_slots})",
                        "exceed_context_size_error", param="prompt",
-                       extra={"n_prompt_tokens": len(tokens), "n_ctx": engine.slots.n_ctx_slot})
+                       extra={"n_prompt_tokens": len(tokens), "n_ctx": engine.n_ctx_slot})
     job = Job(tokens, params, asyncio.get_running_loop())
     engine.submit(job)
     out = StopText(params.stop)

@@ -5,6 +5,7 @@ this server's own under `specee:`)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import math
 import re
 from typing import Any
@@ -17,6 +18,9 @@ from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
 from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
                                    prompts_of, request_params)
+
+# /props' build_info: llama.cpp's reads b<build>-<commit>; here the package's version
+BUILD_INFO = f"b{importlib.metadata.version('specee')}-specee"
 
 # a request's fields that /completion's generation_settings echo (llama.cpp's names)
 GENERATION_FIELDS = ("n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
@@ -112,13 +116,15 @@ def default_params(state: ServerState) -> dict:
 async def props(request: Request) -> Response:
     """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's cap (-n; -1: none,
     a request then generates until an end-of-generation token or a full slot of `n_ctx` tokens, its prompt
-    included), the slots, the model's file, the largest body."""
+    included), the slots, the model's file, the largest body, whether the model is unloaded for now
+    (--sleep-idle-seconds; answered without loading it)."""
     state: ServerState = request.app.state.server
-    return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.slots.n_ctx_slot,
+    return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.n_ctx_slot,
                                                          "n_predict": state.n_predict, "params": default_params(state)},
-                         "total_slots": state.engine.slots.n_slots, "model_alias": state.alias,
+                         "total_slots": state.engine.n_slots, "model_alias": state.alias,
                          "model_path": state.model.path, "modalities": {"vision": False, "audio": False},
-                         "max_body_bytes": MAX_BODY})
+                         "max_body_bytes": MAX_BODY, "build_info": BUILD_INFO,
+                         "is_sleeping": state.sleeping})
 
 
 async def slots(request: Request) -> Response:
@@ -129,8 +135,8 @@ async def slots(request: Request) -> Response:
     e = state.engine
     with e.cond:
         busy = set(e.running)
-    return JSONResponse([{"id": i, "n_ctx": e.slots.n_ctx_slot, "is_processing": i in busy}
-                         for i in range(e.slots.n_slots)])
+    return JSONResponse([{"id": i, "n_ctx": e.n_ctx_slot, "is_processing": i in busy}
+                         for i in range(e.n_slots)])
 
 
 async def tokenize(request: Request) -> Response:
@@ -182,7 +188,9 @@ async def metrics(request: Request) -> Response:
         raise ApiError(501, "the metrics endpoint is off (start the server with --metrics)", "not_supported_error")
     e = state.engine
     with e.cond:
-        m, tot, waiting, running = dict(e.metrics), e.slots.totals(), len(e.waiting), len(e.running)
+        m, b, tot, waiting, running = dict(e.metrics), dict(e.bucket), e.totals(), len(e.waiting), len(e.running)
+        # the rate gauges average over the time since the last scrape, as llama.cpp's do
+        e.bucket.update(prompt_tokens=0, prompt_ms=0.0, predicted_decoded=0, predicted_ms=0.0)
     # llama.cpp's metrics under its names, then this server's own under specee:
     rows = [
         ("llamacpp", "prompt_tokens_total", "counter", "prompt tokens evaluated", m["prompt_tokens"]),
@@ -197,10 +205,10 @@ async def metrics(request: Request) -> Response:
          m["spec_drafted"]),
         ("llamacpp", "spec_decode_num_accepted_tokens_total", "counter", "draft tokens accepted", m["spec_accepted"]),
         ("llamacpp", "spec_decode_num_drafts_total", "counter", "draft-and-verify steps", m["spec_steps"]),
-        ("llamacpp", "prompt_tokens_seconds", "gauge", "prompt tokens per second",
-         1e3 * m["prompt_tokens"] / m["prompt_ms"] if m["prompt_ms"] else 0.0),
-        ("llamacpp", "predicted_tokens_seconds", "gauge", "generated tokens per second",
-         1e3 * m["predicted_decoded"] / m["predicted_ms"] if m["predicted_ms"] else 0.0),
+        ("llamacpp", "prompt_tokens_seconds", "gauge", "prompt tokens per second since the last scrape",
+         1e3 * b["prompt_tokens"] / b["prompt_ms"] if b["prompt_ms"] else 0.0),
+        ("llamacpp", "predicted_tokens_seconds", "gauge", "generated tokens per second since the last scrape",
+         1e3 * b["predicted_decoded"] / b["predicted_ms"] if b["predicted_ms"] else 0.0),
         ("llamacpp", "requests_processing", "gauge", "requests on a slot", running),
         ("llamacpp", "requests_deferred", "gauge", "requests waiting for a slot", waiting),
         ("llamacpp", "n_busy_slots_per_decode", "gauge", "slots holding a request now", running),
@@ -209,8 +217,8 @@ async def metrics(request: Request) -> Response:
          m["requests_cancelled"]),
         ("specee", "requests_refused_total", "counter", "requests refused with 503 (queue full)",
          m["requests_refused"]),
-        ("specee", "slots_total", "gauge", "parallel slots (-np)", e.slots.n_slots),
-        ("specee", "slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.slots.n_slots),
+        ("specee", "slots_total", "gauge", "parallel slots (-np)", e.n_slots),
+        ("specee", "slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.n_slots),
         ("specee", "passes_total", "counter", "passes of the model", tot["n_passes"]),
         ("specee", "pass_tokens_total", "counter", "tokens evaluated in the shared passes", tot["n_pass_tokens"]),
         ("specee", "pass_seconds_total", "counter", "time in the shared passes", tot["t_pass_ms"] / 1e3),

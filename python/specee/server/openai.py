@@ -179,7 +179,7 @@ async def embeddings(request: Request) -> Response:
         raise ApiError(400, "'input' must be a non-empty string or list of at most 256 strings", param="input")
     # inputs as completion prompts: a string, token ids, a JSON prompt object, or a list of these
     prompts = await off_loop(request, prompts_of, state.model, {"input": inputs}, "input")
-    n_ctx = state.engine.slots.n_ctx_slot
+    n_ctx = state.engine.n_ctx_slot
     data, n_tokens = [], 0
     for i, tokens in enumerate(prompts):
         if len(tokens) > n_ctx:
@@ -204,5 +204,4 @@ async def models(request: Request) -> Response:
     state: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [{"id": state.alias, "object": "model", "created": state.created,
                                                      "owned_by": "specee", "aliases": state.aliases,
-                                                     "tags": state.tags, "meta": {"n_ctx": state.model.n_ctx,
-                                                     "n_vocab": state.model.n_vocab, "desc": state.model.desc}}]})
+                                                     "tags": state.tags, "meta": state.model_meta}]})
