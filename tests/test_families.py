@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import unicodedata
@@ -41,7 +42,7 @@ from specee.convert.hf import convert_hf_to_gguf
 from specee.convert.merge import merge_gguf
 from specee.convert.retype import read_gguf
 from conftest import rope
-from test_convert_cli import CORPUS, eagle_state
+from test_convert_cli import CORPUS, eagle_state, upstream_binary
 from test_devices import ATOL as RPC_ATOL
 from test_devices import check_ngl, rpc_server  # noqa: F401 (fixture: a specee-rpc-server on 127.0.0.1)
 from test_eagle import save_published
@@ -74,6 +75,9 @@ FAMILIES = {
 }
 GEMMA = ("gemma2", "gemma3")
 GEMMA_MARKERS = ["<start_of_turn>", "<end_of_turn>"]  # Gemma's chat turns: user-defined pieces, special tokens
+# Phi-3's added tokens (special; those of its chat turns strip the whitespace after them, as its tokenizer_config says);
+# llama.cpp's vocabulary looks <|endoftext|> up in every file named Phi-3 and fails to load one without it
+PHI3_MARKERS = {"<|endoftext|>": False, "<|assistant|>": True, "<|system|>": True, "<|end|>": True, "<|user|>": True}
 TOKENS = np.random.default_rng(11).integers(3, 320, 40).tolist()
 PROMPTS = [np.random.default_rng(s).integers(3, 320, 5 + 2 * s).tolist() for s in range(3)]
 
@@ -81,7 +85,7 @@ PROMPTS = [np.random.default_rng(s).integers(3, 320, 5 + 2 * s).tolist() for s i
 def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
     """A tiny random model of the family (config: settings over the family's) with a SentencePiece tokenizer (both
     converters read one; Gemma's as Gemma has it: no space put in front, <pad> <eos> <bos> <unk> first, the chat
-    turn markers); norms, Q/K norms and biases random (transformers makes them 1 and 0, Gemma's norms 0: they scale
+    turn markers; Phi-3's with its added tokens); norms, Q/K norms and biases random (transformers makes them 1 and 0, Gemma's norms 0: they scale
     by 1 + weight), so that a missing or misplaced one shows."""
     config_cls, extra, _ = FAMILIES[family]
     torch.manual_seed(seed)
@@ -95,22 +99,24 @@ def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
     model.save_pretrained(path)
     buf = io.BytesIO()
     gemma = family in GEMMA
+    markers = dict.fromkeys(GEMMA_MARKERS, False) if gemma else PHI3_MARKERS if family == "phi3" else {}
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS), model_writer=buf, vocab_size=320, model_type="bpe", byte_fallback=True,
         character_coverage=1.0, hard_vocab_limit=False, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, minloglevel=2,
+        remove_extra_whitespaces=False, minloglevel=2, user_defined_symbols=list(markers),
         **(dict(add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
-                bos_piece="<bos>", user_defined_symbols=GEMMA_MARKERS) if gemma else {}))
+                bos_piece="<bos>") if gemma else {}))
     (path / "tokenizer.model").write_bytes(buf.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    added = {str(sp.PieceToId(t)): {"content": t, "special": True, "normalized": False, "lstrip": False,
+                                    "rstrip": rstrip, "single_word": False} for t, rstrip in markers.items()}
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
          "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA3_TEMPLATE,
-         "added_tokens_decoder": {str(4 + i): {"content": t, "special": True, "normalized": False, "lstrip": False,
-                                               "rstrip": False, "single_word": False}
-                                  for i, t in enumerate(GEMMA_MARKERS)}}
+         "added_tokens_decoder": added}
         if gemma else
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
-         "add_eos_token": False}))
+         "add_eos_token": False, "added_tokens_decoder": added}))
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -273,6 +279,47 @@ def test_converters_write_the_same_tensors(ours: Path, upstream: Path, family: s
             assert key in f_ours and f_ours[key].value == pytest.approx(f_up[key].value), key
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
         assert f_ours[key].value == f_up[key].value, key
+
+
+# prompts for the greedy runs beside upstream: digits, code, unicode outside the training text (byte fallback); each
+# longer than Gemma's window of 6
+GREEDY_TEXTS = ["The quick brown fox, 12 and 4567 numbers", "def f(x):\n    return x * 2  # tabs\tand caf\u00e9",
+                "z\u00fcrich \U0001f600 \u65e5\u672c \u2014 r\u00e9sum\u00e9"]
+N_GREEDY = 32
+
+
+def llama_completion_tokens(exe: str, path: Path, text: str, n: int, tmp: Path) -> list[int]:
+    """upstream llama.cpp's llama-completion on a text, greedy, F16 V cache (-ctv f16), n tokens past any end token:
+    the prompt's tokens and the generated ones, read from the session file --prompt-cache-all writes (magic, version,
+    a count, that many int32 tokens, then the context's state)."""
+    session = tmp / "session.bin"
+    session.unlink(missing_ok=True)
+    run = subprocess.run([exe, "-m", path, "-p", text, "-n", str(n), "--temp", "0", "-ctv", "f16", "-no-cnv",
+                          "--ignore-eos", "-c", "256", "-t", "2", "--no-warmup", "--simple-io", "--seed", "1",
+                          "--prompt-cache", session, "--prompt-cache-all"],
+                         capture_output=True, encoding="utf-8", errors="replace", stdin=subprocess.DEVNULL, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = session.read_bytes()
+    magic, _, count = struct.unpack_from("<III", data)
+    assert magic == 0x6767736E  # "ggsn"
+    return list(struct.unpack_from(f"<{count}i", data, 12))
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("converter", ["ours", "upstream"])
+def test_greedy_tokens_equal_upstream_llama_completion(family: str, converter: str, request: pytest.FixtureRequest,
+                                                       tmp_path: Path) -> None:
+    """The file from either converter, run by this runtime and by upstream's llama-completion with an F16 V cache (as
+    upstream's default): the same prompt tokens and the same greedy tokens (past the window on Gemma)."""
+    exe = upstream_binary("llama-completion", "SPECEE_LLAMA_COMPLETION")
+    path: Path = request.getfixturevalue(converter)
+    m = specee.Model(path, n_ctx=256, n_threads=2, type_v="f16")
+    for text in GREEDY_TEXTS:
+        theirs = llama_completion_tokens(exe, path, text, N_GREEDY, tmp_path)
+        prompt = m.tokenize(text)
+        assert theirs[:len(prompt)] == prompt, text
+        ours = [int(t) for t in m.generate_tokens(prompt, N_GREEDY, mode="plain", temp=0, ignore_eos=True)]
+        assert ours == theirs[len(prompt):], text
 
 
 def test_phi3_longrope_in_short_and_long_contexts(tmp_path: Path) -> None:
