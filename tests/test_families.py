@@ -23,6 +23,7 @@ import pytest
 import sentencepiece as spm
 import torch
 from safetensors.torch import save_file
+from tokenizers import AddedToken, Tokenizer, models, normalizers
 from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
@@ -41,6 +42,8 @@ from specee.autoee.eagle_head import EagleHead, read_base
 from specee.convert.hf import convert_hf_to_gguf
 from specee.convert.merge import merge_gguf
 from specee.convert.retype import read_gguf
+from specee.convert.vocab import SPACE_MARK
+import tokenizer_fixtures as tf
 from conftest import rope
 from test_convert_cli import CORPUS, eagle_state, upstream_binary
 from test_devices import ATOL as RPC_ATOL
@@ -310,13 +313,14 @@ def llama_completion_tokens(exe: str, path: Path, text: str, n: int, tmp: Path) 
 def test_greedy_tokens_equal_upstream_llama_completion(family: str, converter: str, request: pytest.FixtureRequest,
                                                        tmp_path: Path) -> None:
     """The file from either converter, run by this runtime and by upstream's llama-completion with an F16 V cache (as
-    upstream's default): the same prompt tokens and the same greedy tokens (past the window on Gemma)."""
+    upstream's default): the same prompt tokens (a chat turn's markers parsed, as llama-completion parses them) and the
+    same greedy tokens (past the window on Gemma)."""
     exe = upstream_binary("llama-completion", "SPECEE_LLAMA_COMPLETION")
     path: Path = request.getfixturevalue(converter)
     m = specee.Model(path, n_ctx=256, n_threads=2, type_v="f16")
-    for text in GREEDY_TEXTS:
+    for text in GREEDY_TEXTS + ([CHAT_TEXTS[family]] if family in CHAT_TEXTS else []):
         theirs = llama_completion_tokens(exe, path, text, N_GREEDY, tmp_path)
-        prompt = m.tokenize(text)
+        prompt = m.tokenize(text, parse_special=True)
         assert theirs[:len(prompt)] == prompt, text
         ours = [int(t) for t in m.generate_tokens(prompt, N_GREEDY, mode="plain", temp=0, ignore_eos=True)]
         assert ours == theirs[len(prompt):], text
@@ -361,6 +365,56 @@ def test_tokenizer_matches_sentencepiece(ours: Path, hf_dir: Path) -> None:
     m = specee.Model(ours, n_ctx=64, n_threads=2)
     for text in ("Hello world", " two  spaces and\nnew lines", "digits 12345 and ünïcödé"):
         assert m.tokenize(text, add_special=True) == [sp.bos_id()] + sp.encode(text), text
+
+
+# the text set every family's tokenizer is checked on: unicode (emoji, CJK, combining marks, RTL), digits of every
+# length, whitespace runs of every kind before every kind of character, code and markup (tokenizer_fixtures)
+FAMILY_TEXTS = tf.stress_texts(n_random=60) + tf.whitespace_texts() + ["Hello world", " lead", "x  y\n\nz"]
+# a chat turn in each family's markers (where the fixture has them): Phi-3's take the whitespace after them
+CHAT_TEXTS = {"phi3": "<|system|>\n Be brief.<|end|>\n<|user|>\n\tHi there <|end|>  \n<|assistant|>\n",
+              "gemma2": "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n"}
+CHAT_TEXTS["gemma3"] = CHAT_TEXTS["gemma2"]
+
+
+def sp_tokenizers(folder: Path, gemma: bool) -> Tokenizer:
+    """The fixture's SentencePiece model as a `tokenizers` BPE laid out as the families' published tokenizer.json files
+    are (Llama 2, Mistral, Phi-3: a space put in front and spaces as U+2581; Gemma: no space in front; byte fallback),
+    with the merges transformers derives from a BPE model's scores (its own extractor needs protobuf, which this
+    environment lacks); special: the control pieces (<s>, <bos>, ...) and the added tokens of tokenizer_config.json,
+    with their rstrip flags."""
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    added = {t["content"]: t for t in json.loads((folder / "tokenizer_config.json").read_text())
+             .get("added_tokens_decoder", {}).values()}
+    vocab = {sp.IdToPiece(i): i for i in range(sp.vocab_size())}
+    merges = []
+    for piece, i in vocab.items():
+        if sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i) or piece in added:
+            continue
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += [(sp.GetScore(i), vocab[a], vocab[b], a, b) for a, b in local]
+    merges = [(a, b) for _, _, _, a, b in sorted(merges, key=lambda m: (-m[0], m[1], m[2]))]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=sp.IdToPiece(sp.unk_id()), byte_fallback=True, fuse_unk=True))
+    space = [normalizers.Replace(" ", SPACE_MARK)]
+    tok.normalizer = normalizers.Sequence(space if gemma else [normalizers.Prepend(SPACE_MARK)] + space)
+    control = {sp.IdToPiece(i): {"lstrip": False, "rstrip": False} for i in range(sp.vocab_size()) if sp.IsControl(i)}
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=a["lstrip"], rstrip=a["rstrip"])
+                            for t, a in {**control, **added}.items()])
+    return tok
+
+
+@pytest.mark.parametrize("converter", ["ours", "upstream"])
+def test_tokenizer_matches_tokenizers(family: str, converter: str, request: pytest.FixtureRequest,
+                                      hf_dir: Path) -> None:
+    """Every family's tokenizer, from either converter's file, tokenizes the text set as `tokenizers` does (Qwen's
+    byte-level BPE: test_qwen_with_its_bpe_tokenizer_end_to_end), and a chat turn in its markers with them parsed."""
+    tok = sp_tokenizers(hf_dir, family in GEMMA)
+    m = specee.Model(request.getfixturevalue(converter), n_ctx=64, n_threads=2)
+    assert len(FAMILY_TEXTS) > 1000
+    for text in FAMILY_TEXTS:
+        assert m.tokenize(text, add_special=False) == tok.encode(text, add_special_tokens=False).ids, repr(text)
+    if family in CHAT_TEXTS:
+        chat = CHAT_TEXTS[family]
+        assert m.tokenize(chat, add_special=False, parse_special=True) == tok.encode(chat).ids
 
 
 # ---- EAGLE and early exit on every family
@@ -571,16 +625,18 @@ def test_chat_templates_are_detected_and_match_jinja(name: str, template: str, e
             assert _core.chat_apply_template(name, conversation, add) == want
 
 
-def test_qwen2_with_its_bpe_tokenizer_end_to_end(tmp_path: Path) -> None:
-    """A Qwen2 folder with a Qwen-style tokenizer.json (NFC, Qwen 2's split regex, byte-level) through `convert hf`:
-    the pre-tokenizer is written as qwen2 and the runtime tokenizes as `tokenizers` does, the chat specials too."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+@pytest.mark.parametrize("family,template,detected", [("qwen2", QWEN25_TEMPLATE, "qwen2.5"),
+                                                       ("qwen3", QWEN3_TEMPLATE, "chatml")])
+def test_qwen_with_its_bpe_tokenizer_end_to_end(family: str, template: str, detected: str, tmp_path: Path) -> None:
+    """A Qwen2 or Qwen3 folder with a Qwen-style tokenizer.json (NFC, Qwen 2's split regex, which Qwen3 keeps,
+    byte-level) through `convert hf`: the pre-tokenizer is written as qwen2 and the runtime tokenizes as `tokenizers`
+    does, the chat specials too."""
+    from tokenizers import Regex, decoders, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    import tokenizer_fixtures as tf
     from specee.convert.vocab import QWEN2_SPLIT
 
-    save_family("qwen2", tmp_path)
+    save_family(family, tmp_path)
     (tmp_path / "tokenizer.model").unlink()
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -593,13 +649,13 @@ def test_qwen2_with_its_bpe_tokenizer_end_to_end(tmp_path: Path) -> None:
     tok.train_from_iterator(CORPUS, trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {**json.loads((tmp_path / "tokenizer_config.json").read_text()), "chat_template": QWEN25_TEMPLATE}))
-    out = tmp_path / "qwen2-bpe.gguf"
+        {**json.loads((tmp_path / "tokenizer_config.json").read_text()), "chat_template": template}))
+    out = tmp_path / f"{family}-bpe.gguf"
     convert_hf_to_gguf(tmp_path, out, "f32", progress=False)
     fields, _ = read_gguf(out)
     assert (fields["tokenizer.ggml.model"].value, fields["tokenizer.ggml.pre"].value) == ("gpt2", "qwen2")
     m = specee.Model(out, n_ctx=64, n_threads=2)
-    assert m.chat_template() == "qwen2.5"
+    assert m.chat_template() == detected
     texts = tf.stress_texts(n_random=100) + tf.whitespace_texts() + ["x 12345 and 678\n\nworld 1234"]
     # texts NFC leaves alone: the runtime, as llama.cpp, does not apply the tokenizer's NFC normalizer
     texts = [t for t in texts if unicodedata.normalize("NFC", t) == t]
@@ -702,47 +758,22 @@ def gemma(family: str) -> str:
     return family
 
 
-def gemma_tokenizers(model_file: Path):
-    """transformers' GemmaTokenizer (a `tokenizers` BPE with Gemma's normalizer and byte fallback) over the
-    SentencePiece model's pieces, with the merges transformers derives from a BPE model's scores (its own extractor
-    needs protobuf, which this environment lacks), the chat markers as special tokens."""
-    from transformers import GemmaTokenizer
-
-    sp = spm.SentencePieceProcessor(model_file=str(model_file))
-    vocab = {sp.IdToPiece(i): i for i in range(sp.vocab_size())}
-    merges = []
-    for piece, i in vocab.items():
-        if sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i) or piece in GEMMA_MARKERS:
-            continue
-        local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
-        merges += [(sp.GetScore(i), vocab[a], vocab[b], a, b) for a, b in local]
-    merges = [(a, b) for _, _, _, a, b in sorted(merges, key=lambda m: (-m[0], m[1], m[2]))]
-    tok = GemmaTokenizer(vocab=vocab, merges=merges)
-    tok.add_tokens(GEMMA_MARKERS, special_tokens=True)
-    return tok
-
-
-def test_gemma_tokenizer_matches_transformers(gemma: str, ours: Path, hf_dir: Path) -> None:
-    """Gemma's SentencePiece as llama.cpp writes it (no space in front: tokenizer.ggml.add_space_prefix false)
-    tokenizes as transformers' GemmaTokenizer (`tokenizers`) on a text set, and a chat rendered by the model's own
-    template (found in the file) as the same tokens with one BOS."""
-    import tokenizer_fixtures as tf
-
-    tok = gemma_tokenizers(hf_dir / "tokenizer.model")
+def test_gemma_tokenizer_with_its_template(gemma: str, ours: Path, hf_dir: Path) -> None:
+    """Gemma's SentencePiece as llama.cpp writes it (no space in front: tokenizer.ggml.add_space_prefix false; the
+    text set: test_tokenizer_matches_tokenizers): a chat rendered by the model's own template (found in the file) is
+    the same tokens as `tokenizers` gives, with one BOS."""
+    tok = sp_tokenizers(hf_dir, gemma)
     fields, _ = read_gguf(ours)
     assert fields["tokenizer.ggml.add_space_prefix"].value is False
     m = specee.Model(ours, n_ctx=512, n_threads=2)
-    texts = tf.stress_texts(n_random=60) + tf.whitespace_texts() + ["Hello world", " lead", "x  y\n\nz"]
-    assert len(texts) > 60
-    for text in texts:
-        assert m.tokenize(text, add_special=False) == tok(text, add_special_tokens=False)["input_ids"], repr(text)
-        assert m.tokenize(text, add_special=True)[:1] == [tok.convert_tokens_to_ids("<bos>")]
+    for text in FAMILY_TEXTS[:100]:
+        assert m.tokenize(text, add_special=True)[:1] == [tok.token_to_id("<bos>")]
     chat = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello"},
             {"role": "user", "content": "And you?"}]
     assert m.chat_template() == "gemma"
     rendered = _core_apply("gemma", chat)
     assert rendered.startswith("<bos><start_of_turn>user\n")
-    assert m.prompt_tokens(chat) == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert m.prompt_tokens(chat) == tok.encode(rendered, add_special_tokens=False).ids
     assert m.prompt_tokens(chat).count(2) == 1  # the template's BOS, not another
 
 
