@@ -625,19 +625,16 @@ def test_chat_templates_are_detected_and_match_jinja(name: str, template: str, e
             assert _core.chat_apply_template(name, conversation, add) == want
 
 
-@pytest.mark.parametrize("family,template,detected", [("qwen2", QWEN25_TEMPLATE, "qwen2.5"),
-                                                       ("qwen3", QWEN3_TEMPLATE, "chatml")])
-def test_qwen_with_its_bpe_tokenizer_end_to_end(family: str, template: str, detected: str, tmp_path: Path) -> None:
+def save_qwen_bpe(family: str, path: Path, template: str) -> Tokenizer:
     """A Qwen2 or Qwen3 folder with a Qwen-style tokenizer.json (NFC, Qwen 2's split regex, which Qwen3 keeps,
-    byte-level) through `convert hf`: the pre-tokenizer is written as qwen2 and the runtime tokenizes as `tokenizers`
-    does, the chat specials too."""
+    byte-level) instead of SentencePiece; returns that tokenizer."""
     from tokenizers import Regex, decoders, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from specee.convert.vocab import QWEN2_SPLIT
 
-    save_family(family, tmp_path)
-    (tmp_path / "tokenizer.model").unlink()
+    save_family(family, path)
+    (path / "tokenizer.model").unlink()
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -647,9 +644,21 @@ def test_qwen_with_its_bpe_tokenizer_end_to_end(family: str, template: str, dete
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(tmp_path)
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {**json.loads((tmp_path / "tokenizer_config.json").read_text()), "chat_template": template}))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(path)
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {**json.loads((path / "tokenizer_config.json").read_text()), "chat_template": template}))
+    return tok
+
+
+QWEN_BPE = [("qwen2", QWEN25_TEMPLATE, "qwen2.5"), ("qwen3", QWEN3_TEMPLATE, "chatml")]
+QWEN_CHAT = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("family,template,detected", QWEN_BPE)
+def test_qwen_with_its_bpe_tokenizer_end_to_end(family: str, template: str, detected: str, tmp_path: Path) -> None:
+    """A Qwen folder with its byte-level BPE through `convert hf`: the pre-tokenizer is written as qwen2 and the
+    runtime tokenizes as `tokenizers` does, the chat specials too."""
+    tok = save_qwen_bpe(family, tmp_path, template)
     out = tmp_path / f"{family}-bpe.gguf"
     convert_hf_to_gguf(tmp_path, out, "f32", progress=False)
     fields, _ = read_gguf(out)
@@ -662,8 +671,26 @@ def test_qwen_with_its_bpe_tokenizer_end_to_end(family: str, template: str, dete
     assert len(texts) > 100
     for text in texts:
         assert m.tokenize(text, add_special=False) == tok.encode(text).ids, repr(text)
-    chat = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
-    assert m.tokenize(chat, add_special=False, parse_special=True) == tok.encode(chat).ids
+    assert m.tokenize(QWEN_CHAT, add_special=False, parse_special=True) == tok.encode(QWEN_CHAT).ids
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("family,template", [(f, t) for f, t, _ in QWEN_BPE])
+def test_qwen_bpe_greedy_tokens_equal_upstream_llama_completion(family: str, template: str, tmp_path: Path) -> None:
+    """The same file (`convert hf`'s: upstream's converter knows a BPE pre-tokenizer by a hash of a real model's
+    tokens, which this trained one is not) in upstream's llama-completion (-ctv f16) and this runtime: the same prompt
+    tokens (Qwen's pre-tokenizer: digits one by one, whitespace runs; the chat specials) and greedy tokens."""
+    exe = upstream_binary("llama-completion", "SPECEE_LLAMA_COMPLETION")
+    save_qwen_bpe(family, tmp_path, template)
+    out = tmp_path / f"{family}-bpe.gguf"
+    convert_hf_to_gguf(tmp_path, out, "f32", progress=False)
+    m = specee.Model(out, n_ctx=256, n_threads=2, type_v="f16")
+    for text in GREEDY_TEXTS + ["x 12345 and 678\n\n  world 1234\t\tend", QWEN_CHAT]:
+        theirs = llama_completion_tokens(exe, out, text, N_GREEDY, tmp_path)
+        prompt = m.tokenize(text, parse_special=True)
+        assert theirs[:len(prompt)] == prompt, text
+        ours = [int(t) for t in m.generate_tokens(prompt, N_GREEDY, mode="plain", temp=0, ignore_eos=True)]
+        assert ours == theirs[len(prompt):], text
 
 
 # ---- Gemma 2 and 3: chat template, tokenizer, sliding windows, what llama.cpp's converter leaves to assumption
