@@ -88,8 +88,8 @@ PROMPTS = [np.random.default_rng(s).integers(3, 320, 5 + 2 * s).tolist() for s i
 def save_family(family: str, path: Path, seed: int = 0, **config) -> None:
     """A tiny random model of the family (config: settings over the family's) with a SentencePiece tokenizer (both
     converters read one; Gemma's as Gemma has it: no space put in front, <pad> <eos> <bos> <unk> first, the chat
-    turn markers; Phi-3's with its added tokens); norms, Q/K norms and biases random (transformers makes them 1 and 0, Gemma's norms 0: they scale
-    by 1 + weight), so that a missing or misplaced one shows."""
+    turn markers; Phi-3's with its added tokens); norms, Q/K norms and biases random (transformers makes them 1 and
+    0, Gemma's norms 0: they scale by 1 + weight), so that a missing or misplaced one shows."""
     config_cls, extra, _ = FAMILIES[family]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config_cls(**{**COMMON, **extra, **config}))
