@@ -28,9 +28,11 @@ from specee.server.engine import Engine, ServerState
 from specee.server.anthropic import count_tokens
 from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
-from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
+from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
+from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
 from specee.server.request import ApiError
+from specee.server.responses import responses
 from specee.server.templates import ChatTemplate, chat_template_of
 
 
@@ -116,7 +118,8 @@ class Guard:
             await ApiError(500, f"internal error: {type(e).__name__}", "server_error").response()(scope, receive, send)
 
 
-def make_app(state: ServerState) -> Starlette:
+def make_app(state: ServerState, gcp: GcpSettings | None = None) -> Starlette:
+    """The app; with `gcp` (AIP_MODE=PREDICTION), Vertex AI's predict and health routes too."""
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
@@ -132,11 +135,16 @@ def make_app(state: ServerState) -> Starlette:
         Route("/health", health),
         Route("/props", props),
         Route("/slots", slots),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),
         *TEMPLATE_ROUTES,
     ]
+    if gcp is not None:
+        routes += gcp_routes(gcp, routes, health)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
@@ -219,9 +227,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
-                   help="most tokens a request generates: a larger max_tokens / n_predict is lowered to it, and a "
-                   "request with none (or -1) gets it; /props shows it (default: -1 = until an end-of-generation "
-                   "token or the slot's context is full, -c / -np tokens with the prompt)")
+                   help="most tokens a request generates when it gives no max_tokens / n_predict (or -1); a request's "
+                   "own is taken as it is, larger or not (llama-server's rule); /props shows it (default: -1 = until "
+                   "an end-of-generation token or the slot's context is full, -c / -np tokens with the prompt)")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
     add_template_flags(p)
@@ -261,6 +269,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         warnings.warn(f"specee-server listens on {args.host}: reachable from other machines"
                       f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
+    try:
+        gcp = gcp_settings()
+        save_path = args.llama.get("slot_save_path")
+        if save_path is not None:
+            os.makedirs(save_path, exist_ok=True)
+    except (ValueError, OSError) as e:
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if gcp is not None and gcp.port is not None:
+        args.port = gcp.port  # as llama-server: Vertex AI's port wins
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
@@ -270,8 +288,12 @@ def main(argv: list[str] | None = None) -> None:
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
                         sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
-                        cors_origins=args.cors_origins, template=template)
-    app = make_app(state)
+                        cors_origins=args.cors_origins, template=template, slot_save_path=save_path)
+    try:
+        app = make_app(state, gcp)
+    except ValueError as e:
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
     cap = "" if args.n_predict < 0 else f", at most {args.n_predict} generated"

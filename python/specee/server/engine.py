@@ -21,7 +21,7 @@ from specee.server.request import ApiError, RequestParams
 from specee.server.templates import ChatTemplate
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: the queue finds it by identity
 class Job:
     """One generation: its prompt and parameters, and what the batching thread sends back to the event loop."""
 
@@ -31,6 +31,9 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     slot: int | None = None
     cancelled: bool = False
+    cached: int = 0  # prompt tokens its slot's cache held when it was admitted
+    processed: int = -1  # prompt tokens in the cache at the last progress sent (return_progress); -1: none sent
+    admitted: float = 0.0  # time.perf_counter() when a slot took it
 
     def send(self, *event: Any) -> None:  # from the batching thread
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -80,25 +83,43 @@ class Engine:
     # -- the batching thread
 
     def _admit(self) -> None:
-        while self.waiting:
-            job = self.waiting[0]
+        """Waiting jobs onto free slots, in order; a job asking for a slot (id_slot) that is busy waits for it while
+        the jobs behind it go on."""
+        for job in list(self.waiting):
             if job.cancelled:
-                self.waiting.popleft()
+                self.waiting.remove(job)
                 continue
             p = job.params
             try:
-                slot = self.slots.submit_options(job.tokens, p.options, p.n_predict, p.n_probs)
-            except Exception as e:  # a bad prompt or options: the request's 400, never the thread's end
-                self.waiting.popleft()
+                slot = self.slots.submit_options(job.tokens, p.options, p.n_predict, p.n_probs,
+                                                 None if p.id_slot < 0 else p.id_slot)
+            except Exception as e:  # a bad prompt, options or slot: the request's 400, never the thread's end
+                self.waiting.remove(job)
                 self.metrics["requests_error"] += 1
                 job.send("error", str(e))
                 continue
             if slot is None:
+                if p.id_slot >= 0:
+                    continue
                 return
-            self.waiting.popleft()
+            self.waiting.remove(job)
             job.slot = slot
+            job.admitted = time.perf_counter()
+            job.cached = self.slots.n_past(slot)
             self.running[slot] = job
-            job.send("start", self.slots.mode(slot))
+            job.send("start", self.slots.mode(slot), slot)
+            self._progress(job)
+
+    def _progress(self, job: Job) -> None:
+        """llama.cpp's return_progress: the job's prompt tokens in its slot's cache, sent when they changed (the
+        first at its admission: what its slot's cache held), until the whole prompt is in."""
+        if not job.params.progress or job.processed >= len(job.tokens) or job.slot is None:
+            return
+        processed = self.slots.n_past(job.slot)
+        if processed > job.processed:
+            job.processed = processed
+            ms = 0.0 if processed == job.cached else 1e3 * (time.perf_counter() - job.admitted)
+            job.send("progress", job.cached, processed, ms)
 
     def _drop_cancelled(self) -> None:
         for slot, job in list(self.running.items()):
@@ -110,9 +131,10 @@ class Engine:
     def _deliver(self) -> None:
         self._drop_cancelled()
         for slot, job in list(self.running.items()):
+            self._progress(job)
             out = self.slots.read(slot)
             if out.tokens:
-                job.send("tokens", out.tokens, out.logprobs)
+                job.send("tokens", out.tokens, out.logprobs, self.slots.stats(slot) if job.params.timings else None)
             if out.finish is not None:
                 stats = self.slots.stats(slot)
                 self._count(stats, self.slots.mode(slot))
@@ -174,10 +196,10 @@ class Engine:
 @dataclass
 class ServerState:
     """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
-    none, the API key (None: none needed), whether /metrics is served, the most tokens a request generates (-n;
-    -1: until an end-of-generation token or a full slot), the sampling defaults of requests (GenerateOptions' fields,
-    from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
-    (--tags), the origins CORS lets a browser call from, and the chat template."""
+    none, the API key (None: none needed), whether /metrics is served, the most tokens a request that names none
+    generates (-n; -1: until an end-of-generation token or a full slot), the sampling defaults of requests
+    (GenerateOptions' fields, from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
+    (--tags), the origins CORS lets a browser call from, the chat template and the folder of saved slots."""
 
     model: Model
     engine: Engine
@@ -193,3 +215,4 @@ class ServerState:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
+    slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save writes (None: not served)

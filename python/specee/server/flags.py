@@ -111,7 +111,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--models-dir --models-preset --models-max", "VALUE", "refused", "one model per server: no router mode"),
     S("--models-autoload --no-models-autoload", None, "refused", "one model per server: no router mode"),
     S("--sleep-idle-seconds", "SECONDS", "refused", "the model stays loaded"),
-    S("--slot-save-path", "PATH", "refused", "saving and restoring slots is not supported"),
+    S("--slot-save-path", "PATH", "server", "the folder where POST /slots/{id}?action=save writes a slot's cache "
+      "and restore reads it (made if missing; default: slot saving is off)", "slot_save_path"),
     S("-cb --cont-batching", None, "ignored", "continuous batching is always on"),
     S("-nocb --no-cont-batching", None, "refused", "continuous batching is always on"),
     S("--cache-prompt --no-cache-prompt", None, "ignored", "a slot's cached prompt prefix gives the same output"),
