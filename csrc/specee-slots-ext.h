@@ -1,5 +1,5 @@
 // specee-slots-ext.h: the parallel slots' calls beside specee.h's (which is full): a request on a slot of the
-// caller's choice, a slot's prompt progress, and a slot's cache (its cells: tokens, positions, K/V) written to a file,
+// caller's choice, the cache shared whole (unified), a slot's prompt progress, and a slot's cache (its cells: tokens, positions, K/V) written to a file,
 // read back into a slot, or erased. Every call locks the context, as specee.h's slot calls do.
 #pragma once
 
@@ -13,6 +13,11 @@ extern "C" {
 // SPECEE_SLOTS_BUSY while that slot holds a request, -1 with specee_last_error() on a bad slot, prompt or options
 int32_t specee_slots_submit_to(specee_slots * slots, int32_t slot, const int32_t * tokens, int32_t n_tokens,
                                struct specee_generator_params params, int32_t n_predict, int32_t n_probs);
+// unified != 0 (llama.cpp's --kv-unified): every slot may use the whole cache (n_ctx cells, not n_ctx / n_slots);
+// a request's submit drops the idle slots' caches, and a pass the running requests together overflow fails (-1,
+// "context overflow", as specee.h's calls do) instead of never running out. Only before the first request. Returns
+// the cells a slot may use now, -1 with specee_last_error()
+int32_t specee_slots_set_unified(specee_slots * slots, int32_t unified);
 // prompt tokens of the slot's request in its cache: the prefix reused at its submit, then each prefilled chunk's end
 // (the prompt's length once prefilled); -1 for a slot out of range
 int32_t specee_slots_n_past(const specee_slots * slots, int32_t slot);

@@ -18,7 +18,8 @@
 // Each slot owns a generator (sampler, draft head, stats) bound to its sequence (slot i: sequence i + 1; sequence 0
 // is the single-sequence API's). A slot's cells stay after its request for the next one (a chat's next turn
 // prefills only its new tokens): a request goes to the free slot whose cache holds the longest prefix of its
-// prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out.
+// prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out (unless the cache is shared
+// whole, llama.cpp's --kv-unified: specee-slot-cache.cpp).
 #include "specee-context.h"
 #include "specee-drafter.h"
 #include "specee-embed.h"
@@ -177,6 +178,13 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
         sl.n_past          = e;
         g.stats.n_reused   = e;
         g.stats.t_prompt_ms += specee_ms_since(t0);
+    }
+    if (s.unified) { // the running slots share the whole cache: the idle slots' caches make room for them
+        for (specee_slot & o : s.slots) {
+            if (&o != &sl && o.state == SLOT_FREE) {
+                ctx.kv.seq_remove(o.gen->seq, 0, -1);
+            }
+        }
     }
     sl.state = SLOT_PREFILL;
     s.totals.n_requests++;

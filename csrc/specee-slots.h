@@ -1,4 +1,4 @@
-// specee-slots.h: the parallel slots' state (specee-slots.cpp steps them, specee-slot-file.cpp saves and restores a
+// specee-slots.h: the parallel slots' state (specee-slots.cpp steps them, specee-slot-cache.cpp saves and restores a
 // slot's cells); internal
 #pragma once
 
@@ -37,6 +37,7 @@ struct specee_slots {
     std::vector<specee_slot> slots;
     int32_t                  n_chunk    = 0;
     int32_t                  n_ctx_slot = 0;
+    bool                     unified    = false; // every slot may use the whole cache (specee_slots_set_unified)
     uint64_t                 clock      = 0;
     specee_slots_totals      totals{};
 };

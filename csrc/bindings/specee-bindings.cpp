@@ -489,6 +489,14 @@ struct Slots {
         return py::make_tuple(toks, layers, finish, std::string(specee_slots_error(ptr, slot)), logprobs);
     }
 
+    int32_t set_unified(bool unified) {
+        const int32_t r = specee_slots_set_unified(ptr, unified ? 1 : 0);
+        if (r < 0) {
+            raise_last();
+        }
+        return r;
+    }
+
     // a free slot's cache to a file, back, or dropped (specee-slots-ext.h): the cells; the GIL released for the I/O
     int32_t cache(const std::string & action, int32_t slot, const std::string & path) {
         int32_t r;
@@ -948,6 +956,7 @@ PYBIND11_MODULE(_core, m) {
         .def("submit", &Slots::submit, py::arg("tokens"), py::arg("options"), py::arg("n_predict") = -1,
              py::arg("n_probs") = -1, py::arg("slot") = -1)
         .def("n_past", [](const Slots & s, int32_t slot) { return specee_slots_n_past(s.ptr, slot); }, py::arg("slot"))
+        .def("set_unified", &Slots::set_unified, py::arg("unified"))
         .def("cache", &Slots::cache, py::arg("action"), py::arg("slot"), py::arg("path") = "")
         .def("step", &Slots::step)
         .def("read", &Slots::read, py::arg("slot"))

@@ -139,9 +139,9 @@ def usage_of(res: Result) -> dict:
 
 def prompt_of(state: ServerState, chat: dict) -> ChatPrompt:
     """The chat's prompt; no messages at all (llama-server takes them): the template's generation prompt alone."""
+    assert state.template is not None  # made at the start
     if chat["messages"]:
         return chat_prompt(state.model, state.template, chat)
-    assert state.template is not None
     try:
         text = state.template.render([], None, add_generation_prompt=True)
     except TemplateError as e:

@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
-    engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
+    engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
+                    unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"))
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,

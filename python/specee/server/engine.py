@@ -42,9 +42,11 @@ class Job:
 class Engine:
     """The model, its slots and the thread that steps them; jobs wait in a bounded queue for a free slot."""
 
-    def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int) -> None:
+    def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int, unified: bool = False) -> None:
         self.model = model
         self.slots = model.slots(n_parallel, n_chunk)
+        if unified:  # --kv-unified: every slot may use the whole cache
+            self.slots.set_unified()
         self.max_queue = max_queue
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}
@@ -96,7 +98,7 @@ class Engine:
             except Exception as e:  # a bad prompt, options or slot: the request's 400, never the thread's end
                 self.waiting.remove(job)
                 self.metrics["requests_error"] += 1
-                job.send("error", str(e))
+                job.send("error", str(e), 400)
                 continue
             if slot is None:
                 if p.id_slot >= 0:
@@ -162,10 +164,11 @@ class Engine:
             m["exit_exits"] += int(st["n_exits"])
 
     def _fail_running(self, message: str) -> None:
+        """A pass failed: every running request gets the server's error (500)."""
         with self.cond:
             for slot, job in self.running.items():
                 self.slots.release(slot)
-                job.send("error", message)
+                job.send("error", message, 500)
             self.running.clear()
 
     def _run(self) -> None:
@@ -188,7 +191,9 @@ class Engine:
             try:
                 self.slots.step()  # the GIL is released for the pass
             except _core.SpecEEError as e:
-                self._fail_running(str(e))
+                # llama.cpp's words for a shared cache (--kv-unified) that the running requests overflowed
+                overflow = "context overflow" in str(e)
+                self._fail_running(f"context size has been exceeded: {e}" if overflow else str(e))
         with self.cond:
             self._deliver()
 

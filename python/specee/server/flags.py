@@ -119,8 +119,9 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--cache-reuse -sps --slot-prompt-similarity -cram --cache-ram -ctxcp --ctx-checkpoints --swa-checkpoints "
       "-cms --checkpoint-min-step --kv-unified-per-slot", "N", "ignored", "prompt caching: output is the same"),
     S("--cache-idle-slots --no-cache-idle-slots", None, "ignored", "prompt caching: output is the same"),
-    S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "ignored",
-      "the slots share one KV cache here, each holding at most -c / -np tokens"),
+    S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "server",
+      "every slot may use the whole KV cache (-c tokens; a request drops the idle slots' caches, and requests that "
+      "together overflow it fail with 500), or each at most -c / -np tokens (the default)", "kv_unified"),
     S("--context-shift", None, "refused", "no context shift: a generation that fills its slot ends (length)"),
     S("--no-context-shift", None, "ignored", "no context shift here"),
     S("--keep", "N", "ignored", "tokens kept on a context shift, which does not happen here"),

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Message
 
 from specee.server.request import ApiError, json_object
 
@@ -74,7 +75,7 @@ def predict_endpoint(routes: list[Route]) -> Callable:
                  "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
         given = False
 
-        async def receive() -> dict:  # the instance's body, then the client's own connection (gone: cancelled)
+        async def receive() -> Message:  # the instance's body, then the client's own connection (gone: cancelled)
             nonlocal given
             if not given:
                 given = True

@@ -142,8 +142,8 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
                     return
                 if event is None:
                     continue
-            if event[0] == "error":
-                raise ApiError(400, event[1])
+            if event[0] == "error":  # the request refused (400), or a failed pass (500)
+                raise ApiError(event[2], event[1], "invalid_request_error" if event[2] == 400 else "server_error")
             if event[0] == "start":
                 result.mode, result.slot = event[1], event[2]
                 yield ""  # admitted: a stream's headers can go

@@ -142,7 +142,7 @@ async def responses(request: Request) -> Response:
 
     def output_of(res: Result) -> list[dict]:
         content, calls = (res.text, []) if tools is None else reply_of(res.text, tools)
-        out = [message(content)] if content or not calls else []
+        out = [message(content or "")] if content or not calls else []
         for c in calls:
             out.append({"type": "function_call", "id": "fc_" + c["id"][5:], "call_id": c["id"], "status": "completed",
                         "name": c["function"]["name"], "arguments": c["function"]["arguments"]})

@@ -1,5 +1,5 @@
-// specee-slot-file.cpp: a slot's cache written to a file, read back into a slot, or erased (specee-slots-ext.h says
-// the file's layout). Only a free slot's cache is touched: a slot holding a request changes its cells every pass.
+// specee-slot-cache.cpp: the slots' caches beyond a pass: shared whole (unified) or shared out, and a slot's cache
+// written to a file, read back into a slot, or erased (specee-slots-ext.h says the file's layout). Only a free slot's cache is touched: a slot holding a request changes its cells every pass.
 // Restore reads and checks the whole file first, so a bad file changes nothing; the restored cells are the slot's
 // own (a prefix another slot shares stays that slot's), and its next request reuses them as any cached prefix.
 #include "specee-context.h"
@@ -216,6 +216,20 @@ static int32_t restore_impl(specee_slots & s, int32_t slot, const char * path) {
 }
 
 // ---- C API -------------------------------------------------------------------------------------------
+
+extern "C" int32_t specee_slots_set_unified(specee_slots * s, int32_t unified) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        for (const specee_slot & sl : s->slots) {
+            if (sl.state != SLOT_FREE) {
+                specee_fail("the slots hold requests: the cache is shared out before the first");
+            }
+        }
+        s->unified    = unified != 0;
+        s->n_ctx_slot = (int32_t) (s->ctx->cparams.n_ctx / (s->unified ? 1u : (uint32_t) s->slots.size()));
+        return s->n_ctx_slot;
+    });
+}
 
 extern "C" int32_t specee_slots_save(specee_slots * s, int32_t slot, const char * path) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
