@@ -24,11 +24,15 @@ from specee.server.tools import ChatPrompt, chat_prompt, reply_of
 STOP_REASON = {"stop": "end_turn", "length": "max_tokens"}
 
 
-def no_image(where: str) -> ApiError:
-    """An image block, well formed: llama-server's answer for a model without a multimodal projector (a 500 there,
-    kept so that its clients see the same)."""
-    return ApiError(500, f"{where}: image input is not supported: this server runs text-only models (no multimodal "
-                    "projector)", "server_error", param="messages")
+def no_image(block: dict, where: str) -> ApiError:
+    """An image block: well formed ({"source": {"type": "base64", "data"} or {"type": "url", "url"}}), llama-server's
+    answer for a model without a multimodal projector (a 500 there, kept so that its clients see the same); else a
+    400."""
+    source = block.get("source")
+    good = isinstance(source, dict) and (source.get("type") == "base64" and isinstance(source.get("data"), str) or
+                                         source.get("type") == "url" and isinstance(source.get("url"), str))
+    return ApiError(500 if good else 400, f"{where}: image input is not supported: this server runs text-only models "
+                    "(no multimodal projector)", "server_error" if good else "invalid_request_error", param="messages")
 
 
 def text_blocks(value: Any, where: str) -> str:
@@ -42,7 +46,7 @@ def text_blocks(value: Any, where: str) -> str:
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             kind = b.get("type") if isinstance(b, dict) else None
             if kind == "image":
-                raise no_image(where)
+                raise no_image(b, where)
             raise ApiError(400, f"{where}: {kind or 'a'} block where a text block was expected", param=where)
         out.append(b["text"])
     return "\n".join(out)
@@ -83,7 +87,7 @@ def chat_messages(messages: Any) -> list[dict]:
                 out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")),
                             "content": ("Error: " if b.get("is_error") else "") + text})
             elif kind == "image":
-                raise no_image(f"messages[{i}]")
+                raise no_image(b, f"messages[{i}]")
             else:
                 raise ApiError(400, f"messages[{i}]: a content block of type {json.dumps(kind)[:40]} is not "
                                "supported here (text, tool_use in assistant messages, tool_result in user ones)",

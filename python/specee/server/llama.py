@@ -19,7 +19,7 @@ from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
 from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
-                                   prompts_of, request_params, shown)
+                                   prompts_of, request_params, shown, tokens_wanted)
 
 # a request's fields that /completion's generation_settings echo (llama.cpp's names)
 GENERATION_FIELDS = ("n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
@@ -70,8 +70,7 @@ async def llama_completion(request: Request) -> Response:
                               for t, sign, b in items]
     if settings["ignore_eos"]:
         settings["logit_bias"] += [{"token": t, "bias": None} for t in state.model.eog_tokens]
-    if settings["n_predict"] < 0:  # llama.cpp's rule: the request's n_predict, else the server's -n
-        settings["n_predict"] = state.n_predict
+    settings["n_predict"] = tokens_wanted(body, "llama", state.n_predict)  # the request's, else the server's -n
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False, tokens: list[int] = prompts[0],
               index: int = 0) -> dict:
@@ -113,8 +112,8 @@ def default_params(state: ServerState) -> dict:
 
 
 async def props(request: Request) -> Response:
-    """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's cap (-n; -1: none,
-    a request then generates until an end-of-generation token or a full slot of `n_ctx` tokens, its prompt
+    """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's -n (for requests that give
+    none; -1: none, such a request then generates until an end-of-generation token or a full slot of `n_ctx` tokens, its prompt
     included), the slots, the model's file, the largest body."""
     state: ServerState = request.app.state.server
     return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.slots.n_ctx_slot,
