@@ -1,6 +1,6 @@
 // specee-slot-cache.cpp: the slots' caches beyond a pass: shared whole (unified) or shared out, and a slot's cache
-// written to a file, read back into a slot, or erased (specee-slots-ext.h says the file's layout). Only a free slot's cache is touched: a slot holding a request changes its cells every pass.
-// Restore reads and checks the whole file first, so a bad file changes nothing; the restored cells are the slot's
+// written to a file, read back into a slot, or erased (specee-slots-ext.h says the file's layout). Only a free
+// slot's cache is touched: a slot holding a request changes its cells every pass. Restore reads and checks the whole file first, so a bad file changes nothing; the restored cells are the slot's
 // own (a prefix another slot shares stays that slot's), and its next request reuses them as any cached prefix.
 #include "specee-context.h"
 #include "specee-impl.h"

@@ -1,6 +1,7 @@
 // specee-slots-ext.h: the parallel slots' calls beside specee.h's (which is full): a request on a slot of the
-// caller's choice, the cache shared whole (unified), a slot's prompt progress, and a slot's cache (its cells: tokens, positions, K/V) written to a file,
-// read back into a slot, or erased. Every call locks the context, as specee.h's slot calls do.
+// caller's choice, the cache shared whole (unified), a slot's prompt progress, and a slot's cache (its cells:
+// tokens, positions, K/V) written to a file, read back into a slot, or erased. Every call locks the context, as
+// specee.h's slot calls do.
 #pragma once
 
 #include "specee.h"

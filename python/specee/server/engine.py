@@ -203,8 +203,9 @@ class ServerState:
     """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
     none, the API key (None: none needed), whether /metrics is served, the most tokens a request that names none
     generates (-n; -1: until an end-of-generation token or a full slot), the sampling defaults of requests
-    (GenerateOptions' fields, from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
-    (--tags), the origins CORS lets a browser call from, the chat template and the folder of saved slots."""
+    (GenerateOptions' fields, from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias`
+    the first) and tags (--tags), the origins CORS lets a browser call from, the chat template and the folder of saved
+    slots."""
 
     model: Model
     engine: Engine

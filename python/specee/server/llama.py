@@ -112,9 +112,9 @@ def default_params(state: ServerState) -> dict:
 
 
 async def props(request: Request) -> Response:
-    """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's -n (for requests that give
-    none; -1: none, such a request then generates until an end-of-generation token or a full slot of `n_ctx` tokens, its prompt
-    included), the slots, the model's file, the largest body."""
+    """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's -n (for requests
+    that give none; -1: none, such a request then generates until an end-of-generation token or a full slot of `n_ctx`
+    tokens, its prompt included), the slots, the model's file, the largest body."""
     state: ServerState = request.app.state.server
     return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.slots.n_ctx_slot,
                                                          "n_predict": state.n_predict, "params": default_params(state)},
