@@ -30,10 +30,12 @@ from specee.server.engine import Engine, ServerState
 from specee.server.anthropic import count_tokens
 from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
-from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
+from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
+from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
 from specee.server.reasoning import ReasoningError, reasoning_of
 from specee.server.request import ApiError
+from specee.server.responses import responses
 from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
 from specee.server.sleep import READ_ONLY, Sleeper
 from specee.server.templates import ChatTemplate, chat_template_of
@@ -132,7 +134,8 @@ class Guard:
                 sleeper.release()
 
 
-def make_app(state: ServerState, sleeper: Sleeper | None = None) -> Starlette:
+def make_app(state: ServerState, sleeper: Sleeper | None = None, gcp: GcpSettings | None = None) -> Starlette:
+    """The app; with `gcp` (AIP_MODE=PREDICTION), Vertex AI's predict and health routes too."""
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
@@ -148,11 +151,16 @@ def make_app(state: ServerState, sleeper: Sleeper | None = None) -> Starlette:
         Route("/health", health),
         Route("/props", props),
         Route("/slots", slots),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),
         *TEMPLATE_ROUTES,
     ]
+    if gcp is not None:
+        routes += gcp_routes(gcp, routes, health)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
@@ -239,9 +247,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
-                   help="most tokens a request generates: a larger max_tokens / n_predict is lowered to it, and a "
-                   "request with none (or -1) gets it; /props shows it (default: -1 = until an end-of-generation "
-                   "token or the slot's context is full, -c / -np tokens with the prompt)")
+                   help="most tokens a request generates when it gives no max_tokens / n_predict (or -1); a request's "
+                   "own is taken as it is, larger or not (llama-server's rule); /props shows it (default: -1 = until "
+                   "an end-of-generation token or the slot's context is full, -c / -np tokens with the prompt)")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
     add_template_flags(p)
@@ -347,21 +355,37 @@ def main(argv: list[str] | None = None) -> None:
         return serve(app, args)
     if os.environ.get(CHILD_ENV):  # started by a router (server/router.py): it ends with the router
         exit_with_router()
+    try:
+        gcp = gcp_settings()
+        save_path = args.llama.get("slot_save_path")
+        if save_path is not None:
+            os.makedirs(save_path, exist_ok=True)
+    except (ValueError, OSError) as e:
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if gcp is not None and gcp.port is not None:
+        args.port = gcp.port  # as llama-server: Vertex AI's port wins
     options = context_options_of(args, CONTEXT_FLAGS)
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
-    engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
+    engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
+                    unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"))
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
                         sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
                         cors_origins=args.cors_origins, template=template, verbose="verbose" in args.llama,
-                        model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc})
+                        model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc},
+                        slot_save_path=save_path)
     sleeper = None
     if args.sleep_idle_seconds > 0:
         sleeper = Sleeper(state, args.sleep_idle_seconds, lambda: Model(model.path, **options))
-    app = make_app(state, sleeper)
+    try:
+        app = make_app(state, sleeper, gcp)
+    except ValueError as e:
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
     if sleeper is not None:

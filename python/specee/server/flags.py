@@ -118,15 +118,17 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "(default), or only by POST /models/load", "models_autoload"),
     S("--sleep-idle-seconds", "SECONDS", "server", "unload the model after SECONDS without a request that needs it; "
       "the next one loads it again (default: -1, never)", "sleep_idle_seconds"),
-    S("--slot-save-path", "PATH", "refused", "saving and restoring slots is not supported"),
+    S("--slot-save-path", "PATH", "server", "the folder where POST /slots/{id}?action=save writes a slot's cache "
+      "and restore reads it (made if missing; default: slot saving is off)", "slot_save_path"),
     S("-cb --cont-batching", None, "ignored", "continuous batching is always on"),
     S("-nocb --no-cont-batching", None, "refused", "continuous batching is always on"),
     S("--cache-prompt --no-cache-prompt", None, "ignored", "a slot's cached prompt prefix gives the same output"),
     S("--cache-reuse -sps --slot-prompt-similarity -cram --cache-ram -ctxcp --ctx-checkpoints --swa-checkpoints "
       "-cms --checkpoint-min-step --kv-unified-per-slot", "N", "ignored", "prompt caching: output is the same"),
     S("--cache-idle-slots --no-cache-idle-slots", None, "ignored", "prompt caching: output is the same"),
-    S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "ignored",
-      "the slots share one KV cache here, each holding at most -c / -np tokens"),
+    S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "server",
+      "every slot may use the whole KV cache (-c tokens; a request drops the idle slots' caches, and requests that "
+      "together overflow it fail with 500), or each at most -c / -np tokens (the default)", "kv_unified"),
     S("--context-shift", None, "refused", "no context shift: a generation that fills its slot ends (length)"),
     S("--no-context-shift", None, "ignored", "no context shift here"),
     S("--keep", "N", "ignored", "tokens kept on a context shift, which does not happen here"),

@@ -64,12 +64,23 @@ def tool_call_deltas(calls: list[dict]) -> list[dict]:
     return out
 
 
+def check_last_messages(body: dict) -> None:
+    """llama.cpp's rule: a chat ending with an assistant's message is continued (prefill); two of them at the end
+    are refused (which one would go on?)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) >= 2 and all(
+            isinstance(m, dict) and m.get("role") == "assistant" for m in messages[-2:]):
+        raise ApiError(400, "'messages' may end with one assistant message (continued), not two or more",
+                       param="messages")
+
+
 async def chat_completions(request: Request) -> Response:
     """Chat through the server's template; with `tools`, the reply read as OpenAI's `tool_calls` (server/tools.py):
     in a stream, a generic answer's text as it is generated, calls (and a native template's reply) once whole. A
     reply's thoughts go to `reasoning_content` (server/reasoning.py), in a stream as they come."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
+    check_last_messages(body)
     prompt = await off_loop(request, chat_prompt, state.model, state.template, body)
     tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None
     stream = bool(body.get("stream"))
