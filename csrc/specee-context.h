@@ -122,3 +122,5 @@ void specee_context_check_memory(const specee_context & ctx, uint32_t n_ctx, uin
 // position and are removed again (the last batch's results are overwritten). NAN when the cache has no room.
 // (specee-pass-cost.cpp)
 double specee_context_pass_cost(specee_context & ctx, int32_t n);
+// the same when a pass of n tokens was timed (or set) before on this context, NAN otherwise (nothing is timed)
+double specee_context_pass_cost_known(const specee_context & ctx, int32_t n);
