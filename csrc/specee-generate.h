@@ -29,6 +29,7 @@ struct specee_generator {
     specee_tree_decoder       tree;
     specee_exit_decoder       exit;
     specee_lookup             lookup; // ngram
+    specee_draft_seq          draft;  // draft: the sequence on the draft model's context
 
     bool                 started  = false;
     int32_t              root     = -1; // the last emitted token, not in the cache yet

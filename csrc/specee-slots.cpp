@@ -289,7 +289,7 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, int32_t n_pass
         emitted.resize(specee_jump_forward_finish(g, n, logits, tbk.row0, tbk.n_max, emitted.data()));
     } else {
         const specee_verified v = {n, logits, tbk.row0, n_pass, pass_ms};
-        emitted.resize(specee_drafter_finish(*specee_generator_drafter(g), {g.tree, g.lookup}, specee_generator_step(g),
+        emitted.resize(specee_drafter_finish(*specee_generator_drafter(g), {g.tree, g.lookup, g.draft}, specee_generator_step(g),
                                              tbk.p, v, tbk.n_max, emitted.data()));
         g.stats.t_sample_ms += specee_ms_since(t0); // (jump-forward's finish adds its own)
     }
@@ -388,7 +388,7 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
         const auto    t0     = specee_clock::now();
         stepped[i]           = 1;
         try {
-            tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup}, specee_generator_step(g),
+            tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup, g.draft}, specee_generator_step(g),
                                                           std::max(budget, 0), share_so_far(sb));
             tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos,
                                               specee_tree_filter(g.tree, specee_generator_step(g), tbk.p.nodes));
@@ -551,6 +551,9 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         const int32_t t = sample_row(s, sl, row);
         if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_NGRAM) {
             specee_lookup_reset(g.lookup, sl.prompt.data(), n, t);
+        }
+        if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_DRAFT) {
+            specee_draft_seq_reset(g.draft, sl.prompt.data(), n, t);
         }
         g.root          = t;
         g.root_pos      = n;

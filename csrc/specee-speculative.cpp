@@ -614,7 +614,22 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_
     for (;;) {
         const float * lg    = logits_of(user, cur);
         int32_t       child = -1, t;
-        if (replay >= 0) {
+        if (!dec.synth.empty()) {
+            t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the target's token, where the draft is not taken
+            const int32_t depth = dec.nodes[cur].depth;
+            for (int32_t c : dec.nodes[cur].children) {
+                if (dec.nodes[c].row < 0) {
+                    continue;
+                }
+                const double u = std::uniform_real_distribution<double>(0.0, 1.0)(dec.synth_rng);
+                if (depth < (int32_t) dec.synth.size() && u < dec.synth[depth] &&
+                    !specee_token_is_eog(step.ctx.model, dec.nodes[c].token)) {
+                    child = c;
+                    t     = dec.nodes[c].token;
+                }
+                break;
+            }
+        } else if (replay >= 0) {
             t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the bonus token, where the replay stops
             for (int32_t c : dec.nodes[cur].children) {
                 if (n_acc < replay && dec.nodes[c].row >= 0) {
@@ -623,8 +638,8 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_
                     break;
                 }
             }
-        } else if (greedy) {
-            t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the (penalised) argmax
+        } else if (greedy || dec.draw_match) {
+            t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the (penalised) argmax, or plain decoding's draw
             for (int32_t c : dec.nodes[cur].children) {
                 if (dec.nodes[c].row >= 0 && dec.nodes[c].token == t) {
                     child = c;

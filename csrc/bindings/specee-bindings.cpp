@@ -601,7 +601,7 @@ PYBIND11_MODULE(_core, m) {
             py::list reads;
             for (const auto & [bit, what] : {std::pair<uint32_t, const char *>{SPECEE_READS_EAGLE1_TREE, "eagle1_tree"},
                                              {SPECEE_READS_EAGLE2_TREE, "eagle2_tree"}, {SPECEE_READS_EXIT, "exit"},
-                                             {SPECEE_READS_NGRAM, "ngram"}}) {
+                                             {SPECEE_READS_NGRAM, "ngram"}, {SPECEE_READS_DRAFT, "draft"}}) {
                 if (mi->reads & bit) {
                     reads.append(what);
                 }
@@ -616,7 +616,8 @@ PYBIND11_MODULE(_core, m) {
         return option_values(specee_generator_option, specee_generator_params_get, params_of(o, group));
     }, py::arg("options"), py::arg("group") = "",
        "the options' values as the library reads them ({name: text}); ValueError when one is refused (the library's "
-       "checks); group 'eagle', 'exit' or 'ngram': only those, read off EagleParams / ExitParams / NgramParams");
+       "checks); group 'eagle', 'exit', 'ngram' or 'draft': only those, read off EagleParams / ExitParams / "
+       "NgramParams / DraftParams");
     m.def("generator_stat_names", [] {
         py::list out;
         for (int32_t i = 0; const char * n = specee_generator_stat_name(i); ++i) {
