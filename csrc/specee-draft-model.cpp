@@ -2,11 +2,10 @@
 // (its vocabulary must be the target's), and its drafts: a greedy chain of up to draft.n_max tokens from the draft
 // model's own context, on the target sequence's id there, kept in step with the tokens the target accepted.
 //
-// Why the chain is verified by drawing (specee_tree_decoder::draw_match): the target's token is drawn at each row as
-// plain decoding draws it, and a drafted token is accepted where it is that token. A token drafted greedily is not a
-// sample of the draft's distribution, so it is a point mass: accepted with the target's probability of it, as the
-// point-mass rule of the walk accepts it too; drawing instead keeps the sampler's draws those of plain decoding, so a
-// seeded request gives plain decoding's tokens whether or not it drafts (llama.cpp's server does the same).
+// A token drafted greedily is not a sample of the draft model's distribution, so its nodes are point masses
+// (draft_node::point): the walk draws the target's token at each row as plain decoding draws it and accepts the draft
+// where it is that token (specee-speculative.cpp, points_only), so a seeded request gives plain decoding's tokens
+// whether or not it drafts, as llama.cpp's server does.
 #include "specee-context.h"
 #include "specee-drafter.h"
 #include "specee-generate.h"

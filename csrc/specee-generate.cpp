@@ -268,8 +268,7 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
                         "included)", tree.max_nodes, g.ctx->cparams.n_batch);
         }
     }
-    if (mi.reads & SPECEE_READS_DRAFT) { // the draft model's chain: plain decoding's draws, synthetic rates
-        tree.draw_match = true;
+    if (mi.reads & SPECEE_READS_DRAFT) { // the draft model's chain (point masses); synthetic rates
         for (int32_t i = 0; i < p.draft.n_synth_rates; ++i) { // unconditional rates to conditional ones
             const double prev = i ? p.draft.synth_rates[i - 1] : 1.0;
             tree.synth.push_back(prev > 0.0 ? p.draft.synth_rates[i] / prev : 0.0);

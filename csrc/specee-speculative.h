@@ -48,9 +48,6 @@ struct specee_tree_decoder {
     std::vector<draft_node> nodes;          // the current step's tree
     size_t                  n_replayed = 0; // steps taken with params.replay
     int32_t                 n_cand     = 0; // tree exit: candidates kept per expanded node (0: none kept)
-    // the walk's rule for point masses (mode draft): the target's token drawn at each row as plain decoding draws it,
-    // a drafted child accepted where it is that token (lossless; a seeded sampling run gives plain decoding's tokens)
-    bool                    draw_match = false;
     // benchmarks (draft.synth_rates): the drafted child at depth d accepted with probability synth[d] (conditional on
     // the depths before) whatever the target says, never an end-of-generation token; empty: off
     std::vector<double>     synth;

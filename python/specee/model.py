@@ -98,6 +98,7 @@ class Model:
         its own: mode "draft" (auto's choice then) drafts with it (GenerateOptions.draft); n_gpu_layers_draft: its
         n_gpu_layers."""
         self.path = str(path) if path is not None else default_model_path()
+        self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
         if draft_head == "default":
             draft_head = default_draft_head_path()
         options = context_options(dict(

@@ -30,7 +30,7 @@ from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
-from specee.server.request import ApiError
+from specee.server.request import ApiError, options_fields
 from specee.server.templates import ChatTemplate, chat_template_of
 
 
@@ -199,6 +199,9 @@ def template_of(model: Model, args: argparse.Namespace) -> ChatTemplate:
 
 # every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
 CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
+# llama.cpp's --spec-type values: the mode that serves each here
+SPEC_TYPES = {"draft-simple": "draft", "ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram",
+              "ngram-mod": "ngram", "ngram-cache": "ngram"}
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -249,8 +252,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
     if not args.cors_origins:
         p.error("--cors-origins: give '*', 'localhost' or comma-separated origins")
+    spec = args.llama.get("spec_type", "draft-simple" if args.draft_model else None)
+    if "spec_default" in args.llama:
+        spec = "ngram-mod"
+    if spec is not None and args.mode == "auto":  # llama.cpp's speculation types: a mode here
+        if spec not in SPEC_TYPES:
+            p.error(f"--spec-type {spec}: not supported by specee-server: one of {', '.join(SPEC_TYPES)}")
+        if SPEC_TYPES[spec] == "draft" and not args.draft_model:
+            p.error(f"--spec-type {spec} needs a draft model (-md FILE)")
+        args.mode = SPEC_TYPES[spec]
     try:  # the defaults are checked now, not at the first request
-        GenerateOptions(**args.sampling)
+        GenerateOptions(**options_fields(args.sampling))
     except (ValueError, SpecEEError) as e:
         p.error(f"sampling flags: {e}")
     return args
@@ -262,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         warnings.warn(f"specee-server listens on {args.host}: reachable from other machines"
                       f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
     options = context_options_of(args, CONTEXT_FLAGS)
+    options.pop("flash_attn", None)  # accepted for llama.cpp's command lines: attention is always flash attention here
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)

@@ -67,11 +67,14 @@ def usage(res: Result) -> dict:
 
 def timings(res: Result) -> dict:
     """llama.cpp's `timings` object: prompt_n the prompt tokens evaluated (cache_n more were reused), predicted_n the
-    tokens generated, the rates over the decoding steps (the first token comes from the prompt's pass)."""
+    tokens generated, the rates over the decoding steps (the first token comes from the prompt's pass); draft_n the
+    draft tokens verified and draft_n_accepted those accepted, where any were drafted."""
     st = res.stats
     pn, pms = int(st.get("n_prompt", 0)), float(st.get("t_prompt_ms", 0.0))
     dn, dms = int(st.get("n_decoded", 0)), float(st.get("t_decode_ms", 0.0))
-    return {"cache_n": int(st.get("n_reused", 0)), "prompt_n": pn, "prompt_ms": pms,
+    drafts = {"draft_n": int(st["n_drafted"]), "draft_n_accepted": int(st.get("n_accepted", 0))} \
+        if st.get("n_drafted", 0) > 0 else {}  # as llama.cpp: only where something was drafted
+    return {**drafts, "cache_n": int(st.get("n_reused", 0)), "prompt_n": pn, "prompt_ms": pms,
             "prompt_per_token_ms": pms / pn if pn else 0.0, "prompt_per_second": 1e3 * pn / pms if pms else 0.0,
             "predicted_n": int(st.get("n_tokens", res.n_generated)), "predicted_ms": dms,
             "predicted_per_token_ms": dms / dn if dn and dms else 0.0,

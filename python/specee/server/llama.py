@@ -16,7 +16,7 @@ from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
 from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
-                                   prompts_of, request_params)
+                                   options_fields, prompts_of, request_params)
 
 # a request's fields that /completion's generation_settings echo (llama.cpp's names)
 GENERATION_FIELDS = ("n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
@@ -103,7 +103,7 @@ async def health(request: Request) -> Response:
 
 def default_params(state: ServerState) -> dict:
     """The settings a request gets when it names none (the server's sampling flags over the library's defaults)."""
-    o = GenerateOptions(**state.sampling)
+    o = GenerateOptions(**options_fields(state.sampling))
     return {"n_predict": state.n_predict, "seed": -1 if o.seed is None else o.seed, "temperature": o.temp,
             "top_k": o.top_k, "top_p": o.top_p, "min_p": o.min_p, "repeat_penalty": o.repeat_penalty,
             "repeat_last_n": o.repeat_last_n, "ignore_eos": o.ignore_eos, "mode": state.mode}
