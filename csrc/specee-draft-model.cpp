@@ -49,6 +49,20 @@ void specee_draft_model_load(specee_model & target, const specee_model_params & 
 
 // ---- the sequence --------------------------------------------------------------------------------------
 
+std::string specee_draft_init(specee_tree_decoder & dec, specee_draft_seq & ds, const specee_draft_params & p,
+                              uint32_t seed) {
+    ds.params = p;
+    dec.synth.clear();
+    for (int32_t i = 0; i < p.n_synth_rates; ++i) { // unconditional rates to conditional ones (upstream's)
+        const double prev = i ? p.synth_rates[i - 1] : 1.0;
+        dec.synth.push_back(prev > 0.0 ? p.synth_rates[i] / prev : 0.0);
+    }
+    dec.synth_rng.seed(seed);
+    return dec.synth.empty() ? "" : "draft: synthetic acceptance (--spec-synth-rates): drafted tokens are accepted at "
+                                    "the given rates whatever the model says; the output is not the model's "
+                                    "(benchmarks only)";
+}
+
 void specee_draft_seq_reset(specee_draft_seq & ds, const int32_t * tokens, int32_t n, int32_t first) {
     ds.tokens.assign(tokens, tokens + n);
     ds.tokens.push_back(first);

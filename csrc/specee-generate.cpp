@@ -268,21 +268,10 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
                         "included)", tree.max_nodes, g.ctx->cparams.n_batch);
         }
     }
-    if (mi.reads & SPECEE_READS_DRAFT) { // the draft model's chain (point masses); synthetic rates
-        for (int32_t i = 0; i < p.draft.n_synth_rates; ++i) { // unconditional rates to conditional ones
-            const double prev = i ? p.draft.synth_rates[i - 1] : 1.0;
-            tree.synth.push_back(prev > 0.0 ? p.draft.synth_rates[i] / prev : 0.0);
-        }
-        tree.synth_rng.seed(specee_sampler_seed(*smpl));
-        if (!tree.synth.empty()) {
-            why += std::string(why.empty() ? "" : "\n") +
-                   "draft: synthetic acceptance (--spec-synth-rates): drafted tokens are accepted at the given rates "
-                   "whatever the model says; the output is not the model's (benchmarks only)";
-        }
-        if (g.mode != mode) {
-            g.started = false; // the draft model's sequence is made by start
-        }
-        g.draft.params = p.draft;
+    if (mi.reads & SPECEE_READS_DRAFT) {
+        const std::string synth = specee_draft_init(tree, g.draft, p.draft, specee_sampler_seed(*smpl));
+        why += std::string(why.empty() || synth.empty() ? "" : "\n") + synth;
+        g.started = g.started && g.mode == mode; // the draft model's sequence is made by start
     }
     if (mi.exits && !mi.tree) {
         specee_exit_init(exit, m, p.exit);
