@@ -49,9 +49,11 @@ void specee_draft_model_load(specee_model & target, const specee_model_params & 
 
 // ---- the sequence --------------------------------------------------------------------------------------
 
-std::string specee_draft_init(specee_tree_decoder & dec, specee_draft_seq & ds, const specee_draft_params & p,
+std::string specee_draft_init(specee_tree_decoder & dec, specee_draft_seq & ds, const specee_generator_params & gp,
                               uint32_t seed) {
-    ds.params = p;
+    const specee_draft_params & p = gp.draft;
+    ds.params                     = p;
+    ds.no_eog                     = gp.ignore_eos;
     dec.synth.clear();
     for (int32_t i = 0; i < p.n_synth_rates; ++i) { // unconditional rates to conditional ones (upstream's)
         const double prev = i ? p.synth_rates[i - 1] : 1.0;
@@ -78,12 +80,18 @@ struct draft_seq_scope {
     ~draft_seq_scope() { kv.seq_cur = saved; }
 };
 
-// the draft model's most likely next token after its last batch, and its probability (computed only when asked: p_min)
-static int32_t top_token(const specee_context & dctx, bool want_p, float & p) {
+// the draft model's most likely next token after its last batch (no end-of-generation token where the generation
+// never emits one), and its probability (computed only when asked: p_min)
+static int32_t top_token(const specee_context & dctx, bool no_eog, bool want_p, float & p) {
     const int32_t n_vocab = (int32_t) dctx.model->hparams.n_vocab;
     const float * lg      = dctx.logits.data() + (size_t) (dctx.n_outputs - 1) * n_vocab;
-    const int32_t best    = (int32_t) (std::max_element(lg, lg + n_vocab) - lg);
-    p                     = 1.0f;
+    int32_t       best    = -1;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if ((best < 0 || lg[i] > lg[best]) && !(no_eog && specee_token_is_eog(dctx.model, i))) {
+            best = i;
+        }
+    }
+    p = 1.0f;
     if (want_p) {
         double sum = 0.0;
         for (int32_t i = 0; i < n_vocab; ++i) {
@@ -125,7 +133,7 @@ static specee_proposal draft_propose(specee_drafter_state s, specee_step step, i
     int32_t n_evals = 1;
     for (int32_t k = 0; k < n_max; ++k) {
         float         prob = 1.0f;
-        int32_t       tok  = top_token(dctx, ds.params.p_min > 0.0f, prob);
+        int32_t       tok  = top_token(dctx, ds.no_eog, ds.params.p_min > 0.0f, prob);
         if (prob < ds.params.p_min) {
             break;
         }

@@ -269,7 +269,7 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
         }
     }
     if (mi.reads & SPECEE_READS_DRAFT) {
-        const std::string synth = specee_draft_init(tree, g.draft, p.draft, specee_sampler_seed(*smpl));
+        const std::string synth = specee_draft_init(tree, g.draft, p, specee_sampler_seed(*smpl));
         why += std::string(why.empty() || synth.empty() ? "" : "\n") + synth;
         g.started = g.started && g.mode == mode; // the draft model's sequence is made by start
     }
