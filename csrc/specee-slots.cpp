@@ -26,6 +26,7 @@
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-options.h"
+#include "specee-slots.h"
 #include "specee-speculative.h"
 #include "specee.h"
 
@@ -33,38 +34,6 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
-
-enum slot_state {
-    SLOT_FREE    = 0,
-    SLOT_PREFILL = 1,
-    SLOT_DECODE  = 2,
-    SLOT_DONE    = 3, // finished; its tokens wait to be read until the slot is released
-};
-
-struct specee_slot {
-    std::unique_ptr<specee_generator, void (*)(specee_generator *)> gen{nullptr, specee_generator_free};
-    int32_t              state  = SLOT_FREE;
-    bool                 alone  = false; // a speculative mode: passes of its own
-    std::vector<int32_t> prompt;
-    int32_t              n_past    = 0;  // prompt tokens in the cache
-    int32_t              n_predict = -1; // most tokens to generate, < 0: until the slot's context is full
-    int32_t              n_generated = 0;
-    std::vector<int32_t> out, out_layers; // generated, not read yet
-    int32_t              n_probs = -1;   // alternatives per token; < 0: no log-probabilities
-    std::vector<specee_token_logprob> out_probs; // 1 + n_probs per token of out
-    int32_t              finish = SPECEE_FINISH_NONE;
-    std::string          error;
-    uint64_t             order = 0; // when the request came (prefill order), or was last used (slot choice)
-};
-
-struct specee_slots {
-    specee_context *         ctx = nullptr;
-    std::vector<specee_slot> slots;
-    int32_t                  n_chunk    = 0;
-    int32_t                  n_ctx_slot = 0;
-    uint64_t                 clock      = 0;
-    specee_slots_totals      totals{};
-};
 
 // ---- requests ---------------------------------------------------------------------------------------
 
@@ -185,6 +154,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     sl.error.clear();
     sl.order = ++s.clock;
     sl.n_past = 0;
+    sl.full = false, sl.n_shifted = 0;
     if (!sl.alone) {
         // keep the cached prefix, and evaluate at least the last two tokens (as specee_generator_start does)
         const auto       t0 = specee_clock::now();
@@ -207,7 +177,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
 
 // the request's prompt and output into the context's cross-request cache, where it ends (once; whatever its mode;
 // nothing with the cache off)
-static void commit_doc(specee_slots & s, specee_slot & sl) {
+void specee_slots_commit_doc(specee_slots & s, specee_slot & sl) {
     specee_ngram_cache_doc_end(s.ctx->ngram_cache, sl.gen->doc);
 }
 
@@ -228,13 +198,14 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
         s.totals.n_tokens++;
         if (sl.n_predict >= 0 && sl.n_generated >= sl.n_predict) {
             sl.finish = SPECEE_FINISH_LENGTH;
-        } else if (g.root_pos >= s.n_ctx_slot) {
-            sl.finish = SPECEE_FINISH_CONTEXT; // the next token's cell would pass the slot's share
+        } else if (g.root_pos >= s.n_ctx_slot) { // the next token's cell would pass the slot's share
+            sl.full   = s.ctx_shift && specee_generator_can_shift(g);
+            sl.finish = sl.full ? SPECEE_FINISH_NONE : SPECEE_FINISH_CONTEXT;
         }
     }
     if (sl.finish != SPECEE_FINISH_NONE) {
         sl.state = SLOT_DONE;
-        commit_doc(s, sl);
+        specee_slots_commit_doc(s, sl);
     }
 }
 
@@ -589,6 +560,7 @@ static void alone_step(specee_slots & s, specee_slot & sl) {
 }
 
 static int32_t step_impl(specee_slots & s) {
+    specee_slots_shift_full(s);
     std::vector<uint8_t> stepped(s.slots.size(), 0);
     shared_pass(s, stepped);
     for (size_t i = 0; i < s.slots.size(); ++i) {
@@ -739,7 +711,7 @@ extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
         specee_slot & sl = slot_at(*s, slot);
         if (sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE) {
             s->totals.n_cancelled++;
-            commit_doc(*s, sl); // what it said so far
+            specee_slots_commit_doc(*s, sl); // what it said so far
         }
         sl.state = SLOT_FREE;
         sl.out.clear();

@@ -1,4 +1,5 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
+#include "specee-context-shift.h"
 #include "specee.h"
 
 #include <pybind11/numpy.h>
@@ -935,7 +936,11 @@ PYBIND11_MODULE(_core, m) {
         .def("mode",
              [](const Slots & s, int32_t slot) { return std::string(specee_mode_name(specee_slots_mode(s.ptr, slot))); })
         .def("totals", &Slots::totals)
-        .def("embed", &Slots::embed, py::arg("tokens"));
+        .def("embed", &Slots::embed, py::arg("tokens"))
+        .def("set_context_shift",
+             [](Slots & s, bool enable, int32_t n_keep) { specee_slots_set_context_shift(s.ptr, enable, n_keep); },
+             py::arg("enable"), py::arg("n_keep") = 0)
+        .def("n_shifted", [](const Slots & s, int32_t slot) { return specee_slots_n_shifted(s.ptr, slot); });
 
     const specee_sampler_params sd = specee_sampler_default_params();
     py::class_<Sampler>(m, "Sampler")

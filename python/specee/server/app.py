@@ -252,6 +252,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
     if not args.cors_origins:
         p.error("--cors-origins: give '*', 'localhost' or comma-separated origins")
+    try:
+        args.keep = int(args.llama.get("keep", 0))
+    except ValueError:
+        p.error(f"--keep: expected an integer, not {args.llama['keep']!r}")
     spec = args.llama.get("spec_type", "draft-simple" if args.draft_model else None)
     if "spec_default" in args.llama:
         spec = "ngram-mod"
@@ -278,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
+    if "context_shift" in args.llama:
+        engine.slots.set_context_shift(True, args.keep)
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,

@@ -114,7 +114,7 @@ class Engine:
             if out.tokens:
                 job.send("tokens", out.tokens, out.logprobs)
             if out.finish is not None:
-                stats = self.slots.stats(slot)
+                stats = {**self.slots.stats(slot), "n_shifted": self.slots.n_shifted(slot)}  # context shifts
                 self._count(stats, self.slots.mode(slot))
                 self.slots.release(slot)
                 del self.running[slot]

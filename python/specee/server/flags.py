@@ -119,9 +119,10 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--cache-idle-slots --no-cache-idle-slots", None, "ignored", "prompt caching: output is the same"),
     S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "ignored",
       "the slots share one KV cache here, each holding at most -c / -np tokens"),
-    S("--context-shift", None, "refused", "no context shift: a generation that fills its slot ends (length)"),
-    S("--no-context-shift", None, "ignored", "no context shift here"),
-    S("--keep", "N", "ignored", "tokens kept on a context shift, which does not happen here"),
+    S("--context-shift", None, "server", "a generation that fills its slot goes on: --keep tokens kept, half of the "
+      "rest dropped (modes plain, ngram, draft; the others end, length)", "context_shift"),
+    S("--no-context-shift", None, "ignored", "the default: a generation that fills its slot ends (length)"),
+    S("--keep", "N", "server", "tokens of the prompt kept on a context shift (0; -1: all)", "keep"),
     S("--swa-full", None, "ignored", "no sliding-window cache here"),
     S("-ctk --cache-type-k", "TYPE", "refused", "the K cache is f16 here", neutral=("f16",)),
     S("-dt --defrag-thold", "N", "ignored", "deprecated upstream"),

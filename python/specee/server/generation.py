@@ -43,6 +43,7 @@ class Result:
     probs_sent: int = 0  # of probs, given out in stream chunks so far
     tokens: list[int] = field(default_factory=list)  # the generated token ids
     tokens_sent: int = 0  # of tokens, given out in stream chunks so far
+    truncated: bool = False  # llama.cpp's: the context filled (the request ended there, or was shifted)
 
     def new_tokens(self) -> list[int]:
         """The generated token ids not yet given out."""
@@ -149,6 +150,7 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
                 rest = out.finish()
                 result.text += rest
                 result.finish, result.stats = FINISH[finish], stats
+                result.truncated = finish == "context" or stats.get("n_shifted", 0) > 0
                 if rest:
                     yield rest
                 return

@@ -81,7 +81,7 @@ async def llama_completion(request: Request) -> Response:
         out = {"index": index, "content": "" if stream else res.text, "tokens": ids if with_tokens else [],
                "id_slot": -1, "stop": True, "model": state.alias, **probs, "tokens_predicted": res.n_generated,
                "tokens_evaluated": len(tokens), "generation_settings": settings,
-               "prompt": state.model.detokenize(tokens), "has_new_line": "\n" in res.text, "truncated": False,
+               "prompt": state.model.detokenize(tokens), "has_new_line": "\n" in res.text, "truncated": res.truncated,
                "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(
                    res.finish or "", "none"), "stopping_word": "", "tokens_cached": len(tokens) + res.n_generated,
                "mode": res.mode, "timings": timings(res)}

@@ -257,7 +257,7 @@ def probs_wanted(body: dict, api: str) -> int:
 def tokens_wanted(body: dict, api: str, cap: int = -1) -> int:
     """The most tokens a request generates (400 on a bad field), the Python API's rule (`specee.slots.token_limit`):
     `max_tokens` (`max_completion_tokens`; llama.cpp's `n_predict`) >= 0, or -1 or absent or null for no limit of
-    its own; then the server's cap (`-n`; -1: none) lowers it, and gives one where the request set none. -1 back:
+    its own, which then gets the server's `-n` (-1: none; llama.cpp's rule: a request's own limit wins). -1 back:
     until an end-of-generation token or the slot's context is full. OpenAI's max_tokens is at least 1; llama.cpp's
     n_predict 0 evaluates the prompt only."""
     n, lo = None, 0 if api == "llama" else 1
@@ -267,7 +267,7 @@ def tokens_wanted(body: dict, api: str, cap: int = -1) -> int:
         if n is not None:
             break
     n = -1 if n is None else n
-    return cap if cap >= 0 and (n < 0 or n > cap) else n
+    return n if n >= 0 else cap
 
 
 def grammar_of(body: dict) -> dict[str, Any]:
