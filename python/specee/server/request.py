@@ -348,8 +348,8 @@ def options_fields(values: dict[str, Any]) -> dict[str, Any]:
 
 
 # llama.cpp's per-request settings of its draft model: DraftParams' fields
-SPECULATIVE_FIELDS = {"speculative.n_max": ("n_max", int), "speculative.n_min": ("n_min", int),
-                      "speculative.p_min": ("p_min", (int, float))}
+SPECULATIVE_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "speculative.n_max": ("n_max", int), "speculative.n_min": ("n_min", int), "speculative.p_min": ("p_min", (int, float))}
 
 
 def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
