@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -74,6 +75,8 @@ struct specee_context {
     std::vector<double> pass_ms;
     // ---- earlier requests' tokens for n-gram lookup (cparams.ngram_cache of them; specee-ngram-cache.h)
     specee_ngram_cache ngram_cache;
+    // ---- the draft model's context (its model: model->draft), the same size, each sequence on the same id there
+    std::unique_ptr<specee_context> draft;
 
     ~specee_context();
 };

@@ -416,6 +416,9 @@ static specee_model * load_impl(const char * path, const specee_model_params & p
     specee_repack_weights(*m);
     add_note(*m, note);
     describe(*m, arch);
+    if (params.draft_model) {
+        specee_draft_model_load(*m, params);
+    }
     return m.release();
 }
 
@@ -431,6 +434,8 @@ extern "C" struct specee_model_params specee_model_default_params(void) {
     p.tensor_split   = nullptr;
     p.n_tensor_split = 0;
     p.draft_head     = nullptr;
+    p.draft_model    = nullptr;
+    p.n_gpu_layers_draft = -1;
     return p;
 }
 

@@ -137,9 +137,14 @@ struct specee_model {
     bool cpu_layers_repacked = false; // the layers on the CPU have their matrices repacked (batches of 4 rows
                                       // cost about what 2 do: the default EAGLE tree, specee-generate.cpp)
     std::unique_ptr<specee_gguf_file> eagle_file; // a draft head file loaded next to the model
+    std::unique_ptr<specee_model>     draft;      // a draft model loaded beside it (specee_model_params.draft_model)
 
     ~specee_model(); // specee-loader.cpp: frees what loading acquired
 };
+
+// Loads params.draft_model into target.draft, refused unless its vocabulary is the target's token for token
+// (specee-draft-model.cpp); throws with the reason
+void specee_draft_model_load(specee_model & target, const specee_model_params & params);
 
 // the device index (into model.devices) of layer il, -1 for the CPU; il = n_layer: the output's
 int32_t specee_model_device_of_layer(const specee_model & model, int32_t il);

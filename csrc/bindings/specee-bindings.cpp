@@ -1,4 +1,5 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
+#include "specee-context-shift.h"
 #include "specee.h"
 #include "specee-slots-ext.h"
 
@@ -629,7 +630,7 @@ PYBIND11_MODULE(_core, m) {
             py::list reads;
             for (const auto & [bit, what] : {std::pair<uint32_t, const char *>{SPECEE_READS_EAGLE1_TREE, "eagle1_tree"},
                                              {SPECEE_READS_EAGLE2_TREE, "eagle2_tree"}, {SPECEE_READS_EXIT, "exit"},
-                                             {SPECEE_READS_NGRAM, "ngram"}}) {
+                                             {SPECEE_READS_NGRAM, "ngram"}, {SPECEE_READS_DRAFT, "draft"}}) {
                 if (mi->reads & bit) {
                     reads.append(what);
                 }
@@ -644,7 +645,8 @@ PYBIND11_MODULE(_core, m) {
         return option_values(specee_generator_option, specee_generator_params_get, params_of(o, group));
     }, py::arg("options"), py::arg("group") = "",
        "the options' values as the library reads them ({name: text}); ValueError when one is refused (the library's "
-       "checks); group 'eagle', 'exit' or 'ngram': only those, read off EagleParams / ExitParams / NgramParams");
+       "checks); group 'eagle', 'exit', 'ngram' or 'draft': only those, read off EagleParams / ExitParams / "
+       "NgramParams / DraftParams");
     m.def("generator_stat_names", [] {
         py::list out;
         for (int32_t i = 0; const char * n = specee_generator_stat_name(i); ++i) {
@@ -965,7 +967,11 @@ PYBIND11_MODULE(_core, m) {
         .def("mode",
              [](const Slots & s, int32_t slot) { return std::string(specee_mode_name(specee_slots_mode(s.ptr, slot))); })
         .def("totals", &Slots::totals)
-        .def("embed", &Slots::embed, py::arg("tokens"));
+        .def("embed", &Slots::embed, py::arg("tokens"))
+        .def("set_context_shift",
+             [](Slots & s, bool enable, int32_t n_keep) { specee_slots_set_context_shift(s.ptr, enable, n_keep); },
+             py::arg("enable"), py::arg("n_keep") = 0)
+        .def("n_shifted", [](const Slots & s, int32_t slot) { return specee_slots_n_shifted(s.ptr, slot); });
 
     const specee_sampler_params sd = specee_sampler_default_params();
     py::class_<Sampler>(m, "Sampler")

@@ -66,6 +66,8 @@ class Model:
         rpc_servers: Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
         ngram_cache: int | None = None,
+        draft_model: str | os.PathLike | None = None,
+        n_gpu_layers_draft: int | None = None,
     ) -> None:
         """The keywords are the runtime's context options (specee.context_options.CONTEXT_OPTIONS, the CLI's
         -c -b -ub -t -tb --no-mmap --draft-head -ctv -ngl --offload-order -dev --rpc -ts); None: the table's default.
@@ -91,15 +93,20 @@ class Model:
         step), more are clamped with a warning.
         ngram_cache: tokens of earlier calls (their prompts and outputs, whatever their mode) kept for n-gram lookup's
         drafts, the oldest calls evicted (default 65536; 0: off): the same prompt asked again drafts what was
-        answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts."""
+        answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts.
+        draft_model: a draft model with the model's vocabulary (llama.cpp's -md), loaded beside it with a context of
+        its own: mode "draft" (auto's choice then) drafts with it (GenerateOptions.draft); n_gpu_layers_draft: its
+        n_gpu_layers."""
         self.path = str(path) if path is not None else default_model_path()
+        self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
         if draft_head == "default":
             draft_head = default_draft_head_path()
         options = context_options(dict(
             model=self.path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, use_mmap=use_mmap, draft_head=os.fspath(draft_head) if draft_head else None,
             type_v=type_v, n_gpu_layers=n_gpu_layers, offload_order=offload_order, devices=devices,
-            rpc_servers=rpc_servers, tensor_split=tensor_split, ngram_cache=ngram_cache))
+            rpc_servers=rpc_servers, tensor_split=tensor_split, ngram_cache=ngram_cache,
+            draft_model=os.fspath(draft_model) if draft_model else None, n_gpu_layers_draft=n_gpu_layers_draft))
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
         if not os.path.isfile(self.path):

@@ -165,6 +165,16 @@ class Slots:
         begins the same way)."""
         self._slots.release(slot)
 
+    def set_context_shift(self, enable: bool, n_keep: int = 0) -> None:
+        """llama.cpp's context shift from now on: a request (mode plain, ngram or draft) whose generation fills its
+        slot goes on, its first n_keep tokens kept (< 0: the whole prompt) and half of the rest dropped, the cached K
+        after them turned to their new positions; off (the default): it ends ("context")."""
+        self._slots.set_context_shift(enable, n_keep)
+
+    def n_shifted(self, slot: int) -> int:
+        """How often the slot's request was shifted (llama.cpp's `truncated`)."""
+        return self._slots.n_shifted(slot)
+
     def mode(self, slot: int) -> str:
         """The decoding mode of the slot's request (auto resolved)."""
         return self._slots.mode(slot)

@@ -34,7 +34,7 @@ from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
 from specee.server.reasoning import ReasoningError, reasoning_of
-from specee.server.request import ApiError
+from specee.server.request import ApiError, options_fields
 from specee.server.responses import responses
 from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
 from specee.server.sleep import READ_ONLY, Sleeper
@@ -227,6 +227,9 @@ ROUTER_SETTINGS = ("models_dir", "models_preset", "models_max", "models_autoload
 
 # every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
 CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
+# llama.cpp's --spec-type values: the mode that serves each here
+SPEC_TYPES = {"draft-simple": "draft", "ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram",
+              "ngram-mod": "ngram", "ngram-cache": "ngram"}
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -305,8 +308,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
     if not args.cors_origins:
         p.error("--cors-origins: give '*', 'localhost' or comma-separated origins")
+    try:
+        args.keep = int(args.llama.get("keep", 0))
+    except ValueError:
+        p.error(f"--keep: expected an integer, not {args.llama['keep']!r}")
+    spec = args.llama.get("spec_type", "draft-simple" if args.draft_model else None)
+    if "spec_default" in args.llama:
+        spec = "ngram-mod"
+    if spec is not None and args.mode == "auto":  # llama.cpp's speculation types: a mode here
+        if spec not in SPEC_TYPES:
+            p.error(f"--spec-type {spec}: not supported by specee-server: one of {', '.join(SPEC_TYPES)}")
+        if SPEC_TYPES[spec] == "draft" and not args.draft_model:
+            p.error(f"--spec-type {spec} needs a draft model (-md FILE)")
+        args.mode = SPEC_TYPES[spec]
     try:  # the defaults are checked now, not at the first request
-        GenerateOptions(**args.sampling)
+        GenerateOptions(**options_fields(args.sampling))
     except (ValueError, SpecEEError) as e:
         p.error(f"sampling flags: {e}")
     return args
@@ -366,10 +382,12 @@ def main(argv: list[str] | None = None) -> None:
     if gcp is not None and gcp.port is not None:
         args.port = gcp.port  # as llama-server: Vertex AI's port wins
     options = context_options_of(args, CONTEXT_FLAGS)
+    options.pop("flash_attn", None)  # accepted for llama.cpp's command lines: attention is always flash attention here
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
-                    unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"))
+                    unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"),
+                    context_shift=args.keep if "context_shift" in args.llama else None)
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,

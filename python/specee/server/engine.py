@@ -44,9 +44,11 @@ class Job:
 class Engine:
     """The model, its slots and the thread that steps them; jobs wait in a bounded queue for a free slot."""
 
-    def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int, unified: bool = False) -> None:
+    def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int, unified: bool = False,
+                 context_shift: int | None = None) -> None:
         self.model = model  # closed while unloaded
         self.n_parallel, self.n_chunk, self.unified = n_parallel, n_chunk, unified
+        self.context_shift = context_shift  # --context-shift: the tokens kept (--keep); None: off
         self.slots: Any = self._slots(model)  # Slots; None while unloaded
         self.n_slots, self.n_ctx_slot = self.slots.n_slots, self.slots.n_ctx_slot
         self.totals_before: dict[str, float] = {}  # the slots' totals of the models unloaded before
@@ -67,6 +69,8 @@ class Engine:
         slots = model.slots(self.n_parallel, self.n_chunk)
         if self.unified:  # --kv-unified: every slot may use the whole cache
             slots.set_unified()
+        if self.context_shift is not None:  # a generation that fills its slot goes on, --keep tokens kept
+            slots.set_context_shift(True, self.context_shift)
         return slots
 
     def start(self) -> None:
@@ -167,7 +171,7 @@ class Engine:
             if out.tokens:
                 job.send("tokens", out.tokens, out.logprobs, self.slots.stats(slot) if job.params.timings else None)
             if out.finish is not None:
-                stats = self.slots.stats(slot)
+                stats = {**self.slots.stats(slot), "n_shifted": self.slots.n_shifted(slot)}  # context shifts
                 self._count(stats, self.slots.mode(slot))
                 self.slots.release(slot)
                 del self.running[slot]
