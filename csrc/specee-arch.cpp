@@ -33,6 +33,8 @@ static const char * const TENSOR_FORMATS[SPECEE_TENSOR_COUNT] = {
     /* ROPE_FACTORS_SHORT */ "rope_factors_short.weight",
     /* ATTN_POST_NORM */ "blk.%d.post_attention_norm.weight",
     /* FFN_POST_NORM  */ "blk.%d.post_ffw_norm.weight",
+    /* CLS            */ "cls.weight",
+    /* CLS_OUT        */ "cls.output.weight",
     /* EAGLE_TOKEN_EMBD */ "eagle.token_embd.weight",
     /* EAGLE_FC         */ "eagle.fc.weight",
     /* EAGLE_FC_BIAS    */ "eagle.fc.bias",

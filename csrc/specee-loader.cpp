@@ -10,6 +10,7 @@
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-placement.h"
+#include "specee-pooling.h"
 #include "specee-vocab.h"
 #include "specee.h"
 
@@ -201,6 +202,10 @@ static void load_hparams(specee_model & m, const specee_arch_family & family) {
     specee_gguf_get_int(g, key(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN), hp.n_ctx_orig, 1, INT32_MAX, false);
     specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_SCALING_ATTN_FACTOR), hp.rope_attn_factor, 0.0f, INFINITY);
     hp.rope_type = family.rope_type;
+    uint32_t pooling = 0; // -1 (llama.cpp's "unspecified") .. rank
+    if (specee_gguf_get_int(g, key(SPECEE_KEY_POOLING_TYPE), pooling, -1, SPECEE_POOLING_RANK, false)) {
+        hp.pooling_type = (int32_t) pooling;
+    }
     load_family_hparams(m, family);
 }
 
@@ -322,6 +327,8 @@ static void read_weights(specee_model & m, const specee_arch_family & family) {
     if (m.rope_long && m.rope_freqs) {
         specee_fail("%s has both rope_freqs and LongRoPE factors", m.path.c_str());
     }
+    m.hparams.has_cls_head = ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(SPECEE_TENSOR_CLS).c_str()) ||
+                             ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(SPECEE_TENSOR_CLS_OUT).c_str());
     const bool fused_gate_up = !specee_arch_family_has(family, SPECEE_TENSOR_FFN_GATE);
     m.layers.resize(hp.n_layer);
     for (int il = 0; il < (int) hp.n_layer; ++il) {
