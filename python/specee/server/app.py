@@ -24,12 +24,14 @@ from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_o
 from specee._core import SpecEEError
 from specee.generate import MODES, GenerateOptions
 from specee.model import Model
+from specee.pooling import POOLINGS
 from specee.server.engine import Engine, ServerState
 from specee.server.anthropic import count_tokens
 from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
-from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
+from specee.server.embed import embeddings, rerank
+from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, models
 from specee.server.request import ApiError
 from specee.server.templates import ChatTemplate, chat_template_of
 
@@ -126,7 +128,9 @@ def make_app(state: ServerState) -> Starlette:
         Route("/completions", llama_completion, methods=["POST"]),  # llama.cpp's, as llama-server routes it
         Route("/completion", llama_completion, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/embeddings", embeddings, methods=["POST"]),
+        Route("/embeddings", embeddings, methods=["POST"]),  # llama.cpp's shape, as /embedding
+        Route("/embedding", embeddings, methods=["POST"]),
+        *[Route(path, rerank, methods=["POST"]) for path in ("/rerank", "/v1/rerank", "/reranking", "/v1/reranking")],
         Route("/v1/models", models),
         Route("/models", models),
         Route("/health", health),
@@ -249,6 +253,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
     if not args.cors_origins:
         p.error("--cors-origins: give '*', 'localhost' or comma-separated origins")
+    args.pooling = "rank" if "reranking" in args.llama else args.llama.get("pooling")  # None: the model's
+    if args.pooling is not None and args.pooling not in POOLINGS:
+        p.error(f"--pooling {args.pooling}: expected one of {', '.join(POOLINGS)}")
     try:  # the defaults are checked now, not at the first request
         GenerateOptions(**args.sampling)
     except (ValueError, SpecEEError) as e:
@@ -261,16 +268,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         warnings.warn(f"specee-server listens on {args.host}: reachable from other machines"
                       f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
-    options = context_options_of(args, CONTEXT_FLAGS)
+    options = context_options_of(args, [name for name in CONTEXT_FLAGS if name != "flash_attn"])  # -fa: accepted
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
+    try:  # a pooling the model cannot give (rank with a classifier head) stops the start, not every request
+        model.embed("a", pooling=args.pooling)
+    except SpecEEError as e:
+        print(f"specee-server: error: --pooling {args.pooling}: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
                         sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
-                        cors_origins=args.cors_origins, template=template)
+                        cors_origins=args.cors_origins, template=template, pooling=args.pooling or model.pooling)
     app = make_app(state)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()

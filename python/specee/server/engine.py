@@ -177,7 +177,7 @@ class ServerState:
     none, the API key (None: none needed), whether /metrics is served, the most tokens a request generates (-n;
     -1: until an end-of-generation token or a full slot), the sampling defaults of requests (GenerateOptions' fields,
     from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
-    (--tags), the origins CORS lets a browser call from, and the chat template."""
+    (--tags), the origins CORS lets a browser call from, the chat template, and the pooling of embeddings."""
 
     model: Model
     engine: Engine
@@ -193,3 +193,4 @@ class ServerState:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
+    pooling: str = "mean"  # of embeddings (--pooling; --reranking: rank, /rerank), a name of specee.pooling
