@@ -46,7 +46,7 @@ def test_routine_llama_server_flags_are_accepted_and_sampling_ones_are_defaults(
 
 @pytest.mark.parametrize("argv, named", [
     (["--context-shift"], "--context-shift"),
-    (["--pooling", "cls"], "--pooling cls"),
+    (["--embd-normalize", "1"], "--embd-normalize 1"),
     (["--presence-penalty", "0.5"], "--presence-penalty 0.5"),
     (["-hf", "org/model"], "-hf org/model"),
     (["-nocb"], "-nocb"),
@@ -288,6 +288,7 @@ SUBSET = [
     "unit/test_completion.py::test_completion_response_fields[I believe the meaning of life is-8-response_fields0]",
     "unit/test_ignore_eos.py",
     "unit/test_chat_completion.py::test_chat_completions_multiple_choices",
+    "unit/test_embedding.py::test_embedding_single", "unit/test_rerank.py::test_rerank_tei_top_n",
 ]
 
 
