@@ -28,8 +28,10 @@ enum specee_tensor {
     SPECEE_TENSOR_ROPE_FACTORS_SHORT,
     SPECEE_TENSOR_ATTN_POST_NORM, // gemma2/3: RMS norms of the attention's and the FFN's outputs, before the residual
     SPECEE_TENSOR_FFN_POST_NORM,
-    SPECEE_TENSOR_CLS,          // a reranker's classifier head (llama.cpp's names; rank pooling refuses it here)
+    SPECEE_TENSOR_CLS,          // a reranker's classifier head (llama.cpp's names), read by rank pooling
+    SPECEE_TENSOR_CLS_BIAS,
     SPECEE_TENSOR_CLS_OUT,
+    SPECEE_TENSOR_CLS_OUT_BIAS,
     // the EAGLE draft head of a merged file (SpecEE's names; the last three: EAGLE-3 only), in
     // python/specee/constants.py's order
     SPECEE_TENSOR_EAGLE_TOKEN_EMBD,

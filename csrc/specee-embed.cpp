@@ -5,6 +5,7 @@
 #include "specee-embed.h"
 
 #include "specee-context.h"
+#include "specee-gguf.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 
@@ -21,8 +22,8 @@ static const specee_pooling_info POOLINGS[] = {
     {"mean", "the mean of the text's final-norm rows [n_embd]", true},
     {"cls", "the first token's final-norm row [n_embd]", true},
     {"last", "the last token's final-norm row [n_embd]", true},
-    {"rank", "a relevance score [1]: the first element of the last token's final-norm row (a causal model without a "
-             "classifier head, as llama.cpp scores it)", false},
+    {"rank", "a relevance score: the last token's final-norm row through the file's classifier head (cls, cls.output: "
+             "[labels]), or without one its first element [1], as llama.cpp scores a causal model", false},
 };
 static constexpr int32_t N_POOLINGS = (int32_t) (sizeof(POOLINGS) / sizeof(POOLINGS[0]));
 
@@ -54,7 +55,7 @@ extern "C" int32_t specee_pooling_n_out(const specee_model * model, int32_t pool
         case SPECEE_POOLING_MEAN:
         case SPECEE_POOLING_CLS:
         case SPECEE_POOLING_LAST: return n_embd;
-        case SPECEE_POOLING_RANK: return 1;
+        case SPECEE_POOLING_RANK: return (int32_t) model->hparams.n_cls_out;
         default:                  return -1;
     }
 }
@@ -66,17 +67,57 @@ static int32_t pooling_of(const specee_model & model, int32_t pooling) {
         specee_fail("unknown pooling %d (0..%d: none, mean, cls, last, rank; -1: the model's)", pooling,
                     N_POOLINGS - 1);
     }
-    if (p == SPECEE_POOLING_RANK && model.hparams.has_cls_head) {
-        specee_fail("rank pooling: this file's classifier head (cls, cls.output) is not supported; only a causal "
-                    "model without one is scored here");
-    }
     return p;
 }
 
 // ---- one text ----------------------------------------------------------------------------------------------
 
+// rank pooling's scores [n_cls_out] of a text's last final-norm row h, as llama.cpp's build_pooling gives them: through
+// the classifier head where the file has one (tanh(cls h + b), then cls.output h + b, a softmax for Qwen3), else h's
+// first element. The head is read from the file mapping on the host, whichever device the layers are on.
+static void rank_scores(const specee_model & m, const float * h, float * out) {
+    const int32_t      n_embd = (int32_t) m.hparams.n_embd;
+    std::vector<float> x(h, h + n_embd), row(n_embd), s_b;
+    auto               affine = [&](const ggml_tensor * w, const ggml_tensor * b, int32_t n_rows, float * y) {
+        const float * bias = b ? specee_gguf_tensor_f32(b, s_b) : nullptr;
+        for (int32_t r = 0; r < n_rows; ++r) {
+            specee_gguf_row_f32(w, r, row.data());
+            double acc = bias ? bias[r] : 0.0;
+            for (int32_t j = 0; j < n_embd; ++j) {
+                acc += (double) row[j] * x[j];
+            }
+            y[r] = (float) acc;
+        }
+    };
+    if (m.cls) {
+        std::vector<float> y(n_embd);
+        affine(m.cls, m.cls_b, n_embd, y.data());
+        for (int32_t j = 0; j < n_embd; ++j) {
+            x[j] = std::tanh(y[j]);
+        }
+    }
+    if (!m.cls_out) {
+        out[0] = x[0];
+        return;
+    }
+    const int32_t n_out = (int32_t) m.hparams.n_cls_out;
+    affine(m.cls_out, m.cls_out_b, n_out, out);
+    if (m.hparams.rank_softmax) {
+        const float top = *std::max_element(out, out + n_out);
+        double      sum = 0.0;
+        for (int32_t r = 0; r < n_out; ++r) {
+            out[r] = std::exp(out[r] - top);
+            sum += out[r];
+        }
+        for (int32_t r = 0; r < n_out; ++r) {
+            out[r] = (float) (out[r] / sum);
+        }
+    }
+}
+
 // the text's final-norm rows [n, n_embd] pooled into out
-static void pool_rows(const float * rows, int32_t n, int32_t n_embd, int32_t pooling, float * out) {
+static void pool_rows(const specee_model & m, const float * rows, int32_t n, int32_t pooling, float * out) {
+    const int32_t n_embd = (int32_t) m.hparams.n_embd;
     switch (pooling) {
         case SPECEE_POOLING_NONE:
             std::copy(rows, rows + (size_t) n * n_embd, out);
@@ -100,13 +141,12 @@ static void pool_rows(const float * rows, int32_t n, int32_t n_embd, int32_t poo
             std::copy(rows + (size_t) (n - 1) * n_embd, rows + (size_t) n * n_embd, out);
             break;
         default: // rank: a causal model reads its last token, as llama.cpp does
-            out[0] = rows[(size_t) (n - 1) * n_embd];
+            rank_scores(m, rows + (size_t) (n - 1) * n_embd, out);
             break;
     }
 }
 
 void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, int32_t pooling, float * out) {
-    const int32_t n_embd = (int32_t) ctx.model->hparams.n_embd;
     const int32_t p      = pooling_of(*ctx.model, pooling);
     if (!tokens || n <= 0) {
         specee_fail("cannot embed an empty text");
@@ -124,7 +164,7 @@ void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, 
         ctx.kv.seq_remove(SPECEE_SEQ_EMBED, 0, -1);
         throw;
     }
-    pool_rows(ctx.norm.data(), n, n_embd, p, out);
+    pool_rows(*ctx.model, ctx.norm.data(), n, p, out);
     ctx.kv.seq_remove(SPECEE_SEQ_EMBED, 0, -1);
 }
 

@@ -16,5 +16,5 @@ struct specee_context;
 // tokens[0..n) pooled into out [specee_pooling_n_out(model, pooling, n)] (not normalised; SPECEE_POOLING_MODEL: the
 // model's pooling): the tokens evaluated alone, on sequence SPECEE_SEQ_EMBED at positions 0..n-1, whose cells are
 // removed afterwards (on failure too); the cache's other sequences are untouched. Throws on an empty text, an unknown
-// pooling, rank pooling of a file with a classifier head, and where the free cells are too few (context overflow).
+// pooling, and where the free cells are too few (context overflow).
 void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, int32_t pooling, float * out);

@@ -14,6 +14,7 @@
 #include "specee-vocab.h"
 #include "specee.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -299,6 +300,30 @@ static std::vector<int64_t> layer_shape(const specee_hparams & hp, specee_tensor
     }
 }
 
+// a reranker's classifier head, when the file has one: cls [n_embd, n_embd] (+ bias), cls.output [n_embd, n_labels]
+// (+ bias); its scores through a softmax for Qwen3, as llama.cpp runs it
+static void read_cls_head(specee_model & m) {
+    const int64_t n_embd = m.hparams.n_embd;
+    auto tensor = [&](specee_tensor which, std::vector<int64_t> shape) {
+        return specee_gguf_tensor(m.file.ctx_meta, m.path, which, -1, std::move(shape), false);
+    };
+    m.cls   = tensor(SPECEE_TENSOR_CLS, {n_embd, n_embd});
+    m.cls_b = tensor(SPECEE_TENSOR_CLS_BIAS, {n_embd});
+    const ggml_tensor * probe = ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(SPECEE_TENSOR_CLS_OUT).c_str());
+    const int64_t n_out = probe ? std::max<int64_t>(probe->ne[1], 1) : 1;
+    if (n_out > n_embd) {
+        specee_fail("tensor '%s' has %lld labels, more than n_embd = %lld", ggml_get_name(probe), (long long) n_out,
+                    (long long) n_embd);
+    }
+    m.cls_out   = tensor(SPECEE_TENSOR_CLS_OUT, {n_embd, n_out});
+    m.cls_out_b = tensor(SPECEE_TENSOR_CLS_OUT_BIAS, {n_out});
+    if ((m.cls_b && !m.cls) || (m.cls_out_b && !m.cls_out)) {
+        specee_fail("%s has a classifier bias without its weight (cls, cls.output)", m.path.c_str());
+    }
+    m.hparams.n_cls_out    = m.cls_out ? (uint32_t) n_out : 1;
+    m.hparams.rank_softmax = m.cls_out && specee_gguf_get_str(m.file.gguf, SPECEE_KEY_ARCHITECTURE) == "qwen3";
+}
+
 // the base model's tensors, those of each layer as its family's row lists them, shapes checked against the
 // hyperparameters
 static void read_weights(specee_model & m, const specee_arch_family & family) {
@@ -327,8 +352,7 @@ static void read_weights(specee_model & m, const specee_arch_family & family) {
     if (m.rope_long && m.rope_freqs) {
         specee_fail("%s has both rope_freqs and LongRoPE factors", m.path.c_str());
     }
-    m.hparams.has_cls_head = ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(SPECEE_TENSOR_CLS).c_str()) ||
-                             ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(SPECEE_TENSOR_CLS_OUT).c_str());
+    read_cls_head(m);
     const bool fused_gate_up = !specee_arch_family_has(family, SPECEE_TENSOR_FFN_GATE);
     m.layers.resize(hp.n_layer);
     for (int il = 0; il < (int) hp.n_layer; ++il) {

@@ -21,8 +21,9 @@ enum specee_pooling {
     SPECEE_POOLING_MEAN  = 1,  // the rows' mean: [n_embd]
     SPECEE_POOLING_CLS   = 2,  // the first token's row: [n_embd]
     SPECEE_POOLING_LAST  = 3,  // the last token's row: [n_embd]
-    SPECEE_POOLING_RANK  = 4,  // a relevance score: [1], the last token's row through the file's classifier head
-                               // (cls, cls.output) where it has one, else that row's first element
+    SPECEE_POOLING_RANK  = 4,  // relevance scores: the last token's row through the file's classifier head (cls:
+                               // tanh(W h + b), then cls.output: [labels]; Qwen3: a softmax over them), else that
+                               // row's first element [1]
 };
 
 struct specee_pooling_info {

@@ -1,6 +1,6 @@
 """Embeddings and reranking: the library's pooling table (none, mean, cls, last, rank), Model.embed and Slots.embed
-against the final-norm rows of the text's own evaluation, the file's {arch}.pooling_type as the default, a classifier
-head refused by rank pooling; specee-server's --pooling and --reranking (/v1/embeddings, /embeddings, /rerank in Jina's
+against the final-norm rows of the text's own evaluation, the file's {arch}.pooling_type as the default, a reranker's
+classifier head; specee-server's --pooling and --reranking (/v1/embeddings, /embeddings, /rerank in Jina's
 and TEI's shapes, their 400s); and, when SPECEE_UPSTREAM_BIN names upstream llama.cpp's binaries, the same embeddings
 and scores as its llama-server on SmolLM2. Every server runs on 127.0.0.1 and is stopped by its test."""
 
@@ -129,13 +129,23 @@ def test_the_file_s_pooling_type_is_the_default(vocab_gguf: Path, model: specee.
         specee.Model(copy_gguf(vocab_gguf, tmp_path / "bad.gguf", {"llama.pooling_type": 9}), n_ctx=64, n_threads=1)
 
 
-def test_rank_pooling_refuses_a_classifier_head(vocab_gguf: Path, model: specee.Model, tmp_path: Path) -> None:
-    n = model.n_embd
-    head = {"cls.weight": np.eye(n), "cls.output.weight": np.ones((1, n))}
-    with specee.Model(copy_gguf(vocab_gguf, tmp_path / "cls.gguf", tensors=head), n_ctx=64, n_threads=1) as m:
-        with pytest.raises(specee.SpecEEError, match=r"classifier head \(cls, cls.output\) is not supported"):
-            m.embed("x", pooling="rank")
-        np.testing.assert_array_equal(m.embed("x", pooling="mean"), model.embed("x", pooling="mean"))
+def test_rank_pooling_runs_the_file_s_classifier_head(vocab_gguf: Path, model: specee.Model, tmp_path: Path) -> None:
+    """A reranker's head as llama.cpp's build_pooling runs it: tanh(cls h + b), then cls.output [labels] (+ b), on the
+    last token's final-norm row h; cls.output alone is a projection of h. Other poolings do not read it."""
+    n, rng = model.n_embd, np.random.default_rng(0)
+    h = rows_of(model, TEXTS[0])[-1].astype(np.float64)
+    w, b, w_out, b_out = (rng.standard_normal(s).astype(np.float32) for s in ((n, n), (n,), (2, n), (2,)))
+    heads = {"both": ({"cls.weight": w, "cls.bias": b, "cls.output.weight": w_out, "cls.output.bias": b_out},
+                      w_out @ np.tanh(w @ h + b) + b_out),
+             "out": ({"cls.output.weight": w_out[:1]}, w_out[:1] @ h)}
+    for name, (tensors, want) in heads.items():
+        with specee.Model(copy_gguf(vocab_gguf, tmp_path / f"{name}.gguf", tensors=tensors), n_ctx=64,
+                          n_threads=1) as m:
+            np.testing.assert_allclose(m.embed(TEXTS[0], pooling="rank"), want, rtol=1e-4, atol=1e-4, err_msg=name)
+            np.testing.assert_allclose(m.slots(1).embed(m.tokenize(TEXTS[0]), "rank"), want, rtol=1e-4, atol=1e-4)
+            np.testing.assert_array_equal(m.embed("x", pooling="mean"), model.embed("x", pooling="mean"))
+    with pytest.raises(specee.SpecEEError, match="classifier bias without its weight"):
+        specee.Model(copy_gguf(vocab_gguf, tmp_path / "bias.gguf", tensors={"cls.bias": b}), n_ctx=64, n_threads=1)
 
 
 # ---- specee-server

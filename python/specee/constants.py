@@ -33,16 +33,20 @@ ROPE_FACTORS_LONG = "rope_factors_long.weight"
 ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 ATTN_POST_NORM = "blk.%d.post_attention_norm.weight"  # gemma2/3: RMS norms of the attention's and FFN's outputs
 FFN_POST_NORM = "blk.%d.post_ffw_norm.weight"
-# a reranker's classifier head (llama.cpp's names): [n_embd, n_embd] then [n_embd, n_labels]; rank pooling refuses it
+# a reranker's classifier head (llama.cpp's names), read by rank pooling: tanh(cls h + b) [n_embd], then cls.output
+# [n_labels] (either may be absent)
 CLS = "cls.weight"
+CLS_BIAS = "cls.bias"
 CLS_OUT = "cls.output.weight"
+CLS_OUT_BIAS = "cls.output.bias"
 
 TENSOR_NAMES = (
     TOKEN_EMBD, OUTPUT_NORM, OUTPUT, ROPE_FREQS,
     ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT,
     FFN_NORM, FFN_GATE, FFN_UP, FFN_DOWN,
     ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS, ATTN_Q_NORM, ATTN_K_NORM, ATTN_QKV,
-    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ATTN_POST_NORM, FFN_POST_NORM, CLS, CLS_OUT,
+    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ATTN_POST_NORM, FFN_POST_NORM, CLS, CLS_BIAS, CLS_OUT,
+    CLS_OUT_BIAS,
 )
 
 # ---- model families: general.architecture (also the key prefix), RoPE type, the FFN's activation, embedding scale,

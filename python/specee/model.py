@@ -613,8 +613,9 @@ class Model:
               pooling: str | None = None) -> np.ndarray | list[np.ndarray]:
         """Embeddings of a text's final-norm hidden states (BOS as the vocabulary asks), pooled (specee.pooling): "mean"
         over the tokens, "cls" the first token's, "last" the last token's ([n_embd] each, unit length when
-        normalize), "none" every token's row ([n_tokens, n_embd], as they are), "rank" a relevance score ([1], the
-        last row's first element); None: the model's own (`pooling`). A list of texts gives [n_texts, ...] (for
+        normalize), "none" every token's row ([n_tokens, n_embd], as they are), "rank" relevance scores (the last
+        row through the file's classifier head, [labels]; without one the row's first element, [1]); None: the
+        model's own (`pooling`). A list of texts gives [n_texts, ...] (for
         "none", a list of arrays). One call of the runtime (`specee_embed`): each text is evaluated alone on a KV
         sequence of its own, removed afterwards, so the cache keeps what it held (a conversation's prefix) unless those
         cells must make room. ValueError for an empty text or an unknown pooling; SpecEEError for a text longer than

@@ -151,7 +151,8 @@ class Slots:
         return self._slots.totals()
 
     def embed(self, tokens: Sequence[int], pooling: str | None = None) -> np.ndarray:
-        """The tokens' final-norm rows pooled (specee.pooling; None: the model's own), not normalised: [n_embd], [1]
-        for "rank", [n_tokens, n_embd] for "none"; evaluated between passes on a sequence of its own."""
+        """The tokens' final-norm rows pooled (specee.pooling; None: the model's own), not normalised: [n_embd];
+        [labels] for "rank" ([1] without a classifier head); [n_tokens, n_embd] for "none". Evaluated between passes
+        on a sequence of its own."""
         return self._slots.embed(np.asarray(tokens, dtype=np.int32), pooling_id(pooling))
 
