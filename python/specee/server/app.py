@@ -271,11 +271,6 @@ def main(argv: list[str] | None = None) -> None:
     options = context_options_of(args, [name for name in CONTEXT_FLAGS if name != "flash_attn"])  # -fa: accepted
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
-    try:  # a pooling the model cannot give (rank with a classifier head) stops the start, not every request
-        model.embed("a", pooling=args.pooling)
-    except SpecEEError as e:
-        print(f"specee-server: error: --pooling {args.pooling}: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
