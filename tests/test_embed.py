@@ -188,6 +188,13 @@ def test_server_pools_as_the_model(started: Any, model: specee.Model) -> None:
     np.testing.assert_allclose(np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), "<f4"), want[0],
                                rtol=1e-5, atol=1e-6)
     assert post(s, "/v1/embeddings", {"input": "x", "encoding_format": "int8"})[0] == 400
+    raw = model.embed(TEXTS[0], normalize=False, pooling="last").astype(np.float64)
+    for p, scaled in ((-1, raw), (0, raw * 32760 / np.abs(raw).max()), (1, raw / np.abs(raw).sum()),
+                      (3, raw / (np.abs(raw) ** 3).sum() ** (1 / 3))):
+        status, body = post(s, "/v1/embeddings", {"input": TEXTS[0], "embd_normalize": p})
+        assert status == 200
+        np.testing.assert_allclose(body["data"][0]["embedding"], scaled, rtol=1e-4, atol=1e-4, err_msg=str(p))
+    assert post(s, "/v1/embeddings", {"input": "x", "embd_normalize": -2})[0] == 400
     status, body = post(s, "/embeddings", {"content": TEXTS[1]})  # llama.cpp's shape: one row per pooled text
     assert status == 200 and body[0]["index"] == 0
     np.testing.assert_allclose(body[0]["embedding"], want[1:], rtol=1e-5, atol=1e-6)
@@ -228,10 +235,18 @@ def test_server_reranks(started: Any, vocab_gguf: Path, model: specee.Model) -> 
     assert post(s, "/v1/embeddings", {"input": "x"})[0] == 400  # a scoring server embeds nothing
 
 
-def test_server_refuses_an_unknown_pooling(vocab_gguf: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "specee.server", "-m", str(vocab_gguf), "--pooling", "max"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--pooling max: expected one of none, mean, cls, last, rank" in r.stderr
+def test_server_flags_pooling_and_normalize(vocab_gguf: Path) -> None:
+    from specee.server import parse_args
+
+    args = parse_args(["--pooling", "cls", "--embd-normalize", "1"])
+    assert (args.pooling, args.embd_normalize) == ("cls", 1)
+    assert (parse_args([]).pooling, parse_args([]).embd_normalize) == (None, 2)  # None: the model's own
+    assert parse_args(["--pooling", "none", "--rerank"]).pooling == "rank"
+    for argv, message in ((["--pooling", "max"], "--pooling max: expected one of none, mean, cls, last, rank"),
+                          (["--embd-normalize", "x"], "--embd-normalize x: expected an integer >= -1")):
+        r = subprocess.run([sys.executable, "-m", "specee.server", "-m", str(vocab_gguf), *argv],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 # ---- upstream llama.cpp's llama-server on SmolLM2

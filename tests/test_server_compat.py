@@ -46,7 +46,7 @@ def test_routine_llama_server_flags_are_accepted_and_sampling_ones_are_defaults(
 
 @pytest.mark.parametrize("argv, named", [
     (["--context-shift"], "--context-shift"),
-    (["--embd-normalize", "1"], "--embd-normalize 1"),
+    (["--models-dir", "models"], "--models-dir models"),
     (["--presence-penalty", "0.5"], "--presence-penalty 0.5"),
     (["-hf", "org/model"], "-hf org/model"),
     (["-nocb"], "-nocb"),

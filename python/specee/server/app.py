@@ -256,6 +256,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.pooling = "rank" if "reranking" in args.llama else args.llama.get("pooling")  # None: the model's
     if args.pooling is not None and args.pooling not in POOLINGS:
         p.error(f"--pooling {args.pooling}: expected one of {', '.join(POOLINGS)}")
+    norm = args.llama.get("embd_normalize", "2")
+    if not norm.lstrip("-").isdigit() or int(norm) < -1:
+        p.error(f"--embd-normalize {norm}: expected an integer >= -1")
+    args.embd_normalize = int(norm)
     try:  # the defaults are checked now, not at the first request
         GenerateOptions(**args.sampling)
     except (ValueError, SpecEEError) as e:
@@ -277,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
                         sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
-                        cors_origins=args.cors_origins, template=template, pooling=args.pooling or model.pooling)
+                        cors_origins=args.cors_origins, template=template, pooling=args.pooling or model.pooling,
+                        embd_normalize=args.embd_normalize)
     app = make_app(state)
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()

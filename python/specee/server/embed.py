@@ -39,14 +39,20 @@ async def embed_tokens(state: ServerState, tokens: list[int], pooling: str, key:
     return vec
 
 
-def unit(vec: np.ndarray) -> np.ndarray:
-    return vec / max(float(np.linalg.norm(vec)), 1e-12)
+def normalized(vec: np.ndarray, p: int) -> np.ndarray:
+    """A pooled vector scaled as llama.cpp's embd_normalize says: -1 not at all, 0 its largest magnitude to 32760 (the
+    int16 range), 1 to unit taxicab length, 2 to unit length (the default), p > 2 to unit p-norm."""
+    x = np.abs(vec.astype(np.float64))
+    if p < 0:
+        return vec
+    norm = x.max() / 32760.0 if p == 0 else x.sum() if p == 1 else float((x ** p).sum() ** (1.0 / p))
+    return (vec / norm if norm > 0 else vec * 0.0).astype(np.float32)
 
 
 async def embeddings(request: Request) -> Response:
     """OpenAI's shape at /v1/embeddings (pooling none refused, as llama.cpp does), llama.cpp's at /embeddings or for a
-    body with `content`: [{index, embedding: [rows]}] (one unit-length row when pooled, every token's row as it is
-    with pooling none)."""
+    body with `content`: [{index, embedding: [rows]}] (one row when pooled, every token's row as it is with pooling
+    none). A pooled vector is scaled as `embd_normalize` says (the request's, else --embd-normalize; 2: unit length)."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
     oai = request.url.path.startswith("/v1/") and "input" in body
@@ -62,6 +68,7 @@ async def embeddings(request: Request) -> Response:
                        param="input")
     encoding = body_field(body, "encoding_format", str, "float", lambda v: v in ("float", "base64"),
                           "'float' or 'base64'")
+    norm = body_field(body, "embd_normalize", int, state.embd_normalize, lambda v: v >= -1, "an integer >= -1")
     # inputs as completion prompts: a string, token ids, a JSON prompt object, or a list of these
     prompts = await off_loop(request, prompts_of, state.model, {"input": inputs}, "input")
     data: list[dict[str, Any]] = []
@@ -70,13 +77,13 @@ async def embeddings(request: Request) -> Response:
         vec = await embed_tokens(state, tokens, state.pooling, "input", i)
         n_tokens += len(tokens)
         if not oai:
-            rows = vec if state.pooling == "none" else unit(vec)[None, :]
+            rows = vec if state.pooling == "none" else normalized(vec, norm)[None, :]
             data.append({"index": i, "embedding": rows.astype(float).tolist()})
         elif encoding == "base64":
             data.append({"object": "embedding", "index": i, "encoding_format": "base64",
-                         "embedding": base64.b64encode(unit(vec).astype("<f4").tobytes()).decode()})
+                         "embedding": base64.b64encode(normalized(vec, norm).astype("<f4").tobytes()).decode()})
         else:
-            data.append({"object": "embedding", "index": i, "embedding": unit(vec).astype(float).tolist()})
+            data.append({"object": "embedding", "index": i, "embedding": normalized(vec, norm).astype(float).tolist()})
     if not oai:
         return JSONResponse(data)
     return JSONResponse({"object": "list", "data": data, "model": state.alias,

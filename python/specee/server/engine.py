@@ -194,3 +194,4 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
     pooling: str = "mean"  # of embeddings (--pooling; --reranking: rank, /rerank), a name of specee.pooling
+    embd_normalize: int = 2  # how pooled embeddings are scaled (--embd-normalize; server/embed.py `normalized`)

@@ -81,7 +81,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--pooling", "TYPE", "server", "the embeddings' pooling: none, mean, cls, last or rank (default: the model's "
       "{arch}.pooling_type, else mean); pooled vectors are L2-normed, none gives every token's row at /embeddings",
       "pooling"),
-    S("--embd-normalize", "N", "refused", "embeddings are L2-normalised here", neutral=("2",)),
+    S("--embd-normalize", "N", "server", "how pooled embeddings are scaled: -1 not, 0 to the int16 range, 1 taxicab, 2 "
+      "Euclidean (default), p > 2 p-norm; a request's embd_normalize overrides it", "embd_normalize"),
     S("--rerank --reranking", None, "server", "serve /rerank: rank pooling, a causal model's score is the first "
       "element of the last token's final-norm row", "reranking"),
     S("--cors-origins", "ORIGINS", "server", "origins a browser may call from: comma-separated, 'localhost' (any "
