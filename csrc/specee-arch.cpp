@@ -78,26 +78,26 @@ std::string specee_tensor_name(specee_tensor t, int il) {
 
 static const specee_arch_family FAMILIES[] = {
     // llama (and Mistral, which upstream's converter writes as llama): Q/K rows permuted to GGML's RoPE order
-    {"llama", GGML_ROPE_TYPE_NORMAL, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
+    {"llama", GGML_ROPE_TYPE_NORMAL, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0, false,
      {LLAMA_ATTN, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
     // Qwen2 / Qwen2.5: biases on the Q, K and V projections
-    {"qwen2", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
+    {"qwen2", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0, false,
      {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_BIAS, SPECEE_TENSOR_ATTN_K_BIAS, SPECEE_TENSOR_ATTN_V_BIAS, LLAMA_FFN,
       SPECEE_TENSOR_COUNT}},
     // Qwen3: RMS norms of each head's Q and K before RoPE, no biases
-    {"qwen3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
+    {"qwen3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0, false,
      {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_NORM, SPECEE_TENSOR_ATTN_K_NORM, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
-    // Phi-3: one QKV matrix, one gate+up matrix
-    {"phi3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0,
+    // Phi-3: one QKV matrix, one gate+up matrix; its chat markers take the whitespace after them
+    {"phi3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_SILU, false, 0, 0, 0.0f, 0, true,
      {SPECEE_TENSOR_ATTN_NORM, SPECEE_TENSOR_ATTN_QKV, SPECEE_TENSOR_ATTN_OUTPUT, SPECEE_TENSOR_FFN_NORM,
       SPECEE_TENSOR_FFN_UP, SPECEE_TENSOR_FFN_DOWN, SPECEE_TENSOR_COUNT}},
     // Gemma 2: scaled embeddings, GeGLU, norms after attention and FFN, every other layer a sliding window (4096 by
     // default), soft-capped attention and final logits (keys)
-    {"gemma2", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_GELU, true, 2, 4096, 0.0f, 46,
+    {"gemma2", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_GELU, true, 2, 4096, 0.0f, 46, false,
      {LLAMA_ATTN, GEMMA_POST_NORMS, LLAMA_FFN, SPECEE_TENSOR_COUNT}},
     // Gemma 3 (text): Gemma 2's layer with Qwen3's Q/K norms, five sliding layers in six (with their own RoPE base,
     // {arch}.rope.freq_base_swa), no attention soft-capping
-    {"gemma3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_GELU, true, 6, 0, 10000.0f, 62,
+    {"gemma3", GGML_ROPE_TYPE_NEOX, SPECEE_FFN_GELU, true, 6, 0, 10000.0f, 62, false,
      {LLAMA_ATTN, SPECEE_TENSOR_ATTN_Q_NORM, SPECEE_TENSOR_ATTN_K_NORM, GEMMA_POST_NORMS, LLAMA_FFN,
       SPECEE_TENSOR_COUNT}},
 };
@@ -154,7 +154,8 @@ extern "C" const char * specee_arch_pred_tensor_name(int32_t i) {
 }
 
 extern "C" const char * specee_arch_family_row(int32_t i) {
-    // "NAME ROPE ACT EMBD_SCALE SWA_PATTERN SWA_DEFAULT SWA_ROPE_BASE N_LAYER_EMBD_QUERY_SCALE TENSOR,TENSOR,...",
+    // "NAME ROPE ACT EMBD_SCALE SWA_PATTERN SWA_DEFAULT SWA_ROPE_BASE N_LAYER_EMBD_QUERY_SCALE SPECIAL_RSTRIP
+    // TENSOR,TENSOR,...",
     // built once (a static local's initialisation is thread-safe)
     static const std::vector<std::string> rows = [] {
         std::vector<std::string> out;
@@ -163,7 +164,7 @@ extern "C" const char * specee_arch_family_row(int32_t i) {
                               (f.ffn_act == SPECEE_FFN_GELU ? "gelu " : "silu ") + (f.embd_scale ? "1 " : "0 ") +
                               std::to_string(f.swa_pattern) + " " + std::to_string(f.swa_default) + " " +
                               std::to_string((int64_t) f.swa_rope_base) + " " +
-                              std::to_string(f.n_layer_embd_query_scale) + " ";
+                              std::to_string(f.n_layer_embd_query_scale) + (f.special_rstrip ? " 1 " : " 0 ");
             for (int j = 0; j < SPECEE_MAX_LAYER_TENSORS && f.layer_tensors[j] != SPECEE_TENSOR_COUNT; ++j) {
                 row += (j ? "," : "") + std::string(TENSOR_FORMATS[f.layer_tensors[j]]);
             }

@@ -96,6 +96,9 @@ struct specee_arch_family {
     // the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head) instead of
     // 1/sqrt(head size) (Gemma's 27B: query_pre_attn_scalar), when the file has no {arch}.attention.scale; 0: none
     uint32_t       n_layer_embd_query_scale;
+    // the vocabulary's special tokens, but for <s>, <unk> and <|endoftext|>, take the whitespace after them in the
+    // text (Phi-3's chat markers: rstrip in its tokenizer, which llama.cpp applies to files named Phi-3)
+    bool           special_rstrip;
     specee_tensor  layer_tensors[SPECEE_MAX_LAYER_TENSORS]; // ends at SPECEE_TENSOR_COUNT
 };
 

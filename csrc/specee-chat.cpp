@@ -13,6 +13,8 @@
 //   zephyr   <|role|>\ncontent</s>\n ... <|assistant|>\n
 //   phi3     <|role|>\ncontent<|end|>\n ... <|assistant|>\n (Phi-3 / Phi-3.5 instruct; no generation prompt: the EOS)
 //   gemma    <bos><start_of_turn>user\ncontent<end_of_turn>\n<start_of_turn>model\n (Gemma 2 and 3 instruct)
+//   command-r <|START_OF_TURN_TOKEN|><|USER_TOKEN|>content<|END_OF_TURN_TOKEN|> ... <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>
+//            (Cohere Command-R, by name only: a model's own Cohere template, tool use and thinking included, is Jinja)
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-vocab.h"
@@ -32,7 +34,7 @@ static const char * const VICUNA_SYSTEM =
 static const char * const ALTERNATE_ERROR = "Conversation roles must alternate user/assistant/user/assistant/...";
 
 static const char * const TEMPLATE_NAMES[] = {"chatml", "smollm2", "qwen2.5", "llama2",
-                                              "vicuna", "llama3",  "zephyr",  "phi3", "gemma"};
+                                              "vicuna", "llama3",  "zephyr",  "phi3", "gemma", "command-r"};
 
 // the names above, comma separated, for messages
 static std::string template_names() {
@@ -249,6 +251,22 @@ static std::string render_gemma(const std::vector<chat_message> & msgs, bool add
     return out + (add_ass ? "<start_of_turn>model\n" : "");
 }
 
+// CohereForAI/c4ai-command-r-v01 and -plus, as llama.cpp's "command-r" renders them: a turn per message (system, user,
+// assistant as the chatbot; others dropped), each content stripped, no BOS text (the tokenizer adds it)
+static std::string render_command_r(const std::vector<chat_message> & msgs, bool add_ass) {
+    std::string out;
+    for (const chat_message & m : msgs) {
+        const char * token = m.role == "system"    ? "<|SYSTEM_TOKEN|>" :
+                             m.role == "user"      ? "<|USER_TOKEN|>" :
+                             m.role == "assistant" ? "<|CHATBOT_TOKEN|>" :
+                                                     nullptr;
+        if (token) {
+            out += std::string("<|START_OF_TURN_TOKEN|>") + token + py_strip(m.content) + "<|END_OF_TURN_TOKEN|>";
+        }
+    }
+    return out + (add_ass ? "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>" : "");
+}
+
 // ---- API -----------------------------------------------------------------------------------------
 
 extern "C" const char * specee_chat_template_detect(const char * tmpl) {
@@ -321,6 +339,8 @@ static int32_t chat_apply_impl(const char * name, const specee_chat_message * ms
         out = render_phi3(chat, add_ass);
     } else if (n == "gemma") {
         out = render_gemma(chat, add_ass);
+    } else if (n == "command-r") {
+        out = render_command_r(chat, add_ass);
     } else {
         specee_fail("unknown chat template '%s' (known: %s)", name, template_names().c_str());
     }

@@ -430,7 +430,7 @@ static specee_model * load_impl(const char * path, const specee_model_params & p
     load_hparams(*m, family);
     check_layer_tensors(*m, arch);
     read_vocab_size(*m, arch);
-    m->vocab = specee_vocab_load(m->file.gguf, m->hparams.n_vocab);
+    m->vocab = specee_vocab_load(m->file.gguf, m->hparams.n_vocab, family.special_rstrip);
     read_weights(*m, family);
     if (specee_has_eagle_tensors(m->file.ctx_meta)) {
         m->eagle = specee_read_eagle(m->hparams, m->file.ctx_meta, m->file.gguf, m->path);

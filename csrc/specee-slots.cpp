@@ -18,7 +18,8 @@
 // Each slot owns a generator (sampler, draft head, stats) bound to its sequence (slot i: sequence i + 1; sequence 0
 // is the single-sequence API's). A slot's cells stay after its request for the next one (a chat's next turn
 // prefills only its new tokens): a request goes to the free slot whose cache holds the longest prefix of its
-// prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out.
+// prompt. Every slot may use n_ctx / n_slots cells, so the running slots never run out (unless the cache is shared
+// whole, llama.cpp's --kv-unified: specee-slot-cache.cpp).
 #include "specee-context.h"
 #include "specee-drafter.h"
 #include "specee-embed.h"
@@ -26,45 +27,14 @@
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-options.h"
+#include "specee-slots-ext.h"
+#include "specee-slots.h"
 #include "specee-speculative.h"
 #include "specee.h"
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <mutex>
-
-enum slot_state {
-    SLOT_FREE    = 0,
-    SLOT_PREFILL = 1,
-    SLOT_DECODE  = 2,
-    SLOT_DONE    = 3, // finished; its tokens wait to be read until the slot is released
-};
-
-struct specee_slot {
-    std::unique_ptr<specee_generator, void (*)(specee_generator *)> gen{nullptr, specee_generator_free};
-    int32_t              state  = SLOT_FREE;
-    bool                 alone  = false; // a speculative mode: passes of its own
-    std::vector<int32_t> prompt;
-    int32_t              n_past    = 0;  // prompt tokens in the cache
-    int32_t              n_predict = -1; // most tokens to generate, < 0: until the slot's context is full
-    int32_t              n_generated = 0;
-    std::vector<int32_t> out, out_layers; // generated, not read yet
-    int32_t              n_probs = -1;   // alternatives per token; < 0: no log-probabilities
-    std::vector<specee_token_logprob> out_probs; // 1 + n_probs per token of out
-    int32_t              finish = SPECEE_FINISH_NONE;
-    std::string          error;
-    uint64_t             order = 0; // when the request came (prefill order), or was last used (slot choice)
-};
-
-struct specee_slots {
-    specee_context *         ctx = nullptr;
-    std::vector<specee_slot> slots;
-    int32_t                  n_chunk    = 0;
-    int32_t                  n_ctx_slot = 0;
-    uint64_t                 clock      = 0;
-    specee_slots_totals      totals{};
-};
 
 // ---- requests ---------------------------------------------------------------------------------------
 
@@ -123,8 +93,9 @@ static int32_t share_prefix(specee_slots & s, int32_t id, const int32_t * tokens
     return best;
 }
 
+// want >= 0: that slot (its own cached prefix), SPECEE_SLOTS_BUSY while it holds a request
 static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, const specee_generator_params & p,
-                           int32_t n_predict, int32_t n_probs) {
+                           int32_t n_predict, int32_t n_probs, int32_t want = -1) {
     specee_context & ctx     = *s.ctx;
     const int32_t    n_vocab = (int32_t) ctx.model->hparams.n_vocab;
     if (!tokens || n <= 0) {
@@ -143,7 +114,15 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
         specee_fail("n_probs=%d: at most %d alternatives per token", n_probs, SPECEE_MAX_PROBS);
     }
     int32_t       cached = 0;
-    const int32_t id     = choose_slot(s, tokens, n, cached);
+    int32_t       id     = want;
+    if (want < 0) {
+        id = choose_slot(s, tokens, n, cached);
+    } else if (slot_at(s, want).state != SLOT_FREE) {
+        return SPECEE_SLOTS_BUSY;
+    } else {
+        specee_seq_scope seq(*s.slots[want].gen);
+        cached = specee_cached_prefix(s.ctx->kv, tokens, n);
+    }
     if (id < 0) {
         return SPECEE_SLOTS_BUSY;
     }
@@ -199,6 +178,13 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
         sl.n_past          = e;
         g.stats.n_reused   = e;
         g.stats.t_prompt_ms += specee_ms_since(t0);
+    }
+    if (s.unified) { // the running slots share the whole cache: the idle slots' caches make room for them
+        for (specee_slot & o : s.slots) {
+            if (&o != &sl && o.state == SLOT_FREE) {
+                ctx.kv.seq_remove(o.gen->seq, 0, -1);
+            }
+        }
     }
     sl.state = SLOT_PREFILL;
     s.totals.n_requests++;
@@ -687,6 +673,24 @@ extern "C" int32_t specee_slots_submit(specee_slots * s, const int32_t * tokens,
         specee_set_error(specee_format("all %d slots are busy", (int32_t) s->slots.size()));
     }
     return r;
+}
+
+extern "C" int32_t specee_slots_submit_to(specee_slots * s, int32_t slot, const int32_t * tokens, int32_t n_tokens,
+                                          struct specee_generator_params params, int32_t n_predict, int32_t n_probs) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    const int32_t r = specee_guard<int32_t>(-1, [&] {
+        slot_at(*s, slot); // in range
+        return submit_impl(*s, tokens, n_tokens, params, n_predict, n_probs, slot);
+    });
+    if (r == SPECEE_SLOTS_BUSY) {
+        specee_set_error(specee_format("slot %d is busy", slot));
+    }
+    return r;
+}
+
+extern "C" int32_t specee_slots_n_past(const specee_slots * s, int32_t slot) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return slot >= 0 && slot < (int32_t) s->slots.size() ? s->slots[slot].n_past : -1;
 }
 
 extern "C" int32_t specee_slots_step(specee_slots * s) {

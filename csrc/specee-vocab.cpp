@@ -24,8 +24,9 @@ enum token_type { TOKEN_NORMAL = 1, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEF
 struct specee_token_data {
     std::string text;  // as stored in the vocabulary
     std::string piece; // the bytes it stands for (control tokens: their text)
-    float       score = 0.0f;
-    int32_t     type  = TOKEN_NORMAL;
+    float       score  = 0.0f;
+    int32_t     type   = TOKEN_NORMAL;
+    bool        rstrip = false; // a special token that takes the whitespace after it in text
 };
 
 struct bpe_merge {
@@ -262,13 +263,17 @@ static void find_end_of_generation(specee_vocab & v) {
     }
 }
 
-// what tokenizing and detokenizing look up: the special tokens (longest first), each byte's token, each token's piece
-static void build_indexes(specee_vocab & v) {
+// what tokenizing and detokenizing look up: the special tokens (longest first, which take the whitespace after them
+// when the family's do), each byte's token, each token's piece
+static void build_indexes(specee_vocab & v, bool special_rstrip) {
     for (int32_t i = 0; i < (int32_t) v.tokens.size(); ++i) {
-        const int32_t type = v.tokens[i].type;
-        const bool    special = type == TOKEN_CONTROL || type == TOKEN_USER_DEFINED || type == TOKEN_UNKNOWN;
-        if (special && !v.tokens[i].text.empty()) {
+        specee_token_data & t = v.tokens[i];
+        if (t.type != TOKEN_CONTROL && t.type != TOKEN_USER_DEFINED && t.type != TOKEN_UNKNOWN) {
+            continue;
+        }
+        if (!t.text.empty()) {
             v.specials.push_back(i);
+            t.rstrip = special_rstrip && t.text != "<s>" && t.text != "<unk>" && t.text != "<|endoftext|>";
         }
     }
     std::stable_sort(v.specials.begin(), v.specials.end(),
@@ -286,7 +291,7 @@ static void build_indexes(specee_vocab & v) {
     }
 }
 
-specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
+specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab, bool special_rstrip) {
     const std::string model = get_string(g, "tokenizer.ggml.model");
     if (model.empty() || model == "none" || model == "no_vocab") {
         return nullptr;
@@ -307,7 +312,7 @@ specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab) {
     }
     read_special_ids(v, g);
     find_end_of_generation(v);
-    build_indexes(v);
+    build_indexes(v, special_rstrip);
     return owned.release();
 }
 
@@ -439,13 +444,18 @@ static void tokenize_bpe(const specee_vocab & v, const std::string & text, std::
 
 // ---- tokenizing --------------------------------------------------------------------------------
 
+static bool is_ascii_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
 struct fragment {
     int32_t token; // a special token, or -1 for the text [off, off + len)
     size_t  off, len;
 };
 
 // Split out the special tokens' texts, longest token first. User-defined tokens always split; control
-// and unknown tokens only when parse_special (otherwise they are read as plain text).
+// and unknown tokens only when parse_special (otherwise they are read as plain text). A token that rstrips drops the
+// ASCII whitespace after it in its fragment.
 static std::vector<fragment> split_specials(const specee_vocab & v, const std::string & text, bool parse_special) {
     std::vector<fragment> frags;
     if (!text.empty()) {
@@ -464,11 +474,15 @@ static std::vector<fragment> split_specials(const specee_vocab & v, const std::s
             }
             const std::string_view view(text.data(), f.off + f.len);
             size_t                 pos = f.off;
-            for (size_t m; (m = view.find(s, pos)) != std::string_view::npos; pos = m + s.size()) {
+            for (size_t m; (m = view.find(s, pos)) != std::string_view::npos;) {
                 if (m > pos) {
                     next.push_back({-1, pos, m - pos});
                 }
                 next.push_back({id, m, s.size()});
+                pos = m + s.size();
+                while (v.tokens[id].rstrip && pos < view.size() && is_ascii_space(view[pos])) {
+                    ++pos;
+                }
             }
             if (pos < f.off + f.len) {
                 next.push_back({-1, pos, f.off + f.len - pos});

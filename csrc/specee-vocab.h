@@ -10,8 +10,8 @@
 struct specee_vocab;
 
 // the vocabulary of a model file whose token_embd has n_vocab rows (no more tokens than that); nullptr when the
-// file has none (token-id use only). Throws specee_error.
-specee_vocab * specee_vocab_load(const gguf_context * gguf, uint32_t n_vocab);
+// file has none (token-id use only); special_rstrip: the family's (specee_arch_family). Throws specee_error.
+specee_vocab * specee_vocab_load(const gguf_context * gguf, uint32_t n_vocab, bool special_rstrip);
 void           specee_vocab_free(specee_vocab * vocab);
 
 struct specee_model;

@@ -146,6 +146,21 @@ def test_llama2_reference_output() -> None:
         "<s>[INST] <<SYS>>\nSYS\n<</SYS>>\n\nQ1 [/INST] A1 </s><s>[INST] Q2 [/INST]")
 
 
+def test_command_r_by_name() -> None:
+    """llama.cpp's "command-r": a turn per message (a tool's dropped), contents stripped, no BOS text; found by its
+    name only (a Cohere model's own template, with tool use and thinking, is left to jinja2)."""
+    conversation = [*msgs("system", " SYS\n", "user", "Q1", "assistant", " A1 "), {"role": "tool", "content": "r"},
+                    *msgs("user", "Q2")]
+    turn = "<|START_OF_TURN_TOKEN|>{}{}<|END_OF_TURN_TOKEN|>"
+    expected = (turn.format("<|SYSTEM_TOKEN|>", "SYS") + turn.format("<|USER_TOKEN|>", "Q1") +
+                turn.format("<|CHATBOT_TOKEN|>", "A1") + turn.format("<|USER_TOKEN|>", "Q2"))
+    assert _core.chat_apply_template("command-r", conversation, False) == expected
+    assert _core.chat_apply_template("command-r", conversation, True) == expected + (
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    assert _core.chat_template_detect("command-r") == "command-r"
+    assert _core.chat_template_detect("{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' }}") is None
+
+
 def test_llama2_roles_must_alternate() -> None:
     conversation = msgs("user", "a", "user", "b")
     with pytest.raises(jinja2.exceptions.TemplateError, match="alternate"):

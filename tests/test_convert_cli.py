@@ -331,9 +331,11 @@ def test_upstream_llama_cpp_python_loads_the_file(kind: str, request: pytest.Fix
 
 
 def upstream_binary(name: str, env: str) -> str:
-    path = os.environ.get(env) or shutil.which(name)
+    """Upstream llama.cpp's program: $env, else the one in the folder $SPECEE_UPSTREAM_BIN names, else on PATH."""
+    folder = os.environ.get("SPECEE_UPSTREAM_BIN")
+    path = os.environ.get(env) or (folder and shutil.which(name, path=folder)) or shutil.which(name)
     if not path:
-        pytest.skip(f"upstream {name} not found (set {env} or put it on PATH)")
+        pytest.skip(f"upstream {name} not found (set SPECEE_UPSTREAM_BIN to its folder, or {env}, or put it on PATH)")
     return path
 
 

@@ -185,8 +185,9 @@ def test_jinja_conventions() -> None:
               "{% endif %}{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}{{ eos_token }}"
               "{{ date_string == strftime_now('%d %b %Y') }}{{ enable_thinking }}")
     t = ChatTemplate(source=source, bos="<s>", eos="</s>", compiled=jinja_environment().from_string(source))
-    assert t.render([{"role": "user", "content": "é"}]) == '<s>{"role": "user", "content": "é"}4</s>TrueTrue'
-    assert t.render(QUESTION, kwargs={"enable_thinking": False}).endswith("TrueFalse")  # a request's kwargs win'
+    # enable_thinking: the template's (false for one that does not think, server/reasoning.py), a request's wins
+    assert t.render([{"role": "user", "content": "é"}]) == '<s>{"role": "user", "content": "é"}4</s>TrueFalse'
+    assert t.render(QUESTION, kwargs={"enable_thinking": True}).endswith("TrueTrue")
     with pytest.raises(ValueError, match="no bad"):
         t.render([{"role": "bad", "content": ""}])
     unsafe = "{{ messages.__class__.__mro__ }}"
@@ -207,9 +208,9 @@ def test_generation_tag_and_templates_without_a_system_role() -> None:
 # $SPECEE_UPSTREAM_TEMPLATES
 UPSTREAM_TEMPLATES = Path(os.environ.get("SPECEE_UPSTREAM_TEMPLATES", Path(__file__).resolve().parents[2] / "up" /
                                          "llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates"))
-# templates that need what this server does not give: Cohere's older tool format (tools' top-level description),
-# Firefunction's `functions`, Functionary's string arguments, Mistral's 9-character call ids
-NOT_RENDERED = {"CohereForAI-c4ai-command-r-plus-tool_use", "fireworks-ai-llama-3-firefunction-v2",
+# templates that need what this server does not give: Firefunction's `functions` (nothing defines it: it renders as
+# "", as in llama.cpp, and the tools go undescribed), Functionary's string arguments, Mistral's 9-character call ids
+NOT_RENDERED = {"fireworks-ai-llama-3-firefunction-v2",
                 "meetkai-functionary-medium-v3.2", "Mistral-Small-3.2-24B-Instruct-2506",
                 "mistralai-Mistral-Nemo-Instruct-2407"}
 

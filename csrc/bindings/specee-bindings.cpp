@@ -1,6 +1,7 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
 #include "specee-pooling.h"
 #include "specee.h"
+#include "specee-slots-ext.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -436,13 +437,17 @@ struct Slots {
     ~Slots() { specee_slots_free(ptr); }
 
     // the slot, or SLOTS_BUSY when every slot holds a request
-    int32_t submit(const i32_array & tokens, const py::object & options, int32_t n_predict, int32_t n_probs) {
+    // (slot >= 0: on that slot, SLOTS_BUSY while it holds a request)
+    int32_t submit(const i32_array & tokens, const py::object & options, int32_t n_predict, int32_t n_probs,
+                   int32_t slot) {
         std::string                   grammar;
         const specee_generator_params p = params_of(options, "", &grammar);
         int32_t                       r;
         {
             py::gil_scoped_release release;
-            r = specee_slots_submit(ptr, tokens.data(), (int32_t) tokens.size(), p, n_predict, n_probs);
+            r = slot < 0 ? specee_slots_submit(ptr, tokens.data(), (int32_t) tokens.size(), p, n_predict, n_probs)
+                         : specee_slots_submit_to(ptr, slot, tokens.data(), (int32_t) tokens.size(), p, n_predict,
+                                                  n_probs);
         }
         if (r == -1) {
             raise_last();
@@ -488,6 +493,29 @@ struct Slots {
             logprobs.append(row);
         }
         return py::make_tuple(toks, layers, finish, std::string(specee_slots_error(ptr, slot)), logprobs);
+    }
+
+    int32_t set_unified(bool unified) {
+        const int32_t r = specee_slots_set_unified(ptr, unified ? 1 : 0);
+        if (r < 0) {
+            raise_last();
+        }
+        return r;
+    }
+
+    // a free slot's cache to a file, back, or dropped (specee-slots-ext.h): the cells; the GIL released for the I/O
+    int32_t cache(const std::string & action, int32_t slot, const std::string & path) {
+        int32_t r;
+        {
+            py::gil_scoped_release release;
+            r = action == "save"      ? specee_slots_save(ptr, slot, path.c_str())
+                : action == "restore" ? specee_slots_restore(ptr, slot, path.c_str())
+                                      : specee_slots_erase(ptr, slot);
+        }
+        if (r < 0) {
+            raise_last();
+        }
+        return r;
     }
 
     void release(int32_t slot) {
@@ -947,7 +975,10 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("n_ctx_slot", [](const Slots & s) { return specee_slots_n_ctx_slot(s.ptr); })
         .def_property_readonly("n_busy", [](const Slots & s) { return specee_slots_n_busy(s.ptr); })
         .def("submit", &Slots::submit, py::arg("tokens"), py::arg("options"), py::arg("n_predict") = -1,
-             py::arg("n_probs") = -1)
+             py::arg("n_probs") = -1, py::arg("slot") = -1)
+        .def("n_past", [](const Slots & s, int32_t slot) { return specee_slots_n_past(s.ptr, slot); }, py::arg("slot"))
+        .def("set_unified", &Slots::set_unified, py::arg("unified"))
+        .def("cache", &Slots::cache, py::arg("action"), py::arg("slot"), py::arg("path") = "")
         .def("step", &Slots::step)
         .def("read", &Slots::read, py::arg("slot"))
         .def("release", &Slots::release, py::arg("slot"))

@@ -173,7 +173,7 @@ static std::vector<cli_option> make_options(cli_params & p) {
         {{"-cnv", "--conversation"}, "", "conversation mode: the chat template formats each turn and user lines are read from stdin after a '> ' prompt (default: on when the model has a chat template and stdin and stdout are terminals)", "", flag([&p] { p.conversation = CNV_ON; })},
         {{"-no-cnv", "--no-conversation"}, "", "plain completion of the prompt", "", flag([&p] { p.conversation = CNV_OFF; })},
         {{"-st", "--single-turn"}, "", "conversation mode: answer one turn (the -p prompt, or else the first line read), then exit", "", flag([&p] { p.single_turn = true; })},
-        {{"--chat-template"}, "NAME", "chat template instead of the model's: chatml, smollm2, qwen2.5, llama2, vicuna, llama3, zephyr, phi3, or a Jinja template text with the markers of one of them", "a known template",
+        {{"--chat-template"}, "NAME", "chat template instead of the model's: chatml, smollm2, qwen2.5, llama2, vicuna, llama3, zephyr, phi3, gemma, command-r, or a Jinja template text with the markers of one of them", "a known template",
          [&p](const std::string & v) {
              p.chat_template = v;
              return specee_chat_template_resolve(nullptr, v.c_str()) != nullptr;

@@ -70,11 +70,13 @@ class Family:
     # the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head) (Gemma 27B's
     # query_pre_attn_scalar) when the file has no KEY_ATTENTION_SCALE; 0: none
     n_layer_embd_query_scale: int = 0
+    # the vocabulary's special tokens but <s>, <unk> and <|endoftext|> take the whitespace after them in text (phi3)
+    special_rstrip: bool = False
 
     def row(self) -> str:
         """The family as the C++ table lists it (specee._core.arch_families())."""
         return (f"{self.name} {self.rope} {self.ffn_act} {int(self.embd_scale)} {self.swa_pattern} "
-                f"{self.swa_default} {self.swa_rope_base} {self.n_layer_embd_query_scale} "
+                f"{self.swa_default} {self.swa_rope_base} {self.n_layer_embd_query_scale} {int(self.special_rstrip)} "
                 f"{','.join(self.layer_tensors)}")
 
 
@@ -86,7 +88,7 @@ FAMILIES = {
         Family("llama", "normal", _LLAMA_ATTN + _LLAMA_FFN),  # also Mistral
         Family("qwen2", "neox", _LLAMA_ATTN + (ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS) + _LLAMA_FFN),
         Family("qwen3", "neox", _LLAMA_ATTN + (ATTN_Q_NORM, ATTN_K_NORM) + _LLAMA_FFN),
-        Family("phi3", "neox", (ATTN_NORM, ATTN_QKV, ATTN_OUTPUT, FFN_NORM, FFN_UP, FFN_DOWN)),
+        Family("phi3", "neox", (ATTN_NORM, ATTN_QKV, ATTN_OUTPUT, FFN_NORM, FFN_UP, FFN_DOWN), special_rstrip=True),
         Family("gemma2", "neox", _LLAMA_ATTN + (ATTN_POST_NORM, FFN_POST_NORM) + _LLAMA_FFN,
                "gelu", True, 2, 4096, 0, 46),
         Family("gemma3", "neox", _LLAMA_ATTN + (ATTN_Q_NORM, ATTN_K_NORM, ATTN_POST_NORM, FFN_POST_NORM) + _LLAMA_FFN,

@@ -109,21 +109,49 @@ class Slots:
         """Slots holding a request (running, or finished and not released)."""
         return self._slots.n_busy
 
-    def submit(self, tokens: Sequence[int], max_tokens: int = -1, n_probs: int = -1, **options) -> int | None:
+    def submit(self, tokens: Sequence[int], max_tokens: int = -1, n_probs: int = -1, slot: int | None = None,
+               **options) -> int | None:
         """Start a request: generate up to max_tokens (-1: until an end-of-generation token or the slot's context is
         full; `token_limit`) after the prompt's
         token ids, with the options of `Model.stream` (stop strings and chat templates are the caller's); n_probs
         >= 0 (mode plain, at most `_core.MAX_PROBS`): each token's log-probability and the n_probs most likely
-        tokens' (`SlotOutput.logprobs`). Returns its slot, or None when every slot holds a request. SpecEEError on a
-        bad prompt (one of n_ctx_slot tokens or more) or options."""
-        return self.submit_options(tokens, GenerateOptions(**options), max_tokens, n_probs)
+        tokens' (`SlotOutput.logprobs`); slot: on that slot (see `submit_options`). Returns its slot, or None when
+        every slot (or the slot asked for) holds a request. SpecEEError on a bad prompt (one of n_ctx_slot tokens or
+        more) or options."""
+        return self.submit_options(tokens, GenerateOptions(**options), max_tokens, n_probs, slot)
 
     def submit_options(self, tokens: Sequence[int], options: GenerateOptions, max_tokens: int = -1,
-                       n_probs: int = -1) -> int | None:
-        """`submit` with the options made already (and so checked): they go to the runtime as they are."""
+                       n_probs: int = -1, slot: int | None = None) -> int | None:
+        """`submit` with the options made already (and so checked): they go to the runtime as they are. slot: on
+        that slot (llama.cpp's id_slot; None when it holds a request) instead of the free slot whose cache holds the
+        longest prefix of the prompt."""
         n = min(token_limit(max_tokens), INT32_MAX)
-        slot = self._slots.submit(np.asarray(tokens, dtype=np.int32), options, n, n_probs)
-        return None if slot == _core.SLOTS_BUSY else slot
+        got = self._slots.submit(np.asarray(tokens, dtype=np.int32), options, n, n_probs, -1 if slot is None else slot)
+        return None if got == _core.SLOTS_BUSY else got
+
+    def set_unified(self, unified: bool = True) -> None:
+        """llama.cpp's --kv-unified: every slot may use the whole context (n_ctx_slot becomes n_ctx), a request's
+        submit drops the idle slots' caches, and a pass that the running requests together overflow fails
+        (SpecEEError "context overflow"). Before the first request."""
+        self._slots.set_unified(unified)
+
+    def n_past(self, slot: int) -> int:
+        """Prompt tokens of the slot's request in its cache: the prefix reused, then after each prefilled chunk."""
+        return self._slots.n_past(slot)
+
+    def save(self, slot: int, path: str) -> int:
+        """Write a free slot's cache (its tokens and their K/V) to the file `path`; returns how many tokens. SpecEEError
+        when the slot holds a request or the file cannot be written."""
+        return self._slots.cache("save", slot, path)
+
+    def restore(self, slot: int, path: str) -> int:
+        """Replace a free slot's cache with what `save` wrote to `path` (the same model and cache types); returns how
+        many tokens. Its next request reuses them as a cached prefix. SpecEEError on a bad or foreign file."""
+        return self._slots.cache("restore", slot, path)
+
+    def erase(self, slot: int) -> int:
+        """Drop a free slot's cache; returns how many tokens it held."""
+        return self._slots.cache("erase", slot)
 
     def step(self) -> int:
         """One pass; returns how many slots are still running."""

@@ -16,8 +16,13 @@ text (stop strings included) and writes responses. HTTP is Starlette on uvicorn 
     tools.py       tool calls on chat: tools checked, history rendered, the reply held to a schema and read back
     openai.py      OpenAI's endpoints: chat (tool calls included), completions, embeddings, models; /apply-template
     anthropic.py   Anthropic's /v1/messages and /v1/messages/count_tokens over chat's path
-    llama.py       llama.cpp's endpoints: /completion, /tokenize, /detokenize, /health, /metrics
-    app.py         the routes, the guard (API key, errors), the flags and main()
+    responses.py   OpenAI's Responses API, /v1/responses, over chat's path
+    llama.py       llama.cpp's endpoints: /completion, /tokenize, /detokenize, /health, /props, /slots (a slot's cache
+                   saved, restored, erased), /metrics
+    gcp.py         Vertex AI's predict route (AIP_MODE=PREDICTION): each instance to one of the POST endpoints
+    sleep.py       --sleep-idle-seconds: the model unloaded when idle, loaded again by the next request needing it
+    router.py      router mode (no -m, --models-dir / --models-preset): a child server per model, requests routed
+    app.py         the routes, the guard (API key, errors, the sleeper), the flags, the listening sockets, main()
 """
 
 from specee._optional import missing_package_exits

@@ -18,13 +18,25 @@ from starlette.responses import JSONResponse, Response
 from specee.server.engine import ServerState
 from specee.server.generation import Result, respond
 from specee.server.request import ApiError, json_object, off_loop
-from specee.server.tools import chat_prompt, reply_of
+from specee.server.templates import TemplateError
+from specee.server.tools import ChatPrompt, chat_prompt, reply_of
 
 STOP_REASON = {"stop": "end_turn", "length": "max_tokens"}
 
 
+def no_image(block: dict, where: str) -> ApiError:
+    """An image block: well formed ({"source": {"type": "base64", "data"} or {"type": "url", "url"}}), llama-server's
+    answer for a model without a multimodal projector (a 500 there, kept so that its clients see the same); else a
+    400."""
+    source = block.get("source")
+    good = isinstance(source, dict) and (source.get("type") == "base64" and isinstance(source.get("data"), str) or
+                                         source.get("type") == "url" and isinstance(source.get("url"), str))
+    return ApiError(500 if good else 400, f"{where}: image input is not supported: this server runs text-only models "
+                    "(no multimodal projector)", "server_error" if good else "invalid_request_error", param="messages")
+
+
 def text_blocks(value: Any, where: str) -> str:
-    """A string, or a list of text blocks, as text (400 on any other block)."""
+    """A string, or a list of text blocks, as text (400 on any other block; an image block: `no_image`)."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -33,8 +45,9 @@ def text_blocks(value: Any, where: str) -> str:
     for b in value:
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             kind = b.get("type") if isinstance(b, dict) else None
-            raise ApiError(400, f"{where}: {kind or 'a'} block where a text block was expected"
-                           + (" (image input is not supported)" if kind == "image" else ""), param=where)
+            if kind == "image":
+                raise no_image(b, where)
+            raise ApiError(400, f"{where}: {kind or 'a'} block where a text block was expected", param=where)
         out.append(b["text"])
     return "\n".join(out)
 
@@ -42,8 +55,8 @@ def text_blocks(value: Any, where: str) -> str:
 def chat_messages(messages: Any) -> list[dict]:
     """Anthropic's messages as chat's: an assistant's tool_use blocks become its tool_calls, a user's tool_result
     blocks become tool messages."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
+    if not isinstance(messages, list):
+        raise ApiError(400, "'messages' must be a list of {role, content}", param="messages")
     out: list[dict] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
@@ -74,7 +87,7 @@ def chat_messages(messages: Any) -> list[dict]:
                 out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")),
                             "content": ("Error: " if b.get("is_error") else "") + text})
             elif kind == "image":
-                raise ApiError(400, f"messages[{i}]: image input is not supported", param="messages")
+                raise no_image(b, f"messages[{i}]")
             else:
                 raise ApiError(400, f"messages[{i}]: a content block of type {json.dumps(kind)[:40]} is not "
                                "supported here (text, tool_use in assistant messages, tool_result in user ones)",
@@ -128,11 +141,23 @@ def usage_of(res: Result) -> dict:
             "cache_creation_input_tokens": 0}
 
 
+def prompt_of(state: ServerState, chat: dict) -> ChatPrompt:
+    """The chat's prompt; no messages at all (llama-server takes them): the template's generation prompt alone."""
+    assert state.template is not None  # made at the start
+    if chat["messages"]:
+        return chat_prompt(state.model, state.template, chat)
+    try:
+        text = state.template.render([], None, add_generation_prompt=True)
+    except TemplateError as e:
+        raise ApiError(400, f"'messages': the chat template needs a message: {e}", param="messages") from None
+    return ChatPrompt(text, state.template.tokens(state.model, text), None, {})
+
+
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
     chat = chat_body(body)
-    prompt = await off_loop(request, chat_prompt, state.model, state.template, chat)
+    prompt = await off_loop(request, prompt_of, state, chat)
     tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None
     stream = bool(chat.get("stream"))
     mid = "msg_" + uuid.uuid4().hex[:24]
@@ -190,5 +215,5 @@ async def count_tokens(request: Request) -> Response:
     """{model, messages, system?, tools?} -> {"input_tokens": N}: the prompt /v1/messages would evaluate."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
-    prompt = await off_loop(request, chat_prompt, state.model, state.template, chat_body(body))
+    prompt = await off_loop(request, prompt_of, state, chat_body(body))
     return JSONResponse({"input_tokens": len(prompt.tokens)})

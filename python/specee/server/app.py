@@ -4,11 +4,13 @@ main()."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import importlib.metadata
 import json
 import logging
 import os
+import socket
 import sys
 import warnings
 from typing import Any, Callable
@@ -29,10 +31,15 @@ from specee.server.engine import Engine, ServerState
 from specee.server.anthropic import count_tokens
 from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
-from specee.server.llama import detokenize, health, llama_completion, metrics, props, slots, tokenize
 from specee.server.embed import embeddings, rerank
+from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
+from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, models
+from specee.server.reasoning import ReasoningError, reasoning_of
 from specee.server.request import ApiError
+from specee.server.responses import responses
+from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
+from specee.server.sleep import READ_ONLY, Sleeper
 from specee.server.templates import ChatTemplate, chat_template_of
 
 
@@ -70,11 +77,13 @@ def with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
 class Guard:
     """ASGI middleware: CORS (a preflight OPTIONS is answered here, before the API key, as browsers send it without
     one; every response gets the allowed origin), the API key (every endpoint but /health; `Authorization: Bearer
-    KEY` or Anthropic's `x-api-key: KEY`; compared in constant time) and ApiError as an OpenAI-shaped response; any
-    other failure before a response began is a 500 in the same shape (its traceback in the log), never a bare one."""
+    KEY` or Anthropic's `x-api-key: KEY`; compared in constant time), the sleeper (a request that needs the model
+    wakes it and holds it awake until it ends, server/sleep.py) and ApiError as an OpenAI-shaped response; any other
+    failure before a response began is a 500 in the same shape (its traceback in the log), never a bare one. `state`:
+    the one-model server's ServerState, or the router's RouterState (server/router.py)."""
 
-    def __init__(self, app: Any, state: ServerState) -> None:
-        self.app, self.state = app, state
+    def __init__(self, app: Any, state: ServerState | RouterState, sleeper: Sleeper | None = None) -> None:
+        self.app, self.state, self.sleeper = app, state, sleeper
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -103,7 +112,12 @@ class Guard:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        sleeper = self.sleeper
+        held = False
         try:
+            if sleeper is not None and scope["path"] not in READ_ONLY:
+                await asyncio.to_thread(sleeper.hold)  # loads the model if it sleeps
+                held = True
             await self.app(scope, receive, send_noting)
         except ApiError as e:
             if started:
@@ -116,9 +130,14 @@ class Guard:
                 raise
             logging.getLogger("specee.server").exception("%s %s", scope.get("method"), scope["path"])
             await ApiError(500, f"internal error: {type(e).__name__}", "server_error").response()(scope, receive, send)
+        finally:
+            if held:
+                assert sleeper is not None
+                sleeper.release()
 
 
-def make_app(state: ServerState) -> Starlette:
+def make_app(state: ServerState, sleeper: Sleeper | None = None, gcp: GcpSettings | None = None) -> Starlette:
+    """The app; with `gcp` (AIP_MODE=PREDICTION), Vertex AI's predict and health routes too."""
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
@@ -136,18 +155,23 @@ def make_app(state: ServerState) -> Starlette:
         Route("/health", health),
         Route("/props", props),
         Route("/slots", slots),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),
         *TEMPLATE_ROUTES,
     ]
+    if gcp is not None:
+        routes += gcp_routes(gcp, routes, health)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         return ApiError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
                         "not_found_error" if status == 404 else "invalid_request_error").response()
 
-    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=state)],
+    app = Starlette(routes=routes, middleware=[Middleware(Guard, state=state, sleeper=sleeper)],
                     exception_handlers={404: not_found, 405: not_found})
     app.state.server = state
     return app
@@ -170,7 +194,7 @@ def add_template_flags(p: argparse.ArgumentParser) -> None:
                    "templates they know; a model's own template they do not know is rendered with jinja2 anyway)")
     p.add_argument("--chat-template", metavar="NAME|TEXT",
                    help="the chat template: a built-in name (chatml, smollm2, qwen2.5, llama2, vicuna, llama3, zephyr, "
-                   "phi3) or Jinja text (any text with --jinja); default: the model's own")
+                   "phi3, gemma, command-r) or Jinja text (any text with --jinja); default: the model's own")
     p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's text from a file")
     p.add_argument("--chat-template-kwargs", metavar="JSON", type=json_object_arg, default={},
                    help="variables for a Jinja template, a JSON object ('{\"enable_thinking\": false}'); a request's "
@@ -191,15 +215,19 @@ def template_of(model: Model, args: argparse.Namespace) -> ChatTemplate:
     """The server's chat template from its flags; a clear exit (status 2) when it cannot render a chat."""
     try:
         template = chat_template_of(model, args.jinja, args.chat_template, args.chat_template_file,
-                                    args.chat_template_kwargs)
+                                    args.chat_template_kwargs, args.reasoning)
     except ValueError as e:
         print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     if template.kind == "jinja" and not args.jinja:
         print("specee-server: the model's chat template is not a built-in one: rendered with jinja2",
               file=sys.stderr, flush=True)
+    template.prefill = args.llama.get("prefill_assistant") != "--no-prefill-assistant"
     return template
 
+
+# the settings (flags.py's server rows) that start the router instead of a model, when no -m is given
+ROUTER_SETTINGS = ("models_dir", "models_preset", "models_max", "models_autoload")
 
 # every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
 CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
@@ -216,22 +244,31 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="most prompt tokens prefilled in one pass beside the decoding slots (256)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503 (64)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="addresses to listen on, comma-separated (127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (8080)")
     p.add_argument("--api-key", default=os.environ.get("SPECEE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
     p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
-                   help="most tokens a request generates: a larger max_tokens / n_predict is lowered to it, and a "
-                   "request with none (or -1) gets it; /props shows it (default: -1 = until an end-of-generation "
-                   "token or the slot's context is full, -c / -np tokens with the prompt)")
+                   help="most tokens a request generates when it gives no max_tokens / n_predict (or -1); a request's "
+                   "own is taken as it is, larger or not (llama-server's rule); /props shows it (default: -1 = until "
+                   "an end-of-generation token or the slot's context is full, -c / -np tokens with the prompt)")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
     add_template_flags(p)
     # llama-server's other flags: the table in flags.py (after every flag of the server's own)
     add_llama_flags(p)
     return p
+
+
+def int_setting(p: argparse.ArgumentParser, settings: dict[str, Any], dest: str, default: int) -> int:
+    """A server row's value as an integer (the parser's error naming the flag otherwise)."""
+    value = settings.get(dest, default)
+    try:
+        return int(value)
+    except ValueError:
+        p.error(f"--{dest.replace('_', '-')}: expected an integer, not {value!r}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -249,6 +286,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 args.api_key = f.readline().strip() or None
         except OSError as e:
             p.error(f"--api-key-file: {e.strerror}: {args.llama['api_key_file']}")
+    args.hosts = [h.strip() for h in args.host.split(",") if h.strip()]
+    if not args.hosts:
+        p.error("--host: give at least one address")
+    given = [args.llama[k] if k == "models_autoload" else f"--{k.replace('_', '-')}" for k in ROUTER_SETTINGS
+             if k in args.llama]  # (models_autoload holds the spelling given)
+    if args.model is not None and given:
+        p.error(f"{given[0]}: router mode serves the models of --models-dir / --models-preset: give it without -m")
+    if given and args.alias:
+        p.error("-a/--alias: in router mode a model's name is its file's or its preset section's (a preset's `alias` "
+                "key adds names)")
+    if int_setting(p, args.llama, "models_max", 4) < 0:
+        p.error("--models-max: a number of models, 0 for no limit")
+    args.sleep_idle_seconds = int_setting(p, args.llama, "sleep_idle_seconds", -1)
+    if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
+        p.error("--sleep-idle-seconds: seconds > 0, or -1 (never)")
+    try:
+        args.reasoning = reasoning_of(args.llama)
+    except ReasoningError as e:
+        p.error(str(e))
     origins = args.llama.get("cors_origins", "*")
     args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
     if not args.cors_origins:
@@ -267,29 +323,91 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def listen(hosts: list[str], port: int) -> list[socket.socket]:
+    """A listening socket on each address (llama-server's `--host a,b`); a clear exit when one cannot be bound."""
+    sockets: list[socket.socket] = []
+    for host in hosts:
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                 flags=socket.AI_PASSIVE)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # :: and 0.0.0.0 may both be given
+            sock.bind(address)
+            sock.listen(2048)
+        except OSError as e:
+            for s in sockets:
+                s.close()
+            print(f"specee-server: error: cannot listen on {host} port {port}: {e.strerror or e}", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(1) from None
+        sockets.append(sock)
+    return sockets
+
+
+def serve(app: Starlette, args: argparse.Namespace) -> None:
+    """Serve `app` on every address of --host (comma-separated) at --port until stopped."""
+    for host in args.hosts:
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            warnings.warn(f"specee-server listens on {host}: reachable from other machines"
+                          f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
+    sockets = listen(args.hosts, args.port)
+    config = uvicorn.Config(app, log_level="info" if "verbose" in args.llama else "warning")
+    uvicorn.Server(config).run(sockets=sockets)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        warnings.warn(f"specee-server listens on {args.host}: reachable from other machines"
-                      f"{'' if args.api_key else ' without an API key (--api-key)'}", stacklevel=1)
+    if args.model is None and any(k in args.llama for k in ROUTER_SETTINGS):  # no model here, a child per model
+        router = make_router(args, argv if argv is not None else sys.argv[1:], make_parser())
+        app = Starlette(routes=ROUTER_ROUTES, middleware=[Middleware(Guard, state=router)], lifespan=router_lifespan)
+        app.state.router = router
+        return serve(app, args)
+    if os.environ.get(CHILD_ENV):  # started by a router (server/router.py): it ends with the router
+        exit_with_router()
+    try:
+        gcp = gcp_settings()
+        save_path = args.llama.get("slot_save_path")
+        if save_path is not None:
+            os.makedirs(save_path, exist_ok=True)
+    except (ValueError, OSError) as e:
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if gcp is not None and gcp.port is not None:
+        args.port = gcp.port  # as llama-server: Vertex AI's port wins
     options = context_options_of(args, [name for name in CONTEXT_FLAGS if name != "flash_attn"])  # -fa: accepted
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
-    engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk)
+    engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
+                    unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"))
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,
                         sampling=args.sampling, slots=args.llama.get("slots") != "--no-slots", aliases=aliases,
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
-                        cors_origins=args.cors_origins, template=template, pooling=args.pooling or model.pooling,
+                        cors_origins=args.cors_origins, template=template, verbose="verbose" in args.llama,
+                        model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc},
+                        slot_save_path=save_path, pooling=args.pooling or model.pooling,
                         embd_normalize=args.embd_normalize)
-    app = make_app(state)
+    sleeper = None
+    if args.sleep_idle_seconds > 0:
+        sleeper = Sleeper(state, args.sleep_idle_seconds, lambda: Model(model.path, **options))
+    try:
+        app = make_app(state, sleeper, gcp)
+    except ValueError as e:
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     sys.setswitchinterval(0.001)  # the batching thread takes the GIL back soon after each pass
     engine.start()
+    if sleeper is not None:
+        sleeper.start()
     cap = "" if args.n_predict < 0 else f", at most {args.n_predict} generated"
-    print(f"specee-server: {state.alias} on http://{args.host}:{args.port} ({args.parallel} slots of "
-          f"{engine.slots.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
+    print(f"specee-server: {state.alias} on {', '.join(f'http://{h}:{args.port}' for h in args.hosts)} "
+          f"({args.parallel} slots of {engine.n_ctx_slot} tokens{cap})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if "verbose" in args.llama else "warning")
+        serve(app, args)
     finally:
+        if sleeper is not None:
+            sleeper.stop()
         engine.stop()

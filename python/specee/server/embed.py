@@ -23,7 +23,7 @@ MAX_INPUTS = 256  # texts in one request
 async def embed_tokens(state: ServerState, tokens: list[int], pooling: str, key: str, i: int) -> np.ndarray:
     """The tokens pooled (`Slots.embed`, not normalised), counted in the metrics as llama.cpp counts them; 400 when
     they do not fit a slot."""
-    n_ctx = state.engine.slots.n_ctx_slot
+    n_ctx = state.engine.n_ctx_slot
     if not tokens:
         raise ApiError(400, f"{key} {i} is empty: nothing to embed", param=key)
     if len(tokens) > n_ctx:

@@ -2,7 +2,9 @@
 
 The batching loop itself is the library's (csrc/specee-slots.cpp); `Engine` only admits waiting jobs between passes,
 calls `Slots.step()` (one pass of the model, the GIL released) and hands each job its tokens through the event loop.
-`ServerState` is what the endpoints share: the model, the engine and the server's settings.
+`ServerState` is what the endpoints share: the model, the engine and the server's settings. `unload` and `load` take
+the model out and put one back while nothing runs (--sleep-idle-seconds, server/sleep.py): the queue, the thread and
+the metrics stay.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from specee.server.request import ApiError, RequestParams
 from specee.server.templates import ChatTemplate
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: the queue finds it by identity
 class Job:
     """One generation: its prompt and parameters, and what the batching thread sends back to the event loop."""
 
@@ -31,6 +33,9 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     slot: int | None = None
     cancelled: bool = False
+    cached: int = 0  # prompt tokens its slot's cache held when it was admitted
+    processed: int = -1  # prompt tokens in the cache at the last progress sent (return_progress); -1: none sent
+    admitted: float = 0.0  # time.perf_counter() when a slot took it
 
     def send(self, *event: Any) -> None:  # from the batching thread
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -39,9 +44,12 @@ class Job:
 class Engine:
     """The model, its slots and the thread that steps them; jobs wait in a bounded queue for a free slot."""
 
-    def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int) -> None:
-        self.model = model
-        self.slots = model.slots(n_parallel, n_chunk)
+    def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int, unified: bool = False) -> None:
+        self.model = model  # closed while unloaded
+        self.n_parallel, self.n_chunk, self.unified = n_parallel, n_chunk, unified
+        self.slots: Any = self._slots(model)  # Slots; None while unloaded
+        self.n_slots, self.n_ctx_slot = self.slots.n_slots, self.slots.n_ctx_slot
+        self.totals_before: dict[str, float] = {}  # the slots' totals of the models unloaded before
         self.max_queue = max_queue
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}
@@ -51,7 +59,15 @@ class Engine:
                             predicted_ms=0.0, tokens_max=0, embed_passes=0, requests_ok=0, requests_error=0,
                             requests_cancelled=0, requests_refused=0, spec_steps=0, spec_tokens=0, spec_drafted=0,
                             spec_accepted=0, exit_steps=0, exit_exits=0)
+        # what /metrics' rate gauges average over: the tokens and times since the last scrape (as llama.cpp's buckets)
+        self.bucket = dict(prompt_tokens=0, prompt_ms=0.0, predicted_decoded=0, predicted_ms=0.0)
         self.thread = threading.Thread(target=self._run, name="specee-slots", daemon=True)
+
+    def _slots(self, model: Model) -> Any:
+        slots = model.slots(self.n_parallel, self.n_chunk)
+        if self.unified:  # --kv-unified: every slot may use the whole cache
+            slots.set_unified()
+        return slots
 
     def start(self) -> None:
         self.thread.start()
@@ -61,6 +77,24 @@ class Engine:
             self.stopping = True
             self.cond.notify()
         self.thread.join(timeout=30)
+
+    def totals(self) -> dict[str, float]:
+        """The slots' totals (requests, passes, tokens, time) since the server started, across unloads."""
+        now = self.slots.totals() if self.slots is not None else {}
+        return {k: self.totals_before.get(k, 0) + now.get(k, 0) for k in {*self.totals_before, *now}}
+
+    def unload(self) -> None:
+        """Close the slots and the model (their memory is freed); the caller holds `cond` and nothing runs or waits."""
+        assert not self.running and not self.waiting and self.slots is not None
+        self.totals_before = self.totals()
+        self.slots.close("the model is unloaded")
+        self.model.close()
+        self.slots = None
+
+    def load(self, model: Model) -> None:
+        """Serve `model` (the same file, options and slots as before `unload`)."""
+        with self.cond:
+            self.model, self.slots = model, self._slots(model)
 
     def submit(self, job: Job) -> None:
         with self.cond:
@@ -80,25 +114,43 @@ class Engine:
     # -- the batching thread
 
     def _admit(self) -> None:
-        while self.waiting:
-            job = self.waiting[0]
+        """Waiting jobs onto free slots, in order; a job asking for a slot (id_slot) that is busy waits for it while
+        the jobs behind it go on."""
+        for job in list(self.waiting):
             if job.cancelled:
-                self.waiting.popleft()
+                self.waiting.remove(job)
                 continue
             p = job.params
             try:
-                slot = self.slots.submit_options(job.tokens, p.options, p.n_predict, p.n_probs)
-            except Exception as e:  # a bad prompt or options: the request's 400, never the thread's end
-                self.waiting.popleft()
+                slot = self.slots.submit_options(job.tokens, p.options, p.n_predict, p.n_probs,
+                                                 None if p.id_slot < 0 else p.id_slot)
+            except Exception as e:  # a bad prompt, options or slot: the request's 400, never the thread's end
+                self.waiting.remove(job)
                 self.metrics["requests_error"] += 1
-                job.send("error", str(e))
+                job.send("error", str(e), 400)
                 continue
             if slot is None:
+                if p.id_slot >= 0:
+                    continue
                 return
-            self.waiting.popleft()
+            self.waiting.remove(job)
             job.slot = slot
+            job.admitted = time.perf_counter()
+            job.cached = self.slots.n_past(slot)
             self.running[slot] = job
-            job.send("start", self.slots.mode(slot))
+            job.send("start", self.slots.mode(slot), slot)
+            self._progress(job)
+
+    def _progress(self, job: Job) -> None:
+        """llama.cpp's return_progress: the job's prompt tokens in its slot's cache, sent when they changed (the
+        first at its admission: what its slot's cache held), until the whole prompt is in."""
+        if not job.params.progress or job.processed >= len(job.tokens) or job.slot is None:
+            return
+        processed = self.slots.n_past(job.slot)
+        if processed > job.processed:
+            job.processed = processed
+            ms = 0.0 if processed == job.cached else 1e3 * (time.perf_counter() - job.admitted)
+            job.send("progress", job.cached, processed, ms)
 
     def _drop_cancelled(self) -> None:
         for slot, job in list(self.running.items()):
@@ -110,9 +162,10 @@ class Engine:
     def _deliver(self) -> None:
         self._drop_cancelled()
         for slot, job in list(self.running.items()):
+            self._progress(job)
             out = self.slots.read(slot)
             if out.tokens:
-                job.send("tokens", out.tokens, out.logprobs)
+                job.send("tokens", out.tokens, out.logprobs, self.slots.stats(slot) if job.params.timings else None)
             if out.finish is not None:
                 stats = self.slots.stats(slot)
                 self._count(stats, self.slots.mode(slot))
@@ -123,12 +176,13 @@ class Engine:
 
     def _count(self, st: dict[str, float], mode: str) -> None:
         m = self.metrics
-        m["prompt_tokens"] += int(st["n_prompt"])
+        for d in (m, self.bucket):
+            d["prompt_tokens"] += int(st["n_prompt"])
+            d["prompt_ms"] += st["t_prompt_ms"]
+            d["predicted_decoded"] += int(st["n_decoded"])
+            d["predicted_ms"] += st["t_decode_ms"]
         m["prompt_cached"] += int(st["n_reused"])
-        m["prompt_ms"] += st["t_prompt_ms"]
         m["predicted_tokens"] += int(st["n_tokens"])
-        m["predicted_decoded"] += int(st["n_decoded"])
-        m["predicted_ms"] += st["t_decode_ms"]
         m["tokens_max"] = max(m["tokens_max"], int(st["n_prompt"] + st["n_reused"] + st["n_tokens"]))
         m["spec_drafted"] += int(st["n_drafted"])
         m["spec_accepted"] += int(st["n_accepted"])
@@ -140,10 +194,11 @@ class Engine:
             m["exit_exits"] += int(st["n_exits"])
 
     def _fail_running(self, message: str) -> None:
+        """A pass failed: every running request gets the server's error (500)."""
         with self.cond:
             for slot, job in self.running.items():
                 self.slots.release(slot)
-                job.send("error", message)
+                job.send("error", message, 500)
             self.running.clear()
 
     def _run(self) -> None:
@@ -166,7 +221,9 @@ class Engine:
             try:
                 self.slots.step()  # the GIL is released for the pass
             except _core.SpecEEError as e:
-                self._fail_running(str(e))
+                # llama.cpp's words for a shared cache (--kv-unified) that the running requests overflowed
+                overflow = "context overflow" in str(e)
+                self._fail_running(f"context size has been exceeded: {e}" if overflow else str(e))
         with self.cond:
             self._deliver()
 
@@ -174,10 +231,12 @@ class Engine:
 @dataclass
 class ServerState:
     """What the endpoints share: the model, the engine, the model's name in the API, the mode of requests that name
-    none, the API key (None: none needed), whether /metrics is served, the most tokens a request generates (-n;
-    -1: until an end-of-generation token or a full slot), the sampling defaults of requests (GenerateOptions' fields,
-    from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias` the first) and tags
-    (--tags), the origins CORS lets a browser call from, the chat template, and the pooling of embeddings."""
+    none, the API key (None: none needed), whether /metrics is served, the most tokens a request that names none
+    generates (-n; -1: until an end-of-generation token or a full slot), the sampling defaults of requests
+    (GenerateOptions' fields, from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias`
+    the first) and tags (--tags), the origins CORS lets a browser call from, the chat template, the model's facts
+    /v1/models shows, whether the model is unloaded for now, the folder of saved slots, and the pooling of
+    embeddings."""
 
     model: Model
     engine: Engine
@@ -193,5 +252,9 @@ class ServerState:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
+    verbose: bool = False  # --verbose: chat responses carry llama.cpp's __verbose (the prompt as evaluated)
+    model_meta: dict[str, Any] = field(default_factory=dict)  # /v1/models' meta, kept while the model sleeps
+    sleeping: bool = False  # the model is unloaded for now (--sleep-idle-seconds, server/sleep.py)
+    slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save writes (None: not served)
     pooling: str = "mean"  # of embeddings (--pooling; --reranking: rank, /rerank), a name of specee.pooling
     embd_normalize: int = 2  # how pooled embeddings are scaled (--embd-normalize; server/embed.py `normalized`)

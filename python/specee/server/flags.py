@@ -83,8 +83,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "pooling"),
     S("--embd-normalize", "N", "server", "how pooled embeddings are scaled: -1 not, 0 to the int16 range, 1 taxicab, 2 "
       "Euclidean (default), p > 2 p-norm; a request's embd_normalize overrides it", "embd_normalize"),
-    S("--rerank --reranking", None, "server", "serve /rerank: rank pooling, a causal model's score is the first "
-      "element of the last token's final-norm row", "reranking"),
+    S("--rerank --reranking", None, "server", "serve /rerank: rank pooling, the last token's final-norm row through "
+      "the file's classifier head, or its first element without one", "reranking"),
     S("--cors-origins", "ORIGINS", "server", "origins a browser may call from: comma-separated, 'localhost' (any "
       "port on localhost, 127.0.0.1, [::1]) or '*' (default: *)", "cors_origins"),
     S("--cors-methods", "METHODS", "ignored", "the methods CORS allows are GET, POST, DELETE, OPTIONS"),
@@ -111,18 +111,27 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--reuse-port", None, "ignored", "one process serves the port"),
     S("-to --timeout --threads-http --sse-ping-interval", "N", "ignored", "HTTP is served by uvicorn's event loop"),
     S("--tags", "STRING", "server", "comma-separated model tags, shown by /v1/models (informational)", "tags"),
-    S("--models-dir --models-preset --models-max", "VALUE", "refused", "one model per server: no router mode"),
-    S("--models-autoload --no-models-autoload", None, "refused", "one model per server: no router mode"),
-    S("--sleep-idle-seconds", "SECONDS", "refused", "the model stays loaded"),
-    S("--slot-save-path", "PATH", "refused", "saving and restoring slots is not supported"),
+    S("--models-dir", "PATH", "server", "router mode (without -m): serve each GGUF file of PATH (or sub-folder "
+      "holding one) under its name, a child server per model (docs/server.md)", "models_dir"),
+    S("--models-preset", "PATH", "server", "router mode (without -m): the models of an INI file, a [name] section "
+      "each with llama-server's flags as keys ([*]: for every model)", "models_preset"),
+    S("--models-max", "N", "server", "router mode: most models loaded at once, the least recently used unloaded "
+      "first (default: 4; 0: no limit)", "models_max"),
+    S("--models-autoload --no-models-autoload", None, "server", "router mode: load a model when a request names it "
+      "(default), or only by POST /models/load", "models_autoload"),
+    S("--sleep-idle-seconds", "SECONDS", "server", "unload the model after SECONDS without a request that needs it; "
+      "the next one loads it again (default: -1, never)", "sleep_idle_seconds"),
+    S("--slot-save-path", "PATH", "server", "the folder where POST /slots/{id}?action=save writes a slot's cache "
+      "and restore reads it (made if missing; default: slot saving is off)", "slot_save_path"),
     S("-cb --cont-batching", None, "ignored", "continuous batching is always on"),
     S("-nocb --no-cont-batching", None, "refused", "continuous batching is always on"),
     S("--cache-prompt --no-cache-prompt", None, "ignored", "a slot's cached prompt prefix gives the same output"),
     S("--cache-reuse -sps --slot-prompt-similarity -cram --cache-ram -ctxcp --ctx-checkpoints --swa-checkpoints "
       "-cms --checkpoint-min-step --kv-unified-per-slot", "N", "ignored", "prompt caching: output is the same"),
     S("--cache-idle-slots --no-cache-idle-slots", None, "ignored", "prompt caching: output is the same"),
-    S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "ignored",
-      "the slots share one KV cache here, each holding at most -c / -np tokens"),
+    S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "server",
+      "every slot may use the whole KV cache (-c tokens; a request drops the idle slots' caches, and requests that "
+      "together overflow it fail with 500), or each at most -c / -np tokens (the default)", "kv_unified"),
     S("--context-shift", None, "refused", "no context shift: a generation that fills its slot ends (length)"),
     S("--no-context-shift", None, "ignored", "no context shift here"),
     S("--keep", "N", "ignored", "tokens kept on a context shift, which does not happen here"),
@@ -133,13 +142,24 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("-e --escape --no-escape -sp --special --spm-infill --verbose-prompt", None, "ignored",
       "command-line generation only"),
     S("-r --reverse-prompt", "PROMPT", "ignored", "command-line generation only: requests give `stop`"),
-    S("--reasoning-format", "FORMAT", "refused", "reasoning is not parsed out of the output", neutral=("none",)),
-    S("-rea --reasoning", "on|off|auto", "refused", "reasoning is not parsed out of the output",
-      neutral=("off", "auto")),
-    S("--reasoning-effort --reasoning-budget --reasoning-budget-message", "VALUE", "refused",
-      "reasoning is not parsed out of the output"),
-    S("--reasoning-preserve --no-reasoning-preserve --skip-chat-parsing --no-skip-chat-parsing "
-      "--prefill-assistant --no-prefill-assistant", None, "ignored", "reasoning and tool calls are not parsed here"),
+    S("--reasoning-format", "FORMAT", "server", "thoughts of a reply: auto and deepseek in "
+      "message.reasoning_content, deepseek-legacy there and in content, none left in content (default: auto)",
+      "reasoning_format"),
+    S("-rea --reasoning", "on|off|auto", "server", "the chat template's enable_thinking: on, off, or auto = where the "
+      "template thinks (default: auto)", "reasoning"),
+    S("--reasoning-budget", "N", "server", "thinking budget: -1 unlimited, 0 no thinking (N > 0 is refused)",
+      "reasoning_budget"),
+    S("--reasoning-effort", "LEVEL", "server", "the chat template's reasoning_effort ('default': the template's own)",
+      "reasoning_effort"),
+    S("--reasoning-budget-message", "MESSAGE", "ignored", "the message of a thinking budget of N > 0 tokens, which is "
+      "refused here"),
+    S("--reasoning-preserve --no-reasoning-preserve", None, "ignored", "every assistant message's reasoning_content "
+      "goes to the template, which renders what it renders"),
+    S("--prefill-assistant --no-prefill-assistant", None, "server", "continue a chat's final assistant message, or "
+      "answer after it (default: continue)", "prefill_assistant"),
+    S("--skip-chat-parsing", None, "refused", "replies are always parsed for thoughts and tool calls here "
+      "(--reasoning-format none leaves thoughts in content)"),
+    S("--no-skip-chat-parsing", None, "ignored", "replies are always parsed for thoughts and tool calls here"),
     # ---- the model and context: what the runtime's context table (specee.context_options) does not take
     S("-hf -hfr --hf-repo -hff --hf-file -hft --hf-token -mu --model-url -dr --docker-repo", "VALUE", "refused",
       NO_DOWNLOAD),

@@ -38,6 +38,7 @@ class Result:
     n_generated: int = 0
     stats: dict[str, float] = field(default_factory=dict)
     mode: str = ""
+    slot: int = -1  # the slot it ran on
     n_probs: int = -1  # the request's alternatives per token; < 0: no log-probabilities
     probs: list[TokenProb] = field(default_factory=list)  # with n_probs >= 0, per generated token
     probs_sent: int = 0  # of probs, given out in stream chunks so far
@@ -54,6 +55,27 @@ class Result:
         response, which has them, maybe [], when the request asked)."""
         new, self.probs_sent = self.probs[self.probs_sent:], len(self.probs)
         return new if new or (whole and self.n_probs >= 0) else None
+
+
+@dataclass
+class Progress:
+    """llama.cpp's `prompt_progress` (return_progress): the prompt's tokens, those its slot's cache held when the
+    request came, those in the cache now, and the milliseconds since a slot took it."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def json(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+    def timings(self) -> dict:
+        """`timings` so far: the prompt's, nothing generated yet."""
+        n, ms = self.processed - self.cache, self.time_ms
+        return {"cache_n": self.cache, "prompt_n": n, "prompt_ms": ms, "prompt_per_token_ms": ms / n if n else 0.0,
+                "prompt_per_second": 1e3 * n / ms if ms else 0.0, "predicted_n": 0, "predicted_ms": 0.0,
+                "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
 
 
 def text_of(piece: bytes) -> str:
@@ -90,15 +112,16 @@ def chunks(out: dict | list[dict] | None) -> list[dict]:
 
 
 async def generate(state: ServerState, request: Request, tokens: list[int], params: RequestParams,
-                   result: Result) -> AsyncGenerator[str, None]:
-    """Text pieces of one generation as they complete; `result` holds the rest when it ends. The slot is freed when
-    the client goes away, or a stop string is found."""
+                   result: Result) -> AsyncGenerator[str | Progress, None]:
+    """Text pieces of one generation as they complete (and, with return_progress, the prompt's `Progress` before
+    them); `result` holds the rest when it ends. The slot is freed when the client goes away, or a stop string is
+    found."""
     engine = state.engine
-    if len(tokens) >= engine.slots.n_ctx_slot:
-        raise ApiError(400, f"the prompt has {len(tokens)} tokens, more than the context allows: {engine.slots.n_ctx_slot}"
-                       f" per slot (-c {engine.model.n_ctx} over -np {engine.slots.n_slots})",
+    if len(tokens) >= engine.n_ctx_slot:
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens, more than the context allows: {engine.n_ctx_slot}"
+                       f" per slot (-c {engine.model.n_ctx} over -np {engine.n_slots})",
                        "exceed_context_size_error", param="prompt",
-                       extra={"n_prompt_tokens": len(tokens), "n_ctx": engine.slots.n_ctx_slot})
+                       extra={"n_prompt_tokens": len(tokens), "n_ctx": engine.n_ctx_slot})
     job = Job(tokens, params, asyncio.get_running_loop())
     engine.submit(job)
     out = StopText(params.stop)
@@ -119,12 +142,16 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
                     return
                 if event is None:
                     continue
-            if event[0] == "error":
-                raise ApiError(400, event[1])
+            if event[0] == "error":  # the request refused (400), or a failed pass (500)
+                raise ApiError(event[2], event[1], "invalid_request_error" if event[2] == 400 else "server_error")
             if event[0] == "start":
-                result.mode = event[1]
+                result.mode, result.slot = event[1], event[2]
                 yield ""  # admitted: a stream's headers can go
+            elif event[0] == "progress":
+                yield Progress(len(tokens), *event[1:])
             elif event[0] == "tokens":
+                if event[3] is not None:  # timings_per_token: the stats so far
+                    result.stats = event[3]
                 for i, tok in enumerate(event[1]):
                     result.n_generated += 1
                     result.tokens.append(tok)
@@ -164,9 +191,11 @@ async def generate_all(state: ServerState, request: Request, tokens: list[int], 
 
 async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., Any],
                   api: str) -> Response:
-    """A generation's response (api: chat, completions, llama, anthropic): one JSON body, or server-sent events
-    when body["stream"]. In a stream, `shape` may give a list of chunks or None (a piece it holds back: a tool call
-    is sent once it is whole); Anthropic's events are named and end without [DONE]."""
+    """A generation's response (api: chat, completions, llama, anthropic, responses): one JSON body, or server-sent
+    events when body["stream"]. In a stream, `shape` may give a list of chunks or None (a piece it holds back: a tool
+    call is sent once it is whole); Anthropic's and the Responses API's events are named and end without [DONE].
+    With return_progress, each `Progress` goes out as the chunk `shape` makes of an empty piece, with
+    `prompt_progress`; with timings_per_token, every chunk has the `timings` so far."""
     params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model)
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
@@ -187,20 +216,25 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
     assert first == ""
 
     async def events() -> AsyncIterator[str]:
-        named = api == "anthropic"
+        named = api in ("anthropic", "responses")  # their events are named
         try:
             if api != "llama":  # OpenAI's first chunk: the role; llama.cpp's chunks each hold a piece
                 for chunk in chunks(shape(res, "", first=True)):
                     yield sse(chunk, named)
             async for piece in pieces:
+                if isinstance(piece, Progress):  # return_progress: a content chunk with nothing new, and the progress
+                    for chunk in chunks(shape(res, "")):
+                        yield sse({**chunk, "prompt_progress": piece.json(),
+                                   **({"timings": piece.timings()} if params.timings else {})}, named)
+                    continue
                 for chunk in chunks(shape(res, piece)):
-                    yield sse(chunk, named)
+                    yield sse({**chunk, "timings": timings(res)} if params.timings else chunk, named)
             final = chunks(shape(res, None, final=True))
             for chunk in final:
                 yield sse(chunk, named)
             if include_usage:
                 yield sse({**final[-1], "choices": [], "usage": usage(res), "timings": timings(res)})
-            if api not in ("llama", "anthropic"):
+            if api not in ("llama", "anthropic", "responses"):
                 yield "data: [DONE]\n\n"
         except ApiError as e:
             yield sse({"type": "error", "error": e.body()["error"]}, True) if named else sse(e.body())

@@ -1,22 +1,29 @@
 """llama.cpp's server endpoints, in its shapes: /completion (with its `timings` and `completion_probabilities`),
-/tokenize, /detokenize, /health, /props, /slots and /metrics (Prometheus text: llama.cpp's metrics under `llamacpp:`,
-this server's own under `specee:`)."""
+/tokenize, /detokenize, /health, /props, /slots (and POST /slots/{id}: a slot's cache saved, restored, erased) and
+/metrics (Prometheus text: llama.cpp's metrics under `llamacpp:`, this server's own under `specee:`)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import math
+import os
 import re
+import time
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from specee._core import SpecEEError
 from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
 from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
-                                   prompts_of, request_params)
+                                   prompts_of, request_params, shown, tokens_wanted)
+
+# /props' build_info: llama.cpp's reads b<build>-<commit>; here the package's version
+BUILD_INFO = f"b{importlib.metadata.version('specee')}-specee"
 
 # a request's fields that /completion's generation_settings echo (llama.cpp's names)
 GENERATION_FIELDS = ("n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
@@ -67,8 +74,7 @@ async def llama_completion(request: Request) -> Response:
                               for t, sign, b in items]
     if settings["ignore_eos"]:
         settings["logit_bias"] += [{"token": t, "bias": None} for t in state.model.eog_tokens]
-    if state.n_predict >= 0 and (settings["n_predict"] < 0 or settings["n_predict"] > state.n_predict):
-        settings["n_predict"] = state.n_predict
+    settings["n_predict"] = tokens_wanted(body, "llama", state.n_predict)  # the request's, else the server's -n
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False, tokens: list[int] = prompts[0],
               index: int = 0) -> dict:
@@ -79,7 +85,7 @@ async def llama_completion(request: Request) -> Response:
             return {"index": index, "content": piece or "", "tokens": ids if with_tokens or stream else [],
                     "stop": False, **probs}
         out = {"index": index, "content": "" if stream else res.text, "tokens": ids if with_tokens else [],
-               "id_slot": -1, "stop": True, "model": state.alias, **probs, "tokens_predicted": res.n_generated,
+               "id_slot": res.slot, "stop": True, "model": state.alias, **probs, "tokens_predicted": res.n_generated,
                "tokens_evaluated": len(tokens), "generation_settings": settings,
                "prompt": state.model.detokenize(tokens), "has_new_line": "\n" in res.text, "truncated": False,
                "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(
@@ -110,15 +116,17 @@ def default_params(state: ServerState) -> dict:
 
 
 async def props(request: Request) -> Response:
-    """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's cap (-n; -1: none,
-    a request then generates until an end-of-generation token or a full slot of `n_ctx` tokens, its prompt
-    included), the slots, the model's file, the largest body."""
+    """llama.cpp's /props: the settings a request gets when it names none, `n_predict` the server's -n (for requests
+    that give none; -1: none, such a request then generates until an end-of-generation token or a full slot of `n_ctx`
+    tokens, its prompt included), the slots, the model's file, the largest body, whether the model is unloaded for
+    now (--sleep-idle-seconds; answered without loading it)."""
     state: ServerState = request.app.state.server
-    return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.slots.n_ctx_slot,
+    return JSONResponse({"default_generation_settings": {"n_ctx": state.engine.n_ctx_slot,
                                                          "n_predict": state.n_predict, "params": default_params(state)},
-                         "total_slots": state.engine.slots.n_slots, "model_alias": state.alias,
+                         "total_slots": state.engine.n_slots, "model_alias": state.alias,
                          "model_path": state.model.path, "modalities": {"vision": False, "audio": False},
-                         "max_body_bytes": MAX_BODY})
+                         "max_body_bytes": MAX_BODY, "build_info": BUILD_INFO,
+                         "is_sleeping": state.sleeping})
 
 
 async def slots(request: Request) -> Response:
@@ -129,8 +137,67 @@ async def slots(request: Request) -> Response:
     e = state.engine
     with e.cond:
         busy = set(e.running)
-    return JSONResponse([{"id": i, "n_ctx": e.slots.n_ctx_slot, "is_processing": i in busy}
-                         for i in range(e.slots.n_slots)])
+    return JSONResponse([{"id": i, "n_ctx": e.n_ctx_slot, "is_processing": i in busy}
+                         for i in range(e.n_slots)])
+
+
+SLOT_ACTIONS = ("save", "restore", "erase")
+
+
+def slot_file_name(name: Any) -> str:
+    """A file name a request gives for a slot's cache: one name inside --slot-save-path, never a path out of it."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or name != name.strip()
+            or len(name.encode("utf-8")) > 255 or any(c in name for c in "/\\:") or not name.isprintable()):
+        raise ApiError(400, f"'filename' must be a file name (no path, no separators), not {shown(name)}",
+                       param="filename")
+    return name
+
+
+async def slot_action(request: Request) -> Response:
+    """llama.cpp's POST /slots/{id}?action=save|restore|erase: a free slot's cache (its tokens and their K/V cells)
+    written to a file in --slot-save-path, read back into a slot (any slot: its next request reuses it as a cached
+    prefix), or dropped. A slot holding a request is waited for."""
+    state: ServerState = request.app.state.server
+    if state.slot_save_path is None:
+        raise ApiError(501, "this server does not save slots: start it with --slot-save-path DIR",
+                       "not_supported_error")
+    e = state.engine
+    raw = request.path_params["id_slot"]
+    if not raw.isdigit() or int(raw) >= e.slots.n_slots:
+        raise ApiError(400, f"no slot {shown(raw)}: the slots are 0 to {e.slots.n_slots - 1}", param="id_slot")
+    slot, action = int(raw), request.query_params.get("action", "")
+    if action not in SLOT_ACTIONS:
+        raise ApiError(400, f"'action' must be one of {', '.join(SLOT_ACTIONS)}, not {shown(action)}", param="action")
+    name = path = ""
+    if action != "erase":
+        body = await json_object(request)
+        name = slot_file_name(body.get("filename"))
+        path = os.path.join(state.slot_save_path, name)
+
+    def act() -> int | None:  # on a worker thread: None while the slot holds a request
+        with e.cond:  # no request is admitted onto the slot meanwhile
+            if slot in e.running:
+                return None
+            return e.slots.erase(slot) if action == "erase" else {"save": e.slots.save, "restore": e.slots.restore}[
+                action](slot, path)
+
+    t0 = time.perf_counter()
+    while True:
+        try:
+            n = await asyncio.to_thread(act)
+        except SpecEEError as err:
+            raise ApiError(400, str(err), param="filename") from None
+        if n is not None:
+            break
+        if await request.is_disconnected():
+            return Response(status_code=204)
+        await asyncio.sleep(0.05)
+    ms = 1e3 * (time.perf_counter() - t0)
+    if action == "erase":
+        return JSONResponse({"id_slot": slot, "n_erased": n})
+    counts = {"save": ("n_saved", "n_written"), "restore": ("n_restored", "n_read")}[action]
+    return JSONResponse({"id_slot": slot, "filename": name, counts[0]: n, counts[1]: os.path.getsize(path),
+                         "timings": {f"{action}_ms": ms}})
 
 
 async def tokenize(request: Request) -> Response:
@@ -182,7 +249,9 @@ async def metrics(request: Request) -> Response:
         raise ApiError(501, "the metrics endpoint is off (start the server with --metrics)", "not_supported_error")
     e = state.engine
     with e.cond:
-        m, tot, waiting, running = dict(e.metrics), e.slots.totals(), len(e.waiting), len(e.running)
+        m, b, tot, waiting, running = dict(e.metrics), dict(e.bucket), e.totals(), len(e.waiting), len(e.running)
+        # the rate gauges average over the time since the last scrape, as llama.cpp's do
+        e.bucket.update(prompt_tokens=0, prompt_ms=0.0, predicted_decoded=0, predicted_ms=0.0)
     # llama.cpp's metrics under its names, then this server's own under specee:
     rows = [
         ("llamacpp", "prompt_tokens_total", "counter", "prompt tokens evaluated", m["prompt_tokens"]),
@@ -197,10 +266,10 @@ async def metrics(request: Request) -> Response:
          m["spec_drafted"]),
         ("llamacpp", "spec_decode_num_accepted_tokens_total", "counter", "draft tokens accepted", m["spec_accepted"]),
         ("llamacpp", "spec_decode_num_drafts_total", "counter", "draft-and-verify steps", m["spec_steps"]),
-        ("llamacpp", "prompt_tokens_seconds", "gauge", "prompt tokens per second",
-         1e3 * m["prompt_tokens"] / m["prompt_ms"] if m["prompt_ms"] else 0.0),
-        ("llamacpp", "predicted_tokens_seconds", "gauge", "generated tokens per second",
-         1e3 * m["predicted_decoded"] / m["predicted_ms"] if m["predicted_ms"] else 0.0),
+        ("llamacpp", "prompt_tokens_seconds", "gauge", "prompt tokens per second since the last scrape",
+         1e3 * b["prompt_tokens"] / b["prompt_ms"] if b["prompt_ms"] else 0.0),
+        ("llamacpp", "predicted_tokens_seconds", "gauge", "generated tokens per second since the last scrape",
+         1e3 * b["predicted_decoded"] / b["predicted_ms"] if b["predicted_ms"] else 0.0),
         ("llamacpp", "requests_processing", "gauge", "requests on a slot", running),
         ("llamacpp", "requests_deferred", "gauge", "requests waiting for a slot", waiting),
         ("llamacpp", "n_busy_slots_per_decode", "gauge", "slots holding a request now", running),
@@ -209,8 +278,8 @@ async def metrics(request: Request) -> Response:
          m["requests_cancelled"]),
         ("specee", "requests_refused_total", "counter", "requests refused with 503 (queue full)",
          m["requests_refused"]),
-        ("specee", "slots_total", "gauge", "parallel slots (-np)", e.slots.n_slots),
-        ("specee", "slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.slots.n_slots),
+        ("specee", "slots_total", "gauge", "parallel slots (-np)", e.n_slots),
+        ("specee", "slots_busy_ratio", "gauge", "share of the slots holding a request", running / e.n_slots),
         ("specee", "passes_total", "counter", "passes of the model", tot["n_passes"]),
         ("specee", "pass_tokens_total", "counter", "tokens evaluated in the shared passes", tot["n_pass_tokens"]),
         ("specee", "pass_seconds_total", "counter", "time in the shared passes", tot["t_pass_ms"] / 1e3),

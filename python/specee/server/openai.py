@@ -61,57 +61,84 @@ def tool_call_deltas(calls: list[dict]) -> list[dict]:
     return out
 
 
+def check_last_messages(body: dict) -> None:
+    """llama.cpp's rule: a chat ending with an assistant's message is continued (prefill); two of them at the end
+    are refused (which one would go on?)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) >= 2 and all(
+            isinstance(m, dict) and m.get("role") == "assistant" for m in messages[-2:]):
+        raise ApiError(400, "'messages' may end with one assistant message (continued), not two or more",
+                       param="messages")
+
+
 async def chat_completions(request: Request) -> Response:
     """Chat through the server's template; with `tools`, the reply read as OpenAI's `tool_calls` (server/tools.py):
-    in a stream, a generic answer's text as it is generated, calls (and a native template's reply) once whole."""
+    in a stream, a generic answer's text as it is generated, calls (and a native template's reply) once whole. A
+    reply's thoughts go to `reasoning_content` (server/reasoning.py), in a stream as they come."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
+    check_last_messages(body)
     prompt = await off_loop(request, chat_prompt, state.model, state.template, body)
     tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None
     stream = bool(body.get("stream"))
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
     sent = [0]  # characters of a generic {"response": ...} answer streamed so far
+    # a stream's thoughts as they come (deepseek-legacy streams them as content, as llama.cpp does)
+    thinking = prompt.thoughts.stream() if stream and prompt.thoughts and not prompt.thoughts.in_content else None
 
-    def reply(res: Result) -> tuple[str | None, list[dict], str | None]:
+    def reply(res: Result) -> tuple[str | None, str | None, list[dict], str | None]:
+        """(thoughts, content, tool calls, finish) of a whole reply."""
+        thoughts, text = prompt.thoughts.split(res.text) if prompt.thoughts else (None, res.text)
         if tools is None:
-            return res.text, [], res.finish
-        content, calls = reply_of(res.text, tools)
-        return content, calls, "tool_calls" if calls and res.finish == "stop" else res.finish
+            return thoughts, text, [], res.finish
+        content, calls = reply_of(text, tools)
+        return thoughts, content, calls, "tool_calls" if calls and res.finish == "stop" else res.finish
 
     def chunk(res: Result, delta: dict, finish: str | None, logprobs: dict | None) -> dict:
         return {**base(state, "chat.completion.chunk", rid), "choices": [{"index": 0, "delta": delta,
                 "finish_reason": finish, "logprobs": logprobs}]}
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict | list[dict] | None:
-        new = res.new_probs(final and not stream)
-        logprobs = None if new is None else chat_logprobs(new)
         if final and not stream:
-            content, calls, finish = reply(res)
+            new = res.new_probs(True)
+            thoughts, content, calls, finish = reply(res)
             msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if thoughts is not None:
+                msg["reasoning_content"] = thoughts
             if calls:
                 msg["tool_calls"] = calls
             out = {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
-                   "finish_reason": finish, "logprobs": logprobs}], "usage": usage(res), "mode": res.mode}
-            if body.get("verbose") is True:  # llama.cpp's: the prompt as the template rendered it
-                out["__verbose"] = {"prompt": prompt.text, "content": res.text}
+                   "finish_reason": finish, "logprobs": None if new is None else chat_logprobs(new)}],
+                   "usage": usage(res), "mode": res.mode}
+            if body.get("verbose") is True or state.verbose:  # llama.cpp's: the prompt as evaluated, the reply
+                out["__verbose"] = {"prompt": state.model.detokenize(prompt.tokens, False, True),
+                                    "content": res.text}
             return out
         if first:  # llama.cpp's first chunk: the role, no content
-            return chunk(res, {"role": "assistant", "content": None}, None, logprobs)
-        if not final:
-            if tools is None:
-                return chunk(res, {"content": piece}, None, logprobs)
-            # a generic answer's text is streamed as it comes; calls, and a native reply, once whole
-            so_far = None if tools.native else response_so_far(res.text)
-            if not so_far or len(so_far) <= sent[0]:
-                return None
-            new_text, sent[0] = so_far[sent[0]:], len(so_far)
-            return chunk(res, {"content": new_text}, None, None)
+            return chunk(res, {"role": "assistant", "content": None}, None, None)
+        # what the reply adds: its thoughts and (without tools) its content as they come; a generic answer's text
+        # as far as it is written; at the end, the rest, the calls and the finish
+        thoughts, text = thinking.push(res.text, final) if thinking is not None else ("", piece or "")
+        delta = [{"reasoning_content": thoughts}] if thoughts else []
+        finish = res.finish
         if tools is None:
-            return chunk(res, {}, res.finish, logprobs)
-        content, calls, finish = reply(res)
-        rest = (content or "")[sent[0]:]
-        deltas = ([{"content": rest}] if rest else []) + tool_call_deltas(calls)
-        return [chunk(res, d, None, None) for d in deltas] + [chunk(res, {}, finish, logprobs)]
+            delta += [{"content": text}] if text else []
+        elif not final:
+            so_far = None if tools.native else response_so_far(res.text)
+            if so_far and len(so_far) > sent[0]:
+                delta.append({"content": so_far[sent[0]:]})
+                sent[0] = len(so_far)
+        else:
+            _, content, calls, finish = reply(res)
+            rest = (content or "")[sent[0]:]
+            delta += ([{"content": rest}] if rest else []) + tool_call_deltas(calls)
+        if not final and not delta:
+            return None  # held back: part of a tag, or a call not yet whole
+        new = res.new_probs(False)
+        logprobs = None if new is None else chat_logprobs(new)
+        if not final:  # the log-probabilities with the last delta
+            return [chunk(res, d, None, None) for d in delta[:-1]] + [chunk(res, delta[-1], None, logprobs)]
+        return [chunk(res, d, None, None) for d in delta] + [chunk(res, {}, finish, logprobs)]
 
     return await respond(state, request, prompt.tokens, {**body, **prompt.extra}, shape, "chat")
 
@@ -156,5 +183,4 @@ async def models(request: Request) -> Response:
     state: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [{"id": state.alias, "object": "model", "created": state.created,
                                                      "owned_by": "specee", "aliases": state.aliases,
-                                                     "tags": state.tags, "meta": {"n_ctx": state.model.n_ctx,
-                                                     "n_vocab": state.model.n_vocab, "desc": state.model.desc}}]})
+                                                     "tags": state.tags, "meta": state.model_meta}]})

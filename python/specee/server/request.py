@@ -234,6 +234,9 @@ class RequestParams:
     n_probs: int
     stop: list[str]
     n_choices: int = 1  # OpenAI's n: generations of the same request, answered together (not streamed)
+    id_slot: int = -1  # llama.cpp's id_slot: the slot to run on (-1: the one whose cache holds most of the prompt)
+    progress: bool = False  # llama.cpp's return_progress: a stream reports the prompt's evaluation as it goes
+    timings: bool = False  # llama.cpp's timings_per_token: every streamed chunk has the timings so far
 
 
 def probs_wanted(body: dict, api: str) -> int:
@@ -254,33 +257,39 @@ def probs_wanted(body: dict, api: str) -> int:
     return n if n > 0 else -1
 
 
-def tokens_wanted(body: dict, api: str, cap: int = -1) -> int:
-    """The most tokens a request generates (400 on a bad field), the Python API's rule (`specee.slots.token_limit`):
-    `max_tokens` (`max_completion_tokens`; llama.cpp's `n_predict`) >= 0, or -1 or absent or null for no limit of
-    its own; then the server's cap (`-n`; -1: none) lowers it, and gives one where the request set none. -1 back:
-    until an end-of-generation token or the slot's context is full. OpenAI's max_tokens is at least 1; llama.cpp's
-    n_predict 0 evaluates the prompt only."""
+def tokens_wanted(body: dict, api: str, default: int = -1) -> int:
+    """The most tokens a request generates (400 on a bad field), llama.cpp's rule: the request's `max_tokens`
+    (`max_completion_tokens`; llama.cpp's `n_predict`, OpenAI Responses' `max_output_tokens`) >= 0 as given, larger
+    than the server's -n or not; -1, absent or null: the server's -n (`default`). -1 back: until an end-of-generation
+    token or the slot's context is full (the Python API's `specee.slots.token_limit`). OpenAI's max_tokens is at least
+    1; llama.cpp's n_predict 0 evaluates the prompt only."""
     n, lo = None, 0 if api == "llama" else 1
-    for key in ("n_predict",) if api == "llama" else ("max_tokens", "max_completion_tokens"):
+    keys = {"llama": ("n_predict",), "responses": ("max_output_tokens",)}.get(api, ("max_tokens",
+                                                                                   "max_completion_tokens"))
+    for key in keys:
         n = body_field(body, key, int, None, lambda v: v == -1 or lo <= v < 2**31, f"-1 (no limit) or an integer in "
                        f"[{lo}, 2**31)")
         if n is not None:
             break
-    n = -1 if n is None else n
-    return cap if cap >= 0 and (n < 0 or n > cap) else n
+    return default if n is None or n < 0 else n
 
 
 def grammar_of(body: dict) -> dict[str, Any]:
     """The structured output a request asks for, as GenerateOptions' fields (400 on a malformed field; a grammar or
     schema the engine refuses is a 400 with its message when the request is admitted): OpenAI's `response_format`
     ({"type": "text"}, {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name", "schema",
-    "strict"}}), llama.cpp's `grammar` (GBNF) and `json_schema`. At most one of them."""
+    "strict"}}; llama.cpp's {"type": "json_object", "schema": ...}), llama.cpp's `grammar` (GBNF) and `json_schema`.
+    At most one of them."""
     found: dict[str, Any] = {}
     fmt = body_field(body, "response_format", dict, None, expect="an object like {\"type\": \"json_object\"}")
     if fmt is not None:
         kind = fmt.get("type")
-        if kind == "json_object":
-            found["json_schema"] = {"type": "object"}
+        if kind == "json_object":  # llama.cpp's: with a "schema", held to it
+            schema = fmt.get("schema", {"type": "object"})
+            if not isinstance(schema, (dict, bool)):
+                raise ApiError(400, "response_format json_object: 'schema' must be a JSON Schema object",
+                               param="response_format")
+            found["json_schema"] = schema
         elif kind == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
@@ -339,15 +348,16 @@ def logit_bias_of(model: Model | None, body: dict) -> str | None:
     return ",".join(items)
 
 
-def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
+def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
                    defaults: dict[str, Any] | None = None, model: Model | None = None) -> RequestParams:
-    """What a request body asks to generate (api: chat, completions, llama; mode: the server's, for requests that
-    name none; n_predict_cap: the server's -n; defaults: the server's sampling defaults, GenerateOptions' fields, for
-    fields a request does not give; model: for logit_bias given as text), every field checked (400 on a bad one). The
-    mode is settled first, then the options are made: the runtime's checks see them as they will run."""
+    """What a request body asks to generate (api: chat, completions, llama, anthropic, responses; mode: the server's,
+    for requests that name none; n_predict: the server's -n, for requests that give no max_tokens / n_predict;
+    defaults: the server's sampling defaults, GenerateOptions' fields, for fields a request does not give; model: for
+    logit_bias given as text), every field checked (400 on a bad one). The mode is settled first, then the options are
+    made: the runtime's checks see them as they will run."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    n_predict = tokens_wanted(body, api, n_predict_cap)
+    n_predict = tokens_wanted(body, api, n_predict)
     # the API's own bounds on the sampling fields; a field not given keeps the library's default (GenerateOptions)
     given = {
         "temp": body_field(body, "temperature", (int, float), None, lambda v: 0 <= v <= 100, "a number >= 0"),
@@ -385,4 +395,7 @@ def request_params(body: dict, api: str, mode: str, n_predict_cap: int = -1,
         options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:
         raise ApiError(400, str(e)) from None
-    return RequestParams(options, n_predict, n_probs, stop, n_choices)
+    id_slot = body_field(body, "id_slot", int, -1, lambda v: v >= -1, "-1 (any slot) or a slot's id")
+    progress = body_field(body, "return_progress", bool, False)
+    timings = body_field(body, "timings_per_token", bool, False)
+    return RequestParams(options, n_predict, n_probs, stop, n_choices, id_slot, progress, timings)

@@ -7,8 +7,10 @@ on the first request. Hugging Face's conventions: a sandboxed environment with `
 the loop-control extension and `{% generation %}` (rendered as its body),
 `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter as transformers writes it (no ASCII escapes, keys
 in their order), and the variables `messages`, `tools`, `documents`, `add_generation_prompt`, `bos_token`,
-`eos_token`, llama.cpp's `date_string` (today) and `enable_thinking` (true), then the server's
-`--chat-template-kwargs` and a request's `chat_template_kwargs` over them.
+`eos_token`, llama.cpp's `date_string` (today, "27 Nov 2026"), `datetime` (today, "Nov 27 2026": FireFunction's) and
+`enable_thinking` (server/reasoning.py decides it), then the server's `--chat-template-kwargs` and a request's
+`chat_template_kwargs` over them. As llama.cpp's own Jinja engine does, `+` of a string and an undefined variable or
+null is the string (FireFunction-v2's template adds `functions`, which nothing defines).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from specee import _core
 from specee.model import Model
+from specee.server.reasoning import Reasoning, tags_in
 
 PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
          {"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}]
+ASK = [{"role": "user", "content": "u"}]  # a one-question chat: the generation prompt with and without thinking
 
 
 class TemplateError(ValueError):
@@ -69,11 +73,24 @@ class GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
+class ChatEnvironment(SandboxedEnvironment):
+    """Sandboxed (no attribute a template should not reach), not immutable: some templates build lists with .append
+    (Kimi-K2's), as llama.cpp's own engine allows; the messages they see are the request's own copy. `+` of a string
+    and an undefined or null value gives the string, as in llama.cpp's engine (jinja2 would raise)."""
+
+    intercepted_binops = frozenset(["+"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        def empty(v: Any) -> bool:
+            return v is None or isinstance(v, jinja2.Undefined)
+
+        if operator == "+" and (empty(left) and isinstance(right, str) or isinstance(left, str) and empty(right)):
+            return left if isinstance(left, str) else right
+        return super().call_binop(context, operator, left, right)
+
+
 def jinja_environment() -> SandboxedEnvironment:
-    # sandboxed (no attribute a template should not reach), not immutable: some templates build lists with
-    # .append (Kimi-K2's), as llama.cpp's own engine allows; the messages they see are the request's own copy
-    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                               extensions=["jinja2.ext.loopcontrols", GenerationTag])
+    env = ChatEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", GenerationTag])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -95,6 +112,10 @@ class ChatTemplate:
     eos: str = ""
     compiled: jinja2.Template | None = None
     system: bool = True  # it renders a system message (else one is put before the first user message's text)
+    reasoning: Reasoning = field(default_factory=Reasoning)  # --reasoning, --reasoning-format, ...
+    prefill: bool = True  # a chat's final assistant message is continued (--no-prefill-assistant: answered after)
+    thinking: tuple[str, str] | None = None  # the markers of thoughts in its text (Jinja only)
+    enable_thinking: bool = False  # the template variable's default: --reasoning, and whether the template thinks
 
     @property
     def kind(self) -> str:
@@ -121,10 +142,10 @@ class ChatTemplate:
                 raise TemplateError(str(e)) from None
         if not self.system and messages and messages[0]["role"] == "system":
             messages = without_system(messages)
-        # llama.cpp's defaults: date_string today (Llama-3.x templates print it; theirs default to a fixed date) and
-        # enable_thinking true (its reasoning "auto": a thinking model's template opens its <think>)
-        values = {"date_string": datetime.date.today().strftime("%d %b %Y"), "enable_thinking": True,
-                  **self.kwargs, **(kwargs or {}),
+        # llama.cpp's: the date (Llama-3.x templates print it; theirs default to a fixed date) and enable_thinking
+        today = datetime.date.today()
+        values = {"date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y"),
+                  "enable_thinking": self.enable_thinking, **self.kwargs, **(kwargs or {}),
                   "messages": messages, "add_generation_prompt": add_generation_prompt,
                   "bos_token": self.bos, "eos_token": self.eos}
         if tools:
@@ -145,13 +166,15 @@ class ChatTemplate:
 
 
 def chat_template_of(model: Model, jinja: bool, template: str | None, template_file: str | None,
-                     kwargs: dict[str, Any] | None = None) -> ChatTemplate:
+                     kwargs: dict[str, Any] | None = None, reasoning: Reasoning | None = None) -> ChatTemplate:
     """The template the server renders with (ValueError naming what is wrong, at start):
     - without --jinja: a built-in template, by --chat-template NAME (or Jinja text with a known template's markers),
       by the file's text, or the model's own recognised by its markers; a model whose own template the built-in
       renderer does not know is rendered by jinja2 instead (said on stderr by the caller);
     - with --jinja: jinja2 renders --chat-template TEXT, the file's text, or the model's tokenizer.chat_template
-      (--chat-template NAME still names a built-in template, as llama.cpp takes it)."""
+      (--chat-template NAME still names a built-in template, as llama.cpp takes it).
+    `reasoning` decides `enable_thinking` (server/reasoning.py); a built-in template never thinks."""
+    reasoning = reasoning or Reasoning()
     if template is not None and template_file is not None:
         raise ValueError("give --chat-template or --chat-template-file, not both")
     if template_file is not None:
@@ -164,7 +187,7 @@ def chat_template_of(model: Model, jinja: bool, template: str | None, template_f
     bos, eos = special_text(model, model.bos), special_text(model, model.eos)
     if not jinja:
         try:
-            return checked(ChatTemplate(builtin=model.chat_template(template)))
+            return checked(ChatTemplate(builtin=model.chat_template(template), reasoning=reasoning))
         except ValueError as e:
             if template is not None or not own:
                 raise ValueError(f"{e} (--jinja renders any Jinja template)") from None
@@ -172,12 +195,31 @@ def chat_template_of(model: Model, jinja: bool, template: str | None, template_f
     if not source:
         raise ValueError("the model has no tokenizer.chat_template: give --chat-template or --chat-template-file")
     if template is not None and _core.chat_template_detect(template) == template:
-        return checked(ChatTemplate(builtin=template))  # a built-in name: renders as its Jinja text does
+        return checked(ChatTemplate(builtin=template, reasoning=reasoning))  # a built-in name
     try:
         compiled = jinja_environment().from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
         raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None
-    return checked(ChatTemplate(source=source, kwargs=dict(kwargs or {}), bos=bos, eos=eos, compiled=compiled))
+    kwargs = dict(kwargs or {})
+    if reasoning.effort is not None:
+        kwargs.setdefault("reasoning_effort", reasoning.effort)
+    t = checked(ChatTemplate(source=source, kwargs=kwargs, bos=bos, eos=eos, compiled=compiled, reasoning=reasoning))
+    thinks = thinking_of(t)
+    t.thinking = tags_in(source)
+    # llama.cpp's: on or off as asked (--reasoning, a budget of 0: off), else where the template thinks
+    t.enable_thinking = (False if reasoning.budget == 0 else reasoning.switch if reasoning.switch is not None
+                         else thinks)
+    return t
+
+
+def thinking_of(t: ChatTemplate) -> bool:
+    """Whether a Jinja template thinks: its generation prompt changes with enable_thinking, or it has the markers of
+    thoughts."""
+    try:
+        on, off = (t.render(ASK, kwargs={"enable_thinking": v}) for v in (True, False))
+    except TemplateError:
+        return False
+    return on != off or tags_in(t.source) is not None
 
 
 def without_system(messages: list[dict]) -> list[dict]:

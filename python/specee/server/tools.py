@@ -22,6 +22,7 @@ from typing import Any
 
 from specee.model import CHAT_ROLES, Model
 from specee.server.request import ApiError
+from specee.server.reasoning import REASONING_FORMATS, ReasoningError, ReplyThoughts, budget_of, format_of, thinks_open
 from specee.server.templates import ChatTemplate, TemplateError
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for a function's name
@@ -139,14 +140,16 @@ def tools_of(body: dict, template: ChatTemplate) -> Tools | None:
 # ---- the messages -----------------------------------------------------------------------------------------
 
 
-def text_of_content(content: Any, i: int) -> str:
+def text_of_content(content: Any, i: int, joiner: str = "\n") -> str:
+    """A message's text: its content, or its text parts joined by a line (llama.cpp's rule; a continued final
+    message's parts by a blank line)."""
     if content is None:
         return ""
     if isinstance(content, list):  # content parts: the text ones
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):
             raise ApiError(400, f"messages[{i}]: only text content parts are supported", param="messages")
-        return "".join(p["text"] for p in content)
+        return joiner.join(p["text"] for p in content)
     if not isinstance(content, str):
         raise ApiError(400, f"messages[{i}]: 'content' must be a string, a list of text parts, or null (an assistant's "
                        "message with 'tool_calls')", param="messages")
@@ -344,6 +347,58 @@ class ChatPrompt:
     tokens: list[int]
     tools: Tools | None
     extra: dict[str, Any]
+    thoughts: ReplyThoughts | None = None  # how the reply's thoughts are split out of it (None: they are not)
+
+
+def template_kwargs(body: dict) -> dict[str, Any]:
+    """The variables a request gives the template beyond the messages: its `chat_template_kwargs`, with
+    `reasoning_effort` ("none": no thinking, else the template's `reasoning_effort`) and a thinking budget of 0
+    (`reasoning_budget_tokens`, `thinking_budget_tokens`: no thinking) over them (400 on a bad one)."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    kwargs = dict(kwargs or {})
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ApiError(400, "'chat_template_kwargs': enable_thinking must be true or false",
+                       param="chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is not None and not isinstance(effort, str):
+        raise ApiError(400, "'reasoning_effort' must be a string (none, low, medium, high, ...)",
+                       param="reasoning_effort")
+    if effort == "none":
+        kwargs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    elif effort:
+        kwargs["reasoning_effort"] = effort
+    for key in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+        if body.get(key) is not None:
+            try:
+                if budget_of(body[key], f"'{key}'") == 0:
+                    kwargs["enable_thinking"] = False
+            except ReasoningError as e:
+                raise ApiError(400, str(e), param=key) from None
+            break
+    return kwargs
+
+
+def continued(template: ChatTemplate, messages: list[dict], described: list[dict] | None, kwargs: dict[str, Any],
+              content: str) -> str:
+    """A chat whose final assistant message is continued, as llama.cpp renders it: the messages before it, the
+    generation prompt, then (for a template that thinks) its thoughts in their tags, closed where it has content,
+    and its content."""
+    head = template.render(messages[:-1], described, add_generation_prompt=False, kwargs=kwargs)
+    text = template.render(messages[:-1], described, add_generation_prompt=True, kwargs=kwargs)
+    same = 0
+    while same < min(len(head), len(text)) and head[same] == text[same]:
+        same += 1
+    prompt, generation = text[:same], text[same:]
+    if template.thinking is not None:
+        start, end = template.thinking
+        thoughts = messages[-1].get("reasoning_content") or ""
+        at = generation.find(start)
+        closed = bool(content) or not thoughts  # a message of thoughts only continues them
+        generation = (generation if at < 0 else generation[:at]) + start + thoughts + (end if closed else "")
+    return prompt + generation + content
 
 
 def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool = True) -> ChatPrompt:
@@ -351,9 +406,7 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
     refuses them)."""
     tools = tools_of(body, template)
     messages = chat_messages(body, tools, template)
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    kwargs = template_kwargs(body)
     described = tools.openai if tools is not None and tools.native and tools.choice != "none" else None
     add = body.get("add_generation_prompt", True)
     cont = body.get("continue_final_message")
@@ -365,9 +418,16 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
     last = messages[-1]
     # llama.cpp's prefill: a chat ending with an assistant's message (no tool calls) is continued, not answered
     if cont is None:
-        cont = last["role"] == "assistant" and not last.get("tool_calls") and bool(last["content"])
+        cont = template.prefill and last["role"] == "assistant" and not last.get("tool_calls") and bool(
+            last["content"] or last.get("reasoning_content"))
     try:
-        if cont:
+        if cont and last.get("tool_calls"):
+            raise ApiError(400, "'continue_final_message': an assistant's message with tool calls cannot be continued",
+                           param="continue_final_message")
+        if cont and last["role"] == "assistant":
+            content = text_of_content(body["messages"][-1].get("content"), len(messages) - 1, "\n\n")
+            text = continued(template, messages, described, kwargs, content)
+        elif cont:  # another role's message (transformers'): the chat rendered whole, cut after that message's text
             text = template.render(messages, described, add_generation_prompt=False, kwargs=kwargs)
             end = text.rfind(last["content"])
             if end >= 0:
@@ -385,4 +445,21 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
             raise ApiError(400, f"'tools' (under tool_choice {tools.choice}) hold the reply to a tool call's JSON: "
                            f"not with {taken[0]} too", param=taken[0])
         extra["json_schema"] = schema
-    return ChatPrompt(text, template.tokens(model, text) if tokenize else [], tools, extra)
+    return ChatPrompt(text, template.tokens(model, text) if tokenize else [], tools, extra,
+                      thoughts_of(template, body, text, extra))
+
+
+def thoughts_of(template: ChatTemplate, body: dict, text: str, extra: dict[str, Any]) -> ReplyThoughts | None:
+    """How a reply's thoughts are split out (server/reasoning.py), None where they are not: a template without
+    thinking markers, the format none, or a reply held to a grammar (it starts with its JSON)."""
+    try:
+        name = format_of(body["reasoning_format"], "'reasoning_format'") if body.get("reasoning_format") is not None \
+            else template.reasoning.format
+    except ReasoningError as e:
+        raise ApiError(400, str(e), param="reasoning_format") from None
+    fmt = body.get("response_format")
+    held = (extra.get("json_schema") is not None or body.get("grammar") is not None
+            or body.get("json_schema") is not None or isinstance(fmt, dict) and fmt.get("type") not in (None, "text"))
+    if template.thinking is None or not REASONING_FORMATS[name].split or held:
+        return None
+    return ReplyThoughts(template.thinking, thinks_open(text, template.thinking), REASONING_FORMATS[name].in_content)

@@ -1,0 +1,46 @@
+// specee-slots-ext.h: the parallel slots' calls beside specee.h's (which is full): a request on a slot of the
+// caller's choice, the cache shared whole (unified), a slot's prompt progress, and a slot's cache (its cells:
+// tokens, positions, K/V) written to a file, read back into a slot, or erased. Every call locks the context, as
+// specee.h's slot calls do.
+#pragma once
+
+#include "specee.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// specee_slots_submit on slot `slot` (llama.cpp's id_slot) rather than the free slot with the longest cached prefix:
+// SPECEE_SLOTS_BUSY while that slot holds a request, -1 with specee_last_error() on a bad slot, prompt or options
+int32_t specee_slots_submit_to(specee_slots * slots, int32_t slot, const int32_t * tokens, int32_t n_tokens,
+                               struct specee_generator_params params, int32_t n_predict, int32_t n_probs);
+// unified != 0 (llama.cpp's --kv-unified): every slot may use the whole cache (n_ctx cells, not n_ctx / n_slots);
+// a request's submit drops the idle slots' caches, and a pass the running requests together overflow fails (-1,
+// "context overflow", as specee.h's calls do) instead of never running out. Only before the first request. Returns
+// the cells a slot may use now, -1 with specee_last_error()
+int32_t specee_slots_set_unified(specee_slots * slots, int32_t unified);
+// prompt tokens of the slot's request in its cache: the prefix reused at its submit, then each prefilled chunk's end
+// (the prompt's length once prefilled); -1 for a slot out of range
+int32_t specee_slots_n_past(const specee_slots * slots, int32_t slot);
+
+// A slot's cache file (specee_slots_save / specee_slots_restore), little-endian as the machine writes it:
+//   "SPKV", u32 version (1), u32 n_layer, u32 n_cells,
+//   per layer: u32 K row bytes, u32 V row bytes, i32 K ggml type, i32 V ggml type,
+//   i32 token[n_cells], i32 position[n_cells] (0, 1, 2, ... : the slot's cells in position order),
+//   u8 valid[n_cells * n_layer] (cell c holds real K/V in layer il; an early exit's skipped layers do not),
+//   per layer: K rows [n_cells], then V rows [n_cells].
+// Restore checks the file against the context (layers, row sizes and types, positions, token ids, the slot's share of
+// the cells) before it changes anything.
+
+// Writes the cells of a free slot to `path`; returns how many (0: an empty cache), -1 with specee_last_error() (the
+// slot holds a request, or the file cannot be written)
+int32_t specee_slots_save(specee_slots * slots, int32_t slot, const char * path);
+// Replaces a free slot's cache with the file's cells; returns how many, -1 with specee_last_error() (the slot holds a
+// request, the file cannot be read or does not fit this context)
+int32_t specee_slots_restore(specee_slots * slots, int32_t slot, const char * path);
+// Drops a free slot's cache; returns the cells it held, -1 with specee_last_error() (the slot holds a request)
+int32_t specee_slots_erase(specee_slots * slots, int32_t slot);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,43 @@
+// specee-slots.h: the parallel slots' state (specee-slots.cpp steps them, specee-slot-cache.cpp saves and restores a
+// slot's cells); internal
+#pragma once
+
+#include "specee-generate.h"
+#include "specee.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+enum slot_state {
+    SLOT_FREE    = 0,
+    SLOT_PREFILL = 1,
+    SLOT_DECODE  = 2,
+    SLOT_DONE    = 3, // finished; its tokens wait to be read until the slot is released
+};
+
+struct specee_slot {
+    std::unique_ptr<specee_generator, void (*)(specee_generator *)> gen{nullptr, specee_generator_free};
+    int32_t              state  = SLOT_FREE;
+    bool                 alone  = false; // a speculative mode: passes of its own
+    std::vector<int32_t> prompt;
+    int32_t              n_past    = 0;  // prompt tokens in the cache
+    int32_t              n_predict = -1; // most tokens to generate, < 0: until the slot's context is full
+    int32_t              n_generated = 0;
+    std::vector<int32_t> out, out_layers; // generated, not read yet
+    int32_t              n_probs = -1;   // alternatives per token; < 0: no log-probabilities
+    std::vector<specee_token_logprob> out_probs; // 1 + n_probs per token of out
+    int32_t              finish = SPECEE_FINISH_NONE;
+    std::string          error;
+    uint64_t             order = 0; // when the request came (prefill order), or was last used (slot choice)
+};
+
+struct specee_slots {
+    specee_context *         ctx = nullptr;
+    std::vector<specee_slot> slots;
+    int32_t                  n_chunk    = 0;
+    int32_t                  n_ctx_slot = 0;
+    bool                     unified    = false; // every slot may use the whole cache (specee_slots_set_unified)
+    uint64_t                 clock      = 0;
+    specee_slots_totals      totals{};
+};
