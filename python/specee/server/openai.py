@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
-from specee.server.request import json_object, off_loop, prompt_of
+from specee.server.request import ApiError, json_object, off_loop, prompt_of
 from specee.server.tools import chat_prompt, reply_of, response_so_far
 
 
