@@ -110,6 +110,10 @@ struct specee_model {
     ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
     ggml_tensor * rope_long   = nullptr; // [n_rot/2] optional (phi3 LongRoPE): the factors of a context longer than
     ggml_tensor * rope_short  = nullptr; // [n_rot/2]   n_ctx_orig, and of one within it (both or neither)
+    ggml_tensor * cls         = nullptr; // [n_embd, n_embd] optional: a reranker's classifier (rank pooling), read
+    ggml_tensor * cls_b       = nullptr; // [n_embd]           from the file mapping on the host
+    ggml_tensor * cls_out     = nullptr; // [n_embd, n_cls_out] optional
+    ggml_tensor * cls_out_b   = nullptr; // [n_cls_out]
     std::vector<specee_layer> layers;
     specee_eagle              eagle; // draft head, from the model file or specee_model_load_eagle
     specee_exit_cfg           exit;  // exit predictors and settings (specee-early-exit.cpp)

@@ -604,7 +604,7 @@ static int32_t step_impl(specee_slots & s) {
 
 // specee_embed_impl within a slot's share of the context; free slots' cached prompts make room when the free cells
 // are too few
-static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32_t n, float * out) {
+static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32_t n, int32_t pooling, float * out) {
     specee_context & ctx = *s.ctx;
     if (!tokens || n <= 0) {
         specee_fail("cannot embed an empty text");
@@ -617,7 +617,7 @@ static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32
             ctx.kv.seq_remove(s.slots[i].gen->seq, 0, -1);
         }
     }
-    specee_embed_impl(ctx, tokens, n, out);
+    specee_embed_impl(ctx, tokens, n, pooling, out);
 }
 
 // ---- C API -------------------------------------------------------------------------------------------
@@ -787,10 +787,11 @@ extern "C" struct specee_slots_totals specee_slots_get_totals(const specee_slots
     return s->totals;
 }
 
-extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, float * out) {
+extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
+                                      float * out) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
-        embed_between_passes(*s, tokens, n_tokens, out);
+        embed_between_passes(*s, tokens, n_tokens, pooling, out);
         return 0;
     });
 }

@@ -278,16 +278,7 @@ int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq);
 // whether a cell belongs to sequence seq
 bool    specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq);
 
-// ---- embeddings --------------------------------------------------------------------------------
-
-// Pooled embeddings of n_seqs texts' token ids (tokens: the texts one after another, n_tokens[i] ids each) into out
-// [n_seqs][n_embd]: the mean final-norm output over each text's tokens, unit length when normalize. Each text is
-// evaluated alone, on a sequence of its own at positions 0.., and its cells are removed afterwards: the cache's other
-// sequences stay (sequence 0's cells make room when too few cells are free). Returns 0, or -1 with
-// specee_last_error() (an empty text, one longer than the context, a bad token id; "text i: " before the message
-// when n_seqs > 1). The parallel slots' specee_slots_embed is the same within a slot's share of the context.
-int32_t specee_embed(specee_context * ctx, const int32_t * tokens, const int32_t * n_tokens, int32_t n_seqs,
-                     bool normalize, float * out);
+// ---- embeddings: specee-pooling.h (specee_embed, specee_slots_embed, the pooling table) ----------------
 
 // ---- sampling ----------------------------------------------------------------------------------
 
@@ -680,9 +671,6 @@ int32_t specee_slots_release(specee_slots * slots, int32_t slot);
 struct specee_generator_stats specee_slots_stats(const specee_slots * slots, int32_t slot);
 int32_t                       specee_slots_mode(const specee_slots * slots, int32_t slot);
 struct specee_slots_totals    specee_slots_get_totals(const specee_slots * slots);
-// The mean final-norm output over the tokens [n_embd] (a pooled embedding, not normalised), evaluated between
-// passes on a sequence of its own; 0, or -1 with specee_last_error()
-int32_t specee_slots_embed(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, float * out);
 
 // ---- generation options and stats: one table of names for every frontend ------------------------------------
 //

@@ -46,7 +46,7 @@ def test_routine_llama_server_flags_are_accepted_and_sampling_ones_are_defaults(
 
 @pytest.mark.parametrize("argv, named", [
     (["--spec-synth-len", "2"], "--spec-synth-len 2"),
-    (["--pooling", "cls"], "--pooling cls"),
+    (["--mirostat", "2"], "--mirostat 2"),
     (["--presence-penalty", "0.5"], "--presence-penalty 0.5"),
     (["-hf", "org/model"], "-hf org/model"),
     (["-nocb"], "-nocb"),
@@ -292,6 +292,7 @@ SUBSET = [
     "unit/test_compat_gcp.py", "unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry",
     "unit/test_metrics.py::test_metrics_timings_on_prompt_progress",
     "unit/test_slot_save.py::test_slot_save_restore_text_only_on_multimodal",
+    "unit/test_embedding.py::test_embedding_single", "unit/test_rerank.py::test_rerank_tei_top_n",
 ]
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from specee import _core
 from specee.generate import GenerateOptions
+from specee.pooling import pooling_id
 
 # why a request finished, by the runtime's enum specee_finish
 FINISH_REASONS = {
@@ -187,7 +188,9 @@ class Slots:
         """Requests, tokens and passes since the slots were made (`specee_slots_totals`)."""
         return self._slots.totals()
 
-    def embed(self, tokens: Sequence[int]) -> np.ndarray:
-        """The mean final-norm output over the tokens [n_embd], evaluated between passes on a sequence of its own."""
-        return self._slots.embed(np.asarray(tokens, dtype=np.int32))
+    def embed(self, tokens: Sequence[int], pooling: str | None = None) -> np.ndarray:
+        """The tokens' final-norm rows pooled (specee.pooling; None: the model's own), not normalised: [n_embd];
+        [labels] for "rank" ([1] without a classifier head); [n_tokens, n_embd] for "none". Evaluated between passes
+        on a sequence of its own."""
+        return self._slots.embed(np.asarray(tokens, dtype=np.int32), pooling_id(pooling))
 

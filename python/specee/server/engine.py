@@ -239,7 +239,8 @@ class ServerState:
     generates (-n; -1: until an end-of-generation token or a full slot), the sampling defaults of requests
     (GenerateOptions' fields, from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias`
     the first) and tags (--tags), the origins CORS lets a browser call from, the chat template, the model's facts
-    /v1/models shows, whether the model is unloaded for now and the folder of saved slots."""
+    /v1/models shows, whether the model is unloaded for now, the folder of saved slots, and the pooling of
+    embeddings."""
 
     model: Model
     engine: Engine
@@ -259,3 +260,5 @@ class ServerState:
     model_meta: dict[str, Any] = field(default_factory=dict)  # /v1/models' meta, kept while the model sleeps
     sleeping: bool = False  # the model is unloaded for now (--sleep-idle-seconds, server/sleep.py)
     slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save writes (None: not served)
+    pooling: str = "mean"  # of embeddings (--pooling; --reranking: rank, /rerank), a name of specee.pooling
+    embd_normalize: int = 2  # how pooled embeddings are scaled (--embd-normalize; server/embed.py `normalized`)

@@ -76,11 +76,14 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     # ---- the server
     S("--slots --no-slots", None, "server", "serve GET /slots, or not (default: served)", "slots"),
     S("--props", None, "refused", "changing the server's settings with POST /props is not supported"),
-    S("--embedding --embeddings", None, "server", "serve embeddings (always served here: mean pooling, L2 normed)",
-      "embedding"),
-    S("--pooling", "TYPE", "refused", "embeddings are mean-pooled here", neutral=("mean",)),
-    S("--embd-normalize", "N", "refused", "embeddings are L2-normalised here", neutral=("2",)),
-    S("--rerank --reranking", None, "refused", "reranking (/rerank) is not supported"),
+    S("--embedding --embeddings", None, "server", "serve embeddings (always served here)", "embedding"),
+    S("--pooling", "TYPE", "server", "the embeddings' pooling: none, mean, cls, last or rank (default: the model's "
+      "{arch}.pooling_type, else mean); pooled vectors are L2-normed, none gives every token's row at /embeddings",
+      "pooling"),
+    S("--embd-normalize", "N", "server", "how pooled embeddings are scaled: -1 not, 0 to the int16 range, 1 taxicab, 2 "
+      "Euclidean (default), p > 2 p-norm; a request's embd_normalize overrides it", "embd_normalize"),
+    S("--rerank --reranking", None, "server", "serve /rerank: rank pooling, the last token's final-norm row through "
+      "the file's classifier head, or its first element without one", "reranking"),
     S("--cors-origins", "ORIGINS", "server", "origins a browser may call from: comma-separated, 'localhost' (any "
       "port on localhost, 127.0.0.1, [::1]) or '*' (default: *)", "cors_origins"),
     S("--cors-methods", "METHODS", "ignored", "the methods CORS allows are GET, POST, DELETE, OPTIONS"),
