@@ -95,12 +95,12 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--exit-check",
                 "-fa", "--flash-attn", "--ignore-eos", "--offload-order", "-ts", "--tensor-split", "-dev", "--device",
                 "--list-devices", "--rpc", "-tb", "--threads-batch", "--no-mmap", "--ngram-n-min", "--ngram-n-max",
-                "--ngram-draft-max", "--spec-draft-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type",
+                "--ngram-draft-max", "--spec-ngram-mod-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type",
                 "--ngram-cache",
                 "--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file", "--grammar-type",
                 "--no-jump-forward", "--no-grammar-overlap", "-l", "--logit-bias",
                 "-md", "--model-draft", "--spec-draft-model", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft",
-                "--spec-draft-ngl", "--draft-n-max", "--draft-max", "--draft", "--draft-n", "--draft-n-min",
+                "--spec-draft-ngl", "--draft-n-max", "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", "--draft-n-min",
                 "--draft-min", "--spec-draft-n-min", "--draft-p-min", "--spec-draft-p-min", "--draft-synth-rates",
                 "--spec-synth-rates"]
     assert sorted(flags) == sorted(expected)

@@ -163,7 +163,7 @@ def test_cli_spec_type(bpe_gguf: Path) -> None:
     common = ["-m", str(bpe_gguf), "-p", "a b c a b c a b", "-n", "24", "--temp", "0", "-no-cnv", "--ignore-eos",
               "-t", "1"]
     plain = subprocess.run([cli, *common, "--mode", "plain"], capture_output=True)
-    for extra in (["--mode", "ngram"], ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"],
+    for extra in (["--mode", "ngram"], ["--spec-type", "ngram-simple", "--spec-ngram-mod-n-max", "4"],
                   ["--mode", "ngram", "--ngram-cache", "0"]):
         res = subprocess.run([cli, *common, *extra], capture_output=True, text=True, errors="replace")
         assert res.returncode == 0 and res.stdout == plain.stdout.decode(errors="replace"), res.stderr

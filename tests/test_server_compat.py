@@ -44,6 +44,16 @@ def test_routine_llama_server_flags_are_accepted_and_sampling_ones_are_defaults(
     assert args.llama["slots"] == "--no-slots" and "verbose" in args.llama
 
 
+def test_the_ngram_and_draft_model_chain_lengths_are_one_flag_each() -> None:
+    """--spec-ngram-mod-n-max: n-gram lookup's longest chain; --spec-draft-n-max: a draft model's (llama.cpp's
+    names; the CLI spells them alike)."""
+    from specee.server.request import request_params
+    args = parse_args(["--spec-ngram-mod-n-max", "3", "--spec-draft-n-max", "5"])
+    assert args.sampling == {"ngram.draft_max": 3, "draft.n_max": 5}
+    params = request_params({"prompt": "x"}, "llama", "ngram", -1, args.sampling)
+    assert params.options.ngram.draft_max == 3
+
+
 @pytest.mark.parametrize("argv, named", [
     (["--spec-synth-len", "2"], "--spec-synth-len 2"),
     (["--mirostat", "2"], "--mirostat 2"),

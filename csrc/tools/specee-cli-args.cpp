@@ -87,7 +87,8 @@ static std::vector<std::string> flag_names(const specee_option & o) {
     static const std::vector<std::pair<std::string, std::vector<std::string>>> ALIASES = {
         {"seed", {"-s"}}, {"top_k", {"--top_k"}}, {"top_p", {"--top_p"}}, {"min_p", {"--min_p"}},
         {"eagle.choices", {"--eagle_choices"}}, {"eagle.topk", {"--eagle_dynamic_tree_max_top_k"}},
-        {"ngram.draft_max", {"--spec-draft-n-max"}}, {"draft.n_max", {"--draft-max", "--draft", "--draft-n"}},
+        {"ngram.draft_max", {"--spec-ngram-mod-n-max"}},
+        {"draft.n_max", {"--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"}},
         {"draft.n_min", {"--draft-min", "--spec-draft-n-min"}}, {"draft.p_min", {"--spec-draft-p-min"}},
         {"draft.synth_rates", {"--spec-synth-rates"}}};
     std::vector<std::string> names;

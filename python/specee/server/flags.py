@@ -190,6 +190,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "default shortest chain verified, of requests with a draft model (0)", "draft.n_min"),
     S("--spec-draft-p-min --draft-p-min", "P", "sampling",
       "default least probability of a drafted token, of requests with a draft model (0)", "draft.p_min"),
+    S("--spec-ngram-mod-n-max", "N", "sampling", "default most tokens an n-gram lookup drafts a step (mode ngram, "
+      "8)", "ngram.draft_max"),
     S("--spec-synth-rates", "P0,P1,...", "sampling", "benchmarks only: drafted token i of a step accepted with "
       "probability P_i whatever the model says (one per --draft-max)", "draft.synth_rates"),
     S("--spec-synth-len", "L", "refused", "give the synthetic acceptance as rates (--spec-synth-rates)"),
@@ -209,7 +211,7 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "--prio-batch-draft --spec-draft-poll-batch --poll-batch-draft", "N", "ignored", SCHEDULING),
     S("--spec-draft-override-tensor -otd --override-tensor-draft "
       "--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft --spec-ngram-mod-n-min "
-      "--spec-ngram-mod-n-max --spec-ngram-mod-n-match --spec-ngram-simple-size-n --spec-ngram-simple-size-m "
+      "--spec-ngram-mod-n-match --spec-ngram-simple-size-n --spec-ngram-simple-size-m "
       "--spec-ngram-simple-min-hits --spec-ngram-map-k-size-n --spec-ngram-map-k-size-m --spec-ngram-map-k-min-hits "
       "--spec-ngram-map-k4v-size-n --spec-ngram-map-k4v-size-m --spec-ngram-map-k4v-min-hits --spec-ngram-size-n "
       "--spec-ngram-size-m --spec-ngram-min-hits", "VALUE", "ignored",

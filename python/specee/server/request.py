@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from specee import _core
-from specee.generate import MODES, DraftParams, ExitParams, GenerateOptions
+from specee.generate import MODES, DraftParams, ExitParams, GenerateOptions, NgramParams
 from specee.model import Model
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
@@ -349,11 +349,15 @@ def logit_bias_of(model: Model | None, body: dict) -> str | None:
 
 
 def options_fields(values: dict[str, Any]) -> dict[str, Any]:
-    """GenerateOptions' keywords from the server's defaults, whose draft model settings are named "draft.n_max", ...:
-    those as one DraftParams."""
-    draft = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("draft.")}
-    out = {k: v for k, v in values.items() if not k.startswith("draft.")}
-    return {**out, "draft": DraftParams(**draft)} if draft else out
+    """GenerateOptions' keywords from the server's defaults, whose draft model and n-gram settings are named
+    "draft.n_max", "ngram.draft_max", ...: those as one DraftParams / NgramParams."""
+    groups = {"draft": DraftParams, "ngram": NgramParams}
+    out = {k: v for k, v in values.items() if k.split(".", 1)[0] not in groups}
+    for name, cls in groups.items():
+        given = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(name + ".")}
+        if given:
+            out[name] = cls(**given)
+    return out
 
 
 # llama.cpp's per-request settings of its draft model: DraftParams' fields
@@ -385,10 +389,12 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
         "logit_bias": logit_bias_of(model, body),
         "mode": body_field(body, "mode", str, mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
     }
-    draft = {}
+    draft, ngram = {}, {}
     for name, value in (defaults or {}).items():
         if name.startswith("draft."):
             draft[name.split(".", 1)[1]] = value
+        elif name.startswith("ngram."):  # --spec-ngram-mod-n-max
+            ngram[name.split(".", 1)[1]] = value
         elif given.get(name) is None:
             given[name] = value
     for name, (attr, kind) in SPECULATIVE_FIELDS.items():
@@ -416,6 +422,8 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
             given["draft"] = DraftParams(**draft)
         except (ValueError, _core.SpecEEError) as e:
             raise ApiError(400, str(e)) from None
+    if ngram:
+        given["ngram"] = NgramParams(**ngram)
     try:
         options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:
