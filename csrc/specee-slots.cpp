@@ -688,6 +688,16 @@ extern "C" int32_t specee_slots_submit_to(specee_slots * s, int32_t slot, const 
     return r;
 }
 
+extern "C" int32_t specee_slots_choose(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t * cached) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    int32_t       k    = 0;
+    const int32_t best = choose_slot(*s, tokens, std::max(n_tokens, 0), k);
+    if (cached) {
+        *cached = std::max(k, 0);
+    }
+    return best < 0 ? SPECEE_SLOTS_BUSY : best;
+}
+
 extern "C" int32_t specee_slots_n_past(const specee_slots * s, int32_t slot) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
     return slot >= 0 && slot < (int32_t) s->slots.size() ? s->slots[slot].n_past : -1;
