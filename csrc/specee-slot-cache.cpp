@@ -145,7 +145,7 @@ static void write_file(const slot_file & f, const char * path) {
 // reads n bytes at `at` of the `size` there are, or fails naming `what`
 static void get(const uint8_t * bytes, size_t size, size_t & at, void * data, size_t n, const char * what) {
     if (n > size - at) {
-        specee_fail("%s is not a saved slot of this runtime: it ends early", what);
+        specee_fail("%s is not a slot file of this runtime: it ends early", what);
     }
     if (n > 0) {
         memcpy(data, bytes + at, n);
@@ -163,7 +163,7 @@ static slot_file from_bytes(const uint8_t * bytes, size_t size, const specee_kv_
     get(bytes, size, at, magic, sizeof(magic), what);
     get(bytes, size, at, head, sizeof(head), what);
     if (memcmp(magic, SLOT_FILE_MAGIC, sizeof(magic)) != 0 || head[0] != SLOT_FILE_VERSION) {
-        specee_fail("%s is not a saved slot of this runtime (version %u)", what, SLOT_FILE_VERSION);
+        specee_fail("%s is not a slot file of this runtime (version %u)", what, SLOT_FILE_VERSION);
     }
     if (head[1] != kv.n_layer) {
         specee_fail("%s holds %u layers, this model has %u: saved from another model", what, head[1], kv.n_layer);
@@ -182,10 +182,6 @@ static slot_file from_bytes(const uint8_t * bytes, size_t size, const specee_kv_
                         il);
         }
     }
-    if (size != bytes_size(want, n)) {
-        specee_fail("%s is not a saved slot of this runtime: %zu bytes, %zu expected", what, size,
-                    bytes_size(want, n));
-    }
     f.tok.resize(n);
     f.pos.resize(n);
     f.valid.resize(n * kv.n_layer);
@@ -199,6 +195,9 @@ static slot_file from_bytes(const uint8_t * bytes, size_t size, const specee_kv_
         f.v[il].resize(n * want[il].v_bytes);
         get(bytes, size, at, f.k[il].data(), f.k[il].size(), what);
         get(bytes, size, at, f.v[il].data(), f.v[il].size(), what);
+    }
+    if (at != size) {
+        specee_fail("%s is not a slot file of this runtime: %zu bytes after its cells", what, size - at);
     }
     return f;
 }

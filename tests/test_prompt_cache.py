@@ -41,7 +41,8 @@ def test_bytes_in_memory_are_the_file_and_restore_the_same_tokens(tiny: specee.M
     assert slots.stats(1)["n_reused"] == len(PROMPT) - 2  # the restored cells were reused
     assert second.tokens == first.tokens
     slots.release(1)
-    for broken, why in ((b"", "ends early"), (b"XXXX" + data[4:], "not a saved slot"), (data[:-5], "bytes")):
+    for broken, why in ((b"", "ends early"), (b"XXXX" + data[4:], "not a slot file"), (data[:-5], "ends early"),
+                        (data + b"x", "after its cells")):
         with pytest.raises(specee.SpecEEError, match=why):
             slots.restore_mem(0, broken)
     assert slots.cache_tokens(0) == []  # the refusals changed nothing
