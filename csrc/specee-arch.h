@@ -28,6 +28,10 @@ enum specee_tensor {
     SPECEE_TENSOR_ROPE_FACTORS_SHORT,
     SPECEE_TENSOR_ATTN_POST_NORM, // gemma2/3: RMS norms of the attention's and the FFN's outputs, before the residual
     SPECEE_TENSOR_FFN_POST_NORM,
+    SPECEE_TENSOR_CLS,          // a reranker's classifier head (llama.cpp's names), read by rank pooling
+    SPECEE_TENSOR_CLS_BIAS,
+    SPECEE_TENSOR_CLS_OUT,
+    SPECEE_TENSOR_CLS_OUT_BIAS,
     // the EAGLE draft head of a merged file (SpecEE's names; the last three: EAGLE-3 only), in
     // python/specee/constants.py's order
     SPECEE_TENSOR_EAGLE_TOKEN_EMBD,
@@ -134,6 +138,7 @@ std::string specee_arch_family_names();
     X(SLIDING_WINDOW_PATTERN, "%s.attention.sliding_window_pattern")                \
     X(ATTN_LOGIT_SOFTCAPPING, "%s.attn_logit_softcapping")                          \
     X(FINAL_LOGIT_SOFTCAPPING, "%s.final_logit_softcapping")                        \
+    X(POOLING_TYPE, "%s.pooling_type")                                              \
     X(EAGLE_VERSION, "specee.eagle.version")                                        \
     X(EAGLE_FEED_FORWARD_LENGTH, "specee.eagle.feed_forward_length")                \
     X(EAGLE_DRAFT_VOCAB, "specee.eagle.draft_vocab")                                \

@@ -590,6 +590,11 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     }
     ggml_backend_sched_set_eval_callback(ctx->sched, nullptr, nullptr);
     reserve_worst_case(*ctx);
+    if (model->draft) { // the draft model's context: the same cells, batch and threads; no cross-request cache
+        specee_context_params dp = ctx->cparams;
+        dp.ngram_cache           = 0;
+        ctx->draft.reset(context_init_impl(model->draft.get(), dp));
+    }
     return ctx.release();
 }
 

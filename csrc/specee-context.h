@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -74,6 +75,8 @@ struct specee_context {
     std::vector<double> pass_ms;
     // ---- earlier requests' tokens for n-gram lookup (cparams.ngram_cache of them; specee-ngram-cache.h)
     specee_ngram_cache ngram_cache;
+    // ---- the draft model's context (its model: model->draft), the same size, each sequence on the same id there
+    std::unique_ptr<specee_context> draft;
 
     ~specee_context();
 };
@@ -122,3 +125,5 @@ void specee_context_check_memory(const specee_context & ctx, uint32_t n_ctx, uin
 // position and are removed again (the last batch's results are overwritten). NAN when the cache has no room.
 // (specee-pass-cost.cpp)
 double specee_context_pass_cost(specee_context & ctx, int32_t n);
+// the same when a pass of n tokens was timed (or set) before on this context, NAN otherwise (nothing is timed)
+double specee_context_pass_cost_known(const specee_context & ctx, int32_t n);

@@ -1,7 +1,8 @@
 // specee-drafter.h: drafters. A drafter proposes a tree of candidate tokens after a sequence's last token (a chain is
 // a tree of one branch), with what drafting cost, and learns from what the target accepted. The EAGLE draft head is
 // one (here: eagle, eagle2), n-gram lookup over the sequence and the cross-request cache another (specee-lookup.cpp:
-// ngram), and the hybrid is both, lookup's chain merged into the head's tree (specee-hybrid.cpp: ngram+eagle2).
+// ngram), the hybrid both, lookup's chain merged into the head's tree (specee-hybrid.cpp: ngram+eagle2), and a draft
+// model a greedy chain from a second model's own context (specee-draft-model.cpp: draft).
 // Whoever proposed it, a tree is verified in one pass of the target and walked by one rule (specee_tree_walk: greedy
 // output equals plain decoding's; sampling keeps the target's distribution, a drafter without a distribution proposing
 // point masses, draft_node::point), alone (specee_drafter_step) or as a block of rows of a pass shared with other
@@ -19,6 +20,7 @@
 #include "specee-step.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 struct specee_lookup;
@@ -42,10 +44,27 @@ struct specee_proposal {
     bool                 cache = false; // its point nodes come from the cross-request cache (stats n_cache_*)
 };
 
-// the state drafters read and learn into: the step's tree (and the head's tree settings), the sequence's lookup
+// the draft model's side of a sequence (specee-draft-model.cpp): its settings, and the sequence's tokens so far (the
+// root last), a prefix of which the draft model's context caches on the sequence's id
+struct specee_draft_seq {
+    specee_draft_params  params{};
+    bool                 no_eog = false; // the generation never emits an end-of-generation token (ignore_eos)
+    std::vector<int32_t> tokens;
+};
+
+// Mode draft's settings into the sequence and the tree decoder (synthetic rates as conditional ones, their generator
+// seeded); returns a line saying that synthetic acceptance is on, "" otherwise
+std::string specee_draft_init(specee_tree_decoder & dec, specee_draft_seq & ds, const specee_generator_params & p,
+                              uint32_t seed);
+// a new sequence: the prompt's n tokens and the first token sampled after them (the root)
+void specee_draft_seq_reset(specee_draft_seq & ds, const int32_t * tokens, int32_t n, int32_t first);
+
+// the state drafters read and learn into: the step's tree (and the head's tree settings), the sequence's lookup and
+// draft-model sequence
 struct specee_drafter_state {
     specee_tree_decoder & dec;
     specee_lookup &       lookup;
+    specee_draft_seq &    draft;
 };
 
 struct specee_drafter {
@@ -62,6 +81,7 @@ struct specee_drafter {
 extern const specee_drafter specee_drafter_eagle;  // the draft head's tree (EAGLE-1 static or EAGLE-2 dynamic)
 extern const specee_drafter specee_drafter_lookup; // n-gram lookup's chain and branches (specee-lookup.cpp)
 extern const specee_drafter specee_drafter_hybrid; // lookup's chain grafted onto the head's tree (specee-hybrid.cpp)
+extern const specee_drafter specee_drafter_draft;  // a draft model's greedy chain (specee-draft-model.cpp)
 
 // a level of the draft head's drafting in single target passes, from the bytes each reads (decoding reads every weight
 // once a pass): the head's fc, layer and output rows against the model's layers and lm_head

@@ -1,20 +1,153 @@
-// specee-embed.cpp: pooled embeddings, the mean final-norm output over a text's tokens (what /v1/embeddings and
-// Model.embed give). Each text is evaluated alone on a sequence of its own, at positions 0.., with no logits, and
-// its cells are removed afterwards: the cache's other sequences (the single-sequence calls' conversation, the
-// parallel slots' requests) stay as they were.
+// specee-embed.cpp: embeddings, a text's final-norm rows pooled (none, mean, cls, last, rank: the table below, what
+// /v1/embeddings, /rerank and Model.embed give). Each text is evaluated alone on a sequence of its own, at positions
+// 0.., with no logits, and its cells are removed afterwards: the cache's other sequences (the single-sequence calls'
+// conversation, the parallel slots' requests) stay as they were.
 #include "specee-embed.h"
 
 #include "specee-context.h"
+#include "specee-gguf.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
-void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, float * out) {
-    const int32_t n_embd = (int32_t) ctx.model->hparams.n_embd;
+// ---- the pooling table (enum specee_pooling's order) ---------------------------------------------------------
+
+static const specee_pooling_info POOLINGS[] = {
+    {"none", "every token's final-norm row [n_tokens, n_embd], not normalised", false},
+    {"mean", "the mean of the text's final-norm rows [n_embd]", true},
+    {"cls", "the first token's final-norm row [n_embd]", true},
+    {"last", "the last token's final-norm row [n_embd]", true},
+    {"rank", "a relevance score: the last token's final-norm row through the file's classifier head (cls, cls.output: "
+             "[labels]), or without one its first element [1], as llama.cpp scores a causal model", false},
+};
+static constexpr int32_t N_POOLINGS = (int32_t) (sizeof(POOLINGS) / sizeof(POOLINGS[0]));
+
+extern "C" const specee_pooling_info * specee_pooling_row(int32_t pooling) {
+    return pooling >= 0 && pooling < N_POOLINGS ? &POOLINGS[pooling] : nullptr;
+}
+
+extern "C" int32_t specee_pooling_by_name(const char * name) {
+    for (int32_t i = 0; name && i < N_POOLINGS; ++i) {
+        if (strcmp(POOLINGS[i].name, name) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+extern "C" int32_t specee_model_pooling(const specee_model * model) {
+    const int32_t p = model ? model->hparams.pooling_type : -1;
+    return p >= 0 && p < N_POOLINGS ? p : SPECEE_POOLING_MEAN;
+}
+
+extern "C" int32_t specee_pooling_n_out(const specee_model * model, int32_t pooling, int32_t n_tokens) {
+    if (!model) {
+        return -1;
+    }
+    const int32_t n_embd = (int32_t) model->hparams.n_embd;
+    switch (pooling == SPECEE_POOLING_MODEL ? specee_model_pooling(model) : pooling) {
+        case SPECEE_POOLING_NONE: return n_tokens * n_embd;
+        case SPECEE_POOLING_MEAN:
+        case SPECEE_POOLING_CLS:
+        case SPECEE_POOLING_LAST: return n_embd;
+        case SPECEE_POOLING_RANK: return (int32_t) model->hparams.n_cls_out;
+        default:                  return -1;
+    }
+}
+
+// a pooling resolved (SPECEE_POOLING_MODEL: the model's), checked against the model
+static int32_t pooling_of(const specee_model & model, int32_t pooling) {
+    const int32_t p = pooling == SPECEE_POOLING_MODEL ? specee_model_pooling(&model) : pooling;
+    if (!specee_pooling_row(p)) {
+        specee_fail("unknown pooling %d (0..%d: none, mean, cls, last, rank; -1: the model's)", pooling,
+                    N_POOLINGS - 1);
+    }
+    return p;
+}
+
+// ---- one text ----------------------------------------------------------------------------------------------
+
+// rank pooling's scores [n_cls_out] of a text's last final-norm row h, as llama.cpp's build_pooling gives them: through
+// the classifier head where the file has one (tanh(cls h + b), then cls.output h + b, a softmax for Qwen3), else h's
+// first element. The head is read from the file mapping on the host, whichever device the layers are on.
+static void rank_scores(const specee_model & m, const float * h, float * out) {
+    const int32_t      n_embd = (int32_t) m.hparams.n_embd;
+    std::vector<float> x(h, h + n_embd), row(n_embd), s_b;
+    auto               affine = [&](const ggml_tensor * w, const ggml_tensor * b, int32_t n_rows, float * y) {
+        const float * bias = b ? specee_gguf_tensor_f32(b, s_b) : nullptr;
+        for (int32_t r = 0; r < n_rows; ++r) {
+            specee_gguf_row_f32(w, r, row.data());
+            double acc = bias ? bias[r] : 0.0;
+            for (int32_t j = 0; j < n_embd; ++j) {
+                acc += (double) row[j] * x[j];
+            }
+            y[r] = (float) acc;
+        }
+    };
+    if (m.cls) {
+        std::vector<float> y(n_embd);
+        affine(m.cls, m.cls_b, n_embd, y.data());
+        for (int32_t j = 0; j < n_embd; ++j) {
+            x[j] = std::tanh(y[j]);
+        }
+    }
+    if (!m.cls_out) {
+        out[0] = x[0];
+        return;
+    }
+    const int32_t n_out = (int32_t) m.hparams.n_cls_out;
+    affine(m.cls_out, m.cls_out_b, n_out, out);
+    if (m.hparams.rank_softmax) {
+        const float top = *std::max_element(out, out + n_out);
+        double      sum = 0.0;
+        for (int32_t r = 0; r < n_out; ++r) {
+            out[r] = std::exp(out[r] - top);
+            sum += out[r];
+        }
+        for (int32_t r = 0; r < n_out; ++r) {
+            out[r] = (float) (out[r] / sum);
+        }
+    }
+}
+
+// the text's final-norm rows [n, n_embd] pooled into out
+static void pool_rows(const specee_model & m, const float * rows, int32_t n, int32_t pooling, float * out) {
+    const int32_t n_embd = (int32_t) m.hparams.n_embd;
+    switch (pooling) {
+        case SPECEE_POOLING_NONE:
+            std::copy(rows, rows + (size_t) n * n_embd, out);
+            break;
+        case SPECEE_POOLING_MEAN:
+            // the rows summed in order, then divided (numpy's mean over rows, to the bit)
+            std::fill(out, out + n_embd, 0.0f);
+            for (int32_t i = 0; i < n; ++i) {
+                for (int32_t j = 0; j < n_embd; ++j) {
+                    out[j] += rows[(size_t) i * n_embd + j];
+                }
+            }
+            for (int32_t j = 0; j < n_embd; ++j) {
+                out[j] /= (float) n;
+            }
+            break;
+        case SPECEE_POOLING_CLS:
+            std::copy(rows, rows + n_embd, out);
+            break;
+        case SPECEE_POOLING_LAST:
+            std::copy(rows + (size_t) (n - 1) * n_embd, rows + (size_t) n * n_embd, out);
+            break;
+        default: // rank: a causal model reads its last token, as llama.cpp does
+            rank_scores(m, rows + (size_t) (n - 1) * n_embd, out);
+            break;
+    }
+}
+
+void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, int32_t pooling, float * out) {
+    const int32_t p      = pooling_of(*ctx.model, pooling);
     if (!tokens || n <= 0) {
         specee_fail("cannot embed an empty text");
     }
@@ -31,16 +164,7 @@ void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, 
         ctx.kv.seq_remove(SPECEE_SEQ_EMBED, 0, -1);
         throw;
     }
-    // the rows summed in order, then divided (numpy's mean over rows, to the bit)
-    std::fill(out, out + n_embd, 0.0f);
-    for (int32_t i = 0; i < n; ++i) {
-        for (int32_t j = 0; j < n_embd; ++j) {
-            out[j] += ctx.norm[(size_t) i * n_embd + j];
-        }
-    }
-    for (int32_t j = 0; j < n_embd; ++j) {
-        out[j] /= (float) n;
-    }
+    pool_rows(*ctx.model, ctx.norm.data(), n, p, out);
     ctx.kv.seq_remove(SPECEE_SEQ_EMBED, 0, -1);
 }
 
@@ -57,7 +181,7 @@ static void normalize(float * v, int32_t n) {
 }
 
 // one text of the context's specee_embed: checked against the context, room made from sequence 0 where needed
-static void embed_one(specee_context & ctx, const int32_t * tokens, int32_t n, float * out) {
+static void embed_one(specee_context & ctx, const int32_t * tokens, int32_t n, int32_t pooling, float * out) {
     if (n <= 0) {
         specee_fail("cannot embed an empty text");
     }
@@ -67,11 +191,11 @@ static void embed_one(specee_context & ctx, const int32_t * tokens, int32_t n, f
     if ((uint32_t) n > ctx.kv.size - ctx.kv.used) {
         ctx.kv.seq_remove(0, 0, -1); // the single-sequence calls' cache, kept only for prompt-prefix reuse
     }
-    specee_embed_impl(ctx, tokens, n, out);
+    specee_embed_impl(ctx, tokens, n, pooling, out);
 }
 
 extern "C" int32_t specee_embed(specee_context * ctx, const int32_t * tokens, const int32_t * n_tokens, int32_t n_seqs,
-                                bool normalize_out, float * out) {
+                                int32_t pooling, bool normalize_out, float * out) {
     if (!ctx) {
         specee_set_error("no context");
         return -1;
@@ -81,22 +205,25 @@ extern "C" int32_t specee_embed(specee_context * ctx, const int32_t * tokens, co
         if (n_seqs < 0 || (n_seqs > 0 && (!tokens || !n_tokens || !out))) {
             specee_fail("specee_embed: bad arguments");
         }
-        const int32_t n_embd = (int32_t) ctx->model->hparams.n_embd;
-        size_t        at     = 0;
+        const int32_t p  = pooling_of(*ctx->model, pooling);
+        const bool    to_unit = normalize_out && specee_pooling_row(p)->normalized;
+        size_t        at = 0, at_out = 0;
         for (int32_t i = 0; i < n_seqs; ++i) {
-            float * v = out + (size_t) i * n_embd;
+            float * v = out + at_out;
             try {
-                embed_one(*ctx, tokens + at, n_tokens[i], v);
+                embed_one(*ctx, tokens + at, n_tokens[i], p, v);
             } catch (const std::exception & e) {
                 if (n_seqs == 1) {
                     throw;
                 }
                 specee_fail("text %d: %s", i, e.what());
             }
-            if (normalize_out) {
-                normalize(v, n_embd);
+            const int32_t n_out = specee_pooling_n_out(ctx->model, p, n_tokens[i]);
+            if (to_unit) {
+                normalize(v, n_out);
             }
             at += (size_t) n_tokens[i];
+            at_out += (size_t) n_out;
         }
         return 0;
     });

@@ -1,7 +1,9 @@
-// specee-embed.h: pooled embeddings (specee-embed.cpp): a text's mean final-norm output, evaluated on a KV sequence of
-// its own that is removed again; the context's specee_embed and the parallel slots' specee_slots_embed share it
+// specee-embed.h: embeddings (specee-embed.cpp): a text's final-norm rows pooled as specee-pooling.h's table says,
+// evaluated on a KV sequence of its own that is removed again; the context's specee_embed and the parallel slots'
+// specee_slots_embed share it
 #pragma once
 
+#include "specee-pooling.h"
 #include "specee.h"
 
 #include <cstdint>
@@ -11,7 +13,8 @@ struct specee_context;
 // the KV cache's sequence an embedding is evaluated on (above the slots' sequences, 1..SPECEE_MAX_SEQ - 2)
 #define SPECEE_SEQ_EMBED (SPECEE_MAX_SEQ - 1)
 
-// The mean final-norm output over tokens[0..n) into out [n_embd] (not normalised): the tokens evaluated alone, on
-// sequence SPECEE_SEQ_EMBED at positions 0..n-1, whose cells are removed afterwards (on failure too); the cache's
-// other sequences are untouched. Throws on an empty text and where the free cells are too few (context overflow).
-void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, float * out);
+// tokens[0..n) pooled into out [specee_pooling_n_out(model, pooling, n)] (not normalised; SPECEE_POOLING_MODEL: the
+// model's pooling): the tokens evaluated alone, on sequence SPECEE_SEQ_EMBED at positions 0..n-1, whose cells are
+// removed afterwards (on failure too); the cache's other sequences are untouched. Throws on an empty text, an unknown
+// pooling, and where the free cells are too few (context overflow).
+void specee_embed_impl(specee_context & ctx, const int32_t * tokens, int32_t n, int32_t pooling, float * out);

@@ -16,6 +16,7 @@
 
 #include "specee-arch.h"
 #include "specee-context.h"
+#include "specee-gguf.h"
 #include "specee-graph.h"
 #include "specee-impl.h"
 #include "specee-model.h"
@@ -61,33 +62,6 @@ void specee_exit_init(specee_exit_decoder & dec, const specee_model & m, const s
 
 // ---- the predictors -----------------------------------------------------------------------------------
 
-// one row of a 2-D tensor of the file mapping as floats
-static void row_f32(const ggml_tensor * t, int64_t row, float * out) {
-    const char * src = (const char *) t->data + row * t->nb[1];
-    if (t->type == GGML_TYPE_F32) {
-        memcpy(out, src, t->ne[0] * sizeof(float));
-        return;
-    }
-    const ggml_type_traits * tt = ggml_get_type_traits(t->type);
-    if (!tt->to_float) {
-        specee_fail("tensor '%s' has type %s, which cannot be read as floats", ggml_get_name(t), ggml_type_name(t->type));
-    }
-    tt->to_float(src, out, t->ne[0]);
-}
-
-// a tensor of the file mapping as floats: its own data when it is F32 (the exported predictors are), else
-// converted into `scratch`
-static const float * tensor_f32(const ggml_tensor * t, std::vector<float> & scratch) {
-    if (t->type == GGML_TYPE_F32 && ggml_is_contiguous(t)) {
-        return (const float *) t->data;
-    }
-    scratch.resize((size_t) ggml_nelements(t));
-    for (int64_t r = 0; r < ggml_nrows(t); ++r) {
-        row_f32(t, r, scratch.data() + r * t->ne[0]);
-    }
-    return scratch.data();
-}
-
 // the output norm and the lm_head as the file holds them: readable on the host, whichever device (or repacked CPU
 // buffer) the model's own copies are in
 static const ggml_tensor * in_file(const specee_model & m, specee_tensor which) {
@@ -112,7 +86,7 @@ void specee_exit_features_impl(const specee_model & m, const float * h, const in
     }
     const float        scale = 1.0f / sqrtf((float) (ss / n_embd) + hp.f_norm_rms_eps);
     std::vector<float> s_w, hn(n_embd), row(n_embd);
-    const float *      w = tensor_f32(in_file(m, SPECEE_TENSOR_OUTPUT_NORM), s_w);
+    const float *      w = specee_gguf_tensor_f32(in_file(m, SPECEE_TENSOR_OUTPUT_NORM), s_w);
     for (int64_t i = 0; i < n_embd; ++i) {
         hn[i] = h[i] * scale * w[i];
     }
@@ -124,7 +98,7 @@ void specee_exit_features_impl(const specee_model & m, const float * h, const in
         if (cand[j] < 0 || cand[j] >= (int32_t) hp.n_vocab) {
             specee_fail("candidate token %d is outside the vocabulary (%u tokens)", cand[j], hp.n_vocab);
         }
-        row_f32(head, cand[j], row.data());
+        specee_gguf_row_f32(head, cand[j], row.data());
         double dot = 0.0;
         for (int64_t i = 0; i < n_embd; ++i) {
             dot += (double) row[i] * hn[i];
@@ -156,10 +130,10 @@ float specee_exit_predict_impl(const specee_model & m, int32_t layer, const floa
     const int64_t            n_in   = pr.up->ne[0];
     const int64_t            n_hid  = pr.up->ne[1];
     std::vector<float>       s_up, s_up_b, s_down, s_down_b;
-    const float *            up     = tensor_f32(pr.up, s_up);
-    const float *            up_b   = tensor_f32(pr.up_b, s_up_b);
-    const float *            down   = tensor_f32(pr.down, s_down);
-    const float *            down_b = tensor_f32(pr.down_b, s_down_b);
+    const float *            up     = specee_gguf_tensor_f32(pr.up, s_up);
+    const float *            up_b   = specee_gguf_tensor_f32(pr.up_b, s_up_b);
+    const float *            down   = specee_gguf_tensor_f32(pr.down, s_down);
+    const float *            down_b = specee_gguf_tensor_f32(pr.down_b, s_down_b);
     double z = down_b[0];
     for (int64_t k = 0; k < n_hid; ++k) {
         double a = up_b[k];

@@ -97,6 +97,11 @@ static bool exit_settings_given(const specee_generator_params & p) {
            !p.exit.dynamic || p.exit.check;
 }
 
+static bool draft_settings_given(const specee_generator_params & p) {
+    const specee_draft_params d = specee_generator_default_params().draft;
+    return p.draft.n_max != d.n_max || p.draft.n_min != d.n_min || p.draft.p_min != d.p_min || p.draft.n_synth_rates > 0;
+}
+
 static bool ngram_settings_given(const specee_generator_params & p) {
     const specee_ngram_params d = specee_generator_default_params().ngram;
     return p.ngram.n_min != d.n_min || p.ngram.n_max != d.n_max || p.ngram.draft_max != d.draft_max ||
@@ -118,6 +123,9 @@ static int32_t resolve_auto(specee_context & ctx, const specee_generator_params 
                                     "else plain steps";
     if (ngram_settings_given(p)) {
         return SPECEE_MODE_NGRAM;
+    }
+    if (m.draft || draft_settings_given(p)) {
+        return SPECEE_MODE_DRAFT; // a draft model was loaded to draft (as llama.cpp's -md); settings without one: refused
     }
     if (!has_head) {
         why = specee_format("%s (no draft head)", lookup);
@@ -192,6 +200,19 @@ static void check_params(const specee_model & m, const specee_generator_params &
                     "advanced over (use early-exit without exit check, eagle2, ngram or plain)",
                     mi.tree ? "tree exit" : "checked exits (exit check)");
     }
+    if ((mi.reads & SPECEE_READS_DRAFT) && !m.draft) {
+        specee_fail("mode %s needs a draft model: load one with -md FILE (Python: Model(draft_model=...))", mi.name);
+    }
+    if (p.draft.n_min > p.draft.n_max) {
+        specee_fail("draft model: min (%d) must be at most max (%d)", p.draft.n_min, p.draft.n_max);
+    }
+    if (p.draft.n_synth_rates > 0 && p.draft.n_synth_rates != p.draft.n_max) {
+        specee_fail("draft synth_rates: one rate per drafted token: %d rates for draft max %d", p.draft.n_synth_rates,
+                    p.draft.n_max);
+    }
+    if (draft_settings_given(p) && !(mi.reads & SPECEE_READS_DRAFT)) {
+        specee_fail("draft model settings are given, but the mode is %s (use mode draft)", mi.name);
+    }
     if (ngram_settings_given(p) && !(mi.reads & SPECEE_READS_NGRAM)) {
         specee_fail("n-gram settings are given, but the mode is %s (use mode ngram)", mi.name);
     }
@@ -246,6 +267,11 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
             specee_fail("the draft tree has %d tokens, more than fit in one verification batch (n_batch = %u, root "
                         "included)", tree.max_nodes, g.ctx->cparams.n_batch);
         }
+    }
+    if (mi.reads & SPECEE_READS_DRAFT) {
+        const std::string synth = specee_draft_init(tree, g.draft, p, specee_sampler_seed(*smpl));
+        why += std::string(why.empty() || synth.empty() ? "" : "\n") + synth;
+        g.started = g.started && g.mode == mode; // the draft model's sequence is made by start
     }
     if (mi.exits && !mi.tree) {
         specee_exit_init(exit, m, p.exit);
@@ -369,6 +395,10 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
     if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_NGRAM) {
         specee_lookup_reset(g.lookup, tokens, n, t);
     }
+    if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_DRAFT) {
+        specee_draft_seq_reset(g.draft, tokens, n, t);
+        g.tree.synth_rng.seed(specee_sampler_seed(smpl));
+    }
     g.root     = t;
     g.root_pos = n;
     g.queue    = {{t, (int32_t) m.hparams.n_layer}};
@@ -456,6 +486,7 @@ const specee_drafter * specee_generator_drafter(const specee_generator & g) {
         case SPECEE_MODE_EAGLE2: return &specee_drafter_eagle;
         case SPECEE_MODE_NGRAM: return &specee_drafter_lookup;
         case SPECEE_MODE_NGRAM_EAGLE2: return &specee_drafter_hybrid;
+        case SPECEE_MODE_DRAFT: return &specee_drafter_draft;
         default: return nullptr;
     }
 }
@@ -536,7 +567,8 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         case SPECEE_MODE_EAGLE2:
         case SPECEE_MODE_NGRAM:
         case SPECEE_MODE_NGRAM_EAGLE2:
-            n = specee_drafter_step(*specee_generator_drafter(g), {g.tree, g.lookup}, specee_generator_step(g), out,
+        case SPECEE_MODE_DRAFT:
+            n = specee_drafter_step(*specee_generator_drafter(g), {g.tree, g.lookup, g.draft}, specee_generator_step(g), out,
                                     n_max);
             break;
         case SPECEE_MODE_TREE_EXIT:
@@ -569,6 +601,9 @@ extern "C" struct specee_generator_params specee_generator_default_params(void) 
     p.ngram.draft_max   = 8;
     p.ngram.branches    = 1;
     p.ngram.adaptive    = true;
+    p.draft.n_max       = 3;
+    p.draft.n_min       = 0;
+    p.draft.p_min       = 0.0f;
     p.grammar_type      = SPECEE_GRAMMAR_NONE;
     p.grammar           = nullptr;
     p.jump_forward      = true;

@@ -298,3 +298,32 @@ void specee_gguf_bind_tensors(specee_gguf_file & f, const std::string & path) {
         }
     }
 }
+
+// ---- tensors of the file mapping as floats --------------------------------------------------------------
+
+// one row of a 2-D tensor of the file mapping as floats
+void specee_gguf_row_f32(const ggml_tensor * t, int64_t row, float * out) {
+    const char * src = (const char *) t->data + row * t->nb[1];
+    if (t->type == GGML_TYPE_F32) {
+        memcpy(out, src, t->ne[0] * sizeof(float));
+        return;
+    }
+    const ggml_type_traits * tt = ggml_get_type_traits(t->type);
+    if (!tt->to_float) {
+        specee_fail("tensor '%s' has type %s, which cannot be read as floats", ggml_get_name(t), ggml_type_name(t->type));
+    }
+    tt->to_float(src, out, t->ne[0]);
+}
+
+// a tensor of the file mapping as floats: its own data when it is F32 (the exported predictors are), else
+// converted into `scratch`
+const float * specee_gguf_tensor_f32(const ggml_tensor * t, std::vector<float> & scratch) {
+    if (t->type == GGML_TYPE_F32 && ggml_is_contiguous(t)) {
+        return (const float *) t->data;
+    }
+    scratch.resize((size_t) ggml_nelements(t));
+    for (int64_t r = 0; r < ggml_nrows(t); ++r) {
+        specee_gguf_row_f32(t, r, scratch.data() + r * t->ne[0]);
+    }
+    return scratch.data();
+}

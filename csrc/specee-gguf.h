@@ -51,3 +51,9 @@ ggml_tensor * specee_gguf_tensor(ggml_context * cm, const std::string & path, sp
 void specee_gguf_map(specee_gguf_file & f, const std::string & path, bool use_mmap);
 // checks every tensor of f lies inside the file, then points them into the mapping through one CPU buffer
 void specee_gguf_bind_tensors(specee_gguf_file & f, const std::string & path);
+
+// row `row` of a 2-D tensor of the file mapping (bound: specee_gguf_bind_tensors) as ne[0] floats, converted from its
+// type; throws for a type that cannot be read as floats
+void specee_gguf_row_f32(const ggml_tensor * t, int64_t row, float * out);
+// a tensor of the file mapping as floats: its own data when it is contiguous F32, else converted into `scratch`
+const float * specee_gguf_tensor_f32(const ggml_tensor * t, std::vector<float> & scratch);

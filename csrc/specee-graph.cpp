@@ -514,6 +514,30 @@ ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & 
     return gf;
 }
 
+ggml_cgraph * specee_build_k_shift_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                         specee_graph_io & io, int32_t graph_size) {
+    const specee_hparams & hp = model.hparams;
+    ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
+    io.inp_pos                = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, kv.size);
+    ggml_set_name(io.inp_pos, "inp_pos_shift");
+    ggml_set_input(io.inp_pos);
+    for (int il = 0; il < (int) hp.n_layer; ++il) {
+        ggml_tensor * k    = kv.k[il]; // [n_embd_k_gqa, size] as [head_k, n_head_kv, size]
+        ggml_tensor * view = ggml_view_3d(ctx0, k, hp.n_embd_head_k, hp.n_head_kv, kv.size,
+                                          ggml_row_size(k->type, hp.n_embd_head_k), k->nb[1], 0);
+        const bool    swa  = hp.is_swa(il);
+        // attn_factor 1: the magnitude was set when K was first turned; a turn by the difference only rotates
+        ggml_tensor * cur = ggml_rope_ext_inplace(ctx0, view, io.inp_pos, rope_factors(model, kv.size), hp.n_rot,
+                                                  rope_type_of(model, il), hp.n_ctx_orig,
+                                                  swa ? hp.rope_freq_base_swa : hp.rope_freq_base,
+                                                  swa ? hp.rope_freq_scale_swa : hp.rope_freq_scale,
+                                                  hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
+        name_il(cur, "k_shifted", il);
+        ggml_build_forward_expand(gf, cur);
+    }
+    return gf;
+}
+
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                          ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
                                          specee_graph_io & io, int32_t graph_size, int32_t n_rows) {

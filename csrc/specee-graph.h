@@ -80,6 +80,11 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
                                       specee_graph_io & io, int32_t graph_size, int32_t n_rows = 0);
 
+// Context shift: every cached K of every layer turned by RoPE by its cell's position difference io.inp_pos [kv.size]
+// (0: unchanged), in place, as the layers' RoPE turned it (llama.cpp's K-shift); V does not depend on positions
+ggml_cgraph * specee_build_k_shift_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
+                                         specee_graph_io & io, int32_t graph_size);
+
 // SpecEE's other KV policy after an exit: the K/V of layers [layer_begin, layer_end) computed from the exit layer's
 // output (one token's: the first column of `state`, n_rows = 0; or the n_rows columns io.inp_out_ids lists) at the
 // positions io.inp_pos into the cells io.inp_kv_idxs (each layer's attn_norm, K/V projections, RoPE); nothing else

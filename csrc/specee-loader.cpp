@@ -10,9 +10,11 @@
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-placement.h"
+#include "specee-pooling.h"
 #include "specee-vocab.h"
 #include "specee.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -201,6 +203,10 @@ static void load_hparams(specee_model & m, const specee_arch_family & family) {
     specee_gguf_get_int(g, key(SPECEE_KEY_ROPE_SCALING_ORIG_CTX_LEN), hp.n_ctx_orig, 1, INT32_MAX, false);
     specee_gguf_get_f32_in(g, key(SPECEE_KEY_ROPE_SCALING_ATTN_FACTOR), hp.rope_attn_factor, 0.0f, INFINITY);
     hp.rope_type = family.rope_type;
+    uint32_t pooling = 0; // -1 (llama.cpp's "unspecified") .. rank
+    if (specee_gguf_get_int(g, key(SPECEE_KEY_POOLING_TYPE), pooling, -1, SPECEE_POOLING_RANK, false)) {
+        hp.pooling_type = (int32_t) pooling;
+    }
     load_family_hparams(m, family);
 }
 
@@ -294,6 +300,30 @@ static std::vector<int64_t> layer_shape(const specee_hparams & hp, specee_tensor
     }
 }
 
+// a reranker's classifier head, when the file has one: cls [n_embd, n_embd] (+ bias), cls.output [n_embd, n_labels]
+// (+ bias); its scores through a softmax for Qwen3, as llama.cpp runs it
+static void read_cls_head(specee_model & m) {
+    const int64_t n_embd = m.hparams.n_embd;
+    auto tensor = [&](specee_tensor which, std::vector<int64_t> shape) {
+        return specee_gguf_tensor(m.file.ctx_meta, m.path, which, -1, std::move(shape), false);
+    };
+    m.cls   = tensor(SPECEE_TENSOR_CLS, {n_embd, n_embd});
+    m.cls_b = tensor(SPECEE_TENSOR_CLS_BIAS, {n_embd});
+    const ggml_tensor * probe = ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(SPECEE_TENSOR_CLS_OUT).c_str());
+    const int64_t n_out = probe ? std::max<int64_t>(probe->ne[1], 1) : 1;
+    if (n_out > n_embd) {
+        specee_fail("tensor '%s' has %lld labels, more than n_embd = %lld", ggml_get_name(probe), (long long) n_out,
+                    (long long) n_embd);
+    }
+    m.cls_out   = tensor(SPECEE_TENSOR_CLS_OUT, {n_embd, n_out});
+    m.cls_out_b = tensor(SPECEE_TENSOR_CLS_OUT_BIAS, {n_out});
+    if ((m.cls_b && !m.cls) || (m.cls_out_b && !m.cls_out)) {
+        specee_fail("%s has a classifier bias without its weight (cls, cls.output)", m.path.c_str());
+    }
+    m.hparams.n_cls_out    = m.cls_out ? (uint32_t) n_out : 1;
+    m.hparams.rank_softmax = m.cls_out && specee_gguf_get_str(m.file.gguf, SPECEE_KEY_ARCHITECTURE) == "qwen3";
+}
+
 // the base model's tensors, those of each layer as its family's row lists them, shapes checked against the
 // hyperparameters
 static void read_weights(specee_model & m, const specee_arch_family & family) {
@@ -322,6 +352,7 @@ static void read_weights(specee_model & m, const specee_arch_family & family) {
     if (m.rope_long && m.rope_freqs) {
         specee_fail("%s has both rope_freqs and LongRoPE factors", m.path.c_str());
     }
+    read_cls_head(m);
     const bool fused_gate_up = !specee_arch_family_has(family, SPECEE_TENSOR_FFN_GATE);
     m.layers.resize(hp.n_layer);
     for (int il = 0; il < (int) hp.n_layer; ++il) {
@@ -416,6 +447,9 @@ static specee_model * load_impl(const char * path, const specee_model_params & p
     specee_repack_weights(*m);
     add_note(*m, note);
     describe(*m, arch);
+    if (params.draft_model) {
+        specee_draft_model_load(*m, params);
+    }
     return m.release();
 }
 
@@ -431,6 +465,8 @@ extern "C" struct specee_model_params specee_model_default_params(void) {
     p.tensor_split   = nullptr;
     p.n_tensor_split = 0;
     p.draft_head     = nullptr;
+    p.draft_model    = nullptr;
+    p.n_gpu_layers_draft = -1;
     return p;
 }
 

@@ -129,11 +129,14 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
     specee_lookup_time_passes(lk, ctx, params.draft_max + 1);
 }
 
-// A pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9, ... tokens (and the longest)
-// timed here, linear between them (a pass's cost grows in steps where the kernels change tiles; timing every size
-// would cost a large model many passes before its first token); then each size the steps use, from their own passes
-// (observe_pass). The context keeps what it timed, so its other generators and slots time nothing again. Where no
-// pass can be timed, the dearest case the CPU measured here (3.2 for 4 tokens).
+// A pass of n tokens in single passes: before the first steps, passes of 2, 3, 5, 9 tokens (and the longest up to
+// TIMED_MAX) timed here, linear between them and on beyond the last (a pass's cost grows in steps where the kernels
+// change tiles; timing every size would cost a large model many passes before its first token, and a server's
+// batches of every slot's chains more); then each size the steps use, from their own passes (observe_pass). A size
+// the context timed or was given before is taken as it is, so its other generators and slots time nothing again.
+// Where no pass can be timed, the dearest case the CPU measured here (3.2 for 4 tokens).
+static constexpr int32_t TIMED_MAX = 9;
+
 void specee_lookup_time_passes(specee_lookup & lk, specee_context & ctx, int32_t n_rows) {
     int32_t prev = (int32_t) lk.cost.size() - 1;
     if (n_rows <= prev) {
@@ -141,16 +144,28 @@ void specee_lookup_time_passes(specee_lookup & lk, specee_context & ctx, int32_t
     }
     lk.cost.resize(n_rows + 1, 1.0);
     lk.pass_ms.resize(n_rows + 1, 0.0);
+    int32_t before = prev > 1 ? prev - 1 : 1; // the two sizes known last, for the cost beyond them
     for (int32_t n = prev + 1; n <= n_rows; ++n) {
-        if (n != n_rows && ((n - 1) & (n - 2)) != 0) { // timed: 2^k + 1, and the last
-            continue;
+        double c = specee_context_pass_cost_known(ctx, n);
+        if (std::isnan(c)) {
+            if (n != n_rows && ((n - 1) & (n - 2)) != 0) { // timed: 2^k + 1, and the last
+                continue;
+            }
+            if (n > TIMED_MAX) {
+                continue;
+            }
+            c = specee_context_pass_cost(ctx, n);
         }
-        const double c = specee_context_pass_cost(ctx, n);
-        lk.cost[n]     = std::isnan(c) ? 1.0 + 0.73 * (n - 1) : std::max(c, 1.0);
+        lk.cost[n] = std::isnan(c) ? 1.0 + 0.73 * (n - 1) : std::max(c, 1.0);
         for (int32_t k = prev + 1; k < n; ++k) {
             lk.cost[k] = lk.cost[prev] + (lk.cost[n] - lk.cost[prev]) * (k - prev) / (n - prev);
         }
-        prev = n;
+        before = prev;
+        prev   = n;
+    }
+    const double slope = prev > before ? std::max((lk.cost[prev] - lk.cost[before]) / (prev - before), 0.0) : 0.73;
+    for (int32_t k = prev + 1; k <= n_rows; ++k) { // beyond the sizes known: on along the last two
+        lk.cost[k] = lk.cost[prev] + slope * (k - prev);
     }
 }
 
@@ -163,8 +178,8 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
     for (size_t n = 2; n < lk.cost.size(); ++n) {
         s += specee_format("%s %.2f", n == 2 ? "" : ",", lk.cost[n]);
     }
-    return s + " single passes here (timed at 2, 3, 5, 9, ...; then from the steps' own passes): a step drafts as far "
-               "as its acceptance on the sequence pays for";
+    return s + " single passes here (timed at 2, 3, 5, 9, on along the last two beyond; then from the steps' own "
+               "passes): a step drafts as far as its acceptance on the sequence pays for";
 }
 
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {

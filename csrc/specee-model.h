@@ -110,6 +110,10 @@ struct specee_model {
     ggml_tensor * rope_freqs  = nullptr; // [n_rot/2] optional per-frequency factors (Llama 3)
     ggml_tensor * rope_long   = nullptr; // [n_rot/2] optional (phi3 LongRoPE): the factors of a context longer than
     ggml_tensor * rope_short  = nullptr; // [n_rot/2]   n_ctx_orig, and of one within it (both or neither)
+    ggml_tensor * cls         = nullptr; // [n_embd, n_embd] optional: a reranker's classifier (rank pooling), read
+    ggml_tensor * cls_b       = nullptr; // [n_embd]           from the file mapping on the host
+    ggml_tensor * cls_out     = nullptr; // [n_embd, n_cls_out] optional
+    ggml_tensor * cls_out_b   = nullptr; // [n_cls_out]
     std::vector<specee_layer> layers;
     specee_eagle              eagle; // draft head, from the model file or specee_model_load_eagle
     specee_exit_cfg           exit;  // exit predictors and settings (specee-early-exit.cpp)
@@ -137,9 +141,14 @@ struct specee_model {
     bool cpu_layers_repacked = false; // the layers on the CPU have their matrices repacked (batches of 4 rows
                                       // cost about what 2 do: the default EAGLE tree, specee-generate.cpp)
     std::unique_ptr<specee_gguf_file> eagle_file; // a draft head file loaded next to the model
+    std::unique_ptr<specee_model>     draft;      // a draft model loaded beside it (specee_model_params.draft_model)
 
     ~specee_model(); // specee-loader.cpp: frees what loading acquired
 };
+
+// Loads params.draft_model into target.draft, refused unless its vocabulary is the target's token for token
+// (specee-draft-model.cpp); throws with the reason
+void specee_draft_model_load(specee_model & target, const specee_model_params & params);
 
 // the device index (into model.devices) of layer il, -1 for the CPU; il = n_layer: the output's
 int32_t specee_model_device_of_layer(const specee_model & model, int32_t il);

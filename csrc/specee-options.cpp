@@ -32,10 +32,10 @@
 static const specee_mode_info MODES[] = {
     // name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads
     {"auto",
-     "early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way with its merged files), eagle2 "
+     "draft with a draft model (-md), else early-exit with a draft head and exit predictors at temperature 0 (SpecEE's way with its merged files), eagle2 "
      "with a draft head where it can beat plain decoding here, else ngram (which drafts only where lookup pays)",
      false, false, false, true, true, nullptr,
-     SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT | SPECEE_READS_NGRAM},
+     SPECEE_READS_EAGLE1_TREE | SPECEE_READS_EAGLE2_TREE | SPECEE_READS_EXIT | SPECEE_READS_NGRAM | SPECEE_READS_DRAFT},
     {"plain", "one token per pass of the model", false, false, false, true, true, nullptr, 0},
     {"eagle", "EAGLE-1: the draft head drafts a static tree, one pass verifies it", true, true, false, true, true,
      nullptr, SPECEE_READS_EAGLE1_TREE},
@@ -55,6 +55,10 @@ static const specee_mode_info MODES[] = {
      "hybrid trees: n-gram lookup's drafts grafted onto EAGLE-2's tree, verified in one pass; lookup alone (the head "
      "skipped) where it is confident",
      true, true, false, true, false, nullptr, SPECEE_READS_EAGLE2_TREE | SPECEE_READS_NGRAM},
+    {"draft",
+     "a draft model (-md, llama.cpp's speculative decoding) drafts a chain greedily, one pass verifies it (the target's "
+     "draws as plain decoding's: with a seed, plain decoding's tokens)",
+     false, true, false, true, true, nullptr, SPECEE_READS_DRAFT},
 };
 static const int32_t N_MODES = (int32_t) (sizeof(MODES) / sizeof(MODES[0]));
 
@@ -120,6 +124,7 @@ struct option_def {
     const char * const * names;       // CHOICE: the names, by enum value
     int32_t             n_names;
     double              lo, hi;       // INT / FLOAT: the accepted range of an explicit value
+    int32_t             cap = 0;      // FLOATS: the most values (0: SPECEE_MAX_DEVICES)
 };
 
 #define OFF(f) offsetof(specee_generator_params, f)
@@ -205,6 +210,22 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "n-gram lookup: choose how far to draft from the drafts' acceptance on the sequence and this machine's pass "
       "cost (default: on; off: draft_max tokens wherever the sequence's end was seen before)"},
      OFF(ngram.adaptive), 0, nullptr, 0, 0, 0},
+    {{"draft.n_max", SPECEE_OPTION_INT, nullptr, "an integer in [1, 64]",
+      "draft model: most tokens drafted per step (default: 3)", nullptr, "N"},
+     OFF(draft.n_max), 0, nullptr, 0, 1, SPECEE_MAX_DRAFT},
+    {{"draft.n_min", SPECEE_OPTION_INT, nullptr, "an integer in [0, 64]",
+      "draft model: a shorter chain is not verified, a plain step instead (default: 0)",
+      nullptr, "N"},
+     OFF(draft.n_min), 0, nullptr, 0, 0, SPECEE_MAX_DRAFT},
+    {{"draft.p_min", SPECEE_OPTION_FLOAT, nullptr, "a number in [0, 1]",
+      "draft model: drafting stops where its top token's probability is below this (default: 0)",
+      nullptr, "P"},
+     OFF(draft.p_min), 0, nullptr, 0, 0, 1},
+    {{"draft.synth_rates", SPECEE_OPTION_FLOATS, nullptr, "comma-separated non-increasing numbers in [0, 1]",
+      "draft model, benchmarks only: drafted token i of a step is accepted with probability P_i whatever the target "
+      "says (one per draft.n_max; seeded by the sampler's seed; the output is not the model's)",
+      nullptr, "P0,P1,..."},
+     OFF(draft.synth_rates), OFF(draft.n_synth_rates), nullptr, 0, 0, 1, SPECEE_MAX_DRAFT},
     {{"exit.check", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "early exit: check every exit: the exited token's skipped layers run with the next token's pass and a token "
       "the full model disagrees with is taken back, so greedy output equals plain decoding (tokens come out once "
@@ -246,6 +267,15 @@ static const option_def CONTEXT_OPTIONS[] = {
       "what it replaced); 'default' = the one shipped for the embedded SmolLM2 (head + exit predictors)",
       "--draft-head", "FNAME"},
      OFF(draft_head), 0, nullptr, 0, 0, 0},
+    {{"draft_model", SPECEE_OPTION_TEXT, nullptr, "a GGUF file",
+      "a draft model (llama.cpp's speculative decoding: mode draft, auto's choice when given) with the model's "
+      "vocabulary, loaded beside it with a context of its own (default: none)",
+      "-md,--model-draft,--spec-draft-model", "FNAME"},
+     OFF(draft_model), 0, nullptr, 0, 0, 0},
+    {{"n_gpu_layers_draft", SPECEE_OPTION_INT, nullptr, "an integer >= -1",
+      "the draft model's layers on the devices other than the CPU, as -ngl (default: -1 = all)",
+      "-ngld,--gpu-layers-draft,--n-gpu-layers-draft,--spec-draft-ngl", "N"},
+     OFF(n_gpu_layers_draft), 0, nullptr, 0, -1, INT_MAX},
     {{"n_ctx", SPECEE_OPTION_INT, nullptr, "an integer >= 0",
       "context size in tokens (default: 0 = the model's training context, at most 4096; more only when asked for)",
       "-c,--ctx-size", "N"},
@@ -371,6 +401,19 @@ void specee_generator_check_values(const specee_generator_params & p) {
         specee_fail("n-gram lookup: n_min (%d) and n_max (%d) must be in [1, 16], draft_max (%d) in [1, 64] and "
                     "branches (%d) in [1, 8]", p.ngram.n_min, p.ngram.n_max, p.ngram.draft_max, p.ngram.branches);
     }
+    // n_min <= n_max and a rate per drafted token are the generator's checks too (check_params)
+    if (p.draft.n_max < 1 || p.draft.n_max > SPECEE_MAX_DRAFT || p.draft.n_min < 0 || p.draft.n_min > SPECEE_MAX_DRAFT ||
+        !(p.draft.p_min >= 0.0f && p.draft.p_min <= 1.0f)) {
+        specee_fail("draft model: max (%d) must be in [1, %d], min (%d) in [0, %d] and p_min (%g) in [0, 1]",
+                    p.draft.n_max, SPECEE_MAX_DRAFT, p.draft.n_min, SPECEE_MAX_DRAFT, (double) p.draft.p_min);
+    }
+    for (int32_t i = 0; i < p.draft.n_synth_rates; ++i) {
+        const float r = p.draft.synth_rates[i];
+        if (!(r >= 0.0f && r <= 1.0f) || (i > 0 && r > p.draft.synth_rates[i - 1])) {
+            specee_fail("draft synth_rates: the rates must be in [0, 1] and non-increasing, got %g after %g", (double) r,
+                        i > 0 ? (double) p.draft.synth_rates[i - 1] : 1.0);
+        }
+    }
     if (p.exit.n_layers < 0 || p.exit.n_layers > SPECEE_MAX_EXIT_LAYERS || p.exit.n_replay < 0 ||
         p.exit.n_replay > SPECEE_MAX_EXIT_LAYERS) {
         specee_fail("early exit: %d layers or %d replayed exit layers (0..%d)", p.exit.n_layers, p.exit.n_replay,
@@ -425,13 +468,13 @@ static bool parse_list(const char * v, int32_t * out, int32_t & n) {
 }
 
 // "3,1" into at most SPECEE_MAX_DEVICES finite numbers >= 0
-static bool parse_floats(const char * v, float * out, int32_t & n) {
+static bool parse_floats(const char * v, float * out, int32_t & n, int32_t cap) {
     n = 0;
     for (const char * s = v;;) {
         const char * end = strchr(s, ',');
         std::string  item(s, end ? (size_t) (end - s) : strlen(s));
         double       x = 0.0;
-        if (n == SPECEE_MAX_DEVICES || !parse_number(item.c_str(), x) || !std::isfinite(x) || x < 0.0) {
+        if (n == cap || !parse_number(item.c_str(), x) || !std::isfinite(x) || x < 0.0) {
             return false;
         }
         out[n++] = (float) x;
@@ -441,6 +484,8 @@ static bool parse_floats(const char * v, float * out, int32_t & n) {
         s = end + 1;
     }
 }
+
+static int32_t floats_cap(const option_def & o) { return o.cap > 0 ? o.cap : SPECEE_MAX_DEVICES; }
 
 static std::string choices_text(const option_def & o) {
     if (o.n_names == 2) {
@@ -514,7 +559,7 @@ static void set_value(char * base, const option_def & o, const char * v) {
             }
             break;
         case SPECEE_OPTION_FLOATS:
-            if (!parse_floats(v, (float *) field, *(int32_t *) (base + o.count_offset))) {
+            if (!parse_floats(v, (float *) field, *(int32_t *) (base + o.count_offset), floats_cap(o))) {
                 refuse(o, v);
             }
             break;
@@ -525,7 +570,7 @@ static size_t field_size(const option_def & o) {
     switch (o.info.type) {
         case SPECEE_OPTION_TEXT: return SPECEE_MAX_CHOICES;
         case SPECEE_OPTION_LIST: return sizeof(int32_t) * SPECEE_MAX_EXIT_LAYERS;
-        case SPECEE_OPTION_FLOATS: return sizeof(float) * SPECEE_MAX_DEVICES;
+        case SPECEE_OPTION_FLOATS: return sizeof(float) * floats_cap(o);
         case SPECEE_OPTION_BOOL: return sizeof(bool);
         default: return 4;
     }
@@ -661,6 +706,7 @@ extern "C" struct specee_context_options specee_context_options_default(void) {
     o.type_v        = SPECEE_KV_F32;
     o.use_mmap      = true;
     o.n_gpu_layers  = -1;
+    o.n_gpu_layers_draft = -1;
     o.offload_order = SPECEE_OFFLOAD_AUTO;
     o.flash_attn    = 2; // auto
     o.ngram_cache   = SPECEE_DEFAULT_NGRAM_CACHE;
@@ -677,6 +723,8 @@ extern "C" struct specee_model_params specee_context_options_model_params(const 
     p.tensor_split        = o->n_tensor_split > 0 ? o->tensor_split : nullptr;
     p.n_tensor_split      = o->n_tensor_split;
     p.draft_head          = o->draft_head[0] ? o->draft_head : nullptr;
+    p.draft_model         = o->draft_model[0] ? o->draft_model : nullptr;
+    p.n_gpu_layers_draft  = o->n_gpu_layers_draft;
     return p;
 }
 

@@ -27,6 +27,13 @@ static double one_pass(specee_context & ctx, int32_t n) {
     return ms;
 }
 
+double specee_context_pass_cost_known(const specee_context & ctx, int32_t n) {
+    if (n < 1 || n >= (int32_t) ctx.pass_ms.size() || ctx.pass_ms[1] <= 0.0 || ctx.pass_ms[n] <= 0.0) {
+        return NAN;
+    }
+    return ctx.pass_ms[n] / ctx.pass_ms[1];
+}
+
 double specee_context_pass_cost(specee_context & ctx, int32_t n) {
     if (n < 1 || (uint32_t) n > ctx.cparams.n_batch || ctx.kv.used + (uint32_t) n > ctx.kv.size ||
         (int64_t) ctx.kv.pos_max() + n > INT32_MAX) { // no room, no positions left
@@ -34,11 +41,14 @@ double specee_context_pass_cost(specee_context & ctx, int32_t n) {
     }
     ctx.pass_ms.resize(std::max((int32_t) ctx.pass_ms.size(), n + 1), 0.0);
     if (ctx.pass_ms[1] <= 0.0 || ctx.pass_ms[n] <= 0.0) {
-        // a warm-up pass of each size, then five of each in turn (both see the same load), the fastest kept
-        one_pass(ctx, 1);
+        // a warm-up pass of each size not timed before (its graph is built, its weights are read once), then three
+        // of each in turn (both see the same load), the fastest kept: a first request pays these passes
+        if (ctx.pass_ms[1] <= 0.0) {
+            one_pass(ctx, 1);
+        }
         one_pass(ctx, n);
         double t1 = INFINITY, tn = INFINITY;
-        for (int32_t r = 0; r < 5; ++r) {
+        for (int32_t r = 0; r < 3; ++r) {
             t1 = std::min(t1, one_pass(ctx, 1));
             tn = std::min(tn, one_pass(ctx, n));
         }

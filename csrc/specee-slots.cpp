@@ -164,6 +164,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     sl.error.clear();
     sl.order = ++s.clock;
     sl.n_past = 0;
+    sl.full = false, sl.n_shifted = 0;
     if (!sl.alone) {
         // keep the cached prefix, and evaluate at least the last two tokens (as specee_generator_start does)
         const auto       t0 = specee_clock::now();
@@ -193,7 +194,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
 
 // the request's prompt and output into the context's cross-request cache, where it ends (once; whatever its mode;
 // nothing with the cache off)
-static void commit_doc(specee_slots & s, specee_slot & sl) {
+void specee_slots_commit_doc(specee_slots & s, specee_slot & sl) {
     specee_ngram_cache_doc_end(s.ctx->ngram_cache, sl.gen->doc);
 }
 
@@ -214,13 +215,14 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
         s.totals.n_tokens++;
         if (sl.n_predict >= 0 && sl.n_generated >= sl.n_predict) {
             sl.finish = SPECEE_FINISH_LENGTH;
-        } else if (g.root_pos >= s.n_ctx_slot) {
-            sl.finish = SPECEE_FINISH_CONTEXT; // the next token's cell would pass the slot's share
+        } else if (g.root_pos >= s.n_ctx_slot) { // the next token's cell would pass the slot's share
+            sl.full   = s.ctx_shift && specee_generator_can_shift(g);
+            sl.finish = sl.full ? SPECEE_FINISH_NONE : SPECEE_FINISH_CONTEXT;
         }
     }
     if (sl.finish != SPECEE_FINISH_NONE) {
         sl.state = SLOT_DONE;
-        commit_doc(s, sl);
+        specee_slots_commit_doc(s, sl);
     }
 }
 
@@ -275,7 +277,7 @@ static void finish_tree(specee_slots & s, const tree_block & tbk, int32_t n_pass
         emitted.resize(specee_jump_forward_finish(g, n, logits, tbk.row0, tbk.n_max, emitted.data()));
     } else {
         const specee_verified v = {n, logits, tbk.row0, n_pass, pass_ms};
-        emitted.resize(specee_drafter_finish(*specee_generator_drafter(g), {g.tree, g.lookup}, specee_generator_step(g),
+        emitted.resize(specee_drafter_finish(*specee_generator_drafter(g), {g.tree, g.lookup, g.draft}, specee_generator_step(g),
                                              tbk.p, v, tbk.n_max, emitted.data()));
         g.stats.t_sample_ms += specee_ms_since(t0); // (jump-forward's finish adds its own)
     }
@@ -374,7 +376,7 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
         const auto    t0     = specee_clock::now();
         stepped[i]           = 1;
         try {
-            tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup}, specee_generator_step(g),
+            tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup, g.draft}, specee_generator_step(g),
                                                           std::max(budget, 0), share_so_far(sb));
             tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos,
                                               specee_tree_filter(g.tree, specee_generator_step(g), tbk.p.nodes));
@@ -538,6 +540,9 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_NGRAM) {
             specee_lookup_reset(g.lookup, sl.prompt.data(), n, t);
         }
+        if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_DRAFT) {
+            specee_draft_seq_reset(g.draft, sl.prompt.data(), n, t);
+        }
         g.root          = t;
         g.root_pos      = n;
         g.started       = true;
@@ -572,6 +577,7 @@ static void alone_step(specee_slots & s, specee_slot & sl) {
 }
 
 static int32_t step_impl(specee_slots & s) {
+    specee_slots_shift_full(s);
     std::vector<uint8_t> stepped(s.slots.size(), 0);
     shared_pass(s, stepped);
     for (size_t i = 0; i < s.slots.size(); ++i) {
@@ -598,7 +604,7 @@ static int32_t step_impl(specee_slots & s) {
 
 // specee_embed_impl within a slot's share of the context; free slots' cached prompts make room when the free cells
 // are too few
-static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32_t n, float * out) {
+static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32_t n, int32_t pooling, float * out) {
     specee_context & ctx = *s.ctx;
     if (!tokens || n <= 0) {
         specee_fail("cannot embed an empty text");
@@ -611,7 +617,7 @@ static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32
             ctx.kv.seq_remove(s.slots[i].gen->seq, 0, -1);
         }
     }
-    specee_embed_impl(ctx, tokens, n, out);
+    specee_embed_impl(ctx, tokens, n, pooling, out);
 }
 
 // ---- C API -------------------------------------------------------------------------------------------
@@ -750,7 +756,7 @@ extern "C" int32_t specee_slots_release(specee_slots * s, int32_t slot) {
         specee_slot & sl = slot_at(*s, slot);
         if (sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE) {
             s->totals.n_cancelled++;
-            commit_doc(*s, sl); // what it said so far
+            specee_slots_commit_doc(*s, sl); // what it said so far
         }
         sl.state = SLOT_FREE;
         sl.out.clear();
@@ -791,10 +797,11 @@ extern "C" struct specee_slots_totals specee_slots_get_totals(const specee_slots
     return s->totals;
 }
 
-extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, float * out) {
+extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
+                                      float * out) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
     return specee_guard<int32_t>(-1, [&] {
-        embed_between_passes(*s, tokens, n_tokens, out);
+        embed_between_passes(*s, tokens, n_tokens, pooling, out);
         return 0;
     });
 }

@@ -1,5 +1,5 @@
-// specee-slots.h: the parallel slots' state (specee-slots.cpp steps them, specee-slot-cache.cpp saves and restores a
-// slot's cells); internal
+// specee-slots.h: the parallel slots' state, internal (specee-slots.cpp: requests, the shared pass;
+// specee-slot-cache.cpp: a slot's cells saved and restored; specee-context-shift.cpp: the context shift of full slots)
 #pragma once
 
 #include "specee-generate.h"
@@ -30,6 +30,8 @@ struct specee_slot {
     int32_t              finish = SPECEE_FINISH_NONE;
     std::string          error;
     uint64_t             order = 0; // when the request came (prefill order), or was last used (slot choice)
+    bool                 full  = false; // its cache is full: a context shift is due before its next step
+    int32_t              n_shifted = 0;
 };
 
 struct specee_slots {
@@ -40,4 +42,11 @@ struct specee_slots {
     bool                     unified    = false; // every slot may use the whole cache (specee_slots_set_unified)
     uint64_t                 clock      = 0;
     specee_slots_totals      totals{};
+    bool                     ctx_shift = false; // context shift (specee-context-shift.h), keeping n_keep tokens
+    int32_t                  n_keep    = 0;
 };
+
+// the request's prompt and output into the context's cross-request cache, where it ends (once; whatever its mode)
+void specee_slots_commit_doc(specee_slots & s, specee_slot & sl);
+// llama.cpp's context shift of the slots whose cache is full (specee-context-shift.cpp), before a step
+void specee_slots_shift_full(specee_slots & s);

@@ -12,7 +12,8 @@
 //                top_k nodes of the newest depth (by cumulative log-probability) get top_k children each;
 //                then the best total_tokens drafted nodes make the tree.
 //   acceptance   greedy: follow the child equal to the target's argmax. Sampling: per depth, recursive
-//                rejection sampling over the children (see accept_sampled), lossless.
+//                rejection sampling over the children (see accept_sampled), lossless; children that are all point
+//                masses: plain decoding's draw, the child equal to it accepted (points_only).
 #include "specee-speculative.h"
 
 #include "specee-context.h"
@@ -597,6 +598,24 @@ int32_t specee_tree_verify(specee_tree_decoder & dec, specee_step step, const st
 
 // Walks the verified tree from the root: each step draws the target's token at the current node and moves to the
 // child that drafted it, until no child did (or n_max tokens, or an end of generation).
+// Whether a node's children are all point masses (a drafter without a distribution: n-gram lookup, a draft model's
+// greedy chain; or none at all). Then sampling draws the target's token as plain decoding draws it, and a child is
+// accepted where it is that token: each child x is accepted with probability p(x), as the point-mass test of
+// accept_sampled accepts it (there, rejected children leave the residual p without them), so the distribution is the
+// same, and the sampler's draws are plain decoding's: a seeded run emits plain decoding's tokens (as llama.cpp's).
+static bool points_only(const specee_tree_decoder & dec, int32_t ni) {
+    const draft_node & nd = dec.nodes[ni];
+    if (nd.q.empty()) {
+        return true;
+    }
+    for (int32_t c : nd.children) {
+        if ((dec.nodes[c].row >= 0 || dec.nodes[c].refused) && !dec.nodes[c].point) {
+            return false;
+        }
+    }
+    return true;
+}
+
 int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_max, specee_node_logits logits_of,
                          void * user, std::vector<int32_t> & emitted, std::vector<int32_t> & path) {
     specee_sampler &    smpl    = step.smpl;
@@ -614,7 +633,22 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_
     for (;;) {
         const float * lg    = logits_of(user, cur);
         int32_t       child = -1, t;
-        if (replay >= 0) {
+        if (!dec.synth.empty()) {
+            t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the target's token, where the draft is not taken
+            const int32_t depth = dec.nodes[cur].depth;
+            for (int32_t c : dec.nodes[cur].children) {
+                if (dec.nodes[c].row < 0) {
+                    continue;
+                }
+                const double u = std::uniform_real_distribution<double>(0.0, 1.0)(dec.synth_rng);
+                if (depth < (int32_t) dec.synth.size() && u < dec.synth[depth] &&
+                    !specee_token_is_eog(step.ctx.model, dec.nodes[c].token)) {
+                    child = c;
+                    t     = dec.nodes[c].token;
+                }
+                break;
+            }
+        } else if (replay >= 0) {
             t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the bonus token, where the replay stops
             for (int32_t c : dec.nodes[cur].children) {
                 if (n_acc < replay && dec.nodes[c].row >= 0) {
@@ -623,8 +657,8 @@ int32_t specee_tree_walk(specee_tree_decoder & dec, specee_step step, int32_t n_
                     break;
                 }
             }
-        } else if (greedy) {
-            t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the (penalised) argmax
+        } else if (greedy || points_only(dec, cur)) {
+            t = specee_sampler_sample_impl(smpl, lg, n_vocab); // the (penalised) argmax, or plain decoding's draw
             for (int32_t c : dec.nodes[cur].children) {
                 if (dec.nodes[c].row >= 0 && dec.nodes[c].token == t) {
                     child = c;

@@ -6,6 +6,7 @@
 #include "specee.h"
 
 #include <cstdint>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct specee_tree_decoder {
     std::vector<draft_node> nodes;          // the current step's tree
     size_t                  n_replayed = 0; // steps taken with params.replay
     int32_t                 n_cand     = 0; // tree exit: candidates kept per expanded node (0: none kept)
+    // benchmarks (draft.synth_rates): the drafted child at depth d accepted with probability synth[d] (conditional on
+    // the depths before) whatever the target says, never an end-of-generation token; empty: off
+    std::vector<double>     synth;
+    std::mt19937            synth_rng;
 };
 
 // The batch of a verification pass: root + the drafted nodes (rows 1.. in `nodes` order), each row attending to

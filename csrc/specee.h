@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "specee-draft-model.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -44,6 +46,8 @@ struct specee_model_params {
     const float * tensor_split;   // [n_tensor_split] share of the offloaded layers per device; NULL: by free memory
     int32_t       n_tensor_split;
     const char *  draft_head;     // a draft head file, as specee_model_load_eagle; NULL: the model file's own
+    const char *  draft_model;    // a draft model (specee-draft-model.h), NULL: none; its layers: n_gpu_layers_draft
+    int32_t       n_gpu_layers_draft;
 };
 
 struct specee_model_params specee_model_default_params(void);
@@ -150,10 +154,7 @@ struct specee_context_params {
                               // cache: the oldest requests evicted), 0: off
 };
 
-enum specee_kv_type {
-    SPECEE_KV_F16 = 0,
-    SPECEE_KV_F32 = 1,
-};
+enum specee_kv_type { SPECEE_KV_F16 = 0, SPECEE_KV_F32 = 1 };
 
 // the default context's cap (llama.cpp's default -c): a file's training context can be far larger, or corrupt
 #define SPECEE_DEFAULT_N_CTX 4096u
@@ -277,16 +278,7 @@ int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq);
 // whether a cell belongs to sequence seq
 bool    specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq);
 
-// ---- embeddings --------------------------------------------------------------------------------
-
-// Pooled embeddings of n_seqs texts' token ids (tokens: the texts one after another, n_tokens[i] ids each) into out
-// [n_seqs][n_embd]: the mean final-norm output over each text's tokens, unit length when normalize. Each text is
-// evaluated alone, on a sequence of its own at positions 0.., and its cells are removed afterwards: the cache's other
-// sequences stay (sequence 0's cells make room when too few cells are free). Returns 0, or -1 with
-// specee_last_error() (an empty text, one longer than the context, a bad token id; "text i: " before the message
-// when n_seqs > 1). The parallel slots' specee_slots_embed is the same within a slot's share of the context.
-int32_t specee_embed(specee_context * ctx, const int32_t * tokens, const int32_t * n_tokens, int32_t n_seqs,
-                     bool normalize, float * out);
+// ---- embeddings: specee-pooling.h (specee_embed, specee_slots_embed, the pooling table) ----------------
 
 // ---- sampling ----------------------------------------------------------------------------------
 
@@ -386,14 +378,9 @@ int32_t specee_draft_head_eval_chains(specee_context * ctx, const int32_t * toke
 // rest. Every call locks the context; a context's generators and evaluations must not interleave a sequence.
 
 enum specee_mode {
-    SPECEE_MODE_AUTO       = 0,
-    SPECEE_MODE_PLAIN      = 1,
-    SPECEE_MODE_EAGLE      = 2,
-    SPECEE_MODE_EAGLE2     = 3,
-    SPECEE_MODE_EARLY_EXIT = 4,
-    SPECEE_MODE_TREE_EXIT  = 5,
-    SPECEE_MODE_NGRAM      = 6,
-    SPECEE_MODE_NGRAM_EAGLE2 = 7,
+    SPECEE_MODE_AUTO = 0, SPECEE_MODE_PLAIN = 1, SPECEE_MODE_EAGLE = 2, SPECEE_MODE_EAGLE2 = 3,
+    SPECEE_MODE_EARLY_EXIT = 4, SPECEE_MODE_TREE_EXIT = 5, SPECEE_MODE_NGRAM = 6, SPECEE_MODE_NGRAM_EAGLE2 = 7,
+    SPECEE_MODE_DRAFT = 8, // a draft model's chain (specee-draft-model.h)
 };
 
 // the longest choices text, and the most entries in an exit schedule or a replay that the parameters hold
@@ -454,6 +441,7 @@ struct specee_generator_params {
     struct specee_eagle_params   eagle;
     struct specee_exit_params    exit;
     struct specee_ngram_params   ngram;
+    struct specee_draft_params   draft;
     // structured output (see "grammars" below): enum specee_grammar_type and its text, NULL or SPECEE_GRAMMAR_NONE:
     // none, copied by specee_generator_init, _set_params and specee_slots_submit (only borrowed); jump_forward: forced
     // tokens go as verified drafts into a pass (plain decoding); grammar_overlap: its next mask made while a pass runs
@@ -517,6 +505,7 @@ enum specee_mode_reads { // the settings a mode reads besides sampling (the othe
     SPECEE_READS_EAGLE2_TREE = 1 << 1, // eagle.total_tokens, eagle.depth, eagle.topk
     SPECEE_READS_EXIT        = 1 << 2, // exit.*
     SPECEE_READS_NGRAM       = 1 << 3, // ngram.*
+    SPECEE_READS_DRAFT       = 1 << 4, // draft.*
 };
 
 struct specee_mode_info {
@@ -682,9 +671,6 @@ int32_t specee_slots_release(specee_slots * slots, int32_t slot);
 struct specee_generator_stats specee_slots_stats(const specee_slots * slots, int32_t slot);
 int32_t                       specee_slots_mode(const specee_slots * slots, int32_t slot);
 struct specee_slots_totals    specee_slots_get_totals(const specee_slots * slots);
-// The mean final-norm output over the tokens [n_embd] (a pooled embedding, not normalised), evaluated between
-// passes on a sequence of its own; 0, or -1 with specee_last_error()
-int32_t specee_slots_embed(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, float * out);
 
 // ---- generation options and stats: one table of names for every frontend ------------------------------------
 //
@@ -738,6 +724,8 @@ int32_t specee_generator_params_get(const struct specee_generator_params * p, co
 struct specee_context_options {
     char    model[SPECEE_MAX_PATH];      // "": the frontend's default (the embedded model)
     char    draft_head[SPECEE_MAX_PATH]; // "": the model file's own head and predictors; "default": the frontend's
+    char    draft_model[SPECEE_MAX_PATH]; // "": none
+    int32_t n_gpu_layers_draft;           // the draft model's n_gpu_layers
     int32_t n_ctx;                       // KV cache cells; 0: the training context, at most SPECEE_DEFAULT_N_CTX
     int32_t n_batch;                     // logical batch: prompt tokens per evaluation call
     int32_t n_ubatch;                    // physical batch: most tokens in one graph (the context's n_batch is the

@@ -90,7 +90,7 @@ def test_python_table_is_the_runtimes() -> None:
     for row in rows:
         info = specee.MODES[row["name"]]
         assert info.help and row["help"] == info.help and row["help"] in mode_option["help"]
-        assert set(info.reads) <= {"eagle1_tree", "eagle2_tree", "exit", "ngram"}
+        assert set(info.reads) <= {"eagle1_tree", "eagle2_tree", "exit", "ngram", "draft"}
         # a mode that decodes greedily only cannot be lossless; exits need the head's candidates
         assert not (info.greedy_only and info.lossless)
         assert not info.exits or info.needs_head

@@ -16,12 +16,14 @@ from specee._tools import tool_path
 from specee.generate import FRONTEND_OPTIONS, MODES, EagleParams, ExitParams, GenerateOptions, GenerationStats
 
 HEADER = Path(__file__).resolve().parents[1] / "csrc" / "specee.h"
+# the public headers: specee.h and the narrow ones it includes (the draft model's settings)
+HEADERS = (HEADER, HEADER.with_name("specee-draft-model.h"))
 OPTIONS = {o["name"]: o for o in _core.generator_options()}
 
 
 def struct_fields(name: str) -> list[tuple[str, str]]:
     """(type, field) of a struct in specee.h, in order."""
-    body = re.search(r"struct %s \{(.*?)\n\};" % name, HEADER.read_text(), re.S)
+    body = re.search(r"struct %s \{(.*?)\n\};" % name, "\n".join(h.read_text() for h in HEADERS), re.S)
     assert body, name
     fields = []
     for line in body.group(1).splitlines():
@@ -70,13 +72,13 @@ def test_python_defaults_are_the_runtime_defaults() -> None:
 
 def test_names_are_defined_once_in_the_runtime() -> None:
     assert tuple(MODES) == ("auto", "plain", "eagle", "eagle2", "early-exit", "tree-exit", "ngram",
-                           "ngram+eagle2") == \
+                           "ngram+eagle2", "draft") == \
         tuple(OPTIONS["mode"]["choices"])
     assert OPTIONS["exit.kv"]["choices"] == ["mask", "fill"]
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, ngram, ngram+eagle2, not 'eagle3'"),
+    (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, ngram, ngram+eagle2, draft, not 'eagle3'"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(min_p=1.5), "min_p must be in [0, 1]"),
     (dict(top_k=2.5), "top_k must be an integer"),

@@ -1,4 +1,6 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
+#include "specee-context-shift.h"
+#include "specee-pooling.h"
 #include "specee.h"
 #include "specee-slots-ext.h"
 
@@ -150,21 +152,24 @@ struct Context {
         return out;
     }
 
-    // texts' token ids one after another, n_tokens[i] each -> [n_texts, n_embd]
-    py::array_t<float> embed(const i32_array & tokens, const i32_array & n_tokens, bool normalize) {
+    // texts' token ids one after another, n_tokens[i] each -> [n_texts, n_out] ([n_texts, 1] for rank), or the
+    // texts' token rows one after another [n_tokens total, n_embd] for pooling none
+    py::array_t<float> embed(const i32_array & tokens, const i32_array & n_tokens, int32_t pooling, bool normalize) {
         const int32_t n_seqs = (int32_t) n_tokens.size();
-        int64_t       total  = 0;
+        int64_t       total = 0, n_floats = 0;
         for (int32_t i = 0; i < n_seqs; ++i) {
             total += n_tokens.data()[i];
+            n_floats += std::max(specee_pooling_n_out(model, pooling, n_tokens.data()[i]), 0);
         }
         if (total != (int64_t) tokens.size()) {
             throw py::value_error("n_tokens must add up to the number of tokens");
         }
-        py::array_t<float> out({n_seqs, specee_model_n_embd(model)});
+        const int32_t      n_out = std::max(specee_pooling_n_out(model, pooling, 1), 1); // a row's floats
+        py::array_t<float> out({(int64_t) (n_floats / n_out), (int64_t) n_out});
         int32_t            rc;
         {
             py::gil_scoped_release release;
-            rc = specee_embed(ptr, tokens.data(), n_tokens.data(), n_seqs, normalize, out.mutable_data());
+            rc = specee_embed(ptr, tokens.data(), n_tokens.data(), n_seqs, pooling, normalize, out.mutable_data());
         }
         if (rc != 0) {
             raise_last();
@@ -416,6 +421,7 @@ struct Grammar {
 struct Slots {
     py::object     ctx_ref; // keeps the context (and its model) alive
     specee_slots * ptr    = nullptr;
+    specee_model * model  = nullptr;
     int32_t        n_embd = 0;
 
     Slots(py::object ctx_obj, int32_t n_slots, int32_t n_chunk) : ctx_ref(ctx_obj) {
@@ -424,6 +430,7 @@ struct Slots {
         if (!ptr) {
             raise_last();
         }
+        model  = c.model;
         n_embd = specee_model_n_embd(c.model);
     }
     Slots(const Slots &)             = delete;
@@ -581,13 +588,17 @@ struct Slots {
         return d;
     }
 
-    py::array_t<float> embed(const i32_array & tokens) {
-        py::array_t<float> out(n_embd);
+    // [n_out] ([1] for rank), or [n_tokens, n_embd] for pooling none
+    py::array_t<float> embed(const i32_array & tokens, int32_t pooling) {
+        const int32_t      n     = (int32_t) tokens.size();
+        const bool         rows = (pooling < 0 ? specee_model_pooling(model) : pooling) == SPECEE_POOLING_NONE;
+        py::array_t<float> out  = rows ? py::array_t<float>({(int64_t) n, (int64_t) n_embd})
+                                       : py::array_t<float>(std::max(specee_pooling_n_out(model, pooling, n), 1));
         float *            data = out.mutable_data();
         int32_t            r;
         {
             py::gil_scoped_release release;
-            r = specee_slots_embed(ptr, tokens.data(), (int32_t) tokens.size(), data);
+            r = specee_slots_embed(ptr, tokens.data(), n, pooling, data);
         }
         if (r != 0) {
             raise_last();
@@ -670,6 +681,15 @@ PYBIND11_MODULE(_core, m) {
         return option_values(specee_context_option, specee_context_options_get, context_options_of(values));
     }, py::arg("values"), "the context options as the library reads {name: value} ({name: text}); ValueError when one "
                           "is refused");
+    m.def("poolings", [] {
+        py::list out;
+        for (int32_t i = 0; const specee_pooling_info * pi = specee_pooling_row(i); ++i) {
+            py::dict e;
+            e["name"] = pi->name, e["help"] = pi->help, e["normalized"] = pi->normalized;
+            out.append(e);
+        }
+        return out;
+    }, "the poolings of embeddings (name, help, normalized), in enum specee_pooling's order: the library's table");
     m.def("modes", [] {
         py::list out;
         for (int32_t i = 0; const specee_mode_info * mi = specee_mode_row(i); ++i) {
@@ -680,7 +700,7 @@ PYBIND11_MODULE(_core, m) {
             py::list reads;
             for (const auto & [bit, what] : {std::pair<uint32_t, const char *>{SPECEE_READS_EAGLE1_TREE, "eagle1_tree"},
                                              {SPECEE_READS_EAGLE2_TREE, "eagle2_tree"}, {SPECEE_READS_EXIT, "exit"},
-                                             {SPECEE_READS_NGRAM, "ngram"}}) {
+                                             {SPECEE_READS_NGRAM, "ngram"}, {SPECEE_READS_DRAFT, "draft"}}) {
                 if (mi->reads & bit) {
                     reads.append(what);
                 }
@@ -695,7 +715,8 @@ PYBIND11_MODULE(_core, m) {
         return option_values(specee_generator_option, specee_generator_params_get, params_of(o, group));
     }, py::arg("options"), py::arg("group") = "",
        "the options' values as the library reads them ({name: text}); ValueError when one is refused (the library's "
-       "checks); group 'eagle', 'exit' or 'ngram': only those, read off EagleParams / ExitParams / NgramParams");
+       "checks); group 'eagle', 'exit', 'ngram' or 'draft': only those, read off EagleParams / ExitParams / "
+       "NgramParams / DraftParams");
     m.def("generator_stat_names", [] {
         py::list out;
         for (int32_t i = 0; const char * n = specee_generator_stat_name(i); ++i) {
@@ -753,6 +774,7 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("n_params", [](const Model & s) { return specee_model_n_params(s.ptr); })
         .def_property_readonly("size", [](const Model & s) { return specee_model_size(s.ptr); })
         .def_property_readonly("desc", [](const Model & s) { return std::string(specee_model_desc(s.ptr)); })
+        .def_property_readonly("pooling", [](const Model & s) { return specee_model_pooling(s.ptr); })
         .def("metadata", &Model::metadata)
         .def("tokenize",
              [](const Model & s, const std::string & text, bool add_special, bool parse_special) {
@@ -990,7 +1012,8 @@ PYBIND11_MODULE(_core, m) {
         .def("kv_seq_n_cells", [](const Context & s, int32_t seq) { return specee_kv_seq_n_cells(s.ptr, seq); })
         .def("kv_cell_has_seq",
              [](const Context & s, int32_t c, int32_t seq) { return specee_kv_cell_has_seq(s.ptr, c, seq); })
-        .def("embed", &Context::embed, py::arg("tokens"), py::arg("n_tokens"), py::arg("normalize") = true);
+        .def("embed", &Context::embed, py::arg("tokens"), py::arg("n_tokens"), py::arg("pooling") = -1,
+             py::arg("normalize") = true);
 
     py::class_<Grammar>(m, "Grammar")
         .def(py::init<py::object, int32_t, const std::string &>(), py::arg("model"), py::arg("type"), py::arg("text"))
@@ -1020,7 +1043,11 @@ PYBIND11_MODULE(_core, m) {
         .def("mode",
              [](const Slots & s, int32_t slot) { return std::string(specee_mode_name(specee_slots_mode(s.ptr, slot))); })
         .def("totals", &Slots::totals)
-        .def("embed", &Slots::embed, py::arg("tokens"));
+        .def("embed", &Slots::embed, py::arg("tokens"), py::arg("pooling") = -1)
+        .def("set_context_shift",
+             [](Slots & s, bool enable, int32_t n_keep) { specee_slots_set_context_shift(s.ptr, enable, n_keep); },
+             py::arg("enable"), py::arg("n_keep") = 0)
+        .def("n_shifted", [](const Slots & s, int32_t slot) { return specee_slots_n_shifted(s.ptr, slot); });
 
     const specee_sampler_params sd = specee_sampler_default_params();
     py::class_<Sampler>(m, "Sampler")

@@ -87,7 +87,9 @@ static std::vector<std::string> flag_names(const specee_option & o) {
     static const std::vector<std::pair<std::string, std::vector<std::string>>> ALIASES = {
         {"seed", {"-s"}}, {"top_k", {"--top_k"}}, {"top_p", {"--top_p"}}, {"min_p", {"--min_p"}},
         {"eagle.choices", {"--eagle_choices"}}, {"eagle.topk", {"--eagle_dynamic_tree_max_top_k"}},
-        {"ngram.draft_max", {"--spec-draft-n-max"}}};
+        {"ngram.draft_max", {"--spec-draft-n-max"}}, {"draft.n_max", {"--draft-max", "--draft", "--draft-n"}},
+        {"draft.n_min", {"--draft-min", "--spec-draft-n-min"}}, {"draft.p_min", {"--spec-draft-p-min"}},
+        {"draft.synth_rates", {"--spec-synth-rates"}}};
     std::vector<std::string> names;
     if (o.flags) {
         std::stringstream ss(o.flags);
@@ -190,14 +192,17 @@ static std::vector<cli_option> make_options(cli_params & p) {
          [&p](const std::string & v) { p.grammar = v; p.grammar_is_schema = true; return true; }},
         {{"-jf", "--json-schema-file"}, "FNAME", "as --json-schema, read from a file", "a readable JSON Schema file",
          [&p](const std::string & v) { p.grammar_is_schema = true; return read_text_file(v, p.grammar, g_why); }},
-        {{"--spec-type"}, "TYPE", "llama.cpp's draft-free speculation types, accepted as --mode ngram (this runtime's n-gram lookup serves them all): ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache", "an n-gram type",
+        {{"--spec-type"}, "TYPE", "llama.cpp's speculation types: draft-simple as --mode draft (a draft model, -md); ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache as --mode ngram (this runtime's n-gram lookup serves them all)", "draft-simple or an n-gram type",
          [&p](const std::string & v) {
+             if (v == "draft-simple") {
+                 return specee_generator_params_set(&p.gen, "mode", "draft") == 0;
+             }
              for (const char * t : {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}) {
                  if (v == t) {
                      return specee_generator_params_set(&p.gen, "mode", "ngram") == 0;
                  }
              }
-             g_why = "this runtime's --spec-type takes llama.cpp's n-gram types";
+             g_why = "this runtime's --spec-type takes llama.cpp's draft-simple and n-gram types";
              return false;
          }},
     };

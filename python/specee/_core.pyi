@@ -8,7 +8,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Grammar', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_families', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'quantize', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
+__all__: list[str] = ['Context', 'EVAL_HIDDEN_ALL', 'EVAL_NO_LOGITS', 'Generator', 'Grammar', 'Model', 'Sampler', 'SpecEEError', 'arch_eagle_tensor_names', 'arch_families', 'arch_keys', 'arch_pred_tensor_names', 'arch_tensor_names', 'chat_apply_template', 'chat_template_detect', 'chat_template_resolve', 'chat_tokenize', 'context_options', 'context_options_values', 'devices', 'draft_head_eval', 'draft_head_eval_chains', 'eagle_check_choices', 'generate_options_values', 'generator_options', 'generator_stat_names', 'max_threads', 'modes', 'poolings', 'quantize', 'rpc_add_servers', 'set_verbose', 'vocab_pre_names']
 class SpecEEError(RuntimeError):
     pass
 class Model:
@@ -98,6 +98,9 @@ class Model:
     def placement(self) -> str:
         ...
     @property
+    def pooling(self) -> int:
+        ...
+    @property
     def size(self) -> int:
         ...
     @property
@@ -114,7 +117,7 @@ class Context:
         """
         a context of the context options {name: value} (n_ctx, n_batch, n_ubatch, n_threads, ...)
         """
-    def embed(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], n_tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], normalize: bool = True) -> numpy.typing.NDArray[numpy.float32]:
+    def embed(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], n_tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], pooling: typing.SupportsInt = -1, normalize: bool = True) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def eval(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], pos: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None, tree_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None = None, output: typing.Annotated[numpy.typing.ArrayLike, numpy.int8] | None = None, seq_id: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -209,7 +212,11 @@ class Slots:
         ...
     def totals(self) -> dict:
         ...
-    def embed(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32]) -> numpy.typing.NDArray[numpy.float32]:
+    def embed(self, tokens: typing.Annotated[numpy.typing.ArrayLike, numpy.int32], pooling: typing.SupportsInt = -1) -> numpy.typing.NDArray[numpy.float32]:
+        ...
+    def set_context_shift(self, enable: bool, n_keep: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        ...
+    def n_shifted(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> int:
         ...
     @property
     def n_busy(self) -> int:
@@ -298,6 +305,10 @@ def grammar_set_library(path: str) -> None:
     ...
 def eagle_check_choices(choices: str) -> int:
     ...
+def poolings() -> list:
+    """
+    the poolings of embeddings (name, help, normalized), in enum specee_pooling's order: the library's table
+    """
 def modes() -> list:
     """
     the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum specee_mode

@@ -33,13 +33,20 @@ ROPE_FACTORS_LONG = "rope_factors_long.weight"
 ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 ATTN_POST_NORM = "blk.%d.post_attention_norm.weight"  # gemma2/3: RMS norms of the attention's and FFN's outputs
 FFN_POST_NORM = "blk.%d.post_ffw_norm.weight"
+# a reranker's classifier head (llama.cpp's names), read by rank pooling: tanh(cls h + b) [n_embd], then cls.output
+# [n_labels] (either may be absent)
+CLS = "cls.weight"
+CLS_BIAS = "cls.bias"
+CLS_OUT = "cls.output.weight"
+CLS_OUT_BIAS = "cls.output.bias"
 
 TENSOR_NAMES = (
     TOKEN_EMBD, OUTPUT_NORM, OUTPUT, ROPE_FREQS,
     ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT,
     FFN_NORM, FFN_GATE, FFN_UP, FFN_DOWN,
     ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS, ATTN_Q_NORM, ATTN_K_NORM, ATTN_QKV,
-    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ATTN_POST_NORM, FFN_POST_NORM,
+    ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ATTN_POST_NORM, FFN_POST_NORM, CLS, CLS_BIAS, CLS_OUT,
+    CLS_OUT_BIAS,
 )
 
 # ---- model families: general.architecture (also the key prefix), RoPE type, the FFN's activation, embedding scale,
@@ -117,6 +124,7 @@ KEY_SLIDING_WINDOW = "{arch}.attention.sliding_window"  # uint32: a sliding laye
 KEY_SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"  # uint32 n, or bool per layer: which slide
 KEY_ATTN_LOGIT_SOFTCAPPING = "{arch}.attn_logit_softcapping"  # float32: attention logits cap * tanh(x / cap)
 KEY_FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"  # float32: the output logits the same
+KEY_POOLING_TYPE = "{arch}.pooling_type"  # uint32: the embeddings' pooling, llama.cpp's numbers (specee-pooling.h)
 
 # ---- the draft head (EAGLE-1 or EAGLE-3) and the per-layer exit predictors, merged into a model file or alone in a draft
 # head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which

@@ -117,6 +117,23 @@ class NgramParams:
 
 
 @dataclass
+class DraftParams:
+    """A draft model (mode "draft", Model(draft_model=...); llama.cpp's -md): a greedy chain of at most n_max tokens a
+    step, drafting stopped where the draft model's top probability is below p_min, a chain shorter than n_min not
+    verified. synth_rates: benchmarks only, drafted token i of a step accepted with probability synth_rates[i]
+    whatever the target says (one per n_max, non-increasing; the output is not the model's). None: the runtime's
+    defaults (3, 0, 0)."""
+
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+    synth_rates: Sequence[float] | None = None
+
+    def __post_init__(self) -> None:
+        _checked(self, "draft")
+
+
+@dataclass
 class GenerateOptions:
     """Everything a generation call takes besides the prompt and max_tokens.
 
@@ -145,6 +162,7 @@ class GenerateOptions:
     eagle: EagleParams = field(default_factory=EagleParams)
     exit: ExitParams = field(default_factory=ExitParams)
     ngram: NgramParams = field(default_factory=NgramParams)
+    draft: DraftParams = field(default_factory=DraftParams)
     stop: Sequence[str] = ()
     chat_template: str | None = None
     grammar: str | None = None
@@ -172,7 +190,8 @@ class GenerateOptions:
             self.grammar_type = "json_schema"
         elif self.grammar is not None and self.grammar_type == "none":
             self.grammar_type = "gbnf"
-        for name, kind in (("eagle", EagleParams), ("exit", ExitParams), ("ngram", NgramParams)):
+        for name, kind in (("eagle", EagleParams), ("exit", ExitParams), ("ngram", NgramParams),
+                           ("draft", DraftParams)):
             if not isinstance(getattr(self, name), kind):
                 raise TypeError(f"{name} must be {kind.__name__}(...), not {type(getattr(self, name)).__name__}")
         _ = self.grammar_spec  # its ValueError here: the bindings read it where an error would be lost

@@ -20,6 +20,7 @@ from specee import _core
 from specee.context_options import CONTEXT_OPTIONS, context_options
 from specee.generate import MODES, GenerateOptions, GenerationStats, Prompt, stream_text
 from specee.paths import default_draft_head_path, default_model_path
+from specee.pooling import pooling_id, pooling_name
 from specee.slots import INT32_MAX, Closed, Slots, token_limit
 
 
@@ -66,6 +67,8 @@ class Model:
         rpc_servers: Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
         ngram_cache: int | None = None,
+        draft_model: str | os.PathLike | None = None,
+        n_gpu_layers_draft: int | None = None,
     ) -> None:
         """The keywords are the runtime's context options (specee.context_options.CONTEXT_OPTIONS, the CLI's
         -c -b -ub -t -tb --no-mmap --draft-head -ctv -ngl --offload-order -dev --rpc -ts); None: the table's default.
@@ -91,15 +94,20 @@ class Model:
         step), more are clamped with a warning.
         ngram_cache: tokens of earlier calls (their prompts and outputs, whatever their mode) kept for n-gram lookup's
         drafts, the oldest calls evicted (default 65536; 0: off): the same prompt asked again drafts what was
-        answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts."""
+        answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts.
+        draft_model: a draft model with the model's vocabulary (llama.cpp's -md), loaded beside it with a context of
+        its own: mode "draft" (auto's choice then) drafts with it (GenerateOptions.draft); n_gpu_layers_draft: its
+        n_gpu_layers."""
         self.path = str(path) if path is not None else default_model_path()
+        self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
         if draft_head == "default":
             draft_head = default_draft_head_path()
         options = context_options(dict(
             model=self.path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, use_mmap=use_mmap, draft_head=os.fspath(draft_head) if draft_head else None,
             type_v=type_v, n_gpu_layers=n_gpu_layers, offload_order=offload_order, devices=devices,
-            rpc_servers=rpc_servers, tensor_split=tensor_split, ngram_cache=ngram_cache))
+            rpc_servers=rpc_servers, tensor_split=tensor_split, ngram_cache=ngram_cache,
+            draft_model=os.fspath(draft_model) if draft_model else None, n_gpu_layers_draft=n_gpu_layers_draft))
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
         if not os.path.isfile(self.path):
@@ -603,12 +611,23 @@ class Model:
         [n_tokens, 3 n_embd] (what its committed pairs take); SpecEEError without an EAGLE-3 head."""
         return self._ctx.features()
 
-    def embed(self, text: str | bytes | Sequence[str | bytes], normalize: bool = True) -> np.ndarray:
-        """Pooled embeddings: the mean final-norm hidden state over a text's tokens (BOS as the vocabulary asks), unit
-        length when normalize; [n_embd] for a text, [n_texts, n_embd] for a list of texts. One call of the runtime
-        (`specee_embed`): each text is evaluated alone on a KV sequence of its own, removed afterwards, so the cache
-        keeps what it held (a conversation's prefix) unless those cells must make room. ValueError for an empty text;
-        SpecEEError for one longer than the context."""
+    @property
+    def pooling(self) -> str:
+        """The model's own pooling of embeddings: its file's {arch}.pooling_type, else "mean" (specee.pooling)."""
+        return pooling_name(self._model.pooling)
+
+    def embed(self, text: str | bytes | Sequence[str | bytes], normalize: bool = True,
+              pooling: str | None = None) -> np.ndarray | list[np.ndarray]:
+        """Embeddings of a text's final-norm hidden states (BOS as the vocabulary asks), pooled (specee.pooling): "mean"
+        over the tokens, "cls" the first token's, "last" the last token's ([n_embd] each, unit length when
+        normalize), "none" every token's row ([n_tokens, n_embd], as they are), "rank" relevance scores (the last
+        row through the file's classifier head, [labels]; without one the row's first element, [1]); None: the
+        model's own (`pooling`). A list of texts gives [n_texts, ...] (for
+        "none", a list of arrays). One call of the runtime (`specee_embed`): each text is evaluated alone on a KV
+        sequence of its own, removed afterwards, so the cache keeps what it held (a conversation's prefix) unless those
+        cells must make room. ValueError for an empty text or an unknown pooling; SpecEEError for a text longer than
+        the context."""
+        pid = pooling_id(pooling)
         one = isinstance(text, (str, bytes, bytearray))
         texts = [text] if isinstance(text, (str, bytes, bytearray)) else list(text)
         seqs = [self.tokenize(t, add_special=True) for t in texts]
@@ -618,5 +637,8 @@ class Model:
         tokens = np.asarray([t for toks in seqs for t in toks], dtype=np.int32)
         n_tokens = np.asarray([len(toks) for toks in seqs], dtype=np.int32)
         with self._lock:
-            out = self._ctx.embed(tokens, n_tokens, normalize)
+            out = self._ctx.embed(tokens, n_tokens, pid, normalize)
+        if (pooling_name(self._model.pooling) if pid < 0 else pooling) == "none":  # rows: split per text
+            parts = np.split(out, np.cumsum(n_tokens)[:-1])
+            return parts[0] if one else parts
         return out[0] if one else out

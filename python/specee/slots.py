@@ -18,6 +18,7 @@ import numpy as np
 
 from specee import _core
 from specee.generate import GenerateOptions
+from specee.pooling import pooling_id
 
 # why a request finished, by the runtime's enum specee_finish
 FINISH_REASONS = {
@@ -181,6 +182,16 @@ class Slots:
         begins the same way)."""
         self._slots.release(slot)
 
+    def set_context_shift(self, enable: bool, n_keep: int = 0) -> None:
+        """llama.cpp's context shift from now on: a request (mode plain, ngram or draft) whose generation fills its
+        slot goes on, its first n_keep tokens kept (< 0: the whole prompt) and half of the rest dropped, the cached K
+        after them turned to their new positions; off (the default): it ends ("context")."""
+        self._slots.set_context_shift(enable, n_keep)
+
+    def n_shifted(self, slot: int) -> int:
+        """How often the slot's request was shifted (llama.cpp's `truncated`)."""
+        return self._slots.n_shifted(slot)
+
     def mode(self, slot: int) -> str:
         """The decoding mode of the slot's request (auto resolved)."""
         return self._slots.mode(slot)
@@ -193,7 +204,9 @@ class Slots:
         """Requests, tokens and passes since the slots were made (`specee_slots_totals`)."""
         return self._slots.totals()
 
-    def embed(self, tokens: Sequence[int]) -> np.ndarray:
-        """The mean final-norm output over the tokens [n_embd], evaluated between passes on a sequence of its own."""
-        return self._slots.embed(np.asarray(tokens, dtype=np.int32))
+    def embed(self, tokens: Sequence[int], pooling: str | None = None) -> np.ndarray:
+        """The tokens' final-norm rows pooled (specee.pooling; None: the model's own), not normalised: [n_embd];
+        [labels] for "rank" ([1] without a classifier head); [n_tokens, n_embd] for "none". Evaluated between passes
+        on a sequence of its own."""
+        return self._slots.embed(np.asarray(tokens, dtype=np.int32), pooling_id(pooling))
 

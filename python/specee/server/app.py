@@ -26,16 +26,18 @@ from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_o
 from specee._core import SpecEEError
 from specee.generate import MODES, GenerateOptions
 from specee.model import Model
+from specee.pooling import POOLINGS
 from specee.server.engine import Engine, ServerState
 from specee.server.anthropic import count_tokens
 from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
+from specee.server.embed import embeddings, rerank
 from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
 from specee.server.prompt_cache import DEFAULT_MIB, PromptCache
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
-from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, embeddings, models
+from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, models
 from specee.server.reasoning import ReasoningError, reasoning_of
-from specee.server.request import ApiError
+from specee.server.request import ApiError, options_fields
 from specee.server.responses import responses
 from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
 from specee.server.sleep import READ_ONLY, Sleeper
@@ -146,7 +148,9 @@ def make_app(state: ServerState, sleeper: Sleeper | None = None, gcp: GcpSetting
         Route("/completions", llama_completion, methods=["POST"]),  # llama.cpp's, as llama-server routes it
         Route("/completion", llama_completion, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/embeddings", embeddings, methods=["POST"]),
+        Route("/embeddings", embeddings, methods=["POST"]),  # llama.cpp's shape, as /embedding
+        Route("/embedding", embeddings, methods=["POST"]),
+        *[Route(path, rerank, methods=["POST"]) for path in ("/rerank", "/v1/rerank", "/reranking", "/v1/reranking")],
         Route("/v1/models", models),
         Route("/models", models),
         Route("/health", health),
@@ -228,6 +232,9 @@ ROUTER_SETTINGS = ("models_dir", "models_preset", "models_max", "models_autoload
 
 # every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
 CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
+# llama.cpp's --spec-type values: the mode that serves each here
+SPEC_TYPES = {"draft-simple": "draft", "ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram",
+              "ngram-mod": "ngram", "ngram-cache": "ngram"}
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -306,8 +313,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cors_origins = [o.strip() for o in origins.split(",") if o.strip()]
     if not args.cors_origins:
         p.error("--cors-origins: give '*', 'localhost' or comma-separated origins")
+    try:
+        args.keep = int(args.llama.get("keep", 0))
+    except ValueError:
+        p.error(f"--keep: expected an integer, not {args.llama['keep']!r}")
+    spec = args.llama.get("spec_type", "draft-simple" if args.draft_model else None)
+    if "spec_default" in args.llama:
+        spec = "ngram-mod"
+    if spec is not None and args.mode == "auto":  # llama.cpp's speculation types: a mode here
+        if spec not in SPEC_TYPES:
+            p.error(f"--spec-type {spec}: not supported by specee-server: one of {', '.join(SPEC_TYPES)}")
+        if SPEC_TYPES[spec] == "draft" and not args.draft_model:
+            p.error(f"--spec-type {spec} needs a draft model (-md FILE)")
+        args.mode = SPEC_TYPES[spec]
+    args.pooling = "rank" if "reranking" in args.llama else args.llama.get("pooling")  # None: the model's
+    if args.pooling is not None and args.pooling not in POOLINGS:
+        p.error(f"--pooling {args.pooling}: expected one of {', '.join(POOLINGS)}")
+    norm = args.llama.get("embd_normalize", "2")
+    if not norm.lstrip("-").isdigit() or int(norm) < -1:
+        p.error(f"--embd-normalize {norm}: expected an integer >= -1")
+    args.embd_normalize = int(norm)
     try:  # the defaults are checked now, not at the first request
-        GenerateOptions(**args.sampling)
+        GenerateOptions(**options_fields(args.sampling))
     except (ValueError, SpecEEError) as e:
         p.error(f"sampling flags: {e}")
     return args
@@ -393,11 +420,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     if gcp is not None and gcp.port is not None:
         args.port = gcp.port  # as llama-server: Vertex AI's port wins
-    options = context_options_of(args, CONTEXT_FLAGS)
+    options = context_options_of(args, [name for name in CONTEXT_FLAGS if name != "flash_attn"])  # -fa: accepted
     model = Model(options.pop("model", None), **options)
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
-                    unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"), cache=cache,
+                    unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"),
+                    context_shift=args.keep if "context_shift" in args.llama else None, cache=cache,
                     cache_idle_slots=args.llama.get("cache_idle_slots") != "--no-cache-idle-slots", log=log)
     if engine.cache_idle_slots:
         engine.log("idle slots will be saved to prompt cache" + (" and cleared" if engine.unified else "") +
@@ -410,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
                         tags=[t.strip() for t in args.llama.get("tags", "").split(",") if t.strip()],
                         cors_origins=args.cors_origins, template=template, verbose="verbose" in args.llama,
                         model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc},
-                        slot_save_path=save_path)
+                        slot_save_path=save_path, pooling=args.pooling or model.pooling,
+                        embd_normalize=args.embd_normalize)
     sleeper = None
     if args.sleep_idle_seconds > 0:
         sleeper = Sleeper(state, args.sleep_idle_seconds, lambda: Model(model.path, **options))

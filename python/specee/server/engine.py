@@ -47,10 +47,11 @@ class Engine:
     """The model, its slots and the thread that steps them; jobs wait in a bounded queue for a free slot."""
 
     def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int, unified: bool = False,
-                 cache: PromptCache | None = None, cache_idle_slots: bool = False,
+                 context_shift: int | None = None, cache: PromptCache | None = None, cache_idle_slots: bool = False,
                  log: Callable[[str], None] = lambda line: None) -> None:
         self.model = model  # closed while unloaded
         self.n_parallel, self.n_chunk, self.unified = n_parallel, n_chunk, unified
+        self.context_shift = context_shift  # --context-shift: the tokens kept (--keep); None: off
         # --cache-ram: slots' caches kept in host memory (None: off); --cache-idle-slots: the idle slots' caches go
         # there when a request starts (and, with -kvu, are dropped from the slots)
         self.cache, self.cache_idle_slots, self.log = cache, cache_idle_slots and cache is not None, log
@@ -74,6 +75,8 @@ class Engine:
         slots = model.slots(self.n_parallel, self.n_chunk)
         if self.unified:  # --kv-unified: every slot may use the whole cache
             slots.set_unified()
+        if self.context_shift is not None:  # a generation that fills its slot goes on, --keep tokens kept
+            slots.set_context_shift(True, self.context_shift)
         return slots
 
     def start(self) -> None:
@@ -228,7 +231,7 @@ class Engine:
             if out.tokens:
                 job.send("tokens", out.tokens, out.logprobs, self.slots.stats(slot) if job.params.timings else None)
             if out.finish is not None:
-                stats = self.slots.stats(slot)
+                stats = {**self.slots.stats(slot), "n_shifted": self.slots.n_shifted(slot)}  # context shifts
                 self._count(stats, self.slots.mode(slot))
                 self.slots.release(slot)
                 del self.running[slot]
@@ -296,7 +299,8 @@ class ServerState:
     generates (-n; -1: until an end-of-generation token or a full slot), the sampling defaults of requests
     (GenerateOptions' fields, from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias`
     the first) and tags (--tags), the origins CORS lets a browser call from, the chat template, the model's facts
-    /v1/models shows, whether the model is unloaded for now and the folder of saved slots."""
+    /v1/models shows, whether the model is unloaded for now, the folder of saved slots, and the pooling of
+    embeddings."""
 
     model: Model
     engine: Engine
@@ -316,3 +320,5 @@ class ServerState:
     model_meta: dict[str, Any] = field(default_factory=dict)  # /v1/models' meta, kept while the model sleeps
     sleeping: bool = False  # the model is unloaded for now (--sleep-idle-seconds, server/sleep.py)
     slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save writes (None: not served)
+    pooling: str = "mean"  # of embeddings (--pooling; --reranking: rank, /rerank), a name of specee.pooling
+    embd_normalize: int = 2  # how pooled embeddings are scaled (--embd-normalize; server/embed.py `normalized`)

@@ -36,7 +36,6 @@ def S(flags: str, hint: str | None, use: str, why: str, dest: str | None = None,
 
 NO_DOWNLOAD = "models are local files here (-m FILE); nothing is downloaded"
 NO_SAMPLER = "this sampler is not in the runtime's chain (temp, top-k, top-p, min-p, repeat penalty)"
-NO_SPEC = "speculative decoding here uses EAGLE heads (--draft-head) and n-gram lookup (--mode), not a draft model"
 SCHEDULING = "CPU scheduling only: output is the same"
 
 LLAMA_FLAGS: list[LlamaFlag] = [
@@ -77,11 +76,14 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     # ---- the server
     S("--slots --no-slots", None, "server", "serve GET /slots, or not (default: served)", "slots"),
     S("--props", None, "refused", "changing the server's settings with POST /props is not supported"),
-    S("--embedding --embeddings", None, "server", "serve embeddings (always served here: mean pooling, L2 normed)",
-      "embedding"),
-    S("--pooling", "TYPE", "refused", "embeddings are mean-pooled here", neutral=("mean",)),
-    S("--embd-normalize", "N", "refused", "embeddings are L2-normalised here", neutral=("2",)),
-    S("--rerank --reranking", None, "refused", "reranking (/rerank) is not supported"),
+    S("--embedding --embeddings", None, "server", "serve embeddings (always served here)", "embedding"),
+    S("--pooling", "TYPE", "server", "the embeddings' pooling: none, mean, cls, last or rank (default: the model's "
+      "{arch}.pooling_type, else mean); pooled vectors are L2-normed, none gives every token's row at /embeddings",
+      "pooling"),
+    S("--embd-normalize", "N", "server", "how pooled embeddings are scaled: -1 not, 0 to the int16 range, 1 taxicab, 2 "
+      "Euclidean (default), p > 2 p-norm; a request's embd_normalize overrides it", "embd_normalize"),
+    S("--rerank --reranking", None, "server", "serve /rerank: rank pooling, the last token's final-norm row through "
+      "the file's classifier head, or its first element without one", "reranking"),
     S("--cors-origins", "ORIGINS", "server", "origins a browser may call from: comma-separated, 'localhost' (any "
       "port on localhost, 127.0.0.1, [::1]) or '*' (default: *)", "cors_origins"),
     S("--cors-methods", "METHODS", "ignored", "the methods CORS allows are GET, POST, DELETE, OPTIONS"),
@@ -134,9 +136,10 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "server",
       "every slot may use the whole KV cache (-c tokens; a request drops the idle slots' caches, and requests that "
       "together overflow it fail with 500), or each at most -c / -np tokens (the default)", "kv_unified"),
-    S("--context-shift", None, "refused", "no context shift: a generation that fills its slot ends (length)"),
-    S("--no-context-shift", None, "ignored", "no context shift here"),
-    S("--keep", "N", "ignored", "tokens kept on a context shift, which does not happen here"),
+    S("--context-shift", None, "server", "a generation that fills its slot goes on: --keep tokens kept, half of the "
+      "rest dropped (modes plain, ngram, draft; the others end, length)", "context_shift"),
+    S("--no-context-shift", None, "ignored", "the default: a generation that fills its slot ends (length)"),
+    S("--keep", "N", "server", "tokens of the prompt kept on a context shift (0; -1: all)", "keep"),
     S("--swa-full", None, "ignored", "no sliding-window cache here"),
     S("-ctk --cache-type-k", "TYPE", "refused", "the K cache is f16 here", neutral=("f16",)),
     S("-dt --defrag-thold", "N", "ignored", "deprecated upstream"),
@@ -183,27 +186,43 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "-fitt --fit-target -fitc --fit-ctx -lm --load-mode -lzm --lazy-mode", "VALUE", "ignored",
       "placement only (-ngl, -dev, -ts): output is the same"),
     S("--mlock", None, "ignored", "memory locking: output is the same"),
-    S("-md --model-draft --spec-draft-model --spec-type --draft --draft-n --draft-max --draft-min --draft-n-min "
-      "--spec-draft-n-max --spec-draft-n-min --spec-synth-len --spec-synth-rates --spec-draft-hf -hfd -hfrd "
-      "--hf-repo-draft -ngld --gpu-layers-draft --n-gpu-layers-draft --spec-draft-ngl -devd --device-draft "
-      "--spec-draft-device -ctkd --cache-type-k-draft -ctvd --cache-type-v-draft --spec-draft-p-min --draft-p-min "
-      "--spec-draft-p-split --draft-p-split", "VALUE", "refused", NO_SPEC),
+    # ---- a draft model (-md, -ngld: the context table's); its settings are requests' defaults (with -md only)
+    S("--spec-type", "TYPE", "server", "draft-simple: mode draft (a draft model, -md); ngram-simple, ngram-map-k, "
+      "ngram-map-k4v, ngram-mod, ngram-cache: mode ngram (n-gram lookup serves them all)", "spec_type"),
+    S("--draft --draft-n --draft-max --spec-draft-n-max", "N", "sampling",
+      "default draft tokens per step of requests with a draft model (3)", "draft.n_max"),
+    S("--draft-min --draft-n-min --spec-draft-n-min", "N", "sampling",
+      "default shortest chain verified, of requests with a draft model (0)", "draft.n_min"),
+    S("--spec-draft-p-min --draft-p-min", "P", "sampling",
+      "default least probability of a drafted token, of requests with a draft model (0)", "draft.p_min"),
+    S("--spec-synth-rates", "P0,P1,...", "sampling", "benchmarks only: drafted token i of a step accepted with "
+      "probability P_i whatever the model says (one per --draft-max)", "draft.synth_rates"),
+    S("--spec-synth-len", "L", "refused", "give the synthetic acceptance as rates (--spec-synth-rates)"),
+    S("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "VALUE", "refused", NO_DOWNLOAD),
+    S("-devd --device-draft --spec-draft-device", "LIST", "refused",
+      "the draft model goes to the model's devices (-dev), -ngld of its layers"),
+    S("-ctkd --cache-type-k-draft --spec-draft-type-k", "TYPE", "refused", "the K cache is f16 here", neutral=("f16",)),
+    S("-ctvd --cache-type-v-draft --spec-draft-type-v", "TYPE", "refused",
+      "the draft model's V cache has the model's type (-ctv)"),
+    S("--spec-draft-p-split --draft-p-split", "P", "refused", "a draft model drafts a chain here, not a tree",
+      neutral=("0.1",)),
     S("-td --threads-draft -tbd --threads-batch-draft --spec-draft-threads --spec-draft-threads-batch "
       "--spec-draft-cpu-mask -Cd --cpu-mask-draft --spec-draft-cpu-range -Crd --cpu-range-draft "
       "--spec-draft-cpu-strict "
       "--cpu-strict-draft --spec-draft-prio --prio-draft --spec-draft-poll --poll-draft --spec-draft-cpu-mask-batch "
       "-Cbd --cpu-mask-batch-draft --spec-draft-cpu-strict-batch --cpu-strict-batch-draft --spec-draft-prio-batch "
       "--prio-batch-draft --spec-draft-poll-batch --poll-batch-draft", "N", "ignored", SCHEDULING),
-    S("--spec-draft-type-k --spec-draft-type-v --spec-draft-override-tensor -otd --override-tensor-draft "
+    S("--spec-draft-override-tensor -otd --override-tensor-draft "
       "--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft --spec-ngram-mod-n-min "
       "--spec-ngram-mod-n-max --spec-ngram-mod-n-match --spec-ngram-simple-size-n --spec-ngram-simple-size-m "
       "--spec-ngram-simple-min-hits --spec-ngram-map-k-size-n --spec-ngram-map-k-size-m --spec-ngram-map-k-min-hits "
       "--spec-ngram-map-k4v-size-n --spec-ngram-map-k4v-size-m --spec-ngram-map-k4v-min-hits --spec-ngram-size-n "
       "--spec-ngram-size-m --spec-ngram-min-hits", "VALUE", "ignored",
-      "settings of llama.cpp's draft model and n-gram drafts (--spec-type, -md: refused here)"),
+      "settings of llama.cpp's draft model and n-gram drafts that change nothing here"),
     S("--spec-draft-cpu-moe -cmoed --cpu-moe-draft --spec-draft-backend-sampling --no-spec-draft-backend-sampling",
-      None, "ignored", "settings of llama.cpp's draft model (-md: refused here)"),
-    S("--spec-default", None, "refused", NO_SPEC),
+      None, "ignored", "settings of llama.cpp's draft model that change nothing here"),
+    S("--spec-default", None, "server", "llama.cpp's default speculative decoding (n-gram drafts): mode ngram",
+      "spec_default"),
     S("--image-min-tokens --image-max-tokens --mtmd-batch-max-tokens --video-fps --video-timestamp-interval "
       "--video-ffmpeg-dir", "VALUE", "ignored", "text only: no projector is ever loaded"),
     S("--embd-gemma-default --fim-qwen-1.5b-default --fim-qwen-3b-default --fim-qwen-7b-default --fim-qwen-7b-spec "
@@ -219,7 +238,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
 ]
 
 USES = ("sampling", "server", "ignored", "refused")
-FLOAT_FIELDS = ("temp", "top_p", "min_p", "repeat_penalty")  # the other sampling rows are integers (logit_bias: text)
+FLOAT_FIELDS = ("temp", "top_p", "min_p", "repeat_penalty", "draft.p_min")  # the other sampling rows are integers
+TEXT_FIELDS = ("logit_bias", "draft.synth_rates")
 
 
 def flag_name(row: LlamaFlag) -> str:
@@ -282,7 +302,7 @@ def llama_flags_of(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                 sampling[row.dest] = True
                 continue
             try:
-                sampling[row.dest] = (value if row.dest == "logit_bias" else float(value) if row.dest in FLOAT_FIELDS
+                sampling[row.dest] = (value if row.dest in TEXT_FIELDS else float(value) if row.dest in FLOAT_FIELDS
                                       else int(value))
             except ValueError:
                 parser.error(f"{flag}: expected a number, not {value!r}")

@@ -44,6 +44,7 @@ class Result:
     probs_sent: int = 0  # of probs, given out in stream chunks so far
     tokens: list[int] = field(default_factory=list)  # the generated token ids
     tokens_sent: int = 0  # of tokens, given out in stream chunks so far
+    truncated: bool = False  # llama.cpp's: the context filled (the request ended there, or was shifted)
 
     def new_tokens(self) -> list[int]:
         """The generated token ids not yet given out."""
@@ -89,11 +90,14 @@ def usage(res: Result) -> dict:
 
 def timings(res: Result) -> dict:
     """llama.cpp's `timings` object: prompt_n the prompt tokens evaluated (cache_n more were reused), predicted_n the
-    tokens generated, the rates over the decoding steps (the first token comes from the prompt's pass)."""
+    tokens generated, the rates over the decoding steps (the first token comes from the prompt's pass); draft_n the
+    draft tokens verified and draft_n_accepted those accepted, where any were drafted."""
     st = res.stats
     pn, pms = int(st.get("n_prompt", 0)), float(st.get("t_prompt_ms", 0.0))
     dn, dms = int(st.get("n_decoded", 0)), float(st.get("t_decode_ms", 0.0))
-    return {"cache_n": int(st.get("n_reused", 0)), "prompt_n": pn, "prompt_ms": pms,
+    drafts = {"draft_n": int(st["n_drafted"]), "draft_n_accepted": int(st.get("n_accepted", 0))} \
+        if st.get("n_drafted", 0) > 0 else {}  # as llama.cpp: only where something was drafted
+    return {**drafts, "cache_n": int(st.get("n_reused", 0)), "prompt_n": pn, "prompt_ms": pms,
             "prompt_per_token_ms": pms / pn if pn else 0.0, "prompt_per_second": 1e3 * pn / pms if pms else 0.0,
             "predicted_n": int(st.get("n_tokens", res.n_generated)), "predicted_ms": dms,
             "predicted_per_token_ms": dms / dn if dn and dms else 0.0,
@@ -173,6 +177,7 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
                 rest = out.finish()
                 result.text += rest
                 result.finish, result.stats = FINISH[finish], stats
+                result.truncated = finish == "context" or stats.get("n_shifted", 0) > 0
                 if rest:
                     yield rest
                 return

@@ -20,7 +20,7 @@ from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
 from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
-                                   prompts_of, request_params, shown, tokens_wanted)
+                                   options_fields, prompts_of, request_params, shown, tokens_wanted)
 
 # /props' build_info: llama.cpp's reads b<build>-<commit>; here the package's version
 BUILD_INFO = f"b{importlib.metadata.version('specee')}-specee"
@@ -87,7 +87,7 @@ async def llama_completion(request: Request) -> Response:
         out = {"index": index, "content": "" if stream else res.text, "tokens": ids if with_tokens else [],
                "id_slot": res.slot, "stop": True, "model": state.alias, **probs, "tokens_predicted": res.n_generated,
                "tokens_evaluated": len(tokens), "generation_settings": settings,
-               "prompt": state.model.detokenize(tokens), "has_new_line": "\n" in res.text, "truncated": False,
+               "prompt": state.model.detokenize(tokens), "has_new_line": "\n" in res.text, "truncated": res.truncated,
                "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(
                    res.finish or "", "none"), "stopping_word": "", "tokens_cached": len(tokens) + res.n_generated,
                "mode": res.mode, "timings": timings(res)}
@@ -109,7 +109,7 @@ async def health(request: Request) -> Response:
 
 def default_params(state: ServerState) -> dict:
     """The settings a request gets when it names none (the server's sampling flags over the library's defaults)."""
-    o = GenerateOptions(**state.sampling)
+    o = GenerateOptions(**options_fields(state.sampling))
     return {"n_predict": state.n_predict, "seed": -1 if o.seed is None else o.seed, "temperature": o.temp,
             "top_k": o.top_k, "top_p": o.top_p, "min_p": o.min_p, "repeat_penalty": o.repeat_penalty,
             "repeat_last_n": o.repeat_last_n, "ignore_eos": o.ignore_eos, "mode": state.mode}

@@ -1,22 +1,19 @@
-"""OpenAI's endpoints: /v1/chat/completions (tool calls included), /v1/completions, /v1/embeddings, /v1/models, in
-OpenAI's shapes (the log-probabilities of chat and of completions included), and llama.cpp's /apply-template."""
+"""OpenAI's endpoints: /v1/chat/completions (tool calls included), /v1/completions, /v1/models, in OpenAI's shapes
+(the log-probabilities of chat and of completions included), and llama.cpp's /apply-template (/v1/embeddings: embed.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import time
 import uuid
 from typing import Any
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from specee import _core
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
-from specee.server.request import ApiError, json_object, off_loop, prompt_of, prompts_of
+from specee.server.request import ApiError, json_object, off_loop, prompt_of
 from specee.server.tools import chat_prompt, reply_of, response_so_far
 
 
@@ -180,35 +177,6 @@ async def completions(request: Request) -> Response:
         return out
 
     return await respond(state, request, tokens, body, shape, "completions")
-
-
-async def embeddings(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    body = await json_object(request)
-    inputs = body.get("input", body.get("content"))
-    if isinstance(inputs, list) and len(inputs) > 256:
-        raise ApiError(400, "'input' must be a non-empty string or list of at most 256 strings", param="input")
-    # inputs as completion prompts: a string, token ids, a JSON prompt object, or a list of these
-    prompts = await off_loop(request, prompts_of, state.model, {"input": inputs}, "input")
-    n_ctx = state.engine.n_ctx_slot
-    data, n_tokens = [], 0
-    for i, tokens in enumerate(prompts):
-        if len(tokens) > n_ctx:
-            raise ApiError(400, f"input {i} has {len(tokens)} tokens, more than the context allows: {n_ctx}",
-                           "exceed_context_size_error", param="input",
-                           extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx})
-        try:
-            vec = await asyncio.to_thread(state.engine.slots.embed, tokens)
-        except _core.SpecEEError as e:
-            raise ApiError(503, f"cannot embed now: {e}", "server_error", headers={"Retry-After": "1"}) from None
-        with state.engine.cond:  # llama.cpp's metrics count an embedding's prompt and its pass
-            state.engine.metrics["prompt_tokens"] += len(tokens)
-            state.engine.metrics["embed_passes"] += 1
-        vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
-        data.append({"object": "embedding", "index": i, "embedding": vec.astype(float).tolist()})
-        n_tokens += len(tokens)
-    return JSONResponse({"object": "list", "data": data, "model": state.alias,
-                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
 async def models(request: Request) -> Response:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from specee import _core
-from specee.generate import MODES, ExitParams, GenerateOptions
+from specee.generate import MODES, DraftParams, ExitParams, GenerateOptions
 from specee.model import Model
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
@@ -348,6 +348,19 @@ def logit_bias_of(model: Model | None, body: dict) -> str | None:
     return ",".join(items)
 
 
+def options_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """GenerateOptions' keywords from the server's defaults, whose draft model settings are named "draft.n_max", ...:
+    those as one DraftParams."""
+    draft = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("draft.")}
+    out = {k: v for k, v in values.items() if not k.startswith("draft.")}
+    return {**out, "draft": DraftParams(**draft)} if draft else out
+
+
+# llama.cpp's per-request settings of its draft model: DraftParams' fields
+SPECULATIVE_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "speculative.n_max": ("n_max", int), "speculative.n_min": ("n_min", int), "speculative.p_min": ("p_min", (int, float))}
+
+
 def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
                    defaults: dict[str, Any] | None = None, model: Model | None = None) -> RequestParams:
     """What a request body asks to generate (api: chat, completions, llama, anthropic, responses; mode: the server's,
@@ -372,9 +385,16 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
         "logit_bias": logit_bias_of(model, body),
         "mode": body_field(body, "mode", str, mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
     }
+    draft = {}
     for name, value in (defaults or {}).items():
-        if given.get(name) is None:
+        if name.startswith("draft."):
+            draft[name.split(".", 1)[1]] = value
+        elif given.get(name) is None:
             given[name] = value
+    for name, (attr, kind) in SPECULATIVE_FIELDS.items():
+        value = body_field(body, name, kind, None, lambda v: v >= 0, "a number >= 0")
+        if value is not None:
+            draft[attr] = value
     if body_field(body, "exit_check", bool, False):  # checked exits: early-exit and tree-exit output equals plain's
         given["exit"] = ExitParams(check=True)
     stop = body_field(body, "stop", (str, list), [], expect="a string or a list of strings")
@@ -391,6 +411,11 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
     if n_probs >= 0:
         given["mode"] = "plain"  # mode auto: a request asking for log-probabilities decodes plainly
     given.update(grammar_of(body))
+    if draft and model is not None and model.draft_model and "draft" in MODES[given["mode"]].reads:
+        try:  # a draft model's settings, where it drafts (as llama.cpp, which reads them only with a draft model)
+            given["draft"] = DraftParams(**draft)
+        except (ValueError, _core.SpecEEError) as e:
+            raise ApiError(400, str(e)) from None
     try:
         options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, _core.SpecEEError) as e:
