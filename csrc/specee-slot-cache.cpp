@@ -3,7 +3,7 @@
 // a slot, or erased (specee-slots-ext.h says the layout). Only a free slot's cache is touched: a slot holding a
 // request changes its cells every pass. Restore reads and checks all the bytes first, so bad bytes change nothing;
 // the restored cells are the slot's own (a prefix another slot shares stays that slot's), and its next request reuses
-// them as any cached prefix.
+// them as any cached prefix. The prompt cache also asks which slot a prompt would take (specee_slots_choose).
 #include "specee-context.h"
 #include "specee-impl.h"
 #include "specee-kv-cache.h"
@@ -344,4 +344,14 @@ extern "C" int32_t specee_slots_erase(specee_slots * s, int32_t slot) {
         s->ctx->kv.seq_remove(seq, 0, -1);
         return n;
     });
+}
+
+extern "C" int32_t specee_slots_choose(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t * cached) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    int32_t       k    = 0;
+    const int32_t best = specee_slots_choose_impl(*s, tokens, std::max(n_tokens, 0), k);
+    if (cached) {
+        *cached = std::max(k, 0);
+    }
+    return best < 0 ? SPECEE_SLOTS_BUSY : best;
 }

@@ -46,7 +46,7 @@ static specee_slot & slot_at(specee_slots & s, int32_t i) {
 }
 
 // the free slot whose cache holds the longest prefix of the prompt (the least recently used of equals), -1: none
-static int32_t choose_slot(specee_slots & s, const int32_t * tokens, int32_t n, int32_t & cached) {
+int32_t specee_slots_choose_impl(specee_slots & s, const int32_t * tokens, int32_t n, int32_t & cached) {
     int32_t best = -1;
     cached       = -1;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
@@ -116,7 +116,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     int32_t       cached = 0;
     int32_t       id     = want;
     if (want < 0) {
-        id = choose_slot(s, tokens, n, cached);
+        id = specee_slots_choose_impl(s, tokens, n, cached);
     } else if (slot_at(s, want).state != SLOT_FREE) {
         return SPECEE_SLOTS_BUSY;
     } else {
@@ -692,16 +692,6 @@ extern "C" int32_t specee_slots_submit_to(specee_slots * s, int32_t slot, const 
         specee_set_error(specee_format("slot %d is busy", slot));
     }
     return r;
-}
-
-extern "C" int32_t specee_slots_choose(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t * cached) {
-    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
-    int32_t       k    = 0;
-    const int32_t best = choose_slot(*s, tokens, std::max(n_tokens, 0), k);
-    if (cached) {
-        *cached = std::max(k, 0);
-    }
-    return best < 0 ? SPECEE_SLOTS_BUSY : best;
 }
 
 extern "C" int32_t specee_slots_n_past(const specee_slots * s, int32_t slot) {
