@@ -1,7 +1,9 @@
 // specee-slot-cache.cpp: the slots' caches beyond a pass: shared whole (unified) or shared out, and a slot's cache
-// written to a file, read back into a slot, or erased (specee-slots-ext.h says the file's layout). Only a free
-// slot's cache is touched: a slot holding a request changes its cells every pass. Restore reads and checks the whole file first, so a bad file changes nothing; the restored cells are the slot's
-// own (a prefix another slot shares stays that slot's), and its next request reuses them as any cached prefix.
+// written to a file or to memory (the same bytes: the server's host-memory prompt cache keeps them), read back into
+// a slot, or erased (specee-slots-ext.h says the layout). Only a free slot's cache is touched: a slot holding a
+// request changes its cells every pass. Restore reads and checks all the bytes first, so bad bytes change nothing;
+// the restored cells are the slot's own (a prefix another slot shares stays that slot's), and its next request reuses
+// them as any cached prefix. The prompt cache also asks which slot a prompt would take (specee_slots_choose).
 #include "specee-context.h"
 #include "specee-impl.h"
 #include "specee-kv-cache.h"
@@ -97,86 +99,124 @@ static slot_file read_cells(const specee_kv_cache & kv, int32_t seq) {
     return f;
 }
 
-static void put(FILE * fp, const void * data, size_t n) {
-    if (n > 0 && fwrite(data, 1, n, fp) != n) {
-        specee_fail("cannot write the slot file: %s", strerror(errno));
+// the bytes' length for n cells of these layers
+static size_t bytes_size(const std::vector<slot_file_layer> & layers, size_t n) {
+    size_t size = sizeof(SLOT_FILE_MAGIC) + 3 * sizeof(uint32_t) + layers.size() * sizeof(slot_file_layer);
+    size += n * (2 * sizeof(int32_t) + layers.size());
+    for (const slot_file_layer & l : layers) {
+        size += n * ((size_t) l.k_bytes + l.v_bytes);
+    }
+    return size;
+}
+
+static uint8_t * put(uint8_t * out, const void * data, size_t n) {
+    if (n > 0) {
+        memcpy(out, data, n);
+    }
+    return out + n;
+}
+
+// the cells as the layout's bytes, into out (bytes_size of them)
+static void to_bytes(const slot_file & f, uint8_t * out) {
+    const uint32_t head[3] = {SLOT_FILE_VERSION, (uint32_t) f.layers.size(), (uint32_t) f.tok.size()};
+    out                    = put(out, SLOT_FILE_MAGIC, sizeof(SLOT_FILE_MAGIC));
+    out                    = put(out, head, sizeof(head));
+    out                    = put(out, f.layers.data(), f.layers.size() * sizeof(slot_file_layer));
+    out                    = put(out, f.tok.data(), f.tok.size() * sizeof(int32_t));
+    out                    = put(out, f.pos.data(), f.pos.size() * sizeof(int32_t));
+    out                    = put(out, f.valid.data(), f.valid.size());
+    for (size_t il = 0; il < f.layers.size(); ++il) {
+        out = put(out, f.k[il].data(), f.k[il].size());
+        out = put(out, f.v[il].data(), f.v[il].size());
     }
 }
 
 static void write_file(const slot_file & f, const char * path) {
+    std::vector<uint8_t> bytes(bytes_size(f.layers, f.tok.size()));
+    to_bytes(f, bytes.data());
     file_ptr fp(fopen(path, "wb"), fclose);
-    if (!fp) {
-        specee_fail("cannot write the slot file %s: %s", path, strerror(errno));
-    }
-    const uint32_t head[3] = {SLOT_FILE_VERSION, (uint32_t) f.layers.size(), (uint32_t) f.tok.size()};
-    put(fp.get(), SLOT_FILE_MAGIC, sizeof(SLOT_FILE_MAGIC));
-    put(fp.get(), head, sizeof(head));
-    put(fp.get(), f.layers.data(), f.layers.size() * sizeof(slot_file_layer));
-    put(fp.get(), f.tok.data(), f.tok.size() * sizeof(int32_t));
-    put(fp.get(), f.pos.data(), f.pos.size() * sizeof(int32_t));
-    put(fp.get(), f.valid.data(), f.valid.size());
-    for (size_t il = 0; il < f.layers.size(); ++il) {
-        put(fp.get(), f.k[il].data(), f.k[il].size());
-        put(fp.get(), f.v[il].data(), f.v[il].size());
-    }
-    if (fflush(fp.get()) != 0) {
+    if (!fp || fwrite(bytes.data(), 1, bytes.size(), fp.get()) != bytes.size() || fflush(fp.get()) != 0) {
         specee_fail("cannot write the slot file %s: %s", path, strerror(errno));
     }
 }
 
 // ---- restore ------------------------------------------------------------------------------------------
 
-static void get(FILE * fp, void * data, size_t n, const char * path) {
-    if (n > 0 && fread(data, 1, n, fp) != n) {
-        specee_fail("%s is not a slot file of this runtime: it ends early", path);
+// reads n bytes at `at` of the `size` there are, or fails naming `what`
+static void get(const uint8_t * bytes, size_t size, size_t & at, void * data, size_t n, const char * what) {
+    if (n > size - at) {
+        specee_fail("%s is not a slot file of this runtime: it ends early", what);
     }
+    if (n > 0) {
+        memcpy(data, bytes + at, n);
+    }
+    at += n;
 }
 
-// the file's cells, checked against the cache's layers (n_max: the most cells it may hold)
-static slot_file read_file(const char * path, const specee_kv_cache & kv, uint32_t n_max) {
-    file_ptr fp(fopen(path, "rb"), fclose);
-    if (!fp) {
-        specee_fail("cannot read the slot file %s: %s", path, strerror(errno));
-    }
+// the cells of saved bytes (`what`: where they came from, for errors), checked against the cache's layers (n_max: the
+// most cells a slot may hold)
+static slot_file from_bytes(const uint8_t * bytes, size_t size, const specee_kv_cache & kv, uint32_t n_max,
+                            const char * what) {
+    size_t   at = 0;
     char     magic[4];
     uint32_t head[3];
-    get(fp.get(), magic, sizeof(magic), path);
-    get(fp.get(), head, sizeof(head), path);
+    get(bytes, size, at, magic, sizeof(magic), what);
+    get(bytes, size, at, head, sizeof(head), what);
     if (memcmp(magic, SLOT_FILE_MAGIC, sizeof(magic)) != 0 || head[0] != SLOT_FILE_VERSION) {
-        specee_fail("%s is not a slot file of this runtime (version %u)", path, SLOT_FILE_VERSION);
+        specee_fail("%s is not a slot file of this runtime (version %u)", what, SLOT_FILE_VERSION);
     }
     if (head[1] != kv.n_layer) {
-        specee_fail("%s holds %u layers, this model has %u: saved from another model", path, head[1], kv.n_layer);
+        specee_fail("%s holds %u layers, this model has %u: saved from another model", what, head[1], kv.n_layer);
     }
     if (head[2] > n_max) {
-        specee_fail("%s holds %u cells, more than a slot may use here (%u)", path, head[2], n_max);
+        specee_fail("%s holds %u cells, more than a slot may use here (%u)", what, head[2], n_max);
     }
     const size_t n = head[2];
     slot_file    f;
     f.layers.resize(kv.n_layer);
-    get(fp.get(), f.layers.data(), f.layers.size() * sizeof(slot_file_layer), path);
+    get(bytes, size, at, f.layers.data(), f.layers.size() * sizeof(slot_file_layer), what);
     const std::vector<slot_file_layer> want = layers_of(kv);
     for (uint32_t il = 0; il < kv.n_layer; ++il) {
         if (memcmp(&f.layers[il], &want[il], sizeof(slot_file_layer)) != 0) {
-            specee_fail("%s: layer %u's K/V rows differ from this context's (another model, or another -ctv)", path,
+            specee_fail("%s: layer %u's K/V rows differ from this context's (another model, or another -ctv)", what,
                         il);
         }
     }
     f.tok.resize(n);
     f.pos.resize(n);
     f.valid.resize(n * kv.n_layer);
-    get(fp.get(), f.tok.data(), n * sizeof(int32_t), path);
-    get(fp.get(), f.pos.data(), n * sizeof(int32_t), path);
-    get(fp.get(), f.valid.data(), f.valid.size(), path);
+    get(bytes, size, at, f.tok.data(), n * sizeof(int32_t), what);
+    get(bytes, size, at, f.pos.data(), n * sizeof(int32_t), what);
+    get(bytes, size, at, f.valid.data(), f.valid.size(), what);
     f.k.resize(kv.n_layer);
     f.v.resize(kv.n_layer);
     for (uint32_t il = 0; il < kv.n_layer; ++il) {
         f.k[il].resize(n * want[il].k_bytes);
         f.v[il].resize(n * want[il].v_bytes);
-        get(fp.get(), f.k[il].data(), f.k[il].size(), path);
-        get(fp.get(), f.v[il].data(), f.v[il].size(), path);
+        get(bytes, size, at, f.k[il].data(), f.k[il].size(), what);
+        get(bytes, size, at, f.v[il].data(), f.v[il].size(), what);
+    }
+    if (at != size) {
+        specee_fail("%s is not a slot file of this runtime: %zu bytes after its cells", what, size - at);
     }
     return f;
+}
+
+static std::vector<uint8_t> read_file(const char * path) {
+    file_ptr fp(fopen(path, "rb"), fclose);
+    if (!fp) {
+        specee_fail("cannot read the slot file %s: %s", path, strerror(errno));
+    }
+    std::vector<uint8_t> bytes;
+    uint8_t              buf[1 << 16];
+    size_t               n;
+    while ((n = fread(buf, 1, sizeof(buf), fp.get())) > 0) {
+        bytes.insert(bytes.end(), buf, buf + n);
+    }
+    if (ferror(fp.get())) {
+        specee_fail("cannot read the slot file %s: %s", path, strerror(errno));
+    }
+    return bytes;
 }
 
 static void check_cells(const slot_file & f, int32_t n_vocab, int32_t n_ctx_slot, const char * path) {
@@ -190,12 +230,12 @@ static void check_cells(const slot_file & f, int32_t n_vocab, int32_t n_ctx_slot
     }
 }
 
-static int32_t restore_impl(specee_slots & s, int32_t slot, const char * path) {
+static int32_t restore_impl(specee_slots & s, int32_t slot, const uint8_t * bytes, size_t size, const char * what) {
     specee_slot &     sl  = free_slot(s, slot);
     specee_kv_cache & kv  = s.ctx->kv;
     const int32_t     seq = sl.gen->seq;
-    const slot_file   f   = read_file(path, kv, (uint32_t) s.n_ctx_slot);
-    check_cells(f, (int32_t) s.ctx->model->hparams.n_vocab, s.n_ctx_slot, path);
+    const slot_file   f   = from_bytes(bytes, size, kv, (uint32_t) s.n_ctx_slot, what);
+    check_cells(f, (int32_t) s.ctx->model->hparams.n_vocab, s.n_ctx_slot, what);
     const int32_t n = (int32_t) f.tok.size();
     kv.seq_remove(seq, 0, -1);
     const std::vector<int32_t> cells = kv.find_slots((uint32_t) n); // every slot's share fits: never throws here
@@ -249,7 +289,50 @@ extern "C" int32_t specee_slots_restore(specee_slots * s, int32_t slot, const ch
         if (!path || !*path) {
             specee_fail("no file to restore the slot from");
         }
-        return restore_impl(*s, slot, path);
+        const std::vector<uint8_t> bytes = read_file(path);
+        return restore_impl(*s, slot, bytes.data(), bytes.size(), path);
+    });
+}
+
+extern "C" int64_t specee_slots_save_mem(specee_slots * s, int32_t slot, uint8_t * bytes, int64_t size) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int64_t>(-1, [&] {
+        const specee_kv_cache & kv   = s->ctx->kv;
+        const int32_t           seq  = free_slot(*s, slot).gen->seq;
+        const int64_t           need = (int64_t) bytes_size(layers_of(kv), (size_t) kv.seq_n_cells(seq));
+        if (bytes != nullptr) {
+            if (size < need) {
+                specee_fail("specee_slots_save_mem: %lld bytes, the slot needs %lld", (long long) size,
+                            (long long) need);
+            }
+            to_bytes(read_cells(kv, seq), bytes);
+        }
+        return need;
+    });
+}
+
+extern "C" int32_t specee_slots_restore_mem(specee_slots * s, int32_t slot, const uint8_t * bytes, int64_t size) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        if (!bytes || size < 0) {
+            specee_fail("no saved slot to restore");
+        }
+        return restore_impl(*s, slot, bytes, (size_t) size, "the saved slot");
+    });
+}
+
+extern "C" int32_t specee_slots_cache_tokens(specee_slots * s, int32_t slot, int32_t * tokens, int32_t n_max) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        if (slot < 0 || slot >= (int32_t) s->slots.size()) {
+            specee_fail("slot %d is out of range [0, %d)", slot, (int32_t) s->slots.size());
+        }
+        const specee_kv_cache &    kv    = s->ctx->kv;
+        const std::vector<int32_t> cells = cells_of(kv, s->slots[slot].gen->seq);
+        for (int32_t i = 0; i < (int32_t) cells.size() && i < n_max && tokens; ++i) {
+            tokens[i] = kv.tok[cells[i]];
+        }
+        return (int32_t) cells.size();
     });
 }
 
@@ -261,4 +344,14 @@ extern "C" int32_t specee_slots_erase(specee_slots * s, int32_t slot) {
         s->ctx->kv.seq_remove(seq, 0, -1);
         return n;
     });
+}
+
+extern "C" int32_t specee_slots_choose(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t * cached) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    int32_t       k    = 0;
+    const int32_t best = specee_slots_choose_impl(*s, tokens, std::max(n_tokens, 0), k);
+    if (cached) {
+        *cached = std::max(k, 0);
+    }
+    return best < 0 ? SPECEE_SLOTS_BUSY : best;
 }

@@ -6,6 +6,8 @@
 
 #include "specee.h"
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -40,6 +42,20 @@ int32_t specee_slots_save(specee_slots * slots, int32_t slot, const char * path)
 int32_t specee_slots_restore(specee_slots * slots, int32_t slot, const char * path);
 // Drops a free slot's cache; returns the cells it held, -1 with specee_last_error() (the slot holds a request)
 int32_t specee_slots_erase(specee_slots * slots, int32_t slot);
+
+// The same bytes as the file's, in memory (llama.cpp's host-memory prompt cache, --cache-ram): writes a free slot's
+// cells into `bytes` when `bytes` is not NULL and `size` holds them; returns their length (with bytes NULL: only the
+// length, nothing copied), -1 with specee_last_error()
+int64_t specee_slots_save_mem(specee_slots * slots, int32_t slot, uint8_t * bytes, int64_t size);
+// Replaces a free slot's cache with the cells of bytes specee_slots_save_mem wrote; returns how many, -1 with
+// specee_last_error() (the slot holds a request, the bytes are not a saved slot of this context)
+int32_t specee_slots_restore_mem(specee_slots * slots, int32_t slot, const uint8_t * bytes, int64_t size);
+// The tokens a slot's cache holds, in position order: copies at most n_max into `tokens` (may be NULL), returns how
+// many there are; -1 for a slot out of range
+int32_t specee_slots_cache_tokens(specee_slots * slots, int32_t slot, int32_t * tokens, int32_t n_max);
+// The slot specee_slots_submit would give this prompt now (the free slot whose cache holds its longest prefix), with
+// that prefix's length in *cached; SPECEE_SLOTS_BUSY when every slot holds a request
+int32_t specee_slots_choose(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, int32_t * cached);
 
 #ifdef __cplusplus
 }

@@ -46,7 +46,7 @@ static specee_slot & slot_at(specee_slots & s, int32_t i) {
 }
 
 // the free slot whose cache holds the longest prefix of the prompt (the least recently used of equals), -1: none
-static int32_t choose_slot(specee_slots & s, const int32_t * tokens, int32_t n, int32_t & cached) {
+int32_t specee_slots_choose_impl(specee_slots & s, const int32_t * tokens, int32_t n, int32_t & cached) {
     int32_t best = -1;
     cached       = -1;
     for (int32_t i = 0; i < (int32_t) s.slots.size(); ++i) {
@@ -116,7 +116,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     int32_t       cached = 0;
     int32_t       id     = want;
     if (want < 0) {
-        id = choose_slot(s, tokens, n, cached);
+        id = specee_slots_choose_impl(s, tokens, n, cached);
     } else if (slot_at(s, want).state != SLOT_FREE) {
         return SPECEE_SLOTS_BUSY;
     } else {

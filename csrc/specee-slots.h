@@ -50,3 +50,7 @@ struct specee_slots {
 void specee_slots_commit_doc(specee_slots & s, specee_slot & sl);
 // llama.cpp's context shift of the slots whose cache is full (specee-context-shift.cpp), before a step
 void specee_slots_shift_full(specee_slots & s);
+
+// the free slot whose cache holds the longest prefix of the prompt (the least recently used of equals; its length in
+// `cached`), -1: every slot holds a request (specee-slots.cpp; specee_slots_choose asks it for the prompt cache)
+int32_t specee_slots_choose_impl(specee_slots & s, const int32_t * tokens, int32_t n, int32_t & cached);

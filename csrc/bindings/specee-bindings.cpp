@@ -519,6 +519,57 @@ struct Slots {
         return r;
     }
 
+    // a free slot's cells as bytes in memory (specee_slots_save_mem), and back into a free slot: the cells
+    py::bytes save_mem(int32_t slot) {
+        std::string bytes;
+        int64_t     n;
+        {
+            py::gil_scoped_release release;
+            n = specee_slots_save_mem(ptr, slot, nullptr, 0);
+            if (n >= 0) {
+                bytes.resize((size_t) n);
+                n = specee_slots_save_mem(ptr, slot, (uint8_t *) bytes.data(), n);
+            }
+        }
+        if (n < 0) {
+            raise_last();
+        }
+        return py::bytes(bytes);
+    }
+    int32_t restore_mem(int32_t slot, const py::bytes & bytes) {
+        const std::string_view view = bytes;
+        int32_t                r;
+        {
+            py::gil_scoped_release release;
+            r = specee_slots_restore_mem(ptr, slot, (const uint8_t *) view.data(), (int64_t) view.size());
+        }
+        if (r < 0) {
+            raise_last();
+        }
+        return r;
+    }
+
+    // the tokens a slot's cache holds, in position order
+    std::vector<int32_t> cache_tokens(int32_t slot) {
+        const int32_t n = specee_slots_cache_tokens(ptr, slot, nullptr, 0);
+        if (n < 0) {
+            raise_last();
+        }
+        std::vector<int32_t> out(n);
+        out.resize(std::max(0, std::min(n, specee_slots_cache_tokens(ptr, slot, out.data(), n))));
+        return out;
+    }
+
+    // (the slot submit would give the prompt now, the prefix its cache holds); None when every slot is busy
+    py::object choose(const i32_array & tokens) {
+        int32_t cached = 0;
+        const int32_t r = specee_slots_choose(ptr, tokens.data(), (int32_t) tokens.size(), &cached);
+        if (r == SPECEE_SLOTS_BUSY) {
+            return py::none();
+        }
+        return py::make_tuple(r, cached);
+    }
+
     void release(int32_t slot) {
         if (specee_slots_release(ptr, slot) != 0) {
             raise_last();
@@ -981,6 +1032,10 @@ PYBIND11_MODULE(_core, m) {
         .def("n_past", [](const Slots & s, int32_t slot) { return specee_slots_n_past(s.ptr, slot); }, py::arg("slot"))
         .def("set_unified", &Slots::set_unified, py::arg("unified"))
         .def("cache", &Slots::cache, py::arg("action"), py::arg("slot"), py::arg("path") = "")
+        .def("save_mem", &Slots::save_mem, py::arg("slot"))
+        .def("restore_mem", &Slots::restore_mem, py::arg("slot"), py::arg("bytes"))
+        .def("cache_tokens", &Slots::cache_tokens, py::arg("slot"))
+        .def("choose", &Slots::choose, py::arg("tokens"))
         .def("step", &Slots::step)
         .def("read", &Slots::read, py::arg("slot"))
         .def("release", &Slots::release, py::arg("slot"))

@@ -153,6 +153,22 @@ class Slots:
         """Drop a free slot's cache; returns how many tokens it held."""
         return self._slots.cache("erase", slot)
 
+    def save_mem(self, slot: int) -> bytes:
+        """A free slot's cache as bytes in memory (the file `save` writes): what the server's prompt cache keeps."""
+        return self._slots.save_mem(slot)
+
+    def restore_mem(self, slot: int, data: bytes) -> int:
+        """Replace a free slot's cache with bytes `save_mem` returned; returns how many tokens."""
+        return self._slots.restore_mem(slot, data)
+
+    def cache_tokens(self, slot: int) -> list[int]:
+        """The tokens a slot's cache holds, in position order."""
+        return self._slots.cache_tokens(slot)
+
+    def choose(self, tokens: Sequence[int]) -> tuple[int, int] | None:
+        """(the slot `submit` would give this prompt now, the prefix its cache holds); None when every slot is busy."""
+        return self._slots.choose(np.asarray(tokens, dtype=np.int32))
+
     def step(self) -> int:
         """One pass; returns how many slots are still running."""
         return self._slots.step()

@@ -33,6 +33,7 @@ from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.embed import embeddings, rerank
 from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
+from specee.server.prompt_cache import DEFAULT_MIB, PromptCache
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, models
 from specee.server.reasoning import ReasoningError, reasoning_of
@@ -373,6 +374,31 @@ def serve(app: Starlette, args: argparse.Namespace) -> None:
     uvicorn.Server(config).run(sockets=sockets)
 
 
+def log_of(args: argparse.Namespace) -> Callable[[str], None]:
+    """The server's log lines (llama-server's words where its tests read them): on stderr with --verbose."""
+    if "verbose" not in args.llama:
+        return lambda line: None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def prompt_cache_of(args: argparse.Namespace, log: Callable[[str], None]) -> PromptCache | None:
+    """--cache-ram N (MiB; llama-server's default 8192, -1: no limit, 0: off) as the engine's prompt cache."""
+    given = args.llama.get("cache_ram", str(DEFAULT_MIB))
+    try:
+        mib = int(given)
+    except ValueError:
+        raise ValueError(f"--cache-ram: expected a number of MiB, not {given!r}") from None
+    if mib < -1:
+        raise ValueError(f"--cache-ram {mib}: expected -1 (no limit), 0 (off) or a number of MiB")
+    if mib == 0:
+        if args.llama.get("cache_idle_slots") == "--cache-idle-slots":
+            print("specee-server: warning: --cache-idle-slots requires --cache-ram, disabling", file=sys.stderr,
+                  flush=True)
+        return None
+    log(f"prompt cache is enabled, size limit: {'no limit' if mib < 0 else f'{mib} MiB'}")
+    return PromptCache(mib, log)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.model is None and any(k in args.llama for k in ROUTER_SETTINGS):  # no model here, a child per model
@@ -387,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
         save_path = args.llama.get("slot_save_path")
         if save_path is not None:
             os.makedirs(save_path, exist_ok=True)
+        log = log_of(args)
+        cache = prompt_cache_of(args, log)
     except (ValueError, OSError) as e:
         print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
@@ -397,7 +425,12 @@ def main(argv: list[str] | None = None) -> None:
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
                     unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"),
-                    context_shift=args.keep if "context_shift" in args.llama else None)
+                    context_shift=args.keep if "context_shift" in args.llama else None, cache=cache,
+                    cache_idle_slots=args.llama.get("cache_idle_slots") != "--no-cache-idle-slots", log=log)
+    if engine.cache_idle_slots:
+        engine.log("idle slots will be saved to prompt cache" + (" and cleared" if engine.unified else "") +
+                   " upon starting a new task")
+        engine.log("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
     # llama-server's order: its id is the first of the names sorted
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()}) or [os.path.basename(model.path)]
     state = ServerState(model, engine, aliases[0], args.mode, args.api_key, args.metrics, args.n_predict,

@@ -14,11 +14,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from specee import _core
 from specee.generate import MODES
 from specee.model import Model
+from specee.server.prompt_cache import PromptCache, common_prefix
 from specee.server.request import ApiError, RequestParams
 from specee.server.templates import ChatTemplate
 
@@ -45,10 +47,14 @@ class Engine:
     """The model, its slots and the thread that steps them; jobs wait in a bounded queue for a free slot."""
 
     def __init__(self, model: Model, n_parallel: int, max_queue: int, n_chunk: int, unified: bool = False,
-                 context_shift: int | None = None) -> None:
+                 context_shift: int | None = None, cache: PromptCache | None = None, cache_idle_slots: bool = False,
+                 log: Callable[[str], None] = lambda line: None) -> None:
         self.model = model  # closed while unloaded
         self.n_parallel, self.n_chunk, self.unified = n_parallel, n_chunk, unified
         self.context_shift = context_shift  # --context-shift: the tokens kept (--keep); None: off
+        # --cache-ram: slots' caches kept in host memory (None: off); --cache-idle-slots: the idle slots' caches go
+        # there when a request starts (and, with -kvu, are dropped from the slots)
+        self.cache, self.cache_idle_slots, self.log = cache, cache_idle_slots and cache is not None, log
         self.slots: Any = self._slots(model)  # Slots; None while unloaded
         self.n_slots, self.n_ctx_slot = self.slots.n_slots, self.slots.n_ctx_slot
         self.totals_before: dict[str, float] = {}  # the slots' totals of the models unloaded before
@@ -91,6 +97,8 @@ class Engine:
         """Close the slots and the model (their memory is freed); the caller holds `cond` and nothing runs or waits."""
         assert not self.running and not self.waiting and self.slots is not None
         self.totals_before = self.totals()
+        if self.cache is not None:  # its bytes are the model's cells: freed with them
+            self.cache.entries.clear()
         self.slots.close("the model is unloaded")
         self.model.close()
         self.slots = None
@@ -126,8 +134,10 @@ class Engine:
                 continue
             p = job.params
             try:
-                slot = self.slots.submit_options(job.tokens, p.options, p.n_predict, p.n_probs,
-                                                 None if p.id_slot < 0 else p.id_slot)
+                want = None if p.id_slot < 0 else p.id_slot
+                if self.cache is not None and (want is None or want not in self.running):
+                    want = self._from_cache(job.tokens, want)
+                slot = self.slots.submit_options(job.tokens, p.options, p.n_predict, p.n_probs, want)
             except Exception as e:  # a bad prompt, options or slot: the request's 400, never the thread's end
                 self.waiting.remove(job)
                 self.metrics["requests_error"] += 1
@@ -144,6 +154,56 @@ class Engine:
             self.running[slot] = job
             job.send("start", self.slots.mode(slot), slot)
             self._progress(job)
+
+    def _keep(self, slot: int, tokens: list[int]) -> bool:
+        """A free slot's cache into the prompt cache, unless an entry holds it already or it is over the limit."""
+        assert self.cache is not None
+        if not tokens or self.cache.holds(tokens):
+            return False
+        data = self.slots.save_mem(slot)
+        self.log(f"srv  prompt_save: saving prompt with length {len(tokens)}, total state size = "
+                 f"{len(data) / 1048576:.3f} MiB")
+        if not self.cache.fits(len(data)):
+            self.log(" - prompt state size exceeds cache size limit, skipping")
+            return False
+        self.cache.put(tokens, data)
+        return True
+
+    def _from_cache(self, prompt: list[int], slot: int | None) -> int | None:
+        """llama.cpp's prompt cache at a request's start: the slot it will take (`slot`, or the one submit would
+        choose; None: every slot is busy); the other free slots' caches kept (--cache-idle-slots), and when the slot
+        would lose most of its cache, that cache kept and the entry sharing the longest prefix with the prompt
+        restored into it."""
+        assert self.cache is not None
+        if slot is None:
+            got = self.slots.choose(prompt)
+            if got is None:
+                return None
+            slot = got[0]
+        elif not 0 <= slot < self.n_slots:
+            return slot  # submit says why
+        if self.cache_idle_slots:
+            for other in range(self.n_slots):
+                if other != slot and other not in self.running:
+                    self.log(f"slot {other}: saving idle slot to prompt cache")
+                    if self._keep(other, self.slots.cache_tokens(other)):
+                        self.log(f"slot {other}: __TEST_TAG_CACHE_IDLE_SLOT__")
+                    if self.unified:  # the running request may need their cells
+                        self.slots.erase(other)
+        held = self.slots.cache_tokens(slot)
+        cached = common_prefix(held, prompt)
+        if held and cached >= len(held) / 2:
+            return slot  # the slot keeps most of its cache
+        self.log("srv  get_availabl: updating prompt cache")
+        self._keep(slot, held)
+        entry = self.cache.take(prompt, cached, len(held))
+        if entry is not None:
+            try:
+                self.slots.restore_mem(slot, entry.data)
+            except _core.SpecEEError as e:
+                self.log(f"slot {slot}: failed to load prompt from cache: {e}")
+                self.slots.erase(slot)
+        return slot
 
     def _progress(self, job: Job) -> None:
         """llama.cpp's return_progress: the job's prompt tokens in its slot's cache, sent when they changed (the

@@ -125,9 +125,14 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("-cb --cont-batching", None, "ignored", "continuous batching is always on"),
     S("-nocb --no-cont-batching", None, "refused", "continuous batching is always on"),
     S("--cache-prompt --no-cache-prompt", None, "ignored", "a slot's cached prompt prefix gives the same output"),
-    S("--cache-reuse -sps --slot-prompt-similarity -cram --cache-ram -ctxcp --ctx-checkpoints --swa-checkpoints "
+    S("--cache-reuse -sps --slot-prompt-similarity -ctxcp --ctx-checkpoints --swa-checkpoints "
       "-cms --checkpoint-min-step --kv-unified-per-slot", "N", "ignored", "prompt caching: output is the same"),
-    S("--cache-idle-slots --no-cache-idle-slots", None, "ignored", "prompt caching: output is the same"),
+    S("-cram --cache-ram", "N", "server", "host-memory prompt cache: slots' caches about to be dropped are kept, up "
+      "to N MiB (oldest dropped first), and restored for a prompt that shares a longer prefix (default: 8192, "
+      "-1: no limit, 0: off)", "cache_ram"),
+    S("--cache-idle-slots --no-cache-idle-slots", None, "server", "keep the idle slots' caches in the prompt cache "
+      "when a request starts (with -kvu, and drop them from the slots) (default: on; needs --cache-ram)",
+      "cache_idle_slots"),
     S("-kvu --kv-unified -no-kvu --no-kv-unified", None, "server",
       "every slot may use the whole KV cache (-c tokens; a request drops the idle slots' caches, and requests that "
       "together overflow it fail with 500), or each at most -c / -np tokens (the default)", "kv_unified"),
