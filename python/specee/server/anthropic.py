@@ -224,6 +224,8 @@ async def messages(request: Request) -> Response:
             out = (block("thinking", thoughts) if thoughts else []) + (block("text", text) if text else [])
             if not final:
                 return out or None
+        elif not final:  # tool calls: the blocks once the reply is whole
+            return None
 
         def end(reason: str) -> dict:
             return {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
