@@ -149,7 +149,7 @@ def test_a_request_decides_for_itself(model: Model, fields: dict, closed: bool) 
 ])
 def test_bad_reasoning_fields_get_400(model: Model, fields: dict, message: str) -> None:
     with pytest.raises(ApiError, match=message) as e:
-        chat_prompt(model, template(model, THINKING), {"messages": ASK, **fields}, False)
+        chat_prompt(model, template(model, THINKING), {"messages": ASK, **fields})
     assert e.value.status == 400
 
 
@@ -180,16 +180,23 @@ def test_continued_final_message_as_llama_cpp_renders_it(model: Model) -> None:
 
 
 def test_budget_counts_thought_tokens_only() -> None:
-    """Tokens count inside a thought only (the tags' own not): from the reply's start where the prompt opened it,
-    else after the opening tag; a thought the model closes ends the count, a new one starts another."""
-    b = ThoughtBudget(3, TAGS, [9], counting=True)
-    assert b.cut([b"a", b"b"]) is None and b.cut([b"c", b"d"]) == 1  # the third token spends it
+    """Tokens count inside a thought only, after its opening tag (its own tokens not), the prompt's included; a
+    thought closed by the model ends the count, a new one starts another; a budget spent by the prompt cuts before
+    the first token."""
+    b = ThoughtBudget(3, TAGS, [9])
+    b.prefill([b"<|im_start|>", b"assistant\n", b"<think>", b"\n"])
+    assert b.counting and b.used == 1
+    assert b.cut([b"a"]) is None and b.cut([b"c", b"d"]) == 1  # the third token spends it
     assert b.cut([b"x"] * 5) is None  # the thought is over: the answer is free
-    b = ThoughtBudget(2, TAGS, [9], counting=False)
+    b = ThoughtBudget(2, TAGS, [9])
     assert b.cut([b"Hi ", b"<th", b"ink>", b"a"]) is None and b.cut([b"b", b"c"]) == 1
-    b = ThoughtBudget(4, TAGS, [9], counting=True)  # a tag's first tokens count until it is whole (llama.cpp's)
+    b = ThoughtBudget(4, TAGS, [9])  # a tag's first tokens count until it is whole (llama.cpp's)
+    b.prefill([b"<think>"])
     assert b.cut([b"a", b"</th", b"ink>", b"x", b"y", b"<think>", b"p"]) is None  # closed, then a new thought
     assert b.cut([b"q"] * 5) == 3
+    b = ThoughtBudget(2, TAGS, [9])
+    b.prefill([b"<think>", b"I", b" think"])
+    assert b.cut([b"a", b"b"]) == 0
 
 
 def test_budget_of_a_chat(model: Model) -> None:
@@ -197,17 +204,17 @@ def test_budget_of_a_chat(model: Model) -> None:
     forced; none where unlimited, held to a grammar, or without thinking markers."""
     t = template(model, THINKING_QWEN, Reasoning(budget=7, budget_message="Enough."))
     assert t.after_thinking == "\n\n" and template(model, THINKING).after_thinking == ""
-    b = chat_prompt(model, t, {"messages": ASK}, False).budget
-    assert b is not None and b.n == 7 and b.counting
+    b = chat_prompt(model, t, {"messages": ASK}).budget
+    assert b is not None and b.n == 7 and b.counting and b.used == 1  # the generation prompt's "<think>\n"
     assert model.detokenize(b.forced, False, True) == "Enough.</think>\n\n"
-    b = chat_prompt(model, t, {"messages": ASK, "thinking_budget_tokens": 3, "reasoning_budget_message": ""},
-                    False).budget
+    b = chat_prompt(model, t, {"messages": ASK, "thinking_budget_tokens": 3, "reasoning_budget_message": ""}).budget
     assert b is not None and b.n == 3 and model.detokenize(b.forced, False, True) == "</think>\n\n"
-    assert chat_prompt(model, template(model, THINKING_QWEN), {"messages": ASK}, False).budget is None
+    off = chat_prompt(model, t, {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}}).budget
+    assert off is not None and not off.counting  # the prompt closed its thought: none counted until one opens
+    assert chat_prompt(model, template(model, THINKING_QWEN), {"messages": ASK}).budget is None
     held = {"messages": ASK, "reasoning_budget_tokens": 5, "response_format": {"type": "json_object"}}
-    assert chat_prompt(model, t, held, False).budget is None
-    assert chat_prompt(model, template(model, PLAIN), {"messages": ASK, "reasoning_budget_tokens": 5},
-                       False).budget is None
+    assert chat_prompt(model, t, held).budget is None
+    assert chat_prompt(model, template(model, PLAIN), {"messages": ASK, "reasoning_budget_tokens": 5}).budget is None
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -307,20 +314,28 @@ def reply_tokens(server: Server, **fields: Any) -> tuple[list[bytes], dict]:
     return [bytes(e["bytes"]) for e in out["choices"][0]["logprobs"]["content"]], out
 
 
+def in_prompt(model: Model) -> int:
+    """The thought's tokens the qwen_server's generation prompt holds (its "<think>\n": they count)."""
+    b = chat_prompt(model, template(model, THINKING_QWEN), {"messages": ASK, "reasoning_budget_tokens": 99}).budget
+    assert b is not None and b.counting
+    return b.used
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 3, 6])
 def test_budget_cuts_the_thought_at_n_tokens(qwen_server: Server, model: Model, n: int) -> None:
-    """The reply is the unbudgeted reply's first n tokens, the closing tag and the template's blank line (forced),
-    then an answer; its thoughts are those n tokens."""
+    """The reply is the unbudgeted reply's first tokens, as many as make n with the prompt's, the closing tag and
+    the template's blank line (forced), then an answer; its thoughts are those tokens."""
     free, _ = reply_tokens(qwen_server)
-    assert b"</think>" not in b"".join(free[:n + 2])  # SmolLM2 thinks longer than the budget on its own
+    k = n - in_prompt(model)  # the reply's tokens of thought
+    assert k >= 0 and b"</think>" not in b"".join(free[:k + 2])  # SmolLM2 thinks longer than the budget
     forced = [model.token_to_piece(t, True) for t in model.tokenize("</think>\n\n", False, True)]
     cut, out = reply_tokens(qwen_server, reasoning_budget_tokens=n)
-    assert cut[:n] == free[:n] and cut[n:n + len(forced)] == forced and len(cut) > n + len(forced)
+    assert cut[:k] == free[:k] and cut[k:k + len(forced)] == forced and len(cut) > k + len(forced)
     assert out["usage"]["completion_tokens"] == len(cut)
     msg = chat(qwen_server, reasoning_budget_tokens=n, max_tokens=24)["choices"][0]["message"]
-    assert msg.get("reasoning_content") == (b"".join(free[:n]).decode().strip() or None)
-    assert msg["content"] == b"".join(cut[n + len(forced):]).decode().strip()
+    assert msg.get("reasoning_content") == (b"".join(free[:k]).decode().strip() or None)
+    assert msg["content"] == b"".join(cut[k + len(forced):]).decode().strip()
 
 
 @pytest.mark.slow
@@ -329,7 +344,9 @@ def test_budget_in_speculative_steps_streams_and_message(qwen_server: Server, mo
     the whole reply's; the budget's message goes before the closing tag; a token limit inside the forced text ends
     the reply there."""
     free, _ = reply_tokens(qwen_server)
-    n, text = 5, b"".join(free[:5]).decode()
+    n = 5
+    k = n - in_prompt(model)
+    text = b"".join(free[:k]).decode()
     raw = chat(qwen_server, reasoning_format="none", reasoning_budget_tokens=n, mode="ngram", max_tokens=24)
     assert raw["choices"][0]["message"]["content"].startswith(text + "</think>\n\n")
     whole = chat(qwen_server, reasoning_budget_tokens=n, max_tokens=24)
@@ -342,8 +359,8 @@ def test_budget_in_speculative_steps_streams_and_message(qwen_server: Server, mo
     said = chat(qwen_server, reasoning_format="none", reasoning_budget_tokens=n, max_tokens=24,
                 reasoning_budget_message=" Enough.")["choices"][0]["message"]["content"]
     assert said.startswith(text + " Enough.</think>\n\n")
-    short = chat(qwen_server, reasoning_format="none", reasoning_budget_tokens=n, max_tokens=n + 2)
-    assert short["choices"][0]["finish_reason"] == "length" and short["usage"]["completion_tokens"] == n + 2
+    short = chat(qwen_server, reasoning_format="none", reasoning_budget_tokens=n, max_tokens=k + 2)
+    assert short["choices"][0]["finish_reason"] == "length" and short["usage"]["completion_tokens"] == k + 2
     forced = model.tokenize("</think>\n\n", False, True)
     assert short["choices"][0]["message"]["content"] == text + model.detokenize(forced[:2])  # the forced text, cut
 

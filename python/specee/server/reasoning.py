@@ -194,35 +194,48 @@ class ReplySplitter:
 
 @dataclass
 class ThoughtBudget:
-    """A reply's thinking budget of n > 0 tokens, as llama.cpp counts it: tokens generated inside a thought (after
-    its opening tag, or from the reply's start where the prompt left one open), the tags' own tokens not counted. At
-    the n-th the thought is cut and `forced` (the budget's message, the closing tag, the template's text after it)
-    goes into the reply in its place; a thought closed by the model itself ends the count; a later opening tag starts
-    a new one. `cut` is fed the reply's token pieces as they are generated."""
+    """A reply's thinking budget of n > 0 tokens, as llama.cpp counts it: the tokens inside a thought, after its
+    opening tag (its own tokens not counted) whether the prompt's generation prompt or the reply wrote it, the
+    prompt's tokens after it included (`prefill`). Once n are in, the thought is cut and `forced` (the budget's
+    message, the closing tag, the template's text after it) goes into the reply in place of the next token; a thought
+    closed by the model itself ends the count, a later opening tag starts a new one. `cut` is fed the reply's token
+    pieces as they are generated."""
 
     n: int
     tags: tuple[str, str]
     forced: list[int]  # the tokens put in at the cut
-    counting: bool  # inside a thought
+    counting: bool = False  # inside a thought
     used: int = 0  # its tokens so far
-    seen: bytes = b""  # the reply's bytes since the thought opened (before: since the last one closed)
+    seen: bytes = b""  # the text since the thought opened (before: since the last one closed)
+
+    def prefill(self, pieces: list[bytes]) -> None:
+        """The prompt's tokens (their pieces): a thought its generation prompt opens counts from there."""
+        for piece in pieces:
+            self.accept(piece)
+
+    def accept(self, piece: bytes) -> None:
+        start, end = (t.encode() for t in self.tags)
+        self.seen += piece
+        if not self.counting:
+            at = self.seen.find(start)
+            if at >= 0:
+                self.counting, self.used, self.seen = True, 0, self.seen[at + len(start):]
+        elif end in self.seen:  # closed by the model
+            self.counting, self.seen = False, self.seen[self.seen.find(end) + len(end):]
+        else:
+            self.used += 1
+
+    def spent(self) -> bool:
+        if self.counting and self.used >= self.n:
+            self.counting, self.seen = False, b""
+            return True
+        return False
 
     def cut(self, pieces: list[bytes]) -> int | None:
-        """How many of these tokens (their pieces) to keep: None all of them, k where the k-th spends the budget
-        (its thought is then over: `forced` follows)."""
-        start, end = (t.encode() for t in self.tags)
+        """How many of these tokens (their pieces) to keep: None all of them, k where the budget is spent after the
+        first k (0: before them); `forced` follows them."""
         for i, piece in enumerate(pieces):
-            self.seen += piece
-            if not self.counting:
-                at = self.seen.find(start)
-                if at >= 0:
-                    self.counting, self.used, self.seen = True, 0, self.seen[at + len(start):]
-                continue
-            if end in self.seen:  # closed by the model
-                self.counting, self.seen = False, self.seen[self.seen.find(end) + len(end):]
-                continue
-            self.used += 1
-            if self.used >= self.n:
-                self.counting, self.seen = False, b""
-                return i + 1
-        return None
+            if self.spent():
+                return i
+            self.accept(piece)
+        return len(pieces) if self.spent() else None

@@ -389,10 +389,12 @@ def budget_asked(body: dict) -> int:
     return -1
 
 
-def budget_for(model: Model, template: ChatTemplate, body: dict, text: str, held: bool) -> ThoughtBudget | None:
+def budget_for(model: Model, template: ChatTemplate, body: dict, tokens: list[int], held: bool
+               ) -> ThoughtBudget | None:
     """The reply's thinking budget of N > 0 tokens (the request's, else --reasoning-budget), None where there is
-    none: unlimited, no thinking markers, or a reply held to a grammar. The forced text is the request's
-    `reasoning_budget_message` (else --reasoning-budget-message), the closing tag and the template's text after it."""
+    none: unlimited, no thinking markers, or a reply held to a grammar; it has counted the prompt's `tokens`. The
+    forced text is the request's `reasoning_budget_message` (else --reasoning-budget-message), the closing tag and
+    the template's text after it."""
     n = budget_asked(body)
     n = template.reasoning.budget if n == -1 else n
     if n <= 0 or template.thinking is None or held:
@@ -403,7 +405,9 @@ def budget_for(model: Model, template: ChatTemplate, body: dict, text: str, held
     message = template.reasoning.budget_message if message is None else message
     forced = model.tokenize(message + template.thinking[1] + template.after_thinking, add_special=False,
                             parse_special=True)
-    return ThoughtBudget(n, template.thinking, forced, thinks_open(text, template.thinking))
+    budget = ThoughtBudget(n, template.thinking, forced)
+    budget.prefill([model.token_to_piece(t, True) for t in tokens])
+    return budget
 
 
 def continued(template: ChatTemplate, messages: list[dict], described: list[dict] | None, kwargs: dict[str, Any],
@@ -473,8 +477,9 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
     fmt = body.get("response_format")
     held = (extra.get("json_schema") is not None or body.get("grammar") is not None
             or body.get("json_schema") is not None or isinstance(fmt, dict) and fmt.get("type") not in (None, "text"))
-    return ChatPrompt(text, template.tokens(model, text) if tokenize else [], tools, extra,
-                      thoughts_of(template, body, text, held), budget_for(model, template, body, text, held))
+    tokens = template.tokens(model, text) if tokenize else []
+    return ChatPrompt(text, tokens, tools, extra, thoughts_of(template, body, text, held),
+                      budget_for(model, template, body, tokens, held) if tokenize else None)
 
 
 def thoughts_of(template: ChatTemplate, body: dict, text: str, held: bool) -> ReplyThoughts | None:
