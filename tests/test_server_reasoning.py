@@ -1,7 +1,8 @@
 """Reasoning on specee-server (server/reasoning.py, templates.py, tools.py's chat_prompt): enable_thinking as
 --reasoning, a budget of 0, a request's chat_template_kwargs and reasoning_effort decide it; a reply's thoughts split
-out of its content, whole and streamed; llama.cpp's continuation of a final assistant message; Jinja's `+` of a
-string and an undefined value; the reasoning flags' refusals.
+out of its content, whole and streamed; a thinking budget of N > 0 tokens (the thought cut at exactly N, the closing
+tag and the template's text after it forced); Anthropic's thinking blocks; llama.cpp's continuation of a final
+assistant message; Jinja's `+` of a string and an undefined value; the reasoning flags' refusals.
 
 Fast tests use no model or only SmolLM2's file for its tokenizer; the slow ones run specee-server on SmolLM2 with a
 thinking template written here (127.0.0.1, started and stopped by the fixture).
@@ -20,8 +21,8 @@ import pytest
 
 from specee import Model
 from specee.server.app import parse_args
-from specee.server.reasoning import (ReasoningError, Reasoning, ReplySplitter, budget_of, format_of, split, switch_of,
-                                     tags_in)
+from specee.server.reasoning import (ReasoningError, Reasoning, ReplySplitter, ThoughtBudget, budget_of, format_of,
+                                     split, switch_of, tags_in)
 from specee.server.request import ApiError
 from specee.server.templates import ChatTemplate, chat_template_of, jinja_environment
 from specee.server.tools import chat_prompt
@@ -33,6 +34,11 @@ THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
             "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|im_end|>\n"
             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
             "{% if not enable_thinking %}</think>\n{% endif %}{% endif %}")
+# Qwen3's way: a thought in its own lines, a blank line between it and the content
+THINKING_QWEN = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                 "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+                 "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                 "<think>\n{% if not enable_thinking %}</think>\n{% endif %}{% endif %}")
 PLAIN = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 ASK = [{"role": "user", "content": "What is 2+2?"}]
@@ -84,8 +90,9 @@ def test_split_rules() -> None:
 def test_settings_refused_with_their_names() -> None:
     assert [switch_of(v) for v in ("on", "OFF", "auto", "1", "disabled")] == [True, False, None, True, False]
     assert format_of("deepseek-legacy") == "deepseek-legacy" and budget_of("0") == 0 and budget_of(-1) == -1
+    assert budget_of("12") == 12
     for fn, value, message in [(switch_of, "maybe", "on, off, auto"), (format_of, "qwen", "deepseek"),
-                               (budget_of, "12", "not supported"), (budget_of, -2, "-1 (unlimited)"),
+                               (budget_of, "twelve", "N > 0 tokens"), (budget_of, -2, "-1 (unlimited)"),
                                (budget_of, True, "-1 (unlimited)")]:
         with pytest.raises(ReasoningError, match=re.escape(message)):
             fn(value)
@@ -135,12 +142,14 @@ def test_a_request_decides_for_itself(model: Model, fields: dict, closed: bool) 
 @pytest.mark.parametrize("fields, message", [
     ({"chat_template_kwargs": {"enable_thinking": "false"}}, "true or false"),
     ({"reasoning_effort": 3}, "'reasoning_effort'"),
-    ({"reasoning_budget_tokens": 100}, "not supported"),
+    ({"reasoning_budget_tokens": -5}, "'reasoning_budget_tokens' must be -1"),
+    ({"thinking_budget_tokens": "many"}, "'thinking_budget_tokens' must be -1"),
+    ({"reasoning_budget_tokens": 3, "reasoning_budget_message": 7}, "'reasoning_budget_message' must be a string"),
     ({"reasoning_format": "qwen"}, "'reasoning_format' must be one of"),
 ])
 def test_bad_reasoning_fields_get_400(model: Model, fields: dict, message: str) -> None:
     with pytest.raises(ApiError, match=message) as e:
-        chat_prompt(model, template(model, THINKING), {"messages": ASK, **fields}, False)
+        chat_prompt(model, template(model, THINKING), {"messages": ASK, **fields})
     assert e.value.status == 400
 
 
@@ -170,10 +179,48 @@ def test_continued_final_message_as_llama_cpp_renders_it(model: Model) -> None:
         "Wh\nill<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_budget_counts_thought_tokens_only() -> None:
+    """Tokens count inside a thought only, after its opening tag (its own tokens not), the prompt's included; a
+    thought closed by the model ends the count, a new one starts another; a budget spent by the prompt cuts before
+    the first token."""
+    b = ThoughtBudget(3, TAGS, [9])
+    b.prefill([b"<|im_start|>", b"assistant\n", b"<think>", b"\n"])
+    assert b.counting and b.used == 1
+    assert b.cut([b"a"]) is None and b.cut([b"c", b"d"]) == 1  # the third token spends it
+    assert b.cut([b"x"] * 5) is None  # the thought is over: the answer is free
+    b = ThoughtBudget(2, TAGS, [9])
+    assert b.cut([b"Hi ", b"<th", b"ink>", b"a"]) is None and b.cut([b"b", b"c"]) == 1
+    b = ThoughtBudget(4, TAGS, [9])  # a tag's first tokens count until it is whole (llama.cpp's)
+    b.prefill([b"<think>"])
+    assert b.cut([b"a", b"</th", b"ink>", b"x", b"y", b"<think>", b"p"]) is None  # closed, then a new thought
+    assert b.cut([b"q"] * 5) == 3
+    b = ThoughtBudget(2, TAGS, [9])
+    b.prefill([b"<think>", b"I", b" think"])
+    assert b.cut([b"a", b"b"]) == 0
+
+
+def test_budget_of_a_chat(model: Model) -> None:
+    """A request's budget (else the server's) with the message and the template's text after the closing tag
+    forced; none where unlimited, held to a grammar, or without thinking markers."""
+    t = template(model, THINKING_QWEN, Reasoning(budget=7, budget_message="Enough."))
+    assert t.after_thinking == "\n\n" and template(model, THINKING).after_thinking == ""
+    b = chat_prompt(model, t, {"messages": ASK}).budget
+    assert b is not None and b.n == 7 and b.counting and b.used == 1  # the generation prompt's "<think>\n"
+    assert model.detokenize(b.forced, False, True) == "Enough.</think>\n\n"
+    b = chat_prompt(model, t, {"messages": ASK, "thinking_budget_tokens": 3, "reasoning_budget_message": ""}).budget
+    assert b is not None and b.n == 3 and model.detokenize(b.forced, False, True) == "</think>\n\n"
+    off = chat_prompt(model, t, {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}}).budget
+    assert off is not None and not off.counting  # the prompt closed its thought: none counted until one opens
+    assert chat_prompt(model, template(model, THINKING_QWEN), {"messages": ASK}).budget is None
+    held = {"messages": ASK, "reasoning_budget_tokens": 5, "response_format": {"type": "json_object"}}
+    assert chat_prompt(model, t, held).budget is None
+    assert chat_prompt(model, template(model, PLAIN), {"messages": ASK, "reasoning_budget_tokens": 5}).budget is None
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--reasoning", "maybe"], "--reasoning: 'maybe'"),
     (["--reasoning-format", "qwen"], "--reasoning-format must be one of"),
-    (["--reasoning-budget", "256"], "--reasoning-budget 256: a thinking budget"),
+    (["--reasoning-budget", "-3"], "--reasoning-budget must be -1 (unlimited)"),
     (["--skip-chat-parsing"], "--skip-chat-parsing: not supported"),
 ])
 def test_reasoning_flags_refused_with_their_names(flags: list[str], message: str,
@@ -187,6 +234,8 @@ def test_reasoning_flags_accepted() -> None:
     args = parse_args(["-rea", "off", "--reasoning-format", "none", "--reasoning-budget", "0", "--reasoning-effort",
                        "low", "--no-prefill-assistant", "--reasoning-preserve"])
     assert args.reasoning == Reasoning(switch=False, format="none", budget=0, effort="low")
+    args = parse_args(["--reasoning-budget", "256", "--reasoning-budget-message", "Enough."])
+    assert args.reasoning == Reasoning(budget=256, budget_message="Enough.")
     assert parse_args(["--reasoning-effort", "default"]).reasoning == Reasoning()
 
 
@@ -240,3 +289,122 @@ def test_no_thinking_asked_by_the_request(server: Server) -> None:
     assert (msg.get("reasoning_content"), msg["content"]) == (thoughts or None, content)
     r = call(server.port, "POST", "/apply-template", {"messages": ASK, "reasoning_effort": "none"})
     assert r.json()["prompt"].endswith("<think>\n</think>\n")
+
+
+# ---- a thinking budget, Anthropic's thinking blocks, __verbose (SmolLM2) -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen_server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    path = tmp_path_factory.mktemp("reasoning") / "qwen.jinja"
+    path.write_text(THINKING_QWEN)
+    s = Server(smollm2_path, "-np", "2", "-c", "1024", "--mode", "plain", "--jinja", "--chat-template-file", str(path))
+    yield s
+    s.stop()
+
+
+def sse_events(text: str) -> list[dict]:
+    return [json.loads(line[len("data: "):]) for block in text.split("\n\n") for line in block.split("\n")
+            if line.startswith("data: {")]
+
+
+def reply_tokens(server: Server, **fields: Any) -> tuple[list[bytes], dict]:
+    """The raw reply's tokens (their bytes, from logprobs) and the response."""
+    out = chat(server, reasoning_format="none", logprobs=True, max_tokens=24, **fields)
+    return [bytes(e["bytes"]) for e in out["choices"][0]["logprobs"]["content"]], out
+
+
+def in_prompt(model: Model) -> int:
+    """The thought's tokens the qwen_server's generation prompt holds (its "<think>\n": they count)."""
+    b = chat_prompt(model, template(model, THINKING_QWEN), {"messages": ASK, "reasoning_budget_tokens": 99}).budget
+    assert b is not None and b.counting
+    return b.used
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_budget_cuts_the_thought_at_n_tokens(qwen_server: Server, model: Model, n: int) -> None:
+    """The reply is the unbudgeted reply's first tokens, as many as make n with the prompt's, the closing tag and
+    the template's blank line (forced), then an answer; its thoughts are those tokens."""
+    free, _ = reply_tokens(qwen_server)
+    k = n - in_prompt(model)  # the reply's tokens of thought
+    assert k >= 0 and b"</think>" not in b"".join(free[:k + 2])  # SmolLM2 thinks longer than the budget
+    forced = [model.token_to_piece(t, True) for t in model.tokenize("</think>\n\n", False, True)]
+    cut, out = reply_tokens(qwen_server, reasoning_budget_tokens=n)
+    assert cut[:k] == free[:k] and cut[k:k + len(forced)] == forced and len(cut) > k + len(forced)
+    assert out["usage"]["completion_tokens"] == len(cut)
+    msg = chat(qwen_server, reasoning_budget_tokens=n, max_tokens=24)["choices"][0]["message"]
+    assert msg.get("reasoning_content") == (b"".join(free[:k]).decode().strip() or None)
+    assert msg["content"] == b"".join(cut[k + len(forced):]).decode().strip()
+
+
+@pytest.mark.slow
+def test_budget_in_speculative_steps_streams_and_message(qwen_server: Server, model: Model) -> None:
+    """n-gram lookup returns several tokens a step: the thought is still cut at n; a stream's thoughts and content are
+    the whole reply's; the budget's message goes before the closing tag; a token limit inside the forced text ends
+    the reply there."""
+    free, _ = reply_tokens(qwen_server)
+    n = 5
+    k = n - in_prompt(model)
+    text = b"".join(free[:k]).decode()
+    raw = chat(qwen_server, reasoning_format="none", reasoning_budget_tokens=n, mode="ngram", max_tokens=24)
+    assert raw["choices"][0]["message"]["content"].startswith(text + "</think>\n\n")
+    whole = chat(qwen_server, reasoning_budget_tokens=n, max_tokens=24)
+    r = call(qwen_server.port, "POST", "/v1/chat/completions", {"messages": ASK, "max_tokens": 24, "temperature": 0,
+                                                                "reasoning_budget_tokens": n, "stream": True})
+    deltas = [e["choices"][0]["delta"] for e in sse_events(r.text) if e.get("choices")]
+    msg = whole["choices"][0]["message"]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+    said = chat(qwen_server, reasoning_format="none", reasoning_budget_tokens=n, max_tokens=24,
+                reasoning_budget_message=" Enough.")["choices"][0]["message"]["content"]
+    assert said.startswith(text + " Enough.</think>\n\n")
+    short = chat(qwen_server, reasoning_format="none", reasoning_budget_tokens=n, max_tokens=k + 2)
+    assert short["choices"][0]["finish_reason"] == "length" and short["usage"]["completion_tokens"] == k + 2
+    forced = model.tokenize("</think>\n\n", False, True)
+    assert short["choices"][0]["message"]["content"] == text + model.detokenize(forced[:2])  # the forced text, cut
+
+
+@pytest.mark.slow
+def test_anthropic_thinking_blocks(qwen_server: Server) -> None:
+    """/v1/messages: the thoughts a thinking block (with an empty signature) before the text; streamed as thinking
+    deltas closed by a signature_delta, then a text block at index 1; `thinking.budget_tokens` is the budget."""
+    ask = {"messages": ASK, "max_tokens": 24, "temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 4}}
+    r = call(qwen_server.port, "POST", "/v1/messages", ask)
+    assert r.status_code == 200, r.text
+    blocks = r.json()["content"]
+    assert [b["type"] for b in blocks] == ["thinking", "text"] and blocks[0]["signature"] == ""
+    msg = chat(qwen_server, reasoning_budget_tokens=4, max_tokens=24)["choices"][0]["message"]
+    assert (blocks[0]["thinking"], blocks[1]["text"]) == (msg["reasoning_content"], msg["content"])
+    events = sse_events(call(qwen_server.port, "POST", "/v1/messages", {**ask, "stream": True}).text)
+    starts = [(e["index"], e["content_block"]["type"]) for e in events if e["type"] == "content_block_start"]
+    assert starts == [(0, "thinking"), (1, "text")]
+    deltas = [e for e in events if e["type"] == "content_block_delta"]
+    assert "".join(e["delta"].get("thinking", "") for e in deltas if e["index"] == 0) == blocks[0]["thinking"]
+    assert "".join(e["delta"].get("text", "") for e in deltas if e["index"] == 1) == blocks[1]["text"]
+    kinds = [(e["type"], e.get("index"), e.get("delta", {}).get("type")) for e in events]
+    at = kinds.index(("content_block_stop", 0, None))  # the thinking block closed, with its signature, before the text
+    assert kinds[at - 1] == ("content_block_delta", 0, "signature_delta")
+    assert at < kinds.index(("content_block_start", 1, None))
+    bad = call(qwen_server.port, "POST", "/v1/messages", {**ask, "thinking": "on"})
+    assert bad.status_code == 400 and "'thinking'" in bad.text
+
+
+@pytest.mark.slow
+def test_verbose_where_llama_cpp_puts_it(server: Server) -> None:
+    """--verbose: /v1/completions carries what /completion answers (each streamed chunk its piece), a chat stream
+    on the first of its last chunks (the prompt with its special tokens' text); llama.cpp's /completion does not."""
+    body = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
+    out = call(server.port, "POST", "/v1/completions", body).json()
+    v = out["__verbose"]
+    assert v["content"] == out["choices"][0]["text"] and v["tokens_predicted"] == out["usage"]["completion_tokens"]
+    assert v["stop"] is True and v["prompt"] == "The capital of France is" and "generation_settings" in v
+    chunks = sse_events(call(server.port, "POST", "/v1/completions", {**body, "stream": True}).text)
+    assert all("__verbose" in c for c in chunks)
+    assert "".join(c["__verbose"]["content"] for c in chunks) == v["content"]
+    assert [c["__verbose"]["stop"] for c in chunks][-1] is True
+    chunks = sse_events(call(server.port, "POST", "/v1/chat/completions",
+                             {"messages": ASK, "max_tokens": 6, "temperature": 0, "stream": True}).text)
+    marked = [c for c in chunks if "__verbose" in c]
+    assert len(marked) == 1 and marked[0]["__verbose"]["prompt"].endswith("<|im_start|>assistant\n<think>\n")
+    assert "__verbose" not in call(server.port, "POST", "/completion", {"prompt": "Hi", "n_predict": 2}).json()

@@ -400,6 +400,13 @@ def test_anthropic_messages(server: Server) -> None:
     m = call(server.port, "POST", "/v1/messages", ask, headers={"x-api-key": KEY}).json()
     assert m["stop_reason"] == "tool_use" and [b["type"] for b in m["content"]] == ["tool_use"]
     jsonschema.validate(m["content"][0]["input"], SCHEMAS["get_weather"])
+    # streamed: the same call as one tool_use block, once whole (no block per piece generated)
+    r = call(server.port, "POST", "/v1/messages", {**ask, "stream": True}, headers={"x-api-key": KEY})
+    events = [json.loads(e.split("\n")[1][len("data: "):]) for e in r.text.strip().split("\n\n")]
+    starts = [(e["index"], e["content_block"]["type"]) for e in events if e["type"] == "content_block_start"]
+    assert starts == [(0, "tool_use")] and [e["index"] for e in events if e["type"] == "content_block_stop"] == [0]
+    assert json.loads("".join(e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta")) == \
+        m["content"][0]["input"]
     follow = {**ask, "tool_choice": {"type": "none"}, "max_tokens": 16, "messages": [
         *ask["messages"], {"role": "assistant", "content": m["content"]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m["content"][0]["id"],

@@ -2,8 +2,10 @@
 message_start, content_block_start, content_block_delta, content_block_stop, message_delta, message_stop) and POST
 /v1/messages/count_tokens. A request is read into the chat request it means (`chat_body`: system as a string or
 text blocks, text / tool_use / tool_result blocks, an assistant's thinking blocks as its `reasoning_content`, tools
-with input_schema, tool_choice auto / any / tool / none, stop_sequences) and goes through chat's template, tools and
-generation; the reply is written back in Anthropic's shape. Errors keep the server's one error shape (request.py's
+with input_schema, tool_choice auto / any / tool / none, stop_sequences, `thinking`'s budget_tokens as the chat's
+thinking budget) and goes through chat's template, tools and generation; the reply is written back in Anthropic's
+shape: its thoughts (server/reasoning.py) a `thinking` block first (streamed as thinking deltas, closed by an empty
+signature_delta), then text and tool_use blocks. Errors keep the server's one error shape (request.py's
 ApiError)."""
 
 from __future__ import annotations
@@ -114,6 +116,13 @@ def chat_body(body: dict) -> dict:
             chat[key] = body[key]
     if body.get("stop_sequences") is not None:
         chat["stop"] = body["stop_sequences"]
+    thinking = body.get("thinking")
+    if thinking is not None:  # extended thinking: its budget is the chat's (llama.cpp's default 10000 tokens)
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
+            raise ApiError(400, "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or "
+                           "{\"type\": \"disabled\"}", param="thinking")
+        if thinking["type"] == "enabled":
+            chat["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
@@ -162,9 +171,16 @@ async def messages(request: Request) -> Response:
     stream = bool(chat.get("stream"))
     mid = "msg_" + uuid.uuid4().hex[:24]
 
+    # a stream's thoughts as they come (deepseek-legacy leaves them in the text, as llama.cpp does)
+    thinking = prompt.thoughts.stream() if stream and prompt.thoughts and not prompt.thoughts.in_content else None
+    opened = [-1, ""]  # a stream's open block: its index and type
+
     def blocks_of(res: Result) -> tuple[list[dict], str]:
-        content, calls = (res.text, []) if tools is None else reply_of(res.text, tools)
-        blocks: list[dict] = [{"type": "text", "text": content}] if content or not calls else []
+        thoughts, text = prompt.thoughts.split(res.text) if prompt.thoughts else (None, res.text)
+        content, calls = (text, []) if tools is None else reply_of(text, tools)
+        blocks: list[dict] = [{"type": "thinking", "thinking": thoughts, "signature": ""}] if thoughts else []
+        if content or not calls:
+            blocks.append({"type": "text", "text": content})
         for c in calls:
             blocks.append({"type": "tool_use", "id": "toolu_" + c["id"][5:], "name": c["function"]["name"],
                            "input": json.loads(c["function"]["arguments"])})
@@ -175,29 +191,61 @@ async def messages(request: Request) -> Response:
         return {"id": mid, "type": "message", "role": "assistant", "model": state.alias, "content": blocks,
                 "stop_reason": reason, "stop_sequence": None, "usage": usage_of(res)}
 
+    def close() -> list[dict]:
+        """The stream's open block closed (a thinking block with its signature, empty here: no cryptographic
+        signature for a local model, as llama.cpp does)."""
+        if opened[0] < 0 or not opened[1]:
+            return []
+        out = [{"type": "content_block_delta", "index": opened[0],
+                "delta": {"type": "signature_delta", "signature": ""}}] if opened[1] == "thinking" else []
+        opened[1] = ""
+        return out + [{"type": "content_block_stop", "index": opened[0]}]
+
+    def block(kind: str, text: str) -> list[dict]:
+        """A stream's text for a block of `kind` (thinking, text): the open one, or a new one after it."""
+        out = []
+        if opened[1] != kind:
+            out = close()
+            opened[0], opened[1] = opened[0] + 1, kind
+            out.append({"type": "content_block_start", "index": opened[0], "content_block": {"type": kind, kind: ""}})
+        if text:
+            out.append({"type": "content_block_delta", "index": opened[0],
+                        "delta": {"type": f"{kind}_delta", kind: text}})
+        return out
+
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False) -> dict | list[dict] | None:
         if final and not stream:
             return message(res, *blocks_of(res))
-        if first:
-            start: list[dict] = [{"type": "message_start", "message": message(res, [], None)}]
-            if tools is None:
-                start.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            return start
-        if not final:
-            if tools is not None or not piece:
-                return None
-            return {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
+        if first:  # the text block at once, unless the reply may open with thoughts
+            return [{"type": "message_start", "message": message(res, [], None)},
+                    *(block("text", "") if tools is None and thinking is None else [])]
+        if tools is None:  # thoughts, then text, as they come
+            thoughts, text = thinking.push(res.text, final) if thinking is not None else ("", piece or "")
+            out = (block("thinking", thoughts) if thoughts else []) + (block("text", text) if text else [])
+            if not final:
+                return out or None
+        elif not final:  # tool calls: the blocks once the reply is whole
+            return None
+
         def end(reason: str) -> dict:
             return {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
                     "usage": {"output_tokens": res.n_generated}}
 
         if tools is None:
-            return [{"type": "content_block_stop", "index": 0}, end(STOP_REASON.get(res.finish or "", "end_turn")),
-                    {"type": "message_stop"}]
+            if opened[0] < 0:  # nothing at all: one empty text block
+                out += block("text", "")
+            return out + close() + [end(STOP_REASON.get(res.finish or "", "end_turn")), {"type": "message_stop"}]
         blocks, reason = blocks_of(res)
-        out: list[dict] = []
+        out = []
         for i, b in enumerate(blocks):
-            if b["type"] == "text":
+            if b["type"] == "thinking":
+                out.append({"type": "content_block_start", "index": i,
+                            "content_block": {"type": "thinking", "thinking": ""}})
+                out.append({"type": "content_block_delta", "index": i,
+                            "delta": {"type": "thinking_delta", "thinking": b["thinking"]}})
+                out.append({"type": "content_block_delta", "index": i,
+                            "delta": {"type": "signature_delta", "signature": ""}})
+            elif b["type"] == "text":
                 out.append({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})
                 out.append({"type": "content_block_delta", "index": i,
                             "delta": {"type": "text_delta", "text": b["text"]}})
@@ -208,7 +256,7 @@ async def messages(request: Request) -> Response:
             out.append({"type": "content_block_stop", "index": i})
         return out + [end(reason), {"type": "message_stop"}]
 
-    return await respond(state, request, prompt.tokens, {**chat, **prompt.extra}, shape, "anthropic")
+    return await respond(state, request, prompt.tokens, {**chat, **prompt.extra}, shape, "anthropic", prompt.budget)
 
 
 async def count_tokens(request: Request) -> Response:

@@ -13,14 +13,15 @@ import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specee import _core
 from specee.generate import MODES
 from specee.model import Model
 from specee.server.prompt_cache import PromptCache, common_prefix
+from specee.server.reasoning import ThoughtBudget
 from specee.server.request import ApiError, RequestParams
 from specee.server.templates import ChatTemplate
 
@@ -38,6 +39,12 @@ class Job:
     cached: int = 0  # prompt tokens its slot's cache held when it was admitted
     processed: int = -1  # prompt tokens in the cache at the last progress sent (return_progress); -1: none sent
     admitted: float = 0.0  # time.perf_counter() when a slot took it
+    budget: ThoughtBudget | None = None  # its thinking budget's count (a copy of params.budget's)
+    generated: list[int] = field(default_factory=list)  # with a budget: the tokens given out so far
+    stats_before: dict[str, float] | None = None  # with a budget: the stats of its runs before a cut
+
+    def __post_init__(self) -> None:
+        self.budget = None if self.params.budget is None else replace(self.params.budget)
 
     def send(self, *event: Any) -> None:  # from the batching thread
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -228,15 +235,73 @@ class Engine:
         for slot, job in list(self.running.items()):
             self._progress(job)
             out = self.slots.read(slot)
+            if job.budget is not None and out.tokens and self._budget(slot, job, out.tokens, out.logprobs):
+                continue
             if out.tokens:
-                job.send("tokens", out.tokens, out.logprobs, self.slots.stats(slot) if job.params.timings else None)
+                job.send("tokens", out.tokens, out.logprobs, self._stats(job, slot) if job.params.timings else None)
             if out.finish is not None:
-                stats = {**self.slots.stats(slot), "n_shifted": self.slots.n_shifted(slot)}  # context shifts
+                stats = self._stats(job, slot)
                 self._count(stats, self.slots.mode(slot))
                 self.slots.release(slot)
                 del self.running[slot]
                 self.metrics["requests_ok" if out.finish != "error" else "requests_error"] += 1
                 job.send("done", out.finish, out.error, stats)
+
+    def _stats(self, job: Job, slot: int) -> dict[str, float]:
+        """The job's stats: its slot's (with its context shifts), after those of its runs before a thinking budget's
+        cut."""
+        now = {**self.slots.stats(slot), "n_shifted": self.slots.n_shifted(slot)}
+        if job.stats_before is None:
+            return now
+        st = {k: job.stats_before.get(k, 0) + v for k, v in now.items()}
+        for k in ("n_prompt", "n_reused", "t_prompt_ms"):  # the request's prompt is the first run's
+            st[k] = job.stats_before[k]
+        st["t_decode_ms"] += now["t_prompt_ms"]  # the forced tokens' pass is a decoding step
+        steps = st.get("n_steps", 0)
+        if steps:
+            st["mean_accepted_tokens"] = st["n_decoded"] / steps
+            st["exit_ratio"] = st["n_exits"] / steps
+            st["mean_layers_run"] = st["n_layers_run"] / steps
+        return st
+
+    def _budget(self, slot: int, job: Job, tokens: list[int], logprobs: Any) -> bool:
+        """A job's thinking budget spent by these tokens: the thought is cut after its n-th token, the forced tokens
+        (the closing tag, ...) are given out after it, and the job goes on on the same slot with all of them as its
+        prompt (the slot's cache holds all but the forced ones). False where the budget lets the tokens be."""
+        assert job.budget is not None
+        keep = job.budget.cut([self.model.token_to_piece(t) for t in tokens])
+        if keep is None:
+            job.generated += tokens
+            return False
+        p, forced = job.params, job.budget.forced
+        left = -1 if p.n_predict < 0 else p.n_predict - len(job.generated) - keep
+        if left >= 0:
+            forced = forced[:left]
+        given = tokens[:keep] + forced
+        job.generated += given
+        stats = self._stats(job, slot)
+        stats["n_tokens"] += len(forced)
+        self.slots.release(slot)
+        del self.running[slot]
+        job.stats_before = stats
+        probs = list(logprobs[:keep]) + ([[(t, 0.0)] for t in forced] if p.n_probs >= 0 else [])
+        job.send("tokens", given, probs, stats if p.timings else None)
+        prompt = job.tokens + job.generated
+        left = -1 if p.n_predict < 0 else p.n_predict - len(job.generated)
+        if left == 0 or len(prompt) >= self.n_ctx_slot:  # nothing more to generate: the forced tokens end it
+            self._count(stats, self.slots.mode(slot))
+            self.metrics["requests_ok"] += 1
+            job.send("done", "length", None, stats)
+            return True
+        try:
+            again = self.slots.submit_options(prompt, p.options, left, p.n_probs, slot)
+        except Exception as e:  # a request that started cannot fail here, but whatever did is its error, not ours
+            self.metrics["requests_error"] += 1
+            job.send("done", "error", str(e), stats)
+            return True
+        assert again == slot  # just released
+        self.running[slot] = job
+        return True
 
     def _count(self, st: dict[str, float], mode: str) -> None:
         m = self.metrics
@@ -316,7 +381,7 @@ class ServerState:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     created: int = field(default_factory=lambda: int(time.time()))
     template: ChatTemplate | None = None  # how chats become prompts (server/templates.py)
-    verbose: bool = False  # --verbose: chat responses carry llama.cpp's __verbose (the prompt as evaluated)
+    verbose: bool = False  # --verbose: OpenAI-shaped responses carry llama.cpp's __verbose (what /completion answers)
     model_meta: dict[str, Any] = field(default_factory=dict)  # /v1/models' meta, kept while the model sleeps
     sleeping: bool = False  # the model is unloaded for now (--sleep-idle-seconds, server/sleep.py)
     slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save writes (None: not served)

@@ -152,12 +152,13 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "reasoning_format"),
     S("-rea --reasoning", "on|off|auto", "server", "the chat template's enable_thinking: on, off, or auto = where the "
       "template thinks (default: auto)", "reasoning"),
-    S("--reasoning-budget", "N", "server", "thinking budget: -1 unlimited, 0 no thinking (N > 0 is refused)",
+    S("--reasoning-budget", "N", "server", "thinking budget: -1 unlimited, 0 no thinking, N > 0: the thought is closed "
+      "after N tokens (default: -1)",
       "reasoning_budget"),
     S("--reasoning-effort", "LEVEL", "server", "the chat template's reasoning_effort ('default': the template's own)",
       "reasoning_effort"),
-    S("--reasoning-budget-message", "MESSAGE", "ignored", "the message of a thinking budget of N > 0 tokens, which is "
-      "refused here"),
+    S("--reasoning-budget-message", "MESSAGE", "server", "text put before the closing tag of a thought cut by "
+      "--reasoning-budget (default: none)", "reasoning_budget_message"),
     S("--reasoning-preserve --no-reasoning-preserve", None, "ignored", "every assistant message's reasoning_content "
       "goes to the template, which renders what it renders"),
     S("--prefill-assistant --no-prefill-assistant", None, "server", "continue a chat's final assistant message, or "

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specee.generate import StopText
 from specee.server.engine import Job, ServerState
+from specee.server.reasoning import ThoughtBudget
 from specee.server.request import ApiError, RequestParams, body_field, request_params
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", None: None, "error": "error"}
@@ -195,13 +196,15 @@ async def generate_all(state: ServerState, request: Request, tokens: list[int], 
 
 
 async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., Any],
-                  api: str) -> Response:
+                  api: str, budget: ThoughtBudget | None = None) -> Response:
     """A generation's response (api: chat, completions, llama, anthropic, responses): one JSON body, or server-sent
     events when body["stream"]. In a stream, `shape` may give a list of chunks or None (a piece it holds back: a tool
     call is sent once it is whole); Anthropic's and the Responses API's events are named and end without [DONE].
     With return_progress, each `Progress` goes out as the chunk `shape` makes of an empty piece, with
-    `prompt_progress`; with timings_per_token, every chunk has the `timings` so far."""
+    `prompt_progress`; with timings_per_token, every chunk has the `timings` so far. `budget`: a chat's thinking
+    budget (server/reasoning.py)."""
     params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model)
+    params.budget = budget
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
     include_usage = stream and bool(stream_options.get("include_usage"))

@@ -55,6 +55,57 @@ def pick_fields(out: dict, fields: list[str]) -> dict:
     return picked
 
 
+def generation_settings(state: ServerState, body: dict) -> dict:
+    """/completion's `generation_settings`: the request's settings over the server's (llama.cpp's names), its logit
+    biases as llama.cpp lists them ({token, bias}, null: -inf; the end-of-generation tokens' with ignore_eos)."""
+    settings = {**default_params(state), **{k: body[k] for k in GENERATION_FIELDS if body.get(k) is not None}}
+    bias = logit_bias_of(state.model, body) or state.sampling.get("logit_bias") or ""
+    items = (m.groups() for x in bias.split(",") if (m := re.match(r"(\d+)([+-])(.*)", x)))
+    settings["logit_bias"] = [{"token": int(t), "bias": None if b == "inf" and sign == "-" else float(sign + b)}
+                              for t, sign, b in items]
+    if settings["ignore_eos"]:
+        settings["logit_bias"] += [{"token": t, "bias": None} for t in state.model.eog_tokens]
+    settings["n_predict"] = tokens_wanted(body, "llama", state.n_predict)  # the request's, else the server's -n
+    return settings
+
+
+def completion_final(state: ServerState, res: Result, tokens: list[int], settings: dict, stream: bool,
+                     ids: list[int], probs: dict, index: int = 0, prompt: str | None = None) -> dict:
+    """/completion's last answer (a stream's last chunk: its content and tokens were in the chunks before): `ids` the
+    generated tokens it lists, `probs` its completion_probabilities ({} or the field), `prompt` the prompt's text
+    (default: detokenized without special tokens' text)."""
+    return {"index": index, "content": "" if stream else res.text, "tokens": ids, "id_slot": res.slot, "stop": True,
+            "model": state.alias, **probs, "tokens_predicted": res.n_generated, "tokens_evaluated": len(tokens),
+            "generation_settings": settings,
+            "prompt": state.model.detokenize(tokens) if prompt is None else prompt,
+            "has_new_line": "\n" in res.text, "truncated": res.truncated,
+            "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(res.finish or "",
+                                                                                                  "none"),
+            "stopping_word": "", "tokens_cached": len(tokens) + res.n_generated, "mode": res.mode,
+            "timings": timings(res)}
+
+
+def completion_partial(res: Result, piece: str | None, ids: list[int], probs: dict, index: int = 0) -> dict:
+    """/completion's streamed chunk of a piece: `ids` its new tokens, `probs` their completion_probabilities."""
+    return {"index": index, "content": piece or "", "tokens": ids, "stop": False, **probs}
+
+
+def verbose_of(state: ServerState, body: dict, res: Result, tokens: list[int], piece: str | None,
+               final: bool) -> dict:
+    """llama.cpp's `__verbose` (--verbose, or a request's `verbose: true`) in OpenAI's shapes: what /completion would
+    answer for this chunk or the whole, the prompt with its special tokens' text."""
+    stream = bool(body.get("stream"))
+    if not final:
+        return {**completion_partial(res, piece, res.new_tokens(), {}), "id_slot": res.slot,
+                "tokens_predicted": res.n_generated, "tokens_evaluated": len(tokens)}
+    return completion_final(state, res, tokens, generation_settings(state, body), stream,
+                            [] if stream else res.tokens, {}, prompt=state.model.detokenize(tokens, False, True))
+
+
+def verbose(state: ServerState, body: dict) -> bool:
+    return body.get("verbose") is True or state.verbose
+
+
 async def llama_completion(request: Request) -> Response:
     """llama.cpp's /completion: {prompt, n_predict, ...} -> {content, stop, tokens, generation_settings, timings,
     ...}; a list of prompts (not streamed) -> a list of such answers."""
@@ -66,15 +117,7 @@ async def llama_completion(request: Request) -> Response:
                         "a list of field names")
     with_tokens = body_field(body, "return_tokens", bool, False)
     as_probs = body_field(body, "post_sampling_probs", bool, False)
-    settings = {**default_params(state), **{k: body[k] for k in GENERATION_FIELDS if body.get(k) is not None}}
-    # llama.cpp's list of logit biases, {token, bias} (null: -inf), the end-of-generation tokens' with ignore_eos
-    bias = logit_bias_of(state.model, body) or state.sampling.get("logit_bias") or ""
-    items = (m.groups() for x in bias.split(",") if (m := re.match(r"(\d+)([+-])(.*)", x)))
-    settings["logit_bias"] = [{"token": int(t), "bias": None if b == "inf" and sign == "-" else float(sign + b)}
-                              for t, sign, b in items]
-    if settings["ignore_eos"]:
-        settings["logit_bias"] += [{"token": t, "bias": None} for t in state.model.eog_tokens]
-    settings["n_predict"] = tokens_wanted(body, "llama", state.n_predict)  # the request's, else the server's -n
+    settings = generation_settings(state, body)
 
     def shape(res: Result, piece: str | None, first: bool = False, final: bool = False, tokens: list[int] = prompts[0],
               index: int = 0) -> dict:
@@ -82,15 +125,8 @@ async def llama_completion(request: Request) -> Response:
         probs = {} if new is None else {"completion_probabilities": llama_probs(new, as_probs)}
         ids = res.new_tokens() if stream else res.tokens
         if not final:
-            return {"index": index, "content": piece or "", "tokens": ids if with_tokens or stream else [],
-                    "stop": False, **probs}
-        out = {"index": index, "content": "" if stream else res.text, "tokens": ids if with_tokens else [],
-               "id_slot": res.slot, "stop": True, "model": state.alias, **probs, "tokens_predicted": res.n_generated,
-               "tokens_evaluated": len(tokens), "generation_settings": settings,
-               "prompt": state.model.detokenize(tokens), "has_new_line": "\n" in res.text, "truncated": res.truncated,
-               "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(
-                   res.finish or "", "none"), "stopping_word": "", "tokens_cached": len(tokens) + res.n_generated,
-               "mode": res.mode, "timings": timings(res)}
+            return completion_partial(res, piece, ids if with_tokens or stream else [], probs, index)
+        out = completion_final(state, res, tokens, settings, stream, ids if with_tokens else [], probs, index)
         return pick_fields(out, fields) if fields else out
 
     if len(prompts) == 1:

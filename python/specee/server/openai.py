@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
+from specee.server.llama import verbose, verbose_of
 from specee.server.request import ApiError, json_object, off_loop, prompt_of
 from specee.server.tools import chat_prompt, reply_of, response_so_far
 
@@ -110,9 +111,8 @@ async def chat_completions(request: Request) -> Response:
             out = {**base(state, "chat.completion", rid), "choices": [{"index": 0, "message": msg,
                    "finish_reason": finish, "logprobs": None if new is None else chat_logprobs(new)}],
                    "usage": usage(res), "mode": res.mode}
-            if body.get("verbose") is True or state.verbose:  # llama.cpp's: the prompt as evaluated, the reply
-                out["__verbose"] = {"prompt": state.model.detokenize(prompt.tokens, False, True),
-                                    "content": res.text}
+            if verbose(state, body):  # llama.cpp's: what /completion answers (the prompt as evaluated, the reply, ...)
+                out["__verbose"] = verbose_of(state, body, res, prompt.tokens, None, True)
             return out
         if first:  # llama.cpp's first chunk: the role, no content
             return chunk(res, {"role": "assistant", "content": None}, None, None)
@@ -138,9 +138,12 @@ async def chat_completions(request: Request) -> Response:
         logprobs = None if new is None else chat_logprobs(new)
         if not final:  # the log-probabilities with the last delta
             return [chunk(res, d, None, None) for d in delta[:-1]] + [chunk(res, delta[-1], None, logprobs)]
-        return [chunk(res, d, None, None) for d in delta] + [chunk(res, {}, finish, logprobs)]
+        out = [chunk(res, d, None, None) for d in delta] + [chunk(res, {}, finish, logprobs)]
+        if verbose(state, body):  # llama.cpp's: on the first of the last chunks
+            out[0]["__verbose"] = verbose_of(state, body, res, prompt.tokens, None, True)
+        return out
 
-    return await respond(state, request, prompt.tokens, {**body, **prompt.extra}, shape, "chat")
+    return await respond(state, request, prompt.tokens, {**body, **prompt.extra}, shape, "chat", prompt.budget)
 
 
 async def apply_template(request: Request) -> Response:
@@ -174,6 +177,8 @@ async def completions(request: Request) -> Response:
                "finish_reason": res.finish if final else None}]}
         if final and not body.get("stream"):
             out["usage"], out["mode"] = usage(res), res.mode
+        if verbose(state, body):  # llama.cpp's: what /completion answers for this chunk, or the whole
+            out["__verbose"] = verbose_of(state, body, res, tokens, piece, final)
         return out
 
     return await respond(state, request, tokens, body, shape, "completions")

@@ -15,8 +15,10 @@ generation prompt) makes the whole reply thoughts up to the closing tag; otherwi
 opening tag has its thoughts there. A reply held to a grammar (tool calls in the generic form, `response_format`)
 starts with its JSON and is never split. Thoughts and content are trimmed of the whitespace around the tags;
 thoughts of whitespace only are none.
-`--reasoning-budget N` (and a request's `reasoning_budget_tokens`): -1 unlimited, 0 no thoughts at all (the
-template is asked not to think, as with `--reasoning off`); a budget of N > 0 tokens is not supported (refused).
+`--reasoning-budget N` (and a request's `reasoning_budget_tokens` or `thinking_budget_tokens`, -1 there: the server's):
+-1 unlimited, 0 no thoughts at all (the template is asked not to think, as with `--reasoning off`), N > 0: after N
+tokens of thought the server forces the closing tag (`--reasoning-budget-message`'s text before it, the template's
+text after it) and the answer follows (`ThoughtBudget`, counted by the batching thread, server/engine.py).
 """
 
 from __future__ import annotations
@@ -74,16 +76,13 @@ def format_of(value: Any, what: str = "--reasoning-format") -> str:
 
 
 def budget_of(value: Any, what: str = "--reasoning-budget") -> int:
-    """A thinking budget: -1 (none) or 0 (no thoughts); N > 0 is refused (the runtime cannot close a thought)."""
+    """A thinking budget: -1 (none), 0 (no thoughts) or N > 0 tokens of thought."""
     try:
         n = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
     except ValueError:
         n = None
-    if n is None or n < -1:
-        raise ReasoningError(f"{what} must be -1 (unlimited) or 0 (no thinking), not {value!r}"[:200])
-    if n > 0:
-        raise ReasoningError(f"{what} {n}: a thinking budget of N > 0 tokens is not supported by specee-server "
-                             "(-1: unlimited, 0: no thinking)")
+    if n is None or n < -1 or n >= 2**31:
+        raise ReasoningError(f"{what} must be -1 (unlimited), 0 (no thinking) or N > 0 tokens, not {value!r}"[:200])
     return n
 
 
@@ -100,22 +99,24 @@ def tags_in(source: str | None) -> tuple[str, str] | None:
 @dataclass(frozen=True)
 class Reasoning:
     """The server's reasoning settings: --reasoning (True, False, None: auto), --reasoning-format, --reasoning-budget,
-    --reasoning-effort (None: the template's default)."""
+    --reasoning-effort (None: the template's default), --reasoning-budget-message."""
 
     switch: bool | None = None
     format: str = "auto"
     budget: int = -1
     effort: str | None = None
+    budget_message: str = ""
 
 
 def reasoning_of(settings: dict[str, Any]) -> Reasoning:
     """The server's reasoning from its flags (flags.py's rows, by dest: reasoning, reasoning_format,
-    reasoning_budget, reasoning_effort); ReasoningError on a bad value."""
+    reasoning_budget, reasoning_effort, reasoning_budget_message); ReasoningError on a bad value."""
     effort = settings.get("reasoning_effort")
     return Reasoning(switch_of(settings["reasoning"]) if "reasoning" in settings else None,
                      format_of(settings.get("reasoning_format", "auto")),
                      budget_of(settings.get("reasoning_budget", -1)),
-                     None if effort in (None, "default") else effort)
+                     None if effort in (None, "default") else effort,
+                     settings.get("reasoning_budget_message") or "")
 
 
 @dataclass(frozen=True)
@@ -189,3 +190,52 @@ class ReplySplitter:
         thoughts, content = split(text, self.tags, self.open, final)
         (nt, nc), self.sent = self.sent, (max(self.sent[0], len(thoughts)), max(self.sent[1], len(content)))
         return thoughts[nt:], content[nc:]
+
+
+@dataclass
+class ThoughtBudget:
+    """A reply's thinking budget of n > 0 tokens, as llama.cpp counts it: the tokens inside a thought, after its
+    opening tag (its own tokens not counted) whether the prompt's generation prompt or the reply wrote it, the
+    prompt's tokens after it included (`prefill`). Once n are in, the thought is cut and `forced` (the budget's
+    message, the closing tag, the template's text after it) goes into the reply in place of the next token; a thought
+    closed by the model itself ends the count, a later opening tag starts a new one. `cut` is fed the reply's token
+    pieces as they are generated."""
+
+    n: int
+    tags: tuple[str, str]
+    forced: list[int]  # the tokens put in at the cut
+    counting: bool = False  # inside a thought
+    used: int = 0  # its tokens so far
+    seen: bytes = b""  # the text since the thought opened (before: since the last one closed)
+
+    def prefill(self, pieces: list[bytes]) -> None:
+        """The prompt's tokens (their pieces): a thought its generation prompt opens counts from there."""
+        for piece in pieces:
+            self.accept(piece)
+
+    def accept(self, piece: bytes) -> None:
+        start, end = (t.encode() for t in self.tags)
+        self.seen += piece
+        if not self.counting:
+            at = self.seen.find(start)
+            if at >= 0:
+                self.counting, self.used, self.seen = True, 0, self.seen[at + len(start):]
+        elif end in self.seen:  # closed by the model
+            self.counting, self.seen = False, self.seen[self.seen.find(end) + len(end):]
+        else:
+            self.used += 1
+
+    def spent(self) -> bool:
+        if self.counting and self.used >= self.n:
+            self.counting, self.seen = False, b""
+            return True
+        return False
+
+    def cut(self, pieces: list[bytes]) -> int | None:
+        """How many of these tokens (their pieces) to keep: None all of them, k where the budget is spent after the
+        first k (0: before them); `forced` follows them."""
+        for i, piece in enumerate(pieces):
+            if self.spent():
+                return i
+            self.accept(piece)
+        return len(pieces) if self.spent() else None

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 from specee import _core
 from specee.generate import MODES, DraftParams, ExitParams, GenerateOptions, NgramParams
 from specee.model import Model
+from specee.server.reasoning import ThoughtBudget
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of a request body
 MAX_DEPTH = 64  # arrays and objects nested in a request body
@@ -237,6 +238,7 @@ class RequestParams:
     id_slot: int = -1  # llama.cpp's id_slot: the slot to run on (-1: the one whose cache holds most of the prompt)
     progress: bool = False  # llama.cpp's return_progress: a stream reports the prompt's evaluation as it goes
     timings: bool = False  # llama.cpp's timings_per_token: every streamed chunk has the timings so far
+    budget: ThoughtBudget | None = None  # a chat's thinking budget (server/reasoning.py; each job counts on a copy)
 
 
 def probs_wanted(body: dict, api: str) -> int:

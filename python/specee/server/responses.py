@@ -201,4 +201,4 @@ async def responses(request: Request) -> Response:
         done = event("response.completed", response=response(res, "completed", output))
         return out + [{**done, "timings": timings(res)}]
 
-    return await respond(state, request, prompt.tokens, {**chat, **prompt.extra}, shape, "responses")
+    return await respond(state, request, prompt.tokens, {**chat, **prompt.extra}, shape, "responses", prompt.budget)

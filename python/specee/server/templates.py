@@ -116,6 +116,7 @@ class ChatTemplate:
     prefill: bool = True  # a chat's final assistant message is continued (--no-prefill-assistant: answered after)
     thinking: tuple[str, str] | None = None  # the markers of thoughts in its text (Jinja only)
     enable_thinking: bool = False  # the template variable's default: --reasoning, and whether the template thinks
+    after_thinking: str = ""  # the text it puts between a thought's closing tag and the content ("\n\n": Qwen3's)
 
     @property
     def kind(self) -> str:
@@ -206,6 +207,7 @@ def chat_template_of(model: Model, jinja: bool, template: str | None, template_f
     t = checked(ChatTemplate(source=source, kwargs=kwargs, bos=bos, eos=eos, compiled=compiled, reasoning=reasoning))
     thinks = thinking_of(t)
     t.thinking = tags_in(source)
+    t.after_thinking = after_thinking_of(t)
     # llama.cpp's: on or off as asked (--reasoning, a budget of 0: off), else where the template thinks
     t.enable_thinking = (False if reasoning.budget == 0 else reasoning.switch if reasoning.switch is not None
                          else thinks)
@@ -220,6 +222,21 @@ def thinking_of(t: ChatTemplate) -> bool:
     except TemplateError:
         return False
     return on != off or tags_in(t.source) is not None
+
+
+def after_thinking_of(t: ChatTemplate) -> str:
+    """The text a Jinja template puts after an assistant message's closing thinking tag, before its content ("" where
+    it renders no thoughts, or none of its own)."""
+    if t.thinking is None:
+        return ""
+    said = [*ASK, {"role": "assistant", "content": "ANSWER", "reasoning_content": "THOUGHT"}]
+    try:
+        text = t.render(said, add_generation_prompt=False)
+    except TemplateError:
+        return ""
+    end = t.thinking[1]
+    at, answer = text.find(end, text.find("THOUGHT")), text.rfind("ANSWER")
+    return text[at + len(end):answer] if "THOUGHT" in text and 0 <= at < answer else ""
 
 
 def without_system(messages: list[dict]) -> list[dict]:

@@ -22,7 +22,8 @@ from typing import Any
 
 from specee.model import CHAT_ROLES, Model
 from specee.server.request import ApiError
-from specee.server.reasoning import REASONING_FORMATS, ReasoningError, ReplyThoughts, budget_of, format_of, thinks_open
+from specee.server.reasoning import (REASONING_FORMATS, ReasoningError, ReplyThoughts, ThoughtBudget, budget_of,
+                                    format_of, thinks_open)
 from specee.server.templates import ChatTemplate, TemplateError
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for a function's name
@@ -348,6 +349,7 @@ class ChatPrompt:
     tools: Tools | None
     extra: dict[str, Any]
     thoughts: ReplyThoughts | None = None  # how the reply's thoughts are split out of it (None: they are not)
+    budget: ThoughtBudget | None = None  # where its thoughts are cut (reasoning budget N > 0; None: never)
 
 
 def template_kwargs(body: dict) -> dict[str, Any]:
@@ -370,15 +372,42 @@ def template_kwargs(body: dict) -> dict[str, Any]:
         kwargs.pop("reasoning_effort", None)
     elif effort:
         kwargs["reasoning_effort"] = effort
+    if budget_asked(body) == 0:
+        kwargs["enable_thinking"] = False
+    return kwargs
+
+
+def budget_asked(body: dict) -> int:
+    """A request's thinking budget, llama.cpp's fields: `reasoning_budget_tokens`, else `thinking_budget_tokens`
+    (-1: the server's; 400 on a bad one)."""
     for key in ("reasoning_budget_tokens", "thinking_budget_tokens"):
         if body.get(key) is not None:
             try:
-                if budget_of(body[key], f"'{key}'") == 0:
-                    kwargs["enable_thinking"] = False
+                return budget_of(body[key], f"'{key}'")
             except ReasoningError as e:
                 raise ApiError(400, str(e), param=key) from None
-            break
-    return kwargs
+    return -1
+
+
+def budget_for(model: Model, template: ChatTemplate, body: dict, tokens: list[int], held: bool
+               ) -> ThoughtBudget | None:
+    """The reply's thinking budget of N > 0 tokens (the request's, else --reasoning-budget), None where there is
+    none: unlimited, no thinking markers, or a reply held to a grammar; it has counted the prompt's `tokens`. The
+    forced text is the request's `reasoning_budget_message` (else --reasoning-budget-message), the closing tag and
+    the template's text after it."""
+    n = budget_asked(body)
+    n = template.reasoning.budget if n == -1 else n
+    if n <= 0 or template.thinking is None or held:
+        return None
+    message = body.get("reasoning_budget_message")
+    if message is not None and not isinstance(message, str):
+        raise ApiError(400, "'reasoning_budget_message' must be a string", param="reasoning_budget_message")
+    message = template.reasoning.budget_message if message is None else message
+    forced = model.tokenize(message + template.thinking[1] + template.after_thinking, add_special=False,
+                            parse_special=True)
+    budget = ThoughtBudget(n, template.thinking, forced)
+    budget.prefill([model.token_to_piece(t, True) for t in tokens])
+    return budget
 
 
 def continued(template: ChatTemplate, messages: list[dict], described: list[dict] | None, kwargs: dict[str, Any],
@@ -445,21 +474,22 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
             raise ApiError(400, f"'tools' (under tool_choice {tools.choice}) hold the reply to a tool call's JSON: "
                            f"not with {taken[0]} too", param=taken[0])
         extra["json_schema"] = schema
-    return ChatPrompt(text, template.tokens(model, text) if tokenize else [], tools, extra,
-                      thoughts_of(template, body, text, extra))
+    fmt = body.get("response_format")
+    held = (extra.get("json_schema") is not None or body.get("grammar") is not None
+            or body.get("json_schema") is not None or isinstance(fmt, dict) and fmt.get("type") not in (None, "text"))
+    tokens = template.tokens(model, text) if tokenize else []
+    return ChatPrompt(text, tokens, tools, extra, thoughts_of(template, body, text, held),
+                      budget_for(model, template, body, tokens, held) if tokenize else None)
 
 
-def thoughts_of(template: ChatTemplate, body: dict, text: str, extra: dict[str, Any]) -> ReplyThoughts | None:
+def thoughts_of(template: ChatTemplate, body: dict, text: str, held: bool) -> ReplyThoughts | None:
     """How a reply's thoughts are split out (server/reasoning.py), None where they are not: a template without
-    thinking markers, the format none, or a reply held to a grammar (it starts with its JSON)."""
+    thinking markers, the format none, or a reply held to a grammar (`held`: it starts with its JSON)."""
     try:
         name = format_of(body["reasoning_format"], "'reasoning_format'") if body.get("reasoning_format") is not None \
             else template.reasoning.format
     except ReasoningError as e:
         raise ApiError(400, str(e), param="reasoning_format") from None
-    fmt = body.get("response_format")
-    held = (extra.get("json_schema") is not None or body.get("grammar") is not None
-            or body.get("json_schema") is not None or isinstance(fmt, dict) and fmt.get("type") not in (None, "text"))
     if template.thinking is None or not REASONING_FORMATS[name].split or held:
         return None
     return ReplyThoughts(template.thinking, thinks_open(text, template.thinking), REASONING_FORMATS[name].in_content)
