@@ -173,7 +173,7 @@ async def messages(request: Request) -> Response:
 
     # a stream's thoughts as they come (deepseek-legacy leaves them in the text, as llama.cpp does)
     thinking = prompt.thoughts.stream() if stream and prompt.thoughts and not prompt.thoughts.in_content else None
-    opened = [-1, ""]  # a stream's open block: its index and type
+    opened: list[Any] = [-1, ""]  # a stream's open block: its index and type
 
     def blocks_of(res: Result) -> tuple[list[dict], str]:
         thoughts, text = prompt.thoughts.split(res.text) if prompt.thoughts else (None, res.text)

@@ -138,10 +138,10 @@ async def chat_completions(request: Request) -> Response:
         logprobs = None if new is None else chat_logprobs(new)
         if not final:  # the log-probabilities with the last delta
             return [chunk(res, d, None, None) for d in delta[:-1]] + [chunk(res, delta[-1], None, logprobs)]
-        out = [chunk(res, d, None, None) for d in delta] + [chunk(res, {}, finish, logprobs)]
+        chunks = [chunk(res, d, None, None) for d in delta] + [chunk(res, {}, finish, logprobs)]
         if verbose(state, body):  # llama.cpp's: on the first of the last chunks
-            out[0]["__verbose"] = verbose_of(state, body, res, prompt.tokens, None, True)
-        return out
+            chunks[0]["__verbose"] = verbose_of(state, body, res, prompt.tokens, None, True)
+        return chunks
 
     return await respond(state, request, prompt.tokens, {**body, **prompt.extra}, shape, "chat", prompt.budget)
 
