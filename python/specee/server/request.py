@@ -148,7 +148,8 @@ async def off_loop(request: Request, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-async def json_body(request: Request) -> Any:
+async def body_bytes(request: Request) -> bytes:
+    """The request's body, at most MAX_BODY bytes (413 beyond, from its Content-Length or as it comes)."""
     size = request.headers.get("content-length")
     if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
         raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes")
@@ -158,8 +159,13 @@ async def json_body(request: Request) -> Any:
         n += len(chunk)
         if n > MAX_BODY:
             raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes")
-    request.state.body_bytes = n
-    return await off_loop(request, parse_json, b"".join(chunks))
+    return b"".join(chunks)
+
+
+async def json_body(request: Request) -> Any:
+    raw = await body_bytes(request)
+    request.state.body_bytes = len(raw)
+    return await off_loop(request, parse_json, raw)
 
 
 async def json_object(request: Request) -> dict:

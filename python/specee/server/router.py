@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specee.server.llama import BUILD_INFO
-from specee.server.request import MAX_BODY, ApiError
+from specee.server.request import ApiError, body_bytes
 
 # the router's flags, and what else its children do not get (--host, --port, the API key: the router checks it)
 ROUTER_FLAGS = ("--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload")
@@ -325,13 +325,7 @@ def router_of(request: Request) -> RouterState:
 
 
 async def body_of(request: Request) -> tuple[bytes, dict]:
-    chunks, n = [], 0
-    async for chunk in request.stream():
-        chunks.append(chunk)
-        n += len(chunk)
-        if n > MAX_BODY:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes")
-    raw = b"".join(chunks)
+    raw = await body_bytes(request)
     try:
         body = json.loads(raw) if raw else {}
     except ValueError as e:
