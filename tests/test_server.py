@@ -84,13 +84,17 @@ class Server:
     """A specee-server subprocess on 127.0.0.1; stopped by `stop` (the fixture's teardown)."""
 
     def __init__(self, model: Path, *args: str) -> None:
+        self.start("server", "-m", str(model), "-t", "1", *args)
+
+    def start(self, what: str, *args: str) -> None:
+        """specee-server with `args` on a free port, once it answers /health (30 s at most)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "specee.server", "-m", str(model), "--port", str(self.port),
-                                      "-t", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for _ in range(150):  # 30 s at most
+        self.proc = subprocess.Popen([sys.executable, "-m", "specee.server", "--port", str(self.port), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(150):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {self.proc.stdout.read() if self.proc.stdout else ''}")
+                raise RuntimeError(f"the {what} exited: {self.proc.stdout.read() if self.proc.stdout else ''}")
             try:
                 if call(self.port, "GET", "/health").status_code == 200:
                     return
@@ -98,7 +102,7 @@ class Server:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError("the server did not answer /health in 30 s")
+        raise RuntimeError(f"the {what} did not answer /health in 30 s")
 
     def rss_kb(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

@@ -210,20 +210,7 @@ class Router(Server):
     """specee-server started without -m (router mode) on 127.0.0.1."""
 
     def __init__(self, *args: str) -> None:  # noqa: super().__init__ starts a one-model server
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "specee.server", "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for _ in range(150):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the router exited: {self.proc.stdout.read() if self.proc.stdout else ''}")
-            try:
-                if call(self.port, "GET", "/health").status_code == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("the router did not answer /health in 30 s")
+        self.start("router", *args)
 
     def statuses(self) -> dict[str, str]:
         data = call(self.port, "GET", "/models", headers=KEY).json()["data"]
