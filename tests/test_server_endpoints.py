@@ -1,8 +1,9 @@
-"""specee-server's endpoints and fields beside llama-server's: OpenAI's Responses API (/v1/responses, streamed too),
-Vertex AI's predict route (AIP_MODE=PREDICTION), a slot's cache saved, restored and erased (--slot-save-path, POST
-/slots/{id}, file names checked), id_slot, return_progress and timings_per_token in streams, a request's n_predict
-over -n (llama-server's rule), --kv-unified, json_object's schema, and the chat and Anthropic inputs llama-server
-answers its own way. Servers bind 127.0.0.1 and are stopped by their fixtures; every loop is bounded."""
+"""specee-server's endpoints and fields beside llama-server's: OpenAI's Responses API (/v1/responses, streamed too,
+and its input_tokens), Vertex AI's predict route (AIP_MODE=PREDICTION), a slot's cache saved, restored and erased
+(--slot-save-path, POST /slots/{id}, file names checked), id_slot, return_progress and timings_per_token in streams, a
+request's n_predict over -n (llama-server's rule), --kv-unified, json_object's schema, and the chat and Anthropic
+inputs llama-server answers its own way. Servers bind 127.0.0.1 and are stopped by their fixtures; every loop is
+bounded."""
 
 from __future__ import annotations
 
@@ -78,6 +79,17 @@ def test_responses_answer_as_chat_does(server: Server) -> None:
                        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id")):
         r = call(server.port, "POST", "/v1/responses", bad)
         assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_responses_input_tokens_count_the_chat_prompt(server: Server) -> None:
+    chat = post(server, "/chat/completions/input_tokens", {"messages": [{"role": "system", "content": "Book"},
+                                                                        {"role": "user", "content": "Hi there"}]})
+    for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+        assert post(server, path, {"instructions": "Book", "input": "Hi there"}) == chat
+    user = post(server, "/chat/completions/input_tokens", {"messages": [{"role": "user", "content": "Hi there"}]})
+    assert post(server, "/v1/responses/input_tokens", {"input": "Hi there"}) == user != chat
+    r = call(server.port, "POST", "/v1/responses/input_tokens", {"input": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
 
 
 def test_a_request_n_predict_is_taken_over_the_servers(server: Server) -> None:

@@ -38,7 +38,7 @@ from specee.server.llama import detokenize, health, llama_completion, metrics, p
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, models
 from specee.server.reasoning import ReasoningError, reasoning_of
 from specee.server.request import ApiError, options_fields
-from specee.server.responses import responses
+from specee.server.responses import responses, responses_input_tokens
 from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
 from specee.server.sleep import READ_ONLY, Sleeper
 from specee.server.templates import ChatTemplate, chat_template_of
@@ -159,6 +159,8 @@ def make_app(state: ServerState, sleeper: Sleeper | None = None, gcp: GcpSetting
         Route("/slots/{id_slot}", slot_action, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/responses", responses, methods=["POST"]),
+        Route("/v1/responses/input_tokens", responses_input_tokens, methods=["POST"]),
+        Route("/responses/input_tokens", responses_input_tokens, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics),

@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from specee.server.engine import ServerState
 from specee.server.generation import Result, respond, timings
@@ -117,6 +117,14 @@ def chat_body(body: dict) -> dict:
     if fmt is not None:
         chat["response_format"] = fmt
     return chat
+
+
+async def responses_input_tokens(request: Request) -> Response:
+    """llama.cpp's /v1/responses/input_tokens: how many tokens a Responses request's input is through the template."""
+    state: ServerState = request.app.state.server
+    body = await json_object(request)
+    prompt = await off_loop(request, chat_prompt, state.model, state.template, chat_body(body))
+    return JSONResponse({"input_tokens": len(prompt.tokens)})
 
 
 async def responses(request: Request) -> Response:
