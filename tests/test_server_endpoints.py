@@ -113,6 +113,12 @@ def test_progress_and_timings_in_streams(server: Server) -> None:
     progress = [c["prompt_progress"] for c in again if "prompt_progress" in c]
     assert progress[0]["cache"] == progress[0]["processed"] == 18 and progress[-1]["processed"] == 20
     assert not any("prompt_progress" in c for c in events(server, "/completion", {"prompt": prompt, "n_predict": 2}))
+    # chat's progress chunks: llama.cpp's role delta, a last one with the whole prompt
+    chat = events(server, "/chat/completions", {"messages": [{"role": "user", "content": "A test " * 8}],
+                                                "max_tokens": 2, "return_progress": True})
+    marked = [c for c in chat if "prompt_progress" in c]
+    assert len(marked) >= 2 and marked[-1]["prompt_progress"]["processed"] == marked[-1]["prompt_progress"]["total"]
+    assert all(c["choices"][0]["delta"] == {"role": "assistant", "content": None} for c in marked)
     r = call(server.port, "POST", "/completion", {"prompt": prompt, "id_slot": 5})
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
 

@@ -230,8 +230,9 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
                 for chunk in chunks(shape(res, "", first=True)):
                     yield sse(chunk, named)
             async for piece in pieces:
-                if isinstance(piece, Progress):  # return_progress: a content chunk with nothing new, and the progress
-                    for chunk in chunks(shape(res, "")):
+                if isinstance(piece, Progress):  # return_progress: a chunk with nothing new (chat's: the role, as
+                    # llama.cpp's), and the progress
+                    for chunk in chunks(shape(res, "")) or chunks(shape(res, "", first=True)):
                         yield sse({**chunk, "prompt_progress": piece.json(),
                                    **({"timings": piece.timings()} if params.timings else {})}, named)
                     continue
