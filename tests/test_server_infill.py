@@ -231,38 +231,72 @@ def test_spm_infill_flag(fim_gguf: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def upstream(fim_gguf: Path) -> Iterator[int]:
+def upstream() -> Iterator[Any]:
+    """start(model, *flags): upstream llama-server on 127.0.0.1 (one slot of 4096 tokens), its port (one server per
+    model and flags, kept for the module); all stopped at the end."""
     bin_dir = os.environ.get("SPECEE_UPSTREAM_BIN")
     if not bin_dir or not (Path(bin_dir) / "llama-server").exists():
         pytest.skip("needs upstream llama.cpp's llama-server (set SPECEE_UPSTREAM_BIN=DIR)")
-    port = free_port()
-    proc = subprocess.Popen([str(Path(bin_dir) / "llama-server"), "-m", str(fim_gguf), "--host", "127.0.0.1",
-                             "--port", str(port), "-np", "1", "-c", "4096", "-t", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    procs: list[subprocess.Popen] = []
+    ports: dict[tuple, int] = {}
+
+    def start(model: Path, *args: str) -> int:
+        if (model, *args) in ports:
+            return ports[(model, *args)]
+        port = free_port()
+        procs.append(subprocess.Popen([str(Path(bin_dir) / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
+                                       "--port", str(port), "-np", "1", "-c", "4096", "-t", "1", *args],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for _ in range(300):  # 60 s at most
             try:
                 if call(port, "GET", "/health").status_code == 200:
-                    break
+                    ports[(model, *args)] = port
+                    return port
             except OSError:
                 pass
-            assert proc.poll() is None, "llama-server exited"
+            assert procs[-1].poll() is None, "llama-server exited"
             subprocess.run(["sleep", "0.2"])
-        else:
-            raise AssertionError("llama-server did not answer /health in 60 s")
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+        raise AssertionError("llama-server did not answer /health in 60 s")
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=15)
+
+
+FIELDS = ("prompt", "tokens_evaluated", "tokens", "content")
+
+
+@pytest.fixture(scope="module")
+def twin(fim_gguf: Path) -> Iterator[Server]:
+    """A server for the comparisons alone: both servers reuse the cached prefix of the request before, and a prefix
+    evaluated in other batches can turn a near-tie, so both see the same requests in the same order."""
+    s = Server(fim_gguf, "-np", "1", "-c", "4096", "-ctv", "f16")
+    yield s
+    s.stop()
 
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("body", [REQUEST, {**REQUEST, "input_extra": EXTRA},
                                   {**REQUEST, "input_extra": [{"text": "x"}, *EXTRA], "prompt": ""}])
-def test_the_same_prompt_and_tokens_as_upstream(server: Server, upstream: int, body: dict) -> None:
-    fields = ("prompt", "tokens_evaluated", "tokens", "content")
+def test_the_same_prompt_and_tokens_as_upstream(upstream: Any, twin: Server, fim_gguf: Path, body: dict) -> None:
+    port = upstream(fim_gguf)
     request = {**body, "n_predict": 16, "temperature": 0, "return_tokens": True}
-    ours, theirs = infill(server.port, request), infill(upstream, request)
-    assert {k: ours[k] for k in fields} == {k: theirs[k] for k in fields}
-    streamed = events(upstream, request)
-    assert "".join(c["content"] for c in events(server.port, request)) == "".join(c["content"] for c in streamed)
+    ours, theirs = infill(twin.port, request), infill(port, request)
+    assert {k: ours[k] for k in FIELDS} == {k: theirs[k] for k in FIELDS}
+    streamed = events(port, request)
+    assert "".join(c["content"] for c in events(twin.port, request)) == "".join(c["content"] for c in streamed)
+
+
+@pytest.mark.upstream
+def test_file_separators_and_spm_as_upstream(upstream: Any, sep_gguf: Path) -> None:
+    port = upstream(sep_gguf, "--spm-infill")
+    ours = Server(sep_gguf, "-np", "1", "-c", "4096", "-ctv", "f16", "--spm-infill")
+    try:
+        request = {**REQUEST, "input_extra": [{"text": "x"}, *EXTRA], "n_predict": 16, "temperature": 0,
+                   "return_tokens": True}
+        mine, theirs = infill(ours.port, request), infill(port, request)
+        assert {k: mine[k] for k in FIELDS} == {k: theirs[k] for k in FIELDS}
+        assert mine["prompt"].count(SEP) == 3 and mine["prompt"].index(SUF) < mine["prompt"].index(PRE)
+    finally:
+        ours.stop()
