@@ -218,13 +218,17 @@ def test_no_fim_tokens_is_501(tiny_gguf_no_fim: Path) -> None:
         s.stop()
 
 
-def test_spm_infill_flag(fim_gguf: Path) -> None:
-    s = Server(fim_gguf, "-c", "512", "--spm-infill")
-    try:
-        out = infill(s.port, {"input_prefix": "a", "input_suffix": "b", "prompt": "c", "n_predict": 0})
-        assert out["prompt"] == f"{SUF}b{PRE}ac{MID}"  # -c 512 < the batch: no room for the extra part
-    finally:
-        s.stop()
+def test_spm_infill_and_batch_flags(fim_gguf: Path) -> None:
+    """--spm-infill: the suffix first; -c 512 < -b 2048 leaves no room for the repository part, -b 64 does, and
+    keeps the prefix's last 48 tokens, the suffix's first 16 - (2 + 1)."""
+    body = {"input_prefix": " a" * 60, "input_suffix": " b" * 20, "prompt": "c", "n_predict": 0}
+    for flags, want in ((["-c", "512"], f"{SUF}{' b' * 20}{PRE}{' a' * 60}c{MID}"),
+                        (["-c", "512", "-b", "64"], f"{REP}myproject\n{SUF}{' b' * 13}{PRE}{' a' * 48}c{MID}")):
+        s = Server(fim_gguf, "-np", "1", "--spm-infill", *flags)
+        try:
+            assert infill(s.port, body)["prompt"] == want, flags
+        finally:
+            s.stop()
 
 
 # ---- upstream llama-server on the same file

@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
                         model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc},
                         slot_save_path=save_path, pooling=args.pooling or model.pooling,
                         embd_normalize=args.embd_normalize,
-                        n_batch=args.n_batch or int(CONTEXT_OPTIONS["n_batch"]["default"]),
+                        n_batch=args.n_batch or ServerState.n_batch,
                         spm_infill="spm_infill" in args.llama)
     sleeper = None
     if args.sleep_idle_seconds > 0:

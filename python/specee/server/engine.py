@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specee import _core
+from specee.context_options import CONTEXT_OPTIONS
 from specee.generate import MODES
 from specee.model import Model
 from specee.server.prompt_cache import PromptCache, common_prefix
@@ -387,5 +388,6 @@ class ServerState:
     slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save writes (None: not served)
     pooling: str = "mean"  # of embeddings (--pooling; --reranking: rank, /rerank), a name of specee.pooling
     embd_normalize: int = 2  # how pooled embeddings are scaled (--embd-normalize; server/embed.py `normalized`)
-    n_batch: int = 2048  # the logical batch (-b): /infill shares the context by it (server/infill.py)
+    # the logical batch (-b; the context options' default): /infill shares the context by it (server/infill.py)
+    n_batch: int = int(CONTEXT_OPTIONS["n_batch"]["default"])
     spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
