@@ -1,6 +1,7 @@
 // specee-vocab.cpp: tokenizers (SentencePiece-style and GPT-2 byte-level BPE), special tokens, detokenizing
 #include "specee-vocab.h"
 
+#include "specee-fim.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-unicode.h"
@@ -45,6 +46,7 @@ struct specee_vocab {
     std::unordered_map<uint64_t, bpe_merge>  merges;   // BPE: (left, right) token ids -> rank, merged token
     std::vector<int32_t>                     specials; // control, user-defined, unknown: longest text first
     std::vector<int32_t>                     eog;
+    int32_t     fim[SPECEE_FIM_COUNT] = {-1, -1, -1, -1, -1, -1}; // specee-fim.h's tokens, -1: none
     int32_t     byte_ids[256];  // the token of each byte (SPM: <0xNN>, BPE: its GPT-2 character), -1 if none
     std::string byte_text[256]; // BPE: each byte as its GPT-2 character
 };
@@ -263,6 +265,58 @@ static void find_end_of_generation(specee_vocab & v) {
     }
 }
 
+// ---- fill-in-the-middle tokens -----------------------------------------------------------------
+
+// Each FIM token (specee-fim.h's order): its name, the metadata keys that name it (the current key, then the older
+// one), and the texts code models give it in their vocabularies, found when no key names it (the first in the
+// vocabulary wins). Pad, repository and file separator tokens end generation.
+struct fim_row {
+    const char * name;
+    const char * keys[2];
+    const char * texts[8];
+};
+
+static const fim_row k_fim_rows[SPECEE_FIM_COUNT] = {
+    {"pre", {"tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"},
+     {"<|fim_prefix|>", "<fim_prefix>", "<fim-prefix>", "<PRE>", "▁<PRE>", "<｜fim▁begin｜>", "<|code_prefix|>",
+      "<|prefix|>"}},
+    {"suf", {"tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"},
+     {"<|fim_suffix|>", "<fim_suffix>", "<fim-suffix>", "<SUF>", "▁<SUF>", "<｜fim▁hole｜>", "<|code_suffix|>",
+      "<|suffix|>"}},
+    {"mid", {"tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"},
+     {"<|fim_middle|>", "<fim_middle>", "<fim-middle>", "<MID>", "▁<MID>", "<｜fim▁end｜>", "<|code_middle|>",
+      "<|middle|>"}},
+    {"pad", {"tokenizer.ggml.fim_pad_token_id", nullptr}, {"<|fim_pad|>", "<fim_pad>", "<fim-pad>", "<PAD>", "[PAD]"}},
+    {"rep", {"tokenizer.ggml.fim_rep_token_id", nullptr},
+     {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+    {"sep", {"tokenizer.ggml.fim_sep_token_id", nullptr}, {"<|file_sep|>"}},
+};
+
+// the FIM tokens of the file's keys, else of their texts (a normal token found by its text becomes a control token,
+// hidden in output as llama.cpp hides it); the ones that end generation join the eog list (after the others, whose
+// order stays)
+static void find_fim_tokens(specee_vocab & v, const gguf_context * g) {
+    for (int k = 0; k < SPECEE_FIM_COUNT; ++k) {
+        const fim_row & row = k_fim_rows[k];
+        int32_t &       id  = v.fim[k];
+        for (const char * key : row.keys) {
+            if (key && id < 0) {
+                get_token_id(g, key, v.tokens.size(), id);
+            }
+        }
+        for (size_t i = 0; id < 0 && i < std::size(row.texts) && row.texts[i]; ++i) {
+            auto it = v.ids.find(row.texts[i]);
+            if (it != v.ids.end()) {
+                id = it->second;
+                v.tokens[id].type = v.tokens[id].type == TOKEN_NORMAL ? TOKEN_CONTROL : v.tokens[id].type;
+            }
+        }
+        if (k >= SPECEE_FIM_PAD && id >= 0 && std::find(v.eog.begin(), v.eog.end(), id) == v.eog.end()) {
+            v.eog.push_back(id);
+        }
+    }
+}
+
 // what tokenizing and detokenizing look up: the special tokens (longest first, which take the whitespace after them
 // when the family's do), each byte's token, each token's piece
 static void build_indexes(specee_vocab & v, bool special_rstrip) {
@@ -312,6 +366,7 @@ specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab, bool 
     }
     read_special_ids(v, g);
     find_end_of_generation(v);
+    find_fim_tokens(v, g);
     build_indexes(v, special_rstrip);
     return owned.release();
 }
@@ -580,6 +635,14 @@ extern "C" int32_t specee_token_eog_ids(const specee_model * m, int32_t * out, i
         out[i] = eog[i];
     }
     return (int32_t) eog.size();
+}
+
+extern "C" const char * specee_fim_name(int32_t kind) {
+    return kind >= 0 && kind < SPECEE_FIM_COUNT ? k_fim_rows[kind].name : nullptr;
+}
+
+extern "C" int32_t specee_token_fim(const specee_model * m, int32_t kind) {
+    return m && m->vocab && kind >= 0 && kind < SPECEE_FIM_COUNT ? m->vocab->fim[kind] : -1;
 }
 
 extern "C" const char * specee_token_text(const specee_model * m, int32_t token) {

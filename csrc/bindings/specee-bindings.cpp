@@ -1,5 +1,6 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
 #include "specee-context-shift.h"
+#include "specee-fim.h"
 #include "specee-pooling.h"
 #include "specee.h"
 #include "specee-slots-ext.h"
@@ -837,6 +838,14 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("token_eot", [](const Model & s) { return specee_token_eot(s.ptr); })
         .def("token_is_eog", [](const Model & s, int32_t t) { return specee_token_is_eog(s.ptr, t); })
         .def_property_readonly("eog_tokens", [](const Model & s) { return id_list(specee_token_eog_ids, s.ptr); })
+        .def_property_readonly("fim_tokens",
+                               [](const Model & s) {
+                                   py::dict out; // name -> token id (-1: none), in specee-fim.h's order
+                                   for (int32_t k = 0; k < SPECEE_FIM_COUNT; ++k) {
+                                       out[specee_fim_name(k)] = specee_token_fim(s.ptr, k);
+                                   }
+                                   return out;
+                               })
         .def_property_readonly("has_eagle", [](const Model & s) { return specee_model_has_eagle(s.ptr); })
         .def_property_readonly("eagle_n_vocab", [](const Model & s) { return specee_model_eagle_n_vocab(s.ptr); })
         .def_property_readonly("eagle_draft_vocab",

@@ -56,6 +56,9 @@ class Model:
     def eog_tokens(self) -> list[int]:
         ...
     @property
+    def fim_tokens(self) -> dict[str, int]:
+        ...
+    @property
     def exit_layers(self) -> list[int]:
         ...
     @property

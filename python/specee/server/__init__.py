@@ -19,6 +19,7 @@ text (stop strings included) and writes responses. HTTP is Starlette on uvicorn 
     responses.py   OpenAI's Responses API, /v1/responses, over chat's path
     llama.py       llama.cpp's endpoints: /completion, /tokenize, /detokenize, /health, /props, /slots (a slot's cache
                    saved, restored, erased), /metrics
+    infill.py      llama.cpp's /infill: the fill-in-the-middle prompt laid out with the model's FIM tokens
     gcp.py         Vertex AI's predict route (AIP_MODE=PREDICTION): each instance to one of the POST endpoints
     sleep.py       --sleep-idle-seconds: the model unloaded when idle, loaded again by the next request needing it
     router.py      router mode (no -m, --models-dir / --models-preset): a child server per model, requests routed

@@ -33,6 +33,7 @@ from specee.server.anthropic import messages as anthropic_messages
 from specee.server.flags import add_llama_flags, llama_flags_of
 from specee.server.embed import embeddings, rerank
 from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
+from specee.server.infill import infill
 from specee.server.prompt_cache import DEFAULT_MIB, PromptCache
 from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, models
@@ -147,6 +148,7 @@ def make_app(state: ServerState, sleeper: Sleeper | None = None, gcp: GcpSetting
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", llama_completion, methods=["POST"]),  # llama.cpp's, as llama-server routes it
         Route("/completion", llama_completion, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),  # llama.cpp's fill-in-the-middle (server/infill.py)
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),  # llama.cpp's shape, as /embedding
         Route("/embedding", embeddings, methods=["POST"]),
@@ -441,7 +443,9 @@ def main(argv: list[str] | None = None) -> None:
                         cors_origins=args.cors_origins, template=template, verbose="verbose" in args.llama,
                         model_meta={"n_ctx": model.n_ctx, "n_vocab": model.n_vocab, "desc": model.desc},
                         slot_save_path=save_path, pooling=args.pooling or model.pooling,
-                        embd_normalize=args.embd_normalize)
+                        embd_normalize=args.embd_normalize,
+                        n_batch=args.n_batch or ServerState.n_batch,
+                        spm_infill="spm_infill" in args.llama)
     sleeper = None
     if args.sleep_idle_seconds > 0:
         sleeper = Sleeper(state, args.sleep_idle_seconds, lambda: Model(model.path, **options))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specee import _core
+from specee.context_options import CONTEXT_OPTIONS
 from specee.generate import MODES
 from specee.model import Model
 from specee.server.prompt_cache import PromptCache, common_prefix
@@ -364,8 +365,8 @@ class ServerState:
     generates (-n; -1: until an end-of-generation token or a full slot), the sampling defaults of requests
     (GenerateOptions' fields, from --temp, --seed, ...), whether /slots is served, the model's names (-a a,b: `alias`
     the first) and tags (--tags), the origins CORS lets a browser call from, the chat template, the model's facts
-    /v1/models shows, whether the model is unloaded for now, the folder of saved slots, and the pooling of
-    embeddings."""
+    /v1/models shows, whether the model is unloaded for now, the folder of saved slots, the pooling of
+    embeddings, and /infill's settings."""
 
     model: Model
     engine: Engine
@@ -387,3 +388,6 @@ class ServerState:
     slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save writes (None: not served)
     pooling: str = "mean"  # of embeddings (--pooling; --reranking: rank, /rerank), a name of specee.pooling
     embd_normalize: int = 2  # how pooled embeddings are scaled (--embd-normalize; server/embed.py `normalized`)
+    # the logical batch (-b; the context options' default): /infill shares the context by it (server/infill.py)
+    n_batch: int = int(CONTEXT_OPTIONS["n_batch"]["default"])
+    spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix

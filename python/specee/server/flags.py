@@ -144,8 +144,9 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("-ctk --cache-type-k", "TYPE", "refused", "the K cache is f16 here", neutral=("f16",)),
     S("-dt --defrag-thold", "N", "ignored", "deprecated upstream"),
     S("--perf --no-perf --warmup --no-warmup", None, "ignored", "timings are always kept; no warm-up pass"),
-    S("-e --escape --no-escape -sp --special --spm-infill --verbose-prompt", None, "ignored",
-      "command-line generation only"),
+    S("-e --escape --no-escape -sp --special --verbose-prompt", None, "ignored", "command-line generation only"),
+    S("--spm-infill", None, "server", "/infill puts the suffix before the prefix (the SPM order some models were "
+      "trained on; default: prefix first)", "spm_infill"),
     S("-r --reverse-prompt", "PROMPT", "ignored", "command-line generation only: requests give `stop`"),
     S("--reasoning-format", "FORMAT", "server", "thoughts of a reply: auto and deepseek in "
       "message.reasoning_content, deepseek-legacy there and in content, none left in content (default: auto)",

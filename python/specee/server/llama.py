@@ -1,4 +1,5 @@
-"""llama.cpp's server endpoints, in its shapes: /completion (with its `timings` and `completion_probabilities`),
+"""llama.cpp's server endpoints, in its shapes: /completion (with its `timings` and `completion_probabilities`; /infill
+lays out its prompt in server/infill.py and answers here),
 /tokenize, /detokenize, /health, /props, /slots (and POST /slots/{id}: a slot's cache saved, restored, erased) and
 /metrics (Prometheus text: llama.cpp's metrics under `llamacpp:`, this server's own under `specee:`)."""
 
@@ -112,6 +113,13 @@ async def llama_completion(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
     prompts = await off_loop(request, prompts_of, state.model, body)
+    return await llama_answer(state, request, body, prompts)
+
+
+async def llama_answer(state: ServerState, request: Request, body: dict, prompts: list[list[int]],
+                       special_prompt: bool = False) -> Response:
+    """/completion's answer to `body` for these prompts (token ids; /infill's too): whole or streamed, one answer
+    per prompt. special_prompt: the answer's `prompt` shows special tokens' text (as llama-server's)."""
     stream = body_field(body, "stream", bool, False)
     fields = body_field(body, "response_fields", list, [], lambda v: all(isinstance(f, str) for f in v),
                         "a list of field names")
@@ -126,7 +134,8 @@ async def llama_completion(request: Request) -> Response:
         ids = res.new_tokens() if stream else res.tokens
         if not final:
             return completion_partial(res, piece, ids if with_tokens or stream else [], probs, index)
-        out = completion_final(state, res, tokens, settings, stream, ids if with_tokens else [], probs, index)
+        text = state.model.detokenize(tokens, False, True) if special_prompt else None
+        out = completion_final(state, res, tokens, settings, stream, ids if with_tokens else [], probs, index, text)
         return pick_fields(out, fields) if fields else out
 
     if len(prompts) == 1:
