@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "specee-draft-model.h"
+#include "specee-lora.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -743,6 +744,9 @@ struct specee_context_options {
     int32_t flash_attn;                  // 0 on, 1 off, 2 auto: accepted for llama.cpp's command lines (attention is
                                          // always flash attention here)
     int32_t ngram_cache;                 // as specee_context_params
+    char    lora[SPECEE_MAX_PATH];        // LoRA adapters (specee-lora.h): "FNAME,..." at scale 1, then
+    char    lora_scaled[SPECEE_MAX_PATH]; //   "FNAME:SCALE,..."; setting either again appends; "" clears
+    bool    lora_init_without_apply;      // loaded at scale 0, applied later (the server's POST /lora-adapters)
 };
 
 struct specee_context_options specee_context_options_default(void);
