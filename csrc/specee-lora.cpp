@@ -268,9 +268,17 @@ int32_t specee_context_set_lora(specee_context * ctx, specee_lora * const * adap
             }
             set.push_back({adapters[i], scales[i]});
         }
+        bool same = set.size() == ctx->lora.size();
+        for (size_t i = 0; same && i < set.size(); ++i) {
+            same = set[i].adapter == ctx->lora[i].adapter && set[i].scale == ctx->lora[i].scale;
+        }
+        if (same) {
+            return 0;
+        }
         ctx->lora = std::move(set);
         ctx->reuse_key.clear(); // the kept graph was built for the old set
         ctx->reuse_gf = nullptr;
+        specee_kv_clear(ctx); // its cells hold the old set's K/V (the draft model's stay: it is not adapted)
         return 0;
     });
 }

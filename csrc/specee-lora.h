@@ -13,10 +13,11 @@
 // Where the adapter's tensors live: with the weight they adapt (a device's buffer for an offloaded layer, an RPC
 // server's for a layer there), or the CPU's plain buffer for a weight on the CPU (also when the weight was repacked).
 //
-// The KV cache: cells hold K/V computed under the set active when they were written; changing the set recomputes
-// nothing. A cached prompt is the new set's only if re-evaluated: callers that reuse cached prompts (the server's
-// slots) do not reuse one made under another set (llama.cpp's server clears a slot's cache when its LoRA set
-// changes), and sequences decoded together share one set (a context has one).
+// The KV cache: cells hold K/V computed under the set active when they were written, so changing a context's set
+// clears its KV cache (every sequence; setting the same set again keeps it): no prompt cached under one set is reused
+// under another, as llama.cpp's server clears a slot's cache when the slot's LoRA set changes. Sequences decoded
+// together share the context's one set: a caller with requests under different sets runs them one set at a time (the
+// server's engine does).
 #pragma once
 
 #include <stdint.h>
@@ -51,7 +52,7 @@ const char * specee_lora_path(const specee_lora * adapter);
 
 // Makes adapters[0..n) with scales[0..n) (finite) the context's active set, replacing the previous one (n = 0: none).
 // Every adapter must be loaded for the context's model; at most SPECEE_LORA_MAX, no adapter twice. 0, or -1 with
-// specee_last_error() (the set is left as it was).
+// specee_last_error() (the set is left as it was). A set other than the current one clears the KV cache.
 int32_t specee_context_set_lora(struct specee_context * ctx, specee_lora * const * adapters, const float * scales,
                                 int32_t n);
 // the number of active adapters, and (i < n) the i-th with its scale in *scale
