@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 
 specee_lora::~specee_lora() {
@@ -132,6 +133,36 @@ static std::map<std::string, specee_lora_weight> read_pairs(ggml_context * meta,
     return pairs;
 }
 
+// ---- the context options' lists ---------------------------------------------------------------------
+
+static bool parse_scale(const char * v, double & out) {
+    char * end = nullptr;
+    out        = strtod(v, &end);
+    return *v && *end == '\0';
+}
+
+bool specee_lora_list_parse(const char * text, bool scaled, std::vector<std::string> * files,
+                            std::vector<float> * scales) {
+    std::stringstream ss(text);
+    for (std::string item; std::getline(ss, item, ',');) {
+        const size_t colon = item.rfind(':');
+        double       scale = 1.0;
+        if (scaled && (colon == std::string::npos || !parse_scale(item.c_str() + colon + 1, scale) ||
+                       !std::isfinite(scale))) {
+            return false;
+        }
+        const std::string file = scaled ? item.substr(0, colon) : item;
+        if (file.empty()) {
+            return false;
+        }
+        if (files && scales) {
+            files->push_back(file);
+            scales->push_back((float) scale);
+        }
+    }
+    return true;
+}
+
 // ---- loading --------------------------------------------------------------------------------------------
 
 // where an adapter's pair for W goes: W's buffer type off the host (a device, an RPC server), the CPU's plain one on
@@ -208,8 +239,8 @@ int32_t specee_lora_init_from_options(specee_model * model, const specee_context
     return specee_guard<int32_t>(-1, [&] {
         std::vector<std::string> files;
         std::vector<float>       sc;
-        if (!o || !specee_lora_list_parse(o->lora, false, files, sc) ||
-            !specee_lora_list_parse(o->lora_scaled, true, files, sc)) {
+        if (!o || !specee_lora_list_parse(o->lora, false, &files, &sc) ||
+            !specee_lora_list_parse(o->lora_scaled, true, &files, &sc)) {
             specee_fail("lora / lora_scaled: not a list of FNAME / FNAME:SCALE");
         }
         if ((int32_t) files.size() > n_max) {

@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <sstream>
 #include <thread>
 
 #include <sched.h>
@@ -126,7 +125,6 @@ struct option_def {
     int32_t             n_names;
     double              lo, hi;       // INT / FLOAT: the accepted range of an explicit value
     int32_t             cap = 0;      // FLOATS: the most values (0: SPECEE_MAX_DEVICES)
-    bool                append = false; // TEXT: a list that setting again extends (comma-separated; "" clears)
 };
 
 #define OFF(f) offsetof(specee_generator_params, f)
@@ -335,17 +333,14 @@ static const option_def CONTEXT_OPTIONS[] = {
     {{"flash_attn", SPECEE_OPTION_CHOICE, "on,off,auto", "on, off or auto",
       "accepted for compatibility; attention is always computed with ggml's flash attention here", "-fa,--flash-attn", "on|off|auto"},
      OFF(flash_attn), 0, FLASH_ATTN_NAMES, 3, 0, 0},
-    {{"lora", SPECEE_OPTION_TEXT, nullptr, "comma-separated files",
-      "LoRA adapters at scale 1, comma-separated (repeatable; a GGUF from `python -m specee.convert lora`)",
-      "--lora", "FNAME"},
-     OFF(lora), 0, nullptr, 0, 0, 0, 0, /*append =*/true},
-    {{"lora_scaled", SPECEE_OPTION_TEXT, nullptr, "comma-separated FNAME:SCALE",
-      "LoRA adapters with their scales, comma-separated FNAME:SCALE (repeatable; after the --lora ones)",
-      "--lora-scaled", "FNAME:SCALE,..."},
-     OFF(lora_scaled), 0, nullptr, 0, 0, 0, 0, /*append =*/true},
-    {{"lora_init_without_apply", SPECEE_OPTION_BOOL, nullptr, "true or false",
-      "load the LoRA adapters at scale 0, to be applied later (the server's POST /lora-adapters; default: off)",
-      "--lora-init-without-apply", nullptr},
+    {{"lora", SPECEE_OPTION_TEXT, nullptr, "comma-separated files", "LoRA adapters at scale 1, comma-separated "
+      "(repeatable; GGUF files from `python -m specee.convert lora`)", "--lora", "FNAME", true},
+     OFF(lora), 0, nullptr, 0, 0, 0},
+    {{"lora_scaled", SPECEE_OPTION_TEXT, nullptr, "comma-separated FNAME:SCALE", "LoRA adapters with their "
+      "scales (repeatable; after the --lora ones)", "--lora-scaled", "FNAME:SCALE,...", true},
+     OFF(lora_scaled), 0, nullptr, 0, 0, 0},
+    {{"lora_init_without_apply", SPECEE_OPTION_BOOL, nullptr, "true or false", "load the LoRA adapters at scale 0, "
+      "applied later by POST /lora-adapters (default: off)", "--lora-init-without-apply", nullptr},
      OFF(lora_init_without_apply), 0, nullptr, 0, 0, 0},
 };
 
@@ -442,26 +437,6 @@ static bool parse_number(const char * v, double & out) {
     char * end = nullptr;
     out        = strtod(v, &end);
     return *v && *end == '\0' && errno != ERANGE && !std::isnan(out);
-}
-
-bool specee_lora_list_parse(const char * text, bool scaled, std::vector<std::string> & files,
-                            std::vector<float> & scales) {
-    std::stringstream ss(text);
-    for (std::string item; std::getline(ss, item, ',');) {
-        const size_t colon = item.rfind(':');
-        double       scale = 1.0;
-        if (scaled && (colon == std::string::npos || !parse_number(item.c_str() + colon + 1, scale) ||
-                       !std::isfinite(scale))) {
-            return false;
-        }
-        const std::string file = scaled ? item.substr(0, colon) : item;
-        if (file.empty()) {
-            return false;
-        }
-        files.push_back(file);
-        scales.push_back((float) scale);
-    }
-    return true;
 }
 
 static bool parse_bool(const char * v, bool & out) {
@@ -582,13 +557,11 @@ static void set_value(char * base, const option_def & o, const char * v) {
             break;
         }
         case SPECEE_OPTION_TEXT: {
-            const std::string text = o.append && field[0] && v[0] ? std::string(field) + "," + v : std::string(v);
+            const std::string text = o.info.repeatable && field[0] && v[0] ? std::string(field) + "," + v : std::string(v);
             if (text.size() >= SPECEE_MAX_CHOICES) {
                 specee_fail("%s is longer than %d bytes", o.info.name, SPECEE_MAX_CHOICES - 1);
             }
-            std::vector<std::string> files;
-            std::vector<float>       scales;
-            if (o.append && !specee_lora_list_parse(v, strcmp(o.info.name, "lora_scaled") == 0, files, scales)) {
+            if (o.info.repeatable && !specee_lora_list_parse(v, strcmp(o.info.name, "lora_scaled") == 0)) {
                 refuse(o, v);
             }
             snprintf(field, SPECEE_MAX_CHOICES, "%s", text.c_str());

@@ -700,6 +700,7 @@ struct specee_option {
     const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size"); NULL: "--" and the name
                           // with '-' for '.' and '_' (the generation options)
     const char * hint;    // the value's placeholder on a usage line ("FNAME"); NULL: the frontend's choice
+    bool         repeatable; // TEXT: a comma-separated list that setting again extends ("" clears); flags repeat
 };
 
 // the i-th option, NULL past the end

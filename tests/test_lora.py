@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
@@ -28,6 +29,7 @@ from test_cli import cli  # noqa: F401 (a fixture: llama-cli)
 from test_cli import run as cli_run
 from test_convert_cli import bpe_dir, eagle_state, upstream_binary  # noqa: F401 (bpe_dir: a fixture)
 from test_families import llama_completion_tokens
+from test_server import Server, call
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_LORA = Path(os.environ.get("SPECEE_UPSTREAM_CONVERT_LORA", ROOT.parent / "up" /
@@ -357,3 +359,59 @@ def test_greedy_tokens_equal_upstream_llama_completion_lora(base: Path, ggufs, t
     plain = llama_completion_tokens(exe, base, text, 32, tmp_path)
     assert plain != theirs  # the adapter changes upstream's tokens too
 
+
+
+# ---- the server
+
+
+def test_server_lora_adapters_and_per_request_scales(base: Path, ggufs) -> None:
+    """--lora / --lora-scaled, GET and POST /lora-adapters, a request's `lora` (adapters not listed at 0), 400 on a
+    bad id or scale; requests under different scales at once each get what they get alone (one set at a time)."""
+    s = Server(base, "-np", "2", "-c", "512", "--mode", "plain", "--ngram-cache", "0", "--lora", str(ggufs[0]),
+               "--lora-scaled", f"{ggufs[1]}:0.5")
+    try:
+        listed = call(s.port, "GET", "/lora-adapters").json()
+        assert [(a["id"], a["path"], a["scale"]) for a in listed] == [(0, str(ggufs[0]), 1.0), (1, str(ggufs[1]), 0.5)]
+
+        def complete(lora=None) -> str:
+            body = {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "ignore_eos": True}
+            if lora is not None:
+                body["lora"] = lora
+            r = call(s.port, "POST", "/completion", body)
+            assert r.status_code == 200, r.text
+            return r.json()["content"]
+
+        m = specee.Model(base, n_ctx=N_CTX, n_threads=1, lora_scaled=[(ggufs[0], 1.0), (ggufs[1], 0.5)])
+        want = m.detokenize(m.generate_tokens(PROMPT, 16, mode="plain", temp=0, ignore_eos=True))
+        m.set_lora([0.0, 0.0])
+        want_off = m.detokenize(m.generate_tokens(PROMPT, 16, mode="plain", temp=0, ignore_eos=True))
+        assert want != want_off
+        default = complete()
+        assert default == want
+        off = complete([{"id": 0, "scale": 0.0}])  # adapter 1 not listed: 0 too
+        assert off == want_off
+        assert complete([{"id": 0, "scale": 1}, {"id": 1, "scale": 0.5}]) == default  # restores it
+        assert complete([]) == default  # []: the server's scales
+        with ThreadPoolExecutor(3) as pool:  # different scales at once: each as alone
+            got = list(pool.map(complete, [None, [{"id": 0, "scale": 0}], None]))
+        assert got == [default, off, default]
+        for bad in ([{"id": 2, "scale": 1}], [{"id": "0", "scale": 1}], [{"id": 0, "scale": "x"}], [5], {"id": 0}):
+            r = call(s.port, "POST", "/completion", {"prompt": "hi", "n_predict": 2, "lora": bad})
+            assert r.status_code == 400 and "lora" in r.text, (bad, r.text)
+        assert call(s.port, "POST", "/lora-adapters", [{"id": 1, "scale": 0}]).json() == {"success": True}
+        assert [a["scale"] for a in call(s.port, "GET", "/lora-adapters").json()] == [0.0, 0.0]
+        assert complete() == off
+        assert call(s.port, "POST", "/lora-adapters", {"id": 0}).status_code == 400
+        assert call(s.port, "POST", "/lora-adapters", [{"id": 9, "scale": 1}]).status_code == 400
+    finally:
+        s.stop()
+
+
+def test_server_lora_init_without_apply_and_a_bad_file(base: Path, ggufs, tmp_path: Path) -> None:
+    s = Server(base, "-np", "1", "-c", "256", "--lora", str(ggufs[0]), "--lora-init-without-apply")
+    try:
+        assert [a["scale"] for a in call(s.port, "GET", "/lora-adapters").json()] == [0.0]
+    finally:
+        s.stop()
+    with pytest.raises(RuntimeError, match="missing.gguf"):
+        Server(base, "--lora", str(tmp_path / "missing.gguf"))

@@ -684,6 +684,7 @@ static py::list option_rows(const specee_option * (*option)(int32_t),
         e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
         e["flags"]   = o->flags ? py::object(py::str(o->flags).attr("split")(",")) : py::object(py::list());
         e["hint"]    = o->hint ? py::object(py::str(o->hint)) : py::object(py::none());
+        e["repeatable"] = o->repeatable;
         out.append(e);
     }
     return out;

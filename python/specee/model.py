@@ -70,7 +70,7 @@ class Model:
         draft_model: str | os.PathLike | None = None,
         n_gpu_layers_draft: int | None = None,
         lora: Sequence[str | os.PathLike] | None = None,
-        lora_scaled: Sequence[tuple[str | os.PathLike, float]] | None = None,
+        lora_scaled: Sequence[tuple[str | os.PathLike, float] | str] | None = None,
         lora_init_without_apply: bool | None = None,
     ) -> None:
         """The keywords are the runtime's context options (specee.context_options.CONTEXT_OPTIONS, the CLI's
@@ -102,7 +102,7 @@ class Model:
         its own: mode "draft" (auto's choice then) drafts with it (GenerateOptions.draft); n_gpu_layers_draft: its
         n_gpu_layers.
         lora: LoRA adapter files (GGUF, `python -m specee.convert lora`) applied at scale 1; lora_scaled: (file,
-        scale) pairs, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply: loaded at scale 0.
+        scale) pairs or "FILE:SCALE" texts, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply: loaded at scale 0.
         `lora_adapters` lists them, `set_lora` changes the scales (csrc/specee-lora.h)."""
         self.path = str(path) if path is not None else default_model_path()
         self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
@@ -115,7 +115,8 @@ class Model:
             rpc_servers=rpc_servers, tensor_split=tensor_split, ngram_cache=ngram_cache,
             draft_model=os.fspath(draft_model) if draft_model else None, n_gpu_layers_draft=n_gpu_layers_draft,
             lora=[os.fspath(p) for p in lora] if lora else None,
-            lora_scaled=[f"{os.fspath(p)}:{float(s)!r}" for p, s in lora_scaled] if lora_scaled else None,
+            lora_scaled=[x if isinstance(x, str) else f"{os.fspath(x[0])}:{float(x[1])!r}" for x in lora_scaled]
+            if lora_scaled else None,
             lora_init_without_apply=lora_init_without_apply))
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
