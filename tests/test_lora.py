@@ -255,6 +255,50 @@ def test_truncated_adapters_never_crash(base: Path, ggufs, tmp_path: Path) -> No
             specee.Model(base, n_ctx=N_CTX, n_threads=1, lora=[cut])
 
 
+FUZZ_WORKER = """
+import sys
+import specee
+base, paths = sys.argv[1], sys.argv[2:]
+for path in paths:
+    try:
+        m = specee.Model(base, n_ctx=64, n_threads=1, lora=[path])
+        m.eval([1, 2, 3])
+        m.close()
+        print("loaded", flush=True)
+    except specee.SpecEEError as e:
+        print("refused", str(e).splitlines()[0][:80], flush=True)
+"""
+
+
+def test_fuzzed_adapters_are_refused_or_loaded_never_a_crash(base: Path, ggufs, tmp_path: Path) -> None:
+    """Seeded mutations of an adapter file (bytes of its header, metadata and tensor infos set at random, words set to
+    extremes, truncation) loaded one after another by a worker: each is refused with SpecEEError or loads and
+    evaluates; a crash (or any other exception) ends the worker and fails the test."""
+    data = ggufs[0].read_bytes()
+    rng = np.random.default_rng(38)
+    head = min(len(data), 4096)
+    paths = []
+    for i in range(120):
+        b = bytearray(data)
+        for _ in range(int(rng.integers(1, 5))):
+            at = int(rng.integers(0, head - 8))
+            if rng.random() < 0.5:
+                b[at] = int(rng.integers(0, 256))
+            else:
+                extreme = [0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1][int(rng.integers(0, 6))]
+                b[at:at + 8] = extreme.to_bytes(8, "little")
+        if rng.random() < 0.2:
+            b = b[:int(rng.integers(0, len(b)))]
+        paths.append(tmp_path / f"fuzz{i}.gguf")
+        paths[-1].write_bytes(bytes(b))
+    r = subprocess.run([sys.executable, "-c", FUZZ_WORKER, str(base), *map(str, paths)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(paths)
+    assert any(line.startswith("refused") for line in lines)
+
+
 # ---- the converter
 
 

@@ -77,7 +77,9 @@ struct Model {
         if (!ptr || n < 0) {
             const std::string why = specee_last_error();
             specee_model_free(ptr);
-            PyErr_SetString(g_error, why.c_str());
+            PyObject * msg = PyUnicode_DecodeUTF8(why.data(), (Py_ssize_t) why.size(), "replace"); // file bytes
+            PyErr_SetObject(g_error, msg);
+            Py_XDECREF(msg);
             throw py::error_already_set();
         }
         lora.resize(n);
