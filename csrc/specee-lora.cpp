@@ -198,6 +198,8 @@ static void place_pairs(specee_lora & lora, const std::map<std::string, specee_l
         }
         ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS); // ops run where their weights are
         lora.bufs.push_back(buf);
+        specee_log_info("LoRA adapter %s: %.2f MiB in %s", lora.path.c_str(),
+                        ggml_backend_buffer_get_size(buf) / 1048576.0, ggml_backend_buft_name(cb.first));
     }
     for (const auto & p : pairs) {
         const specee_lora_weight & dst = lora.weights.at(model_w.at(p.first));

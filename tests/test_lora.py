@@ -28,14 +28,15 @@ from specee.convert.merge import merge_gguf
 from test_cli import cli  # noqa: F401 (a fixture: llama-cli)
 from test_cli import run as cli_run
 from test_convert_cli import bpe_dir, eagle_state, upstream_binary  # noqa: F401 (bpe_dir: a fixture)
-from test_families import llama_completion_tokens
+from test_families import FAMILIES, llama_completion_tokens, save_family
+from test_devices import rpc_server  # noqa: F401 (a fixture: a specee-rpc-server on 127.0.0.1)
 from test_server import Server, call
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_LORA = Path(os.environ.get("SPECEE_UPSTREAM_CONVERT_LORA", ROOT.parent / "up" /
                                     "llama_cpp_python-0.3.36/vendor/llama.cpp/convert_lora_to_gguf.py"))
 MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-           "mlp.up_proj", "mlp.down_proj")
+           "mlp.up_proj", "mlp.down_proj", "self_attn.qkv_proj", "mlp.gate_up_proj")  # the last two: phi3's fused
 PROMPT = [1, 17, 42, 99, 7, 250, 3, 64, 128, 5]
 N_CTX = 128
 # logits against transformers' (F32): the K cache is F16 here, which moves logits by a few 1e-3 (the base model's too)
@@ -60,9 +61,9 @@ def write_peft(folder: Path, hf: torch.nn.Module, rank: int, alpha: float, seed:
     return folder
 
 
-def merged(hf_dir: Path, adapters: list[tuple[Path, float]]) -> torch.nn.Module:
+def merged(hf_dir: Path, adapters: list[tuple[Path, float]], load=load_hf) -> torch.nn.Module:
     """transformers' model with each adapter folder's pairs merged at scale s: W + s alpha / r B A."""
-    model = load_hf(hf_dir)
+    model = load(hf_dir)
     modules = dict(model.named_modules())
     with torch.no_grad():
         for folder, scale in adapters:
@@ -126,6 +127,28 @@ def test_logits_equal_transformers_with_merged_weights(scale: float, base: Path,
     np.testing.assert_allclose(got, want, **TOL)
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "mistral"])
+def test_every_family_and_fused_projection_equals_transformers(family: str, tmp_path: Path) -> None:
+    """Biases (qwen2), Q/K norms (qwen3), fused QKV and gate-up (phi3), Gemma's norms and soft-capping: the adapted
+    projections as transformers merges them; the lm_head too where it is not tied to the embeddings."""
+    save_family(family, tmp_path)
+    hf = load_hf_any(tmp_path)
+    base = tmp_path / "base.gguf"
+    convert_hf_to_gguf(tmp_path, base, "f32", progress=False)
+    tied = hf.config.tie_word_embeddings
+    peft = write_peft(tmp_path / "peft", hf, 4, 8.0, seed=5, lm_head=not tied)
+    convert_lora(peft, base, tmp_path / "lora.gguf", "f32", progress=False)
+    tokens = PROMPT[:8]
+    want = logits_of(merged(tmp_path, [(peft, 0.9)], load_hf_any), tokens)
+    assert np.abs(want - logits_of(hf, tokens)).max() > 0.3
+    np.testing.assert_allclose(ours(base, tokens, lora_scaled=[(tmp_path / "lora.gguf", 0.9)]), want, **TOL)
+
+
+def load_hf_any(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
 def test_scale_zero_and_init_without_apply_are_the_base(base: Path, ggufs, bpe_dir: Path) -> None:  # noqa: F811
     plain = logits_of(load_hf(bpe_dir), PROMPT)
     np.testing.assert_allclose(ours(base, PROMPT), plain, **TOL)
@@ -184,6 +207,16 @@ def test_speculative_greedy_equals_plain_under_an_adapter(mode: str, base: Path,
     assert fast == plain
     m.set_lora([0.0])
     assert m.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True) != plain
+
+
+def test_layers_on_an_rpc_server_are_adapted_there(base: Path, ggufs, rpc_server: str) -> None:  # noqa: F811
+    """The adapter's matrices of the offloaded layers live on the RPC server beside their weights; the logits are the
+    CPU's (layers 0-1 and the output there with -ngl 2 in llama.cpp's order; every one with -ngl -1)."""
+    cpu = ours(base, PROMPT, lora_scaled=[(ggufs[0], 0.8), (ggufs[1], 0.5)])
+    for ngl in (2, -1):
+        got = ours(base, PROMPT, lora_scaled=[(ggufs[0], 0.8), (ggufs[1], 0.5)], rpc_servers=[rpc_server],
+                   n_gpu_layers=ngl, offload_order="last")
+        np.testing.assert_allclose(got, cpu, atol=1e-4, rtol=1e-4)
 
 
 # ---- bad files
