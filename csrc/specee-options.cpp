@@ -557,7 +557,8 @@ static void set_value(char * base, const option_def & o, const char * v) {
             break;
         }
         case SPECEE_OPTION_TEXT: {
-            const std::string text = o.info.repeatable && field[0] && v[0] ? std::string(field) + "," + v : std::string(v);
+            const bool        more = o.info.repeatable && field[0] && v[0]; // a list set again: extended
+            const std::string text = more ? std::string(field) + "," + v : std::string(v);
             if (text.size() >= SPECEE_MAX_CHOICES) {
                 specee_fail("%s is longer than %d bytes", o.info.name, SPECEE_MAX_CHOICES - 1);
             }

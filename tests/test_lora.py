@@ -118,8 +118,8 @@ def ours(base: Path, tokens: list[int], **kw) -> np.ndarray:
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.5, -0.7])
-def test_logits_equal_transformers_with_merged_weights(scale: float, base: Path, peft, ggufs, bpe_dir: Path  # noqa: F811
-                                                       ) -> None:
+def test_logits_equal_transformers_with_merged_weights(scale: float, base: Path, peft, ggufs,
+                                                       bpe_dir: Path) -> None:  # noqa: F811
     want = logits_of(merged(bpe_dir, [(peft[0], scale)]), PROMPT)
     got = ours(base, PROMPT, lora_scaled=[(ggufs[0], scale)])
     plain = logits_of(load_hf(bpe_dir), PROMPT)
@@ -205,8 +205,13 @@ def test_speculative_greedy_equals_plain_under_an_adapter(mode: str, base: Path,
     m.kv_clear()
     fast = m.generate_tokens(prompt, 24, mode=mode, temp=0, ignore_eos=True)
     assert fast == plain
-    m.set_lora([0.0])
-    assert m.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True) != plain
+    m.set_lora([0.0])  # the cache is cleared: what follows is the base model's, in either mode
+    base_tokens = m.generate_tokens(prompt, 24, mode=mode, temp=0, ignore_eos=True)
+    assert base_tokens != plain
+    fresh = specee.Model(path, n_ctx=N_CTX, n_threads=1)
+    assert base_tokens == fresh.generate_tokens(prompt, 24, mode="plain", temp=0, ignore_eos=True)
+    m.set_lora([0.7])
+    assert m.generate_tokens(prompt, 24, mode=mode, temp=0, ignore_eos=True) == plain
 
 
 def test_layers_on_an_rpc_server_are_adapted_there(base: Path, ggufs, rpc_server: str) -> None:  # noqa: F811

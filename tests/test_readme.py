@@ -3,12 +3,13 @@ fails here.
 
 Each ```bash block runs in order in a folder laid out like the repository (autoee/ and tests/ linked), after
 placeholders are given stand-ins (a tiny Hugging Face folder for MODEL_DIR and Llama-2-7b-chat-hf, an EAGLE head and
-predictors for it, a PEFT LoRA adapter for PEFT_DIR, a SpecEE-style eauto file, the default model for MODEL.gguf and SmolLM2.gguf, SpecEE's question
-files for questions/, small synthetic files) and the limits are cut (tokens, prompts, repetitions, training steps,
-the synthetic file's shape). Blocks that are output samples are ```text and do not run. The set-up commands are what
-CI runs before the tests (.ci/run). Commands that need upstream llama.cpp (PATH/TO/...) run when SPECEE_UPSTREAM_BIN
-names the folder of its binaries and are skipped otherwise; blocks that name questions/ are skipped where SpecEE's
-question files are absent; every other command must be covered by a rule below, so a new one cannot slip by."""
+predictors for it, a PEFT LoRA adapter for PEFT_DIR, a SpecEE-style eauto file, the default model for MODEL.gguf and
+SmolLM2.gguf, SpecEE's question files for questions/, small synthetic files) and the limits are cut (tokens,
+prompts, repetitions, training steps, the synthetic file's shape). Blocks that are output samples are ```text and do
+not run. The set-up commands are what CI runs before the tests (.ci/run). Commands that need upstream llama.cpp
+(PATH/TO/...) run when SPECEE_UPSTREAM_BIN names the folder of its binaries and are skipped otherwise; blocks that
+name questions/ are skipped where SpecEE's question files are absent; every other command must be covered by a rule
+below, so a new one cannot slip by."""
 
 from __future__ import annotations
 

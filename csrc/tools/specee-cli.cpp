@@ -434,7 +434,8 @@ static bool init_context(session & s) {
     }
     std::vector<float> scales(SPECEE_LORA_MAX);
     s.lora.resize(SPECEE_LORA_MAX);
-    const int32_t n_lora = specee_lora_init_from_options(s.model, &p.ctx, s.lora.data(), scales.data(), SPECEE_LORA_MAX);
+    const int32_t n_lora =
+        specee_lora_init_from_options(s.model, &p.ctx, s.lora.data(), scales.data(), SPECEE_LORA_MAX);
     s.lora.resize(std::max(n_lora, 0));
     if (n_lora < 0 || specee_context_set_lora(s.ctx, s.lora.data(), scales.data(), n_lora) != 0) {
         fprintf(stderr, "error: LoRA adapters: %s\n", specee_last_error());

@@ -102,8 +102,8 @@ class Model:
         its own: mode "draft" (auto's choice then) drafts with it (GenerateOptions.draft); n_gpu_layers_draft: its
         n_gpu_layers.
         lora: LoRA adapter files (GGUF, `python -m specee.convert lora`) applied at scale 1; lora_scaled: (file,
-        scale) pairs or "FILE:SCALE" texts, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply: loaded at scale 0.
-        `lora_adapters` lists them, `set_lora` changes the scales (csrc/specee-lora.h)."""
+        scale) pairs or "FILE:SCALE" texts, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply:
+        loaded at scale 0. `lora_adapters` lists them, `set_lora` changes the scales (csrc/specee-lora.h)."""
         self.path = str(path) if path is not None else default_model_path()
         self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
         if draft_head == "default":

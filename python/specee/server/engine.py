@@ -6,9 +6,9 @@ LoRA adapters (--lora): the model's context has one set of scales, so requests r
 whose scales (its `lora`, else the server's, POST /lora-adapters) differ from those applied waits, with the jobs
 behind it, until the running ones finish; then the new scales are applied, which empties every slot's cache and the
 prompt cache (their K/V were computed under the old scales), as llama.cpp clears a slot's cache when its adapters
-change. `ServerState` is what the endpoints share: the model, the engine and the server's settings. `unload` and `load` take
-the model out and put one back while nothing runs (--sleep-idle-seconds, server/sleep.py): the queue, the thread and
-the metrics stay.
+change. `ServerState` is what the endpoints share: the model, the engine and the server's settings. `unload` and
+`load` take the model out and put one back while nothing runs (--sleep-idle-seconds, server/sleep.py): the queue,
+the thread and the metrics stay.
 """
 
 from __future__ import annotations

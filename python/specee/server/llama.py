@@ -1,6 +1,7 @@
 """llama.cpp's server endpoints, in its shapes: /completion (with its `timings` and `completion_probabilities`),
-/tokenize, /detokenize, /health, /props, /lora-adapters, /slots (and POST /slots/{id}: a slot's cache saved, restored, erased) and
-/metrics (Prometheus text: llama.cpp's metrics under `llamacpp:`, this server's own under `specee:`)."""
+/tokenize, /detokenize, /health, /props, /lora-adapters, /slots (and POST /slots/{id}: a slot's cache saved,
+restored, erased) and /metrics (Prometheus text: llama.cpp's metrics under `llamacpp:`, this server's own under
+`specee:`)."""
 
 from __future__ import annotations
 

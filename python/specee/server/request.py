@@ -402,8 +402,8 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
     """What a request body asks to generate (api: chat, completions, llama, anthropic, responses; mode: the server's,
     for requests that name none; n_predict: the server's -n, for requests that give no max_tokens / n_predict;
     defaults: the server's sampling defaults, GenerateOptions' fields, for fields a request does not give; model: for
-    logit_bias given as text; n_lora: the server's LoRA adapters), every field checked (400 on a bad one). The mode is settled first, then the options are
-    made: the runtime's checks see them as they will run."""
+    logit_bias given as text; n_lora: the server's LoRA adapters), every field checked (400 on a bad one). The mode
+    is settled first, then the options are made: the runtime's checks see them as they will run."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     n_predict = tokens_wanted(body, api, n_predict)
