@@ -61,6 +61,9 @@ static float check_metadata(const specee_model & model, const gguf_context * g, 
         specee_fail("%s: an adapter for architecture '%s', but the model is '%s'", path.c_str(), arch.c_str(),
                     model_arch.c_str());
     }
+    if (gguf_find_key(g, "adapter.alora.invocation_tokens") >= 0) { // applied from its invocation on, upstream
+        specee_fail("%s: an activated LoRA (adapter.alora.invocation_tokens) is not supported", path.c_str());
+    }
     const int64_t id = gguf_find_key(g, "adapter.lora.alpha");
     if (id < 0) {
         return 0.0f;

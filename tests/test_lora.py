@@ -237,7 +237,7 @@ def rewrite(src: Path, dst: Path, drop: set[str] = frozenset(), fields: dict | N
             continue
         w.add_key_value(k, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
     for k, v in (fields or {}).items():
-        w.add_key_value(k, v[0], v[1])
+        w.add_key_value(k, v[0], v[1], sub_type=v[2] if len(v) > 2 else None)
     new = dict(tensors or {})
     for t in r.tensors:
         if t.name not in new:
@@ -260,6 +260,8 @@ def test_bad_adapters_are_refused_with_their_reason(base: Path, ggufs, tmp_path:
         "not an adapter": rewrite(a, tmp_path / "t.gguf", fields={"general.type": ("model", S)}),
         "adapter.type is 'ia3'": rewrite(a, tmp_path / "k.gguf", fields={"adapter.type": ("ia3", S)}),
         "not a float32": rewrite(a, tmp_path / "al.gguf", fields={"adapter.lora.alpha": ("8", S)}),
+        "activated LoRA": rewrite(a, tmp_path / "alora.gguf", fields={"adapter.alora.invocation_tokens": (
+            [5, 6], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32)}),
         "which the model lacks": rewrite(a, tmp_path / "l.gguf", tensors={
             "blk.9.attn_q.weight.lora_a": np.zeros((4, 64), np.float32),
             "blk.9.attn_q.weight.lora_b": np.zeros((64, 4), np.float32)}),
