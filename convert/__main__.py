@@ -1,4 +1,4 @@
-"""python -m specee.convert {hf,merge,import-specee,inspect,quantize,synth} ... (see --help of each)."""
+"""python -m specee.convert {hf,lora,merge,import-specee,inspect,quantize,synth} ... (see --help of each)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import argparse
 from specee._optional import missing_package_exits
 
 with missing_package_exits("python -m specee.convert"):
-    from specee.convert import hf, import_specee, inspect, merge, quantize, synth
+    from specee.convert import hf, import_specee, inspect, lora, merge, quantize, synth
 
-COMMANDS = {"hf": hf, "merge": merge, "import-specee": import_specee, "inspect": inspect, "quantize": quantize,
-            "synth": synth}
+COMMANDS = {"hf": hf, "lora": lora, "merge": merge, "import-specee": import_specee, "inspect": inspect,
+            "quantize": quantize, "synth": synth}
 
 
 def main() -> None:

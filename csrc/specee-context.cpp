@@ -229,6 +229,7 @@ const float * specee_context_feature(const specee_context & ctx, int32_t i) {
 static ggml_cgraph * build_layers(specee_context & ctx, specee_graph_params & gp, specee_graph_io & io) {
     gp.state_in  = gp.layer_begin > 0 ? ctx.state[specee_context_backend_of_layer(ctx, gp.layer_begin - 1)] : nullptr;
     gp.state_out = ctx.state[specee_context_backend_of_layer(ctx, gp.layer_end - 1)];
+    gp.lora      = &ctx.lora;
     return specee_build_graph(specee_graph_begin(ctx), *ctx.model, ctx.kv, gp, io, ctx.graph_size);
 }
 
@@ -581,7 +582,8 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
     alloc_state(*ctx);
 
     // ---- the scheduler and the graph runner
-    ctx->graph_size = std::max<int32_t>(2048, (int32_t) hp.n_layer * 48 + 64);
+    // each active LoRA adapter adds 4 nodes to each of a layer's (at most 7) projections
+    ctx->graph_size = std::max<int32_t>(2048, (int32_t) hp.n_layer * (48 + 32 * SPECEE_LORA_MAX) + 64);
     ctx->graph_meta.resize(ggml_tensor_overhead() * ctx->graph_size + ggml_graph_overhead_custom(ctx->graph_size, false));
     ctx->sched = ggml_backend_sched_new(ctx->backends.data(), nullptr, (int) ctx->backends.size(), ctx->graph_size,
                                         false, true);

@@ -77,6 +77,8 @@ struct specee_context {
     specee_ngram_cache ngram_cache;
     // ---- the draft model's context (its model: model->draft), the same size, each sequence on the same id there
     std::unique_ptr<specee_context> draft;
+    // ---- the active LoRA adapters (specee-lora.h; the draft model's context has none)
+    specee_lora_set lora;
 
     ~specee_context();
 };

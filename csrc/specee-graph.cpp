@@ -28,9 +28,32 @@ static int rope_type_of(const specee_model & model, int il) {
     return il == SPECEE_IL_EAGLE ? GGML_ROPE_TYPE_NORMAL : model.hparams.rope_type;
 }
 
-// a projection of a normed input: w x (+ b) [rows, n_tokens]
-static ggml_tensor * build_proj(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * b, ggml_tensor * cur) {
+// w x [n_out, n_tokens] for a matrix of the model w [n_in, n_out], plus s alpha / r B (A x) for each active LoRA
+// adapter that adapts w (s the user's scale; alpha 0: s alone): the one place adapters apply (specee-lora.h)
+static ggml_tensor * build_mm(ggml_context * ctx0, const specee_lora_set * lora, ggml_tensor * w, ggml_tensor * cur) {
     ggml_tensor * out = ggml_mul_mat(ctx0, w, cur);
+    if (!lora) {
+        return out;
+    }
+    for (const specee_lora_active & act : *lora) {
+        const auto it = act.adapter->weights.find(w);
+        if (it == act.adapter->weights.end() || act.scale == 0.0f) {
+            continue;
+        }
+        const specee_lora_weight & lw    = it->second;
+        const float                rank  = (float) lw.b->ne[0];
+        const float                alpha = act.adapter->alpha;
+        const float                scale = alpha > 0.0f ? act.scale * alpha / rank : act.scale;
+        ggml_tensor * ab = ggml_mul_mat(ctx0, lw.b, ggml_mul_mat(ctx0, lw.a, cur)); // [n_out, n_tokens]
+        out              = ggml_add(ctx0, out, ggml_scale(ctx0, ab, scale));
+    }
+    return out;
+}
+
+// a projection of a normed input: w x (+ b) [rows, n_tokens]
+static ggml_tensor * build_proj(ggml_context * ctx0, const specee_lora_set * lora, ggml_tensor * w, ggml_tensor * b,
+                                ggml_tensor * cur) {
+    ggml_tensor * out = build_mm(ctx0, lora, w, cur);
     return b ? ggml_add(ctx0, out, b) : out;
 }
 
@@ -78,7 +101,7 @@ struct qkv_cur {
 // or one fused matrix), the per-head norms and RoPE, as the layer's family has them
 static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const specee_layer & layer,
                          specee_graph_io & io, ggml_tensor * cur, ggml_tensor * factors, int64_t n_tokens, int il,
-                         bool want_q) {
+                         bool want_q, const specee_lora_set * lora) {
     const specee_hparams & hp     = model.hparams;
     const int64_t          head_k = hp.n_embd_head_k;
     qkv_cur                out;
@@ -86,7 +109,7 @@ static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const 
     ggml_tensor *          K;
     ggml_tensor *          V;
     if (layer.wqkv) {
-        ggml_tensor * wx = ggml_mul_mat(ctx0, layer.wqkv, cur); // [n_q + n_k + n_v, n_tokens]
+        ggml_tensor * wx = build_mm(ctx0, lora, layer.wqkv, cur); // [n_q + n_k + n_v, n_tokens]
         name_il(wx, "wqkv", il);
         const int64_t n_q = head_k * hp.n_head;
         Q = want_q ? fused_rows(ctx0, wx, head_k, hp.n_head, 0) : nullptr;
@@ -95,12 +118,12 @@ static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const 
                                          ggml_row_size(wx->type, n_q + hp.n_embd_k_gqa())));
     } else {
         if (want_q) {
-            Q = build_proj(ctx0, layer.wq, layer.bq, cur); // [head_k * n_head, n_tokens]
+            Q = build_proj(ctx0, lora, layer.wq, layer.bq, cur); // [head_k * n_head, n_tokens]
             Q = ggml_reshape_3d(ctx0, Q, head_k, hp.n_head, n_tokens);
         }
-        K = build_proj(ctx0, layer.wk, layer.bk, cur); // [n_embd_k_gqa, n_tokens]
+        K = build_proj(ctx0, lora, layer.wk, layer.bk, cur); // [n_embd_k_gqa, n_tokens]
         K = ggml_reshape_3d(ctx0, K, head_k, hp.n_head_kv, n_tokens);
-        V = build_proj(ctx0, layer.wv, layer.bv, cur); // [n_embd_v_gqa, n_tokens]
+        V = build_proj(ctx0, lora, layer.wv, layer.bv, cur); // [n_embd_v_gqa, n_tokens]
     }
     if (Q) {
         name_il(Q, "Qcur", il);
@@ -151,7 +174,7 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
     const int64_t          head_k   = hp.n_embd_head_k;
     const int64_t          head_v   = hp.n_embd_head_v;
 
-    const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, factors, n_tokens, il, /*want_q =*/true);
+    const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, factors, n_tokens, il, /*want_q =*/true, gp.lora);
     build_kv_store(ctx0, gf, hp, k_cache, v_cache, io, qkv, n_tokens, il);
 
     // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv] (or of its cells gathered in order)
@@ -172,28 +195,28 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
     name_il(kqv, "kqv", il);                                          // [head_v, n_head, n_tokens]
     cur = ggml_reshape_2d(ctx0, kqv, head_v * hp.n_head, n_tokens); // [head_v * n_head, n_tokens]
 
-    cur = ggml_mul_mat(ctx0, layer.wo, cur); // [n_embd, n_tokens]
+    cur = build_mm(ctx0, gp.lora, layer.wo, cur); // [n_embd, n_tokens]
     name_il(cur, "attn_out", il);
     return cur;
 }
 
 // SwiGLU (GeGLU: gelu_tanh, gemma) feed-forward of a normed input [n_embd, n_tokens]; without ffn_gate, ffn_up holds
 // the gate rows, then the up rows (phi3)
-static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_layer & layer, ggml_tensor * cur, int il,
-                               int act = SPECEE_FFN_SILU) {
+static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_lora_set * lora, const specee_layer & layer,
+                               ggml_tensor * cur, int il, int act = SPECEE_FFN_SILU) {
     if (layer.ffn_gate) {
-        ggml_tensor * gate = ggml_mul_mat(ctx0, layer.ffn_gate, cur); // [n_ff, n_tokens]
+        ggml_tensor * gate = build_mm(ctx0, lora, layer.ffn_gate, cur); // [n_ff, n_tokens]
         name_il(gate, "ffn_gate", il);
-        ggml_tensor * up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [n_ff, n_tokens]
+        ggml_tensor * up = build_mm(ctx0, lora, layer.ffn_up, cur); // [n_ff, n_tokens]
         name_il(up, "ffn_up", il);
         cur = act == SPECEE_FFN_GELU ? ggml_geglu_split(ctx0, gate, up) : ggml_swiglu_split(ctx0, gate, up);
     } else {
-        ggml_tensor * gate_up = ggml_mul_mat(ctx0, layer.ffn_up, cur); // [2 n_ff, n_tokens]
+        ggml_tensor * gate_up = build_mm(ctx0, lora, layer.ffn_up, cur); // [2 n_ff, n_tokens]
         name_il(gate_up, "ffn_up", il);
         cur = ggml_swiglu(ctx0, gate_up); // silu(first half) * second half
     }
     name_il(cur, "ffn_swiglu", il);
-    cur = ggml_mul_mat(ctx0, layer.ffn_down, cur); // [n_embd, n_tokens]
+    cur = build_mm(ctx0, lora, layer.ffn_down, cur); // [n_embd, n_tokens]
     name_il(cur, "ffn_out", il);
     return cur;
 }
@@ -248,8 +271,9 @@ static ggml_tensor * keep_output(ggml_context * ctx0, ggml_tensor * cur, const c
 }
 
 // the lm_head's logits [n_vocab, rows] of normed rows, soft-capped where the model's are (gemma)
-static ggml_tensor * build_lm_head(ggml_context * ctx0, const specee_model & model, ggml_tensor * cur) {
-    cur              = ggml_mul_mat(ctx0, model.output, cur);
+static ggml_tensor * build_lm_head(ggml_context * ctx0, const specee_model & model, const specee_lora_set * lora,
+                                   ggml_tensor * cur) {
+    cur              = build_mm(ctx0, lora, model.output, cur);
     const float  cap = model.hparams.final_softcap;
     if (cap > 0.0f) {
         cur = ggml_scale(ctx0, ggml_tanh(ctx0, ggml_scale(ctx0, cur, 1.0f / cap)), cap);
@@ -271,7 +295,7 @@ static ggml_tensor * build_output(ggml_context * ctx0, const specee_model & mode
             ggml_set_input(io.inp_out_ids);
             cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
         }
-        cur = build_lm_head(ctx0, model, cur); // [n_vocab, n_outputs]
+        cur = build_lm_head(ctx0, model, gp.lora, cur); // [n_vocab, n_outputs]
         ggml_set_name(cur, "result_output");
         ggml_set_output(cur);
         io.result_output = cur;
@@ -311,7 +335,7 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         cur = build_norm(ctx0, ffn_inp, layer.ffn_norm, hp.f_norm_rms_eps);
         name_il(cur, "ffn_norm", il);
 
-        cur = build_ffn(ctx0, layer, cur, il, hp.ffn_act);
+        cur = build_ffn(ctx0, gp.lora, layer, cur, il, hp.ffn_act);
         if (layer.ffn_post_norm) {
             cur = build_norm(ctx0, cur, layer.ffn_post_norm, hp.f_norm_rms_eps);
             name_il(cur, "ffn_post_norm", il);
@@ -403,7 +427,7 @@ static ggml_tensor * build_eagle_mlp(ggml_context * ctx0, const specee_model & m
     name_il(ffn_inp, "ffn_inp", il);
     ggml_tensor * cur = build_norm(ctx0, ffn_inp, model.eagle.layer.ffn_norm, model.hparams.f_norm_rms_eps);
     name_il(cur, "ffn_norm", il);
-    cur = build_ffn(ctx0, model.eagle.layer, cur, il);
+    cur = build_ffn(ctx0, nullptr, model.eagle.layer, cur, il);
     cur = ggml_add(ctx0, cur, ffn_inp); // [n_embd, n_tokens]: the next feature of the draft
     name_il(cur, "out", il);
     ggml_set_output(cur);
@@ -496,7 +520,8 @@ static ggml_tensor * exit_rows(ggml_context * ctx0, const specee_hparams & hp, g
 }
 
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
-                                      specee_graph_io & io, int32_t graph_size, int32_t n_rows) {
+                                      specee_graph_io & io, int32_t graph_size, int32_t n_rows,
+                                      const specee_lora_set * lora) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
 
@@ -506,7 +531,7 @@ ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & 
     ggml_set_name(cur, "result_norm");
     ggml_set_output(cur);
     io.result_norm = cur;
-    cur            = build_lm_head(ctx0, model, cur); // [n_vocab, rows]
+    cur            = build_lm_head(ctx0, model, lora, cur); // [n_vocab, rows]
     ggml_set_name(cur, "result_output");
     ggml_set_output(cur);
     io.result_output = cur;
@@ -540,7 +565,8 @@ ggml_cgraph * specee_build_k_shift_graph(ggml_context * ctx0, const specee_model
 
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                          ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
-                                         specee_graph_io & io, int32_t graph_size, int32_t n_rows) {
+                                         specee_graph_io & io, int32_t graph_size, int32_t n_rows,
+                                         const specee_lora_set * lora) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
     const int64_t          n  = std::max(n_rows, 1);
@@ -558,7 +584,7 @@ ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model
         ggml_tensor *        cur   = build_norm(ctx0, h, layer.attn_norm, hp.f_norm_rms_eps);
         name_il(cur, "attn_norm", il);
         const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, rope_factors(model, kv.size), n, il,
-                                      /*want_q =*/false);
+                                      /*want_q =*/false, lora);
         build_kv_store(ctx0, gf, hp, kv.k[il], kv.v[il], io, qkv, n, il);
     }
     return gf;

@@ -8,6 +8,16 @@
 
 struct specee_model;
 struct specee_kv_cache;
+struct specee_lora;
+
+// a LoRA adapter active on a context with the user's scale
+struct specee_lora_active {
+    const specee_lora * adapter = nullptr;
+    float               scale   = 1.0f;
+};
+
+// the LoRA adapters a graph applies (specee-lora.h): every projection of the model's layers and its lm_head
+using specee_lora_set = std::vector<specee_lora_active>;
 
 struct specee_graph_params {
     int32_t n_tokens    = 0;
@@ -35,6 +45,9 @@ struct specee_graph_params {
     // reads the first n_tokens columns of state_in; the last layer's output is copied into state_out
     ggml_tensor * state_in  = nullptr;
     ggml_tensor * state_out = nullptr;
+
+    // the active LoRA adapters (NULL or empty: none; the draft head's graphs never have any)
+    const specee_lora_set * lora = nullptr;
 };
 
 struct specee_graph_io {
@@ -78,7 +91,8 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
 // column of `state`) or (n_rows > 0, tree exit) the n_rows columns io.inp_out_ids lists; io.result_norm [n_embd,
 // rows], io.result_output [n_vocab, rows]
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
-                                      specee_graph_io & io, int32_t graph_size, int32_t n_rows = 0);
+                                      specee_graph_io & io, int32_t graph_size, int32_t n_rows,
+                                      const specee_lora_set * lora);
 
 // Context shift: every cached K of every layer turned by RoPE by its cell's position difference io.inp_pos [kv.size]
 // (0: unchanged), in place, as the layers' RoPE turned it (llama.cpp's K-shift); V does not depend on positions
@@ -91,4 +105,5 @@ ggml_cgraph * specee_build_k_shift_graph(ggml_context * ctx0, const specee_model
 // of those layers runs
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                          ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
-                                         specee_graph_io & io, int32_t graph_size, int32_t n_rows = 0);
+                                         specee_graph_io & io, int32_t graph_size, int32_t n_rows,
+                                         const specee_lora_set * lora);

@@ -11,6 +11,7 @@
 #include "ggml.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,6 +97,24 @@ struct specee_exit_cfg {
     float                threshold = 0.5f; // a predictor fires above this (specee.exit.threshold)
     std::vector<int32_t> layers;          // the static set of checked layers (specee.exit.layers)
     float                speedup   = -1.0f; // simulated speedup over plain (specee.exit.speedup), -1: unknown
+};
+
+// A LoRA adapter loaded for a model (specee-lora.h): for each matrix W it adapts (the model's own tensor), the pair
+// a [n_in, r], b [r, n_out] in buffers beside W
+struct specee_lora_weight {
+    ggml_tensor * a = nullptr;
+    ggml_tensor * b = nullptr;
+};
+
+struct specee_lora {
+    const specee_model *                                model = nullptr;
+    std::string                                         path;
+    float                                               alpha = 0.0f; // 0: the scale alone (llama.cpp's rule)
+    std::map<const ggml_tensor *, specee_lora_weight>   weights;
+    std::vector<ggml_context *>                         ctxs;
+    std::vector<ggml_backend_buffer_t>                  bufs;
+
+    ~specee_lora();
 };
 
 struct specee_vocab;

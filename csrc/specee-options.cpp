@@ -333,6 +333,15 @@ static const option_def CONTEXT_OPTIONS[] = {
     {{"flash_attn", SPECEE_OPTION_CHOICE, "on,off,auto", "on, off or auto",
       "accepted for compatibility; attention is always computed with ggml's flash attention here", "-fa,--flash-attn", "on|off|auto"},
      OFF(flash_attn), 0, FLASH_ATTN_NAMES, 3, 0, 0},
+    {{"lora", SPECEE_OPTION_TEXT, nullptr, "comma-separated files", "LoRA adapters at scale 1, comma-separated "
+      "(repeatable; GGUF files from `python -m specee.convert lora`)", "--lora", "FNAME", true},
+     OFF(lora), 0, nullptr, 0, 0, 0},
+    {{"lora_scaled", SPECEE_OPTION_TEXT, nullptr, "comma-separated FNAME:SCALE", "LoRA adapters with their "
+      "scales (repeatable; after the --lora ones)", "--lora-scaled", "FNAME:SCALE,...", true},
+     OFF(lora_scaled), 0, nullptr, 0, 0, 0},
+    {{"lora_init_without_apply", SPECEE_OPTION_BOOL, nullptr, "true or false", "load the LoRA adapters at scale 0, "
+      "applied later by POST /lora-adapters (default: off)", "--lora-init-without-apply", nullptr},
+     OFF(lora_init_without_apply), 0, nullptr, 0, 0, 0},
 };
 
 #undef OFF
@@ -547,12 +556,18 @@ static void set_value(char * base, const option_def & o, const char * v) {
             *(int32_t *) field = k;
             break;
         }
-        case SPECEE_OPTION_TEXT:
-            if (strlen(v) >= SPECEE_MAX_CHOICES) {
+        case SPECEE_OPTION_TEXT: {
+            const bool        more = o.info.repeatable && field[0] && v[0]; // a list set again: extended
+            const std::string text = more ? std::string(field) + "," + v : std::string(v);
+            if (text.size() >= SPECEE_MAX_CHOICES) {
                 specee_fail("%s is longer than %d bytes", o.info.name, SPECEE_MAX_CHOICES - 1);
             }
-            snprintf(field, SPECEE_MAX_CHOICES, "%s", v);
+            if (o.info.repeatable && !specee_lora_list_parse(v, strcmp(o.info.name, "lora_scaled") == 0)) {
+                refuse(o, v);
+            }
+            snprintf(field, SPECEE_MAX_CHOICES, "%s", text.c_str());
             break;
+        }
         case SPECEE_OPTION_LIST:
             if (!parse_list(v, (int32_t *) field, *(int32_t *) (base + o.count_offset))) {
                 refuse(o, v);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "specee-draft-model.h"
+#include "specee-lora.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -699,6 +700,7 @@ struct specee_option {
     const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size"); NULL: "--" and the name
                           // with '-' for '.' and '_' (the generation options)
     const char * hint;    // the value's placeholder on a usage line ("FNAME"); NULL: the frontend's choice
+    bool         repeatable; // TEXT: a comma-separated list that setting again extends ("" clears); flags repeat
 };
 
 // the i-th option, NULL past the end
@@ -743,6 +745,9 @@ struct specee_context_options {
     int32_t flash_attn;                  // 0 on, 1 off, 2 auto: accepted for llama.cpp's command lines (attention is
                                          // always flash attention here)
     int32_t ngram_cache;                 // as specee_context_params
+    char    lora[SPECEE_MAX_PATH];        // LoRA adapters (specee-lora.h): "FNAME,..." at scale 1, then
+    char    lora_scaled[SPECEE_MAX_PATH]; //   "FNAME:SCALE,..."; setting either again appends; "" clears
+    bool    lora_init_without_apply;      // loaded at scale 0, applied later (the server's POST /lora-adapters)
 };
 
 struct specee_context_options specee_context_options_default(void);

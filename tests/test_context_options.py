@@ -62,7 +62,8 @@ def test_cli_bench_and_server_take_the_tables_flags() -> None:
     from specee.server import parse_args
 
     for name, o in CONTEXT_OPTIONS.items():
-        flags = set(o["flags"]) if o["type"] != 2 else {"--no-" + f.lstrip("-") for f in o["flags"]}
+        on_by_default = o["type"] == 2 and o["default"] == "true"  # a bool on by default: its --no- flags
+        flags = {"--no-" + f.lstrip("-") for f in o["flags"]} if on_by_default else set(o["flags"])
         assert flags <= flags_of(cli), name
         if name != "flash_attn":  # specee-server: every one but -fa
             value = {0: "1", 1: "1", 2: None}.get(o["type"], "x")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import unicodedata
 from pathlib import Path
+from typing import Sequence
 
 import gguf
 import numpy as np
@@ -291,15 +292,16 @@ GREEDY_TEXTS = ["The quick brown fox, 12 and 4567 numbers", "def f(x):\n    retu
 N_GREEDY = 32
 
 
-def llama_completion_tokens(exe: str, path: Path, text: str, n: int, tmp: Path) -> list[int]:
-    """upstream llama.cpp's llama-completion on a text, greedy, F16 V cache (-ctv f16), n tokens past any end token:
-    the prompt's tokens and the generated ones, read from the session file --prompt-cache-all writes (magic, version,
-    a count, that many int32 tokens, then the context's state)."""
+def llama_completion_tokens(exe: str, path: Path, text: str, n: int, tmp: Path, extra: Sequence[str] = ()
+                            ) -> list[int]:
+    """upstream llama.cpp's llama-completion on a text, greedy, F16 V cache (-ctv f16), n tokens past any end token
+    (with the flags `extra`): the prompt's tokens and the generated ones, read from the session file
+    --prompt-cache-all writes (magic, version, a count, that many int32 tokens, then the context's state)."""
     session = tmp / "session.bin"
     session.unlink(missing_ok=True)
     run = subprocess.run([exe, "-m", path, "-p", text, "-n", str(n), "--temp", "0", "-ctv", "f16", "-no-cnv",
                           "--ignore-eos", "-c", "256", "-t", "2", "--no-warmup", "--simple-io", "--seed", "1",
-                          "--prompt-cache", session, "--prompt-cache-all"],
+                          "--prompt-cache", session, "--prompt-cache-all", *extra],
                          capture_output=True, encoding="utf-8", errors="replace", stdin=subprocess.DEVNULL, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     data = session.read_bytes()

@@ -3,12 +3,13 @@ fails here.
 
 Each ```bash block runs in order in a folder laid out like the repository (autoee/ and tests/ linked), after
 placeholders are given stand-ins (a tiny Hugging Face folder for MODEL_DIR and Llama-2-7b-chat-hf, an EAGLE head and
-predictors for it, a SpecEE-style eauto file, the default model for MODEL.gguf and SmolLM2.gguf, SpecEE's question
-files for questions/, small synthetic files) and the limits are cut (tokens, prompts, repetitions, training steps,
-the synthetic file's shape). Blocks that are output samples are ```text and do not run. The set-up commands are what
-CI runs before the tests (.ci/run). Commands that need upstream llama.cpp (PATH/TO/...) run when SPECEE_UPSTREAM_BIN
-names the folder of its binaries and are skipped otherwise; blocks that name questions/ are skipped where SpecEE's
-question files are absent; every other command must be covered by a rule below, so a new one cannot slip by."""
+predictors for it, a PEFT LoRA adapter for PEFT_DIR, a SpecEE-style eauto file, the default model for MODEL.gguf and
+SmolLM2.gguf, SpecEE's question files for questions/, small synthetic files) and the limits are cut (tokens,
+prompts, repetitions, training steps, the synthetic file's shape). Blocks that are output samples are ```text and do
+not run. The set-up commands are what CI runs before the tests (.ci/run). Commands that need upstream llama.cpp
+(PATH/TO/...) run when SPECEE_UPSTREAM_BIN names the folder of its binaries and are skipped otherwise; blocks that
+name questions/ are skipped where SpecEE's question files are absent; every other command must be covered by a rule
+below, so a new one cannot slip by."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from conftest import load_hf
 from specee.paths import default_model_path
 from test_convert_cli import bpe_dir, eagle_state, make_eauto, predictor_state, spm_dir  # noqa: F401 (fixtures)
+from test_lora import write_peft
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -193,6 +196,7 @@ def work(tmp_path_factory: pytest.TempPathFactory, bpe_dir: Path, spm_dir: Path)
     (work / "EAGLE-llama2-chat-7B").symlink_to(eagle)
     save_file(predictor_state([0, 1]), work / "preds.safetensors")
     (work / "specee-predictors.safetensors").symlink_to(work / "preds.safetensors")
+    write_peft(work / "PEFT_DIR", load_hf(bpe_dir), rank=4, alpha=8.0, seed=1)
     for name in ("MODEL.gguf", "SmolLM2.gguf", "smollm2-f16.gguf", "smollm2-q8_0.gguf", "smollm2-q4_0.gguf"):
         (work / name).symlink_to(default_model_path())  # (the type in a name is not checked)
     return work

@@ -61,19 +61,37 @@ static specee_context_options context_options_of(const py::dict & values) {
 }
 
 struct Model {
-    specee_model * ptr = nullptr;
+    specee_model *              ptr = nullptr;
+    std::vector<specee_lora *>  lora;        // the adapters of the options lora / lora_scaled, in order
+    std::vector<float>          lora_scales; // the scales a new context applies them at
 
     explicit Model(const py::dict & options) {
         const specee_context_options o = context_options_of(options);
+        int32_t                      n = 0;
+        lora.resize(SPECEE_LORA_MAX);
+        lora_scales.resize(SPECEE_LORA_MAX);
         {
             py::gil_scoped_release release;
             ptr = specee_model_load(o.model, specee_context_options_model_params(&o));
+            n   = ptr ? specee_lora_init_from_options(ptr, &o, lora.data(), lora_scales.data(), SPECEE_LORA_MAX) : 0;
         }
-        if (!ptr) {
-            raise_last();
+        if (!ptr || n < 0) {
+            const std::string why = specee_last_error();
+            specee_model_free(ptr);
+            PyObject * msg = PyUnicode_DecodeUTF8(why.data(), (Py_ssize_t) why.size(), "replace"); // file bytes
+            PyErr_SetObject(g_error, msg);
+            Py_XDECREF(msg);
+            throw py::error_already_set();
         }
+        lora.resize(n);
+        lora_scales.resize(n);
     }
-    ~Model() { specee_model_free(ptr); }
+    ~Model() {
+        for (specee_lora * a : lora) {
+            specee_lora_free(a);
+        }
+        specee_model_free(ptr);
+    }
 
     py::dict metadata() const {
         py::dict d;
@@ -99,8 +117,30 @@ struct Context {
         if (!ptr) {
             raise_last();
         }
+        const Model & mo = model_obj.cast<Model &>();
+        set_lora(mo.lora_scales);
     }
     ~Context() { specee_context_free(ptr); }
+
+    // the model's LoRA adapters at these scales, one per adapter in order
+    void set_lora(const std::vector<float> & scales) {
+        const Model & mo = model_ref.cast<Model &>();
+        if (scales.size() != mo.lora.size()) {
+            throw py::value_error("set_lora takes one scale per LoRA adapter of the model (" +
+                                  std::to_string(mo.lora.size()) + ")");
+        }
+        if (specee_context_set_lora(ptr, mo.lora.data(), scales.data(), (int32_t) scales.size()) != 0) {
+            throw py::value_error(specee_last_error());
+        }
+    }
+
+    std::vector<float> lora_scales() const {
+        std::vector<float> out(specee_context_n_lora(ptr));
+        for (size_t i = 0; i < out.size(); ++i) {
+            specee_context_lora(ptr, (int32_t) i, &out[i]);
+        }
+        return out;
+    }
 
     py::array_t<float> logits() const {
         const int32_t n_out   = specee_n_outputs(ptr);
@@ -647,6 +687,7 @@ static py::list option_rows(const specee_option * (*option)(int32_t),
         e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
         e["flags"]   = o->flags ? py::object(py::str(o->flags).attr("split")(",")) : py::object(py::list());
         e["hint"]    = o->hint ? py::object(py::str(o->hint)) : py::object(py::none());
+        e["repeatable"] = o->repeatable;
         out.append(e);
     }
     return out;
@@ -777,6 +818,19 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("desc", [](const Model & s) { return std::string(specee_model_desc(s.ptr)); })
         .def_property_readonly("pooling", [](const Model & s) { return specee_model_pooling(s.ptr); })
         .def("metadata", &Model::metadata)
+        .def("lora_adapters",
+             [](const Model & s) {
+                 py::list out;
+                 for (specee_lora * a : s.lora) {
+                     py::dict d;
+                     d["path"]      = std::string(specee_lora_path(a));
+                     d["alpha"]     = specee_lora_alpha(a);
+                     d["n_weights"] = specee_lora_n_weights(a);
+                     out.append(d);
+                 }
+                 return out;
+             },
+             "the LoRA adapters of the options lora / lora_scaled, in order: {path, alpha, n_weights}")
         .def("tokenize",
              [](const Model & s, const std::string & text, bool add_special, bool parse_special) {
                  std::vector<int32_t> ids(text.size() + 2);
@@ -922,6 +976,9 @@ PYBIND11_MODULE(_core, m) {
              py::arg("output"), py::arg("layer_begin"), py::arg("layer_end"), py::arg("flags") = 0,
              py::arg("all_layers") = false, py::arg("seq_id") = py::none())
         .def("logits", &Context::logits)
+        .def("set_lora", &Context::set_lora, py::arg("scales"),
+             "apply the model's LoRA adapters at these scales (one per adapter; 0: not applied)")
+        .def("lora_scales", &Context::lora_scales)
         .def("hidden", [](const Context & s, int32_t il) { return s.hidden_copy(specee_get_hidden(s.ptr, il)); },
              py::arg("layer") = -1)
         .def("norm", [](const Context & s) { return s.hidden_copy(specee_get_norm(s.ptr)); })

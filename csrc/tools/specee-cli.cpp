@@ -130,6 +130,7 @@ struct session {
     specee_model *       model = nullptr;
     specee_context *     ctx   = nullptr;
     specee_generator *   gen   = nullptr;
+    std::vector<specee_lora *> lora; // --lora / --lora-scaled, in order
     std::vector<int32_t> hist; // decoded tokens per layers-run count (early exit; the prompt's token not counted)
     double               t_load_ms = 0.0;
     std::chrono::steady_clock::time_point t_start;
@@ -138,6 +139,9 @@ struct session {
     ~session() {
         specee_generator_free(gen);
         specee_context_free(ctx);
+        for (specee_lora * a : lora) {
+            specee_lora_free(a);
+        }
         specee_model_free(model);
     }
 };
@@ -427,6 +431,19 @@ static bool init_context(session & s) {
     if (!s.ctx) {
         fprintf(stderr, "error: cannot create the context: %s\n", specee_last_error());
         return false;
+    }
+    std::vector<float> scales(SPECEE_LORA_MAX);
+    s.lora.resize(SPECEE_LORA_MAX);
+    const int32_t n_lora =
+        specee_lora_init_from_options(s.model, &p.ctx, s.lora.data(), scales.data(), SPECEE_LORA_MAX);
+    s.lora.resize(std::max(n_lora, 0));
+    if (n_lora < 0 || specee_context_set_lora(s.ctx, s.lora.data(), scales.data(), n_lora) != 0) {
+        fprintf(stderr, "error: LoRA adapters: %s\n", specee_last_error());
+        return false;
+    }
+    for (int32_t i = 0; i < n_lora; ++i) {
+        fprintf(stderr, "load: LoRA adapter %d: %s (scale %g, alpha %g, %d matrices)\n", i, specee_lora_path(s.lora[i]),
+                (double) scales[i], (double) specee_lora_alpha(s.lora[i]), specee_lora_n_weights(s.lora[i]));
     }
     fprintf(stderr, "load: KV cache: size = %.2f MiB (%u cells, %d layers, K f16, V %s)\n",
             specee_kv_nbytes(s.ctx) / 1048576.0, specee_n_ctx(s.ctx), specee_model_n_layer(s.model),

@@ -28,6 +28,10 @@ class Model:
         ...
     def metadata(self) -> dict:
         ...
+    def lora_adapters(self) -> list:
+        """
+        the LoRA adapters of the options lora / lora_scaled, in order: {path, alpha, n_weights}
+        """
     def token_is_eog(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> bool:
         ...
     def token_to_piece(self, token: typing.SupportsInt | typing.SupportsIndex, special: bool = False) -> bytes:
@@ -165,6 +169,12 @@ class Context:
     def kv_remove_cells(self, arg0: typing.Annotated[numpy.typing.ArrayLike, numpy.int32]) -> int:
         ...
     def logits(self) -> numpy.typing.NDArray[numpy.float32]:
+        ...
+    def set_lora(self, scales: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        """
+        apply the model's LoRA adapters at these scales (one per adapter; 0: not applied)
+        """
+    def lora_scales(self) -> list[float]:
         ...
     def norm(self) -> numpy.typing.NDArray[numpy.float32]:
         ...

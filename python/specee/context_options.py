@@ -40,9 +40,10 @@ def add_context_flags(parser: argparse.ArgumentParser, names: Sequence[str], def
             continue
         kind = {0: int, 1: float}.get(o["type"], str)  # INT, FLOAT; the rest as text
         parser.add_argument(*o["flags"], dest=name, metavar=o["hint"] or name.upper(), type=kind,
-                            default=None if default is None else kind(default), help=help_text)
+                            default=None if default is None else kind(default), help=help_text,
+                            action="append" if o["repeatable"] else "store")  # a list: given again, it extends
 
 
 def context_options_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The options `add_context_flags` read, as Model's keywords."""
+    """The options `add_context_flags` read, as Model's keywords (a repeated flag's values as one list)."""
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}

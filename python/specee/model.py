@@ -69,6 +69,9 @@ class Model:
         ngram_cache: int | None = None,
         draft_model: str | os.PathLike | None = None,
         n_gpu_layers_draft: int | None = None,
+        lora: Sequence[str | os.PathLike] | None = None,
+        lora_scaled: Sequence[tuple[str | os.PathLike, float] | str] | None = None,
+        lora_init_without_apply: bool | None = None,
     ) -> None:
         """The keywords are the runtime's context options (specee.context_options.CONTEXT_OPTIONS, the CLI's
         -c -b -ub -t -tb --no-mmap --draft-head -ctv -ngl --offload-order -dev --rpc -ts); None: the table's default.
@@ -97,7 +100,10 @@ class Model:
         answered before; `last_stats.n_cache_drafted` / `n_cache_accepted` count those drafts.
         draft_model: a draft model with the model's vocabulary (llama.cpp's -md), loaded beside it with a context of
         its own: mode "draft" (auto's choice then) drafts with it (GenerateOptions.draft); n_gpu_layers_draft: its
-        n_gpu_layers."""
+        n_gpu_layers.
+        lora: LoRA adapter files (GGUF, `python -m specee.convert lora`) applied at scale 1; lora_scaled: (file,
+        scale) pairs or "FILE:SCALE" texts, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply:
+        loaded at scale 0. `lora_adapters` lists them, `set_lora` changes the scales (csrc/specee-lora.h)."""
         self.path = str(path) if path is not None else default_model_path()
         self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
         if draft_head == "default":
@@ -107,7 +113,11 @@ class Model:
             n_threads_batch=n_threads_batch, use_mmap=use_mmap, draft_head=os.fspath(draft_head) if draft_head else None,
             type_v=type_v, n_gpu_layers=n_gpu_layers, offload_order=offload_order, devices=devices,
             rpc_servers=rpc_servers, tensor_split=tensor_split, ngram_cache=ngram_cache,
-            draft_model=os.fspath(draft_model) if draft_model else None, n_gpu_layers_draft=n_gpu_layers_draft))
+            draft_model=os.fspath(draft_model) if draft_model else None, n_gpu_layers_draft=n_gpu_layers_draft,
+            lora=[os.fspath(p) for p in lora] if lora else None,
+            lora_scaled=[x if isinstance(x, str) else f"{os.fspath(x[0])}:{float(x[1])!r}" for x in lora_scaled]
+            if lora_scaled else None,
+            lora_init_without_apply=lora_init_without_apply))
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
         if not os.path.isfile(self.path):
@@ -221,6 +231,21 @@ class Model:
     def placement(self) -> str:
         """Where the weights went: one line per device (layers, output, draft head, MiB)."""
         return self._model.placement
+
+    @property
+    def lora_adapters(self) -> list[dict]:
+        """The LoRA adapters, in order: {id, path, alpha, n_weights, scale} (scale: the one applied now)."""
+        with self._lock:
+            self._check_open()
+            scales = self._ctx.lora_scales()
+            return [dict(id=i, **a, scale=scales[i]) for i, a in enumerate(self._model.lora_adapters())]
+
+    def set_lora(self, scales: Sequence[float]) -> None:
+        """Apply the LoRA adapters at these scales, one per adapter in order (0: not applied). New scales clear the
+        KV cache (its K/V were computed under the old ones)."""
+        with self._lock:
+            self._check_open()
+            self._ctx.set_lora([float(s) for s in scales])
 
     @property
     def has_eagle(self) -> bool:

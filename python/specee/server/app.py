@@ -35,7 +35,8 @@ from specee.server.embed import embeddings, rerank
 from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
 from specee.server.infill import infill
 from specee.server.prompt_cache import DEFAULT_MIB, PromptCache
-from specee.server.llama import detokenize, health, llama_completion, metrics, props, slot_action, slots, tokenize
+from specee.server.llama import (detokenize, health, llama_completion, lora_adapters, metrics, props, slot_action,
+                                 slots, tokenize)
 from specee.server.openai import apply_template, chat_completions, chat_input_tokens, completions, models
 from specee.server.reasoning import ReasoningError, reasoning_of
 from specee.server.request import ApiError, options_fields
@@ -158,6 +159,7 @@ def make_app(state: ServerState, sleeper: Sleeper | None = None, gcp: GcpSetting
         Route("/health", health),
         Route("/props", props),
         Route("/slots", slots),
+        Route("/lora-adapters", lora_adapters, methods=["GET", "POST"]),
         Route("/slots/{id_slot}", slot_action, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/responses", responses, methods=["POST"]),

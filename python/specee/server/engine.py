@@ -2,9 +2,13 @@
 
 The batching loop itself is the library's (csrc/specee-slots.cpp); `Engine` only admits waiting jobs between passes,
 calls `Slots.step()` (one pass of the model, the GIL released) and hands each job its tokens through the event loop.
-`ServerState` is what the endpoints share: the model, the engine and the server's settings. `unload` and `load` take
-the model out and put one back while nothing runs (--sleep-idle-seconds, server/sleep.py): the queue, the thread and
-the metrics stay.
+LoRA adapters (--lora): the model's context has one set of scales, so requests run under one set at a time: a job
+whose scales (its `lora`, else the server's, POST /lora-adapters) differ from those applied waits, with the jobs
+behind it, until the running ones finish; then the new scales are applied, which empties every slot's cache and the
+prompt cache (their K/V were computed under the old scales), as llama.cpp clears a slot's cache when its adapters
+change. `ServerState` is what the endpoints share: the model, the engine and the server's settings. `unload` and
+`load` take the model out and put one back while nothing runs (--sleep-idle-seconds, server/sleep.py): the queue,
+the thread and the metrics stay.
 """
 
 from __future__ import annotations
@@ -66,6 +70,12 @@ class Engine:
         self.slots: Any = self._slots(model)  # Slots; None while unloaded
         self.n_slots, self.n_ctx_slot = self.slots.n_slots, self.slots.n_ctx_slot
         self.totals_before: dict[str, float] = {}  # the slots' totals of the models unloaded before
+        # LoRA adapters: {id, path, alpha, n_weights, scale} each; the scales of requests that give none (POST
+        # /lora-adapters sets them) and those applied on the model's context now
+        self.lora_adapters = model.lora_adapters
+        self.n_lora = len(self.lora_adapters)
+        self.lora_scales = [a["scale"] for a in self.lora_adapters]
+        self.lora_applied = list(self.lora_scales)
         self.max_queue = max_queue
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}
@@ -115,6 +125,7 @@ class Engine:
         """Serve `model` (the same file, options and slots as before `unload`)."""
         with self.cond:
             self.model, self.slots = model, self._slots(model)
+            self.lora_applied = [a["scale"] for a in model.lora_adapters]
 
     def submit(self, job: Job) -> None:
         with self.cond:
@@ -131,15 +142,40 @@ class Engine:
             job.cancelled = True
             self.cond.notify()
 
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """POST /lora-adapters: the scales of the requests that give none from now on (adapters not listed: 0)."""
+        with self.cond:
+            self.lora_scales = [scales.get(i, 0.0) for i in range(self.n_lora)]
+
     # -- the batching thread
+
+    def _lora_ready(self, job: Job) -> bool:
+        """Whether the job can run under the scales applied now: they are its own, or nothing runs and its scales are
+        applied (every slot's cache and the prompt cache emptied: their K/V are the old scales')."""
+        lora = job.params.lora
+        want = list(self.lora_scales) if lora is None else [lora.get(i, 0.0) for i in range(self.n_lora)]
+        if want == self.lora_applied:
+            return True
+        if self.running:
+            return False
+        for slot in range(self.n_slots):
+            self.slots.erase(slot)
+        if self.cache is not None:
+            self.cache.entries.clear()
+        self.model.set_lora(want)
+        self.lora_applied = want
+        self.log(f"srv  lora: scales {want} applied; the slots' caches are cleared")
+        return True
 
     def _admit(self) -> None:
         """Waiting jobs onto free slots, in order; a job asking for a slot (id_slot) that is busy waits for it while
-        the jobs behind it go on."""
+        the jobs behind it go on; a job under other LoRA scales than the running ones waits, and those behind it."""
         for job in list(self.waiting):
             if job.cancelled:
                 self.waiting.remove(job)
                 continue
+            if not self._lora_ready(job):
+                return
             p = job.params
             try:
                 want = None if p.id_slot < 0 else p.id_slot

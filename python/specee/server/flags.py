@@ -170,9 +170,8 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     # ---- the model and context: what the runtime's context table (specee.context_options) does not take
     S("-hf -hfr --hf-repo -hff --hf-file -hft --hf-token -mu --model-url -dr --docker-repo", "VALUE", "refused",
       NO_DOWNLOAD),
-    S("--lora --lora-scaled --control-vector --control-vector-scaled --control-vector-layer-range", "FNAME",
-      "refused", "LoRA adapters and control vectors are not supported"),
-    S("--lora-init-without-apply", None, "refused", "LoRA adapters are not supported"),
+    S("--control-vector --control-vector-scaled --control-vector-layer-range", "FNAME", "refused",
+      "control vectors are not supported"),
     S("-mm --mmproj -mmu --mmproj-url", "FILE", "refused", "multimodal projectors are not supported: text only"),
     S("--no-mmproj --no-mmproj-auto --mmproj-auto --mmproj-offload --no-mmproj-offload", None, "ignored",
       "text only: no projector is ever loaded"),

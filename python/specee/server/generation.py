@@ -203,7 +203,8 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
     With return_progress, each `Progress` goes out as the chunk `shape` makes of an empty piece, with
     `prompt_progress`; with timings_per_token, every chunk has the `timings` so far. `budget`: a chat's thinking
     budget (server/reasoning.py)."""
-    params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model)
+    params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model,
+                            state.engine.n_lora)
     params.budget = budget
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})

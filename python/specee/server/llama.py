@@ -1,7 +1,7 @@
 """llama.cpp's server endpoints, in its shapes: /completion (with its `timings` and `completion_probabilities`; /infill
-lays out its prompt in server/infill.py and answers here),
-/tokenize, /detokenize, /health, /props, /slots (and POST /slots/{id}: a slot's cache saved, restored, erased) and
-/metrics (Prometheus text: llama.cpp's metrics under `llamacpp:`, this server's own under `specee:`)."""
+lays out its prompt in server/infill.py and answers here), /tokenize, /detokenize, /health, /props, /lora-adapters,
+/slots (and POST /slots/{id}: a slot's cache saved, restored, erased) and /metrics (Prometheus text: llama.cpp's
+metrics under `llamacpp:`, this server's own under `specee:`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from specee.generate import GenerateOptions
 from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, generate_all, respond, text_of, timings
 from specee.server.request import (MAX_BODY, ApiError, body_field, json_body, json_object, logit_bias_of, off_loop,
-                                   options_fields, prompts_of, request_params, shown, tokens_wanted)
+                                   lora_of, options_fields, prompts_of, request_params, shown, tokens_wanted)
 
 # /props' build_info: llama.cpp's reads b<build>-<commit>; here the package's version
 BUILD_INFO = f"b{importlib.metadata.version('specee')}-specee"
@@ -142,7 +142,8 @@ async def llama_answer(state: ServerState, request: Request, body: dict, prompts
         return await respond(state, request, prompts[0], body, shape, "llama")
     if stream:
         raise ApiError(400, "'prompt': a list of prompts is answered as one JSON list, not streamed", param="prompt")
-    params = request_params(body, "llama", state.mode, state.n_predict, state.sampling, state.model)
+    params = request_params(body, "llama", state.mode, state.n_predict, state.sampling, state.model,
+                            state.engine.n_lora)
     results = await asyncio.gather(*(generate_all(state, request, t, params) for t in prompts))
     return JSONResponse([shape(r, None, final=True, tokens=t, index=i)
                          for i, (r, t) in enumerate(zip(results, prompts))])
@@ -172,6 +173,23 @@ async def props(request: Request) -> Response:
                          "model_path": state.model.path, "modalities": {"vision": False, "audio": False},
                          "max_body_bytes": MAX_BODY, "build_info": BUILD_INFO,
                          "is_sleeping": state.sleeping})
+
+
+async def lora_adapters(request: Request) -> Response:
+    """llama.cpp's GET /lora-adapters: each adapter's id, file and the scale of requests that give none; POST
+    (a list of {id, scale}, the adapters not listed at 0) sets those scales for the requests that follow."""
+    state: ServerState = request.app.state.server
+    e = state.engine
+    if request.method == "POST":
+        body = await json_body(request)
+        if not isinstance(body, list):
+            raise ApiError(400, "the request body must be a list of {\"id\", \"scale\"} objects")
+        e.set_lora_scales(lora_of({"lora": body}, e.n_lora) or {})
+        return JSONResponse({"success": True})
+    with e.cond:
+        scales = list(e.lora_scales)
+    return JSONResponse([{"id": a["id"], "path": a["path"], "scale": scales[a["id"]], "task_name": "",
+                          "prompt_prefix": ""} for a in e.lora_adapters])
 
 
 async def slots(request: Request) -> Response:

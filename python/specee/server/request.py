@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -245,6 +246,7 @@ class RequestParams:
     progress: bool = False  # llama.cpp's return_progress: a stream reports the prompt's evaluation as it goes
     timings: bool = False  # llama.cpp's timings_per_token: every streamed chunk has the timings so far
     budget: ThoughtBudget | None = None  # a chat's thinking budget (server/reasoning.py; each job counts on a copy)
+    lora: dict[int, float] | None = None  # llama.cpp's per-request `lora`: {adapter id: scale}; None: the server's
 
 
 def probs_wanted(body: dict, api: str) -> int:
@@ -373,13 +375,35 @@ SPECULATIVE_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "speculative.n_max": ("n_max", int), "speculative.n_min": ("n_min", int), "speculative.p_min": ("p_min", (int, float))}
 
 
+def lora_of(body: dict, n_lora: int) -> dict[int, float] | None:
+    """llama.cpp's per-request `lora`: [{"id": i, "scale": s}, ...], the adapters not listed at scale 0 (llama.cpp's
+    rule); absent, null or []: None, the server's scales (POST /lora-adapters). 400 on an id the server does not
+    have or a scale that is not a finite number."""
+    entries = body_field(body, "lora", list, None, expect="a list of {\"id\", \"scale\"} objects")
+    if not entries:
+        return None
+    out = {}
+    for e in entries:
+        i = e.get("id") if isinstance(e, dict) else None
+        s = e.get("scale", 0.0) if isinstance(e, dict) else None
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_lora:
+            raise ApiError(400, f"'lora': no adapter with id {shown(i)} (this server has {n_lora}, ids from 0)",
+                           param="lora")
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s):
+            raise ApiError(400, f"'lora': the scale of adapter {i} must be a finite number, not {shown(s)}",
+                           param="lora")
+        out[i] = float(s)
+    return out
+
+
 def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
-                   defaults: dict[str, Any] | None = None, model: Model | None = None) -> RequestParams:
+                   defaults: dict[str, Any] | None = None, model: Model | None = None, n_lora: int = 0
+                   ) -> RequestParams:
     """What a request body asks to generate (api: chat, completions, llama, anthropic, responses; mode: the server's,
     for requests that name none; n_predict: the server's -n, for requests that give no max_tokens / n_predict;
     defaults: the server's sampling defaults, GenerateOptions' fields, for fields a request does not give; model: for
-    logit_bias given as text), every field checked (400 on a bad one). The mode is settled first, then the options are
-    made: the runtime's checks see them as they will run."""
+    logit_bias given as text; n_lora: the server's LoRA adapters), every field checked (400 on a bad one). The mode
+    is settled first, then the options are made: the runtime's checks see them as they will run."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     n_predict = tokens_wanted(body, api, n_predict)
@@ -439,4 +463,5 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
     id_slot = body_field(body, "id_slot", int, -1, lambda v: v >= -1, "-1 (any slot) or a slot's id")
     progress = body_field(body, "return_progress", bool, False)
     timings = body_field(body, "timings_per_token", bool, False)
-    return RequestParams(options, n_predict, n_probs, stop, n_choices, id_slot, progress, timings)
+    return RequestParams(options, n_predict, n_probs, stop, n_choices, id_slot, progress, timings,
+                         lora=lora_of(body, n_lora))
