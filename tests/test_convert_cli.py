@@ -224,11 +224,11 @@ def merged(tiny_gguf: Path, eagle_dir: Path, predictors_file: Path, tmp_path_fac
 
 
 def test_every_subcommand_has_help(capsys: pytest.CaptureFixture) -> None:
-    for command in ("hf", "merge", "import-specee", "inspect", "quantize", "synth"):
+    for command in ("hf", "lora", "merge", "import-specee", "inspect", "quantize", "synth"):
         assert cli(command, "--help") == 0
         assert f"python -m specee.convert {command}" in capsys.readouterr().out
     out = subprocess.run([sys.executable, "-m", "specee.convert", "--help"], capture_output=True, text=True, check=True)
-    assert "hf,merge,import-specee,inspect,quantize,synth" in out.stdout
+    assert "hf,lora,merge,import-specee,inspect,quantize,synth" in out.stdout
 
 
 # ---- hf: round trips with both tokenizer kinds

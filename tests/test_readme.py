@@ -197,8 +197,10 @@ def work(tmp_path_factory: pytest.TempPathFactory, bpe_dir: Path, spm_dir: Path)
     save_file(predictor_state([0, 1]), work / "preds.safetensors")
     (work / "specee-predictors.safetensors").symlink_to(work / "preds.safetensors")
     write_peft(work / "PEFT_DIR", load_hf(bpe_dir), rank=4, alpha=8.0, seed=1)
-    for name in ("MODEL.gguf", "SmolLM2.gguf", "smollm2-f16.gguf", "smollm2-q8_0.gguf", "smollm2-q4_0.gguf"):
+    for name in ("MODEL.gguf", "SmolLM2.gguf", "smollm2-f16.gguf", "smollm2-q8_0.gguf", "smollm2-q4_0.gguf",
+                 Path(default_model_path()).name):
         (work / name).symlink_to(default_model_path())  # (the type in a name is not checked)
+    (work / "smollm2-135m-specee.gguf").symlink_to(REPO / "autoee/weights/smollm2-135m-specee.gguf")
     return work
 
 
@@ -284,6 +286,9 @@ def run_block(commands: list[str], work: Path) -> None:
                 if not upstream:
                     pytest.skip(f"needs upstream llama.cpp (set SPECEE_UPSTREAM_BIN=DIR): {command[:60]}...")
                 command = command.replace("PATH/TO/", upstream.rstrip("/") + "/")
+                for path in re.findall(re.escape(upstream.rstrip("/")) + r"/[\w.-]+", command):
+                    if not Path(path).exists():
+                        pytest.skip(f"needs {path} (SPECEE_UPSTREAM_BIN names a folder without it)")
             argv = limit(shlex.split(command), work)
             check_outputs(argv)
             skip_without_data(argv, work)
