@@ -7,7 +7,6 @@ and scores as its llama-server on SmolLM2. Every server runs on 127.0.0.1 and is
 from __future__ import annotations
 
 import base64
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import specee
 from specee import _core
 from specee.pooling import POOLINGS
-from test_server import Server, call, free_port
+from test_server import Server, call, start_llama_server
 
 TEXTS = ["Hello world, a text of more than eight tokens", "x y"]
 
@@ -254,27 +253,8 @@ def test_server_flags_pooling_and_normalize(vocab_gguf: Path) -> None:
 
 @pytest.fixture
 def upstream_server(smollm2_path: Path) -> Iterator[Any]:
-    bin_dir = os.environ.get("SPECEE_UPSTREAM_BIN")
-    if not bin_dir or not (Path(bin_dir) / "llama-server").exists():
-        pytest.skip("needs upstream llama.cpp's llama-server (set SPECEE_UPSTREAM_BIN=DIR)")
     procs: list[subprocess.Popen] = []
-
-    def start(*args: str) -> int:
-        port = free_port()
-        procs.append(subprocess.Popen([str(Path(bin_dir) / "llama-server"), "-m", str(smollm2_path), "--host",
-                                       "127.0.0.1", "--port", str(port), "-c", "512", "-t", "1", *args],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for _ in range(300):  # 60 s at most
-            try:
-                if call(port, "GET", "/health").status_code == 200:
-                    return port
-            except OSError:
-                pass
-            assert procs[-1].poll() is None, "llama-server exited"
-            subprocess.run(["sleep", "0.2"])
-        raise AssertionError("llama-server did not answer /health in 60 s")
-
-    yield start
+    yield lambda *args: start_llama_server(procs, smollm2_path, "-c", "512", *args)
     for p in procs:
         p.terminate()
         p.wait(timeout=15)

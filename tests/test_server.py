@@ -80,6 +80,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_llama_server(procs: list[subprocess.Popen], model: Path, *args: str) -> int:
+    """Upstream llama.cpp's llama-server (from SPECEE_UPSTREAM_BIN; the test is skipped without it) on `model` at
+    127.0.0.1: its port once /health answers (60 s at most). The process goes into `procs`; the caller stops them."""
+    bin_dir = os.environ.get("SPECEE_UPSTREAM_BIN")
+    if not bin_dir or not (Path(bin_dir) / "llama-server").exists():
+        pytest.skip("needs upstream llama.cpp's llama-server (set SPECEE_UPSTREAM_BIN=DIR)")
+    port = free_port()
+    procs.append(subprocess.Popen([str(Path(bin_dir) / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
+                                   "--port", str(port), "-t", "1", *args],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    for _ in range(300):  # 60 s at most
+        try:
+            if call(port, "GET", "/health").status_code == 200:
+                return port
+        except OSError:
+            pass
+        assert procs[-1].poll() is None, "llama-server exited"
+        time.sleep(0.2)
+    raise AssertionError("llama-server did not answer /health in 60 s")
+
+
 class Server:
     """A specee-server subprocess on 127.0.0.1; stopped by `stop` (the fixture's teardown)."""
 

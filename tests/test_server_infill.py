@@ -7,7 +7,6 @@ same file (an F16 V cache here, as upstream's)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,7 +17,7 @@ import pytest
 
 from specee.model import Model
 from specee.server.infill import infill_prompt
-from test_server import Server, call, free_port
+from test_server import Server, call, start_llama_server
 
 # SmolLM2 has no FIM tokens of its own (its <reponame> is found by its text as the repository token, as llama.cpp
 # finds it): these keys name three of its unused control tokens as prefix, suffix and middle
@@ -238,29 +237,13 @@ def test_spm_infill_and_batch_flags(fim_gguf: Path) -> None:
 def upstream() -> Iterator[Any]:
     """start(model, *flags): upstream llama-server on 127.0.0.1 (one slot of 4096 tokens), its port (one server per
     model and flags, kept for the module); all stopped at the end."""
-    bin_dir = os.environ.get("SPECEE_UPSTREAM_BIN")
-    if not bin_dir or not (Path(bin_dir) / "llama-server").exists():
-        pytest.skip("needs upstream llama.cpp's llama-server (set SPECEE_UPSTREAM_BIN=DIR)")
     procs: list[subprocess.Popen] = []
     ports: dict[tuple, int] = {}
 
     def start(model: Path, *args: str) -> int:
-        if (model, *args) in ports:
-            return ports[(model, *args)]
-        port = free_port()
-        procs.append(subprocess.Popen([str(Path(bin_dir) / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
-                                       "--port", str(port), "-np", "1", "-c", "4096", "-t", "1", *args],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for _ in range(300):  # 60 s at most
-            try:
-                if call(port, "GET", "/health").status_code == 200:
-                    ports[(model, *args)] = port
-                    return port
-            except OSError:
-                pass
-            assert procs[-1].poll() is None, "llama-server exited"
-            subprocess.run(["sleep", "0.2"])
-        raise AssertionError("llama-server did not answer /health in 60 s")
+        if (model, *args) not in ports:
+            ports[(model, *args)] = start_llama_server(procs, model, "-np", "1", "-c", "4096", *args)
+        return ports[(model, *args)]
 
     yield start
     for p in procs:
