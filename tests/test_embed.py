@@ -26,7 +26,7 @@ TEXTS = ["Hello world, a text of more than eight tokens", "x y"]
 
 def copy_gguf(src: Path, dst: Path, keys: dict[str, int] | None = None,
               tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """src (F32 tensors) with uint32 keys and F32 tensors added."""
+    """src (tensors of any type) with uint32 keys and F32 tensors added."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(str(dst), str(r.get_field("general.architecture").contents()))
     for field in r.fields.values():
@@ -38,7 +38,7 @@ def copy_gguf(src: Path, dst: Path, keys: dict[str, int] | None = None,
     for key, value in (keys or {}).items():
         w.add_uint32(key, value)
     for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     for name, data in (tensors or {}).items():
         w.add_tensor(name, data.astype(np.float32))
     w.write_header_to_file()

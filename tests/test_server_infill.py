@@ -17,6 +17,7 @@ import pytest
 
 from specee.model import Model
 from specee.server.infill import infill_prompt
+from test_embed import copy_gguf
 from test_server import Server, call, start_llama_server
 
 # SmolLM2 has no FIM tokens of its own (its <reponame> is found by its text as the repository token, as llama.cpp
@@ -29,36 +30,15 @@ REQUEST = {"input_prefix": "#include <cstdio>\n#include \"llama.h\"\n\nint main(
 EXTRA = [{"filename": "llama.h", "text": "LLAMA_API int32_t llama_n_threads();\n"}]
 
 
-def with_keys(src: Path, dst: Path, keys: dict[str, int]) -> Path:
-    """src (any tensor types) with uint32 keys added."""
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), str(r.get_field("general.architecture").contents()))
-    for field in r.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        kind = field.types[0]
-        w.add_key_value(field.name, field.contents(), kind,
-                        sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
-    for key, value in keys.items():
-        w.add_uint32(key, value)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 @pytest.fixture(scope="module")
 def fim_gguf(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return with_keys(smollm2_path, tmp_path_factory.mktemp("infill") / "smollm2-fim.gguf", FIM_KEYS)
+    return copy_gguf(smollm2_path, tmp_path_factory.mktemp("infill") / "smollm2-fim.gguf", FIM_KEYS)
 
 
 @pytest.fixture(scope="module")
 def sep_gguf(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """With a file separator token too (<file_sep>, named by its key)."""
-    return with_keys(smollm2_path, tmp_path_factory.mktemp("infill") / "smollm2-fim-sep.gguf",
+    return copy_gguf(smollm2_path, tmp_path_factory.mktemp("infill") / "smollm2-fim-sep.gguf",
                      {**FIM_KEYS, "tokenizer.ggml.fim_sep_token_id": 5})
 
 
@@ -83,11 +63,11 @@ def test_smollm2_has_only_a_repository_token_found_by_its_text(smollm2_path: Pat
 
 
 def test_fim_tokens_from_keys_and_older_keys(smollm2_path: Path, tmp_path: Path) -> None:
-    m = Model(with_keys(smollm2_path, tmp_path / "a.gguf", {**FIM_KEYS, "tokenizer.ggml.fim_sep_token_id": 5,
+    m = Model(copy_gguf(smollm2_path, tmp_path / "a.gguf", {**FIM_KEYS, "tokenizer.ggml.fim_sep_token_id": 5,
                                                              "tokenizer.ggml.fim_pad_token_id": 10}), n_ctx=64)
     assert m.fim_tokens == {"pre": 7, "suf": 8, "mid": 9, "pad": 10, "rep": 4, "sep": 5}
     assert {4, 5, 10} <= set(m.eog_tokens) and not {7, 8, 9} & set(m.eog_tokens)
-    m = Model(with_keys(smollm2_path, tmp_path / "b.gguf", {"tokenizer.ggml.prefix_token_id": 11,
+    m = Model(copy_gguf(smollm2_path, tmp_path / "b.gguf", {"tokenizer.ggml.prefix_token_id": 11,
                                                              "tokenizer.ggml.suffix_token_id": 12,
                                                              "tokenizer.ggml.middle_token_id": 13,
                                                              "tokenizer.ggml.fim_pad_token_id": 10**6}), n_ctx=64)
