@@ -348,11 +348,14 @@ def test_upstream_llama_completion_tokenizes_like_the_reference(kind: str, reque
     out = tmp_path / f"{kind}.gguf"
     convert_hf_to_gguf(folder, out, "f32", progress=False)
     text = TEXTS[0]
-    run = subprocess.run([exe, "-m", out, "-p", text, "-n", "4", "--temp", "0", "-no-cnv", "--verbose-prompt",
-                          "-t", "2", "-c", "128", "--no-warmup", "--simple-io"],
-                         capture_output=True, encoding="utf-8", errors="replace", stdin=subprocess.DEVNULL, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    ids = [int(i) for i in re.findall(r"^\S+ I\s+(\d+) -> '", run.stdout + run.stderr, re.M)]
+    for _ in range(3):  # upstream's log thread now and then drops the lines before its exit (1 run in ~20 here)
+        run = subprocess.run([exe, "-m", out, "-p", text, "-n", "4", "--temp", "0", "-no-cnv", "--verbose-prompt",
+                              "-t", "2", "-c", "128", "--no-warmup", "--simple-io"], capture_output=True,
+                             encoding="utf-8", errors="replace", stdin=subprocess.DEVNULL, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        ids = [int(i) for i in re.findall(r"^\S+ I\s+(\d+) -> '", run.stdout + run.stderr, re.M)]
+        if ids:  # the prompt's tokens were printed: what they say is checked
+            break
     assert ids == reference_tokens(folder, text)
 
 
