@@ -116,7 +116,7 @@ class Engine:
         assert not self.running and not self.waiting and self.slots is not None
         self.totals_before = self.totals()
         if self.cache is not None:  # its bytes are the model's cells: freed with them
-            self.cache.entries.clear()
+            self.cache.clear()
         self.slots.close("the model is unloaded")
         self.model.close()
         self.slots = None
@@ -161,7 +161,7 @@ class Engine:
         for slot in range(self.n_slots):
             self.slots.erase(slot)
         if self.cache is not None:
-            self.cache.entries.clear()
+            self.cache.clear()
         self.model.set_lora(want)
         self.lora_applied = want
         self.log(f"srv  lora: scales {want} applied; the slots' caches are cleared")

@@ -35,6 +35,10 @@ class PromptCache:
         self.log = log
         self.entries: list[Entry] = []
 
+    def clear(self) -> None:
+        """Every entry dropped (their cells belong to a model unloaded, or to LoRA scales no longer applied)."""
+        self.entries.clear()
+
     def size(self) -> int:
         return sum(len(e.data) for e in self.entries)
 
