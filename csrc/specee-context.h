@@ -71,8 +71,10 @@ struct specee_context {
     std::vector<float>              logits;        // [n_outputs * n_vocab]
     int32_t                         n_outputs = 0;
 
-    // ---- what a pass costs here (specee_context_pass_cost): pass_ms[n] the fastest pass of n tokens, 0: not timed
+    // ---- what a pass costs here (specee_context_pass_cost): pass_ms[n] the fastest pass of n tokens, 0: not timed;
+    // pass_given[n] a cost given for n tokens (specee_context_set_pass_cost), 0: none; a given cost wins and is kept
     std::vector<double> pass_ms;
+    std::vector<double> pass_given;
     // ---- earlier requests' tokens for n-gram lookup (cparams.ngram_cache of them; specee-ngram-cache.h)
     specee_ngram_cache ngram_cache;
     // ---- the draft model's context (its model: model->draft), the same size, each sequence on the same id there
@@ -129,3 +131,6 @@ void specee_context_check_memory(const specee_context & ctx, uint32_t n_ctx, uin
 double specee_context_pass_cost(specee_context & ctx, int32_t n);
 // the same when a pass of n tokens was timed (or set) before on this context, NAN otherwise (nothing is timed)
 double specee_context_pass_cost_known(const specee_context & ctx, int32_t n);
+// the cost given for a pass of n tokens (specee_context_set_pass_cost), NAN where none was given: such a cost holds
+// for the context's life, and what the generators observe of their own passes does not replace it
+double specee_context_pass_cost_given(const specee_context & ctx, int32_t n);

@@ -97,7 +97,7 @@ static double acceptance(const specee_lookup & lk, int32_t n, bool cache) {
 }
 
 // A pass of n tokens took ms: its running time (the first pass of a size replaces the prior, then a moving average)
-// and, once a single-token pass is known too, the cost of that size in single passes
+// and, once a single-token pass is known too, the cost of that size in single passes (not where a cost was given)
 static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
     if (n >= (int32_t) lk.pass_ms.size()) {
         return;
@@ -106,7 +106,7 @@ static void observe_pass(specee_lookup & lk, int32_t n, double ms) {
     t          = t > 0.0 ? (1.0 - PASS_WEIGHT) * t + PASS_WEIGHT * ms : ms;
     if (lk.pass_ms[1] > 0.0) {
         for (int32_t k = 2; k < (int32_t) lk.pass_ms.size(); ++k) {
-            if (lk.pass_ms[k] > 0.0) {
+            if (lk.pass_ms[k] > 0.0 && !lk.given[k]) {
                 lk.cost[k] = std::max(lk.pass_ms[k] / lk.pass_ms[1], 1.0);
             }
         }
@@ -126,6 +126,7 @@ void specee_lookup_init(specee_lookup & lk, const specee_ngram_params & params, 
     lk.cache_trials.assign(params.n_max - params.n_min + 1, 0.0);
     lk.cost.assign(2, 1.0); // cost[1] = 1: a single pass
     lk.pass_ms.assign(2, 0.0);
+    lk.given.assign(2, false);
     specee_lookup_time_passes(lk, ctx, params.draft_max + 1);
 }
 
@@ -144,9 +145,11 @@ void specee_lookup_time_passes(specee_lookup & lk, specee_context & ctx, int32_t
     }
     lk.cost.resize(n_rows + 1, 1.0);
     lk.pass_ms.resize(n_rows + 1, 0.0);
+    lk.given.resize(n_rows + 1, false);
     int32_t before = prev > 1 ? prev - 1 : 1; // the two sizes known last, for the cost beyond them
     for (int32_t n = prev + 1; n <= n_rows; ++n) {
         double c = specee_context_pass_cost_known(ctx, n);
+        lk.given[n] = !std::isnan(specee_context_pass_cost_given(ctx, n));
         if (std::isnan(c)) {
             if (n != n_rows && ((n - 1) & (n - 2)) != 0) { // timed: 2^k + 1, and the last
                 continue;
@@ -178,8 +181,12 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
     for (size_t n = 2; n < lk.cost.size(); ++n) {
         s += specee_format("%s %.2f", n == 2 ? "" : ",", lk.cost[n]);
     }
-    return s + " single passes here (timed at 2, 3, 5, 9, on along the last two beyond; then from the steps' own "
-               "passes): a step drafts as far as its acceptance on the sequence pays for";
+    const bool given = std::find(lk.given.begin() + 2, lk.given.end(), true) != lk.given.end();
+    return s + (given ? " single passes here (given for this context where set, else timed at 2, 3, 5, 9, on along "
+                        "the last two beyond; then from the steps' own passes)"
+                      : " single passes here (timed at 2, 3, 5, 9, on along the last two beyond; then from the "
+                        "steps' own passes)") +
+           ": a step drafts as far as its acceptance on the sequence pays for";
 }
 
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {

@@ -56,6 +56,7 @@ struct specee_lookup {
                                           // it through their generator's document (specee_ngram_cache_doc)
     std::vector<double>  cost;    // cost[n]: a pass of n tokens in single passes (cost[1] = 1)
     std::vector<double>  pass_ms; // pass_ms[n]: the running time of this generator's passes of n tokens (0: none yet)
+    std::vector<bool>    given;   // given[n]: cost[n] was given on the context (specee_context_pass_cost_given): kept
     // what the step drafted and has not observed yet: lookup's candidates and the tokens of their chain in the tree
     specee_lookup_candidates pending;
     int32_t                  pending_drafted = 0;

@@ -1,6 +1,6 @@
 // specee-pass-cost.cpp: what a pass of n tokens costs on a context, in single-token passes: timed once per context
 // (specee_context_pass_cost: `auto` weighs EAGLE-2 with it, n-gram lookup its chain lengths), or given
-// (specee_context_set_pass_cost).
+// (specee_context_set_pass_cost: a test of the rules that read it, an earlier measurement), which then holds.
 #include "specee-batch.h"
 #include "specee-context.h"
 #include "specee-impl.h"
@@ -27,7 +27,18 @@ static double one_pass(specee_context & ctx, int32_t n) {
     return ms;
 }
 
+double specee_context_pass_cost_given(const specee_context & ctx, int32_t n) {
+    return n >= 1 && n < (int32_t) ctx.pass_given.size() && ctx.pass_given[n] > 0.0 ? ctx.pass_given[n] : NAN;
+}
+
 double specee_context_pass_cost_known(const specee_context & ctx, int32_t n) {
+    if (n == 1) {
+        return 1.0;
+    }
+    const double given = specee_context_pass_cost_given(ctx, n);
+    if (!std::isnan(given)) {
+        return given;
+    }
     if (n < 1 || n >= (int32_t) ctx.pass_ms.size() || ctx.pass_ms[1] <= 0.0 || ctx.pass_ms[n] <= 0.0) {
         return NAN;
     }
@@ -35,6 +46,10 @@ double specee_context_pass_cost_known(const specee_context & ctx, int32_t n) {
 }
 
 double specee_context_pass_cost(specee_context & ctx, int32_t n) {
+    const double given = specee_context_pass_cost_given(ctx, n);
+    if (!std::isnan(given)) {
+        return given;
+    }
     if (n < 1 || (uint32_t) n > ctx.cparams.n_batch || ctx.kv.used + (uint32_t) n > ctx.kv.size ||
         (int64_t) ctx.kv.pos_max() + n > INT32_MAX) { // no room, no positions left
         return NAN;
@@ -71,13 +86,8 @@ extern "C" int32_t specee_context_set_pass_cost(specee_context * ctx, int32_t n_
         if (!(cost >= 1.0) || !std::isfinite(cost)) {
             specee_fail("a pass of %d tokens costs at least one single pass: %g", n_tokens, cost);
         }
-        if (ctx->pass_ms.size() < 2 || ctx->pass_ms[1] <= 0.0) {
-            if (std::isnan(specee_context_pass_cost(*ctx, 1))) {
-                specee_fail("no room in the KV cache to time a single pass");
-            }
-        }
-        ctx->pass_ms.resize(std::max(ctx->pass_ms.size(), (size_t) n_tokens + 1), 0.0);
-        ctx->pass_ms[n_tokens] = cost * ctx->pass_ms[1];
+        ctx->pass_given.resize(std::max(ctx->pass_given.size(), (size_t) n_tokens + 1), 0.0);
+        ctx->pass_given[n_tokens] = cost;
         return 0;
     });
 }

@@ -172,7 +172,8 @@ specee_context * specee_context_init(specee_model * model, struct specee_context
 void             specee_context_free(specee_context * ctx);
 
 // A pass of n_tokens (2..n_batch) tokens costs `cost` >= 1 single passes here: what n-gram lookup and `auto` would
-// time once per context (an earlier measurement, a test of their rules). 0, or -1 with specee_last_error().
+// time once per context (an earlier measurement, a test of their rules); it holds for the context's life (lookup's
+// observed passes do not replace it). 0, or -1 with specee_last_error().
 int32_t specee_context_set_pass_cost(specee_context * ctx, int32_t n_tokens, double cost);
 
 uint32_t specee_n_ctx(const specee_context * ctx);

@@ -32,6 +32,19 @@ TINY = dict(
 )
 SEED = 1234
 
+# Pass costs forced on a context for tests of the rules that read them (n-gram lookup's chain length, the hybrid's
+# confident steps, `auto`'s EAGLE-2 estimate, the slots' marginal cost), so the decision a test checks does not depend
+# on this machine or its load: a pass of n tokens in single passes, linear between the points. CHEAP: what batched
+# kernels aim at (issue 45's targets); SERIAL: no batching at all, every row costs a pass of its own.
+CHEAP_PASSES = ([1, 2, 4, 8, 16, 64], [1.0, 1.1, 1.3, 1.8, 3.0, 11.0])
+SERIAL_PASSES = ([1, 64], [1.0, 64.0])
+
+
+def force_pass_costs(model: specee.Model, curve: tuple[list[int], list[float]], n_max: int = 64) -> None:
+    """Every pass of 2..n_max tokens on the model's context costs what `curve` says (held for the context's life)."""
+    for n in range(2, min(n_max, model.n_batch) + 1):
+        model._ctx.set_pass_cost(n, float(np.interp(n, *curve)))
+
 
 def load_hf(model_dir: str | Path) -> LlamaForCausalLM:
     """An HF Llama in float32 with eager attention (the numerical reference)."""

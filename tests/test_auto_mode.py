@@ -16,6 +16,7 @@ import specee
 from specee import constants as C
 from specee.convert.output import Field, copy_tensor, read_fields, write_gguf
 from specee.paths import DEFAULT_EAGLE_HEAD_VOCAB8192, default_draft_head_path, weights_path
+from conftest import CHEAP_PASSES, SERIAL_PASSES, force_pass_costs
 
 SPEEDUP_RE = re.compile(r": ([0-9.]+)x plain\)?$", re.M)
 pytestmark = pytest.mark.slow  # SmolLM2 and its shipped draft heads
@@ -34,8 +35,12 @@ def with_keys(src: str | Path, out: Path, **floats: float) -> Path:
     return out
 
 
-def auto_choice(model: Path, head: Path, **options) -> tuple[str, str]:
+def auto_choice(model: Path, head: Path, passes: tuple[list[int], list[float]] | None = None,
+                **options) -> tuple[str, str]:
+    """auto's mode and its line; `passes`: the pass costs forced on the context (else this machine's, timed)."""
     with specee.Model(model, n_ctx=256, n_threads=1, draft_head=str(head)) as m:
+        if passes:
+            force_pass_costs(m, passes)
         m.generate("The capital of France is", max_tokens=4, temp=0, **options)
         return m.last_stats.mode, m.last_stats.mode_why
 
@@ -46,17 +51,22 @@ def vocab_head() -> str:
 
 
 def test_auto_follows_its_own_estimate(smollm2_path: Path, vocab_head: str, tmp_path: Path) -> None:
-    """A head that never drafts right gives 1 token per step for more than a plain pass: not EAGLE-2 (lookup), whatever the
-    machine; a perfect head: EAGLE-2 exactly when the line's estimate is >= 1 (the pass cost is this machine's)."""
+    """A head that never drafts right gives 1 token per step for more than a plain pass: not EAGLE-2 (lookup), whatever
+    the machine; a perfect head: EAGLE-2 where passes are cheap (pass costs forced), not where every row costs a pass
+    of its own, and with this machine's timed costs exactly when the line's estimate is >= 1."""
     never = with_keys(vocab_head, tmp_path / "never.gguf", KEY_EAGLE_ACCEPTANCE=0.0)
     mode, why = auto_choice(smollm2_path, never)
     assert mode == "ngram", why
     assert why.startswith("auto: ngram: ") and "(not eagle2: the draft head's acceptance 0.00 (its file's)" in why
     assert float(SPEEDUP_RE.search(why).group(1)) < 1.0
     perfect = with_keys(vocab_head, tmp_path / "perfect.gguf", KEY_EAGLE_ACCEPTANCE=1.0)
-    mode, why = auto_choice(smollm2_path, perfect)
-    assert "acceptance 1.00 (its file's)" in why and "2.00 tokens per step" in why
-    assert mode == ("eagle2" if float(SPEEDUP_RE.search(why).group(1)) >= 1.0 else "ngram"), why
+    for passes, want in ((CHEAP_PASSES, "eagle2"), (SERIAL_PASSES, "ngram"), (None, None)):
+        mode, why = auto_choice(smollm2_path, perfect, passes)
+        assert "acceptance 1.00 (its file's)" in why and "2.00 tokens per step" in why
+        speedup = float(SPEEDUP_RE.search(why).group(1))
+        assert mode == (want or ("eagle2" if speedup >= 1.0 else "ngram")), why
+        if want:
+            assert (speedup >= 1.0) == (want == "eagle2"), why
     unknown = with_keys(vocab_head, tmp_path / "unknown.gguf", KEY_EAGLE_ACCEPTANCE=None)
     assert "acceptance 0.70 (assumed: the file gives none)" in auto_choice(smollm2_path, unknown)[1]
 

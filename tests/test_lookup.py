@@ -16,6 +16,7 @@ from specee import _core
 from specee._tools import tool_path
 from specee.convert.hf import convert_hf_to_gguf
 from specee.generate import GenerateOptions, NgramParams
+from conftest import CHEAP_PASSES, SERIAL_PASSES, force_pass_costs
 from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
 from test_eagle import chi2_stat, target_probs
 from test_sampling import chi2_critical
@@ -183,14 +184,22 @@ def dataset_prompts(name: str, n: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_smollm2_drafts_are_accepted_on_repeated_text(smollm2_path: Path) -> None:
+@pytest.mark.parametrize("passes", ["cheap", "serial"])
+def test_smollm2_drafts_are_accepted_on_repeated_text(smollm2_path: Path, passes: str) -> None:
+    """Adaptive lookup drafts as far as the (forced) pass costs say it pays: on repeated text with cheap passes its
+    drafts are accepted; where every row costs a pass of its own, no draft pays and every step is a plain one. The
+    output is plain decoding's either way."""
     with specee.Model(smollm2_path, n_ctx=512, n_threads=2) as m:
+        force_pass_costs(m, CHEAP_PASSES if passes == "cheap" else SERIAL_PASSES)
         tokens = m.tokenize("The cat sat on the mat. The cat sat on the mat. The cat sat on the")
         plain = m.generate_tokens(tokens, 24, temp=0, mode="plain")
         assert m.generate_tokens(tokens, 24, temp=0, mode="ngram") == plain
         st = m.last_stats
-        assert st.n_accepted > 0 and st.n_steps < len(plain) - 1 and max(st.step_tokens) > 1
-        assert "ngram: a pass of 2" in st.mode_why
+        if passes == "cheap":
+            assert st.n_accepted > 0 and st.n_steps < len(plain) - 1 and max(st.step_tokens) > 1
+        else:
+            assert st.n_drafted == 0 and st.n_steps == len(plain) - 1
+        assert "ngram: a pass of 2" in st.mode_why and "given for this context" in st.mode_why
 
 
 @pytest.mark.slow

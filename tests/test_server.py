@@ -104,15 +104,17 @@ def start_llama_server(procs: list[subprocess.Popen], model: Path, *args: str) -
 class Server:
     """A specee-server subprocess on 127.0.0.1; stopped by `stop` (the fixture's teardown)."""
 
-    def __init__(self, model: Path, *args: str) -> None:
-        self.start("server", "-m", str(model), "-t", "1", *args)
+    def __init__(self, model: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.start("server", "-m", str(model), "-t", "1", *args, env=env)
 
-    def start(self, what: str, *args: str) -> None:
-        """specee-server with `args` on a free port, once it answers /health (30 s at most)."""
+    def start(self, what: str, *args: str, env: dict[str, str] | None = None) -> None:
+        """specee-server with `args` (and `env` added to this process's environment) on a free port, once it answers
+        /health (30 s at most)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "specee.server", "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **(env or {})})
         for _ in range(150):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the {what} exited: {self.proc.stdout.read() if self.proc.stdout else ''}")
@@ -144,7 +146,10 @@ class Server:
 def server(chat_gguf: Path) -> Iterator[Server]:
     # no cross-request n-gram cache: every finished request would join it (bounded, but growing until full), and the
     # load test below measures what requests leave behind
-    s = Server(chat_gguf, "-np", "4", "-c", "2048", "--metrics", "--mode", "plain", "-a", "tiny", "--ngram-cache", "0")
+    # MALLOC_ARENA_MAX=1: one malloc arena, so what the requests' threads leave in the allocator does not depend on how
+    # many of them ran at once (the machine's load), and the load test's RSS bound checks what the server keeps
+    s = Server(chat_gguf, "-np", "4", "-c", "2048", "--metrics", "--mode", "plain", "-a", "tiny", "--ngram-cache", "0",
+               env={"MALLOC_ARENA_MAX": "1"})
     yield s
     s.stop()
 
