@@ -114,6 +114,7 @@ extern "C" struct specee_context_params specee_context_default_params(void) {
     p.n_threads_batch = p.n_threads;
     p.type_v          = SPECEE_KV_F32;
     p.ngram_cache     = SPECEE_DEFAULT_NGRAM_CACHE;
+    p.kernels         = 0; // auto
     return p;
 }
 
@@ -139,6 +140,9 @@ specee_context_params specee_context_params_resolve(const specee_model & model, 
     params.n_threads_batch = std::min(params.n_threads_batch, cpus);
     if (params.ngram_cache < 0) {
         specee_fail("ngram_cache=%d: the tokens the n-gram cache keeps must be >= 0 (0: off)", params.ngram_cache);
+    }
+    if (params.kernels < 0 || params.kernels > 2) {
+        specee_fail("unknown kernels mode %d (0: auto, 1: portable, 2: off)", params.kernels);
     }
     if (params.type_v != SPECEE_KV_F16 && params.type_v != SPECEE_KV_F32) {
         specee_fail("unknown V cache type %d (0: f16, 1: f32)", params.type_v);

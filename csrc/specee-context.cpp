@@ -229,7 +229,7 @@ const float * specee_context_feature(const specee_context & ctx, int32_t i) {
 static ggml_cgraph * build_layers(specee_context & ctx, specee_graph_params & gp, specee_graph_io & io) {
     gp.state_in  = gp.layer_begin > 0 ? ctx.state[specee_context_backend_of_layer(ctx, gp.layer_begin - 1)] : nullptr;
     gp.state_out = ctx.state[specee_context_backend_of_layer(ctx, gp.layer_end - 1)];
-    gp.lora      = &ctx.lora;
+    gp.mm        = {&ctx.lora, ctx.cparams.kernels};
     return specee_build_graph(specee_graph_begin(ctx), *ctx.model, ctx.kv, gp, io, ctx.graph_size);
 }
 

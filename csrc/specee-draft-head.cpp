@@ -11,6 +11,7 @@
 
 // the graph of the head over n pairs attending to cells [0, n_kv), their features gp.n_feat wide
 static ggml_cgraph * build_head(specee_draft_head & h, specee_graph_params & gp, specee_graph_io & io) {
+    gp.mm.kernels = h.ctx->cparams.kernels;
     if (h.model->eagle.version == 3) {
         return specee_build_eagle3_graph(specee_graph_begin(*h.ctx), *h.model, h.kv, gp, io, h.ctx->graph_size);
     }

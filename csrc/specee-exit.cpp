@@ -252,7 +252,8 @@ void exit_layer_logits(specee_context & ctx, int32_t il, const std::vector<int32
     specee_graph_io      io;
     ggml_tensor *        state = ctx.state[specee_context_backend_of_layer(ctx, il)]; // layer il's output
     ggml_cgraph *        gf    = specee_build_exit_graph(specee_graph_begin(ctx), m, state, io,
-                                                                 16 + 4 * SPECEE_LORA_MAX, n_rows, &ctx.lora);
+                                                                 16 + 4 * SPECEE_LORA_MAX, n_rows,
+                                                                 {&ctx.lora, ctx.cparams.kernels});
     specee_graph_alloc(ctx, gf, "the exit layer's lm_head");
     if (n_rows > 0) {
         ggml_backend_tensor_set(io.inp_out_ids, rows.data(), 0, rows.size() * sizeof(int32_t));
@@ -280,7 +281,8 @@ void exit_fill_skipped(specee_context & ctx, int32_t il, const std::vector<int32
     specee_graph_io io;
     ggml_cgraph *   gf = specee_build_kv_fill_graph(specee_graph_begin(ctx), m, ctx.kv,
                                                     ctx.state[specee_context_backend_of_layer(ctx, il)], il + 1,
-                                                    n_layer, io, ctx.graph_size, n_rows, &ctx.lora);
+                                                    n_layer, io, ctx.graph_size, n_rows,
+                                                    {&ctx.lora, ctx.cparams.kernels});
     specee_graph_alloc(ctx, gf, "the skipped layers' K/V");
     if (n_rows > 0) {
         ggml_backend_tensor_set(io.inp_out_ids, rows.data(), 0, rows.size() * sizeof(int32_t));

@@ -2,6 +2,7 @@
 // intermediate named "<name>-<layer>" so tools can read it
 #include "specee-graph.h"
 
+#include "specee-kernels.h"
 #include "specee-kv-cache.h"
 #include "specee-model.h"
 
@@ -29,9 +30,11 @@ static int rope_type_of(const specee_model & model, int il) {
 }
 
 // w x [n_out, n_tokens] for a matrix of the model w [n_in, n_out], plus s alpha / r B (A x) for each active LoRA
-// adapter that adapts w (s the user's scale; alpha 0: s alone): the one place adapters apply (specee-lora.h)
-static ggml_tensor * build_mm(ggml_context * ctx0, const specee_lora_set * lora, ggml_tensor * w, ggml_tensor * cur) {
-    ggml_tensor * out = ggml_mul_mat(ctx0, w, cur);
+// adapter that adapts w (s the user's scale; alpha 0: s alone): the one place adapters apply (specee-lora.h); w x by
+// this runtime's kernels where they apply (specee-kernels.h)
+static ggml_tensor * build_mm(ggml_context * ctx0, const specee_graph_mm & mm, ggml_tensor * w, ggml_tensor * cur) {
+    const specee_lora_set * lora = mm.lora;
+    ggml_tensor *           out  = specee_mul_mat(ctx0, w, cur, mm.kernels);
     if (!lora) {
         return out;
     }
@@ -51,9 +54,9 @@ static ggml_tensor * build_mm(ggml_context * ctx0, const specee_lora_set * lora,
 }
 
 // a projection of a normed input: w x (+ b) [rows, n_tokens]
-static ggml_tensor * build_proj(ggml_context * ctx0, const specee_lora_set * lora, ggml_tensor * w, ggml_tensor * b,
+static ggml_tensor * build_proj(ggml_context * ctx0, const specee_graph_mm & mm, ggml_tensor * w, ggml_tensor * b,
                                 ggml_tensor * cur) {
-    ggml_tensor * out = build_mm(ctx0, lora, w, cur);
+    ggml_tensor * out = build_mm(ctx0, mm, w, cur);
     return b ? ggml_add(ctx0, out, b) : out;
 }
 
@@ -101,7 +104,7 @@ struct qkv_cur {
 // or one fused matrix), the per-head norms and RoPE, as the layer's family has them
 static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const specee_layer & layer,
                          specee_graph_io & io, ggml_tensor * cur, ggml_tensor * factors, int64_t n_tokens, int il,
-                         bool want_q, const specee_lora_set * lora) {
+                         bool want_q, const specee_graph_mm & mm) {
     const specee_hparams & hp     = model.hparams;
     const int64_t          head_k = hp.n_embd_head_k;
     qkv_cur                out;
@@ -109,7 +112,7 @@ static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const 
     ggml_tensor *          K;
     ggml_tensor *          V;
     if (layer.wqkv) {
-        ggml_tensor * wx = build_mm(ctx0, lora, layer.wqkv, cur); // [n_q + n_k + n_v, n_tokens]
+        ggml_tensor * wx = build_mm(ctx0, mm, layer.wqkv, cur); // [n_q + n_k + n_v, n_tokens]
         name_il(wx, "wqkv", il);
         const int64_t n_q = head_k * hp.n_head;
         Q = want_q ? fused_rows(ctx0, wx, head_k, hp.n_head, 0) : nullptr;
@@ -118,12 +121,12 @@ static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const 
                                          ggml_row_size(wx->type, n_q + hp.n_embd_k_gqa())));
     } else {
         if (want_q) {
-            Q = build_proj(ctx0, lora, layer.wq, layer.bq, cur); // [head_k * n_head, n_tokens]
+            Q = build_proj(ctx0, mm, layer.wq, layer.bq, cur); // [head_k * n_head, n_tokens]
             Q = ggml_reshape_3d(ctx0, Q, head_k, hp.n_head, n_tokens);
         }
-        K = build_proj(ctx0, lora, layer.wk, layer.bk, cur); // [n_embd_k_gqa, n_tokens]
+        K = build_proj(ctx0, mm, layer.wk, layer.bk, cur); // [n_embd_k_gqa, n_tokens]
         K = ggml_reshape_3d(ctx0, K, head_k, hp.n_head_kv, n_tokens);
-        V = build_proj(ctx0, lora, layer.wv, layer.bv, cur); // [n_embd_v_gqa, n_tokens]
+        V = build_proj(ctx0, mm, layer.wv, layer.bv, cur); // [n_embd_v_gqa, n_tokens]
     }
     if (Q) {
         name_il(Q, "Qcur", il);
@@ -174,7 +177,7 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
     const int64_t          head_k   = hp.n_embd_head_k;
     const int64_t          head_v   = hp.n_embd_head_v;
 
-    const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, factors, n_tokens, il, /*want_q =*/true, gp.lora);
+    const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, factors, n_tokens, il, /*want_q =*/true, gp.mm);
     build_kv_store(ctx0, gf, hp, k_cache, v_cache, io, qkv, n_tokens, il);
 
     // attend over cells [0, n_kv): views of the cache as [head, n_kv, n_head_kv] (or of its cells gathered in order)
@@ -195,28 +198,28 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
     name_il(kqv, "kqv", il);                                          // [head_v, n_head, n_tokens]
     cur = ggml_reshape_2d(ctx0, kqv, head_v * hp.n_head, n_tokens); // [head_v * n_head, n_tokens]
 
-    cur = build_mm(ctx0, gp.lora, layer.wo, cur); // [n_embd, n_tokens]
+    cur = build_mm(ctx0, gp.mm, layer.wo, cur); // [n_embd, n_tokens]
     name_il(cur, "attn_out", il);
     return cur;
 }
 
 // SwiGLU (GeGLU: gelu_tanh, gemma) feed-forward of a normed input [n_embd, n_tokens]; without ffn_gate, ffn_up holds
 // the gate rows, then the up rows (phi3)
-static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_lora_set * lora, const specee_layer & layer,
+static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_graph_mm & mm, const specee_layer & layer,
                                ggml_tensor * cur, int il, int act = SPECEE_FFN_SILU) {
     if (layer.ffn_gate) {
-        ggml_tensor * gate = build_mm(ctx0, lora, layer.ffn_gate, cur); // [n_ff, n_tokens]
+        ggml_tensor * gate = build_mm(ctx0, mm, layer.ffn_gate, cur); // [n_ff, n_tokens]
         name_il(gate, "ffn_gate", il);
-        ggml_tensor * up = build_mm(ctx0, lora, layer.ffn_up, cur); // [n_ff, n_tokens]
+        ggml_tensor * up = build_mm(ctx0, mm, layer.ffn_up, cur); // [n_ff, n_tokens]
         name_il(up, "ffn_up", il);
         cur = act == SPECEE_FFN_GELU ? ggml_geglu_split(ctx0, gate, up) : ggml_swiglu_split(ctx0, gate, up);
     } else {
-        ggml_tensor * gate_up = build_mm(ctx0, lora, layer.ffn_up, cur); // [2 n_ff, n_tokens]
+        ggml_tensor * gate_up = build_mm(ctx0, mm, layer.ffn_up, cur); // [2 n_ff, n_tokens]
         name_il(gate_up, "ffn_up", il);
         cur = ggml_swiglu(ctx0, gate_up); // silu(first half) * second half
     }
     name_il(cur, "ffn_swiglu", il);
-    cur = build_mm(ctx0, lora, layer.ffn_down, cur); // [n_embd, n_tokens]
+    cur = build_mm(ctx0, mm, layer.ffn_down, cur); // [n_embd, n_tokens]
     name_il(cur, "ffn_out", il);
     return cur;
 }
@@ -271,9 +274,9 @@ static ggml_tensor * keep_output(ggml_context * ctx0, ggml_tensor * cur, const c
 }
 
 // the lm_head's logits [n_vocab, rows] of normed rows, soft-capped where the model's are (gemma)
-static ggml_tensor * build_lm_head(ggml_context * ctx0, const specee_model & model, const specee_lora_set * lora,
+static ggml_tensor * build_lm_head(ggml_context * ctx0, const specee_model & model, const specee_graph_mm & mm,
                                    ggml_tensor * cur) {
-    cur              = build_mm(ctx0, lora, model.output, cur);
+    cur              = build_mm(ctx0, mm, model.output, cur);
     const float  cap = model.hparams.final_softcap;
     if (cap > 0.0f) {
         cur = ggml_scale(ctx0, ggml_tanh(ctx0, ggml_scale(ctx0, cur, 1.0f / cap)), cap);
@@ -295,7 +298,7 @@ static ggml_tensor * build_output(ggml_context * ctx0, const specee_model & mode
             ggml_set_input(io.inp_out_ids);
             cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
         }
-        cur = build_lm_head(ctx0, model, gp.lora, cur); // [n_vocab, n_outputs]
+        cur = build_lm_head(ctx0, model, gp.mm, cur); // [n_vocab, n_outputs]
         ggml_set_name(cur, "result_output");
         ggml_set_output(cur);
         io.result_output = cur;
@@ -335,7 +338,7 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
         cur = build_norm(ctx0, ffn_inp, layer.ffn_norm, hp.f_norm_rms_eps);
         name_il(cur, "ffn_norm", il);
 
-        cur = build_ffn(ctx0, gp.lora, layer, cur, il, hp.ffn_act);
+        cur = build_ffn(ctx0, gp.mm, layer, cur, il, hp.ffn_act);
         if (layer.ffn_post_norm) {
             cur = build_norm(ctx0, cur, layer.ffn_post_norm, hp.f_norm_rms_eps);
             name_il(cur, "ffn_post_norm", il);
@@ -412,7 +415,7 @@ static ggml_tensor * build_eagle_logits(ggml_context * ctx0, const specee_model 
         cur = build_norm(ctx0, cur, norm_w, model.hparams.f_norm_rms_eps);
         name_il(cur, "output_norm", SPECEE_IL_EAGLE);
     }
-    cur = ggml_mul_mat(ctx0, eagle.output ? eagle.output : model.output, cur); // [n_draft_vocab, n_outputs]
+    cur = specee_mul_mat(ctx0, eagle.output ? eagle.output : model.output, cur, gp.mm.kernels); // [n_draft_vocab, n_outputs]
     name_il(cur, "logits", SPECEE_IL_EAGLE);
     ggml_set_output(cur);
     io.result_output = cur;
@@ -420,14 +423,15 @@ static ggml_tensor * build_eagle_logits(ggml_context * ctx0, const specee_model 
 }
 
 // the head layer's MLP half: post-attention norm, SwiGLU, residual; the head's output (eagle_out)
-static ggml_tensor * build_eagle_mlp(ggml_context * ctx0, const specee_model & model, ggml_tensor * attn_out,
+static ggml_tensor * build_eagle_mlp(ggml_context * ctx0, const specee_model & model, const specee_graph_mm & mm,
+                                     ggml_tensor * attn_out,
                                      ggml_tensor * residual, specee_graph_io & io) {
     const int     il      = SPECEE_IL_EAGLE;
     ggml_tensor * ffn_inp = ggml_add(ctx0, attn_out, residual);
     name_il(ffn_inp, "ffn_inp", il);
     ggml_tensor * cur = build_norm(ctx0, ffn_inp, model.eagle.layer.ffn_norm, model.hparams.f_norm_rms_eps);
     name_il(cur, "ffn_norm", il);
-    cur = build_ffn(ctx0, nullptr, model.eagle.layer, cur, il);
+    cur = build_ffn(ctx0, {nullptr, mm.kernels}, model.eagle.layer, cur, il);
     cur = ggml_add(ctx0, cur, ffn_inp); // [n_embd, n_tokens]: the next feature of the draft
     name_il(cur, "out", il);
     ggml_set_output(cur);
@@ -447,14 +451,14 @@ ggml_cgraph * specee_build_eagle_graph(ggml_context * ctx0, const specee_model &
     name_il(embd, "inp_embd", il);                                  // [n_embd, n_tokens]
     ggml_tensor * cur = ggml_concat(ctx0, embd, io.inp_embd, 0);    // [2 n_embd, n_tokens]
     name_il(cur, "inp_concat", il);
-    cur = ggml_add(ctx0, ggml_mul_mat(ctx0, eagle.fc, cur), eagle.fc_b); // [n_embd, n_tokens]
+    cur = ggml_add(ctx0, specee_mul_mat(ctx0, eagle.fc, cur, gp.mm.kernels), eagle.fc_b); // [n_embd, n_tokens]
     name_il(cur, "fc", il);
 
     // one decoder layer without its input norm
     ggml_tensor * inpSA = cur;
     cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], model.rope_freqs,
                      il);
-    cur = build_eagle_mlp(ctx0, model, cur, inpSA, io);
+    cur = build_eagle_mlp(ctx0, model, gp.mm, cur, inpSA, io);
 
     // logits of the output tokens, no final norm
     if (gp.n_outputs > 0) {
@@ -478,7 +482,7 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
     name_il(embd, "inp_embd", il); // [n_embd, n_tokens]
     ggml_tensor * hidden = io.inp_embd;
     if (gp.n_feat != (int32_t) hp.n_embd) {
-        hidden = ggml_mul_mat(ctx0, eagle.fc, hidden); // [n_embd, n_tokens]
+        hidden = specee_mul_mat(ctx0, eagle.fc, hidden, gp.mm.kernels); // [n_embd, n_tokens]
         name_il(hidden, "fc", il);
     }
 
@@ -491,7 +495,7 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
     name_il(cur, "inp_concat", il);
     cur = build_attn(ctx0, gf, model, eagle.layer, kv.k[0], kv.v[0], gp, io, cur, io.inp_masks[0], model.rope_freqs,
                      il);
-    cur = build_eagle_mlp(ctx0, model, cur, hidden, io);
+    cur = build_eagle_mlp(ctx0, model, gp.mm, cur, hidden, io);
 
     // logits of the output tokens: the head's final norm, then its lm_head
     if (gp.n_outputs > 0) {
@@ -521,7 +525,7 @@ static ggml_tensor * exit_rows(ggml_context * ctx0, const specee_hparams & hp, g
 
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
                                       specee_graph_io & io, int32_t graph_size, int32_t n_rows,
-                                      const specee_lora_set * lora) {
+                                      const specee_graph_mm & mm) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
 
@@ -531,7 +535,7 @@ ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & 
     ggml_set_name(cur, "result_norm");
     ggml_set_output(cur);
     io.result_norm = cur;
-    cur            = build_lm_head(ctx0, model, lora, cur); // [n_vocab, rows]
+    cur            = build_lm_head(ctx0, model, mm, cur); // [n_vocab, rows]
     ggml_set_name(cur, "result_output");
     ggml_set_output(cur);
     io.result_output = cur;
@@ -566,7 +570,7 @@ ggml_cgraph * specee_build_k_shift_graph(ggml_context * ctx0, const specee_model
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                          ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
                                          specee_graph_io & io, int32_t graph_size, int32_t n_rows,
-                                         const specee_lora_set * lora) {
+                                         const specee_graph_mm & mm) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
     const int64_t          n  = std::max(n_rows, 1);
@@ -584,7 +588,7 @@ ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model
         ggml_tensor *        cur   = build_norm(ctx0, h, layer.attn_norm, hp.f_norm_rms_eps);
         name_il(cur, "attn_norm", il);
         const qkv_cur qkv = build_qkv(ctx0, model, layer, io, cur, rope_factors(model, kv.size), n, il,
-                                      /*want_q =*/false, lora);
+                                      /*want_q =*/false, mm);
         build_kv_store(ctx0, gf, hp, kv.k[il], kv.v[il], io, qkv, n, il);
     }
     return gf;

@@ -19,6 +19,13 @@ struct specee_lora_active {
 // the LoRA adapters a graph applies (specee-lora.h): every projection of the model's layers and its lm_head
 using specee_lora_set = std::vector<specee_lora_active>;
 
+// how a graph multiplies by the model's weights (build_mm): the active LoRA adapters (NULL or empty: none; the draft
+// head's graphs never have any) and the matmul kernels (enum specee_kernels_mode, specee-kernels.h)
+struct specee_graph_mm {
+    const specee_lora_set * lora    = nullptr;
+    int32_t                 kernels = 0;
+};
+
 struct specee_graph_params {
     int32_t n_tokens    = 0;
     int32_t n_kv        = 0; // cache cells attended to: [0, n_kv)
@@ -46,8 +53,8 @@ struct specee_graph_params {
     ggml_tensor * state_in  = nullptr;
     ggml_tensor * state_out = nullptr;
 
-    // the active LoRA adapters (NULL or empty: none; the draft head's graphs never have any)
-    const specee_lora_set * lora = nullptr;
+    // the adapters and kernels of the weights' products
+    specee_graph_mm mm;
 };
 
 struct specee_graph_io {
@@ -92,7 +99,7 @@ ggml_cgraph * specee_build_eagle3_graph(ggml_context * ctx0, const specee_model 
 // rows], io.result_output [n_vocab, rows]
 ggml_cgraph * specee_build_exit_graph(ggml_context * ctx0, const specee_model & model, ggml_tensor * state,
                                       specee_graph_io & io, int32_t graph_size, int32_t n_rows,
-                                      const specee_lora_set * lora);
+                                      const specee_graph_mm & mm);
 
 // Context shift: every cached K of every layer turned by RoPE by its cell's position difference io.inp_pos [kv.size]
 // (0: unchanged), in place, as the layers' RoPE turned it (llama.cpp's K-shift); V does not depend on positions
@@ -106,4 +113,4 @@ ggml_cgraph * specee_build_k_shift_graph(ggml_context * ctx0, const specee_model
 ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model & model, const specee_kv_cache & kv,
                                          ggml_tensor * state, int32_t layer_begin, int32_t layer_end,
                                          specee_graph_io & io, int32_t graph_size, int32_t n_rows,
-                                         const specee_lora_set * lora);
+                                         const specee_graph_mm & mm);

@@ -5,7 +5,7 @@
 // spellings); the text form every frontend sets both with (the CLI's flags, Python's GenerateOptions and Model,
 // specee-bench, specee-server, the evaluations); the value checks that need no model
 // (specee_generator_check_values; the generator adds the model's); the mode table (what each mode does and which
-// settings it reads); the exit-KV names; and the names of the stats' fields with the derived figures.
+// settings it reads); and the exit-KV names. The stats' field names are specee-stats.cpp's.
 #include "specee-impl.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
@@ -255,6 +255,7 @@ static const int32_t N_OPTIONS = (int32_t) (sizeof(OPTIONS) / sizeof(OPTIONS[0])
 static const char * const KV_TYPE_NAMES[]    = {"f16", "f32"};            // by enum specee_kv_type
 static const char * const OFFLOAD_NAMES[]    = {"auto", "first", "last"}; // by enum specee_offload_order
 static const char * const FLASH_ATTN_NAMES[] = {"on", "off", "auto"};
+static const char * const KERNELS_NAMES[]    = {"auto", "portable", "off"}; // by enum specee_kernels_mode
 
 #define OFF(f) offsetof(specee_context_options, f)
 
@@ -342,6 +343,11 @@ static const option_def CONTEXT_OPTIONS[] = {
     {{"lora_init_without_apply", SPECEE_OPTION_BOOL, nullptr, "true or false", "load the LoRA adapters at scale 0, "
       "applied later by POST /lora-adapters (default: off)", "--lora-init-without-apply", nullptr},
      OFF(lora_init_without_apply), 0, nullptr, 0, 0, 0},
+    {{"kernels", SPECEE_OPTION_CHOICE, "auto,portable,off", "auto, portable or off",
+      "matmul kernels for Q4_1 weights on the CPU, a weight block unpacked once for all of a pass's tokens, results "
+      "bit-identical to ggml's: auto (default: AVX2 where ggml's build and this CPU have it, else off), portable (the "
+      "same arithmetic in plain C, slow: tests) or off (ggml's mul_mat): docs/kernels.md", "--kernels", "MODE"},
+     OFF(kernels), 0, KERNELS_NAMES, 3, 0, 0},
 };
 
 #undef OFF
@@ -751,50 +757,6 @@ extern "C" struct specee_context_params specee_context_options_context_params(co
     p.n_threads_batch       = o->n_threads_batch > 0 ? o->n_threads_batch : p.n_threads;
     p.type_v                = o->type_v;
     p.ngram_cache           = o->ngram_cache;
+    p.kernels               = o->kernels;
     return p;
-}
-
-// ---- stats --------------------------------------------------------------------------------------------
-
-struct stat_def {
-    const char * name;
-    size_t       offset;
-    char         type; // 'i' int32, 'l' int64, 'd' double
-};
-
-#define STAT(f, t) {#f, offsetof(specee_generator_stats, f), t}
-
-static const stat_def STATS[] = {
-    STAT(n_prompt, 'i'),   STAT(n_reused, 'i'),    STAT(t_prompt_ms, 'd'),  STAT(n_tokens, 'i'),
-    STAT(n_decoded, 'i'),  STAT(n_steps, 'i'),     STAT(t_decode_ms, 'd'),  STAT(t_sample_ms, 'd'),
-    STAT(n_drafted, 'i'),  STAT(n_accepted, 'i'),  STAT(t_draft_ms, 'd'),   STAT(t_verify_ms, 'd'),
-    STAT(n_cache_drafted, 'i'), STAT(n_cache_accepted, 'i'),
-    STAT(n_exits, 'i'),    STAT(n_layers_run, 'l'), STAT(n_checks, 'i'),    STAT(n_fired, 'i'),
-    STAT(n_rejected, 'i'), STAT(t_layers_ms, 'd'), STAT(t_check_ms, 'd'),   STAT(t_exit_ms, 'd'),
-    STAT(t_head_ms, 'd'),  STAT(t_fill_ms, 'd'),   STAT(n_verified, 'i'),   STAT(n_rollbacks, 'i'),
-    STAT(n_discarded, 'i'), STAT(t_mask_ms, 'd'),   STAT(n_grammar_dropped, 'i'), STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'), STAT(mean_layers_run, 'd'),
-};
-
-#undef STAT
-
-extern "C" const char * specee_generator_stat_name(int32_t i) {
-    return i >= 0 && i < (int32_t) (sizeof(STATS) / sizeof(STATS[0])) ? STATS[i].name : nullptr;
-}
-
-extern "C" double specee_generator_stat_value(const struct specee_generator_stats * st, int32_t i) {
-    if (!st || !specee_generator_stat_name(i)) {
-        return 0.0;
-    }
-    const char * f = (const char *) st + STATS[i].offset;
-    return STATS[i].type == 'i' ? *(const int32_t *) f : STATS[i].type == 'l' ? (double) *(const int64_t *) f
-                                                                              : *(const double *) f;
-}
-
-void specee_generator_stats_derive(specee_generator_stats & st, int32_t mode) {
-    const bool   tree  = specee_mode_row_impl(mode).tree;
-    const bool   exit  = specee_mode_row_impl(mode).exits;
-    const double steps = st.n_steps > 0 ? st.n_steps : 0.0;
-    st.mean_accepted_tokens = tree && steps > 0 ? st.n_decoded / steps : 0.0;
-    st.exit_ratio           = exit && steps > 0 ? st.n_exits / steps : 0.0;
-    st.mean_layers_run      = exit && steps > 0 ? (double) st.n_layers_run / steps : 0.0;
 }

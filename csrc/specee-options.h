@@ -1,4 +1,5 @@
-// specee-options.h: the mode table's rows, the generation options' checks and the stats' derived figures (specee-options.cpp)
+// specee-options.h: the mode table's rows, the generation options' checks and the stats' derived figures
+// (specee-options.cpp, specee-stats.cpp)
 #pragma once
 
 #include "specee.h"

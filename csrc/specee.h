@@ -153,6 +153,7 @@ struct specee_context_params {
                               // it is in (speculative == plain, bit for bit), or SPECEE_KV_F16 (half the memory)
     int32_t  ngram_cache;     // tokens of earlier requests kept for n-gram lookup's drafts (the context's cross-request
                               // cache: the oldest requests evicted), 0: off
+    int32_t  kernels;         // matmul kernels for Q4_1 weights on the CPU: 0 auto, 1 portable, 2 off (specee-kernels.h)
 };
 
 enum specee_kv_type { SPECEE_KV_F16 = 0, SPECEE_KV_F32 = 1 };
@@ -749,6 +750,7 @@ struct specee_context_options {
     char    lora[SPECEE_MAX_PATH];        // LoRA adapters (specee-lora.h): "FNAME,..." at scale 1, then
     char    lora_scaled[SPECEE_MAX_PATH]; //   "FNAME:SCALE,..."; setting either again appends; "" clears
     bool    lora_init_without_apply;      // loaded at scale 0, applied later (the server's POST /lora-adapters)
+    int32_t kernels;                     // as specee_context_params
 };
 
 struct specee_context_options specee_context_options_default(void);

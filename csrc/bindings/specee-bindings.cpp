@@ -1,6 +1,7 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
 #include "specee-context-shift.h"
 #include "specee-fim.h"
+#include "specee-kernels.h"
 #include "specee-pooling.h"
 #include "specee.h"
 #include "specee-slots-ext.h"
@@ -795,6 +796,27 @@ PYBIND11_MODULE(_core, m) {
     }, py::arg("type"), py::arg("rows"), py::arg("imatrix") = py::none(),
        "rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize makes "
        "them; imatrix: None or [n_per_row] importance weights (an importance matrix's entry for the tensor)");
+    m.def("kernels_mul_mat", [](const py::array_t<uint8_t, py::array::c_style> & w, int64_t k, const f32_array & x,
+                                int32_t mode, int32_t n_threads, int32_t repeats) {
+        if (w.ndim() != 2 || x.ndim() != 2 || x.shape(1) != k) {
+            throw py::value_error("kernels_mul_mat: w [m, row bytes] uint8 and x [n, k] floats");
+        }
+        const int64_t      m = w.shape(0), n = x.shape(0);
+        py::array_t<float> out({(py::ssize_t) n, (py::ssize_t) m});
+        double             s;
+        {
+            py::gil_scoped_release release;
+            s = specee_kernels_mul_mat(w.data(), k, m, x.data(), n, mode, n_threads, repeats, out.mutable_data());
+        }
+        if (s < 0) {
+            throw py::value_error("kernels_mul_mat: bad shapes");
+        }
+        return py::make_tuple(out, s);
+    }, py::arg("w"), py::arg("k"), py::arg("x"), py::arg("mode"), py::arg("n_threads") = 1, py::arg("repeats") = 1,
+       "one matmul on ggml's CPU backend: the Q4_1 rows w [m, row bytes] (from quantize) times x [n, k] under "
+       "kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat): (out [n, m], the fastest of `repeats` "
+       "computes in seconds)");
+    m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");
     m.def("vocab_pre_names", [] { return name_list(specee_vocab_pre_name); },
           "the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has");
     m.def("arch_pred_tensor_names", [] { return name_list(specee_arch_pred_tensor_name); });

@@ -72,6 +72,7 @@ class Model:
         lora: Sequence[str | os.PathLike] | None = None,
         lora_scaled: Sequence[tuple[str | os.PathLike, float] | str] | None = None,
         lora_init_without_apply: bool | None = None,
+        kernels: str | None = None,
     ) -> None:
         """The keywords are the runtime's context options (specee.context_options.CONTEXT_OPTIONS, the CLI's
         -c -b -ub -t -tb --no-mmap --draft-head -ctv -ngl --offload-order -dev --rpc -ts); None: the table's default.
@@ -103,7 +104,9 @@ class Model:
         n_gpu_layers.
         lora: LoRA adapter files (GGUF, `python -m specee.convert lora`) applied at scale 1; lora_scaled: (file,
         scale) pairs or "FILE:SCALE" texts, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply:
-        loaded at scale 0. `lora_adapters` lists them, `set_lora` changes the scales (csrc/specee-lora.h)."""
+        loaded at scale 0. `lora_adapters` lists them, `set_lora` changes the scales (csrc/specee-lora.h).
+        kernels: the matmul kernels for Q4_1 weights on the CPU, "auto" (default), "portable" or "off" (ggml's
+        mul_mat); the logits are the same bit for bit whichever (docs/kernels.md)."""
         self.path = str(path) if path is not None else default_model_path()
         self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
         if draft_head == "default":
@@ -117,7 +120,7 @@ class Model:
             lora=[os.fspath(p) for p in lora] if lora else None,
             lora_scaled=[x if isinstance(x, str) else f"{os.fspath(x[0])}:{float(x[1])!r}" for x in lora_scaled]
             if lora_scaled else None,
-            lora_init_without_apply=lora_init_without_apply))
+            lora_init_without_apply=lora_init_without_apply, kernels=kernels))
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF model file")
         if not os.path.isfile(self.path):

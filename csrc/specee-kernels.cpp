@@ -1,0 +1,345 @@
+// specee-kernels.cpp: this runtime's CPU matmul kernel for Q4_1 weights times 1..n token rows (docs/kernels.md).
+//
+// ggml 0.20.2 multiplies a Q4_1 matrix by n tokens as n separate ggml_vec_dot_q4_1_q8_1 per weight row, unpacking
+// the weight's nibbles again for every token. Here a weight block is unpacked once per tile of up to 8 tokens and
+// used for each of them. The arithmetic per output element is exactly ggml's x86 vec_dot (ggml-cpu/arch/x86/
+// quants.c, AVX2 build, checked against its disassembly): per block of 32, eight int32 lanes (lane j = the sum of
+// the products of elements 4j..4j+3, exact), each converted to float and fused-multiply-added with d_x*d_y into its
+// own float accumulator; the min term as fma(m_x, s_y, summs) in a scalar; at the end the lanes summed as
+// ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), then + summs. So the results equal ggml's for every number of tokens, bit
+// for bit, and a token's logits do not depend on its batch.
+//
+// Two custom ops on ggml's own threads (ggml_custom_4d: the graph's threadpool, no threads of ours): the
+// activations quantized once per op with ggml's own Q8_1 quantizer (the values ggml's mul_mat would use), then the
+// matmul, whose threads split the weight's rows.
+#include "specee-kernels.h"
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define SPECEE_KERNELS_X86 1
+#endif
+
+// ---- ggml's block layouts (ggml-common.h; sizes checked against ggml_type_size at run time)
+
+struct q4_1_block {
+    uint16_t d;      // scale (fp16)
+    uint16_t m;      // min (fp16)
+    uint8_t  qs[16]; // element k < 16: low nibble of qs[k]; k >= 16: high nibble of qs[k - 16]
+};
+
+struct q8_1_block {
+    uint16_t d;      // scale (fp16)
+    uint16_t s;      // d * sum(qs) (fp16)
+    int8_t   qs[32];
+};
+
+static_assert(sizeof(q4_1_block) == 20, "block_q4_1 is 20 bytes");
+static_assert(sizeof(q8_1_block) == 36, "block_q8_1 is 36 bytes");
+
+// ---- the quantized activations: one I8 tensor holding n rows of Q8_1 blocks (ggml's layout, the quantizer's
+// output) and each block's d and s as floats, [nb][n_pad], so a tile reads 8 tokens' s in one load
+
+struct act_layout {
+    int64_t n      = 0; // tokens
+    int64_t nb     = 0; // blocks per token
+    int64_t n_pad  = 0; // n rounded up to 8
+    size_t  off_d  = 0;
+    size_t  off_s  = 0;
+    size_t  nbytes = 0;
+};
+
+static act_layout layout_of(int64_t k, int64_t n) {
+    act_layout a;
+    a.n     = n;
+    a.nb    = k / 32;
+    a.n_pad = (n + 7) / 8 * 8;
+    const size_t rows   = (size_t) (n * a.nb) * sizeof(q8_1_block);
+    const size_t floats = (size_t) (a.nb * a.n_pad) * sizeof(float);
+    a.off_d  = (rows + 63) / 64 * 64;
+    a.off_s  = a.off_d + floats;
+    a.nbytes = a.off_s + floats;
+    return a;
+}
+
+// dst <- the activations src[0] [k, n] F32 quantized; threads split the tokens
+static void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * x = dst->src[0];
+    const act_layout    a = layout_of(x->ne[0], x->ne[1]);
+    ggml_from_float_t   q = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;
+    uint8_t *           base = (uint8_t *) dst->data;
+    float *             d    = (float *) (base + a.off_d);
+    float *             s    = (float *) (base + a.off_s);
+    for (int64_t t = ith; t < a.n_pad; t += nth) {
+        if (t >= a.n) {
+            for (int64_t b = 0; b < a.nb; ++b) {
+                d[b * a.n_pad + t] = 0.0f;
+                s[b * a.n_pad + t] = 0.0f;
+            }
+            continue;
+        }
+        q8_1_block * row = (q8_1_block *) base + t * a.nb;
+        q((const float *) ((const char *) x->data + t * x->nb[1]), row, x->ne[0]);
+        for (int64_t b = 0; b < a.nb; ++b) {
+            d[b * a.n_pad + t] = ggml_fp16_to_fp32(row[b].d);
+            s[b * a.n_pad + t] = ggml_fp16_to_fp32(row[b].s);
+        }
+    }
+}
+
+// ---- one weight row times the tokens [t0, t0 + nt) (nt <= 8) of the quantized activations: out[t * stride]
+
+struct tile_args {
+    const q4_1_block * x;      // the weight row's blocks
+    const q8_1_block * y[8];   // each token's blocks
+    const float *      d_y;    // [nb][n_pad] from token t0
+    const float *      s_y;    // [nb][n_pad] from token t0
+    int64_t            nb;
+    int64_t            n_pad;
+    float *            out;    // token t's result at out[t * stride]
+    int64_t            stride;
+};
+
+// the portable path: the same operations in the same order as the SIMD one (and ggml's AVX2 vec_dot), one scalar at
+// a time; std::fma rounds once as the hardware's FMA does (this file is built with -ffp-contract=off)
+static void tile_portable(const tile_args & ta, int nt) {
+    float acc[8][8] = {};
+    float summs[8]  = {};
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q4_1_block & xb = ta.x[b];
+        int32_t            q[32];
+        for (int k = 0; k < 16; ++k) {
+            q[k]      = xb.qs[k] & 0x0F;
+            q[k + 16] = xb.qs[k] >> 4;
+        }
+        const float dx = ggml_fp16_to_fp32(xb.d);
+        const float mx = ggml_fp16_to_fp32(xb.m);
+        for (int t = 0; t < nt; ++t) {
+            const int8_t * r  = ta.y[t][b].qs;
+            const float    dd = dx * ta.d_y[b * ta.n_pad + t];
+            summs[t]          = std::fma(mx, ta.s_y[b * ta.n_pad + t], summs[t]);
+            for (int j = 0; j < 8; ++j) {
+                const int32_t lane = q[4 * j] * r[4 * j] + q[4 * j + 1] * r[4 * j + 1] + q[4 * j + 2] * r[4 * j + 2] +
+                                     q[4 * j + 3] * r[4 * j + 3];
+                acc[t][j] = std::fma(dd, (float) lane, acc[t][j]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; ++t) {
+        const float * a = acc[t];
+        ta.out[t * ta.stride] = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + summs[t];
+    }
+}
+
+#ifdef SPECEE_KERNELS_X86
+
+#define SPECEE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// ggml's hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))
+SPECEE_AVX2 static inline float hsum_8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r        = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r        = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+// NT tokens (1..8) at once: NT accumulators of 8 lanes; the tokens' min terms in one vector (lane t: token t)
+template <int NT>
+SPECEE_AVX2 static void tile_avx2(const tile_args & ta) {
+    const __m256i low  = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256        acc[NT];
+    for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    __m256 summs = _mm256_setzero_ps();
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q4_1_block & xb  = ta.x[b];
+        const __m128i      raw = _mm_loadu_si128((const __m128i *) xb.qs);
+        const __m256i      qx  = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+        const __m256       dx  = _mm256_set1_ps(_cvtsh_ss(xb.d));
+        const __m256       mx  = _mm256_set1_ps(_cvtsh_ss(xb.m));
+        const float *      d_y = ta.d_y + b * ta.n_pad;
+        summs                  = _mm256_fmadd_ps(mx, _mm256_loadu_ps(ta.s_y + b * ta.n_pad), summs);
+        for (int t = 0; t < NT; ++t) {
+            const __m256i qy  = _mm256_loadu_si256((const __m256i *) ta.y[t][b].qs);
+            const __m256  dd  = _mm256_mul_ps(dx, _mm256_broadcast_ss(d_y + t));
+            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones);
+            acc[t]            = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), acc[t]);
+        }
+    }
+    float sm[8];
+    _mm256_storeu_ps(sm, summs);
+    for (int t = 0; t < NT; ++t) {
+        ta.out[t * ta.stride] = hsum_8(acc[t]) + sm[t];
+    }
+}
+
+static void tile_simd(const tile_args & ta, int nt) {
+    switch (nt) {
+        case 1: tile_avx2<1>(ta); break;
+        case 2: tile_avx2<2>(ta); break;
+        case 3: tile_avx2<3>(ta); break;
+        case 4: tile_avx2<4>(ta); break;
+        case 5: tile_avx2<5>(ta); break;
+        case 6: tile_avx2<6>(ta); break;
+        case 7: tile_avx2<7>(ta); break;
+        default: tile_avx2<8>(ta); break;
+    }
+}
+
+#else
+
+static void tile_simd(const tile_args & ta, int nt) {
+    tile_portable(ta, nt);
+}
+
+#endif
+
+// ---- the matmul op: dst [m, n] <- src[0] (Q4_1 [k, m]) x the quantized src[1]; threads split the weight's rows
+// into contiguous ranges, walked in chunks of ROW_CHUNK rows so a chunk stays in cache across the token tiles
+
+enum kernel_path { PATH_PORTABLE = 0, PATH_SIMD = 1 };
+
+static const int64_t ROW_CHUNK = 16;
+
+static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ggml_tensor * w    = dst->src[0];
+    const ggml_tensor * qa   = dst->src[1];
+    const int64_t       m    = dst->ne[0];
+    const act_layout    a    = layout_of(w->ne[0], dst->ne[1]);
+    const bool          simd = (intptr_t) userdata == PATH_SIMD;
+    const uint8_t *     base = (const uint8_t *) qa->data;
+    const int64_t       r0 = m * ith / nth, r1 = m * (ith + 1) / nth;
+
+    tile_args ta;
+    ta.nb     = a.nb;
+    ta.n_pad  = a.n_pad;
+    ta.stride = dst->nb[1] / sizeof(float);
+    for (int64_t c0 = r0; c0 < r1; c0 += ROW_CHUNK) {
+        const int64_t c1 = c0 + ROW_CHUNK < r1 ? c0 + ROW_CHUNK : r1;
+        for (int64_t t0 = 0; t0 < a.n; t0 += 8) {
+            const int nt = (int) (a.n - t0 < 8 ? a.n - t0 : 8);
+            for (int t = 0; t < nt; ++t) {
+                ta.y[t] = (const q8_1_block *) base + (t0 + t) * a.nb;
+            }
+            ta.d_y = (const float *) (base + a.off_d) + t0;
+            ta.s_y = (const float *) (base + a.off_s) + t0;
+            for (int64_t r = c0; r < c1; ++r) {
+                ta.x   = (const q4_1_block *) ((const char *) w->data + r * w->nb[1]);
+                ta.out = (float *) dst->data + t0 * ta.stride + r;
+                if (simd) {
+                    tile_simd(ta, nt);
+                } else {
+                    tile_portable(ta, nt);
+                }
+            }
+        }
+    }
+}
+
+// ---- choosing the path
+
+const char * specee_kernels_auto_path(void) {
+#ifdef SPECEE_KERNELS_X86
+    // ggml's own Q4_1 dot product must be its AVX2 one (what the kernel reproduces): ggml built with AVX2 and FMA;
+    // with AVX-512 VNNI ggml's lanes come from vpdpbusd, the same integers (untested here: docs/kernels.md)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+        ggml_cpu_has_avx2() && ggml_cpu_has_fma() && ggml_cpu_has_f16c()) {
+        return "avx2";
+    }
+#endif
+    return "off";
+}
+
+static bool in_plain_cpu_buffer(const ggml_tensor * w) {
+    if (!w->buffer || !ggml_backend_buffer_is_host(w->buffer)) {
+        return false; // no buffer yet, a device's, or a repacked layout (ggml's extra CPU buffers are not host)
+    }
+    // ggml's plain CPU buffer types (allocated, or a mapped file's) name no device
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w->buffer));
+    return !dev || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+}
+
+bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_t mode) {
+    if (mode == SPECEE_KERNELS_OFF || (mode == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
+        return false;
+    }
+    if (w->type != GGML_TYPE_Q4_1 || ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) ||
+        ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block)) {
+        return false;
+    }
+    if (cur->type != GGML_TYPE_F32 || !ggml_is_contiguous(cur) || !ggml_is_contiguous(w) || cur->ne[2] != 1 ||
+        cur->ne[3] != 1 || w->ne[2] != 1 || w->ne[3] != 1 || cur->ne[0] != w->ne[0] || w->ne[0] % 32 != 0) {
+        return false;
+    }
+    return in_plain_cpu_buffer(w);
+}
+
+ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode) {
+    if (!specee_kernels_apply(w, cur, mode)) {
+        return ggml_mul_mat(ctx0, w, cur);
+    }
+    const int64_t    n = cur->ne[1];
+    const act_layout a = layout_of(w->ne[0], n);
+    // w rides along as an unused source so that the scheduler runs the quantizer where the weight is (the CPU)
+    ggml_tensor * qargs[2] = {cur, w};
+    ggml_tensor * q = ggml_custom_4d(ctx0, GGML_TYPE_I8, (int64_t) a.nbytes, 1, 1, 1, qargs, 2, quantize_op,
+                                     GGML_N_TASKS_MAX, nullptr);
+    ggml_format_name(q, "%s-q8_1", cur->name);
+    const intptr_t path    = mode == SPECEE_KERNELS_PORTABLE ? PATH_PORTABLE : PATH_SIMD;
+    ggml_tensor *  args[2] = {w, q};
+    return ggml_custom_4d(ctx0, GGML_TYPE_F32, w->ne[1], n, 1, 1, args, 2, matmul_op, GGML_N_TASKS_MAX,
+                          (void *) path);
+}
+
+// ---- one matmul alone (tests, benchmarks)
+
+double specee_kernels_mul_mat(const void * w, int64_t k, int64_t m, const float * x, int64_t n, int32_t mode,
+                              int32_t n_threads, int32_t repeats, float * out) {
+    if (k <= 0 || k % 32 != 0 || m <= 0 || n <= 0 || repeats <= 0) {
+        return -1.0;
+    }
+    ggml_init_params wp   = {4 * ggml_tensor_overhead(), nullptr, true};
+    ggml_context *   wctx = ggml_init(wp);
+    ggml_tensor *    wt   = ggml_new_tensor_2d(wctx, GGML_TYPE_Q4_1, k, m);
+    ggml_tensor *    xt   = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, k, n);
+    ggml_backend_t   cpu  = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(cpu, n_threads > 0 ? n_threads : 1);
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors(wctx, cpu);
+    ggml_backend_tensor_set(wt, w, 0, ggml_nbytes(wt));
+    ggml_backend_tensor_set(xt, x, 0, ggml_nbytes(xt));
+
+    ggml_init_params gp   = {16 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
+    ggml_context *   gctx = ggml_init(gp);
+    ggml_tensor *    y    = specee_mul_mat(gctx, wt, xt, mode);
+    ggml_cgraph *    gf   = ggml_new_graph(gctx);
+    ggml_build_forward_expand(gf, y);
+    ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(cpu));
+    ggml_gallocr_alloc_graph(galloc, gf);
+
+    double best = -1.0;
+    for (int32_t i = 0; i < repeats; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(cpu, gf);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best           = best < 0.0 || s < best ? s : best;
+    }
+    ggml_backend_tensor_get(y, out, 0, (size_t) (m * n) * sizeof(float));
+
+    ggml_gallocr_free(galloc);
+    ggml_free(gctx);
+    ggml_backend_buffer_free(wbuf);
+    ggml_backend_free(cpu);
+    ggml_free(wctx);
+    return best;
+}

@@ -1,0 +1,192 @@
+"""The CPU matmul kernels (csrc/specee-kernels.cpp, docs/kernels.md): Q4_1 weights times 1..n token rows give ggml's
+own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count, odd shapes
+and K not a multiple of 256; a model's logits are the same with kernels auto, portable and off, and a token's logits
+do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless modes,
+perplexity) are marked slow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specee
+from specee import _core
+from specee.convert.quantize import quantize_gguf
+
+Q4_1 = 3  # GGML_TYPE_Q4_1
+AUTO, PORTABLE, OFF = 0, 1, 2  # enum specee_kernels_mode
+
+# the paths a test can force here: the portable one always, the SIMD one where this machine has it
+MODES = [PORTABLE] + ([AUTO] if _core.kernels_auto_path() != "off" else [])
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    diff = np.flatnonzero(bits(got) != bits(want))
+    assert diff.size == 0, f"{what}: {diff.size} of {want.size} differ, e.g. {got.flat[diff[0]]!r} vs {want.flat[diff[0]]!r}"
+
+
+def random_q4_1(k: int, m: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return _core.quantize(Q4_1, (rng.standard_normal((m, k)) * 0.1 + 0.02).astype(np.float32))
+
+
+def mul_mat(w: np.ndarray, k: int, x: np.ndarray, mode: int, n_threads: int = 2) -> np.ndarray:
+    return _core.kernels_mul_mat(w, k, x, mode, n_threads)[0]
+
+
+# ---- one matmul against ggml's
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("k,m", [(64, 37), (96, 5), (288, 33), (608, 64), (32, 1)])
+def test_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int) -> None:
+    """n = 1..16 and past a tile (17, 33), rows not a multiple of anything, K = 96, 288, 608 (not multiples of 256)."""
+    w = random_q4_1(k, m, seed=k + m)
+    rng = np.random.default_rng(7)
+    for n in list(range(1, 17)) + [17, 33]:
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        assert_same_bits(mul_mat(w, k, x, mode), mul_mat(w, k, x, OFF), f"k={k} m={m} n={n}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_row_s_result_does_not_depend_on_its_batch(mode: int) -> None:
+    k, m = 160, 21
+    w = random_q4_1(k, m, seed=3)
+    x = np.random.default_rng(11).standard_normal((16, k)).astype(np.float32)
+    alone = np.concatenate([mul_mat(w, k, x[i:i + 1], mode) for i in range(16)])
+    for n in (2, 5, 8, 9, 16):
+        assert_same_bits(mul_mat(w, k, x[:n], mode), alone[:n], f"n={n}")
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_threads_split_rows_without_changing_results(n_threads: int) -> None:
+    k, m = 128, 19
+    w = random_q4_1(k, m, seed=5)
+    x = np.random.default_rng(2).standard_normal((6, k)).astype(np.float32)
+    want = mul_mat(w, k, x, OFF, 1)
+    for mode in MODES:
+        assert_same_bits(mul_mat(w, k, x, mode, n_threads), want, f"mode {mode}, {n_threads} threads")
+
+
+def test_extreme_activations_match_ggml() -> None:
+    """Zeros, one large value per block, and constant rows: ggml's quantizer's edge cases go through unchanged."""
+    k, m = 96, 7
+    w = random_q4_1(k, m, seed=9)
+    x = np.zeros((4, k), dtype=np.float32)
+    x[1, ::32] = 1e4
+    x[2] = 3.0
+    x[3] = -np.linspace(0, 50, k, dtype=np.float32)
+    for mode in MODES:
+        assert_same_bits(mul_mat(w, k, x, mode), mul_mat(w, k, x, OFF), f"mode {mode}")
+
+
+def test_bad_shapes_are_refused() -> None:
+    w = random_q4_1(64, 4, seed=1)
+    with pytest.raises(ValueError):
+        _core.kernels_mul_mat(w, 64, np.zeros((2, 32), dtype=np.float32), AUTO)
+
+
+# ---- a model: the tiny Llama quantized to Q4_1
+
+
+@pytest.fixture(scope="module")
+def tiny_q4_1(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_q4_1") / "tiny-q4_1.gguf"
+    quantize_gguf(tiny_gguf, out, "q4_1", progress=False)
+    return out
+
+
+def test_the_option_is_in_the_table() -> None:
+    row = specee.context_options.CONTEXT_OPTIONS["kernels"]
+    assert row["default"] == "auto" and row["choices"] == ["auto", "portable", "off"]
+    with pytest.raises(ValueError):
+        specee.context_options.context_options({"kernels": "fast"})
+
+
+def test_model_logits_equal_with_kernels_on_and_off(tiny_q4_1: Path) -> None:
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, 256, 23).tolist()
+    want = None
+    for kernels in ("off", "portable", "auto"):
+        m = specee.Model(tiny_q4_1, n_ctx=64, n_threads=2, kernels=kernels)
+        batch = m.eval(tokens, output="all")
+        m.kv_clear()
+        single = np.concatenate([m.eval([t]) for t in tokens])
+        assert_same_bits(batch, single, f"kernels={kernels}: batch vs one token at a time")
+        if want is None:
+            want = batch
+        assert_same_bits(batch, want, f"kernels={kernels} vs off")
+        m.close()
+
+
+def test_greedy_lookup_equals_plain_with_kernels(tiny_q4_1: Path) -> None:
+    m = specee.Model(tiny_q4_1, n_ctx=256, n_threads=2, kernels="portable")
+    prompt = ([5, 17, 42, 9, 77, 3] * 6)[:30]
+    plain = m.generate_tokens(prompt, 40, temp=0, mode="plain", ignore_eos=True)
+    assert m.generate_tokens(prompt, 40, temp=0, mode="ngram", ignore_eos=True) == plain
+    off = specee.Model(tiny_q4_1, n_ctx=256, n_threads=2, kernels="off")
+    assert off.generate_tokens(prompt, 40, temp=0, mode="plain", ignore_eos=True) == plain
+
+
+# ---- SmolLM2 (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.3.attn_k.weight", "blk.7.ffn_down.weight",
+                                  "blk.29.ffn_up.weight"])
+def test_smollm2_weights_equal_ggml_bit_for_bit(smollm2_path: Path, name: str) -> None:
+    import gguf
+
+    t = next(t for t in gguf.GGUFReader(smollm2_path).tensors if t.name == name)
+    assert int(t.tensor_type) == Q4_1
+    k, m = int(t.shape[0]), int(t.shape[1])
+    w = np.ascontiguousarray(np.asarray(t.data, dtype=np.uint8).reshape(m, -1))
+    rng = np.random.default_rng(1)
+    for n in range(1, 17):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        want = mul_mat(w, k, x, OFF)
+        for mode in MODES:
+            if mode == PORTABLE and n not in (1, 7, 16):
+                continue  # the portable path is slow; three row counts on real weights
+            assert_same_bits(mul_mat(w, k, x, mode), want, f"{name} n={n} mode {mode}")
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_identity_with_kernels(smollm2_path: Path) -> None:
+    """plain, ngram and eagle2 with kernels on give the tokens plain decoding gives with ggml's mul_mat."""
+    from specee.bench.spec import default_head
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "List three colours: red, green,"]
+    off = specee.Model(smollm2_path, n_ctx=256, n_threads=2, kernels="off", draft_head=default_head())
+    want = [off.generate_tokens(off.tokenize(p), 32, temp=0, mode="plain", ignore_eos=True) for p in prompts]
+    off.close()
+    on = specee.Model(smollm2_path, n_ctx=256, n_threads=2, kernels="auto", draft_head=default_head())
+    for p, w in zip(prompts, want):
+        for mode in ("plain", "ngram", "eagle2"):
+            assert on.generate_tokens(on.tokenize(p), 32, temp=0, mode=mode, ignore_eos=True) == w, (p, mode)
+
+
+@pytest.mark.slow
+def test_smollm2_perplexity_with_kernels_on_and_off(smollm2_path: Path) -> None:
+    """Teacher-forced on held-out text: the logits are the same bits, so perplexity is too (within 0.1% asked)."""
+    from specee.bench.filetype import held_out_texts, log_probs
+
+    ppl = {}
+    for kernels in ("off", "auto"):
+        m = specee.Model(smollm2_path, n_ctx=200, n_threads=2, kernels=kernels)
+        nll, n = 0.0, 0
+        for text in held_out_texts(3):
+            d = m.tokenize(text)[:160]
+            lp = log_probs(m, d)
+            nll -= lp[np.arange(len(d) - 1), d[1:]].sum()
+            n += len(d) - 1
+        ppl[kernels] = float(np.exp(nll / n))
+        m.close()
+    assert ppl["auto"] == pytest.approx(ppl["off"], rel=1e-3)
+    assert ppl["auto"] == ppl["off"]
