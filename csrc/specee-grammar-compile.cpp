@@ -70,7 +70,9 @@ void * compile_main(void * arg) {
         error = specee_llg_message(a.matcher_get_error(m));
     } else { // the first mask: the engine's lexer is built here, and some refusals only come now
         std::vector<uint32_t> mask(a.matcher_get_mask_byte_size(m) / 4 + 1);
-        if (a.matcher_compute_mask_into(m, mask.data(), (mask.size() - 1) * 4) != 0) {
+        uint32_t ff[64]; // and the tokens it forces first (jump-forward asks at once): an endless chain fails here
+        if (a.matcher_compute_mask_into(m, mask.data(), (mask.size() - 1) * 4) != 0 ||
+            a.matcher_compute_ff_tokens(m, ff, 64) < 0) {
             error = specee_llg_message(a.matcher_get_error(m));
         }
     }

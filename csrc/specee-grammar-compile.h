@@ -1,7 +1,8 @@
 // specee-grammar-compile.h: compiling a grammar for the engine, within a budget, with compiled grammars cached.
 //
-// Contract. A compile runs on a worker thread of its own (with a large stack) that builds llguidance's matcher and its
-// first mask (the engine builds its lexer lazily: its errors and its time belong to the compile). The caller waits
+// Contract. A compile runs on a worker thread of its own (with a large stack) that builds llguidance's matcher, its
+// first mask and its first forced tokens (the engine builds its lexer lazily: its errors and its time belong to the
+// compile). The caller waits
 // at most the limit compile_ms, and while the process grows by no more than compile_mb; past either the compile is
 // abandoned (the engine cannot be interrupted: the worker finishes on its own, frees what it made and returns its
 // memory to the system) and the caller gets a short error naming the limit. While two abandoned compiles still run,

@@ -317,12 +317,13 @@ def fuzz_library(items: Iterator[tuple[str, str, str]], out: Path, timeout: floa
 
 # ---- the server run ---------------------------------------------------------------------------------------------
 
-def post(port: int, path: str, body: dict, timeout: float) -> tuple[int, str]:
+def post(port: int, path: str, body: dict | bytes, timeout: float) -> tuple[int, str]:
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        data = body if isinstance(body, bytes) else json.dumps(body)
+        conn.request("POST", path, data, {"Content-Type": "application/json"})
         r = conn.getresponse()
         return r.status, r.read().decode("utf-8", "replace")
     finally:
@@ -340,19 +341,16 @@ def health(port: int, timeout: float) -> bool:
         conn.close()
 
 
-def server_body(case: tuple[str, str, str]) -> dict | None:
-    """The case as /completion's body: json_schema (a JSON value) or grammar (GBNF); other types are the library's."""
-    body: dict[str, Any] = {"prompt": "Answer:", "n_predict": 1, "temperature": 0}
-    if case[1] == "json_schema":
-        try:
-            body["json_schema"] = json.loads(case[2])
-        except ValueError:
-            return None
+def server_body(case: tuple[str, str, str]) -> bytes | None:
+    """The case as /completion's body: json_schema (its text as the field's JSON, as it is: a text that is not JSON
+    makes the body malformed, a 400 too) or grammar (GBNF); other types are the library's."""
+    if case[1] == "json_schema" and case[2].strip():
+        field, text = "json_schema", case[2]
     elif case[1] == "gbnf" and case[2].strip():
-        body["grammar"] = case[2]
+        field, text = "grammar", json.dumps(case[2])
     else:
         return None
-    return body
+    return f'{{"prompt": "Answer:", "n_predict": 1, "temperature": 0, "{field}": {text}}}'.encode()
 
 
 class Server:

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specee import _core
 from specee.generate import StopText
-from specee.grammar import check_spec
+from specee.grammar import GRAMMAR_TYPES, check_spec
 from specee.server.engine import Job, ServerState
 from specee.server.reasoning import ThoughtBudget
 from specee.server.request import ApiError, RequestParams, body_field, request_params
@@ -175,6 +175,8 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
                         return
             else:
                 _, finish, error, stats = event
+                if finish == "error" and error.split(":", 1)[0] in GRAMMAR_TYPES:  # the request's grammar gave out
+                    raise ApiError(400, f"the grammar failed during generation: {error}", param="grammar")
                 if finish == "error":
                     raise ApiError(500, f"generation failed: {error}", "server_error")
                 rest = out.finish()
