@@ -1,13 +1,14 @@
 // specee-grammar.cpp: structured output through llguidance's C API (specee-grammar.h states the contract).
 //
-// The declarations below are this file's own, of the few entry points of llguidance's stable C ABI it uses (its
-// matcher API, 1.x); the structs it passes are zero-filled beyond what is set, and the tokenizer's is sized by
-// struct_size (the library reads no more). The library is loaded once per process.
+// The engine's ABI and its loading: specee-llg.{h,cpp}; the front door every grammar passes before the engine sees it
+// (limits, a compile on a worker with a budget, the cache of compiled grammars): specee-grammar-limits.cpp and
+// specee-grammar-compile.cpp.
 #include "specee-grammar.h"
+#include "specee-grammar-compile.h"
+#include "specee-grammar-limits.h"
 #include "specee-impl.h"
+#include "specee-llg.h"
 #include "specee.h"
-
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -18,140 +19,7 @@
 #include <mutex>
 #include <thread>
 
-// ---- llguidance's C ABI, as far as it is used here ------------------------------------------------------
-
 namespace {
-
-struct llg_tokenizer;
-struct llg_matcher;
-
-struct llg_parser_limits {
-    size_t   max_items_in_row;
-    uint64_t initial_lexer_fuel;
-    uint64_t step_lexer_fuel;
-    size_t   step_max_items;
-    size_t   max_lexer_states;
-    size_t   max_grammar_size;
-    bool     precompute_large_lexemes;
-    bool     verbose_errors;
-};
-
-struct llg_constraint_init {
-    const llg_tokenizer * tokenizer;
-    uint32_t              log_buffer_level;
-    uint32_t              log_stderr_level;
-    bool                  ff_tokens_ok;
-    bool                  backtrack_ok;
-    llg_parser_limits     limits;
-    char                  reserve[256]; // fields a later library may add: left zero
-};
-
-typedef size_t (*llg_tokenize_fn)(const void * user, const uint8_t * bytes, size_t n_bytes, uint32_t * out,
-                                  size_t n_out);
-
-struct llg_tokenizer_init_v2 {
-    size_t              struct_size;
-    uint32_t            vocab_size;
-    uint32_t            tok_eos;
-    const uint32_t *    token_lens;
-    const uint8_t *     token_bytes;
-    const char *        tokenizer_json;
-    bool                tokenize_assumes_string;
-    llg_tokenize_fn     tokenize_fn;
-    bool                use_approximate_greedy_tokenize_fn;
-    const void *        tokenize_user_data;
-    const char * const * slices;
-    const uint32_t *    tok_eos_extra;
-    uint32_t            tok_eos_extra_count;
-};
-
-struct llg_api {
-    void (*constraint_init_set_defaults)(llg_constraint_init *, const llg_tokenizer *);
-    llg_tokenizer * (*new_tokenizer_v2)(const llg_tokenizer_init_v2 *, char *, size_t);
-    void (*free_tokenizer)(llg_tokenizer *);
-    llg_matcher * (*new_matcher)(const llg_constraint_init *, const char *, const char *);
-    void (*free_matcher)(llg_matcher *);
-    const char * (*matcher_get_error)(llg_matcher *);
-    bool (*matcher_is_error)(const llg_matcher *);
-    size_t (*matcher_get_mask_byte_size)(const llg_matcher *);
-    int32_t (*matcher_compute_mask_into)(llg_matcher *, uint32_t *, size_t);
-    int32_t (*matcher_consume_token)(llg_matcher *, uint32_t);
-    int32_t (*matcher_consume_tokens)(llg_matcher *, const uint32_t *, size_t);
-    int32_t (*matcher_rollback)(llg_matcher *, size_t);
-    int32_t (*matcher_reset)(llg_matcher *);
-    bool (*matcher_is_accepting)(llg_matcher *);
-    bool (*matcher_is_stopped)(const llg_matcher *);
-    int32_t (*matcher_compute_ff_tokens)(llg_matcher *, uint32_t *, size_t);
-    int32_t (*matcher_validate_tokens)(llg_matcher *, const uint32_t *, size_t);
-};
-
-std::mutex  g_lib_mutex;
-std::string g_lib_path; // specee_grammar_set_library
-llg_api     g_api{};
-bool        g_loaded = false;
-
-#ifndef SPECEE_LLGUIDANCE_DEFAULT
-#define SPECEE_LLGUIDANCE_DEFAULT ""
-#endif
-#ifndef SPECEE_LIBPYTHON_DEFAULT
-#define SPECEE_LIBPYTHON_DEFAULT ""
-#endif
-
-const char * first_set(const char * a, const char * b) { return a && a[0] ? a : b; }
-
-template <typename F> void resolve(void * h, const char * name, F & fn) {
-    fn = reinterpret_cast<F>(dlsym(h, name));
-    if (!fn) {
-        specee_fail("structured output: the llguidance library has no %s (llguidance 1.x is needed)", name);
-    }
-}
-
-const llg_api & api() {
-    std::lock_guard<std::mutex> lock(g_lib_mutex);
-    if (g_loaded) {
-        return g_api;
-    }
-    const std::string path = !g_lib_path.empty() ? g_lib_path : first_set(getenv("SPECEE_LLGUIDANCE"), SPECEE_LLGUIDANCE_DEFAULT);
-    if (path.empty()) {
-        specee_fail("structured output needs the llguidance package (pip install llguidance), and none was found "
-                    "when this was built: set SPECEE_LLGUIDANCE to its library (python -c \"import llguidance._lib as "
-                    "l; print(l.__file__)\")");
-    }
-    void * h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        // a process without Python: the wheel's library links against libpython's symbols, so load those first
-        const char * py = first_set(getenv("SPECEE_LIBPYTHON"), SPECEE_LIBPYTHON_DEFAULT);
-        if (py[0] && dlopen(py, RTLD_NOW | RTLD_GLOBAL)) {
-            h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        }
-    }
-    if (!h) {
-        const char * e = dlerror();
-        specee_fail("structured output: cannot load llguidance from %s: %s (set SPECEE_LLGUIDANCE to its library, "
-                    "and SPECEE_LIBPYTHON to libpython when it asks for Python's symbols)", path.c_str(), e ? e : "?");
-    }
-    llg_api a{};
-    resolve(h, "llg_constraint_init_set_defaults", a.constraint_init_set_defaults);
-    resolve(h, "llg_new_tokenizer_v2", a.new_tokenizer_v2);
-    resolve(h, "llg_free_tokenizer", a.free_tokenizer);
-    resolve(h, "llg_new_matcher", a.new_matcher);
-    resolve(h, "llg_free_matcher", a.free_matcher);
-    resolve(h, "llg_matcher_get_error", a.matcher_get_error);
-    resolve(h, "llg_matcher_is_error", a.matcher_is_error);
-    resolve(h, "llg_matcher_get_mask_byte_size", a.matcher_get_mask_byte_size);
-    resolve(h, "llg_matcher_compute_mask_into", a.matcher_compute_mask_into);
-    resolve(h, "llg_matcher_consume_token", a.matcher_consume_token);
-    resolve(h, "llg_matcher_consume_tokens", a.matcher_consume_tokens);
-    resolve(h, "llg_matcher_rollback", a.matcher_rollback);
-    resolve(h, "llg_matcher_reset", a.matcher_reset);
-    resolve(h, "llg_matcher_is_accepting", a.matcher_is_accepting);
-    resolve(h, "llg_matcher_is_stopped", a.matcher_is_stopped);
-    resolve(h, "llg_matcher_compute_ff_tokens", a.matcher_compute_ff_tokens);
-    resolve(h, "llg_matcher_validate_tokens", a.matcher_validate_tokens);
-    g_api    = a;
-    g_loaded = true;
-    return g_api;
-}
 
 // the model's own tokenizer, for llguidance's checks of token boundaries (no BOS, special tokens as text)
 size_t tokenize_cb(const void * user, const uint8_t * bytes, size_t n_bytes, uint32_t * out, size_t n_out) {
@@ -215,16 +83,13 @@ struct specee_grammar {
             worker.cv.notify_all();
             worker.thread.join();
         }
-        if (g_loaded) {
-            g_api.free_matcher(matcher);
+        if (matcher) {
+            specee_llg().free_matcher(matcher);
         }
     }
 };
 
-static std::string matcher_error(specee_grammar & g) {
-    const char * e = api().matcher_get_error(g.matcher);
-    return e ? e : "unknown error";
-}
+static std::string matcher_error(specee_grammar & g) { return specee_llg_message(specee_llg().matcher_get_error(g.matcher)); }
 
 // a token's bytes for llguidance: its text; a control token's name after a 0xFF byte (llguidance's mark of a
 // special token, which a grammar never produces as text)
@@ -307,7 +172,7 @@ static llg_tokenizer * vocab_tokenizer(const specee_model & m, const std::vector
     ti.tok_eos_extra       = eos_extra.data();
     ti.tok_eos_extra_count = (uint32_t) eos_extra.size();
     char            err[1024] = "";
-    llg_tokenizer * tok       = api().new_tokenizer_v2(&ti, err, sizeof(err));
+    llg_tokenizer * tok       = specee_llg().new_tokenizer_v2(&ti, err, sizeof(err));
     if (!tok) {
         specee_fail("structured output: llguidance refused the model's vocabulary: %s", err);
     }
@@ -339,9 +204,10 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
     if (type != SPECEE_GRAMMAR_JSON_SCHEMA && text[strspn(text, " \t\r\n")] == '\0') {
         specee_fail("%s: empty grammar", specee_grammar_type_name(type));
     }
+    specee_grammar_screen(type, text); // the front door's limits, before the converter or the engine sees it
     const std::string lark = type == SPECEE_GRAMMAR_GBNF ? specee_gbnf_to_lark(text) : std::string();
     const std::string json = type == SPECEE_GRAMMAR_JSON_SCHEMA ? compact_json(text) : std::string();
-    const llg_api & a       = api();
+    const llg_api & a       = specee_llg();
     auto            g       = std::make_unique<specee_grammar>();
     g->model                = &m;
     g->type                 = type;
@@ -351,17 +217,9 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
     if (g->eog.empty()) {
         specee_fail("structured output: the model's vocabulary has no end-of-generation token");
     }
-
-    g->tok = vocab_tokenizer(m, g->eog);
-    llg_constraint_init ci{};
-    a.constraint_init_set_defaults(&ci, g->tok);
-    ci.log_stderr_level = 0; // its warnings come back as errors or not at all, never on the terminal
-    g->matcher          = a.new_matcher(&ci, kind, type == SPECEE_GRAMMAR_GBNF          ? lark.c_str()
-                                                       : type == SPECEE_GRAMMAR_JSON_SCHEMA ? json.c_str()
-                                                                                            : text);
-    if (a.matcher_is_error(g->matcher)) {
-        specee_fail("%s: %s", specee_grammar_type_name(type), matcher_error(*g).c_str());
-    }
+    g->tok     = vocab_tokenizer(m, g->eog);
+    g->matcher = specee_grammar_compile(g->tok, type, text, kind,
+                                        type == SPECEE_GRAMMAR_GBNF ? lark : type == SPECEE_GRAMMAR_JSON_SCHEMA ? json : text);
     g->mask.assign(a.matcher_get_mask_byte_size(g->matcher) / 4, 0);
     return g.release();
 }
@@ -376,7 +234,7 @@ int32_t specee_grammar_n_accepted(const specee_grammar & g) { return g.n_accepte
 
 // the current state's mask into g.mask (whichever thread runs it)
 static void compute_mask(specee_grammar & g) {
-    const llg_api & a = api();
+    const llg_api & a = specee_llg();
     if (g.ended) {
         std::fill(g.mask.begin(), g.mask.end(), 0u); // past the end (ignore-EOS): only the end again
     } else if (a.matcher_compute_mask_into(g.matcher, g.mask.data(), g.mask.size() * 4) != 0) {
@@ -468,7 +326,7 @@ const uint32_t * specee_grammar_mask_impl(specee_grammar & g) {
 
 int32_t specee_grammar_valid_prefix(specee_grammar & g, const int32_t * tokens, int32_t n) {
     settle(g);
-    const llg_api & a = api();
+    const llg_api & a = specee_llg();
     auto is_eog = [&](int32_t t) { return std::find(g.eog.begin(), g.eog.end(), t) != g.eog.end(); };
     if (g.ended) { // only the end again
         int32_t k = 0;
@@ -521,7 +379,7 @@ void specee_grammar_accept_impl(specee_grammar & g, int32_t token) {
     if (eog) {
         g.ended = true;
         g.n_end += 1;
-    } else if (api().matcher_consume_token(g.matcher, (uint32_t) token) != 0) {
+    } else if (specee_llg().matcher_consume_token(g.matcher, (uint32_t) token) != 0) {
         specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
     }
     g.n_accepted += 1;
@@ -538,7 +396,7 @@ void specee_grammar_rollback_impl(specee_grammar & g, int32_t n) {
     }
     // accepted end-of-generation tokens are the last ones and never reached the matcher
     const int32_t n_matcher = n - std::min(n, g.n_end);
-    if (n_matcher > 0 && api().matcher_rollback(g.matcher, (size_t) n_matcher) != 0) {
+    if (n_matcher > 0 && specee_llg().matcher_rollback(g.matcher, (size_t) n_matcher) != 0) {
         specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
     }
     g.n_end -= std::min(n, g.n_end);
@@ -552,7 +410,7 @@ void specee_grammar_reset_impl(specee_grammar & g) {
     if (g.n_accepted == 0 && !g.ended) {
         return;
     }
-    if (api().matcher_reset(g.matcher) != 0) {
+    if (specee_llg().matcher_reset(g.matcher) != 0) {
         specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
     }
     g.ended      = false;
@@ -563,7 +421,7 @@ void specee_grammar_reset_impl(specee_grammar & g) {
 
 bool specee_grammar_done(specee_grammar & g) {
     settle(g);
-    return g.ended || api().matcher_is_stopped(g.matcher);
+    return g.ended || specee_llg().matcher_is_stopped(g.matcher);
 }
 
 std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max) {
@@ -572,7 +430,7 @@ std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max) {
     if (g.ended) {
         return {};
     }
-    const int32_t n = api().matcher_compute_ff_tokens(g.matcher, ff.data(), ff.size());
+    const int32_t n = specee_llg().matcher_compute_ff_tokens(g.matcher, ff.data(), ff.size());
     if (n < 0) {
         specee_fail("%s: %s", specee_grammar_type_name(g.type), matcher_error(g).c_str());
     }
@@ -580,13 +438,6 @@ std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max) {
 }
 
 // ---- C API -----------------------------------------------------------------------------------------------
-
-extern "C" void specee_grammar_set_library(const char * path) {
-    std::lock_guard<std::mutex> lock(g_lib_mutex);
-    if (!g_loaded) {
-        g_lib_path = path ? path : "";
-    }
-}
 
 extern "C" specee_grammar * specee_grammar_init(const specee_model * model, int32_t type, const char * text) {
     return specee_guard<specee_grammar *>(nullptr, [&] {

@@ -25,8 +25,6 @@
 
 #include <sched.h>
 
-// ---- names --------------------------------------------------------------------------------------------
-
 // ---- the modes ----------------------------------------------------------------------------------------
 
 static const specee_mode_info MODES[] = {
@@ -517,11 +515,13 @@ static std::string choices_text(const option_def & o) {
     if (o.info.type == SPECEE_OPTION_CHOICE) {
         specee_fail("%s must be %s, not '%s'", o.info.name, choices_text(o).c_str(), v);
     }
-    if (o.info.type == SPECEE_OPTION_INT && o.lo > INT_MIN && o.hi == INT_MAX) {
-        specee_fail("%s must be >= %.0f, not '%s'", o.info.name, o.lo, v);
-    }
     if (strcmp(o.info.name, "seed") == 0) {
         specee_fail("seed must be -1 (random) or in 0..2**32-1, not '%s'", v);
+    }
+    double     x     = 0.0;
+    const bool above = o.info.type == SPECEE_OPTION_INT && parse_number(v, x) && x > o.hi; // say the limit passed
+    if (above || (o.info.type == SPECEE_OPTION_INT && o.lo > INT_MIN && o.hi == INT_MAX)) {
+        specee_fail("%s must be %s %.0f, not '%s'", o.info.name, above ? "at most" : ">=", above ? o.hi : o.lo, v);
     }
     specee_fail("%s must be %s, not '%s'", o.info.name, o.info.expect, v);
 }

@@ -3,8 +3,10 @@
 // a slot, or erased (specee-slots-ext.h says the layout). Only a free slot's cache is touched: a slot holding a
 // request changes its cells every pass. Restore reads and checks all the bytes first, so bad bytes change nothing;
 // the restored cells are the slot's own (a prefix another slot shares stays that slot's), and its next request reuses
-// them as any cached prefix. The prompt cache also asks which slot a prompt would take (specee_slots_choose).
+// them as any cached prefix. The prompt cache also asks which slot a prompt would take (specee_slots_choose). An
+// embedding between passes makes room in the cache by dropping free slots' cached prompts.
 #include "specee-context.h"
+#include "specee-embed.h"
 #include "specee-impl.h"
 #include "specee-kv-cache.h"
 #include "specee-model.h"
@@ -354,4 +356,33 @@ extern "C" int32_t specee_slots_choose(specee_slots * s, const int32_t * tokens,
         *cached = std::max(k, 0);
     }
     return best < 0 ? SPECEE_SLOTS_BUSY : best;
+}
+
+// ---- embeddings between passes: room made in the slots' cache ------------------------------------------
+
+// specee_embed_impl within a slot's share of the context; free slots' cached prompts make room when the free cells
+// are too few
+static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32_t n, int32_t pooling, float * out) {
+    specee_context & ctx = *s.ctx;
+    if (!tokens || n <= 0) {
+        specee_fail("cannot embed an empty text");
+    }
+    if (n > s.n_ctx_slot) {
+        specee_fail("the text has %d tokens, more than fit a slot's context of %d", n, s.n_ctx_slot);
+    }
+    for (int32_t i = 0; i < (int32_t) s.slots.size() && (uint32_t) n > ctx.kv.size - ctx.kv.used; ++i) {
+        if (s.slots[i].state == SLOT_FREE) {
+            ctx.kv.seq_remove(s.slots[i].gen->seq, 0, -1);
+        }
+    }
+    specee_embed_impl(ctx, tokens, n, pooling, out);
+}
+
+extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
+                                      float * out) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        embed_between_passes(*s, tokens, n_tokens, pooling, out);
+        return 0;
+    });
 }

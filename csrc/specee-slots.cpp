@@ -22,7 +22,6 @@
 // whole, llama.cpp's --kv-unified: specee-slot-cache.cpp).
 #include "specee-context.h"
 #include "specee-drafter.h"
-#include "specee-embed.h"
 #include "specee-generate.h"
 #include "specee-impl.h"
 #include "specee-model.h"
@@ -226,6 +225,13 @@ static void emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t layers, 
     }
 }
 
+// a slot's request ends with an error (the slot's failure, not the pass's)
+static void fail_slot(specee_slot & sl, const char * what) {
+    sl.error  = what;
+    sl.finish = SPECEE_FINISH_ERROR;
+    sl.state  = SLOT_DONE;
+}
+
 // ---- one pass -------------------------------------------------------------------------------------
 
 // the most tokens a slot's request may still produce in one step
@@ -381,9 +387,7 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
             tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos,
                                               specee_tree_filter(g.tree, specee_generator_step(g), tbk.p.nodes));
         } catch (const std::exception & e) {
-            sl.error  = e.what();
-            sl.finish = SPECEE_FINISH_ERROR;
-            sl.state  = SLOT_DONE;
+            fail_slot(sl, e.what());
             continue;
         }
         g.stats.t_draft_ms += specee_ms_since(t0);
@@ -448,13 +452,19 @@ static std::vector<uint8_t> shared_mask(const shared_batch & sb) {
     return mask;
 }
 
-// after the pass: a token from a row's logits for a slot (its next token, or a prefilled prompt's first)
-static int32_t sample_row(specee_slots & s, specee_slot & sl, int32_t row) {
+// after the pass: a token from a row's logits for a slot (its next token, or a prefilled prompt's first); false when
+// its grammar failed (the engine gave up on it mid-way): that slot ends, the others go on
+static bool sample_row(specee_slots & s, specee_slot & sl, int32_t row, int32_t & t) {
     const int32_t n_vocab = (int32_t) s.ctx->model->hparams.n_vocab;
     const float * lg      = s.ctx->logits.data() + (size_t) row * n_vocab;
-    const int32_t t       = specee_sampler_sample_impl(*sl.gen->smpl, lg, n_vocab);
-    specee_sampler_accept_impl(*sl.gen->smpl, t);
-    return t;
+    try {
+        t = specee_sampler_sample_impl(*sl.gen->smpl, lg, n_vocab);
+        specee_sampler_accept_impl(*sl.gen->smpl, t);
+        return true;
+    } catch (const std::exception & e) {
+        fail_slot(sl, e.what());
+        return false;
+    }
 }
 
 // The shared pass: every plain decoding slot's next token, every EAGLE and n-gram lookup slot's tree (its own mask;
@@ -501,9 +511,7 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         try {
             finish_tree(s, tbk, (int32_t) sb.tok.size(), ms);
         } catch (const std::exception & e) {
-            sl.error  = e.what();
-            sl.finish = SPECEE_FINISH_ERROR;
-            sl.state  = SLOT_DONE;
+            fail_slot(sl, e.what());
         }
     }
     int32_t row = 0;
@@ -512,7 +520,11 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         specee_generator & g  = *sl.gen;
         const auto         ts = specee_clock::now();
         const double       m0 = specee_sampler_mask_ms(*g.smpl);
-        const int32_t      t  = sample_row(s, sl, row);
+        int32_t            t  = -1;
+        if (!sample_row(s, sl, row, t)) {
+            row++;
+            continue;
+        }
         g.stats.t_mask_ms += specee_sampler_mask_ms(*g.smpl) - m0;
         g.stats.t_sample_ms += specee_ms_since(ts);
         g.stats.t_decode_ms += ms + specee_ms_since(ts);
@@ -536,7 +548,11 @@ static void shared_pass(specee_slots & s, std::vector<uint8_t> & stepped) {
         if (sl.n_past < n) {
             continue;
         }
-        const int32_t t = sample_row(s, sl, row);
+        int32_t t = -1;
+        if (!sample_row(s, sl, row, t)) {
+            row++;
+            continue;
+        }
         if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_NGRAM) {
             specee_lookup_reset(g.lookup, sl.prompt.data(), n, t);
         }
@@ -588,9 +604,7 @@ static int32_t step_impl(specee_slots & s) {
         try {
             alone_step(s, sl);
         } catch (const std::exception & e) {
-            sl.error  = e.what();
-            sl.finish = SPECEE_FINISH_ERROR;
-            sl.state  = SLOT_DONE;
+            fail_slot(sl, e.what());
         }
     }
     int32_t busy = 0;
@@ -598,26 +612,6 @@ static int32_t step_impl(specee_slots & s) {
         busy += sl.state == SLOT_PREFILL || sl.state == SLOT_DECODE;
     }
     return busy;
-}
-
-// ---- embeddings between passes -------------------------------------------------------------------------
-
-// specee_embed_impl within a slot's share of the context; free slots' cached prompts make room when the free cells
-// are too few
-static void embed_between_passes(specee_slots & s, const int32_t * tokens, int32_t n, int32_t pooling, float * out) {
-    specee_context & ctx = *s.ctx;
-    if (!tokens || n <= 0) {
-        specee_fail("cannot embed an empty text");
-    }
-    if (n > s.n_ctx_slot) {
-        specee_fail("the text has %d tokens, more than fit a slot's context of %d", n, s.n_ctx_slot);
-    }
-    for (int32_t i = 0; i < (int32_t) s.slots.size() && (uint32_t) n > ctx.kv.size - ctx.kv.used; ++i) {
-        if (s.slots[i].state == SLOT_FREE) {
-            ctx.kv.seq_remove(s.slots[i].gen->seq, 0, -1);
-        }
-    }
-    specee_embed_impl(ctx, tokens, n, pooling, out);
 }
 
 // ---- C API -------------------------------------------------------------------------------------------
@@ -785,13 +779,4 @@ extern "C" int32_t specee_slots_mode(const specee_slots * s, int32_t slot) {
 extern "C" struct specee_slots_totals specee_slots_get_totals(const specee_slots * s) {
     std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
     return s->totals;
-}
-
-extern "C" int32_t specee_slots_embed(specee_slots * s, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
-                                      float * out) {
-    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
-    return specee_guard<int32_t>(-1, [&] {
-        embed_between_passes(*s, tokens, n_tokens, pooling, out);
-        return 0;
-    });
 }

@@ -1,6 +1,7 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
 #include "specee-context-shift.h"
 #include "specee-fim.h"
+#include "specee-grammar-limits.h"
 #include "specee-kernels.h"
 #include "specee-pooling.h"
 #include "specee.h"
@@ -1243,6 +1244,25 @@ PYBIND11_MODULE(_core, m) {
     m.attr("GRAMMAR_REGEX")       = (int) SPECEE_GRAMMAR_REGEX;
     m.def("grammar_set_library", [](const std::string & path) { specee_grammar_set_library(path.c_str()); },
           py::arg("path"));
+    m.def("grammar_limits", [] {
+              py::dict d;
+              for (int32_t i = 0; i < specee_grammar_limit_count(); ++i) {
+                  d[specee_grammar_limit_name(i)] = py::make_tuple(specee_grammar_limit(specee_grammar_limit_name(i)),
+                                                                   specee_grammar_limit_help(i));
+              }
+              return d;
+          });
+    m.def("grammar_set_limit",
+          [](const std::string & name, int64_t value) {
+              if (specee_grammar_set_limit(name.c_str(), value) != 0) {
+                  raise_last();
+              }
+          },
+          py::arg("name"), py::arg("value"));
+    m.def("grammar_cache_info", [] {
+        return py::dict(py::arg("entries") = specee_grammar_cache_size(), py::arg("hits") = specee_grammar_cache_hits());
+    });
+    m.def("grammar_cache_clear", [] { specee_grammar_cache_clear(); });
     m.def("grammar_check",
           [](const Model & model, int32_t type, const std::string & text) {
               int32_t r;
@@ -1251,7 +1271,7 @@ PYBIND11_MODULE(_core, m) {
                   r = specee_grammar_check(model.ptr, type, text.c_str());
               }
               if (r != 0) {
-                  throw py::value_error(specee_last_error());
+                  raise_last();
               }
           },
           py::arg("model"), py::arg("type"), py::arg("text"));

@@ -194,8 +194,8 @@ class GenerateOptions:
                            ("draft", DraftParams)):
             if not isinstance(getattr(self, name), kind):
                 raise TypeError(f"{name} must be {kind.__name__}(...), not {type(getattr(self, name)).__name__}")
+        _checked(self)  # the table's checks first: an unknown grammar_type is named there
         _ = self.grammar_spec  # its ValueError here: the bindings read it where an error would be lost
-        _checked(self)
 
     @property
     def grammar_spec(self) -> tuple[int, str] | None:

@@ -56,8 +56,37 @@ def use_library() -> None:
 
 
 def check(model, grammar: str | None = None, json_schema: Any = None) -> None:
-    """ValueError with llguidance's message when the grammar or schema does not compile for the model's
-    vocabulary (specee.Model)."""
+    """Compiles the grammar or schema for the model's vocabulary (specee.Model) through the runtime's front door
+    (its limits, a compile within a budget on a worker thread, the cache of compiled grammars: a generation with the
+    same text then starts at once); SpecEEError with a short message naming the problem when it does not compile or
+    passes a limit, ValueError for a malformed argument. Releases the GIL while it compiles."""
     spec = grammar_spec(grammar, json_schema)
     if spec is not None:
         _core.grammar_check(model._model, *spec)
+
+
+def check_spec(model, spec: tuple[int, str] | None) -> None:
+    """check() of a (type, text) pair as GenerateOptions.grammar_spec gives it."""
+    if spec is not None:
+        use_library()
+        _core.grammar_check(model._model, *spec)
+
+
+def limits() -> dict[str, int]:
+    """The grammar front door's limits (the runtime's one table: csrc/specee-grammar-limits.cpp), by name."""
+    return {name: value for name, (value, _help) in _core.grammar_limits().items()}
+
+
+def set_limit(name: str, value: int) -> None:
+    """Changes one of limits() for the process (SpecEEError for an unknown name or a value < 1)."""
+    _core.grammar_set_limit(name, value)
+
+
+def cache_info() -> dict[str, int]:
+    """The cache of compiled grammars: entries kept, and hits (compiles saved) since the process started."""
+    return _core.grammar_cache_info()
+
+
+def cache_clear() -> None:
+    """Drops every compiled grammar kept (their memory goes back to the system)."""
+    _core.grammar_cache_clear()

@@ -23,6 +23,9 @@ from specee.paths import default_draft_head_path, default_model_path
 from specee.pooling import pooling_id, pooling_name
 from specee.slots import INT32_MAX, Closed, Slots, token_limit
 
+EMBED_MAX_TEXTS = 4096  # texts in one Model.embed call (each is a pass of the model: minutes on a CPU)
+EMBED_CHUNK = 32  # texts per call of the runtime: the model's lock is let go between chunks
+
 
 def devices() -> list[tuple[str, str, int, int]]:
     """The devices this runtime sees, the CPU and the GPUs and RPC servers layers can go to: (name, description, free
@@ -665,15 +668,22 @@ class Model:
         pid = pooling_id(pooling)
         one = isinstance(text, (str, bytes, bytearray))
         texts = [text] if isinstance(text, (str, bytes, bytearray)) else list(text)
+        if len(texts) > EMBED_MAX_TEXTS:
+            raise _core.SpecEEError(f"embed: {len(texts)} texts, more than the {EMBED_MAX_TEXTS} one call takes "
+                                    f"(EMBED_MAX_TEXTS): split the list")
         seqs = [self.tokenize(t, add_special=True) for t in texts]
         for i, toks in enumerate(seqs):
             if not toks:
                 raise ValueError("cannot embed empty text" + ("" if one else f" (text {i})"))
-        tokens = np.asarray([t for toks in seqs for t in toks], dtype=np.int32)
-        n_tokens = np.asarray([len(toks) for toks in seqs], dtype=np.int32)
-        with self._lock:
-            out = self._ctx.embed(tokens, n_tokens, pid, normalize)
+        outs = []
+        for k in range(0, len(seqs), EMBED_CHUNK):  # the model's lock taken per chunk: other calls go on between
+            chunk = seqs[k:k + EMBED_CHUNK]
+            tokens = np.asarray([t for toks in chunk for t in toks], dtype=np.int32)
+            n_tokens = np.asarray([len(toks) for toks in chunk], dtype=np.int32)
+            with self._lock:
+                outs.append(self._ctx.embed(tokens, n_tokens, pid, normalize))
+        out = outs[0] if len(outs) == 1 else np.concatenate(outs)
         if (pooling_name(self._model.pooling) if pid < 0 else pooling) == "none":  # rows: split per text
-            parts = np.split(out, np.cumsum(n_tokens)[:-1])
+            parts = np.split(out, np.cumsum([len(toks) for toks in seqs])[:-1])
             return parts[0] if one else parts
         return out[0] if one else out

@@ -165,6 +165,8 @@ def prompt_of(state: ServerState, chat: dict) -> ChatPrompt:
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await json_object(request)
+    if body.get("max_tokens") is None:  # Anthropic's API requires it (count_tokens does not)
+        raise ApiError(400, "max_tokens: Field required", param="max_tokens")
     chat = chat_body(body)
     prompt = await off_loop(request, prompt_of, state, chat)
     tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None

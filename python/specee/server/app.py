@@ -25,6 +25,7 @@ from starlette.routing import Route
 from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_options_of
 from specee._core import SpecEEError
 from specee.generate import MODES, GenerateOptions
+from specee.grammar import set_limit as set_grammar_limit
 from specee.model import Model
 from specee.pooling import POOLINGS
 from specee.server.engine import Engine, ServerState
@@ -104,7 +105,8 @@ class Guard:
             send = with_headers(send, cors)
         key = self.state.api_key
         if key and scope["path"] != "/health":
-            bearer = hmac.compare_digest(headers.get(b"authorization", b""), b"Bearer " + key.encode())
+            scheme, _, token = headers.get(b"authorization", b"").strip().partition(b" ")  # the scheme in any case
+            bearer = hmac.compare_digest(scheme.lower() + b" " + token.strip(), b"bearer " + key.encode())
             x_api_key = hmac.compare_digest(headers.get(b"x-api-key", b""), key.encode())  # Anthropic's header
             if not (bearer or x_api_key):
                 return await ApiError(401, "invalid API key", "authentication_error").response()(scope, receive, send)
@@ -264,6 +266,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="most tokens a request generates when it gives no max_tokens / n_predict (or -1); a request's "
                    "own is taken as it is, larger or not (llama-server's rule); /props shows it (default: -1 = until "
                    "an end-of-generation token or the slot's context is full, -c / -np tokens with the prompt)")
+    p.add_argument("--grammar-limit", action="append", default=[], metavar="NAME=VALUE",
+                   help="change one of the grammar front door's limits (the runtime's table, "
+                   "specee.grammar.limits(): max_bytes, max_depth, max_rules, compile_ms, cache_entries, ...); "
+                   "repeatable")
     # the model, context and placement flags: the runtime's table (the KV cache is shared by the slots)
     add_context_flags(p, CONTEXT_FLAGS, defaults=dict(n_ctx="4096"))
     add_template_flags(p)
@@ -296,6 +302,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 args.api_key = f.readline().strip() or None
         except OSError as e:
             p.error(f"--api-key-file: {e.strerror}: {args.llama['api_key_file']}")
+    for item in args.grammar_limit:  # the table's names and checks (specee-grammar-limits.cpp)
+        name, _, value = item.partition("=")
+        try:
+            set_grammar_limit(name.strip(), int(value))
+        except (ValueError, RuntimeError) as e:
+            p.error(f"--grammar-limit {item}: {e if isinstance(e, RuntimeError) else 'expected NAME=INTEGER'}")
     args.hosts = [h.strip() for h in args.host.split(",") if h.strip()]
     if not args.hosts:
         p.error("--host: give at least one address")

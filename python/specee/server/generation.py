@@ -13,7 +13,9 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from specee import _core
 from specee.generate import StopText
+from specee.grammar import GRAMMAR_TYPES, check_spec
 from specee.server.engine import Job, ServerState
 from specee.server.reasoning import ThoughtBudget
 from specee.server.request import ApiError, RequestParams, body_field, request_params
@@ -173,6 +175,8 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
                         return
             else:
                 _, finish, error, stats = event
+                if finish == "error" and error.split(":", 1)[0] in GRAMMAR_TYPES:  # the request's grammar gave out
+                    raise ApiError(400, f"the grammar failed during generation: {error}", param="grammar")
                 if finish == "error":
                     raise ApiError(500, f"generation failed: {error}", "server_error")
                 rest = out.finish()
@@ -195,6 +199,18 @@ async def generate_all(state: ServerState, request: Request, tokens: list[int], 
     return res
 
 
+async def compile_grammar(state: ServerState, spec: tuple[int, str] | None) -> None:
+    """A request's grammar compiled before it reaches the batching thread: on a worker thread (off the event loop; the
+    runtime compiles on a thread of its own within its budget), into the runtime's cache, where the slot's submit
+    finds it. 400 with the runtime's short message when it is refused."""
+    if spec is None or state.sleeping:
+        return
+    try:
+        await asyncio.to_thread(check_spec, state.model, spec)
+    except _core.SpecEEError as e:
+        raise ApiError(400, str(e), param="grammar") from None
+
+
 async def respond(state: ServerState, request: Request, tokens: list[int], body: dict, shape: Callable[..., Any],
                   api: str, budget: ThoughtBudget | None = None) -> Response:
     """A generation's response (api: chat, completions, llama, anthropic, responses): one JSON body, or server-sent
@@ -206,6 +222,7 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
     params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model,
                             state.engine.n_lora)
     params.budget = budget
+    await compile_grammar(state, params.options.grammar_spec)
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
     include_usage = stream and bool(stream_options.get("include_usage"))

@@ -1,0 +1,264 @@
+// specee-grammar-compile.cpp: compiling a grammar within a budget, and the cache of compiled grammars
+// (specee-grammar-compile.h states the contract).
+#include "specee-grammar-compile.h"
+#include "specee-grammar-limits.h"
+#include "specee-impl.h"
+#include "specee.h"
+
+#include <pthread.h>
+#include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+// ---- the worker ------------------------------------------------------------------------------------------
+
+constexpr size_t  COMPILE_STACK   = 256u << 20; // address space, touched only as deep as the engine recurses
+constexpr int32_t MAX_ABANDONED   = 2;          // abandoned compiles still running: new ones are refused meanwhile
+std::atomic<int32_t> g_abandoned{0};
+
+// the process's resident memory, bytes (0 where /proc is not there)
+int64_t rss_bytes() {
+    FILE * f = fopen("/proc/self/statm", "r");
+    long   pages = 0, resident = 0;
+    if (!f) {
+        return 0;
+    }
+    const int n = fscanf(f, "%ld %ld", &pages, &resident);
+    fclose(f);
+    return n == 2 ? (int64_t) resident * sysconf(_SC_PAGESIZE) : 0;
+}
+
+// freed memory back to the system (glibc keeps it in its arenas otherwise: a hostile grammar's hundreds of MB stay)
+void trim() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
+
+struct compile_job {
+    std::mutex              mutex;
+    std::condition_variable cv;
+    bool                    done      = false;
+    bool                    abandoned = false; // the caller has gone: the worker frees what it made
+    llg_constraint_init     ci{};
+    std::string             kind, text;
+    llg_matcher *           matcher = nullptr; // the result: a matcher, or
+    std::string             error;             // the engine's refusal
+    int64_t                 grew = 0;          // bytes the process grew by meanwhile
+};
+
+void * compile_main(void * arg) {
+    std::shared_ptr<compile_job> job(std::move(*(std::shared_ptr<compile_job> *) arg));
+    delete (std::shared_ptr<compile_job> *) arg;
+    const llg_api & a     = specee_llg();
+    const int64_t   rss0  = rss_bytes();
+    llg_matcher *   m     = a.new_matcher(&job->ci, job->kind.c_str(), job->text.c_str());
+    std::string     error;
+    if (a.matcher_is_error(m)) {
+        error = specee_llg_message(a.matcher_get_error(m));
+    } else { // the first mask: the engine's lexer is built here, and some refusals only come now
+        std::vector<uint32_t> mask(a.matcher_get_mask_byte_size(m) / 4 + 1);
+        uint32_t ff[64]; // and the tokens it forces first (jump-forward asks at once): an endless chain fails here
+        if (a.matcher_compute_mask_into(m, mask.data(), (mask.size() - 1) * 4) != 0 ||
+            a.matcher_compute_ff_tokens(m, ff, 64) < 0) {
+            error = specee_llg_message(a.matcher_get_error(m));
+        }
+    }
+    if (!error.empty()) {
+        a.free_matcher(m);
+        m = nullptr;
+        trim();
+    }
+    std::lock_guard<std::mutex> lock(job->mutex);
+    if (job->abandoned) {
+        if (m) {
+            a.free_matcher(m);
+        }
+        trim();
+        g_abandoned -= 1;
+        return nullptr;
+    }
+    job->matcher = m;
+    job->error   = error;
+    job->grew    = rss_bytes() - rss0;
+    job->done    = true;
+    job->cv.notify_all();
+    return nullptr;
+}
+
+// waits for the job within the budget; abandons it past the budget (throws)
+void wait_within_budget(compile_job & job, const char * name) {
+    const int64_t budget_ms = specee_grammar_limit_of("compile_ms");
+    const int64_t budget_b  = specee_grammar_limit_of("compile_mb") << 20;
+    const int64_t rss0      = rss_bytes();
+    const auto    t0        = specee_clock::now();
+    std::unique_lock<std::mutex> lock(job.mutex);
+    while (!job.cv.wait_for(lock, std::chrono::milliseconds(10), [&] { return job.done; })) {
+        const bool late = specee_ms_since(t0) > (double) budget_ms;
+        const bool big  = rss0 > 0 && rss_bytes() - rss0 > budget_b;
+        if (late || big) {
+            job.abandoned = true;
+            g_abandoned += 1;
+            if (late) {
+                specee_fail("%s: compiling it took longer than %lld ms (the grammar limit compile_ms)", name,
+                            (long long) budget_ms);
+            }
+            specee_fail("%s: compiling it took more than %lld MiB (the grammar limit compile_mb)", name,
+                        (long long) (budget_b >> 20));
+        }
+    }
+}
+
+llg_matcher * compile_on_worker(const llg_tokenizer * tok, int32_t type, const char * kind,
+                                const std::string & engine_text, std::string & error, int64_t & grew) {
+    const char * name = specee_grammar_type_name(type);
+    if (g_abandoned.load() >= MAX_ABANDONED) {
+        specee_fail("%s: the grammar engine is still busy with grammars that ran out of their budget; try again "
+                    "later", name);
+    }
+    auto job  = std::make_shared<compile_job>();
+    job->kind = kind;
+    job->text = engine_text;
+    const llg_api & a = specee_llg();
+    a.constraint_init_set_defaults(&job->ci, tok);
+    job->ci.log_stderr_level = 0; // its warnings come back as errors or not at all, never on the terminal
+    job->ci.log_buffer_level = 0;
+    job->ci.limits.verbose_errors = false; // no parser state, no grammar in its messages
+    // the engine's own limits, from the memory budget: its lexer states cost about 2 KiB each
+    job->ci.limits.max_lexer_states = (size_t) std::max<int64_t>(1024, (specee_grammar_limit_of("compile_mb") << 20) / 4096);
+
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, COMPILE_STACK);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    auto *    arg = new std::shared_ptr<compile_job>(job);
+    const int rc  = pthread_create(&t, &attr, compile_main, arg);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        delete arg;
+        specee_fail("%s: cannot start a thread to compile it: %s", name, strerror(rc));
+    }
+    wait_within_budget(*job, name);
+    error = job->error;
+    grew  = job->grew;
+    return job->matcher;
+}
+
+// ---- the cache -------------------------------------------------------------------------------------------
+
+struct cached {
+    const llg_tokenizer * tok;
+    int32_t               type;
+    std::string           text;
+    llg_matcher *         matcher; // start state; null with error
+    std::string           error;
+    uint64_t              used;
+};
+
+std::mutex          g_cache_mutex;
+std::vector<cached> g_cache;
+uint64_t            g_tick = 0;
+int64_t             g_hits = 0;
+
+// the entry's matcher cloned (or its error thrown); false on a miss. Under g_cache_mutex.
+bool from_cache(const llg_tokenizer * tok, int32_t type, const std::string & text, llg_matcher *& out) {
+    for (cached & c : g_cache) {
+        if (c.tok == tok && c.type == type && c.text == text) {
+            c.used = ++g_tick;
+            g_hits += 1;
+            if (!c.matcher) {
+                specee_fail("%s", c.error.c_str());
+            }
+            out = specee_llg().clone_matcher(c.matcher);
+            return true;
+        }
+    }
+    return false;
+}
+
+void drop(cached & c) {
+    if (c.matcher) {
+        specee_llg().free_matcher(c.matcher);
+    }
+}
+
+// keeps an entry (the least recently used dropped to make room). Under g_cache_mutex.
+void keep(cached && entry) {
+    const size_t cap = (size_t) specee_grammar_limit_of("cache_entries");
+    while (!g_cache.empty() && g_cache.size() >= cap) {
+        size_t lru = 0;
+        for (size_t i = 1; i < g_cache.size(); ++i) {
+            lru = g_cache[i].used < g_cache[lru].used ? i : lru;
+        }
+        drop(g_cache[lru]);
+        g_cache.erase(g_cache.begin() + (long) lru);
+        trim();
+    }
+    entry.used = ++g_tick;
+    g_cache.push_back(std::move(entry));
+}
+
+} // namespace
+
+llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, const std::string & text,
+                                     const char * kind, const std::string & engine_text) {
+    {
+        std::lock_guard<std::mutex> lock(g_cache_mutex);
+        llg_matcher *               m = nullptr;
+        if (from_cache(tok, type, text, m)) {
+            return m;
+        }
+    }
+    std::string error;
+    int64_t     grew = 0;
+    llg_matcher * m;
+    try {
+        m = compile_on_worker(tok, type, kind, engine_text, error, grew);
+    } catch (const specee_error & e) { // out of budget: kept as a refusal too
+        std::lock_guard<std::mutex> lock(g_cache_mutex);
+        keep({tok, type, text, nullptr, e.what(), 0});
+        throw;
+    }
+    const std::string message = error.empty() ? "" : std::string(specee_grammar_type_name(type)) + ": " + error;
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    if (!m) {
+        keep({tok, type, text, nullptr, message, 0});
+        specee_fail("%s", message.c_str());
+    }
+    if (grew <= (specee_grammar_limit_of("compile_mb") << 20) / 8) {
+        keep({tok, type, text, specee_llg().clone_matcher(m), "", 0});
+    }
+    return m;
+}
+
+extern "C" int32_t specee_grammar_cache_size(void) {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    return (int32_t) g_cache.size();
+}
+
+extern "C" int64_t specee_grammar_cache_hits(void) {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    return g_hits;
+}
+
+extern "C" void specee_grammar_cache_clear(void) {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    for (cached & c : g_cache) {
+        drop(c);
+    }
+    g_cache.clear();
+    trim();
+}
