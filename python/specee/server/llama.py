@@ -71,14 +71,14 @@ def generation_settings(state: ServerState, body: dict) -> dict:
 
 
 def completion_final(state: ServerState, res: Result, tokens: list[int], settings: dict, stream: bool,
-                     ids: list[int], probs: dict, index: int = 0, prompt: str | None = None) -> dict:
+                     ids: list[int], probs: dict, index: int = 0) -> dict:
     """/completion's last answer (a stream's last chunk: its content and tokens were in the chunks before): `ids` the
-    generated tokens it lists, `probs` its completion_probabilities ({} or the field), `prompt` the prompt's text
-    (default: detokenized without special tokens' text)."""
+    generated tokens it lists, `probs` its completion_probabilities ({} or the field); its `prompt` is the prompt's
+    text with the special tokens' text (as llama-server's)."""
     return {"index": index, "content": "" if stream else res.text, "tokens": ids, "id_slot": res.slot, "stop": True,
             "model": state.alias, **probs, "tokens_predicted": res.n_generated, "tokens_evaluated": len(tokens),
             "generation_settings": settings,
-            "prompt": state.model.detokenize(tokens) if prompt is None else prompt,
+            "prompt": state.model.detokenize(tokens, False, True),
             "has_new_line": "\n" in res.text, "truncated": res.truncated,
             "stop_type": {"stop": "word" if res.finish == "stop" else "eos", "length": "limit"}.get(res.finish or "",
                                                                                                   "none"),
@@ -100,7 +100,7 @@ def verbose_of(state: ServerState, body: dict, res: Result, tokens: list[int], p
         return {**completion_partial(res, piece, res.new_tokens(), {}), "id_slot": res.slot,
                 "tokens_predicted": res.n_generated, "tokens_evaluated": len(tokens)}
     return completion_final(state, res, tokens, generation_settings(state, body), stream,
-                            [] if stream else res.tokens, {}, prompt=state.model.detokenize(tokens, False, True))
+                            [] if stream else res.tokens, {})
 
 
 def verbose(state: ServerState, body: dict) -> bool:
@@ -116,10 +116,9 @@ async def llama_completion(request: Request) -> Response:
     return await llama_answer(state, request, body, prompts)
 
 
-async def llama_answer(state: ServerState, request: Request, body: dict, prompts: list[list[int]],
-                       special_prompt: bool = False) -> Response:
+async def llama_answer(state: ServerState, request: Request, body: dict, prompts: list[list[int]]) -> Response:
     """/completion's answer to `body` for these prompts (token ids; /infill's too): whole or streamed, one answer
-    per prompt. special_prompt: the answer's `prompt` shows special tokens' text (as llama-server's)."""
+    per prompt."""
     stream = body_field(body, "stream", bool, False)
     fields = body_field(body, "response_fields", list, [], lambda v: all(isinstance(f, str) for f in v),
                         "a list of field names")
@@ -134,8 +133,7 @@ async def llama_answer(state: ServerState, request: Request, body: dict, prompts
         ids = res.new_tokens() if stream else res.tokens
         if not final:
             return completion_partial(res, piece, ids if with_tokens or stream else [], probs, index)
-        text = state.model.detokenize(tokens, False, True) if special_prompt else None
-        out = completion_final(state, res, tokens, settings, stream, ids if with_tokens else [], probs, index, text)
+        out = completion_final(state, res, tokens, settings, stream, ids if with_tokens else [], probs, index)
         return pick_fields(out, fields) if fields else out
 
     if len(prompts) == 1:

@@ -15,7 +15,7 @@ from specee.server.engine import ServerState
 from specee.server.generation import Result, TokenProb, respond, text_of, usage
 from specee.server.llama import verbose, verbose_of
 from specee.server.request import ApiError, json_object, off_loop, prompt_of
-from specee.server.tools import chat_prompt, reply_of, response_so_far
+from specee.server.tools import chat_prompt, reply_of, reply_so_far
 
 
 # llama-server's system_fingerprint is "b" and its build number; here "b" and the package's version
@@ -52,10 +52,11 @@ def completion_logprobs(probs: list[TokenProb], offset: int = 0) -> dict:
             "top_logprobs": tops, "text_offset": offsets}
 
 
-def tool_call_deltas(calls: list[dict]) -> list[dict]:
-    """A reply's tool calls as stream deltas: per call, one with its id, type and name, one with its arguments."""
+def tool_call_deltas(calls: list[dict], first: int = 0) -> list[dict]:
+    """A reply's tool calls as stream deltas (numbered from `first`): per call, one with its id, type and name, one
+    with its arguments."""
     out = []
-    for i, c in enumerate(calls):
+    for i, c in enumerate(calls, first):
         out.append({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
                                     "function": {"name": c["function"]["name"], "arguments": ""}}]})
         out.append({"tool_calls": [{"index": i, "function": {"arguments": c["function"]["arguments"]}}]})
@@ -74,8 +75,9 @@ def check_last_messages(body: dict) -> None:
 
 async def chat_completions(request: Request) -> Response:
     """Chat through the server's template; with `tools`, the reply read as OpenAI's `tool_calls` (server/tools.py):
-    in a stream, a generic answer's text as it is generated, calls (and a native template's reply) once whole. A
-    reply's thoughts go to `reasoning_content` (server/reasoning.py), in a stream as they come."""
+    in a stream, the reply's text as it is generated (a generic answer's text; in a family's format the content before
+    a call's marker), each call once whole. A reply's thoughts go to `reasoning_content` (server/reasoning.py), in a
+    stream as they come."""
     state: ServerState = request.app.state.server
     body = await json_object(request)
     check_last_messages(body)
@@ -83,7 +85,8 @@ async def chat_completions(request: Request) -> Response:
     tools = prompt.tools if prompt.tools is not None and prompt.tools.choice != "none" else None
     stream = bool(body.get("stream"))
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
-    sent = [0]  # characters of a generic {"response": ...} answer streamed so far
+    sent = [0]  # characters of the reply's content streamed so far (with tools)
+    calls_sent: list[dict] = []  # the calls streamed so far (their ids stay)
     # a stream's thoughts as they come (deepseek-legacy streams them as content, as llama.cpp does)
     thinking = prompt.thoughts.stream() if stream and prompt.thoughts and not prompt.thoughts.in_content else None
 
@@ -124,14 +127,17 @@ async def chat_completions(request: Request) -> Response:
         if tools is None:
             delta += [{"content": text}] if text else []
         elif not final:
-            so_far = None if tools.native else response_so_far(res.text)
-            if so_far and len(so_far) > sent[0]:
-                delta.append({"content": so_far[sent[0]:]})
-                sent[0] = len(so_far)
+            _, so_far = prompt.thoughts.split(res.text) if prompt.thoughts else (None, res.text)
+            content, calls = reply_so_far(so_far, tools)
+            if len(content) > sent[0]:
+                delta.append({"content": content[sent[0]:]})
+                sent[0] = len(content)
+            delta += tool_call_deltas(calls[len(calls_sent):], len(calls_sent))
+            calls_sent.extend(calls[len(calls_sent):])
         else:
             _, content, calls, finish = reply(res)
             rest = (content or "")[sent[0]:]
-            delta += ([{"content": rest}] if rest else []) + tool_call_deltas(calls)
+            delta += ([{"content": rest}] if rest else []) + tool_call_deltas(calls[len(calls_sent):], len(calls_sent))
         if not final and not delta:
             return None  # held back: part of a tag, or a call not yet whole
         new = res.new_probs(False)

@@ -247,6 +247,7 @@ class RequestParams:
     timings: bool = False  # llama.cpp's timings_per_token: every streamed chunk has the timings so far
     budget: ThoughtBudget | None = None  # a chat's thinking budget (server/reasoning.py; each job counts on a copy)
     lora: dict[int, float] | None = None  # llama.cpp's per-request `lora`: {adapter id: scale}; None: the server's
+    preserved: frozenset[int] = frozenset()  # llama.cpp's preserved_tokens: special tokens whose text the reply keeps
 
 
 def probs_wanted(body: dict, api: str) -> int:
@@ -288,8 +289,8 @@ def grammar_of(body: dict) -> dict[str, Any]:
     """The structured output a request asks for, as GenerateOptions' fields (400 on a malformed field; a grammar or
     schema the engine refuses is a 400 with its message when the request is admitted): OpenAI's `response_format`
     ({"type": "text"}, {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name", "schema",
-    "strict"}}; llama.cpp's {"type": "json_object", "schema": ...}), llama.cpp's `grammar` (GBNF) and `json_schema`.
-    At most one of them."""
+    "strict"}}; llama.cpp's {"type": "json_object", "schema": ...}), llama.cpp's `grammar` (GBNF; Lark, llguidance's,
+    with `"grammar_type": "lark"`) and `json_schema`. At most one of them."""
     found: dict[str, Any] = {}
     fmt = body_field(body, "response_format", dict, None, expect="an object like {\"type\": \"json_object\"}")
     if fmt is not None:
@@ -319,8 +320,9 @@ def grammar_of(body: dict) -> dict[str, Any]:
                             ("json_schema", schema)) if v is not None]
     if len(given) > 1:
         raise ApiError(400, f"one structured-output field at a time, not {' and '.join(given)}", param=given[1])
+    kind = body_field(body, "grammar_type", str, "gbnf", lambda v: v in ("gbnf", "lark"), "gbnf or lark")
     if grammar is not None:
-        return {"grammar": grammar}
+        return {"grammar": grammar, "grammar_type": kind}
     if schema is not None:
         return {"json_schema": schema}
     return found
@@ -464,4 +466,16 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
     progress = body_field(body, "return_progress", bool, False)
     timings = body_field(body, "timings_per_token", bool, False)
     return RequestParams(options, n_predict, n_probs, stop, n_choices, id_slot, progress, timings,
-                         lora=lora_of(body, n_lora))
+                         lora=lora_of(body, n_lora), preserved=preserved_of(model, body))
+
+
+def preserved_of(model: Model | None, body: dict) -> frozenset[int]:
+    """llama.cpp's `preserved_tokens`: texts of special tokens the reply keeps (a tool call's markers); a text that is
+    not one token of the vocabulary is left out, as llama.cpp leaves it."""
+    texts = body_field(body, "preserved_tokens", list, [], expect="a list of strings")
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "'preserved_tokens' must be a list of strings", param="preserved_tokens")
+    if model is None:
+        return frozenset()
+    found = (model.tokenize(t, add_special=False, parse_special=True) for t in texts)
+    return frozenset(ids[0] for ids in found if len(ids) == 1)

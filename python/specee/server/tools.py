@@ -2,20 +2,24 @@
 history included) made ready for the chat template, the JSON Schema that holds the reply to a call, and the reply
 read back as OpenAI's `tool_calls`.
 
-Two ways, decided by the server's template (docs/server.md, "Tool calls"):
-- **native**: a Jinja template that reads `tools` (--jinja) describes them itself; the reply is read for
-  Hermes-style `<tool_call>{"name", "arguments"}</tool_call>` blocks or a bare `{"name", "arguments"}` object.
-- **generic** (every other template, the built-in ones included): the tools are described in a system message and
-  the reply is held by the grammar engine to one JSON object, `{"tool_calls": [{"name", "arguments"}]}` or
-  `{"response": "text"}`; `required` and a named function allow only the first, with only the named function.
-Under `required` or a named function the native way's reply is held to the generic form too (the engine knows no
-template's own markers). `tool_choice: "none"` describes no tool and holds nothing; the history still renders.
+The format is the model family's, chosen from the server's template as llama.cpp chooses it
+(server/tool_formats.py; docs/server.md, "Tool calls"):
+- **a family's own** (`hermes`, `llama3`, `mistral`): a Jinja template that reads `tools` (--jinja) describes them
+  itself and the reply is read in its family's format; under `required` or a named function the grammar holds the
+  reply to calls in that format (the named function's only), under `auto` it is free.
+- **generic** (every other template, the built-in ones included): the tools are described in a system message (and
+  by the template too where it reads them) and the reply is held by the grammar engine to one JSON object,
+  `{"tool_calls": [{"name", "arguments"}]}` or `{"response": "text"}`; `required` and a named function allow only
+  the first, with only the named function.
+`tool_choice: "none"` describes no tool and holds nothing; the history still renders.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
+import string
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +29,9 @@ from specee.server.request import ApiError
 from specee.server.reasoning import (REASONING_FORMATS, ReasoningError, ReplyThoughts, ThoughtBudget, budget_of,
                                     format_of, thinks_open)
 from specee.server.templates import ChatTemplate, TemplateError
+from specee.server.tool_formats import PRESERVED, PYTHON_TAG, Call, call_grammar, parse_calls, tool_format_of
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for a function's name
-TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 GENERIC_SYSTEM = (
     "You can call tools. Answer with one JSON object: {\"tool_calls\": [{\"name\": <a tool's name>, \"arguments\": "
@@ -43,7 +47,14 @@ class Tools:
     functions: list[dict]
     choice: str
     parallel: bool
-    native: bool  # the template describes them itself
+    format: str = "generic"  # the family's tool-call format (server/tool_formats.py)
+    described: bool = False  # the template describes them itself (it reads `tools`)
+    builtin: bool = False  # llama3: the template has Llama 3.1's built-in tools (<|python_tag|>)
+
+    @property
+    def native(self) -> bool:
+        """The reply is read in a family's own format (not the generic JSON)."""
+        return self.format != "generic"
 
     @property
     def offered(self) -> list[dict]:
@@ -57,12 +68,17 @@ class Tools:
         """The tools in OpenAI's shape, as templates that read `tools` expect them."""
         return [{"type": "function", "function": f} for f in self.functions]
 
+    def call_schemas(self) -> list[dict]:
+        """The schema of a call of each offered function: {"name", "arguments"}."""
+        return [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": arguments_schema(f)},
+                 "required": ["name", "arguments"], "additionalProperties": False} for f in self.offered]
+
     def schema(self) -> dict | None:
-        """The JSON Schema the reply is held to, None where it is free (choice none, or native under auto)."""
-        if self.choice == "none" or self.native and self.choice == "auto":
+        """The generic format's JSON Schema the reply is held to, None where it is free (choice none, or a family's
+        own format: `tool_grammar`)."""
+        if self.choice == "none" or self.native:
             return None
-        calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": arguments_schema(f)},
-                  "required": ["name", "arguments"], "additionalProperties": False} for f in self.offered]
+        calls = self.call_schemas()
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
         array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
         if not self.parallel:
@@ -135,7 +151,9 @@ def tools_of(body: dict, template: ChatTemplate) -> Tools | None:
     elif choice not in ("auto", "none", "required"):
         raise ApiError(400, "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"function\": "
                        "{\"name\": ...}}", param="tool_choice")
-    return Tools(functions, choice, parallel is not False, template.supports_tools)
+    fmt = tool_format_of(template.source)
+    return Tools(functions, choice, parallel is not False, fmt, template.supports_tools,
+                 fmt == "llama3" and PYTHON_TAG in (template.source or ""))
 
 
 # ---- the messages -----------------------------------------------------------------------------------------
@@ -234,7 +252,7 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
         out.append({"role": role, "content": content, **extra})
     for m in out:
         m.pop("tool_results", None)
-    if tools is not None and not tools.native and tools.choice != "none":
+    if tools is not None and not tools.native and tools.choice != "none":  # llama.cpp's generic: a system message
         if out[0]["role"] == "system":
             out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + tools.system_text()}
         else:
@@ -245,10 +263,17 @@ def chat_messages(body: dict, tools: Tools | None, template: ChatTemplate) -> li
 # ---- the reply --------------------------------------------------------------------------------------------
 
 
-def new_call(name: str, arguments: Any) -> dict:
-    """One call in OpenAI's shape (arguments as JSON text)."""
+def new_call(name: str, arguments: Any, fmt: str = "generic", given: str = "") -> dict:
+    """One call in OpenAI's shape (arguments as JSON text), its id the model's own (`given`) where it wrote one, else
+    a new one: 9 letters and digits for Mistral (its templates refuse others), else "call_" and 24 hex digits."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": {"name": name, "arguments": args}}
+    if given:
+        call_id = given
+    elif fmt == "mistral":
+        call_id = "".join(random.choices(string.ascii_letters + string.digits, k=9))
+    else:
+        call_id = "call_" + uuid.uuid4().hex[:24]
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
 def whole_calls(text: str) -> list[Any]:
@@ -295,7 +320,12 @@ def response_so_far(text: str) -> str | None:
 
 
 def reply_of(text: str, tools: Tools) -> tuple[str | None, list[dict]]:
-    """A reply's text content (None when it only calls tools) and its calls in OpenAI's shape."""
+    """A reply's text content (None when it only calls tools) and its calls in OpenAI's shape: read in the family's
+    format, or the generic JSON (a call of a function not offered is dropped)."""
+    if tools.native:
+        content, written = parse_calls(tools.format, text, builtin=tools.builtin)
+        found = openai_calls(written, tools)
+        return (content or None, found) if found else (text, [])
     known = {f["name"] for f in tools.functions}
 
     def call_in(obj: Any) -> dict | None:
@@ -308,7 +338,7 @@ def reply_of(text: str, tools: Tools) -> tuple[str | None, list[dict]]:
     try:
         whole = json.loads(text)
     except ValueError:  # cut short (max_tokens): the calls written whole, or the answer as far as it goes
-        so_far = None if tools.native else response_so_far(text)
+        so_far = response_so_far(text)
         if so_far is not None:
             return so_far, []
         whole = {"tool_calls": whole_calls(text)}
@@ -316,24 +346,42 @@ def reply_of(text: str, tools: Tools) -> tuple[str | None, list[dict]]:
         calls = [c for c in (call_in(x) for x in whole["tool_calls"]) if c is not None]
         if calls:
             return None, calls
-    if isinstance(whole, dict) and isinstance(whole.get("response"), str) and not tools.native:
+    if isinstance(whole, dict) and isinstance(whole.get("response"), str):
         return whole["response"], []
-    if tools.native:
-        calls = []
-        for block in TOOL_CALL_BLOCK.findall(text):
-            try:
-                c = call_in(json.loads(block))
-            except ValueError:
-                c = None
-            if c is not None:
-                calls.append(c)
-        if calls:
-            rest = TOOL_CALL_BLOCK.sub("", text).strip()
-            return rest or None, calls
-        c = call_in(whole)
-        if c is not None:
-            return None, [c]
     return text, []
+
+
+def openai_calls(calls: list[Call], tools: Tools) -> list[dict]:
+    """A family's calls in OpenAI's shape, those of functions the request offers."""
+    known = {f["name"] for f in tools.functions}
+    return [new_call(c.name, c.arguments, tools.format, c.id) for c in calls if c.name in known]
+
+
+def reply_so_far(text: str, tools: Tools) -> tuple[str, list[dict]]:
+    """What a stream can send of a reply still generated: its content so far (never part of a call's marker) and,
+    in a family's format, the calls written whole so far (Hermes' closed blocks); a generic answer's text as far as
+    it is written."""
+    if not tools.native:
+        return response_so_far(text) or "", []
+    content, calls = parse_calls(tools.format, text, partial=True, builtin=tools.builtin)
+    return content, openai_calls(calls, tools)
+
+
+def tool_grammar(tools: Tools, model: Model) -> dict[str, Any]:
+    """The generation's fields that hold the reply to the tools (none where it is free): the generic JSON Schema, or
+    under `required` and a named function the family's own call format (a JSON Schema for Llama 3's one object, a
+    Lark grammar with the markers for Hermes and Mistral)."""
+    if tools.choice == "none" or tools.native and tools.choice == "auto":
+        return {}
+    if not tools.native:
+        return {"json_schema": tools.schema()}
+    markers = {}
+    for marker in PRESERVED[tools.format]:
+        ids = model.tokenize(marker, add_special=False, parse_special=True)
+        if len(ids) == 1 and model.token_to_piece(ids[0], False) == b"":  # a control token: by its id
+            markers[marker] = ids[0]
+    kind, grammar = call_grammar(tools.format, tools.call_schemas(), tools.parallel, markers)
+    return {"json_schema": grammar} if kind == "json_schema" else {"grammar": grammar, "grammar_type": "lark"}
 
 
 # ---- the prompt -------------------------------------------------------------------------------------------
@@ -436,7 +484,7 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
     tools = tools_of(body, template)
     messages = chat_messages(body, tools, template)
     kwargs = template_kwargs(body)
-    described = tools.openai if tools is not None and tools.native and tools.choice != "none" else None
+    described = tools.openai if tools is not None and tools.described and tools.choice != "none" else None
     add = body.get("add_generation_prompt", True)
     cont = body.get("continue_final_message")
     if not isinstance(add, bool) or cont is not None and not isinstance(cont, bool):
@@ -465,21 +513,21 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
             text = template.render(messages, described, add_generation_prompt=add, kwargs=kwargs)
     except TemplateError as e:
         raise ApiError(400, str(e), param="messages") from None
-    extra: dict[str, Any] = {}
-    schema = tools.schema() if tools is not None else None
-    if tools is not None and schema is not None:
+    extra: dict[str, Any] = tool_grammar(tools, model) if tools is not None else {}
+    if tools is not None and extra:
         taken = [k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None and
                  not (k == "response_format" and isinstance(body[k], dict) and body[k].get("type") == "text")]
         if taken:
             raise ApiError(400, f"'tools' (under tool_choice {tools.choice}) hold the reply to a tool call's JSON: "
                            f"not with {taken[0]} too", param=taken[0])
-        extra["json_schema"] = schema
+    if tools is not None and tools.native and tools.choice != "none":  # the markers' text stays in the reply
+        extra["preserved_tokens"] = list(PRESERVED[tools.format])
     fmt = body.get("response_format")
-    held = (extra.get("json_schema") is not None or body.get("grammar") is not None
+    is_held = (bool(extra.get("json_schema") or extra.get("grammar")) or body.get("grammar") is not None
             or body.get("json_schema") is not None or isinstance(fmt, dict) and fmt.get("type") not in (None, "text"))
     tokens = template.tokens(model, text) if tokenize else []
-    return ChatPrompt(text, tokens, tools, extra, thoughts_of(template, body, text, held),
-                      budget_for(model, template, body, tokens, held) if tokenize else None)
+    return ChatPrompt(text, tokens, tools, extra, thoughts_of(template, body, text, is_held),
+                      budget_for(model, template, body, tokens, is_held) if tokenize else None)
 
 
 def thoughts_of(template: ChatTemplate, body: dict, text: str, held: bool) -> ReplyThoughts | None:
