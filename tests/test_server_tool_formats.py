@@ -124,6 +124,18 @@ def test_format_chosen_as_llama_cpp_chooses_it() -> None:
     assert tools_of({"tools": TOOLS}, template(LLAMA31_BUILTIN)).builtin
 
 
+def test_a_template_reading_tools_without_a_family_marker_speaks_generic() -> None:
+    # as llama.cpp: the template is given the tools, a system message asks for the generic JSON, the grammar holds it
+    t = template(GENERIC_READER)
+    body = {"messages": QUESTION, "tools": TOOLS}
+    tools = tools_of(body, t)
+    assert tools.format == "generic" and tools.described and not tools.native
+    messages = chat_messages(body, tools, t)
+    assert messages[0]["role"] == "system" and '{"tool_calls"' in messages[0]["content"]
+    assert "Tools: [" in t.render(messages, tools.openai)
+    assert tools.schema() is not None  # under auto too: the tool_calls or the response object
+
+
 def assistant_text(t: ChatTemplate, body: dict) -> str:
     """What the template writes for the chat's final assistant message: the text after the generation prompt."""
     tools = tools_of(body, t)
