@@ -178,7 +178,8 @@ def test_alpaca_json_list_and_parquet(tmp_path: Path) -> None:
         assert s[1].reference == ["PG"] and s[1].id == "1"
 
 
-def test_humaneval_jsonl_gz(tmp_path: Path) -> None:
+def humaneval_jsonl_gz(tmp_path: Path) -> ds.Sample:
+    """A one-problem HumanEval.jsonl.gz, loaded."""
     row = {"task_id": "T/0", "prompt": "def f(x):\n    \"\"\"Double.\"\"\"\n", "canonical_solution": "    return 2 * x\n",
            "test": "def check(c):\n    assert c(2) == 4\n", "entry_point": "f"}
     path = tmp_path / "HumanEval.jsonl.gz"
@@ -186,7 +187,11 @@ def test_humaneval_jsonl_gz(tmp_path: Path) -> None:
         f.write(json.dumps(row) + "\n")
     (s,) = ds.load_dataset("humaneval", path)
     assert (s.id, s.entry_point, s.code_prompt) == ("T/0", "f", row["prompt"])
-    assert metrics.task_score(s, "```python\ndef f(x):\n    return x + x\n```") == 1.0
+    return s
+
+
+def test_humaneval_jsonl_gz(tmp_path: Path) -> None:
+    humaneval_jsonl_gz(tmp_path)
 
 
 def test_mtbench_hf_prompts(tmp_path: Path) -> None:
@@ -396,6 +401,11 @@ NO_SANDBOX = sandbox_error()
 needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no OS sandbox here ({NO_SANDBOX}); "
                                    f"CI needs Debian's bubblewrap package: {INSTALL_HINT}")
 
+@needs_sandbox
+def test_humaneval_jsonl_gz_scores(tmp_path: Path) -> None:
+    assert metrics.task_score(humaneval_jsonl_gz(tmp_path), "```python\ndef f(x):\n    return x + x\n```") == 1.0
+
+
 PROBLEM = ds.Sample("humaneval", "T/1", ["..."], code_prompt='def add(a: int, b: int) -> int:\n    """Sum."""\n',
                     test="def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
                     entry_point="add")
@@ -550,6 +560,7 @@ def records(out: Path) -> list[dict]:
 
 
 @needs_shared
+@needs_sandbox  # HumanEval's replies are scored in it
 def test_run_all_datasets_and_modes(chat_gguf: Path, fake_cli: Path, tmp_path: Path, capsys) -> None:
     """Every dataset of the shared files, every mode this build has: records, scores, agreement (an F32 V
     cache makes EAGLE's greedy output plain's, token for token), the summary, table and plots. Early exit replays
