@@ -151,33 +151,45 @@ SPECEE_AVX2 static inline float hsum_8(__m256 x) {
     return _mm_cvtss_f32(r);
 }
 
-// NT tokens (1..8) at once: NT accumulators of 8 lanes; the tokens' min terms in one vector (lane t: token t)
+// one token's step of a block: acc += (d_x*d_y) * the 8 lanes of the block's byte dot product
+SPECEE_AVX2 static inline __m256 token_step(__m256 acc, __m256i qx, const q8_1_block & yb, const float * dd) {
+    const __m256i qy  = _mm256_loadu_si256((const __m256i *) yb.qs);
+    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_broadcast_ss(dd), _mm256_cvtepi32_ps(dot), acc);
+}
+
+// NT tokens (1..8) at once: NT accumulators of 8 lanes, each its own variable (an array of them ends up in memory);
+// the tokens' min terms in one vector (lane t: token t)
 template <int NT>
 SPECEE_AVX2 static void tile_avx2(const tile_args & ta) {
-    const __m256i low  = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256        acc[NT];
-    for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm256_setzero_ps();
-    }
-    __m256 summs = _mm256_setzero_ps();
-    for (int64_t b = 0; b < ta.nb; ++b) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256        a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m256        summs = _mm256_setzero_ps();
+    const float * d_y   = ta.d_y;
+    const float * s_y   = ta.s_y;
+    for (int64_t b = 0; b < ta.nb; ++b, d_y += ta.n_pad, s_y += ta.n_pad) {
         const q4_1_block & xb  = ta.x[b];
         const __m128i      raw = _mm_loadu_si128((const __m128i *) xb.qs);
         const __m256i      qx  = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
         const __m256       dx  = _mm256_set1_ps(_cvtsh_ss(xb.d));
         const __m256       mx  = _mm256_set1_ps(_cvtsh_ss(xb.m));
-        const float *      d_y = ta.d_y + b * ta.n_pad;
-        summs                  = _mm256_fmadd_ps(mx, _mm256_loadu_ps(ta.s_y + b * ta.n_pad), summs);
-        for (int t = 0; t < NT; ++t) {
-            const __m256i qy  = _mm256_loadu_si256((const __m256i *) ta.y[t][b].qs);
-            const __m256  dd  = _mm256_mul_ps(dx, _mm256_broadcast_ss(d_y + t));
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones);
-            acc[t]            = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), acc[t]);
-        }
+        // the 8 tokens' d_x*d_y in one multiply (lane t: token t, each rounded as ggml's scalar product), read back
+        // one at a time by broadcast loads, which take no vector port
+        alignas(32) float dd[8];
+        _mm256_store_ps(dd, _mm256_mul_ps(dx, _mm256_loadu_ps(d_y)));
+        summs = _mm256_fmadd_ps(mx, _mm256_loadu_ps(s_y), summs);
+        a0    = token_step(a0, qx, ta.y[0][b], dd + 0);
+        if (NT > 1) a1 = token_step(a1, qx, ta.y[1][b], dd + 1);
+        if (NT > 2) a2 = token_step(a2, qx, ta.y[2][b], dd + 2);
+        if (NT > 3) a3 = token_step(a3, qx, ta.y[3][b], dd + 3);
+        if (NT > 4) a4 = token_step(a4, qx, ta.y[4][b], dd + 4);
+        if (NT > 5) a5 = token_step(a5, qx, ta.y[5][b], dd + 5);
+        if (NT > 6) a6 = token_step(a6, qx, ta.y[6][b], dd + 6);
+        if (NT > 7) a7 = token_step(a7, qx, ta.y[7][b], dd + 7);
     }
-    float sm[8];
-    _mm256_storeu_ps(sm, summs);
+    alignas(32) float sm[8];
+    _mm256_store_ps(sm, summs);
+    const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
     for (int t = 0; t < NT; ++t) {
         ta.out[t * ta.stride] = hsum_8(acc[t]) + sm[t];
     }
@@ -286,7 +298,10 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
 }
 
 ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode) {
-    if (!specee_kernels_apply(w, cur, mode)) {
+    // one token: ggml's own vec_dot, whose results the kernel reproduces bit for bit (tests/test_kernels.py) and
+    // which measured 10-20% faster than the kernel's one-token tile here (docs/kernels.md); the portable mode keeps
+    // the kernel for every row count so that tests run it
+    if (!specee_kernels_apply(w, cur, mode) || (mode == SPECEE_KERNELS_AUTO && cur->ne[1] == 1)) {
         return ggml_mul_mat(ctx0, w, cur);
     }
     const int64_t    n = cur->ne[1];

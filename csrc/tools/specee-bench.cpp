@@ -30,7 +30,7 @@
 // The model, context and placement flags are the library's context options (specee_context_option), each value
 // checked by its table; those that llama-bench sweeps take comma lists, every combination measured.
 static const char * const SWEPT[] = {"model", "n_threads", "type_v", "n_gpu_layers", "offload_order"};
-static const char * const FIXED[] = {"n_batch", "n_ubatch", "rpc_servers", "flash_attn"};
+static const char * const FIXED[] = {"n_batch", "n_ubatch", "rpc_servers", "flash_attn", "kernels"};
 
 struct bench_params {
     specee_context_options   ctx = specee_context_options_default(); // the fixed context options
