@@ -166,6 +166,7 @@ struct cached {
     llg_matcher *         matcher; // start state; null with error
     std::string           error;
     uint64_t              used;
+    int64_t               cost = 0; // bytes the process grew by while it compiled
 };
 
 std::mutex          g_cache_mutex;
@@ -197,12 +198,18 @@ void drop(cached & c) {
 
 // keeps an entry (the least recently used dropped to make room). Under g_cache_mutex.
 void keep(cached && entry) {
-    const size_t cap = (size_t) specee_grammar_limit_of("cache_entries");
-    while (!g_cache.empty() && g_cache.size() >= cap) {
+    const size_t  cap  = (size_t) specee_grammar_limit_of("cache_entries");
+    const int64_t room = specee_grammar_limit_of("cache_mb") << 20;
+    int64_t       held = entry.cost;
+    for (const cached & c : g_cache) {
+        held += c.cost;
+    }
+    while (!g_cache.empty() && (g_cache.size() >= cap || held > room)) {
         size_t lru = 0;
         for (size_t i = 1; i < g_cache.size(); ++i) {
             lru = g_cache[i].used < g_cache[lru].used ? i : lru;
         }
+        held -= g_cache[lru].cost;
         drop(g_cache[lru]);
         g_cache.erase(g_cache.begin() + (long) lru);
         trim();
@@ -229,20 +236,22 @@ llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, co
         m = compile_on_worker(tok, type, kind, engine_text, error, grew);
     } catch (const specee_error & e) { // out of budget: kept as a refusal too
         std::lock_guard<std::mutex> lock(g_cache_mutex);
-        keep({tok, type, text, nullptr, e.what(), 0});
+        keep({tok, type, text, nullptr, e.what(), 0, 0});
         throw;
     }
     const std::string message = error.empty() ? "" : std::string(specee_grammar_type_name(type)) + ": " + error;
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     if (!m) {
-        keep({tok, type, text, nullptr, message, 0});
+        keep({tok, type, text, nullptr, message, 0, 0});
         specee_fail("%s", message.c_str());
     }
-    if (grew <= (specee_grammar_limit_of("compile_mb") << 20) / 8) {
-        keep({tok, type, text, specee_llg().clone_matcher(m), "", 0});
+    if (grew <= specee_grammar_limit_of("cache_mb") << 20) {
+        keep({tok, type, text, specee_llg().clone_matcher(m), "", 0, std::max<int64_t>(grew, 0)});
     }
     return m;
 }
+
+void specee_grammar_release_memory() { trim(); }
 
 extern "C" int32_t specee_grammar_cache_size(void) {
     std::lock_guard<std::mutex> lock(g_cache_mutex);

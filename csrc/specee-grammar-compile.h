@@ -11,8 +11,8 @@
 //
 // Compiled grammars are cached by (vocabulary, type, text), at most cache_entries of them, least recently used
 // dropped; a failure is cached as its message, so a repeated hostile grammar costs nothing. A hit is a clone of the
-// cached matcher in its start state. A grammar whose compile grew the process by more than 1/8 of compile_mb is not
-// kept: its memory goes at the end of the request that asked for it.
+// cached matcher in its start state. What the kept grammars grew the process by is bounded by cache_mb in all (the
+// least recently used dropped first; one larger alone is not kept: its memory goes at the end of its request).
 #pragma once
 
 #include "specee-llg.h"
@@ -25,3 +25,6 @@
 // project's own: "<type>: <what>".
 llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, const std::string & text,
                                      const char * kind, const std::string & engine_text);
+
+// freed memory handed back to the system (glibc's malloc_trim): after a large grammar is freed
+void specee_grammar_release_memory();

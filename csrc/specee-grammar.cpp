@@ -224,7 +224,13 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
     return g.release();
 }
 
-void specee_grammar_free_impl(specee_grammar * g) { delete g; }
+void specee_grammar_free_impl(specee_grammar * g) {
+    const bool large = g && g->text.size() >= 8192; // its memory back to the system at the end of its request
+    delete g;
+    if (large) {
+        specee_grammar_release_memory();
+    }
+}
 
 int32_t specee_grammar_type_of(const specee_grammar & g) { return g.type; }
 

@@ -107,7 +107,7 @@ def mutate_json(rng: random.Random) -> tuple[str, str]:
     for _ in range(rng.randint(1, 4)):
         target = rng.choice(nodes(schema) or [schema]) if isinstance(schema, dict) else schema
         if isinstance(target, dict):
-            target[rng.choice(KEYS)] = rng.choice(EDGE_VALUES)
+            target[rng.choice(KEYS)] = json.loads(json.dumps(rng.choice(EDGE_VALUES)))  # a copy: no cycles
     if rng.random() < 0.2:
         for _ in range(rng.randint(1, 40)):
             schema = {"type": "array", "items": schema} if rng.random() < 0.5 else {"anyOf": [schema, {"type": "null"}]}
@@ -276,7 +276,7 @@ def short_message(message: str) -> bool:
     return "\n" not in message and len(message) <= 400
 
 
-def fuzz_library(items: Iterator[tuple[str, str, str]], out: Path, timeout: float) -> Report:
+def fuzz_library(items: Iterator[tuple[str, str, str]], out: Path, timeout: float, progress: bool = False) -> Report:
     rep, t0 = Report(), time.monotonic()
     proc: subprocess.Popen | None = None
 
@@ -286,11 +286,14 @@ def fuzz_library(items: Iterator[tuple[str, str, str]], out: Path, timeout: floa
                                 stderr=open(out / "worker-stderr.txt", "ab"), text=True, bufsize=1)
 
     for i, case in enumerate(items):
-        proc = proc if proc and proc.poll() is None else start()
+        if progress and i and i % 500 == 0:
+            print(f"{i} cases, {time.monotonic() - t0:.0f} s: {rep.summary()}", file=sys.stderr, flush=True)
+        fresh = not (proc and proc.poll() is None)
+        proc = start() if fresh else proc
         rep.cases += 1
         proc.stdin.write(json.dumps({"type": case[1], "text": case[2]}) + "\n")
         proc.stdin.flush()
-        ready, _, _ = select.select([proc.stdout], [], [], timeout + (60 if i == 0 else 0))  # the first loads the model
+        ready, _, _ = select.select([proc.stdout], [], [], timeout + (120 if fresh else 0))  # a new worker loads the model
         line = proc.stdout.readline() if ready else ""
         if not line:
             dead = proc.poll() is not None or (proc.wait(5) if ready else None) is not None
@@ -386,7 +389,7 @@ class Server:
 
 
 def fuzz_server(items: Iterator[tuple[str, str, str]], out: Path, timeout: float, model: str | None = None,
-                server_args: tuple[str, ...] = ()) -> Report:
+                server_args: tuple[str, ...] = (), progress: bool = False) -> Report:
     rep = Report()
     srv = Server(model, out, *server_args)
     stop = threading.Event()
@@ -408,6 +411,8 @@ def fuzz_server(items: Iterator[tuple[str, str, str]], out: Path, timeout: float
         watcher.start()
         t0 = time.monotonic()
         for i, case in enumerate(items):
+            if progress and i and i % 250 == 0:
+                print(f"{i} cases, {time.monotonic() - t0:.0f} s: {rep.summary()}", file=sys.stderr, flush=True)
             body = server_body(case)
             if body is None:
                 continue
@@ -457,8 +462,8 @@ def main() -> None:
     if args.worker:
         return worker()
     items = cases(args.cases, args.seed)
-    rep = (fuzz_server(items, args.out, args.timeout, args.model) if args.server
-           else fuzz_library(items, args.out, args.timeout))
+    rep = (fuzz_server(items, args.out, args.timeout, args.model, progress=True) if args.server
+           else fuzz_library(items, args.out, args.timeout, progress=True))
     print(json.dumps(rep.summary(), indent=1))
     for f in rep.findings[:20]:
         print("finding:", f)

@@ -69,7 +69,7 @@ def generates(m: Model) -> None:
 def test_the_limits_are_one_table() -> None:
     limits = grammar.limits()
     assert {"max_bytes", "max_depth", "max_rules", "max_alternatives", "max_refs", "max_repeat", "compile_ms",
-            "compile_mb", "cache_entries"} <= set(limits)
+            "compile_mb", "cache_entries", "cache_mb"} <= set(limits)
     with pytest.raises(SpecEEError, match="no limit 'nope'"):
         grammar.set_limit("nope", 3)
     with pytest.raises(SpecEEError, match="must be >= 1"):

@@ -14,6 +14,7 @@
 #include <climits>
 #include <map>
 #include <optional>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,11 @@ using i8_array  = py::array_t<int8_t, py::array::c_style | py::array::forcecast>
 static PyObject * g_error = nullptr;
 
 [[noreturn]] static void raise_last() {
-    PyErr_SetString(g_error, specee_last_error());
+    // a message may quote the caller's bytes (a grammar's line) cut inside a character: decoded with replacements
+    const char * e   = specee_last_error();
+    PyObject *   msg = PyUnicode_DecodeUTF8(e, (Py_ssize_t) strlen(e), "replace");
+    PyErr_SetObject(g_error, msg);
+    Py_XDECREF(msg);
     throw py::error_already_set();
 }
 

@@ -663,8 +663,9 @@ class Model:
         model's own (`pooling`). A list of texts gives [n_texts, ...] (for
         "none", a list of arrays). One call of the runtime (`specee_embed`): each text is evaluated alone on a KV
         sequence of its own, removed afterwards, so the cache keeps what it held (a conversation's prefix) unless those
-        cells must make room. ValueError for an empty text or an unknown pooling; SpecEEError for a text longer than
-        the context."""
+        cells must make room. At most EMBED_MAX_TEXTS texts a call, run EMBED_CHUNK at a time (the model's lock let go
+        between: other threads' calls go on). ValueError for an empty text or an unknown pooling; SpecEEError for a
+        text longer than the context or a list longer than EMBED_MAX_TEXTS."""
         pid = pooling_id(pooling)
         one = isinstance(text, (str, bytes, bytearray))
         texts = [text] if isinstance(text, (str, bytes, bytearray)) else list(text)
