@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from decimal import Decimal
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -179,7 +180,9 @@ def chat(text: str) -> list[dict]:
 
 
 def check_json(text: str, schema: dict) -> None:
-    jsonschema.validate(json.loads(text), schema)
+    """The text validates against the schema, its numbers (and the schema's) read as decimals: `multipleOf: 0.001`
+    holds for 46.233 as written, which binary floats would refuse (46.233 / 0.001 = 46232.999...)."""
+    jsonschema.validate(json.loads(text, parse_float=Decimal), json.loads(json.dumps(schema), parse_float=Decimal))
 
 
 # ---- GBNF -----------------------------------------------------------------------------------------------
