@@ -102,7 +102,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "-md", "--model-draft", "--spec-draft-model", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft",
                 "--spec-draft-ngl", "--draft-n-max", "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", "--draft-n-min",
                 "--draft-min", "--spec-draft-n-min", "--draft-p-min", "--spec-draft-p-min", "--draft-synth-rates",
-                "--spec-synth-rates", "--lora", "--lora-scaled", "--lora-init-without-apply"]
+                "--spec-synth-rates", "--lora", "--lora-scaled", "--lora-init-without-apply", "--kernels"]
     assert sorted(flags) == sorted(expected)
     assert run(cli, "-h").stdout == res.stdout
     # every listed flag is accepted: the run gets as far as opening the (missing) model
@@ -115,7 +115,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
               "--spec-type": "ngram-simple", "--ngram-n-max": "4", "--grammar-file": str(tmp_path / "prompt.txt"),
               "-jf": str(tmp_path / "prompt.txt"), "--json-schema-file": str(tmp_path / "prompt.txt"),
               "--grammar-type": "gbnf", "-l": "15043+1", "--logit-bias": "2-inf,7+0.5", "--draft-p-min": "0.5",
-              "--spec-draft-p-min": "0.5", "--lora-scaled": "adapter.gguf:0.5"}
+              "--spec-draft-p-min": "0.5", "--lora-scaled": "adapter.gguf:0.5", "--kernels": "off"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():
