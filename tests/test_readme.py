@@ -159,6 +159,8 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return set_flag(set_flag(argv, "--random", "100"), "--out", str(work / "fuzz"))
     if argv[:2] in (["python", "tests/fuzz_rpc.py"], ["python3", "tests/fuzz_rpc.py"]):
         return set_flag(set_flag(argv, "--messages", "200"), "--out", str(work / "fuzz-rpc"))
+    if argv[:2] in (["python", "tests/fuzz_grammar.py"], ["python3", "tests/fuzz_grammar.py"]):
+        return set_flag(set_flag(argv, "--cases", "20"), "--out", str(work / "fuzz-grammar"))
     if module == "specee.bench.lookup":  # one prompt a dataset (code-edit: two), a few tokens, SpecEE's questions
         if not (work / "questions").exists():
             pytest.skip(f"SpecEE's question files are absent ({QUESTIONS})")
