@@ -182,11 +182,9 @@ std::string specee_lookup_describe(const specee_lookup & lk) {
         s += specee_format("%s %.2f", n == 2 ? "" : ",", lk.cost[n]);
     }
     const bool given = std::find(lk.given.begin() + 2, lk.given.end(), true) != lk.given.end();
-    return s + (given ? " single passes here (given for this context where set, else timed at 2, 3, 5, 9, on along "
-                        "the last two beyond; then from the steps' own passes)"
-                      : " single passes here (timed at 2, 3, 5, 9, on along the last two beyond; then from the "
-                        "steps' own passes)") +
-           ": a step drafts as far as its acceptance on the sequence pays for";
+    return s + " single passes here (" + (given ? "given for this context where set, else " : "") +
+           "timed at 2, 3, 5, 9, on along the last two beyond; then from the steps' own passes): a step drafts as far "
+           "as its acceptance on the sequence pays for";
 }
 
 void specee_lookup_reset(specee_lookup & lk, const int32_t * tokens, int32_t n, int32_t first) {
