@@ -4,21 +4,33 @@
 # CUDA flash-attention kernels' code, SPECEE_CUDA_FA=OFF: about 25 minutes on 2 cores instead of about an hour for
 # the three default architectures), then the fast tests against that build (the gpu tests skip: no driver, no GPU).
 # It shows what was compiled: each file (the build's own log), the architectures in libggml-cuda.so, what it links.
-#   scripts/cuda-build-check.sh            # skips, saying why, where nvcc is missing
+#   scripts/cuda-build-check.sh            # both parts; skips, saying why, where nvcc is missing
+#   scripts/cuda-build-check.sh --build    # the set-up only (CI runs it at nice 19 beside the tests)
+#   scripts/cuda-build-check.sh --test     # the fast tests against the environment --build made
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ] && [ ! -x /usr/local/cuda/bin/nvcc ]; then
     echo "cuda-build-check: skipped: no CUDA toolkit (nvcc) on this machine"
     exit 0
 fi
+part="${1:-all}"
+case "$part" in all|--build|--test) ;; *) echo "usage: $0 [--build|--test]" >&2; exit 2 ;; esac
 venv=.venv-cuda
-rm -rf "$venv"
-python3 -m venv "$venv"
+if [ "$part" != --test ]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    # shellcheck disable=SC1091
+    . "$venv/bin/activate"
+    t0=$SECONDS
+    # this project's build folder apart from the one ./install.sh uses (both may build at once in CI)
+    SKBUILD_BUILD_DIR=build/cuda SPECEE_GGML_VERBOSE=1 SPECEE_GGML=cuda SPECEE_CUDA_ARCHS="${SPECEE_CUDA_ARCHS:-89-real}" SPECEE_CUDA_FA="${SPECEE_CUDA_FA:-OFF}" \
+        ./install.sh
+    echo "cuda-build-check: ggml with CUDA and specee built in $((SECONDS - t0)) s"
+    [ "$part" = --build ] && exit 0
+fi
+[ -x "$venv/bin/python" ] || { echo "cuda-build-check: no $venv here: run $0 --build first" >&2; exit 1; }
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
-t0=$SECONDS
-SPECEE_GGML_VERBOSE=1 SPECEE_GGML=cuda SPECEE_CUDA_ARCHS="${SPECEE_CUDA_ARCHS:-89-real}" SPECEE_CUDA_FA="${SPECEE_CUDA_FA:-OFF}" ./install.sh
-echo "cuda-build-check: ggml with CUDA and specee built in $((SECONDS - t0)) s"
 lib=$(python -c "from specee._ggml import ggml_lib_dir; print(ggml_lib_dir())")
 cuda_lib=$(ls "$lib"/libggml-cuda.so* | head -1)
 echo "cuda-build-check: $cuda_lib ($(du -h "$cuda_lib" | cut -f1)); the GPU architectures named in its device code:"

@@ -208,7 +208,7 @@ def test_smollm2_greedy_equals_plain_over_the_datasets(smollm2_path: Path) -> No
     with specee.Model(smollm2_path, n_ctx=2048, n_threads=2) as m:
         drafted = 0
         for name in ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"):
-            for text in dataset_prompts(name, 4):
+            for text in dataset_prompts(name, 2):
                 tokens = m.prompt_tokens([{"role": "user", "content": text}])
                 if len(tokens) > 1900:
                     continue
