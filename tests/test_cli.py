@@ -98,7 +98,7 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
                 "--ngram-draft-max", "--spec-ngram-mod-n-max", "--ngram-branches", "--no-ngram-adaptive", "--spec-type",
                 "--ngram-cache",
                 "--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file", "--grammar-type",
-                "--no-jump-forward", "--no-grammar-overlap", "-l", "--logit-bias",
+                "--no-jump-forward", "--no-grammar-overlap", "--grammar-limit", "-l", "--logit-bias",
                 "-md", "--model-draft", "--spec-draft-model", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft",
                 "--spec-draft-ngl", "--draft-n-max", "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", "--draft-n-min",
                 "--draft-min", "--spec-draft-n-min", "--draft-p-min", "--spec-draft-p-min", "--draft-synth-rates",
@@ -115,7 +115,8 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
               "--spec-type": "ngram-simple", "--ngram-n-max": "4", "--grammar-file": str(tmp_path / "prompt.txt"),
               "-jf": str(tmp_path / "prompt.txt"), "--json-schema-file": str(tmp_path / "prompt.txt"),
               "--grammar-type": "gbnf", "-l": "15043+1", "--logit-bias": "2-inf,7+0.5", "--draft-p-min": "0.5",
-              "--spec-draft-p-min": "0.5", "--lora-scaled": "adapter.gguf:0.5", "--kernels": "off"}
+              "--spec-draft-p-min": "0.5", "--lora-scaled": "adapter.gguf:0.5", "--kernels": "off",
+              "--grammar-limit": "max_depth=32"}
     (tmp_path / "prompt.txt").write_text("hello\n")
     missing = str(tmp_path / "missing.gguf")
     for flag, takes_value in flags.items():
@@ -150,6 +151,9 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
     (["--repeat-penalty", "inf"], "invalid value for --repeat-penalty"),
     (["--repeat-last-n", "-2"], "invalid value for --repeat-last-n"),
     (["-ngl", "all"], "invalid value for -ngl"),
+    (["--grammar-limit", "max_depth"], "invalid value for --grammar-limit: 'max_depth' (expected NAME=INTEGER)"),
+    (["--grammar-limit", "max_depth=0"], "max_depth must be >= 1, not 0"),
+    (["--grammar-limit", "max_nests=3"], "invalid value for --grammar-limit: 'max_nests=3'"),
     (["--chat-template", "alpaca", "-m", "m.gguf"], "unknown chat template 'alpaca'"),
     (["--draft-head", "default", "-m", "m.gguf"], "SPECEE_DEFAULT_DRAFT_HEAD is not set"),
 ])

@@ -181,6 +181,23 @@ def test_a_limit_too_large_says_the_limit() -> None:
         Model(n_ctx=64, ngram_cache=2**62)
 
 
+def test_the_cli_sets_a_limit_for_its_run(smollm2_path: Path) -> None:
+    """`--grammar-limit NAME=VALUE` on the CLI: the same table; a grammar past the lowered limit is refused with the
+    limit's name before the engine sees it, and one within it generates."""
+    import subprocess
+
+    from specee._tools import tool_path
+
+    base = [str(tool_path("llama-cli")), "-m", str(smollm2_path), "-p", "Answer:", "-n", "4", "--temp", "0",
+            "-no-cnv", "--grammar-limit", "max_bytes=24"]
+    long = subprocess.run([*base, "--grammar", 'root ::= "yes" | "no" | "maybe" | "perhaps"'], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert long.returncode == 1 and "(the grammar limit max_bytes is 24)" in long.stderr, long.stderr
+    short = subprocess.run([*base, "--grammar", 'root ::= "yes" | "no"'], capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    assert short.returncode == 0 and short.stdout.strip().endswith(("yes", "no")), short.stderr
+
+
 def test_embed_refuses_a_list_past_its_limit(model: Model) -> None:
     from specee.model import EMBED_MAX_TEXTS
 

@@ -1,6 +1,7 @@
 // specee-cli-args.cpp: llama-cli's command line: every flag once in one table, which --help prints and the parser
 // reads; values are checked here, the decoding settings again by the library's generator
 #include "specee-cli-args.h"
+#include "specee-grammar-limits.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -193,6 +194,17 @@ static std::vector<cli_option> make_options(cli_params & p) {
          [&p](const std::string & v) { p.grammar = v; p.grammar_is_schema = true; return true; }},
         {{"-jf", "--json-schema-file"}, "FNAME", "as --json-schema, read from a file", "a readable JSON Schema file",
          [&p](const std::string & v) { p.grammar_is_schema = true; return read_text_file(v, p.grammar, g_why); }},
+        {{"--grammar-limit"}, "NAME=VALUE", "change one of the grammar front door's limits for this run (max_bytes, max_depth, max_rules, max_alternatives, max_refs, max_repeat, compile_ms, compile_mb, cache_entries, cache_mb: docs/structured-output.md); repeatable", "NAME=INTEGER",
+         [](const std::string & v) {
+             const size_t eq = v.find('=');
+             char *       end = nullptr;
+             errno               = 0;
+             const long long n   = eq == std::string::npos ? 0 : strtoll(v.c_str() + eq + 1, &end, 10);
+             if (eq == std::string::npos || eq == 0 || eq + 1 == v.size() || errno != 0 || *end != '\0') {
+                 return false;
+             }
+             return specee_grammar_set_limit(v.substr(0, eq).c_str(), (int64_t) n) == 0;
+         }},
         {{"--spec-type"}, "TYPE", "llama.cpp's speculation types: draft-simple as --mode draft (a draft model, -md); ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache as --mode ngram (this runtime's n-gram lookup serves them all)", "draft-simple or an n-gram type",
          [&p](const std::string & v) {
              if (v == "draft-simple") {
