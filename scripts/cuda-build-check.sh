@@ -5,8 +5,8 @@
 # the three default architectures), then the fast tests against that build (the gpu tests skip: no driver, no GPU).
 # It shows what was compiled: each file (the build's own log), the architectures in libggml-cuda.so, what it links.
 #   scripts/cuda-build-check.sh            # both parts; skips, saying why, where nvcc is missing
-#   scripts/cuda-build-check.sh --build    # the set-up only (CI runs it at nice 19 beside the tests)
-#   scripts/cuda-build-check.sh --test     # the fast tests against the environment --build made
+#   scripts/cuda-build-check.sh --build    # the set-up only (CI runs it at idle priority beside the tests)
+#   scripts/cuda-build-check.sh --test [TEST...]   # the fast tests (of TEST... only) against what --build made
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ] && [ ! -x /usr/local/cuda/bin/nvcc ]; then
@@ -14,7 +14,12 @@ if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ] && [ ! -x /usr/local/cu
     exit 0
 fi
 part="${1:-all}"
-case "$part" in all|--build|--test) ;; *) echo "usage: $0 [--build|--test]" >&2; exit 2 ;; esac
+case "$part" in all|--build|--test) ;; *) echo "usage: $0 [--build|--test [TEST...]]" >&2; exit 2 ;; esac
+tests=(tests)
+if [ "$part" = --test ] && [ "$#" -gt 1 ]; then
+    shift
+    tests=("$@")
+fi
 venv=.venv-cuda
 if [ "$part" != --test ]; then
     rm -rf "$venv"
@@ -39,4 +44,4 @@ echo "cuda-build-check: what it links:"
 ldd "$cuda_lib" | grep -E "cublas|cudart|libcuda|not found" || true
 python -c "import specee; print('devices:', specee.devices())"
 python -m pip install -q -r tests/requirements.txt
-python -m pytest -q -rs -p no:cacheprovider -m "not slow" tests
+python -m pytest -q -rs -p no:cacheprovider -m "not slow" "${tests[@]}"
