@@ -5,7 +5,7 @@
 # the three default architectures), then the fast tests against that build (the gpu tests skip: no driver, no GPU).
 # It shows what was compiled: each file (the build's own log), the architectures in libggml-cuda.so, what it links.
 #   scripts/cuda-build-check.sh            # both parts; skips, saying why, where nvcc is missing
-#   scripts/cuda-build-check.sh --build    # the set-up only (CI runs it at idle priority beside the tests)
+#   scripts/cuda-build-check.sh --build    # the set-up only
 #   scripts/cuda-build-check.sh --test [TEST...]   # the fast tests (of TEST... only) against what --build made
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ if [ "$part" != --test ]; then
     # shellcheck disable=SC1091
     . "$venv/bin/activate"
     t0=$SECONDS
-    # this project's build folder apart from the one ./install.sh uses (both may build at once in CI)
+    # this project's build folder apart from the one ./install.sh uses (a CPU build beside a CUDA one)
     SKBUILD_BUILD_DIR=build/cuda SPECEE_GGML_VERBOSE=1 SPECEE_GGML=cuda SPECEE_CUDA_ARCHS="${SPECEE_CUDA_ARCHS:-89-real}" SPECEE_CUDA_FA="${SPECEE_CUDA_FA:-OFF}" \
         ./install.sh
     echo "cuda-build-check: ggml with CUDA and specee built in $((SECONDS - t0)) s"
