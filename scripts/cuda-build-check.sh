@@ -27,8 +27,7 @@ if [ "$part" != --test ]; then
     # shellcheck disable=SC1091
     . "$venv/bin/activate"
     t0=$SECONDS
-    # this project's build folder apart from the one ./install.sh uses (a CPU build beside a CUDA one)
-    SKBUILD_BUILD_DIR=build/cuda SPECEE_GGML_VERBOSE=1 SPECEE_GGML=cuda SPECEE_CUDA_ARCHS="${SPECEE_CUDA_ARCHS:-89-real}" SPECEE_CUDA_FA="${SPECEE_CUDA_FA:-OFF}" \
+    SPECEE_GGML_VERBOSE=1 SPECEE_GGML=cuda SPECEE_CUDA_ARCHS="${SPECEE_CUDA_ARCHS:-89-real}" SPECEE_CUDA_FA="${SPECEE_CUDA_FA:-OFF}" \
         ./install.sh
     echo "cuda-build-check: ggml with CUDA and specee built in $((SECONDS - t0)) s"
     [ "$part" = --build ] && exit 0
