@@ -208,10 +208,10 @@ def test_generation_tag_and_templates_without_a_system_role() -> None:
 # $SPECEE_UPSTREAM_TEMPLATES
 UPSTREAM_TEMPLATES = Path(os.environ.get("SPECEE_UPSTREAM_TEMPLATES", Path(__file__).resolve().parents[2] / "up" /
                                          "llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates"))
-# templates that need what this server does not give: Firefunction's `functions` (nothing defines it: it renders as
-# "", as in llama.cpp, and the tools go undescribed), Functionary's string arguments, Mistral's 9-character call ids
-NOT_RENDERED = {"fireworks-ai-llama-3-firefunction-v2",
-                "meetkai-functionary-medium-v3.2", "Mistral-Small-3.2-24B-Instruct-2506",
+# templates that need what this server does not give: Functionary's string arguments, Mistral's 9-character call ids
+# (Firefunction's `functions`, which nothing defines, renders as "" as in llama.cpp; its tools are described by the
+# generic system message since the tool formats are chosen by marker, server/tool_formats.py)
+NOT_RENDERED = {"meetkai-functionary-medium-v3.2", "Mistral-Small-3.2-24B-Instruct-2506",
                 "mistralai-Mistral-Nemo-Instruct-2407"}
 
 
