@@ -153,6 +153,15 @@ static void add_table_options(std::vector<cli_option> & opts, const specee_optio
 }
 
 // every flag once: names, placeholder, help, accepted values and what it sets
+// the grammar front door's limits by name, as the library's table lists them
+static std::string grammar_limit_names() {
+    std::string out;
+    for (int32_t i = 0; i < specee_grammar_limit_count(); ++i) {
+        out += (i ? ", " : "") + std::string(specee_grammar_limit_name(i));
+    }
+    return out;
+}
+
 static std::vector<cli_option> make_options(cli_params & p) {
     auto             s = [](std::string & field) { return [&field](const std::string & v) { field = v; return true; }; };
     auto             i = [](int & field, long lo) { return [&field, lo](const std::string & v) { return parse_int(v, field, lo); }; };
@@ -194,7 +203,7 @@ static std::vector<cli_option> make_options(cli_params & p) {
          [&p](const std::string & v) { p.grammar = v; p.grammar_is_schema = true; return true; }},
         {{"-jf", "--json-schema-file"}, "FNAME", "as --json-schema, read from a file", "a readable JSON Schema file",
          [&p](const std::string & v) { p.grammar_is_schema = true; return read_text_file(v, p.grammar, g_why); }},
-        {{"--grammar-limit"}, "NAME=VALUE", "change one of the grammar front door's limits for this run (max_bytes, max_depth, max_rules, max_alternatives, max_refs, max_repeat, compile_ms, compile_mb, cache_entries, cache_mb: docs/structured-output.md); repeatable", "NAME=INTEGER",
+        {{"--grammar-limit"}, "NAME=VALUE", "change one of the grammar front door's limits for this run (" + grammar_limit_names() + ": docs/structured-output.md); repeatable", "NAME=INTEGER",
          [](const std::string & v) {
              const size_t eq = v.find('=');
              char *       end = nullptr;
