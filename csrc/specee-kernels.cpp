@@ -1,4 +1,5 @@
-// specee-kernels.cpp: this runtime's CPU matmul kernel for Q4_1 weights times 1..n token rows (docs/kernels.md).
+// specee-kernels.cpp: this runtime's CPU matmul kernels for Q4_1 and Q8_0 weights times 1..n token rows
+// (docs/kernels.md).
 //
 // ggml 0.20.2 multiplies a Q4_1 matrix by n tokens as n separate ggml_vec_dot_q4_1_q8_1 per weight row, unpacking
 // the weight's nibbles again for every token. Here a weight block is unpacked once per tile of up to 8 tokens and
@@ -9,6 +10,12 @@
 // ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), then + summs. So the results equal ggml's for every number of tokens, bit
 // for bit, and a token's logits do not depend on its batch.
 //
+// Q8_0 (a Q4_1 file's token embeddings and tied lm_head, every matrix of a Q8_0 file) the same way: ggml computes
+// one token with ggml_vec_dot_q8_0_q8_0 and 2 or more with llamafile's tinyBLAS, whose 4x3 tiles re-derive each
+// block's signs and scales per (row, token) pair. The kernel reproduces the one-token vec_dot for every row count:
+// per block the eight exact int32 lanes of |x| times sign(y, x) (maddubs + madd), converted and fused-multiply-added
+// with d_x*d_y into the block's accumulator, the same final sum; |x| is taken once per block for all the tokens.
+//
 // Two custom ops on ggml's own threads (ggml_custom_4d: the graph's threadpool, no threads of ours): the
 // activations quantized once per op with ggml's own Q8_1 quantizer (the values ggml's mul_mat would use), then the
 // matmul, whose threads split the weight's rows.
@@ -18,6 +25,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -42,27 +50,42 @@ struct q8_1_block {
     int8_t   qs[32];
 };
 
+struct q8_0_block {
+    uint16_t d;      // scale (fp16)
+    int8_t   qs[32];
+};
+
 static_assert(sizeof(q4_1_block) == 20, "block_q4_1 is 20 bytes");
 static_assert(sizeof(q8_1_block) == 36, "block_q8_1 is 36 bytes");
+static_assert(sizeof(q8_0_block) == 34, "block_q8_0 is 34 bytes");
 
-// ---- the quantized activations: one I8 tensor holding n rows of Q8_1 blocks (ggml's layout, the quantizer's
-// output) and each block's d and s as floats, [nb][n_pad], so a tile reads 8 tokens' s in one load
+// the activations' type for a weight type (ggml's vec_dot_type): Q8_1 for Q4_1 (its blocks carry d*sum for the
+// min), Q8_0 for Q8_0
+static ggml_type act_type_of(ggml_type w) {
+    return w == GGML_TYPE_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q8_1;
+}
+
+// ---- the quantized activations: one I8 tensor holding n rows of Q8_1 or Q8_0 blocks (ggml's layout, the
+// quantizer's output) and each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a tile reads 8 tokens'
+// d or s in one load
 
 struct act_layout {
     int64_t n      = 0; // tokens
     int64_t nb     = 0; // blocks per token
     int64_t n_pad  = 0; // n rounded up to 8
+    size_t  bsize  = 0; // bytes per block
     size_t  off_d  = 0;
     size_t  off_s  = 0;
     size_t  nbytes = 0;
 };
 
-static act_layout layout_of(int64_t k, int64_t n) {
+static act_layout layout_of(int64_t k, int64_t n, ggml_type act) {
     act_layout a;
     a.n     = n;
     a.nb    = k / 32;
     a.n_pad = (n + 7) / 8 * 8;
-    const size_t rows   = (size_t) (n * a.nb) * sizeof(q8_1_block);
+    a.bsize = act == GGML_TYPE_Q8_0 ? sizeof(q8_0_block) : sizeof(q8_1_block);
+    const size_t rows   = (size_t) (n * a.nb) * a.bsize;
     const size_t floats = (size_t) (a.nb * a.n_pad) * sizeof(float);
     a.off_d  = (rows + 63) / 64 * 64;
     a.off_s  = a.off_d + floats;
@@ -70,11 +93,12 @@ static act_layout layout_of(int64_t k, int64_t n) {
     return a;
 }
 
-// dst <- the activations src[0] [k, n] F32 quantized; threads split the tokens
-static void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
-    const ggml_tensor * x = dst->src[0];
-    const act_layout    a = layout_of(x->ne[0], x->ne[1]);
-    ggml_from_float_t   q = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;
+// dst <- the activations src[0] [k, n] F32 quantized to the type in userdata; threads split the tokens
+static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ggml_type     act = (ggml_type) (intptr_t) userdata;
+    const ggml_tensor * x   = dst->src[0];
+    const act_layout    a   = layout_of(x->ne[0], x->ne[1], act);
+    ggml_from_float_t   q   = ggml_get_type_traits_cpu(act)->from_float;
     uint8_t *           base = (uint8_t *) dst->data;
     float *             d    = (float *) (base + a.off_d);
     float *             s    = (float *) (base + a.off_s);
@@ -86,11 +110,16 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/
             }
             continue;
         }
-        q8_1_block * row = (q8_1_block *) base + t * a.nb;
+        uint8_t * row = base + (size_t) (t * a.nb) * a.bsize;
         q((const float *) ((const char *) x->data + t * x->nb[1]), row, x->ne[0]);
         for (int64_t b = 0; b < a.nb; ++b) {
-            d[b * a.n_pad + t] = ggml_fp16_to_fp32(row[b].d);
-            s[b * a.n_pad + t] = ggml_fp16_to_fp32(row[b].s);
+            if (act == GGML_TYPE_Q8_0) {
+                d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_0_block *) row)[b].d);
+                s[b * a.n_pad + t] = 0.0f;
+            } else {
+                d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_1_block *) row)[b].d);
+                s[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_1_block *) row)[b].s);
+            }
         }
     }
 }
@@ -98,8 +127,8 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/
 // ---- one weight row times the tokens [t0, t0 + nt) (nt <= 8) of the quantized activations: out[t * stride]
 
 struct tile_args {
-    const q4_1_block * x;      // the weight row's blocks
-    const q8_1_block * y[8];   // each token's blocks
+    const void *       x;      // the weight row's blocks (q4_1_block or q8_0_block)
+    const void *       y[8];   // each token's blocks (q8_1_block or q8_0_block)
     const float *      d_y;    // [nb][n_pad] from token t0
     const float *      s_y;    // [nb][n_pad] from token t0
     int64_t            nb;
@@ -110,11 +139,11 @@ struct tile_args {
 
 // the portable path: the same operations in the same order as the SIMD one (and ggml's AVX2 vec_dot), one scalar at
 // a time; std::fma rounds once as the hardware's FMA does (this file is built with -ffp-contract=off)
-static void tile_portable(const tile_args & ta, int nt) {
+static void tile_portable_q4_1(const tile_args & ta, int nt) {
     float acc[8][8] = {};
     float summs[8]  = {};
     for (int64_t b = 0; b < ta.nb; ++b) {
-        const q4_1_block & xb = ta.x[b];
+        const q4_1_block & xb = ((const q4_1_block *) ta.x)[b];
         int32_t            q[32];
         for (int k = 0; k < 16; ++k) {
             q[k]      = xb.qs[k] & 0x0F;
@@ -123,7 +152,7 @@ static void tile_portable(const tile_args & ta, int nt) {
         const float dx = ggml_fp16_to_fp32(xb.d);
         const float mx = ggml_fp16_to_fp32(xb.m);
         for (int t = 0; t < nt; ++t) {
-            const int8_t * r  = ta.y[t][b].qs;
+            const int8_t * r  = ((const q8_1_block *) ta.y[t])[b].qs;
             const float    dd = dx * ta.d_y[b * ta.n_pad + t];
             summs[t]          = std::fma(mx, ta.s_y[b * ta.n_pad + t], summs[t]);
             for (int j = 0; j < 8; ++j) {
@@ -136,6 +165,37 @@ static void tile_portable(const tile_args & ta, int nt) {
     for (int t = 0; t < nt; ++t) {
         const float * a = acc[t];
         ta.out[t * ta.stride] = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + summs[t];
+    }
+}
+
+// Q8_0: lane j of a block = the exact sum of the products of elements 4j..4j+3 (what maddubs + madd give from |x|
+// and sign(y, x): no int16 overflow with ggml's quants in [-127, 127], even a weight of -128), no min term
+static void tile_portable_q8_0(const tile_args & ta, int nt) {
+    float acc[8][8] = {};
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q8_0_block & xb = ((const q8_0_block *) ta.x)[b];
+        const float        dx = ggml_fp16_to_fp32(xb.d);
+        for (int t = 0; t < nt; ++t) {
+            const int8_t * r  = ((const q8_0_block *) ta.y[t])[b].qs;
+            const float    dd = dx * ta.d_y[b * ta.n_pad + t];
+            for (int j = 0; j < 8; ++j) {
+                const int8_t * q    = xb.qs + 4 * j;
+                const int32_t  lane = q[0] * r[4 * j] + q[1] * r[4 * j + 1] + q[2] * r[4 * j + 2] + q[3] * r[4 * j + 3];
+                acc[t][j]           = std::fma(dd, (float) lane, acc[t][j]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; ++t) {
+        const float * a = acc[t];
+        ta.out[t * ta.stride] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    }
+}
+
+static void tile_portable(const tile_args & ta, int nt, ggml_type w) {
+    if (w == GGML_TYPE_Q8_0) {
+        tile_portable_q8_0(ta, nt);
+    } else {
+        tile_portable_q4_1(ta, nt);
     }
 }
 
@@ -152,7 +212,8 @@ SPECEE_AVX2 static inline float hsum_8(__m256 x) {
 }
 
 // one token's step of a block: acc += (d_x*d_y) * the 8 lanes of the block's byte dot product
-SPECEE_AVX2 static inline __m256 token_step(__m256 acc, __m256i qx, const q8_1_block & yb, const float * dd) {
+SPECEE_AVX2 static inline __m256 token_step(__m256 acc, __m256i qx, const void * y, int64_t b, const float * dd) {
+    const q8_1_block & yb  = ((const q8_1_block *) y)[b];
     const __m256i qy  = _mm256_loadu_si256((const __m256i *) yb.qs);
     const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1));
     return _mm256_fmadd_ps(_mm256_broadcast_ss(dd), _mm256_cvtepi32_ps(dot), acc);
@@ -161,14 +222,14 @@ SPECEE_AVX2 static inline __m256 token_step(__m256 acc, __m256i qx, const q8_1_b
 // NT tokens (1..8) at once: NT accumulators of 8 lanes, each its own variable (an array of them ends up in memory);
 // the tokens' min terms in one vector (lane t: token t)
 template <int NT>
-SPECEE_AVX2 static void tile_avx2(const tile_args & ta) {
+SPECEE_AVX2 static void tile_avx2_q4_1(const tile_args & ta) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256        a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     __m256        summs = _mm256_setzero_ps();
     const float * d_y   = ta.d_y;
     const float * s_y   = ta.s_y;
     for (int64_t b = 0; b < ta.nb; ++b, d_y += ta.n_pad, s_y += ta.n_pad) {
-        const q4_1_block & xb  = ta.x[b];
+        const q4_1_block & xb  = ((const q4_1_block *) ta.x)[b];
         const __m128i      raw = _mm_loadu_si128((const __m128i *) xb.qs);
         const __m256i      qx  = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
         const __m256       dx  = _mm256_set1_ps(_cvtsh_ss(xb.d));
@@ -178,14 +239,14 @@ SPECEE_AVX2 static void tile_avx2(const tile_args & ta) {
         alignas(32) float dd[8];
         _mm256_store_ps(dd, _mm256_mul_ps(dx, _mm256_loadu_ps(d_y)));
         summs = _mm256_fmadd_ps(mx, _mm256_loadu_ps(s_y), summs);
-        a0    = token_step(a0, qx, ta.y[0][b], dd + 0);
-        if (NT > 1) a1 = token_step(a1, qx, ta.y[1][b], dd + 1);
-        if (NT > 2) a2 = token_step(a2, qx, ta.y[2][b], dd + 2);
-        if (NT > 3) a3 = token_step(a3, qx, ta.y[3][b], dd + 3);
-        if (NT > 4) a4 = token_step(a4, qx, ta.y[4][b], dd + 4);
-        if (NT > 5) a5 = token_step(a5, qx, ta.y[5][b], dd + 5);
-        if (NT > 6) a6 = token_step(a6, qx, ta.y[6][b], dd + 6);
-        if (NT > 7) a7 = token_step(a7, qx, ta.y[7][b], dd + 7);
+        a0    = token_step(a0, qx, ta.y[0], b, dd + 0);
+        if (NT > 1) a1 = token_step(a1, qx, ta.y[1], b, dd + 1);
+        if (NT > 2) a2 = token_step(a2, qx, ta.y[2], b, dd + 2);
+        if (NT > 3) a3 = token_step(a3, qx, ta.y[3], b, dd + 3);
+        if (NT > 4) a4 = token_step(a4, qx, ta.y[4], b, dd + 4);
+        if (NT > 5) a5 = token_step(a5, qx, ta.y[5], b, dd + 5);
+        if (NT > 6) a6 = token_step(a6, qx, ta.y[6], b, dd + 6);
+        if (NT > 7) a7 = token_step(a7, qx, ta.y[7], b, dd + 7);
     }
     alignas(32) float sm[8];
     _mm256_store_ps(sm, summs);
@@ -195,28 +256,76 @@ SPECEE_AVX2 static void tile_avx2(const tile_args & ta) {
     }
 }
 
-static void tile_simd(const tile_args & ta, int nt) {
+// Q8_0, one token's step of a block: acc += (d_x*d_y) * the 8 lanes of |x| . sign(y, x) (ggml's
+// mul_sum_i8_pairs_float); ax = |x| is computed once per block for all the tokens
+SPECEE_AVX2 static inline __m256 token_step_q8_0(__m256 acc, __m256i qx, __m256i ax, const void * y, int64_t b,
+                                                 const float * dd) {
+    const __m256i qy  = _mm256_loadu_si256((const __m256i *) ((const q8_0_block *) y)[b].qs);
+    const __m256i sy  = _mm256_sign_epi8(qy, qx);
+    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_broadcast_ss(dd), _mm256_cvtepi32_ps(dot), acc);
+}
+
+template <int NT>
+SPECEE_AVX2 static void tile_avx2_q8_0(const tile_args & ta) {
+    __m256        a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const float * d_y = ta.d_y;
+    for (int64_t b = 0; b < ta.nb; ++b, d_y += ta.n_pad) {
+        const q8_0_block & xb = ((const q8_0_block *) ta.x)[b];
+        const __m256i      qx = _mm256_loadu_si256((const __m256i *) xb.qs);
+        const __m256i      ax = _mm256_sign_epi8(qx, qx);
+        alignas(32) float dd[8];
+        _mm256_store_ps(dd, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(xb.d)), _mm256_loadu_ps(d_y)));
+        a0 = token_step_q8_0(a0, qx, ax, ta.y[0], b, dd + 0);
+        if (NT > 1) a1 = token_step_q8_0(a1, qx, ax, ta.y[1], b, dd + 1);
+        if (NT > 2) a2 = token_step_q8_0(a2, qx, ax, ta.y[2], b, dd + 2);
+        if (NT > 3) a3 = token_step_q8_0(a3, qx, ax, ta.y[3], b, dd + 3);
+        if (NT > 4) a4 = token_step_q8_0(a4, qx, ax, ta.y[4], b, dd + 4);
+        if (NT > 5) a5 = token_step_q8_0(a5, qx, ax, ta.y[5], b, dd + 5);
+        if (NT > 6) a6 = token_step_q8_0(a6, qx, ax, ta.y[6], b, dd + 6);
+        if (NT > 7) a7 = token_step_q8_0(a7, qx, ax, ta.y[7], b, dd + 7);
+    }
+    const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int t = 0; t < NT; ++t) {
+        ta.out[t * ta.stride] = hsum_8(acc[t]);
+    }
+}
+
+static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
+    if (w == GGML_TYPE_Q8_0) {
+        switch (nt) {
+            case 1: tile_avx2_q8_0<1>(ta); break;
+            case 2: tile_avx2_q8_0<2>(ta); break;
+            case 3: tile_avx2_q8_0<3>(ta); break;
+            case 4: tile_avx2_q8_0<4>(ta); break;
+            case 5: tile_avx2_q8_0<5>(ta); break;
+            case 6: tile_avx2_q8_0<6>(ta); break;
+            case 7: tile_avx2_q8_0<7>(ta); break;
+            default: tile_avx2_q8_0<8>(ta); break;
+        }
+        return;
+    }
     switch (nt) {
-        case 1: tile_avx2<1>(ta); break;
-        case 2: tile_avx2<2>(ta); break;
-        case 3: tile_avx2<3>(ta); break;
-        case 4: tile_avx2<4>(ta); break;
-        case 5: tile_avx2<5>(ta); break;
-        case 6: tile_avx2<6>(ta); break;
-        case 7: tile_avx2<7>(ta); break;
-        default: tile_avx2<8>(ta); break;
+        case 1: tile_avx2_q4_1<1>(ta); break;
+        case 2: tile_avx2_q4_1<2>(ta); break;
+        case 3: tile_avx2_q4_1<3>(ta); break;
+        case 4: tile_avx2_q4_1<4>(ta); break;
+        case 5: tile_avx2_q4_1<5>(ta); break;
+        case 6: tile_avx2_q4_1<6>(ta); break;
+        case 7: tile_avx2_q4_1<7>(ta); break;
+        default: tile_avx2_q4_1<8>(ta); break;
     }
 }
 
 #else
 
-static void tile_simd(const tile_args & ta, int nt) {
-    tile_portable(ta, nt);
+static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
+    tile_portable(ta, nt, w);
 }
 
 #endif
 
-// ---- the matmul op: dst [m, n] <- src[0] (Q4_1 [k, m]) x the quantized src[1]; threads split the weight's rows
+// ---- the matmul op: dst [m, n] <- src[0] (Q4_1 or Q8_0 [k, m]) x the quantized src[1]; threads split the weight's rows
 // into contiguous ranges, walked in chunks of ROW_CHUNK rows so a chunk stays in cache across the token tiles
 
 enum kernel_path { PATH_PORTABLE = 0, PATH_SIMD = 1 };
@@ -227,7 +336,7 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * w    = dst->src[0];
     const ggml_tensor * qa   = dst->src[1];
     const int64_t       m    = dst->ne[0];
-    const act_layout    a    = layout_of(w->ne[0], dst->ne[1]);
+    const act_layout    a    = layout_of(w->ne[0], dst->ne[1], act_type_of(w->type));
     const bool          simd = (intptr_t) userdata == PATH_SIMD;
     const uint8_t *     base = (const uint8_t *) qa->data;
     const int64_t       r0 = m * ith / nth, r1 = m * (ith + 1) / nth;
@@ -241,17 +350,17 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         for (int64_t t0 = 0; t0 < a.n; t0 += 8) {
             const int nt = (int) (a.n - t0 < 8 ? a.n - t0 : 8);
             for (int t = 0; t < nt; ++t) {
-                ta.y[t] = (const q8_1_block *) base + (t0 + t) * a.nb;
+                ta.y[t] = base + (size_t) ((t0 + t) * a.nb) * a.bsize;
             }
             ta.d_y = (const float *) (base + a.off_d) + t0;
             ta.s_y = (const float *) (base + a.off_s) + t0;
             for (int64_t r = c0; r < c1; ++r) {
-                ta.x   = (const q4_1_block *) ((const char *) w->data + r * w->nb[1]);
+                ta.x   = (const char *) w->data + r * w->nb[1];
                 ta.out = (float *) dst->data + t0 * ta.stride + r;
                 if (simd) {
-                    tile_simd(ta, nt);
+                    tile_simd(ta, nt, w->type);
                 } else {
-                    tile_portable(ta, nt);
+                    tile_portable(ta, nt, w->type);
                 }
             }
         }
@@ -262,8 +371,9 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 
 const char * specee_kernels_auto_path(void) {
 #ifdef SPECEE_KERNELS_X86
-    // ggml's own Q4_1 dot product must be its AVX2 one (what the kernel reproduces): ggml built with AVX2 and FMA;
-    // with AVX-512 VNNI ggml's lanes come from vpdpbusd, the same integers (untested here: docs/kernels.md)
+    // ggml's own Q4_1 and Q8_0 dot products must be its AVX2 ones (what the kernel reproduces): ggml built with AVX2
+    // and FMA; with AVX-512 VNNI or AVX-VNNI-INT8 ggml's lanes come from vpdpbusd / vpdpbssd, the same integers
+    // (untested here: docs/kernels.md)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
         ggml_cpu_has_avx2() && ggml_cpu_has_fma() && ggml_cpu_has_f16c()) {
@@ -286,8 +396,8 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
     if (mode == SPECEE_KERNELS_OFF || (mode == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
         return false;
     }
-    if (w->type != GGML_TYPE_Q4_1 || ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) ||
-        ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block)) {
+    if ((w->type != GGML_TYPE_Q4_1 && w->type != GGML_TYPE_Q8_0) || ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) ||
+        ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block) || ggml_type_size(GGML_TYPE_Q8_0) != sizeof(q8_0_block)) {
         return false;
     }
     if (cur->type != GGML_TYPE_F32 || !ggml_is_contiguous(cur) || !ggml_is_contiguous(w) || cur->ne[2] != 1 ||
@@ -297,6 +407,12 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
     return in_plain_cpu_buffer(w);
 }
 
+static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0};
+
+int64_t specee_kernels_built(int32_t type) {
+    return type == GGML_TYPE_Q4_1 ? built_q4_1.load() : type == GGML_TYPE_Q8_0 ? built_q8_0.load() : 0;
+}
+
 ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode) {
     // one token: ggml's own vec_dot, whose results the kernel reproduces bit for bit (tests/test_kernels.py) and
     // which measured 10-20% faster than the kernel's one-token tile here (docs/kernels.md); the portable mode keeps
@@ -304,13 +420,15 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
     if (!specee_kernels_apply(w, cur, mode) || (mode == SPECEE_KERNELS_AUTO && cur->ne[1] == 1)) {
         return ggml_mul_mat(ctx0, w, cur);
     }
-    const int64_t    n = cur->ne[1];
-    const act_layout a = layout_of(w->ne[0], n);
+    const int64_t    n   = cur->ne[1];
+    const ggml_type  act = act_type_of(w->type);
+    const act_layout a   = layout_of(w->ne[0], n, act);
     // w rides along as an unused source so that the scheduler runs the quantizer where the weight is (the CPU)
     ggml_tensor * qargs[2] = {cur, w};
     ggml_tensor * q = ggml_custom_4d(ctx0, GGML_TYPE_I8, (int64_t) a.nbytes, 1, 1, 1, qargs, 2, quantize_op,
-                                     GGML_N_TASKS_MAX, nullptr);
-    ggml_format_name(q, "%s-q8_1", cur->name);
+                                     GGML_N_TASKS_MAX, (void *) (intptr_t) act);
+    ggml_format_name(q, "%s-%s", cur->name, ggml_type_name(act));
+    ++(w->type == GGML_TYPE_Q8_0 ? built_q8_0 : built_q4_1);
     const intptr_t path    = mode == SPECEE_KERNELS_PORTABLE ? PATH_PORTABLE : PATH_SIMD;
     ggml_tensor *  args[2] = {w, q};
     return ggml_custom_4d(ctx0, GGML_TYPE_F32, w->ne[1], n, 1, 1, args, 2, matmul_op, GGML_N_TASKS_MAX,
@@ -319,14 +437,15 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
 
 // ---- one matmul alone (tests, benchmarks)
 
-double specee_kernels_mul_mat(const void * w, int64_t k, int64_t m, const float * x, int64_t n, int32_t mode,
-                              int32_t n_threads, int32_t repeats, float * out) {
-    if (k <= 0 || k % 32 != 0 || m <= 0 || n <= 0 || repeats <= 0) {
+double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
+                              int32_t mode, int32_t n_threads, int32_t repeats, float * out) {
+    if ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q8_0) || k <= 0 || k % 32 != 0 || m <= 0 || n <= 0 ||
+        repeats <= 0) {
         return -1.0;
     }
     ggml_init_params wp   = {4 * ggml_tensor_overhead(), nullptr, true};
     ggml_context *   wctx = ggml_init(wp);
-    ggml_tensor *    wt   = ggml_new_tensor_2d(wctx, GGML_TYPE_Q4_1, k, m);
+    ggml_tensor *    wt   = ggml_new_tensor_2d(wctx, (ggml_type) type, k, m);
     ggml_tensor *    xt   = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, k, n);
     ggml_backend_t   cpu  = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(cpu, n_threads > 0 ? n_threads : 1);

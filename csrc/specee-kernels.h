@@ -1,4 +1,4 @@
-// specee-kernels.h: the CPU matmul kernels of this runtime: Q4_1 weights times a small batch of token rows, with
+// specee-kernels.h: the CPU matmul kernels of this runtime: Q4_1 and Q8_0 weights times a small batch of token rows, with
 // each weight block unpacked once for every row of a tile, and results bit-identical to ggml's own mul_mat (so a
 // token's logits do not depend on how many tokens share its pass)
 #pragma once
@@ -15,8 +15,8 @@ enum specee_kernels_mode {
 };
 
 // w x [n_out, n_tokens] for a weight w [n_in, n_out] and activations cur [n_in, n_tokens] F32: this runtime's kernel
-// (two custom ops: cur quantized once to Q8_1, then the matmul) where w is Q4_1 in a plain CPU buffer and the mode
-// allows it, ggml_mul_mat otherwise
+// (two custom ops: cur quantized once to Q8_1 or Q8_0, then the matmul) where w is Q4_1 or Q8_0 in a plain CPU buffer
+// and the mode allows it, ggml_mul_mat otherwise
 ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode);
 
 // whether specee_mul_mat(w, cur) uses this runtime's kernel under `mode`
@@ -25,8 +25,12 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
 // the path SPECEE_KERNELS_AUTO takes on this machine: "avx2" or "off"
 const char * specee_kernels_auto_path(void);
 
-// One matmul on ggml's CPU backend, for tests and benchmarks: out [n][m] <- the Q4_1 matrix w (m rows of k, ggml's
-// bytes) times the activations x [n][k] under `mode` (SPECEE_KERNELS_OFF: ggml's mul_mat), computed `repeats` times
-// with n_threads threads; returns the fastest compute's seconds (-1: bad arguments)
-double specee_kernels_mul_mat(const void * w, int64_t k, int64_t m, const float * x, int64_t n, int32_t mode,
-                              int32_t n_threads, int32_t repeats, float * out);
+// how many weight products of ggml type `type` this process has built with the kernel so far (tests: which weights
+// a model's graphs route through it)
+int64_t specee_kernels_built(int32_t type);
+
+// One matmul on ggml's CPU backend, for tests and benchmarks: out [n][m] <- the matrix w of ggml type `type` (Q4_1
+// or Q8_0; m rows of k, ggml's bytes) times the activations x [n][k] under `mode` (SPECEE_KERNELS_OFF: ggml's
+// mul_mat), computed `repeats` times with n_threads threads; returns the fastest compute's seconds (-1: bad arguments)
+double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
+                              int32_t mode, int32_t n_threads, int32_t repeats, float * out);

@@ -1,5 +1,5 @@
-"""The CPU matmul kernels (csrc/specee-kernels.cpp, docs/kernels.md): Q4_1 weights times 1..n token rows give ggml's
-own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count, odd shapes
+"""The CPU matmul kernels (csrc/specee-kernels.cpp, docs/kernels.md): Q4_1 and Q8_0 weights times 1..n token rows give
+ggml's own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count, odd shapes
 and K not a multiple of 256; a model's logits are the same with kernels auto, portable and off, and a token's logits
 do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless modes,
 perplexity) are marked slow."""
@@ -15,7 +15,8 @@ import specee
 from specee import _core
 from specee.convert.quantize import quantize_gguf
 
-Q4_1 = 3  # GGML_TYPE_Q4_1
+Q4_1, Q8_0 = 3, 8  # GGML_TYPE_Q4_1, GGML_TYPE_Q8_0
+TYPES = [Q4_1, Q8_0]
 AUTO, PORTABLE, OFF = 0, 1, 2  # enum specee_kernels_mode
 
 # the paths a test can force here: the portable one always, the SIMD one where this machine has it
@@ -31,74 +32,108 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert diff.size == 0, f"{what}: {diff.size} of {want.size} differ, e.g. {got.flat[diff[0]]!r} vs {want.flat[diff[0]]!r}"
 
 
-def random_q4_1(k: int, m: int, seed: int) -> np.ndarray:
+def random_weights(k: int, m: int, seed: int, wtype: int = Q4_1) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return _core.quantize(Q4_1, (rng.standard_normal((m, k)) * 0.1 + 0.02).astype(np.float32))
+    return _core.quantize(wtype, (rng.standard_normal((m, k)) * 0.1 + 0.02).astype(np.float32))
 
 
-def mul_mat(w: np.ndarray, k: int, x: np.ndarray, mode: int, n_threads: int = 2) -> np.ndarray:
-    return _core.kernels_mul_mat(w, k, x, mode, n_threads)[0]
+def mul_mat(w: np.ndarray, k: int, x: np.ndarray, mode: int, n_threads: int = 2, wtype: int = Q4_1) -> np.ndarray:
+    return _core.kernels_mul_mat(w, k, x, mode, n_threads, type=wtype)[0]
+
+
+def one_at_a_time(w: np.ndarray, k: int, x: np.ndarray, mode: int, wtype: int) -> np.ndarray:
+    """Each token alone: ggml's one-token vec_dot under OFF (and AUTO), the kernel's one-row tile under PORTABLE."""
+    return np.concatenate([mul_mat(w, k, x[i:i + 1], mode, wtype=wtype) for i in range(x.shape[0])])
 
 
 # ---- one matmul against ggml's
 
 
+@pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k,m", [(64, 37), (96, 5), (288, 33), (608, 64), (32, 1)])
-def test_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int) -> None:
-    """n = 1..16 and past a tile (17, 33), rows not a multiple of anything, K = 96, 288, 608 (not multiples of 256)."""
-    w = random_q4_1(k, m, seed=k + m)
+def test_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int, wtype: int) -> None:
+    """n = 1..16 and past a tile (17, 33), rows not a multiple of anything, K = 96, 288, 608 (not multiples of 256);
+    against ggml's mul_mat for the same n (Q8_0: llamafile's tinyBLAS from 2 rows) and ggml's one-token vec_dot."""
+    w = random_weights(k, m, seed=k + m, wtype=wtype)
     rng = np.random.default_rng(7)
     for n in list(range(1, 17)) + [17, 33]:
         x = rng.standard_normal((n, k)).astype(np.float32)
-        assert_same_bits(mul_mat(w, k, x, mode), mul_mat(w, k, x, OFF), f"k={k} m={m} n={n}")
+        got = mul_mat(w, k, x, mode, wtype=wtype)
+        assert_same_bits(got, mul_mat(w, k, x, OFF, wtype=wtype), f"k={k} m={m} n={n}")
+        if n in (2, 9, 16):
+            assert_same_bits(got, one_at_a_time(w, k, x, OFF, wtype), f"k={k} m={m} n={n}, vs one token at a time")
 
 
+@pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("mode", MODES)
-def test_a_row_s_result_does_not_depend_on_its_batch(mode: int) -> None:
+def test_a_row_s_result_does_not_depend_on_its_batch(mode: int, wtype: int) -> None:
     k, m = 160, 21
-    w = random_q4_1(k, m, seed=3)
+    w = random_weights(k, m, seed=3, wtype=wtype)
     x = np.random.default_rng(11).standard_normal((16, k)).astype(np.float32)
-    alone = np.concatenate([mul_mat(w, k, x[i:i + 1], mode) for i in range(16)])
+    alone = one_at_a_time(w, k, x, mode, wtype)
     for n in (2, 5, 8, 9, 16):
-        assert_same_bits(mul_mat(w, k, x[:n], mode), alone[:n], f"n={n}")
+        assert_same_bits(mul_mat(w, k, x[:n], mode, wtype=wtype), alone[:n], f"n={n}")
 
 
+@pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
-def test_threads_split_rows_without_changing_results(n_threads: int) -> None:
+def test_threads_split_rows_without_changing_results(n_threads: int, wtype: int) -> None:
     k, m = 128, 19
-    w = random_q4_1(k, m, seed=5)
+    w = random_weights(k, m, seed=5, wtype=wtype)
     x = np.random.default_rng(2).standard_normal((6, k)).astype(np.float32)
-    want = mul_mat(w, k, x, OFF, 1)
+    want = mul_mat(w, k, x, OFF, 1, wtype=wtype)
     for mode in MODES:
-        assert_same_bits(mul_mat(w, k, x, mode, n_threads), want, f"mode {mode}, {n_threads} threads")
+        assert_same_bits(mul_mat(w, k, x, mode, n_threads, wtype=wtype), want, f"mode {mode}, {n_threads} threads")
 
 
-def test_extreme_activations_match_ggml() -> None:
+@pytest.mark.parametrize("wtype", TYPES)
+def test_extreme_activations_match_ggml(wtype: int) -> None:
     """Zeros, one large value per block, and constant rows: ggml's quantizer's edge cases go through unchanged."""
     k, m = 96, 7
-    w = random_q4_1(k, m, seed=9)
+    w = random_weights(k, m, seed=9, wtype=wtype)
     x = np.zeros((4, k), dtype=np.float32)
     x[1, ::32] = 1e4
     x[2] = 3.0
     x[3] = -np.linspace(0, 50, k, dtype=np.float32)
     for mode in MODES:
-        assert_same_bits(mul_mat(w, k, x, mode), mul_mat(w, k, x, OFF), f"mode {mode}")
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=wtype), mul_mat(w, k, x, OFF, wtype=wtype), f"mode {mode}")
+
+
+def test_q8_0_weights_of_minus_128_match_ggml() -> None:
+    """ggml's quantizer never writes -128, another tool's file may: |x| = 128 still fits maddubs' unsigned operand
+    and no pair sum overflows int16, so the kernel's integers stay exact, as ggml's vec_dot's."""
+    k, m = 64, 9
+    w = random_weights(k, m, seed=12, wtype=Q8_0).reshape(m, -1, 34).copy()
+    w[:, :, 2::3] = 0x80  # every third quant of every block -128
+    w = w.reshape(m, -1)
+    x = np.random.default_rng(13).standard_normal((5, k)).astype(np.float32) * 4
+    for mode in MODES:
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=Q8_0), one_at_a_time(w, k, x, OFF, Q8_0), f"mode {mode}")
 
 
 def test_bad_shapes_are_refused() -> None:
-    w = random_q4_1(64, 4, seed=1)
+    w = random_weights(64, 4, seed=1)
     with pytest.raises(ValueError):
         _core.kernels_mul_mat(w, 64, np.zeros((2, 32), dtype=np.float32), AUTO)
+    with pytest.raises(ValueError):  # a type without a kernel
+        _core.kernels_mul_mat(w, 64, np.zeros((2, 64), dtype=np.float32), AUTO, type=2)
 
 
-# ---- a model: the tiny Llama quantized to Q4_1
+# ---- a model: the tiny Llama quantized to Q4_1 and to Q8_0
 
 
 @pytest.fixture(scope="module")
 def tiny_q4_1(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny_q4_1") / "tiny-q4_1.gguf"
     quantize_gguf(tiny_gguf, out, "q4_1", progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_q8_0(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_q8_0") / "tiny-q8_0.gguf"
+    quantize_gguf(tiny_gguf, out, "q8_0", progress=False)
     return out
 
 
@@ -109,13 +144,21 @@ def test_the_option_is_in_the_table() -> None:
         specee.context_options.context_options({"kernels": "fast"})
 
 
-def test_model_logits_equal_with_kernels_on_and_off(tiny_q4_1: Path) -> None:
+@pytest.mark.parametrize("ftype", ["q4_1", "q8_0"])
+def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(f"tiny_{ftype}")
     rng = np.random.default_rng(4)
     tokens = rng.integers(0, 256, 23).tolist()
     want = None
+    wtype = {"q4_1": Q4_1, "q8_0": Q8_0}[ftype]
     for kernels in ("off", "portable", "auto"):
-        m = specee.Model(tiny_q4_1, n_ctx=64, n_threads=2, kernels=kernels)
+        m = specee.Model(path, n_ctx=64, n_threads=2, kernels=kernels)
+        built = _core.kernels_built(wtype)
         batch = m.eval(tokens, output="all")
+        if kernels == "portable":  # the file's weights of that type went through the kernel (7 per layer at least)
+            assert _core.kernels_built(wtype) - built >= 7 * m.n_layer
+        elif kernels == "off":
+            assert _core.kernels_built(wtype) == built
         m.kv_clear()
         single = np.concatenate([m.eval([t]) for t in tokens])
         assert_same_bits(batch, single, f"kernels={kernels}: batch vs one token at a time")
@@ -139,22 +182,24 @@ def test_greedy_lookup_equals_plain_with_kernels(tiny_q4_1: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.3.attn_k.weight", "blk.7.ffn_down.weight",
-                                  "blk.29.ffn_up.weight"])
+                                  "blk.29.ffn_up.weight", "token_embd.weight"])
 def test_smollm2_weights_equal_ggml_bit_for_bit(smollm2_path: Path, name: str) -> None:
+    """The file's Q4_1 projections and its Q8_0 token embeddings (the tied lm_head: 49,152 rows)."""
     import gguf
 
     t = next(t for t in gguf.GGUFReader(smollm2_path).tensors if t.name == name)
-    assert int(t.tensor_type) == Q4_1
+    wtype = int(t.tensor_type)
+    assert wtype == (Q8_0 if name == "token_embd.weight" else Q4_1)
     k, m = int(t.shape[0]), int(t.shape[1])
     w = np.ascontiguousarray(np.asarray(t.data, dtype=np.uint8).reshape(m, -1))
     rng = np.random.default_rng(1)
     for n in range(1, 17):
         x = rng.standard_normal((n, k)).astype(np.float32)
-        want = mul_mat(w, k, x, OFF)
+        want = mul_mat(w, k, x, OFF, wtype=wtype)
         for mode in MODES:
             if mode == PORTABLE and n not in (1, 7, 16):
                 continue  # the portable path is slow; three row counts on real weights
-            assert_same_bits(mul_mat(w, k, x, mode), want, f"{name} n={n} mode {mode}")
+            assert_same_bits(mul_mat(w, k, x, mode, wtype=wtype), want, f"{name} n={n} mode {mode}")
 
 
 @pytest.mark.slow

@@ -803,7 +803,7 @@ PYBIND11_MODULE(_core, m) {
        "rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize makes "
        "them; imatrix: None or [n_per_row] importance weights (an importance matrix's entry for the tensor)");
     m.def("kernels_mul_mat", [](const py::array_t<uint8_t, py::array::c_style> & w, int64_t k, const f32_array & x,
-                                int32_t mode, int32_t n_threads, int32_t repeats) {
+                                int32_t mode, int32_t n_threads, int32_t repeats, int32_t type) {
         if (w.ndim() != 2 || x.ndim() != 2 || x.shape(1) != k) {
             throw py::value_error("kernels_mul_mat: w [m, row bytes] uint8 and x [n, k] floats");
         }
@@ -812,17 +812,21 @@ PYBIND11_MODULE(_core, m) {
         double             s;
         {
             py::gil_scoped_release release;
-            s = specee_kernels_mul_mat(w.data(), k, m, x.data(), n, mode, n_threads, repeats, out.mutable_data());
+            s = specee_kernels_mul_mat(type, w.data(), k, m, x.data(), n, mode, n_threads, repeats,
+                                       out.mutable_data());
         }
         if (s < 0) {
             throw py::value_error("kernels_mul_mat: bad shapes");
         }
         return py::make_tuple(out, s);
     }, py::arg("w"), py::arg("k"), py::arg("x"), py::arg("mode"), py::arg("n_threads") = 1, py::arg("repeats") = 1,
-       "one matmul on ggml's CPU backend: the Q4_1 rows w [m, row bytes] (from quantize) times x [n, k] under "
-       "kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat): (out [n, m], the fastest of `repeats` "
-       "computes in seconds)");
+       py::arg("type") = (int32_t) GGML_TYPE_Q4_1,
+       "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1 or Q8_0; from "
+       "quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat): (out [n, m], "
+       "the fastest of `repeats` computes in seconds)");
     m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");
+    m.def("kernels_built", &specee_kernels_built, py::arg("type"),
+          "how many weight products of ggml type `type` this process has built with the kernel so far");
     m.def("vocab_pre_names", [] { return name_list(specee_vocab_pre_name); },
           "the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has");
     m.def("arch_pred_tensor_names", [] { return name_list(specee_arch_pred_tensor_name); });
