@@ -2,7 +2,7 @@
 and side by side with upstream llama.cpp's llama-server.
 
   python -m specee.bench.grammar [-m MODEL] [-t THREADS] [--rounds 3] [--max-tokens 160] [--cases order,config]
-                                 [--llama-server PATH] [--json FILE]
+                                 [--modes auto,ngram,eagle2] [--llama-server PATH] [--json FILE]
 
 (a) the library, plain mode, greedy, on the same chat prompts: decode tokens per second without a grammar (ignore-EOS,
     --max-tokens) and under each case's schema, (b) the masks' share of the decode time with the mask computed on the
@@ -10,6 +10,11 @@ and side by side with upstream llama.cpp's llama-server.
     wait), (c) jump-forward: the share of tokens the grammar forced (drafted and accepted in a pass of another token)
     and the decode speedup over the same grammar without it (the greedy texts are checked equal). Runs alternate
     within a round; each figure is the median over rounds.
+(e) with --modes: the speculative modes under each case's schema, greedy, with jump-forward (the forced tokens as a
+    step's tree where the drafts reach no further) and without, against plain decoding under the same schema without
+    it: decode t/s (fastest round), passes per token, the draft head's candidates the grammar skipped and the drafts it
+    dropped; every text checked equal to plain's. The cross-request n-gram cache is cleared before each run (lookup
+    would copy the previous run's reply). Needs the draft head for eagle2 and auto (--draft-head, default: shipped).
 (d) with --llama-server: specee-server and llama-server started on 127.0.0.1 with the same file, -t and -c, the same
     prompt tokens to llama.cpp's /completion with its `json_schema` field (and without, ignore-EOS, --max-tokens), both
     servers' own decode speed (timings.predicted_per_second), median over rounds, and the ratio.
@@ -26,7 +31,11 @@ import sys
 from dataclasses import asdict, dataclass
 
 from specee.bench.server import Server, post
+from specee.generate import MODES
 from specee.model import Model
+
+# (e)'s modes: the runtime's lossless modes that draft (the draft model's needs -md, which this benchmark does not load)
+SPECULATIVE = [m.name for m in MODES.values() if m.lossless and m.name not in ("plain", "draft")]
 
 # schema-heavy outputs: many fixed keys, enums, nesting (the tokens a grammar forces are what jump-forward batches)
 CASES: dict[str, tuple[str, dict]] = {
@@ -147,6 +156,38 @@ def library(model: Model, cases: list[str], rounds: int, max_tokens: int) -> lis
     return samples
 
 
+def modes_table(model: Model, cases: list[str], modes: list[str], rounds: int, max_tokens: int) -> str:
+    """(e): per case, plain and each mode, with and without jump-forward; the fastest round of each."""
+    lines = ["| case | mode | jump-forward | t/s | x plain + schema | passes/token | head candidates skipped | "
+             "drafts dropped |", "|---|---|---|---|---|---|---|---|"]
+    for case in cases:
+        prompt, schema = CASES[case]
+        runs = [(mode, jump) for mode in ["plain", *modes] for jump in (False, True)]
+        best: dict[tuple[str, bool], float] = {}
+        stats: dict[tuple[str, bool], object] = {}
+        want = None
+        for r in range(rounds):
+            for mode, jump in (runs if r % 2 == 0 else runs[::-1]):
+                model.ngram_cache_clear()
+                text = model.generate([{"role": "user", "content": prompt}], max_tokens, temp=0, mode=mode,
+                                      json_schema=schema, jump_forward=jump)
+                st = model.last_stats
+                want = text if want is None else want
+                if text != want:
+                    raise SystemExit(f"{case}: {mode} (jump-forward {jump}) gave another text than plain decoding")
+                ms = st.t_decode_ms / max(st.n_decoded, 1)
+                if ms < best.get((mode, jump), float("inf")):
+                    best[(mode, jump)], stats[(mode, jump)] = ms, st
+        base = best[("plain", False)]
+        for mode, jump in runs:
+            st = stats[(mode, jump)]
+            label = mode if mode != "auto" else f"auto ({st.mode})"
+            lines.append(f"| {case} | {label} | {'on' if jump else 'off'} | {1e3 / best[(mode, jump)]:.1f} | "
+                         f"{base / best[(mode, jump)]:.2f}x | {st.n_steps / max(st.n_decoded, 1):.2f} | "
+                         f"{st.n_grammar_masked} | {st.n_grammar_dropped} |")
+    return "\n".join(lines)
+
+
 def is_json(text: str) -> bool:
     try:
         json.loads(text)
@@ -217,6 +258,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--modes", default="", help=f"comma-separated modes for (e), of {', '.join(SPECULATIVE)} "
+                                                "(default: none, (e) not run)")
+    p.add_argument("--draft-head", default="default", help="draft head file for (e)'s head modes (default: shipped)")
     p.add_argument("--llama-server", default=None, help="upstream llama.cpp's llama-server binary: (d)")
     p.add_argument("--json", default=None, help="write every library sample here")
     args = p.parse_args(argv)
@@ -229,12 +273,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.llama_server and not os.access(args.llama_server, os.X_OK):
         p.error(f"--llama-server: {args.llama_server} is not an executable")
     args.cases = cases
+    args.modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in args.modes if m not in SPECULATIVE]
+    if bad:
+        p.error(f"--modes: unknown {', '.join(bad)}; known: {', '.join(SPECULATIVE)}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model = Model(args.model, n_ctx=2048, n_threads=args.threads)
+    model = Model(args.model, n_ctx=2048, n_threads=args.threads,
+                  draft_head=args.draft_head if args.modes else None)
     print(f"## {model.desc} ({os.path.basename(model.path)}), {args.threads} thread(s), greedy, plain mode, "
           f"{args.rounds} rounds, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the start\n")
     samples = library(model, args.cases, args.rounds, args.max_tokens)
@@ -242,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump([asdict(s) for s in samples], f, indent=1)
     print(library_table({c: summarize(samples, c) for c in args.cases}))
+    if args.modes:
+        print("\nthe speculative modes under the schema (fastest of the rounds; every text plain decoding's):\n")
+        print(modes_table(model, args.cases, args.modes, args.rounds, args.max_tokens))
     if args.llama_server:
         print("\nside by side (/completion, the same prompt tokens, decode t/s as each server reports it):\n")
         print(servers(args, model, args.cases))

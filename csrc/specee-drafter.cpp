@@ -77,19 +77,31 @@ int32_t specee_drafter_finish(const specee_drafter & d, specee_drafter_state s, 
 }
 
 int32_t specee_drafter_step(const specee_drafter & d, specee_drafter_state s, specee_step step, int32_t * out,
-                            int32_t n_max) {
+                            int32_t n_max, const std::vector<int32_t> & forced) {
     specee_generator_stats & st     = step.stats;
     specee_context &         ctx    = step.ctx;
     const int32_t            n_free = (int32_t) ctx.cparams.n_ctx - (int32_t) ctx.kv.used;
     const int32_t            budget = std::min({n_free - 1, (int32_t) ctx.cparams.n_batch - 1, n_max - 1});
 
-    auto                  t0 = specee_clock::now();
-    const specee_proposal p  = d.propose(s, step, std::max(budget, 0), specee_pass_share{});
+    auto            t0 = specee_clock::now();
+    specee_proposal p  = d.propose(s, step, std::max(budget, 0), specee_pass_share{});
     st.t_draft_ms += specee_ms_since(t0);
+    std::vector<int32_t> nodes = specee_tree_filter(s.dec, step, p.nodes);
+    // tokens the grammar forces next: certain rows; where the drafts (all of them allowed now, so following the forced
+    // tokens as far as they reach) go no deeper than the forced chain, the chain is the step's tree instead
+    const int32_t n_forced = std::min((int32_t) forced.size(), std::max(budget, 0));
+    int32_t       depth    = 0;
+    for (int32_t ni : nodes) {
+        depth = std::max(depth, s.dec.nodes[ni].depth);
+    }
+    if (n_forced > 0 && depth <= n_forced) {
+        p       = specee_proposal{};
+        p.nodes = nodes = specee_tree_chain(s.dec, step.root, {forced.begin(), forced.begin() + n_forced});
+    }
 
     // ---- verify root + tree in one pass
     t0                    = specee_clock::now();
-    const int32_t n_rows  = specee_tree_verify(s.dec, step, p.nodes);
+    const int32_t n_rows  = specee_tree_pass(s.dec, step, nodes);
     const double  pass_ms = specee_ms_since(t0);
     st.t_verify_ms += pass_ms;
 

@@ -99,8 +99,10 @@ struct specee_verified {
 
 // One draft-and-verify step after step.root: writes 1..n_max tokens (it stops after an end-of-generation token),
 // advances root / root_pos, adds to stats; returns the count. s.dec holds the step's tree.
+// forced: the tokens a grammar forces after step.root (jump-forward; none: an ordinary step), verified as the step's
+// tree where the drafter's own (filtered by the grammar) reaches no deeper
 int32_t specee_drafter_step(const specee_drafter & d, specee_drafter_state s, specee_step step, int32_t * out,
-                            int32_t n_max);
+                            int32_t n_max, const std::vector<int32_t> & forced = {});
 // The step's second half, after a pass that verified the proposal: the walk, the accepted cells kept (the head's
 // pairs too), the drafter's observe, root / root_pos advanced, steps / drafted / accepted counted; the emitted tokens
 // (1..n_max) to out, their count returned

@@ -410,10 +410,10 @@ int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens
 }
 
 // Jump-forward: where the grammar allows one continuation only (a key, a quote, a closing brace), its tokens go as a
-// chain of drafts into the root's pass, and the walk draws the target's token at each row as a plain step would
+// chain of drafts into the root's pass (in plain decoding and in every drafter's mode, as that step's tree), and the walk draws the target's token at each row as a plain step would
 // (specee_tree_walk: a drafted token is emitted only where the masked draw gives it, so greedy output is plain
 // decoding's under the grammar and sampling keeps its distribution), in one pass instead of one each.
-std::vector<int32_t> specee_jump_forward_draft(specee_generator & g, int32_t budget) {
+std::vector<int32_t> specee_jump_forward_tokens(specee_generator & g, int32_t budget) {
     specee_grammar * gr = specee_sampler_grammar(*g.smpl);
     if (!g.params.jump_forward || !gr || budget <= 0) {
         return {};
@@ -421,25 +421,12 @@ std::vector<int32_t> specee_jump_forward_draft(specee_generator & g, int32_t bud
     const auto                 t0     = specee_clock::now();
     const std::vector<int32_t> forced = specee_grammar_forced(*gr, std::min(budget, JUMP_MAX));
     g.stats.t_draft_ms += specee_ms_since(t0);
-    if (forced.empty()) {
-        return {};
-    }
-    specee_tree_decoder & dec = g.tree;
-    dec.nodes.assign(1, draft_node{});
-    dec.nodes[0].token = g.root;
-    dec.nodes[0].row   = 0;
-    std::vector<int32_t> nodes;
-    for (int32_t k = 0; k < (int32_t) forced.size(); ++k) {
-        draft_node nd;
-        nd.token  = forced[k];
-        nd.parent = k;
-        nd.depth  = k + 1;
-        nd.row    = k + 1;
-        dec.nodes.push_back(nd);
-        dec.nodes[k].children.push_back(k + 1);
-        nodes.push_back(k + 1);
-    }
-    return nodes;
+    return forced;
+}
+
+std::vector<int32_t> specee_jump_forward_draft(specee_generator & g, int32_t budget) {
+    const std::vector<int32_t> forced = specee_jump_forward_tokens(g, budget);
+    return forced.empty() ? forced : specee_tree_chain(g.tree, g.root, forced);
 }
 
 int32_t specee_jump_forward_finish(specee_generator & g, int32_t n_rows, const float * logits, int32_t row0,
@@ -568,8 +555,10 @@ int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t 
         case SPECEE_MODE_NGRAM:
         case SPECEE_MODE_NGRAM_EAGLE2:
         case SPECEE_MODE_DRAFT:
-            n = specee_drafter_step(*specee_generator_drafter(g), {g.tree, g.lookup, g.draft}, specee_generator_step(g), out,
-                                    n_max);
+            // the tokens the grammar forces next go to the drafter's step, which verifies them as its tree where
+            // its own drafts reach no further (jump-forward in the speculative modes)
+            n = specee_drafter_step(*specee_generator_drafter(g), {g.tree, g.lookup, g.draft},
+                                    specee_generator_step(g), out, n_max, specee_jump_forward_tokens(g, n_max - 1));
             break;
         case SPECEE_MODE_TREE_EXIT:
             n = specee_tree_exit_step(g.tree, g.exit, specee_generator_step(g), out, n_max, run);

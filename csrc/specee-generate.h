@@ -75,7 +75,7 @@ bool specee_generator_shift(specee_generator & g, int32_t n_keep, int32_t n_disc
 // leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
 int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n);
 
-// Jump-forward (plain decoding under a grammar, params.jump_forward): the tokens the grammar forces next, at most
+// Jump-forward (decoding under a grammar, params.jump_forward): the tokens the grammar forces next, at most
 // budget (and JUMP_MAX), as a chain of drafts after the root in g.tree.nodes; returns the chain's nodes in row order,
 // none when the grammar forces nothing (or there is no grammar, or jump-forward is off).
 constexpr int32_t JUMP_MAX = 32;
@@ -84,3 +84,6 @@ std::vector<int32_t> specee_jump_forward_draft(specee_generator & g, int32_t bud
 // accepted kept in the cache; writes the emitted tokens (1..n_max), advances root / root_pos and the stats
 int32_t specee_jump_forward_finish(specee_generator & g, int32_t n_rows, const float * logits, int32_t row0,
                                    int32_t n_max, int32_t * out);
+// the tokens the grammar forces next (at most budget and JUMP_MAX; none without a grammar or with jump-forward off),
+// for a drafter's step (specee_drafter_step's `forced`)
+std::vector<int32_t> specee_jump_forward_tokens(specee_generator & g, int32_t budget);

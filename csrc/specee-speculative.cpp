@@ -198,8 +198,41 @@ static double uniform_open(specee_sampler & smpl) {
 // from q, the sampler's distribution over the draft logits (Gumbel-top-k), in the order drawn; q is kept
 // for the acceptance test. Scores never increase along siblings (a running minimum), so any selection of
 // the best nodes keeps whole prefixes of each node's children.
-static void draft_children(specee_tree_decoder & dec, const specee_draft_head & head, specee_sampler & smpl, int32_t ni,
-                           const float * logits, int32_t k) {
+//
+// Under a grammar, the children are the best (greedy) or the drawn (sampling) tokens the grammar allows after the
+// node's path: a candidate it refuses is skipped (stats.n_grammar_masked) and the next one taken, among the head's
+// best MASK_SCAN beyond k (greedy); sampling takes q over the allowed tokens of its support, renormalized, where that
+// support has at most MASK_SCAN_Q tokens (else the drafts are drawn from q unmasked and specee_tree_filter drops the
+// refused ones). Either way what the tree holds is what the target could emit, and the acceptance test sees the q the
+// children were drawn from.
+static const int32_t MASK_SCAN   = 16;
+static const int32_t MASK_SCAN_Q = 64;
+
+// the tokens from the root's child down to node ni (empty for the root)
+static std::vector<int32_t> path_tokens(const specee_tree_decoder & dec, int32_t ni) {
+    std::vector<int32_t> path;
+    for (int32_t a = ni; a > 0; a = dec.nodes[a].parent) {
+        path.push_back(dec.nodes[a].token);
+    }
+    std::reverse(path.begin(), path.end());
+    return path;
+}
+
+// whether the grammar allows `token` after the path (path's last slot is overwritten)
+static bool grammar_allows_after(specee_grammar & g, std::vector<int32_t> & path, int32_t token) {
+    path.back() = token;
+    return specee_grammar_valid_prefix(g, path.data(), (int32_t) path.size()) == (int32_t) path.size();
+}
+
+static void draft_children(specee_tree_decoder & dec, specee_step step, int32_t ni, const float * logits, int32_t k) {
+    const specee_draft_head & head = *step.head;
+    specee_sampler &          smpl = step.smpl;
+    specee_grammar *          gr   = k > 0 ? specee_sampler_grammar(smpl) : nullptr;
+    std::vector<int32_t>      path;
+    if (gr) {
+        path = path_tokens(dec, ni);
+        path.push_back(-1); // the candidate's slot
+    }
     if (dec.n_cand > 0) {
         // tree exit: the candidates its checks score at this node, as early exit takes them (the head's top n_cand)
         std::vector<int32_t> & cand = dec.nodes[ni].cand;
@@ -219,12 +252,35 @@ static void draft_children(specee_tree_decoder & dec, const specee_draft_head & 
             sum += std::exp((double) logits[i] - mx);
         }
         const float lse = mx + (float) std::log(sum);
-        for (int32_t i : specee_top_k(logits, head.n_dvocab, k)) {
+        for (int32_t i : specee_top_k(logits, head.n_dvocab, gr ? std::min(head.n_dvocab, k + MASK_SCAN) : k)) {
+            if ((int32_t) picks.size() == k) {
+                break;
+            }
+            if (gr && !grammar_allows_after(*gr, path, specee_draft_target_id(head, i))) {
+                step.stats.n_grammar_masked++;
+                continue;
+            }
             picks.emplace_back(i, logits[i] - lse);
         }
     } else {
         sparse_dist q;
         specee_sampler_dist(smpl, logits, head.n_dvocab, false, q);
+        if (gr && (int32_t) q.size() <= MASK_SCAN_Q) {
+            sparse_dist allowed;
+            double      mass = 0.0;
+            for (const auto & e : q) {
+                if (grammar_allows_after(*gr, path, specee_draft_target_id(head, e.first))) {
+                    allowed.push_back(e);
+                    mass += e.second;
+                } else {
+                    step.stats.n_grammar_masked++;
+                }
+            }
+            for (auto & e : allowed) {
+                e.second = (float) (e.second / mass);
+            }
+            q = std::move(allowed);
+        }
         std::vector<std::pair<double, int32_t>> keys; // (log q + Gumbel noise, index in q)
         for (int32_t i = 0; i < (int32_t) q.size(); ++i) {
             keys.emplace_back(std::log((double) q[i].second) - std::log(-std::log(uniform_open(smpl))), i);
@@ -292,7 +348,7 @@ static void draft_expand(specee_tree_decoder & dec, specee_step step, const std:
         nd.h.assign(head.out.begin() + (size_t) i * head.n_embd, head.out.begin() + (size_t) (i + 1) * head.n_embd);
     }
     for (int32_t i = 0; i < n; ++i) {
-        draft_children(dec, head, step.smpl, batch[i], logits.data() + (size_t) i * head.n_dvocab, k_of(batch[i]));
+        draft_children(dec, step, batch[i], logits.data() + (size_t) i * head.n_dvocab, k_of(batch[i]));
     }
 }
 
@@ -320,7 +376,7 @@ static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_step 
             dec.nodes[kids[j]].shape = shape_kids[dec.nodes[ni].shape][j];
         }
     };
-    draft_children(dec, *step.head, step.smpl, 0, root_logits, n_kids[0]);
+    draft_children(dec, step, 0, root_logits, n_kids[0]);
     assign_shapes(0);
     std::vector<int32_t> level = dec.nodes[0].children;
     while (!level.empty()) {
@@ -354,7 +410,7 @@ static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_step
                                           const float * root_logits) {
     std::vector<int32_t> chosen;
     const int32_t top_k = dec.params.topk;
-    draft_children(dec, *step.head, step.smpl, 0, root_logits, top_k);
+    draft_children(dec, step, 0, root_logits, top_k);
     std::vector<int32_t> level = dec.nodes[0].children;
     for (int32_t d = 1; d < dec.params.depth && !level.empty(); ++d) {
         // the top_k nodes of the newest depth by score (earlier drawn first on ties)
@@ -398,7 +454,7 @@ std::vector<int32_t> specee_tree_draft(specee_tree_decoder & dec, specee_step st
     if (budget <= 0) {
         dec.nodes[0].row = 0;
         if (dec.n_cand > 0) {
-            draft_children(dec, head, step.smpl, 0, root_logits.data(), 0); // the root's candidates only
+            draft_children(dec, step, 0, root_logits.data(), 0); // the root's candidates only
         }
         return {};
     }
@@ -587,13 +643,34 @@ std::vector<int32_t> specee_tree_filter(specee_tree_decoder & dec, specee_step s
     return kept;
 }
 
-int32_t specee_tree_verify(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
-    const std::vector<int32_t> kept = specee_tree_filter(dec, step, nodes);
-    const specee_tree_batch    tb   = specee_tree_verify_batch(dec, step.root, step.root_pos, kept);
-    const specee_batch         b    = tb.view();
+int32_t specee_tree_pass(const specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
+    const specee_tree_batch tb = specee_tree_verify_batch(dec, step.root, step.root_pos, nodes);
+    const specee_batch      b  = tb.view();
     specee_sampler_prefetch(step.smpl); // the root row's mask, while the pass runs
     specee_eval_layers_impl(step.ctx, &b, 0, (int32_t) step.ctx.model->hparams.n_layer, 0);
     return b.n_tokens;
+}
+
+int32_t specee_tree_verify(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes) {
+    return specee_tree_pass(dec, step, specee_tree_filter(dec, step, nodes));
+}
+
+std::vector<int32_t> specee_tree_chain(specee_tree_decoder & dec, int32_t root, const std::vector<int32_t> & tokens) {
+    dec.nodes.assign(1, draft_node{});
+    dec.nodes[0].token = root;
+    dec.nodes[0].row   = 0;
+    std::vector<int32_t> nodes;
+    for (int32_t k = 0; k < (int32_t) tokens.size(); ++k) {
+        draft_node nd;
+        nd.token  = tokens[k];
+        nd.parent = k;
+        nd.depth  = k + 1;
+        nd.row    = k + 1;
+        dec.nodes.push_back(nd);
+        dec.nodes[k].children.push_back(k + 1);
+        nodes.push_back(k + 1);
+    }
+    return nodes;
 }
 
 // Walks the verified tree from the root: each step draws the target's token at the current node and moves to the

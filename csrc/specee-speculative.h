@@ -85,6 +85,11 @@ std::vector<int32_t> specee_tree_filter(specee_tree_decoder & dec, specee_step s
 // One pass of the target over step.root + the drafted nodes the grammar allows (specee_tree_filter, then
 // specee_tree_verify_batch), with the grammar's mask for the root's row computed meanwhile; returns the pass's rows
 int32_t              specee_tree_verify(specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes);
+// the same pass without the filter, over nodes already filtered
+int32_t specee_tree_pass(const specee_tree_decoder & dec, specee_step step, const std::vector<int32_t> & nodes);
+// dec.nodes <- root and a chain of the given tokens after it (rows 1..n in order: jump-forward's forced tokens);
+// returns the chain's nodes
+std::vector<int32_t> specee_tree_chain(specee_tree_decoder & dec, int32_t root, const std::vector<int32_t> & tokens);
 // Walks the verified tree from the root (the acceptance rule of the mode: greedy, sampled or replayed), reading each
 // node's logits through logits_of(user, node); fills the emitted tokens and the accepted nodes whose tokens stay in
 // the cache (the nodes the emitted tokens but the last were drawn at); returns the drafted tokens accepted

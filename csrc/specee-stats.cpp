@@ -21,7 +21,8 @@ static const stat_def STATS[] = {
     STAT(n_exits, 'i'),    STAT(n_layers_run, 'l'), STAT(n_checks, 'i'),    STAT(n_fired, 'i'),
     STAT(n_rejected, 'i'), STAT(t_layers_ms, 'd'), STAT(t_check_ms, 'd'),   STAT(t_exit_ms, 'd'),
     STAT(t_head_ms, 'd'),  STAT(t_fill_ms, 'd'),   STAT(n_verified, 'i'),   STAT(n_rollbacks, 'i'),
-    STAT(n_discarded, 'i'), STAT(t_mask_ms, 'd'),   STAT(n_grammar_dropped, 'i'), STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'), STAT(mean_layers_run, 'd'),
+    STAT(n_discarded, 'i'), STAT(t_mask_ms, 'd'),   STAT(n_grammar_dropped, 'i'), STAT(n_grammar_masked, 'i'),
+    STAT(mean_accepted_tokens, 'd'), STAT(exit_ratio, 'd'), STAT(mean_layers_run, 'd'),
 };
 
 #undef STAT

@@ -491,6 +491,7 @@ struct specee_generator_stats {
     int32_t n_discarded;   // tokens emitted after a wrong exit, taken back by the rollbacks
     double  t_mask_ms;         // in next: a grammar's masks on the decoding thread (computed, or waited for: overlap)
     int32_t n_grammar_dropped; // drafted tokens a grammar refused, dropped (with their subtrees) before verification
+    int32_t n_grammar_masked;  // the draft head's candidates a grammar refused, skipped before they entered the tree
     // derived by specee_generator_get_stats (0 where a mode does not count them)
     double  mean_accepted_tokens; // eagle, eagle2, tree-exit: n_decoded / n_steps, tokens per step (1: no draft
                                   // accepted)

@@ -54,6 +54,7 @@ def test_tables() -> None:
     (["--cases", ","], "--cases: unknown (none given)"),
     (["--rounds", "0"], "--rounds and --max-tokens must be at least 1"),
     (["--llama-server", "/nonexistent/llama-server"], "is not an executable"),
+    (["--modes", "eagle2,early-exit"], "--modes: unknown early-exit"),
 ])
 def test_command_line_refusals(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
@@ -64,6 +65,9 @@ def test_command_line_refusals(argv: list[str], message: str, capsys: pytest.Cap
 def test_command_line_defaults() -> None:
     args = bench_grammar.parse_args(["--cases", "person,order"])
     assert args.cases == ["person", "order"] and args.rounds >= 1 and args.llama_server is None
+    assert args.modes == []
+    assert bench_grammar.parse_args(["--modes", "auto,ngram"]).modes == ["auto", "ngram"]
+    assert "plain" not in bench_grammar.SPECULATIVE and "eagle2" in bench_grammar.SPECULATIVE
 
 
 @pytest.mark.slow
@@ -82,3 +86,16 @@ def test_whole_library_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert len({s["text"] for s in samples[1:]}) == 1
     assert samples[3]["n_accepted"] > 0 and samples[3]["n_steps"] < samples[3]["n_decoded"]
     assert samples[1]["t_mask_ms"] > 0
+
+
+@pytest.mark.slow
+def test_modes_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """(e) on one case: plain and eagle2, jump-forward off and on, every text plain decoding's (the bench refuses
+    otherwise); the rows name the mode and jump-forward, plain without it is the 1.00x baseline."""
+    rc = bench_grammar.main(["--cases", "person", "--rounds", "1", "--max-tokens", "24", "-t", "1",
+                             "--modes", "eagle2"])
+    assert rc == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| person | ")]
+    modes = [(r.split(" | ")[1], r.split(" | ")[2]) for r in rows if r.split(" | ")[2] in ("on", "off")]
+    assert modes == [("plain", "off"), ("plain", "on"), ("eagle2", "off"), ("eagle2", "on")]
+    assert " | plain | off | " in rows[-4] and "| 1.00x |" in rows[-4]

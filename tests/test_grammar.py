@@ -357,10 +357,11 @@ def test_lossless_modes_equal_plain_under_a_grammar(model_head: Model, mode: str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["eagle2", "ngram"])
-def test_drafts_the_grammar_refuses_are_dropped_before_verification(model_head: Model, mode: str) -> None:
+def test_drafts_the_grammar_refuses_never_reach_verification(model_head: Model, mode: str) -> None:
     """The draft head, and lookup (the prompt repeats an object whose next key, "id", the schema refuses after
-    "name"), propose tokens the grammar refuses: they are dropped with their subtrees before the pass
-    (n_grammar_dropped) and get no row, and the output is plain decoding's under the same grammar."""
+    "name"), propose tokens the grammar refuses: the head's are skipped while its tree is drafted, the next allowed
+    candidate taken instead (n_grammar_masked), lookup's chains are cut before the pass (n_grammar_dropped); no
+    refused token gets a row, and the output is plain decoding's under the same grammar."""
     schema = obj({"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 99}})
     prompt = chat('Reply with {"name":"x","id":1} {"name":"x","id":1} {"name":"x","id":1} as JSON.')
     # lookup drafts wherever the sequence's end was seen before (not only where its acceptance so far says it pays)
@@ -370,9 +371,38 @@ def test_drafts_the_grammar_refuses_are_dropped_before_verification(model_head: 
     spec = model_head.generate(prompt, 60, temp=0, mode=mode, json_schema=schema, **extra)
     st = model_head.last_stats
     assert spec == plain
-    assert st.n_grammar_dropped > 0, (mode, st)
+    if mode == "eagle2":
+        assert st.n_grammar_masked > 0 and st.n_grammar_dropped == 0, st
+    else:
+        assert st.n_grammar_dropped > 0 and st.n_grammar_masked == 0, st
     unconstrained = model_head.generate(prompt, 60, temp=0, mode=mode, **extra)
-    assert model_head.last_stats.n_grammar_dropped == 0, unconstrained
+    assert model_head.last_stats.n_grammar_dropped == 0 == model_head.last_stats.n_grammar_masked, unconstrained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eagle", "eagle2", "ngram", "auto"])
+def test_speculative_modes_take_the_forced_tokens_in_one_pass(model_head: Model, mode: str) -> None:
+    """Jump-forward inside the drafters' modes: where the schema forces the next tokens (keys, quotes, braces) they are
+    the step's tree, so a schema reply takes fewer passes than tokens even where drafts fail, and stays plain
+    decoding's (greedy, and seeded sampling: the forced rows are drawn as plain decoding draws them)."""
+    for i in (1, 28):
+        prompt = chat(PROMPTS[i % 3])
+        for sampling in ({"temp": 0}, {"temp": 0.8, "seed": 3}):
+            plain = model_head.generate(prompt, 120, mode="plain", json_schema=SCHEMAS[i], jump_forward=False,
+                                        **sampling)
+            model_head.ngram_cache_clear()  # lookup would copy plain's reply from the cross-request store
+            spec = model_head.generate(prompt, 120, mode=mode, json_schema=SCHEMAS[i], **sampling)
+            st = model_head.last_stats
+            if sampling["temp"] == 0 or mode in ("ngram",):
+                assert spec == plain, (mode, i, sampling)
+            check_json(spec, SCHEMAS[i])
+            model_head.ngram_cache_clear()
+            off = model_head.generate(prompt, 120, mode=mode, json_schema=SCHEMAS[i], jump_forward=False, **sampling)
+            st_off = model_head.last_stats
+            if sampling["temp"] == 0:
+                assert off == plain
+                # the forced chains' steps: fewer steps than with jump-forward off, for the same tokens
+                assert st.n_steps < st_off.n_steps, (mode, i, st.n_steps, st_off.n_steps)
 
 
 @pytest.mark.slow

@@ -241,6 +241,7 @@ class GenerationStats:
     n_discarded: int = 0  # tokens emitted after a wrong exit, taken back by the rollbacks
     t_mask_ms: float = 0.0  # a grammar's masks on the decoding thread (computed, or waited for: grammar_overlap)
     n_grammar_dropped: int = 0  # drafted tokens the grammar refused, dropped before verification
+    n_grammar_masked: int = 0  # the draft head's candidates the grammar refused, skipped before they entered the tree
     mean_accepted_tokens: float = 0.0  # eagle, eagle2, tree-exit: tokens per step (1.0: no draft token accepted)
     exit_ratio: float = 0.0  # early-exit: share of decoded tokens that exited (tree-exit: of steps)
     mean_layers_run: float = 0.0  # early-exit: layers per decoded token, SpecEE's "average exit layer" (tree-exit: per step)
