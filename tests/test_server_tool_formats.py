@@ -1,6 +1,6 @@
 """Tool calls in each family's own format (python/specee/server/tool_formats.py), without a model: the format chosen
 from the template as llama.cpp chooses it; calls written by each family's real template (the tool-call parts of
-Llama 3.1/3.2's, Mistral Nemo's and Mistral Small 3.1's, as llama.cpp keeps them in models/templates/, MIT) read
+Llama 3.1/3.2's, Mistral Nemo's, Devstral's and Mistral Small 3.2's, as llama.cpp keeps them in models/templates/, MIT) read
 back whole and streamed (every prefix of the reply); Mistral's 9-character ids that its templates take back; the
 grammar that holds a reply to a family's call format under tool_choice required."""
 
@@ -102,9 +102,43 @@ NEMO = """{%- set loop_messages = messages %}
     {%- endif %}
 {%- endfor %}
 """
+# Devstral Small 2507's (unsloth-mistral-Devstral-Small-2507.jinja) and Mistral Small 3.2's
+# (Mistral-Small-3.2-24B-Instruct-2506.jinja) tool-call parts as they are, in a loop of their own over the messages:
+# `[TOOL_CALLS]name[ARGS]arguments`, Small 3.2 with `[CALL_ID]id` (9 characters) between
+MISTRAL_ARGS_LOOP = """{%- for message in messages %}
+    {%- if message['role'] == 'user' %}
+        {%- if tools is not none and tools|length > 0 %}{{- '[AVAILABLE_TOOLS]' + tools|tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}
+        {{- '[INST]' + message['content'] + '[/INST]' }}
+    {%- elif message['role'] == 'assistant' %}
+CALLS
+        {{- eos_token }}
+    {%- elif message['role'] == 'tool' %}
+        {{- '[TOOL_RESULTS]' + message.content|string + '[/TOOL_RESULTS]' }}
+    {%- endif %}
+{%- endfor %}
+"""
+DEVSTRAL = MISTRAL_ARGS_LOOP.replace("CALLS", """        {%- if message['tool_calls'] is defined and message['tool_calls'] is not none %}
+            {%- for tool in message['tool_calls'] %}
+                {%- set arguments = tool['function']['arguments'] %}
+                {%- if arguments is not string %}
+                    {%- set arguments = arguments|tojson %}
+                {%- endif %}
+                {{- "[TOOL_CALLS]" + tool['function']['name'] + "[ARGS]" + arguments }}
+            {%- endfor %}
+        {%- endif %}""")
+SMALL32 = MISTRAL_ARGS_LOOP.replace("CALLS", """        {%- if message.get('tool_calls') %}
+            {%- for tool_call in message.tool_calls %}
+                {{- '[TOOL_CALLS]' + tool_call.function.name }}
+                {%- if not tool_call.id is defined or tool_call.id is not string or tool_call.id|length != 9 %}
+                    {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+                {%- endif %}
+                {{- '[CALL_ID]' + tool_call.id }}
+                {{- '[ARGS]' + tool_call['function']['arguments']|tojson }}
+            {%- endfor %}
+        {%- else %}{{- message['content'] }}{%- endif %}""")
 QWEN_LIKE = HERMES
 GENERIC_READER = "{% if tools %}Tools: {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-TEMPLATES = {"hermes": QWEN_LIKE, "llama3": LLAMA32, "mistral": NEMO}
+TEMPLATES = {"hermes": QWEN_LIKE, "llama3": LLAMA32, "mistral": NEMO, "mistral-args": DEVSTRAL}
 
 
 def template(source: str) -> ChatTemplate:
@@ -115,6 +149,7 @@ def test_format_chosen_as_llama_cpp_chooses_it() -> None:
     assert tool_format_of(None) == "generic"  # a built-in template
     assert tool_format_of(HERMES) == "hermes" and tool_format_of(LLAMA32) == "llama3"
     assert tool_format_of(NEMO) == "mistral" and tool_format_of(GENERIC_READER) == "generic"
+    assert tool_format_of(DEVSTRAL) == "mistral-args" == tool_format_of(SMALL32)  # [TOOL_CALLS] with [ARGS]
     assert tool_format_of("{{ messages }}<tool_call>") == "generic"  # it does not read tools
     # Hermes' marker first, then Llama 3's, then Mistral's
     assert tool_format_of("{{ tools }}[TOOL_CALLS]<tool_call>") == "hermes"
@@ -156,6 +191,7 @@ CASES = {  # a family: the calls its template writes for one assistant message
     "hermes": [("get_weather", {"city": "Paris"}, "call_1"), ("get_time", {"zone": "CET"}, "call_2")],
     "llama3": [("get_weather", {"city": "Paris", "unit": "celsius"}, "call_1")],  # one call a message
     "mistral": [("get_weather", {"city": "Paris"}, "abcDEF123"), ("get_time", {"zone": "CET"}, "XYZ987abc")],
+    "mistral-args": [("get_weather", {"city": "Paris"}, "abcDEF123"), ("get_time", {"zone": "CET"}, "XYZ987abc")],
 }
 
 
@@ -178,11 +214,35 @@ def test_calls_written_by_the_template_read_back_whole_and_streamed(fmt: str) ->
         assert [c["function"]["name"] for c in done] == [c["function"]["name"] for c in calls][:len(done)]
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "mistral"])
+def test_mistral_small_32_calls_with_their_ids_read_back_and_go_back() -> None:
+    """Small 3.2 writes `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`: the ids it wrote are kept, and ids made here (9
+    letters and digits) pass its template's check on the next turn."""
+    t = template(SMALL32)
+    body = {"messages": [*QUESTION, call_message(CASES["mistral-args"])], "tools": TOOLS}
+    text = assistant_text(t, body)
+    assert text.startswith("[TOOL_CALLS]get_weather[CALL_ID]abcDEF123[ARGS]{")
+    tools = tools_of(body, t)
+    content, calls = reply_of(text, tools)
+    assert content is None and [c["id"] for c in calls] == ["abcDEF123", "XYZ987abc"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [a for _, a, _ in CASES["mistral-args"]]
+    _, made = reply_of('[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}', tools)
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", made[0]["id"])
+    history = {"messages": [*QUESTION, {"role": "assistant", "content": None, "tool_calls": made},
+                            {"role": "tool", "tool_call_id": made[0]["id"], "content": "12:00"}], "tools": TOOLS}
+    assert f"[CALL_ID]{made[0]['id']}[ARGS]" in t.render(chat_messages(history, tools, t), tools.openai)
+    # arguments written as JSON text, and a reply cut inside a call's arguments: the calls written whole so far
+    _, calls = reply_of('[TOOL_CALLS]get_time[ARGS]"{\\"zone\\": \\"UTC\\"}"', tools)
+    assert json.loads(calls[0]["function"]["arguments"]) == {"zone": "UTC"}
+    so_far, done = reply_so_far('[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}[TOOL_CALLS]get_weather[ARGS]{"ci', tools)
+    assert so_far == "" and [c["function"]["name"] for c in done] == ["get_time"]
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "mistral-args"])
 def test_content_before_the_calls_streams_as_it_comes(fmt: str) -> None:
-    marker = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}[fmt]
+    marker = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "mistral-args": "[TOOL_CALLS]"}[fmt]
     call = {"hermes": '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>',
-            "mistral": '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]'}[fmt]
+            "mistral": '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+            "mistral-args": '[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}'}[fmt]
     text = "Let me look that up. " + call
     tools = Tools([t["function"] for t in TOOLS], "auto", True, fmt, True)
     sent = ""
@@ -260,6 +320,12 @@ def test_required_holds_the_reply_to_the_family_format() -> None:
     assert kind == "lark" and lark.startswith("start: <[5]> %json ")
     array = json.loads(lark[len("start: <[5]> %json "):])
     assert array["maxItems"] == 1 and array["items"]["properties"]["name"] == {"const": "get_time"}
+    kind, lark = call_grammar("mistral-args", one.call_schemas(), False, {"[TOOL_CALLS]": 9, "[ARGS]": 32})
+    assert kind == "lark" and lark.startswith("start: call\n") and lark.count("<[9]>") == 1
+    assert '"get_time" ("[CALL_ID]" /[A-Za-z0-9]{9}/)? <[32]> %json ' in lark
+    both = Tools([t["function"] for t in TOOLS], "required", True, "mistral-args", True)
+    kind, lark = call_grammar("mistral-args", both.call_schemas(), True, {})
+    assert lark.startswith("start: call+\n") and '"get_weather"' in lark and '"get_time"' in lark
     with pytest.raises(ValueError):
         call_grammar("generic", one.call_schemas(), False, {})
 
@@ -276,7 +342,7 @@ def test_partial_parse_is_a_prefix_of_the_whole() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "mistral-args"])
 def test_required_call_in_the_family_format_whole_streamed_and_back(smollm2_path: Path, tmp_path: Path,
                                                                       fmt: str) -> None:
     """Under tool_choice required the grammar holds the reply to the family's own call format (the raw text in
@@ -290,13 +356,14 @@ def test_required_call_in_the_family_format_whole_streamed_and_back(smollm2_path
                 "parallel_tool_calls": False, "max_tokens": 80, "temperature": 0}
         whole = call(s.port, "POST", "/v1/chat/completions", {**body, "verbose": True}).json()
         raw = whole["__verbose"]["content"]
-        assert raw.lstrip().startswith({"hermes": "<tool_call>", "llama3": '{"name"', "mistral": "[TOOL_CALLS]"}[fmt])
+        assert raw.lstrip().startswith({"hermes": "<tool_call>", "llama3": '{"name"', "mistral": "[TOOL_CALLS]",
+                                        "mistral-args": "[TOOL_CALLS]"}[fmt])
         message = whole["choices"][0]["message"]
         (c,) = message["tool_calls"]
         assert whole["choices"][0]["finish_reason"] == "tool_calls" and message["content"] is None
         assert c["function"]["name"] in {"get_weather", "get_time"}
         jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
-        if fmt == "mistral":
+        if fmt.startswith("mistral"):
             assert re.fullmatch(r"[A-Za-z0-9]{9}", c["id"])
         client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
         streamed: dict[int, dict] = {}

@@ -9,8 +9,11 @@ markers the template holds (a template that does not read `tools` speaks `generi
   `{"name", "parameters"}` (or several joined by `;`); where the template also holds `<|python_tag|>` (3.1's
   built-in tools), `<|python_tag|>name.call(key=value, ...)` calls a built-in tool, and other text after the tag is
   code for the `python` tool;
-- `mistral`, `[TOOL_CALLS]` (Mistral Nemo, Small 3.x): content, then `[TOOL_CALLS]` and a JSON array of
+- `mistral`, `[TOOL_CALLS]` (Mistral Nemo, Small 3.1): content, then `[TOOL_CALLS]` and a JSON array of
   `{"name", "arguments"}`; its templates want call ids of 9 letters and digits;
+- `mistral-args`, `[TOOL_CALLS]` with `[ARGS]` in the template (Devstral, Ministral 3, Magistral, Small 3.2): content,
+  then each call as `[TOOL_CALLS]name[ARGS]{...}` (Small 3.2: `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`, ids of 9 letters
+  and digits);
 - `generic`: every other template, the built-in ones included: one JSON object `{"tool_calls": [...]}` or
   `{"response": "..."}` held by the grammar (server/tools.py).
 The markers are special tokens in these families' vocabularies: the reply keeps their text (llama.cpp's
@@ -30,13 +33,14 @@ FORMAT_MARKERS = (  # llama.cpp's order of detection
     ("llama3", "<|start_header_id|>ipython<|end_header_id|>"),
     ("mistral", "[TOOL_CALLS]"),
 )
-TOOL_FORMATS = ("hermes", "llama3", "mistral", "generic")
+TOOL_FORMATS = ("hermes", "llama3", "mistral", "mistral-args", "generic")
 PYTHON_TAG = "<|python_tag|>"
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-MISTRAL_MARKER = "[TOOL_CALLS]"
+MISTRAL_MARKER, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 # the special tokens whose text a reply keeps, per format
 PRESERVED = {"hermes": (HERMES_OPEN, HERMES_CLOSE), "llama3": (PYTHON_TAG,), "mistral": (MISTRAL_MARKER,),
-             "generic": ()}
+             "mistral-args": (MISTRAL_MARKER, MISTRAL_CALL_ID, MISTRAL_ARGS), "generic": ()}
+MISTRAL_ARGS_HEAD = re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.\-]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?\[ARGS\]")
 HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 LLAMA3_CALL = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:')
 BUILTIN_CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\.call\((.*)\)\s*$", re.DOTALL)
@@ -58,7 +62,7 @@ def tool_format_of(source: str | None) -> str:
         return "generic"
     for name, marker in FORMAT_MARKERS:
         if marker in source:
-            return name
+            return "mistral-args" if name == "mistral" and MISTRAL_ARGS in source else name
     return "generic"
 
 
@@ -180,6 +184,41 @@ def parse_mistral(text: str, partial: bool) -> tuple[str, list[Call]]:
     return (text[:at] + text[end:]).strip() if calls else text, calls
 
 
+def parse_mistral_args(text: str, partial: bool) -> tuple[str, list[Call]]:
+    """Content before the first `[TOOL_CALLS]`, then `[TOOL_CALLS]name([CALL_ID]id)?[ARGS]` and the arguments' JSON
+    (an object, or an object as JSON text), call after call. Partial: the content before the marker (not its start)
+    and the calls whose arguments are written whole."""
+    at = text.find(MISTRAL_MARKER)
+    if at < 0:
+        return (text[:held_back(text, (MISTRAL_MARKER,))] if partial else text), []
+    calls: list[Call] = []
+    decoder, pos = json.JSONDecoder(), at
+    while True:
+        head = MISTRAL_ARGS_HEAD.match(text, pos)
+        if head is None:
+            break
+        start = head.end()
+        while start < len(text) and text[start].isspace():
+            start += 1
+        try:
+            args, pos = decoder.raw_decode(text, start)
+        except ValueError:
+            break
+        if isinstance(args, str):  # arguments written as JSON text
+            try:
+                args = json.loads(args)
+            except ValueError:
+                break
+        if not isinstance(args, dict):
+            break
+        calls.append(Call(head.group(1), args, head.group(2) or ""))
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    if partial:
+        return text[:at], calls
+    return ((text[:at] + text[pos:]).strip() if calls else text), calls
+
+
 def parse_calls(fmt: str, text: str, partial: bool = False, builtin: bool = False) -> tuple[str, list[Call]]:
     """A reply in a family's format (not `generic`): its content and calls. `partial`: the text so far of a reply
     still generated: the content that can be sent (never the start of a marker) and the calls written whole."""
@@ -189,6 +228,8 @@ def parse_calls(fmt: str, text: str, partial: bool = False, builtin: bool = Fals
         content, calls = parse_llama3(text, partial, builtin)
     elif fmt == "mistral":
         content, calls = parse_mistral(text, partial)
+    elif fmt == "mistral-args":
+        content, calls = parse_mistral_args(text, partial)
     else:
         raise ValueError(f"tool-call format {fmt!r} is read by server/tools.py")
     return content.strip(), calls
@@ -221,4 +262,11 @@ def call_grammar(fmt: str, calls: list[dict], parallel: bool, tokens: dict[str, 
         if not parallel:
             array["maxItems"] = 1
         return "lark", f"start: {marker_rule(MISTRAL_MARKER, tokens.get(MISTRAL_MARKER))} %json {json.dumps(array)}\n"
+    if fmt == "mistral-args":  # each call: the marker, its name, an optional 9-character id, [ARGS], its arguments
+        marker, args = marker_rule(MISTRAL_MARKER, tokens.get(MISTRAL_MARKER)), marker_rule(MISTRAL_ARGS, tokens.get(
+            MISTRAL_ARGS))
+        call_id = marker_rule(MISTRAL_CALL_ID, tokens.get(MISTRAL_CALL_ID))
+        alternatives = " | ".join(f"{json.dumps(c['properties']['name']['const'])} ({call_id} /[A-Za-z0-9]{{9}}/)? "
+                                  f"{args} %json {json.dumps(c['properties']['arguments'])}" for c in calls)
+        return "lark", ("start: call+\n" if parallel else "start: call\n") + f"call: {marker} ({alternatives})\n"
     raise ValueError(f"tool-call format {fmt!r} has no grammar of its own")

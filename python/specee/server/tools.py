@@ -4,7 +4,7 @@ read back as OpenAI's `tool_calls`.
 
 The format is the model family's, chosen from the server's template as llama.cpp chooses it
 (server/tool_formats.py; docs/server.md, "Tool calls"):
-- **a family's own** (`hermes`, `llama3`, `mistral`): a Jinja template that reads `tools` (--jinja) describes them
+- **a family's own** (`hermes`, `llama3`, `mistral`, `mistral-args`): a Jinja template that reads `tools` (--jinja) describes them
   itself and the reply is read in its family's format; under `required` or a named function the grammar holds the
   reply to calls in that format (the named function's only), under `auto` it is free.
 - **generic** (every other template, the built-in ones included): the tools are described in a system message (and
@@ -269,7 +269,7 @@ def new_call(name: str, arguments: Any, fmt: str = "generic", given: str = "") -
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     if given:
         call_id = given
-    elif fmt == "mistral":
+    elif fmt.startswith("mistral"):
         call_id = "".join(random.choices(string.ascii_letters + string.digits, k=9))
     else:
         call_id = "call_" + uuid.uuid4().hex[:24]
