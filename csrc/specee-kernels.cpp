@@ -409,6 +409,8 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
 
 static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0};
 
+static const int64_t Q8_0_GGML_FROM = 64;
+
 int64_t specee_kernels_built(int32_t type) {
     return type == GGML_TYPE_Q4_1 ? built_q4_1.load() : type == GGML_TYPE_Q8_0 ? built_q8_0.load() : 0;
 }
@@ -417,7 +419,10 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
     // one token: ggml's own vec_dot, whose results the kernel reproduces bit for bit (tests/test_kernels.py) and
     // which measured 10-20% faster than the kernel's one-token tile here (docs/kernels.md); the portable mode keeps
     // the kernel for every row count so that tests run it
-    if (!specee_kernels_apply(w, cur, mode) || (mode == SPECEE_KERNELS_AUTO && cur->ne[1] == 1)) {
+    // Q8_0 from Q8_0_GGML_FROM tokens: ggml's tinyBLAS, whose 4 x 3 register tiles beat the kernel's 1 x 8 on large
+    // batches and whose results equal its one-token vec_dot's bit for bit (tests/test_kernels.py checks 2..512 rows)
+    if (!specee_kernels_apply(w, cur, mode) ||
+        (mode == SPECEE_KERNELS_AUTO && (cur->ne[1] == 1 || (w->type == GGML_TYPE_Q8_0 && cur->ne[1] >= Q8_0_GGML_FROM)))) {
         return ggml_mul_mat(ctx0, w, cur);
     }
     const int64_t    n   = cur->ne[1];
