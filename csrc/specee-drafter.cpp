@@ -76,6 +76,23 @@ int32_t specee_drafter_finish(const specee_drafter & d, specee_drafter_state s, 
     return (int32_t) emitted.size();
 }
 
+std::vector<int32_t> specee_drafter_with_forced(specee_drafter_state s, specee_step step, specee_proposal & p,
+                                                const std::vector<int32_t> & forced, int32_t budget) {
+    std::vector<int32_t> nodes = specee_tree_filter(s.dec, step, p.nodes);
+    // the drafts are all allowed now, so they follow the forced tokens as far as those reach: where they go no deeper,
+    // the forced chain verifies at least as much for certain
+    const int32_t n_forced = std::min((int32_t) forced.size(), std::max(budget, 0));
+    int32_t       depth    = 0;
+    for (int32_t ni : nodes) {
+        depth = std::max(depth, s.dec.nodes[ni].depth);
+    }
+    if (n_forced > 0 && depth <= n_forced) {
+        p       = specee_proposal{};
+        p.nodes = nodes = specee_tree_chain(s.dec, step.root, {forced.begin(), forced.begin() + n_forced});
+    }
+    return nodes;
+}
+
 int32_t specee_drafter_step(const specee_drafter & d, specee_drafter_state s, specee_step step, int32_t * out,
                             int32_t n_max, const std::vector<int32_t> & forced) {
     specee_generator_stats & st     = step.stats;
@@ -86,18 +103,7 @@ int32_t specee_drafter_step(const specee_drafter & d, specee_drafter_state s, sp
     auto            t0 = specee_clock::now();
     specee_proposal p  = d.propose(s, step, std::max(budget, 0), specee_pass_share{});
     st.t_draft_ms += specee_ms_since(t0);
-    std::vector<int32_t> nodes = specee_tree_filter(s.dec, step, p.nodes);
-    // tokens the grammar forces next: certain rows; where the drafts (all of them allowed now, so following the forced
-    // tokens as far as they reach) go no deeper than the forced chain, the chain is the step's tree instead
-    const int32_t n_forced = std::min((int32_t) forced.size(), std::max(budget, 0));
-    int32_t       depth    = 0;
-    for (int32_t ni : nodes) {
-        depth = std::max(depth, s.dec.nodes[ni].depth);
-    }
-    if (n_forced > 0 && depth <= n_forced) {
-        p       = specee_proposal{};
-        p.nodes = nodes = specee_tree_chain(s.dec, step.root, {forced.begin(), forced.begin() + n_forced});
-    }
+    const std::vector<int32_t> nodes = specee_drafter_with_forced(s, step, p, forced, budget);
 
     // ---- verify root + tree in one pass
     t0                    = specee_clock::now();

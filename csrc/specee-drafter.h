@@ -99,6 +99,11 @@ struct specee_verified {
 
 // One draft-and-verify step after step.root: writes 1..n_max tokens (it stops after an end-of-generation token),
 // advances root / root_pos, adds to stats; returns the count. s.dec holds the step's tree.
+// The nodes a step verifies: the proposal's that the grammar allows (specee_tree_filter), or, where those reach no
+// deeper than the tokens the grammar forces after step.root (`forced`, at most budget of them), the forced chain
+// instead (p becomes it: specee_tree_chain). The generator's step and the slots' trees both decide so.
+std::vector<int32_t> specee_drafter_with_forced(specee_drafter_state s, specee_step step, specee_proposal & p,
+                                                const std::vector<int32_t> & forced, int32_t budget);
 // forced: the tokens a grammar forces after step.root (jump-forward; none: an ordinary step), verified as the step's
 // tree where the drafter's own (filtered by the grammar) reaches no deeper
 int32_t specee_drafter_step(const specee_drafter & d, specee_drafter_state s, specee_step step, int32_t * out,

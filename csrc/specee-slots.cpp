@@ -384,8 +384,10 @@ static void gather_trees(specee_slots & s, shared_batch & sb, std::vector<uint8_
         try {
             tbk.p  = specee_generator_drafter(g)->propose({g.tree, g.lookup, g.draft}, specee_generator_step(g),
                                                           std::max(budget, 0), share_so_far(sb));
-            tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos,
-                                              specee_tree_filter(g.tree, specee_generator_step(g), tbk.p.nodes));
+            const std::vector<int32_t> nodes =
+                specee_drafter_with_forced({g.tree, g.lookup, g.draft}, specee_generator_step(g), tbk.p,
+                                           specee_jump_forward_tokens(g, budget), budget);
+            tbk.tb = specee_tree_verify_batch(g.tree, g.root, g.root_pos, nodes);
         } catch (const std::exception & e) {
             fail_slot(sl, e.what());
             continue;

@@ -498,6 +498,29 @@ def test_slots_jump_forward_in_the_shared_pass(model: Model) -> None:
             assert slots.stats(b)["n_drafted"] == 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eagle2", "ngram"])
+def test_slots_speculative_slot_takes_the_forced_tokens(model_head: Model, mode: str) -> None:
+    """A speculative slot under a schema beside a plain slot: where its grammar forces more tokens than its drafts
+    reach, the forced chain is its tree in the shared pass (the rule of the generator's step): the same tokens as
+    plain decoding alone, in fewer steps than with jump_forward off."""
+    prompts = [model_head.prompt_tokens(chat(p)) for p in PROMPTS[:2]]
+    alone = [model_head.generate_tokens(prompts[0], 80, temp=0, mode="plain", json_schema=SCHEMAS[1]),
+             model_head.generate_tokens(prompts[1], 30, temp=0, mode="plain")]
+    steps = {}
+    for jump in (True, False):
+        model_head.ngram_cache_clear()
+        slots = model_head.slots(2)
+        a = slots.submit(prompts[0], 80, temp=0, mode=mode, json_schema=SCHEMAS[1], jump_forward=jump)
+        b = slots.submit(prompts[1], 30, temp=0, mode="plain")
+        for _ in range(200):
+            if slots.step() == 0:
+                break
+        assert [slots.read(a).tokens, slots.read(b).tokens] == alone, (mode, jump)
+        steps[jump] = slots.stats(a)["n_steps"]
+    assert steps[True] < steps[False], steps
+
+
 # ---- the CLI --------------------------------------------------------------------------------------------
 
 
