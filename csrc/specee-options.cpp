@@ -6,7 +6,9 @@
 // specee-bench, specee-server, the evaluations); the value checks that need no model
 // (specee_generator_check_values; the generator adds the model's); the mode table (what each mode does and which
 // settings it reads); and the exit-KV names. The stats' field names are specee-stats.cpp's.
+#include "specee-grammar-limits.h"
 #include "specee-impl.h"
+#include "specee-lora.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
@@ -79,14 +81,6 @@ static std::string mode_text(bool help) {
 static const std::string MODE_CHOICES = mode_text(false);
 static const std::string MODE_HELP    = mode_text(true);
 static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
-// by enum specee_grammar_type
-static const char * const GRAMMAR_TYPE_NAMES[] = {"none", "gbnf", "json_schema", "lark", "regex"};
-static const int32_t      N_GRAMMAR_TYPES      = (int32_t) (sizeof(GRAMMAR_TYPE_NAMES) / sizeof(GRAMMAR_TYPE_NAMES[0]));
-
-extern "C" const char * specee_grammar_type_name(int32_t type) {
-    return type >= 0 && type < N_GRAMMAR_TYPES ? GRAMMAR_TYPE_NAMES[type] : "?";
-}
-
 extern "C" const struct specee_mode_info * specee_mode_row(int32_t mode) {
     return mode >= 0 && mode < N_MODES ? &MODES[mode] : nullptr;
 }
@@ -233,7 +227,7 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "structured output: what the grammar's text is (default: none; --grammar and --grammar-file give gbnf unless "
       "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md",
       nullptr, "TYPE"},
-     OFF(grammar_type), 0, GRAMMAR_TYPE_NAMES, N_GRAMMAR_TYPES, 0, 0},
+     OFF(grammar_type), 0, specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, 0, 0},
     {{"jump_forward", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "structured output, plain decoding: tokens the grammar forces (keys, quotes, braces) are verified together in "
       "the next pass instead of one pass each; the output is what it would be without (default: on)"},
