@@ -62,14 +62,14 @@ def check(model, grammar: str | None = None, json_schema: Any = None) -> None:
     passes a limit, ValueError for a malformed argument. Releases the GIL while it compiles."""
     spec = grammar_spec(grammar, json_schema)
     if spec is not None:
-        _core.grammar_check(model._model, *spec)
+        model.grammar_check(*spec)
 
 
 def check_spec(model, spec: tuple[int, str] | None) -> None:
     """check() of a (type, text) pair as GenerateOptions.grammar_spec gives it."""
     if spec is not None:
         use_library()
-        _core.grammar_check(model._model, *spec)
+        model.grammar_check(*spec)
 
 
 def limits() -> dict[str, int]:
