@@ -79,6 +79,18 @@ static std::string mode_text(bool help) {
 }
 
 static const std::string MODE_CHOICES = mode_text(false);
+// option "grammar_type" reads the grammar's table of names (specee-grammar-limits.cpp): "none,gbnf,..." and, for
+// messages, "none, gbnf, ... or regex"
+static std::string names_text(const char * const * names, int32_t n, bool words) {
+    std::string s;
+    for (int32_t i = 0; i < n; ++i) {
+        s += (i == 0 ? "" : !words ? "," : i + 1 == n ? " or " : ", ") + std::string(names[i]);
+    }
+    return s;
+}
+
+static const std::string GRAMMAR_TYPE_CHOICES = names_text(specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, false);
+static const std::string GRAMMAR_TYPE_EXPECT  = names_text(specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, true);
 static const std::string MODE_HELP    = mode_text(true);
 static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
 extern "C" const struct specee_mode_info * specee_mode_row(int32_t mode) {
@@ -107,6 +119,17 @@ static int32_t index_of(const char * const * names, int32_t n, const char * name
 
 extern "C" int32_t specee_mode_by_name(const char * name) { return index_of(MODE_NAMES, N_MODES, name); }
 
+// ---- llama.cpp's speculation types (--spec-type): the mode that serves each here ----------------------------
+
+static const specee_spec_type SPEC_TYPES[] = {
+    {"draft-simple", SPECEE_MODE_DRAFT},  {"ngram-simple", SPECEE_MODE_NGRAM}, {"ngram-map-k", SPECEE_MODE_NGRAM},
+    {"ngram-map-k4v", SPECEE_MODE_NGRAM}, {"ngram-mod", SPECEE_MODE_NGRAM},    {"ngram-cache", SPECEE_MODE_NGRAM},
+};
+
+extern "C" const struct specee_spec_type * specee_spec_type_row(int32_t i) {
+    return i >= 0 && i < (int32_t) (sizeof(SPEC_TYPES) / sizeof(SPEC_TYPES[0])) ? &SPEC_TYPES[i] : nullptr;
+}
+
 // ---- the option table ---------------------------------------------------------------------------------
 
 struct option_def {
@@ -121,7 +144,7 @@ struct option_def {
 
 #define OFF(f) offsetof(specee_generator_params, f)
 
-static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made from them
+static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMMAR_TYPE_*: made from them
     {{"mode", SPECEE_OPTION_CHOICE, MODE_CHOICES.c_str(), MODE_CHOICES.c_str(), MODE_HELP.c_str()},
      OFF(mode), 0, MODE_NAMES, N_MODES, 0, 0},
     {{"temp", SPECEE_OPTION_FLOAT, nullptr, "a number", "temperature (default: 0.80, <= 0 = greedy)"},
@@ -223,7 +246,7 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "the full model disagrees with is taken back, so greedy output equals plain decoding (tokens come out once "
       "checked; default: off, it costs more than it saves on a CPU: docs/early-exit.md)"},
      OFF(exit.check), 0, nullptr, 0, 0, 0},
-    {{"grammar_type", SPECEE_OPTION_CHOICE, "none,gbnf,json_schema,lark,regex", "none, gbnf, json_schema, lark or regex",
+    {{"grammar_type", SPECEE_OPTION_CHOICE, GRAMMAR_TYPE_CHOICES.c_str(), GRAMMAR_TYPE_EXPECT.c_str(),
       "structured output: what the grammar's text is (default: none; --grammar and --grammar-file give gbnf unless "
       "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md",
       nullptr, "TYPE"},

@@ -4,11 +4,12 @@
 #include "specee-grammar-compile.h"
 #include "specee-grammar-limits.h"
 #include "specee-kernels.h"
+#include "specee-options.h"
 #include "specee-pooling.h"
-#include "specee.h"
 #include "specee-slot-cache.h"
 #include "specee-slots.h"
 #include "specee-vocab.h"
+#include "specee.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -763,6 +764,13 @@ PYBIND11_MODULE(_core, m) {
         return out;
     }, "the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum "
        "specee_mode");
+    m.def("spec_types", [] {
+        py::dict out;
+        for (int32_t i = 0; const specee_spec_type * st = specee_spec_type_row(i); ++i) {
+            out[st->name] = specee_mode_name(st->mode);
+        }
+        return out;
+    }, "llama.cpp's speculation types (--spec-type) and the mode that serves each here: the library's table");
     m.def("generate_options_values", [](const py::object & o, const std::string & group) {
         return option_values(specee_generator_option, specee_generator_params_get, params_of(o, group));
     }, py::arg("options"), py::arg("group") = "",

@@ -43,6 +43,8 @@ class Mode:
 # the modes by name, in the runtime's order (auto first), and the exit KV policies, as the runtime defines them
 MODES: dict[str, Mode] = {m["name"]: Mode(**{**m, "reads": tuple(m["reads"])}) for m in _core.modes()}
 EXIT_KV: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "exit.kv"))
+# llama.cpp's speculation types (--spec-type) and the mode that serves each here, as the runtime's table says
+SPEC_TYPES: dict[str, str] = _core.spec_types()
 # GenerateOptions' fields of the frontends, not the runtime's: text (stop strings) and chat rendering
 FRONTEND_OPTIONS = ("stop", "chat_template", "grammar", "json_schema")
 

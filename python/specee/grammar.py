@@ -11,8 +11,10 @@ from typing import Any
 
 from specee import _core
 
-GRAMMAR_TYPES = {"gbnf": _core.GRAMMAR_GBNF, "json_schema": _core.GRAMMAR_JSON_SCHEMA, "lark": _core.GRAMMAR_LARK,
-                 "regex": _core.GRAMMAR_REGEX}
+# the grammar types by name (enum specee_grammar_type; "none" aside), as the runtime's option table names them
+GRAMMAR_TYPES: dict[str, int] = {
+    name: i for i, name in enumerate(next(o["choices"] for o in _core.generator_options() if o["name"] == "grammar_type"))
+    if name != "none"}
 
 
 def schema_text(schema: Any) -> str:
