@@ -184,9 +184,8 @@ class GenerateOptions:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty str (an empty one would end every generation before its "
                              f"first token), not {list(self.stop)!r:.60}")
-        if self.json_schema is not None:
-            if self.grammar is not None:
-                raise ValueError("give grammar or json_schema, not both")
+        from specee.grammar import structured_output_of
+        if structured_output_of({"grammar": self.grammar, "json_schema": self.json_schema}) == "json_schema":
             if self.grammar_type not in ("none", "json_schema"):
                 raise ValueError(f"json_schema is a JSON Schema, not grammar_type {self.grammar_type}")
             self.grammar_type = "json_schema"
