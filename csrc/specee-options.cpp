@@ -425,17 +425,17 @@ void specee_generator_check_values(const specee_generator_params & p) {
     if (p.exit.kv != SPECEE_EXIT_KV_MASK && p.exit.kv != SPECEE_EXIT_KV_FILL) {
         specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", p.exit.kv);
     }
-    // n_min <= n_max is the generator's check (check_params): here each value is checked as it is set, one at a time
-    if (p.ngram.n_min < 1 || p.ngram.n_min > 16 || p.ngram.n_max < 1 || p.ngram.n_max > 16 || p.ngram.draft_max < 1 ||
-        p.ngram.draft_max > 64 || p.ngram.branches < 1 || p.ngram.branches > 8) {
-        specee_fail("n-gram lookup: n_min (%d) and n_max (%d) must be in [1, 16], draft_max (%d) in [1, 64] and "
-                    "branches (%d) in [1, 8]", p.ngram.n_min, p.ngram.n_max, p.ngram.draft_max, p.ngram.branches);
-    }
-    // n_min <= n_max and a rate per drafted token are the generator's checks too (check_params)
-    if (p.draft.n_max < 1 || p.draft.n_max > SPECEE_MAX_DRAFT || p.draft.n_min < 0 || p.draft.n_min > SPECEE_MAX_DRAFT ||
-        !(p.draft.p_min >= 0.0f && p.draft.p_min <= 1.0f)) {
-        specee_fail("draft model: max (%d) must be in [1, %d], min (%d) in [0, %d] and p_min (%g) in [0, 1]",
-                    p.draft.n_max, SPECEE_MAX_DRAFT, p.draft.n_min, SPECEE_MAX_DRAFT, (double) p.draft.p_min);
+    // The settings whose every value lies in the option table's range (no default outside it, as eagle's 0 or exit's
+    // threshold < 0 are): held to the table's columns, the range written there only. n_min <= n_max and a rate per
+    // drafted token are the generator's checks (check_params): here each value is checked alone, as it is set.
+    for (const char * name : {"ngram.n_min", "ngram.n_max", "ngram.draft_max", "ngram.branches", "draft.n_max",
+                              "draft.n_min", "draft.p_min"}) {
+        const option_def & o = *find_option(OPTIONS, N_OPTIONS, name);
+        const char *       f = (const char *) &p + o.offset;
+        const double       x = o.info.type == SPECEE_OPTION_INT ? *(const int32_t *) f : *(const float *) f;
+        if (!(x >= o.lo && x <= o.hi)) { // NAN too
+            specee_fail("%s must be %s, got %g", o.info.name, o.info.expect, x);
+        }
     }
     for (int32_t i = 0; i < p.draft.n_synth_rates; ++i) {
         const float r = p.draft.synth_rates[i];
