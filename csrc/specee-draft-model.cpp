@@ -1,6 +1,6 @@
-// specee-draft-model.cpp: a draft model as a drafter (mode draft, specee-draft-model.h; specee-loader.cpp loads it beside
-// the target, its vocabulary the target's), and its drafts: a greedy chain of up to draft.n_max tokens from the draft
-// model's own context, on the target sequence's id there, kept in step with the tokens the target accepted.
+// specee-draft-model.cpp: a draft model as a drafter (mode draft, specee-draft-model.h; specee-loader.cpp loads it
+// beside the target, its vocabulary the target's), and its drafts: a greedy chain of up to draft.n_max tokens from the
+// draft model's own context, on the target sequence's id there, kept in step with the tokens the target accepted.
 //
 // A token drafted greedily is not a sample of the draft model's distribution, so its nodes are point masses
 // (draft_node::point): the walk draws the target's token at each row as plain decoding draws it and accepts the draft
