@@ -29,11 +29,14 @@ from specee import chat_apply_template
 from specee.bench.code_edit import code_edit_messages
 from specee.bench.server import Server, post
 from specee.bench.spec import Config, Run, find_specee, run_config, summary
+from specee.generate import MODES, SPEC_TYPES
 from specee.paths import default_draft_head_path, default_model_path
 
 CATEGORIES = ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum")
-UPSTREAM_TYPES = "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache"
-HEAD_MODES = ("eagle2", "ngram+eagle2")
+# upstream's n-gram speculation types (the runtime's --spec-type table: those served by mode ngram), and the modes that
+# draft with the head's EAGLE-2 tree (the mode table) to set beside them
+UPSTREAM_TYPES = ",".join(t for t, mode in SPEC_TYPES.items() if mode == "ngram")
+HEAD_MODES = tuple(name for name, m in MODES.items() if m.needs_head and not m.exits and "eagle2_tree" in m.reads)
 
 
 def category_messages(data_dir: Path, name: str, n: int) -> list[list[dict[str, str]]]:

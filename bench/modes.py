@@ -19,8 +19,11 @@ import numpy as np
 import specee
 from specee import EagleParams, ExitParams
 from specee.bench.spec import mt_bench_prompts, pick
+from specee.generate import MODES as LIBRARY_MODES
 
-MODES = ("plain", "eagle2", "early-exit", "tree-exit")
+# plain decoding, EAGLE-2, and every mode that exits (the runtime's mode table)
+MODES = ("plain", "eagle2") + tuple(name for name, m in LIBRARY_MODES.items() if m.exits)
+EXIT_MODES = MODES[2:]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,9 +54,12 @@ def mode_options(m: specee.Model, args: argparse.Namespace) -> dict[str, dict]:
     if args.replay:
         eagle = EagleParams(replay=[int(x) for x in args.eagle_replay.split(",")])
         exit_ = ExitParams(replay=[args.exit_layer if args.exit_layer is not None else m.n_layer - 9])
-    return {"plain": dict(mode="plain"), "eagle2": dict(mode="eagle2", eagle=eagle),
-            "early-exit": dict(mode="early-exit", exit=exit_),
-            "tree-exit": dict(mode="tree-exit", eagle=eagle, exit=exit_)}
+    out = {}
+    for name in MODES:  # each mode with the settings it reads (the mode table's reads)
+        reads = LIBRARY_MODES[name].reads
+        out[name] = dict(mode=name, **({"eagle": eagle} if {"eagle1_tree", "eagle2_tree"} & set(reads) else {}),
+                         **({"exit": exit_} if "exit" in reads else {}))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {k: (m, options[k]) for k in MODES}  # row label: (model, generation options)
     if args.compare_head:
         b = specee.Model(args.model, draft_head=args.compare_head, n_ctx=1024, n_threads=args.threads)
-        rows.update({f"{k} ({args.compare_head.rsplit('/', 1)[-1]})": (b, options[k]) for k in MODES[2:]})
+        rows.update({f"{k} ({args.compare_head.rsplit('/', 1)[-1]})": (b, options[k]) for k in EXIT_MODES})
     labels = list(rows)
     ms_per_token: dict[str, list[list[float]]] = {k: [[] for _ in prompts] for k in labels}
     stats: dict[str, list[specee.GenerationStats]] = {k: [] for k in labels}

@@ -27,13 +27,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
+from specee._tools import free_port
 from specee.model import Model
 
 CHATS: list[str] = []  # --category's user messages (empty: PROMPTS)
@@ -89,12 +89,6 @@ def metrics(port: int, prefix: str) -> dict[str, float]:
             name, value = line[len(prefix):].split()[:2]
             out[name] = float(value)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -2,7 +2,7 @@
 // (0: the default; thread counts capped; n_ctx within int32 positions) and the memory check of the sizes they ask for
 // against what the host and the devices have free (where each layer's KV cache lives: its backend); the limits they
 // are held to (threads, the host's memory).
-#include "specee-context.h"
+#include "specee-context-params.h"
 
 #include "specee-impl.h"
 #include "specee-model.h"
@@ -66,40 +66,41 @@ static uint64_t host_available_bytes() {
     return avail;
 }
 
-int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il) {
-    const int32_t dev = specee_model_device_of_layer(*ctx.model, il);
-    return dev < 0 ? (int32_t) ctx.backends.size() - 1 : dev;
+int32_t specee_backend_of_layer(const specee_model & model, int32_t n_backends, int32_t il) {
+    const int32_t dev = specee_model_device_of_layer(model, il);
+    return dev < 0 ? n_backends - 1 : dev;
 }
 
 // The compute buffers are estimated from the worst-case graph: n_batch tokens' attention mask over the whole context
 // (in the graph and on the host), their activations and logits.
-void specee_context_check_memory(const specee_context & ctx, uint32_t n_ctx, uint32_t n_batch, ggml_type type_v) {
-    const specee_hparams & hp = ctx.model->hparams;
-    std::vector<uint64_t>  kv(ctx.backends.size(), 0);
+void specee_context_check_memory(const specee_model & model, const std::vector<ggml_backend_t> & backends,
+                                 ggml_backend_t backend_cpu, uint32_t n_ctx, uint32_t n_batch, ggml_type type_v) {
+    const specee_hparams & hp = model.hparams;
+    std::vector<uint64_t>  kv(backends.size(), 0);
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
-        kv[specee_context_backend_of_layer(ctx, (int32_t) il)] +=
+        kv[specee_backend_of_layer(model, (int32_t) backends.size(), (int32_t) il)] +=
             (uint64_t) n_ctx * (ggml_row_size(GGML_TYPE_F16, hp.n_embd_k_gqa()) + ggml_row_size(type_v, hp.n_embd_v_gqa()));
     }
     const uint64_t n_kv    = ((uint64_t) n_ctx + 255) / 256 * 256;
     const uint64_t compute = (uint64_t) n_batch * (n_kv * 2 * sizeof(ggml_fp16_t) +
                                                    ((uint64_t) hp.n_vocab + 3ull * hp.n_ff + 8ull * hp.n_embd) * 4) +
                              (uint64_t) n_ctx * (hp.n_layer + 8);
-    for (size_t b = 0; b < ctx.backends.size(); ++b) {
-        const bool cpu  = ctx.backends[b] == ctx.backend_cpu;
+    for (size_t b = 0; b < backends.size(); ++b) {
+        const bool cpu  = backends[b] == backend_cpu;
         uint64_t   need = kv[b] + (cpu ? compute : 0);
         uint64_t   avail;
         if (cpu) {
             avail = host_available_bytes();
         } else {
             size_t free = 0, total = 0;
-            ggml_backend_dev_memory(ggml_backend_get_device(ctx.backends[b]), &free, &total);
+            ggml_backend_dev_memory(ggml_backend_get_device(backends[b]), &free, &total);
             avail = free;
         }
         if (avail > 0 && need > avail) {
             specee_fail("KV cache of %.0f MiB for n_ctx=%u (and %.0f MiB of compute buffers for n_batch=%u) exceeds "
                         "the available memory of %s, %.0f MiB: use a smaller context (-c, n_ctx)",
                         kv[b] / 1048576.0, n_ctx, (cpu ? compute : 0) / 1048576.0, n_batch,
-                        ggml_backend_name(ctx.backends[b]), avail / 1048576.0);
+                        ggml_backend_name(backends[b]), avail / 1048576.0);
         }
     }
 }

@@ -2,7 +2,8 @@
 // a request whose generation fills its slot's share of the context goes on instead of ending. Its first n_keep
 // tokens stay, half of the rest (after them) is dropped, and the cells after the dropped ones move down to close the
 // gap: their cached K turned by RoPE by the position difference (V does not depend on positions), as llama.cpp's
-// K-shift does (specee-context-shift.cpp). Off by default, as upstream.
+// K-shift does (specee_generator_shift, specee-generate.cpp; the slots' part in specee-context-shift.cpp). Off by
+// default, as upstream.
 #pragma once
 
 #include <stdbool.h>
@@ -23,4 +24,9 @@ int32_t specee_slots_n_shifted(const struct specee_slots * slots, int32_t slot);
 
 #ifdef __cplusplus
 }
+#endif
+
+#ifdef __cplusplus
+// llama.cpp's context shift of the slots whose cache is full, before a step (each slot's generator shifted)
+void specee_slots_shift_full(struct specee_slots & s);
 #endif

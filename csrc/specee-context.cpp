@@ -577,7 +577,8 @@ static specee_context * context_init_impl(specee_model * model, specee_context_p
         layer_buft[il] = ggml_backend_get_default_buffer_type(ctx->backends[specee_context_backend_of_layer(*ctx, il)]);
     }
     const ggml_type type_v = ctx->cparams.type_v == SPECEE_KV_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    specee_context_check_memory(*ctx, ctx->cparams.n_ctx, ctx->cparams.n_batch, type_v);
+    specee_context_check_memory(*model, ctx->backends, ctx->backend_cpu, ctx->cparams.n_ctx, ctx->cparams.n_batch,
+                                type_v);
     ctx->kv.init(hp, ctx->cparams.n_ctx, layer_buft, type_v);
     alloc_state(*ctx);
 

@@ -1,8 +1,9 @@
 // specee-context.h: a context's internals for the runtime's other files: the backends and their scheduler, the
 // KV cache, the one graph runner every graph goes through, and batch evaluation by layer ranges (specee-context.cpp);
-// its parameters' resolution and memory check (specee-context-params.cpp)
+// its parameters' resolution and memory check: specee-context-params.h; what a pass costs: specee-pass-cost.h
 #pragma once
 
+#include "specee-context-params.h"
 #include "specee-graph.h"
 #include "specee-kv-cache.h"
 #include "specee-ngram-cache.h"
@@ -111,26 +112,6 @@ const std::vector<float> & specee_context_hidden(specee_context & ctx);
 // output [n_embd], EAGLE-3 the outputs of its feature layers [3 n_embd]
 const float * specee_context_feature(const specee_context & ctx, int32_t i);
 // the backend index (into ctx.backends) that holds layer il's weights; n_layer: the output's
-int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il);
-
-// ---- parameters (specee-context-params.cpp) ----------------------------------------------------------------
-
-// the parameters with their defaults filled in (0: the default) and the thread counts capped; throws on a bad one
-specee_context_params specee_context_params_resolve(const specee_model & model, specee_context_params params);
-// Refuses, before anything is allocated, a context whose KV cache (n_ctx cells, V of type_v) and compute buffers
-// (n_batch tokens) do not fit in the memory available where they go (the host's for the CPU's layers, a device's free
-// memory for its layers); ctx: its model and backends set up
-void specee_context_check_memory(const specee_context & ctx, uint32_t n_ctx, uint32_t n_batch, ggml_type type_v);
-
-// ---- what a pass costs ---------------------------------------------------------------------------------
-
-// What a pass of n tokens (every one with logits, as a tree verification) costs on this context's devices and
-// threads, in single-token passes; timed once per n and context. The timing passes go after the cache's last
-// position and are removed again (the last batch's results are overwritten). NAN when the cache has no room.
-// (specee-pass-cost.cpp)
-double specee_context_pass_cost(specee_context & ctx, int32_t n);
-// the same when a pass of n tokens was timed (or set) before on this context, NAN otherwise (nothing is timed)
-double specee_context_pass_cost_known(const specee_context & ctx, int32_t n);
-// the cost given for a pass of n tokens (specee_context_set_pass_cost), NAN where none was given: such a cost holds
-// for the context's life, and what the generators observe of their own passes does not replace it
-double specee_context_pass_cost_given(const specee_context & ctx, int32_t n);
+inline int32_t specee_context_backend_of_layer(const specee_context & ctx, int32_t il) {
+    return specee_backend_of_layer(*ctx.model, (int32_t) ctx.backends.size(), il);
+}

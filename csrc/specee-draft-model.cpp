@@ -1,6 +1,6 @@
-// specee-draft-model.cpp: a draft model as a drafter (mode draft, specee-draft-model.h): loading it beside the target
-// (its vocabulary must be the target's), and its drafts: a greedy chain of up to draft.n_max tokens from the draft
-// model's own context, on the target sequence's id there, kept in step with the tokens the target accepted.
+// specee-draft-model.cpp: a draft model as a drafter (mode draft, specee-draft-model.h; specee-loader.cpp loads it
+// beside the target, its vocabulary the target's), and its drafts: a greedy chain of up to draft.n_max tokens from the
+// draft model's own context, on the target sequence's id there, kept in step with the tokens the target accepted.
 //
 // A token drafted greedily is not a sample of the draft model's distribution, so its nodes are point masses
 // (draft_node::point): the walk draws the target's token at each row as plain decoding draws it and accepts the draft
@@ -8,7 +8,8 @@
 // whether or not it drafts, as llama.cpp's server does.
 #include "specee-context.h"
 #include "specee-drafter.h"
-#include "specee-generate.h"
+#include "specee-draft-model.h"
+#include "specee-kv-cache.h"
 #include "specee-impl.h"
 #include "specee-model.h"
 
@@ -16,36 +17,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-
-// ---- loading ------------------------------------------------------------------------------------------
-
-void specee_draft_model_load(specee_model & target, const specee_model_params & params) {
-    specee_model_params dp = specee_model_default_params();
-    dp.use_mmap            = params.use_mmap;
-    dp.n_gpu_layers        = params.n_gpu_layers_draft;
-    dp.devices             = params.devices;
-    dp.tensor_split        = params.tensor_split;
-    dp.n_tensor_split      = params.n_tensor_split;
-    specee_model * d       = specee_model_load(params.draft_model, dp);
-    if (!d) {
-        specee_fail("draft model %s: %s", params.draft_model, specee_last_error());
-    }
-    std::unique_ptr<specee_model> draft(d);
-    const int32_t                 n_vocab = (int32_t) target.hparams.n_vocab;
-    if ((int32_t) draft->hparams.n_vocab != n_vocab) {
-        specee_fail("draft model %s has %d tokens, the model %d: a draft model must have the model's vocabulary",
-                    params.draft_model, (int32_t) draft->hparams.n_vocab, n_vocab);
-    }
-    for (int32_t t = 0; t < n_vocab; ++t) {
-        const char * a = specee_token_text(&target, t);
-        const char * b = specee_token_text(draft.get(), t);
-        if (strcmp(a ? a : "", b ? b : "") != 0) {
-            specee_fail("draft model %s: token %d is '%s' there but '%s' in the model: a draft model must have the "
-                        "model's vocabulary", params.draft_model, t, b ? b : "", a ? a : "");
-        }
-    }
-    target.draft = std::move(draft);
-}
 
 // ---- the sequence --------------------------------------------------------------------------------------
 

@@ -31,3 +31,18 @@ struct specee_draft_params {
 #ifdef __cplusplus
 }
 #endif
+
+#ifdef __cplusplus
+#include <string>
+
+struct specee_tree_decoder;
+struct specee_draft_seq;
+struct specee_generator_params;
+
+// (specee-draft-model.cpp) Mode draft's settings into the sequence and the tree decoder (synthetic rates as conditional
+// ones, their generator seeded); returns a line saying that synthetic acceptance is on, "" otherwise
+std::string specee_draft_init(specee_tree_decoder & dec, specee_draft_seq & ds, const specee_generator_params & p,
+                              uint32_t seed);
+// a new sequence: the prompt's n tokens and the first token sampled after them (the root)
+void specee_draft_seq_reset(specee_draft_seq & ds, const int32_t * tokens, int32_t n, int32_t first);
+#endif

@@ -52,12 +52,6 @@ struct specee_draft_seq {
     std::vector<int32_t> tokens;
 };
 
-// Mode draft's settings into the sequence and the tree decoder (synthetic rates as conditional ones, their generator
-// seeded); returns a line saying that synthetic acceptance is on, "" otherwise
-std::string specee_draft_init(specee_tree_decoder & dec, specee_draft_seq & ds, const specee_generator_params & p,
-                              uint32_t seed);
-// a new sequence: the prompt's n tokens and the first token sampled after them (the root)
-void specee_draft_seq_reset(specee_draft_seq & ds, const int32_t * tokens, int32_t n, int32_t first);
 
 // the state drafters read and learn into: the step's tree (and the head's tree settings), the sequence's lookup and
 // draft-model sequence

@@ -1,5 +1,5 @@
-// specee-gbnf.cpp: llama.cpp's GBNF read as llguidance's Lark (specee-grammar.h: how GBNF grammars compile)
-#include "specee-grammar.h"
+// specee-gbnf.cpp: llama.cpp's GBNF read as llguidance's Lark (specee-gbnf.h; specee-grammar.cpp compiles through it)
+#include "specee-gbnf.h"
 #include "specee-impl.h"
 
 #include <algorithm>

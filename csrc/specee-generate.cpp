@@ -16,9 +16,11 @@
 #include "specee-hybrid.h"
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-pass-cost.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
+#include "specee-stats.h"
 #include "specee-tree-exit.h"
 #include "specee.h"
 
@@ -323,22 +325,6 @@ void specee_generator_set_params_impl(specee_generator & g, const specee_generat
 }
 
 // ---- the loop -----------------------------------------------------------------------------------------
-
-// leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
-int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n) {
-    std::vector<int32_t> cell_at(n, -1); // only positions of the prompt can be part of its prefix
-    for (uint32_t c = 0; c < kv.size; ++c) {
-        if (kv.pos[c] >= 0 && kv.pos[c] < n && kv.has_seq((int32_t) c, kv.seq_cur)) {
-            cell_at[kv.pos[c]] = (int32_t) c;
-        }
-    }
-    int32_t k = 0;
-    while (k < n && cell_at[k] >= 0 && kv.tok[cell_at[k]] == tokens[k] &&
-           kv.is_valid_all(cell_at[k])) {
-        ++k;
-    }
-    return k;
-}
 
 int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens, int32_t n) {
     specee_context &     ctx     = *g.ctx;
@@ -658,3 +644,57 @@ extern "C" struct specee_generator_stats specee_generator_get_stats(const specee
 }
 
 extern "C" void specee_generator_reset_stats(specee_generator * gen) { gen->stats = specee_generator_stats{}; }
+
+// ---- context shift -------------------------------------------------------------------------------------
+
+// every layer's cached K turned by delta[c] positions in cell c
+static void shift_k(specee_context & ctx, const std::vector<int32_t> & delta) {
+    specee_graph_io io;
+    ggml_cgraph *   gf = specee_build_k_shift_graph(specee_graph_begin(ctx), *ctx.model, ctx.kv, io, ctx.graph_size);
+    specee_graph_alloc(ctx, gf, "the context shift");
+    ggml_backend_tensor_set(io.inp_pos, delta.data(), 0, delta.size() * sizeof(int32_t));
+    specee_graph_compute(ctx, gf, 1);
+}
+
+// whether a mode's state survives a shift (a draft head's own cache and the exits' records do not)
+bool specee_generator_can_shift(const specee_generator & g) {
+    const specee_mode_info & mi = specee_mode_row_impl(g.mode);
+    return !mi.needs_head && !mi.exits && g.queue.empty();
+}
+
+bool specee_generator_shift(specee_generator & g, int32_t n_keep, int32_t n_discard) {
+    specee_context &  ctx = *g.ctx;
+    specee_kv_cache & kv  = ctx.kv;
+    const int32_t     p1  = n_keep + n_discard;
+    const int32_t     seq = g.seq;
+    if (!specee_generator_can_shift(g) || n_keep < 0 || n_discard <= 0 || p1 > g.root_pos) {
+        return false;
+    }
+    for (uint32_t c = 0; c < kv.size; ++c) { // a cell another sequence shares (a shared prompt) cannot move for one
+        if (kv.pos[c] >= p1 && kv.has_seq((int32_t) c, seq) && (kv.seq[c] & ~(specee_seq_set(1) << seq)) != 0) {
+            return false;
+        }
+    }
+    kv.seq_remove(seq, n_keep, p1);
+    std::vector<int32_t> delta(kv.size, 0);
+    for (uint32_t c = 0; c < kv.size; ++c) {
+        if (kv.pos[c] >= p1 && kv.has_seq((int32_t) c, seq)) {
+            kv.pos[c] -= n_discard;
+            delta[c] = -n_discard;
+        }
+    }
+    shift_k(ctx, delta);
+    g.root_pos -= n_discard;
+    if (!g.draft.tokens.empty()) {
+        g.draft.tokens.erase(g.draft.tokens.begin() + n_keep, g.draft.tokens.begin() + p1);
+    }
+    if (ctx.draft) {
+        ctx.draft->kv.seq_remove(seq, n_keep, -1);
+    }
+    if (specee_mode_row_impl(g.mode).reads & SPECEE_READS_NGRAM) {
+        std::vector<int32_t> t = g.lookup.tokens;
+        t.erase(t.begin() + n_keep, t.begin() + p1);
+        specee_lookup_reset(g.lookup, t.data(), (int32_t) t.size() - 1, t.back());
+    }
+    return true;
+}

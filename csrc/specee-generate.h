@@ -66,14 +66,12 @@ void    specee_generator_set_params_impl(specee_generator & g, const specee_gene
 // when a specee_seq_scope is alive
 int32_t specee_generator_start_impl(specee_generator & g, const int32_t * tokens, int32_t n);
 int32_t specee_generator_next_impl(specee_generator & g, int32_t * out, int32_t * layers_run, int32_t n_max);
-// Context shift (specee-context-shift.cpp): whether the generator's mode keeps its state through a shift, and the
+// Context shift (specee-context-shift.h has the slots'): whether the generator's mode keeps its state through a shift, and the
 // shift of its sequence: positions [n_keep, n_keep + n_discard) dropped, the later ones moved down (their K turned),
 // root_pos and the mode's state brought along; false (nothing changed) where it cannot (a cell shared with another
 // sequence, a mode that cannot)
 bool specee_generator_can_shift(const specee_generator & g);
 bool specee_generator_shift(specee_generator & g, int32_t n_keep, int32_t n_discard);
-// leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
-int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n);
 
 // Jump-forward (decoding under a grammar, params.jump_forward): the tokens the grammar forces next, at most
 // budget (and JUMP_MAX), as a chain of drafts after the root in g.tree.nodes; returns the chain's nodes in row order,

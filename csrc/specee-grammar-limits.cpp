@@ -11,6 +11,14 @@
 #include <string>
 #include <vector>
 
+// ---- the grammar types' names ---------------------------------------------------------------------------
+
+const char * const specee_grammar_type_names[SPECEE_N_GRAMMAR_TYPES] = {"none", "gbnf", "json_schema", "lark", "regex"};
+
+extern "C" const char * specee_grammar_type_name(int32_t type) {
+    return type >= 0 && type < SPECEE_N_GRAMMAR_TYPES ? specee_grammar_type_names[type] : "?";
+}
+
 // ---- the table ---------------------------------------------------------------------------------------
 
 struct grammar_limit {

@@ -10,6 +10,8 @@
 // of compiled grammars read theirs from the same table (specee-grammar.cpp).
 #pragma once
 
+#include "specee.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -23,14 +25,15 @@ const char * specee_grammar_limit_name(int32_t i);
 const char * specee_grammar_limit_help(int32_t i);
 int64_t      specee_grammar_limit(const char * name);
 int32_t      specee_grammar_set_limit(const char * name, int64_t value);
-// compiled grammars (and refusals) kept by text: entries, and the compiles they saved; clear drops them all
-int32_t      specee_grammar_cache_size(void);
-int64_t      specee_grammar_cache_hits(void);
-void         specee_grammar_cache_clear(void);
 
 #ifdef __cplusplus
 }
 #endif
+
+// the grammar types' names, by enum specee_grammar_type ("none", "gbnf", "json_schema", "lark", "regex"): what
+// messages and the option grammar_type call them (specee-grammar-limits.cpp)
+constexpr int32_t SPECEE_N_GRAMMAR_TYPES = SPECEE_GRAMMAR_REGEX + 1;
+extern const char * const specee_grammar_type_names[SPECEE_N_GRAMMAR_TYPES];
 
 // the limit of that name (a row of the table); throws on an unknown name
 int64_t specee_grammar_limit_of(const char * name);

@@ -4,6 +4,7 @@
 // (limits, a compile on a worker with a budget, the cache of compiled grammars): specee-grammar-limits.cpp and
 // specee-grammar-compile.cpp.
 #include "specee-grammar.h"
+#include "specee-gbnf.h"
 #include "specee-grammar-compile.h"
 #include "specee-grammar-limits.h"
 #include "specee-impl.h"

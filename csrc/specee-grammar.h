@@ -58,7 +58,3 @@ bool             specee_grammar_done(specee_grammar & g);
 std::vector<int32_t> specee_grammar_forced(specee_grammar & g, int32_t n_max);
 // tokens accepted since the start
 int32_t          specee_grammar_n_accepted(const specee_grammar & g);
-
-// llama.cpp's GBNF as llguidance's Lark (specee-gbnf.cpp; what GBNF grammars are compiled through); throws with the
-// line of a syntax error, a rule used but not defined, or no root
-std::string specee_gbnf_to_lark(const std::string & gbnf);

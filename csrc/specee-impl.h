@@ -41,6 +41,3 @@ using specee_clock = std::chrono::steady_clock;
 inline double specee_ms_since(specee_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(specee_clock::now() - t0).count();
 }
-
-// indices of the k largest of x[0..n), largest first; equal values by lower index (deterministic)
-std::vector<int32_t> specee_top_k(const float * x, int32_t n, int32_t k);

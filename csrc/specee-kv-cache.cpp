@@ -282,3 +282,19 @@ void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & 
         }
     }
 }
+
+// leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
+int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n) {
+    std::vector<int32_t> cell_at(n, -1); // only positions of the prompt can be part of its prefix
+    for (uint32_t c = 0; c < kv.size; ++c) {
+        if (kv.pos[c] >= 0 && kv.pos[c] < n && kv.has_seq((int32_t) c, kv.seq_cur)) {
+            cell_at[kv.pos[c]] = (int32_t) c;
+        }
+    }
+    int32_t k = 0;
+    while (k < n && cell_at[k] >= 0 && kv.tok[cell_at[k]] == tokens[k] &&
+           kv.is_valid_all(cell_at[k])) {
+        ++k;
+    }
+    return k;
+}

@@ -88,3 +88,6 @@ void specee_build_mask(const specee_kv_cache & kv, const std::vector<int32_t> & 
                        const std::vector<int32_t> & seqs, const uint8_t * tree_mask,
                        const std::vector<uint8_t> & cached, int32_t n_kv, std::vector<ggml_fp16_t> & mask,
                        uint32_t n_swa = 0);
+
+// leading tokens whose cells (of sequence kv.seq_cur) hold them at positions 0.. with every layer valid
+int32_t specee_cached_prefix(const specee_kv_cache & kv, const int32_t * tokens, int32_t n);

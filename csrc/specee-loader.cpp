@@ -415,6 +415,38 @@ static void add_note(specee_model & m, const std::string & note) {
     specee_log_info("note: %s", note.c_str());
 }
 
+// ---- a draft model ---------------------------------------------------------------------------------------
+
+// Loads params.draft_model into target.draft (-md), refused unless its vocabulary is the target's token for token;
+// throws with the reason
+static void draft_model_load(specee_model & target, const specee_model_params & params) {
+    specee_model_params dp = specee_model_default_params();
+    dp.use_mmap            = params.use_mmap;
+    dp.n_gpu_layers        = params.n_gpu_layers_draft;
+    dp.devices             = params.devices;
+    dp.tensor_split        = params.tensor_split;
+    dp.n_tensor_split      = params.n_tensor_split;
+    specee_model * d       = specee_model_load(params.draft_model, dp);
+    if (!d) {
+        specee_fail("draft model %s: %s", params.draft_model, specee_last_error());
+    }
+    std::unique_ptr<specee_model> draft(d);
+    const int32_t                 n_vocab = (int32_t) target.hparams.n_vocab;
+    if ((int32_t) draft->hparams.n_vocab != n_vocab) {
+        specee_fail("draft model %s has %d tokens, the model %d: a draft model must have the model's vocabulary",
+                    params.draft_model, (int32_t) draft->hparams.n_vocab, n_vocab);
+    }
+    for (int32_t t = 0; t < n_vocab; ++t) {
+        const char * a = specee_token_text(&target, t);
+        const char * b = specee_token_text(draft.get(), t);
+        if (strcmp(a ? a : "", b ? b : "") != 0) {
+            specee_fail("draft model %s: token %d is '%s' there but '%s' in the model: a draft model must have the "
+                        "model's vocabulary", params.draft_model, t, b ? b : "", a ? a : "");
+        }
+    }
+    target.draft = std::move(draft);
+}
+
 // ---- loading -------------------------------------------------------------------------------------
 
 // throws specee_error naming the problem
@@ -448,7 +480,7 @@ static specee_model * load_impl(const char * path, const specee_model_params & p
     add_note(*m, note);
     describe(*m, arch);
     if (params.draft_model) {
-        specee_draft_model_load(*m, params);
+        draft_model_load(*m, params);
     }
     return m.release();
 }

@@ -6,7 +6,6 @@
 #include "specee-gguf.h"
 #include "specee-impl.h"
 #include "specee-model.h"
-#include "specee-options.h"
 
 #include <cmath>
 #include <cstring>

@@ -62,3 +62,14 @@ specee_lora * specee_context_lora(const struct specee_context * ctx, int32_t i, 
 #ifdef __cplusplus
 }
 #endif
+
+#ifdef __cplusplus
+#include <string>
+#include <vector>
+
+// The LoRA adapters of the context option lora ("FNAME,...", scale 1 each) or, scaled, lora_scaled ("FNAME:SCALE,...",
+// the scale after the last ':', finite) appended to files and scales (NULL: only checked); false when malformed (an
+// empty name or scale); the context-option table checks the options with it
+bool specee_lora_list_parse(const char * text, bool scaled, std::vector<std::string> * files = nullptr,
+                            std::vector<float> * scales = nullptr);
+#endif

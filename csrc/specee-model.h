@@ -165,9 +165,5 @@ struct specee_model {
     ~specee_model(); // specee-loader.cpp: frees what loading acquired
 };
 
-// Loads params.draft_model into target.draft, refused unless its vocabulary is the target's token for token
-// (specee-draft-model.cpp); throws with the reason
-void specee_draft_model_load(specee_model & target, const specee_model_params & params);
-
 // the device index (into model.devices) of layer il, -1 for the CPU; il = n_layer: the output's
 int32_t specee_model_device_of_layer(const specee_model & model, int32_t il);

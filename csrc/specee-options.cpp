@@ -6,7 +6,9 @@
 // specee-bench, specee-server, the evaluations); the value checks that need no model
 // (specee_generator_check_values; the generator adds the model's); the mode table (what each mode does and which
 // settings it reads); and the exit-KV names. The stats' field names are specee-stats.cpp's.
+#include "specee-grammar-limits.h"
 #include "specee-impl.h"
+#include "specee-lora.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"
@@ -77,16 +79,20 @@ static std::string mode_text(bool help) {
 }
 
 static const std::string MODE_CHOICES = mode_text(false);
-static const std::string MODE_HELP    = mode_text(true);
-static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
-// by enum specee_grammar_type
-static const char * const GRAMMAR_TYPE_NAMES[] = {"none", "gbnf", "json_schema", "lark", "regex"};
-static const int32_t      N_GRAMMAR_TYPES      = (int32_t) (sizeof(GRAMMAR_TYPE_NAMES) / sizeof(GRAMMAR_TYPE_NAMES[0]));
-
-extern "C" const char * specee_grammar_type_name(int32_t type) {
-    return type >= 0 && type < N_GRAMMAR_TYPES ? GRAMMAR_TYPE_NAMES[type] : "?";
+// option "grammar_type" reads the grammar's table of names (specee-grammar-limits.cpp): "none,gbnf,..." and, for
+// messages, "none, gbnf, ... or regex"
+static std::string names_text(const char * const * names, int32_t n, bool words) {
+    std::string s;
+    for (int32_t i = 0; i < n; ++i) {
+        s += (i == 0 ? "" : !words ? "," : i + 1 == n ? " or " : ", ") + std::string(names[i]);
+    }
+    return s;
 }
 
+static const std::string GRAMMAR_TYPE_CHOICES = names_text(specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, false);
+static const std::string GRAMMAR_TYPE_EXPECT  = names_text(specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, true);
+static const std::string MODE_HELP    = mode_text(true);
+static const char * const EXIT_KV_NAMES[] = {"mask", "fill"};
 extern "C" const struct specee_mode_info * specee_mode_row(int32_t mode) {
     return mode >= 0 && mode < N_MODES ? &MODES[mode] : nullptr;
 }
@@ -113,6 +119,17 @@ static int32_t index_of(const char * const * names, int32_t n, const char * name
 
 extern "C" int32_t specee_mode_by_name(const char * name) { return index_of(MODE_NAMES, N_MODES, name); }
 
+// ---- llama.cpp's speculation types (--spec-type): the mode that serves each here ----------------------------
+
+static const specee_spec_type SPEC_TYPES[] = {
+    {"draft-simple", SPECEE_MODE_DRAFT},  {"ngram-simple", SPECEE_MODE_NGRAM}, {"ngram-map-k", SPECEE_MODE_NGRAM},
+    {"ngram-map-k4v", SPECEE_MODE_NGRAM}, {"ngram-mod", SPECEE_MODE_NGRAM},    {"ngram-cache", SPECEE_MODE_NGRAM},
+};
+
+extern "C" const struct specee_spec_type * specee_spec_type_row(int32_t i) {
+    return i >= 0 && i < (int32_t) (sizeof(SPEC_TYPES) / sizeof(SPEC_TYPES[0])) ? &SPEC_TYPES[i] : nullptr;
+}
+
 // ---- the option table ---------------------------------------------------------------------------------
 
 struct option_def {
@@ -127,7 +144,7 @@ struct option_def {
 
 #define OFF(f) offsetof(specee_generator_params, f)
 
-static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made from them
+static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMMAR_TYPE_*: made from them
     {{"mode", SPECEE_OPTION_CHOICE, MODE_CHOICES.c_str(), MODE_CHOICES.c_str(), MODE_HELP.c_str()},
      OFF(mode), 0, MODE_NAMES, N_MODES, 0, 0},
     {{"temp", SPECEE_OPTION_FLOAT, nullptr, "a number", "temperature (default: 0.80, <= 0 = greedy)"},
@@ -229,11 +246,11 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES and MODE_HELP: made 
       "the full model disagrees with is taken back, so greedy output equals plain decoding (tokens come out once "
       "checked; default: off, it costs more than it saves on a CPU: docs/early-exit.md)"},
      OFF(exit.check), 0, nullptr, 0, 0, 0},
-    {{"grammar_type", SPECEE_OPTION_CHOICE, "none,gbnf,json_schema,lark,regex", "none, gbnf, json_schema, lark or regex",
+    {{"grammar_type", SPECEE_OPTION_CHOICE, GRAMMAR_TYPE_CHOICES.c_str(), GRAMMAR_TYPE_EXPECT.c_str(),
       "structured output: what the grammar's text is (default: none; --grammar and --grammar-file give gbnf unless "
       "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md",
       nullptr, "TYPE"},
-     OFF(grammar_type), 0, GRAMMAR_TYPE_NAMES, N_GRAMMAR_TYPES, 0, 0},
+     OFF(grammar_type), 0, specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, 0, 0},
     {{"jump_forward", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "structured output, plain decoding: tokens the grammar forces (keys, quotes, braces) are verified together in "
       "the next pass instead of one pass each; the output is what it would be without (default: on)"},
@@ -408,17 +425,17 @@ void specee_generator_check_values(const specee_generator_params & p) {
     if (p.exit.kv != SPECEE_EXIT_KV_MASK && p.exit.kv != SPECEE_EXIT_KV_FILL) {
         specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", p.exit.kv);
     }
-    // n_min <= n_max is the generator's check (check_params): here each value is checked as it is set, one at a time
-    if (p.ngram.n_min < 1 || p.ngram.n_min > 16 || p.ngram.n_max < 1 || p.ngram.n_max > 16 || p.ngram.draft_max < 1 ||
-        p.ngram.draft_max > 64 || p.ngram.branches < 1 || p.ngram.branches > 8) {
-        specee_fail("n-gram lookup: n_min (%d) and n_max (%d) must be in [1, 16], draft_max (%d) in [1, 64] and "
-                    "branches (%d) in [1, 8]", p.ngram.n_min, p.ngram.n_max, p.ngram.draft_max, p.ngram.branches);
-    }
-    // n_min <= n_max and a rate per drafted token are the generator's checks too (check_params)
-    if (p.draft.n_max < 1 || p.draft.n_max > SPECEE_MAX_DRAFT || p.draft.n_min < 0 || p.draft.n_min > SPECEE_MAX_DRAFT ||
-        !(p.draft.p_min >= 0.0f && p.draft.p_min <= 1.0f)) {
-        specee_fail("draft model: max (%d) must be in [1, %d], min (%d) in [0, %d] and p_min (%g) in [0, 1]",
-                    p.draft.n_max, SPECEE_MAX_DRAFT, p.draft.n_min, SPECEE_MAX_DRAFT, (double) p.draft.p_min);
+    // The settings whose every value lies in the option table's range (no default outside it, as eagle's 0 or exit's
+    // threshold < 0 are): held to the table's columns, the range written there only. n_min <= n_max and a rate per
+    // drafted token are the generator's checks (check_params): here each value is checked alone, as it is set.
+    for (const char * name : {"ngram.n_min", "ngram.n_max", "ngram.draft_max", "ngram.branches", "draft.n_max",
+                              "draft.n_min", "draft.p_min"}) {
+        const option_def & o = *find_option(OPTIONS, N_OPTIONS, name);
+        const char *       f = (const char *) &p + o.offset;
+        const double       x = o.info.type == SPECEE_OPTION_INT ? *(const int32_t *) f : *(const float *) f;
+        if (!(x >= o.lo && x <= o.hi)) { // NAN too
+            specee_fail("%s must be %s, got %g", o.info.name, o.info.expect, x);
+        }
     }
     for (int32_t i = 0; i < p.draft.n_synth_rates; ++i) {
         const float r = p.draft.synth_rates[i];

@@ -5,6 +5,7 @@
 #include "specee-context.h"
 #include "specee-impl.h"
 #include "specee-model.h"
+#include "specee-pass-cost.h"
 
 #include <algorithm>
 #include <cmath>

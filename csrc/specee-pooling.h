@@ -1,6 +1,7 @@
-// specee-pooling.h: the public C API of embeddings and reranking scores (beside specee.h; specee-embed.cpp and the
-// slots' specee_slots_embed implement it). How a text's final-norm rows become its output is a pooling, one row of
-// one table that every frontend reads (Model.embed, specee-server's --pooling and /rerank).
+// specee-pooling.h: the public C API of the pooling table (beside specee.h; specee-pooling.cpp implements it). How a
+// text's final-norm rows become its embedding or reranking score is a pooling, one row of one table that every
+// frontend reads (Model.embed, specee-server's --pooling and /rerank); specee_embed (specee-embed.h) and
+// specee_slots_embed (specee-slot-cache.h) pool as it says.
 #pragma once
 
 #include <stdbool.h>
@@ -11,8 +12,6 @@ extern "C" {
 #endif
 
 typedef struct specee_model   specee_model;
-typedef struct specee_context specee_context;
-typedef struct specee_slots   specee_slots;
 
 // The poolings, numbered as llama.cpp numbers them (the GGUF key {arch}.pooling_type holds this number)
 enum specee_pooling {
@@ -41,19 +40,6 @@ int32_t specee_pooling_by_name(const char * name);
 int32_t specee_model_pooling(const specee_model * model);
 // the floats one text of n_tokens tokens gives with a pooling (SPECEE_POOLING_MODEL: the model's); -1 when unknown
 int32_t specee_pooling_n_out(const specee_model * model, int32_t pooling, int32_t n_tokens);
-
-// Embeddings of n_seqs texts' token ids (tokens: the texts one after another, n_tokens[i] ids each) into out: each
-// text's specee_pooling_n_out floats, one text after another; a pooled vector is unit length when normalize (the
-// pooling's row says which are). Each text is evaluated alone, on a sequence of its own at positions 0.., and its
-// cells are removed afterwards: the cache's other sequences stay (sequence 0's cells make room when too few cells
-// are free). Returns 0, or -1 with specee_last_error() (an empty text, one longer than the context, a bad token id
-// or pooling; "text i: " before the message when n_seqs > 1).
-int32_t specee_embed(specee_context * ctx, const int32_t * tokens, const int32_t * n_tokens, int32_t n_seqs,
-                     int32_t pooling, bool normalize, float * out);
-// One text's embedding (not normalised) between the parallel slots' passes, within a slot's share of the context (free
-// slots' cached prompts make room); 0, or -1 with specee_last_error()
-int32_t specee_slots_embed(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
-                           float * out);
 
 #ifdef __cplusplus
 }

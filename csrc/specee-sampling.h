@@ -18,6 +18,8 @@ void   specee_sampler_dist(specee_sampler & s, const float * logits, int32_t n_v
 // equal logits by id, so the order is the same every time), appended to out
 void   specee_logprobs(const float * logits, int32_t n_vocab, int32_t t, int32_t n_top,
                        std::vector<specee_token_logprob> & out);
+// indices of the k largest of x[0..n), largest first; equal values by lower index (deterministic)
+std::vector<int32_t> specee_top_k(const float * x, int32_t n, int32_t k);
 // the next uniform in [0, 1) of the sampler's seeded generator
 double specee_sampler_uniform(specee_sampler & s);
 bool   specee_sampler_greedy(const specee_sampler & s);

@@ -1,6 +1,7 @@
 // specee-stats.cpp: the names of a generation's stats fields (specee_generator_stats), a field's value by index, and
 // the figures derived from the counts (mean accepted tokens, exit ratio, mean layers run)
 #include "specee-options.h"
+#include "specee-stats.h"
 #include "specee.h"
 
 #include <cstddef>

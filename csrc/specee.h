@@ -281,7 +281,7 @@ int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq);
 // whether a cell belongs to sequence seq
 bool    specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq);
 
-// ---- embeddings: specee-pooling.h (specee_embed, specee_slots_embed, the pooling table) ----------------
+// ---- embeddings: specee-embed.h, specee-slot-cache.h, specee-pooling.h (the pooling table) -------------
 
 // ---- sampling ----------------------------------------------------------------------------------
 

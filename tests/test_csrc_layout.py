@@ -1,6 +1,7 @@
 """The shape of csrc/: no function over MAX_LINES lines (declaration tables aside), no file over MAX_FILE_LINES lines
-(the bindings' table aside), and no circle in the graph of `#include "specee-*.h"` between its files. The checkers are tested on small made-up sources too, so each check is
-known to fail when it should."""
+(the bindings' table aside), and its files in floors (FLOORS) with no arrow running back up: a file includes, or
+calls a function defined in, files of its own floor or below, and within a floor no circle. The checkers are tested
+on small made-up sources too, so each check is known to fail when it should."""
 
 from __future__ import annotations
 
@@ -178,6 +179,84 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+# The floors of csrc/, bottom first; a unit is a file's stem (X.h and X.cpp are one). Each may include, and call the
+# functions of, units of its own floor or a lower one; never a higher one, and within a floor never in a circle.
+FLOORS = [
+    # what every floor stands on: errors and logging, the name tables, GGUF files, text's code points, the kernels,
+    # llguidance's loader, the n-gram cache's store, the RPC protocol and its client
+    ("base", {"specee-impl", "specee-hparams", "specee-arch", "specee-gguf", "specee-kernels", "specee-unicode",
+              "specee-unicode-data", "specee-llg", "specee-ngram-cache", "specee-step", "specee-rpc-proto",
+              "specee-rpc-graph", "specee-rpc-client", "specee-quantize"}),
+    # a model's weights and text: loading, placement, graphs, the KV cache, the vocabulary, chat templates, pooling
+    ("model", {"specee-model", "specee-kv-cache", "specee-graph", "specee-placement", "specee-head-weights",
+               "specee-vocab", "specee-chat", "specee-pooling", "specee-loader"}),
+    # a model run: the context and its parameters, batches, what a pass costs, LoRA, embeddings, captures
+    ("context", {"specee-context-params", "specee-context", "specee-batch", "specee-pass-cost", "specee-lora",
+                 "specee-embed", "specee-capture"}),
+    # decoding: grammars, sampling, the draft head, exits, trees, the generation options and modes, drafters, the
+    # generator
+    ("decode", {"specee-options", "specee-grammar-limits", "specee-grammar-compile", "specee-gbnf", "specee-grammar",
+                "specee-sampling", "specee-draft-head", "specee-exit-check", "specee-exit", "specee-early-exit",
+                "specee-speculative", "specee-tree-exit", "specee-drafter", "specee-lookup", "specee-hybrid",
+                "specee-draft-model", "specee-stats", "specee-generate"}),
+    # serving: parallel slots, their step, context shift and caches
+    ("serve", {"specee-slots", "specee-context-shift", "specee-slot-step", "specee-slot-cache"}),
+    # the public API
+    ("api", {"specee"}),
+    # the frontends: the CLI, the bench, the RPC server, the Python module
+    ("frontends", {"specee-cli", "specee-cli-args", "specee-bench", "specee-openmp", "specee-rpc-server",
+                   "specee-bindings"}),
+]
+
+_CALL = re.compile(r"\b(specee_\w+)\s*\(")
+
+
+def unit_graph(root: Path) -> dict[str, dict[str, list[str]]]:
+    """unit -> unit it depends on -> why: "#include" and/or the names of the other's functions it uses (calls them,
+    or declares them: a declaration belongs with its definition). A unit is a file's stem; a function is its unit's
+    that defines it (in a .cpp, or inline in a .h), and a name the using unit defines itself is its own."""
+    defs: dict[str, set[str]] = {}
+    code: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".cpp", ".h"):
+            continue
+        text = path.read_text()
+        code[path.stem] = code.get(path.stem, "") + blank_non_code(text) + "\n"
+        for name, _, _ in functions(text):
+            name = name.split("::")[-1]
+            if name.startswith("specee_"):
+                defs.setdefault(name, set()).add(path.stem)
+    graph: dict[str, dict[str, list[str]]] = {u: {} for u in code}
+    for unit, deps in include_graph(root).items():
+        for d in deps:
+            graph.setdefault(unit, {}).setdefault(d, []).append("#include")
+    for unit, text in code.items():
+        for name in sorted(set(_CALL.findall(text))):
+            owners = defs.get(name, set())
+            if unit in owners:
+                continue
+            for d in sorted(owners):
+                graph[unit].setdefault(d, []).append(name)
+    return graph
+
+
+def back_edges(graph: dict[str, dict[str, list[str]]], floors: list[tuple[str, set[str]]]) -> list[str]:
+    """Every arrow that runs up a floor, every unit in no floor, and a circle within a floor, as messages."""
+    level = {u: i for i, (_, units) in enumerate(floors) for u in units}
+    out = [f"{u}: in no floor (add it to FLOORS)" for u in sorted(graph) if u not in level]
+    for u in sorted(graph):
+        for d, why in sorted(graph[u].items()):
+            if u in level and d in level and level[d] > level[u]:
+                out.append(f"{u} ({floors[level[u]][0]}) -> {d} ({floors[level[d]][0]}), a floor up: "
+                           + ", ".join(why))
+    for name, units in floors:
+        cycle = find_cycle({u: {d for d in graph.get(u, {}) if d in units} for u in units})
+        if cycle:
+            steps = [f"{a} -> {b} ({', '.join(graph[a][b])})" for a, b in zip(cycle, cycle[1:])]
+            out.append(f"circle in floor {name}: " + "; ".join(steps))
+    return out
+
+
 # ---- the tree
 
 
@@ -205,6 +284,18 @@ def test_allowed_long_files_exist() -> None:
 def test_no_include_circle() -> None:
     cycle = find_cycle(include_graph(CSRC))
     assert not cycle, "include circle: " + " -> ".join(cycle)
+
+
+def test_no_arrow_runs_back_up() -> None:
+    """Includes and calls between csrc/'s units run down the floors, never up, and make no circle within one."""
+    bad = back_edges(unit_graph(CSRC), FLOORS)
+    assert not bad, "move the function or declaration to where its concept lives:\n" + "\n".join(bad)
+
+
+def test_floors_name_existing_units() -> None:
+    units = set(unit_graph(CSRC))
+    for name, members in FLOORS:
+        assert members <= units, (name, sorted(members - units))
 
 
 # ---- the checkers themselves
@@ -264,6 +355,30 @@ def test_an_include_circle_is_found(tmp_path: Path) -> None:
     assert find_cycle(include_graph(tmp_path)) == []
     (tmp_path / "specee-c.cpp").write_text('#include "specee-c.h"\n#include "specee-a.h"\n')
     assert find_cycle(include_graph(tmp_path)) == ["specee-a", "specee-b", "specee-c", "specee-a"]
+
+
+def test_a_call_back_up_is_found(tmp_path: Path) -> None:
+    floors = [("low", {"specee-a", "specee-b"}), ("high", {"specee-c"})]
+    (tmp_path / "specee-a.h").write_text("int specee_a_get(void);\n")
+    (tmp_path / "specee-a.cpp").write_text('#include "specee-a.h"\nint specee_a_get(void) { return 1; }\n')
+    (tmp_path / "specee-b.cpp").write_text('#include "specee-a.h"\nint specee_b_get(void) { return specee_a_get(); }\n')
+    (tmp_path / "specee-c.cpp").write_text('#include "specee-a.h"\n// specee_c_helper() is a comment\n'
+                                           'int specee_c_helper(void) { return specee_a_get() + 1; }\n')
+    graph = unit_graph(tmp_path)
+    assert graph["specee-b"] == {"specee-a": ["#include", "specee_a_get"]}
+    assert back_edges(graph, floors) == []
+    # a low unit calling a high one's function (no include: a declaration of its own) is an arrow up, named
+    (tmp_path / "specee-b.cpp").write_text("int specee_c_helper(void);\nint specee_b_get(void) { return specee_c_helper(); }\n")
+    assert back_edges(unit_graph(tmp_path), floors) == [
+        "specee-b (low) -> specee-c (high), a floor up: specee_c_helper"]
+    # a header declaring what another unit defines is that unit's, and closes a circle within the floor
+    (tmp_path / "specee-b.cpp").write_text('#include "specee-a.h"\nint specee_b_get(void) { return 2; }\n')
+    (tmp_path / "specee-a.h").write_text("int specee_a_get(void);\nint specee_b_get(void);\n")
+    assert back_edges(unit_graph(tmp_path), floors) == [
+        "circle in floor low: specee-a -> specee-b (specee_b_get); specee-b -> specee-a (#include)"]
+    # a unit no floor holds
+    (tmp_path / "specee-d.h").write_text("")
+    assert back_edges(unit_graph(tmp_path), floors)[0] == "specee-d: in no floor (add it to FLOORS)"
 
 
 # ---- the Python package: no circle in the graph of imports between the modules of python/specee (those under

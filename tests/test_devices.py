@@ -19,6 +19,7 @@ import specee
 from specee import EagleParams, ExitParams
 from specee._tools import tool_path
 from specee.paths import default_draft_head_path
+from kv_probes import kv_cell_pos, kv_cell_valid
 
 # logits of the same graphs on the RPC server's CPU backend and on this process's: the same kernels, so equal but
 # for the order of a few sums (measured: 0.0 on SmolLM2 and the tiny model)
@@ -135,10 +136,10 @@ def replayed_exits(model: specee.Model, prompt: list[int]) -> tuple[list[int], l
     model.kv_clear()
     out = model.generate_tokens(prompt, 12, mode="early-exit", temp=0, ignore_eos=True,
                                 exit=ExitParams(replay=[0, 3, 1, 2, 0, 3]))
-    cells = {model.kv_cell_pos(c): c for c in range(model.n_ctx) if model.kv_cell_pos(c) >= 0}
+    cells = {kv_cell_pos(model, c): c for c in range(model.n_ctx) if kv_cell_pos(model, c) >= 0}
     for k, ran in enumerate(model.last_stats.layers_run):
         cell = cells[len(prompt) + k]  # decode step k evaluated generated token k, at position P + k
-        assert [model.kv_cell_valid(cell, il) for il in range(model.n_layer)] == \
+        assert [kv_cell_valid(model, cell, il) for il in range(model.n_layer)] == \
             [il < ran for il in range(model.n_layer)], (model.placement, k)
     return out, list(model.last_stats.layers_run)
 

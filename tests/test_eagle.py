@@ -26,6 +26,7 @@ from specee.convert.merge import merge_gguf
 from specee._tools import tool_path
 from test_convert_cli import eagle_state
 from test_sampling import chi2_critical
+from kv_probes import kv_cell_pos
 
 # head logits against PyTorch: the runtime keeps the head's K/V in F16 (measured max abs error 0.004)
 ATOL = 0.03
@@ -353,7 +354,7 @@ def test_replayed_acceptance_forces_the_tokens_per_step(random_gguf: Path, mode:
     assert len(out) == n and s.step_tokens == want, (s.step_tokens, want)
     assert s.n_accepted == sum(min(t - 1, accepted[i % 4]) for i, t in enumerate(want))  # a cut step drafts t - 1
     assert "output text is meaningless" in s.mode_why
-    assert sum(m.kv_cell_pos(c) >= 0 for c in range(m.n_ctx)) == len(prompt) + n - 1
+    assert sum(kv_cell_pos(m, c) >= 0 for c in range(m.n_ctx)) == len(prompt) + n - 1
     m.kv_clear()
     eagle.replay = None
     assert m.generate_tokens(prompt, n, temp=0, mode=mode, ignore_eos=True, eagle=eagle) == \

@@ -22,6 +22,7 @@ from specee import constants as C
 from specee.convert.merge import merge_gguf
 from test_convert_cli import eagle_state
 from test_eagle import save_published
+from kv_probes import kv_cell_pos, kv_cell_valid
 
 N_CAND = 4
 HIDDEN = 512
@@ -260,10 +261,10 @@ def test_forced_exits_mask_the_skipped_layers(with_head: Path, tiny_hf, llama_fo
         assert layers == want
         assert st["n_exits"] == sum(layer < m.n_layer - 1 for layer in want)
         # the cache: each generated token's cell is valid exactly up to its exit layer
-        cells = {m.kv_cell_pos(c): c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0}
+        cells = {kv_cell_pos(m, c): c for c in range(m.n_ctx) if kv_cell_pos(m, c) >= 0}
         for k, layer in enumerate(want):
             cell = cells[len(prompt) + k]
-            assert [m.kv_cell_valid(cell, il) for il in range(m.n_layer)] == [il <= layer for il in range(m.n_layer)]
+            assert [kv_cell_valid(m, cell, il) for il in range(m.n_layer)] == [il <= layer for il in range(m.n_layer)]
         assert check_against_masked_forward(tiny_hf, prompt, out, layers, llama_forward) == st["n_exits"]
 
 
@@ -415,8 +416,8 @@ def test_filled_kv_matches_a_forward_with_filled_kv(with_head: Path, tiny_hf) ->
     for prompt in PROMPTS:
         out, layers, st = exit_decode(m, prompt, 20, threshold=1.0, schedule=schedule, kv="fill")
         assert st["n_exits"] > 0 and st["t_fill_ms"] > 0
-        cells = [c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0]
-        assert all(m.kv_cell_valid(c, il) for c in cells for il in range(m.n_layer))  # nothing masked
+        cells = [c for c in range(m.n_ctx) if kv_cell_pos(m, c) >= 0]
+        assert all(kv_cell_valid(m, c, il) for c in cells for il in range(m.n_layer))  # nothing masked
         seq = prompt + out[:-1]
         hiddens = forward_with_filled_kv(tiny_hf, seq, [m.n_layer - 1] * len(prompt) + layers)
         for k, layer in enumerate(layers):

@@ -15,6 +15,7 @@ import specee
 from specee import EagleParams, ExitParams, GenerateOptions
 from specee import _core
 from test_early_exit import PROMPTS, exit_decode, predictors, with_head  # noqa: F401 (fixtures)
+from kv_probes import kv_cell_pos, kv_cell_valid
 
 N = 24
 SCHEDULES = [[0], [0, 1, -1], [2, 2, 2, -1], [1], [2, 0, 1, -1, -1], [0, 2, 1, 2]]
@@ -22,8 +23,8 @@ SCHEDULES = [[0], [0, 1, -1], [2, 2, 2, -1], [1], [2, 0, 1, -1, -1], [0, 2, 1, 2
 
 def cache_state(m: specee.Model) -> list[tuple[int, list[bool]]]:
     """The used cells' (position, valid per layer), in cell order."""
-    cells = [c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0]
-    return [(m.kv_cell_pos(c), [m.kv_cell_valid(c, il) for il in range(m.n_layer)]) for c in cells]
+    cells = [c for c in range(m.n_ctx) if kv_cell_pos(m, c) >= 0]
+    return [(kv_cell_pos(m, c), [kv_cell_valid(m, c, il) for il in range(m.n_layer)]) for c in cells]
 
 
 def plain_decode(m: specee.Model, prompt: list[int], n: int) -> list[int]:

@@ -23,6 +23,7 @@ from specee.convert.retype import Field
 
 from fuzz_gguf import parse, serialize, slots_of, write_seed
 from test_bad_input import edited_copy
+from kv_probes import kv_cell_pos
 
 V = gguf.GGUFValueType
 Q = gguf.GGMLQuantizationType
@@ -347,7 +348,7 @@ def test_position_overflow(tiny: specee.Model) -> None:
     tiny.eval([4], pos=[2**31 - 1])
     with pytest.raises(specee.SpecEEError, match="position overflow"):
         tiny.eval([5])  # would be position 2**31
-    positions = [tiny.kv_cell_pos(c) for c in range(tiny.n_ctx)]  # -1: a free cell
+    positions = [kv_cell_pos(tiny, c) for c in range(tiny.n_ctx)]  # -1: a free cell
     assert sorted(p for p in positions if p != -1) == [0, 1, 2, 2**31 - 1] and min(positions) == -1
     out = tiny.generate_tokens([1, 2, 3], 2, temp=0.0)  # once crashed on that cache (a negative vector size)
     assert len(out) == 2

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specee
+from kv_probes import kv_batch_cells, kv_cell_pos, kv_cell_valid, kv_remove_cells
 
 TOKENS = np.random.default_rng(1).integers(0, 256, 24).tolist()
 N_LAYER = 4
@@ -44,9 +45,9 @@ def test_layer_ranges_equal_full_pass(tiny_gguf: Path, splits: tuple[int, ...]) 
     for b, e in zip(bounds[:-1], bounds[1:]):
         got = m.eval(TOKENS, layers=(b, e), output="all")
     assert_close(got, full, SAME)
-    cells = m.kv_batch_cells()
+    cells = kv_batch_cells(m)
     assert len(cells) == len(TOKENS)
-    assert all(m.kv_cell_valid(int(c), il) for c in cells for il in range(N_LAYER))
+    assert all(kv_cell_valid(m, int(c), il) for c in cells for il in range(N_LAYER))
     assert_close(m.eval([7]), next_full, SAME)
 
 
@@ -90,8 +91,8 @@ def test_exited_token_is_masked_in_skipped_layers(tiny_gguf: Path, tiny_hf, llam
     m = new_model(tiny_gguf)
     m.eval(prompt)
     m.eval([t], layers=(0, exit_layer))  # token t exits after layer exit_layer - 1
-    (cell,) = m.kv_batch_cells()
-    assert [m.kv_cell_valid(int(cell), il) for il in range(N_LAYER)] == [il < exit_layer for il in range(N_LAYER)]
+    (cell,) = kv_batch_cells(m)
+    assert [kv_cell_valid(m, int(cell), il) for il in range(N_LAYER)] == [il < exit_layer for il in range(N_LAYER)]
     assert m.kv_pos_max == n_prompt and m.kv_n_used == n_prompt + 1
     got = m.eval([u], pos=[n_prompt + 1])[0]
 
@@ -158,12 +159,12 @@ def test_remove_rejected_branch_then_decode(tiny_gguf: Path, accepted: str) -> N
     m = new_model(tiny_gguf)
     m.eval(prompt)
     m.eval(nodes, pos=[n_prompt + d for d in TREE_DEPTH], tree_mask=tree_mask(), output="all")
-    cells = m.kv_batch_cells()
+    cells = kv_batch_cells(m)
     keep = BRANCHES[accepted]
     rejected = [int(cells[i]) for i in range(len(nodes)) if i not in keep]
-    assert m.kv_remove_cells(rejected) == len(rejected)
+    assert kv_remove_cells(m, rejected) == len(rejected)
     assert m.kv_n_used == n_prompt + len(keep) and m.kv_pos_max == n_prompt + 2
-    assert all(m.kv_cell_pos(c) == -1 for c in rejected)
+    assert all(kv_cell_pos(m, c) == -1 for c in rejected)
     got = m.eval(more, output="all")
 
     path = [*prompt, *(nodes[i] for i in keep), *more]

@@ -15,6 +15,7 @@ from test_api_edges import vocab_gguf  # noqa: F401 (fixture: a tiny model with 
 from test_early_exit import merged, predictors, with_head  # noqa: F401 (fixtures: a tiny model with exit predictors)
 from test_eagle import cfg, random_gguf, random_state  # noqa: F401 (fixtures: a tiny model with an EAGLE-1 head)
 from test_lookup import repetitive
+from kv_probes import kv_batch_cells
 
 N_CTX = 512
 PROMPTS = [np.random.default_rng(20 + s).integers(0, 256, 4 + 3 * s).tolist() for s in range(4)]
@@ -84,7 +85,7 @@ def test_a_sequence_in_cells_out_of_order_gives_what_it_gives_alone(tiny: specee
     tiny.eval([7] * fill, seq_id=[3] * fill)  # every cell above: no room for sequence 1 there
     tiny.kv_seq_remove(2)
     got = tiny.eval(b, output="all", seq_id=[1] * len(b))  # into the freed, lower cells
-    assert max(tiny.kv_batch_cells()) < len(PROMPTS[1])
+    assert max(kv_batch_cells(tiny)) < len(PROMPTS[1])
     np.testing.assert_array_equal(got, want)
     tiny.kv_clear()
 

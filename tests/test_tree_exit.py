@@ -24,6 +24,7 @@ from test_eagle import cfg, random_gguf, random_state  # noqa: F401  (fixtures: 
 from test_eagle3 import random_predictors, trained_gguf  # noqa: F401  (an EAGLE-3 head trained on the tiny model)
 from test_early_exit import (PROMPTS, check_against_masked_forward, forward_with_filled_kv,  # noqa: F401
                              predictors, with_head)
+from kv_probes import kv_cell_pos, kv_cell_valid
 
 N_CTX = 256
 TREES = [EagleParams(total_tokens=6, depth=3, topk=2), EagleParams(choices="[[0], [1], [0, 0], [0, 1]]")]
@@ -118,7 +119,7 @@ def test_replayed_acceptance_walks_the_path_to_its_leaf(with_head: Path, tiny_hf
         assert n_full >= 6 and steps[:n_full] == [replay[i % 4] + 1 for i in range(n_full)], steps
         assert st.n_accepted >= sum(replay[i % 4] for i in range(n_full))
         assert "output text is meaningless" in st.mode_why
-        assert sum(m.kv_cell_pos(c) >= 0 for c in range(m.n_ctx)) == len(prompt) + len(out) - 1
+        assert sum(kv_cell_pos(m, c) >= 0 for c in range(m.n_ctx)) == len(prompt) + len(out) - 1
         # the target's own tokens: argmax of the causal forward at layer 1 (every cell is valid up to layer 1)
         _, hiddens = llama_forward(tiny_hf, prompt + out)
         logits = layer_logits(tiny_hf, hiddens[1])
@@ -183,18 +184,18 @@ def test_kv_cells_follow_the_policy(with_head: Path, tiny_hf) -> None:
         # mask: a kept row is valid up to its pass's exit layer, the prompt everywhere
         out, st = tree_exit(m, prompt, 20, TREES[0], schedule, threshold=1.0)
         layers = [r - 1 for r in st.layers_run]
-        cells = {m.kv_cell_pos(c): c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0}
+        cells = {kv_cell_pos(m, c): c for c in range(m.n_ctx) if kv_cell_pos(m, c) >= 0}
         assert len(cells) == len(prompt) + len(out) - 1
         for p in range(len(prompt)):
-            assert all(m.kv_cell_valid(cells[p], il) for il in range(m.n_layer))
+            assert all(kv_cell_valid(m, cells[p], il) for il in range(m.n_layer))
         for k, layer in enumerate(layers):
             cell = cells[len(prompt) + k]
-            assert [m.kv_cell_valid(cell, il) for il in range(m.n_layer)] == [il <= layer for il in range(m.n_layer)]
+            assert [kv_cell_valid(m, cell, il) for il in range(m.n_layer)] == [il <= layer for il in range(m.n_layer)]
         # fill: every layer valid, the skipped ones' K/V from the exit layer's output (against a reference forward)
         out, st = tree_exit(m, prompt, 20, TREES[0], schedule, threshold=1.0, kv="fill")
         assert st.n_exits > 0 and st.t_fill_ms > 0
-        used = [c for c in range(m.n_ctx) if m.kv_cell_pos(c) >= 0]
-        assert all(m.kv_cell_valid(c, il) for c in used for il in range(m.n_layer))
+        used = [c for c in range(m.n_ctx) if kv_cell_pos(m, c) >= 0]
+        assert all(kv_cell_valid(m, c, il) for c in used for il in range(m.n_layer))
         layers = [r - 1 for r in st.layers_run]
         hiddens = forward_with_filled_kv(tiny_hf, prompt + out[:-1], [m.n_layer - 1] * len(prompt) + layers)
         for k, layer in enumerate(layers):

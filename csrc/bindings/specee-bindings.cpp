@@ -1,11 +1,15 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
 #include "specee-context-shift.h"
-#include "specee-fim.h"
+#include "specee-embed.h"
+#include "specee-grammar-compile.h"
 #include "specee-grammar-limits.h"
 #include "specee-kernels.h"
+#include "specee-options.h"
 #include "specee-pooling.h"
+#include "specee-slot-cache.h"
+#include "specee-slots.h"
+#include "specee-vocab.h"
 #include "specee.h"
-#include "specee-slots-ext.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -552,7 +556,7 @@ struct Slots {
         return r;
     }
 
-    // a free slot's cache to a file, back, or dropped (specee-slots-ext.h): the cells; the GIL released for the I/O
+    // a free slot's cache to a file, back, or dropped (specee-slot-cache.h): the cells; the GIL released for the I/O
     int32_t cache(const std::string & action, int32_t slot, const std::string & path) {
         int32_t r;
         {
@@ -760,6 +764,13 @@ PYBIND11_MODULE(_core, m) {
         return out;
     }, "the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum "
        "specee_mode");
+    m.def("spec_types", [] {
+        py::dict out;
+        for (int32_t i = 0; const specee_spec_type * st = specee_spec_type_row(i); ++i) {
+            out[st->name] = specee_mode_name(st->mode);
+        }
+        return out;
+    }, "llama.cpp's speculation types (--spec-type) and the mode that serves each here: the library's table");
     m.def("generate_options_values", [](const py::object & o, const std::string & group) {
         return option_values(specee_generator_option, specee_generator_params_get, params_of(o, group));
     }, py::arg("options"), py::arg("group") = "",
@@ -926,7 +937,7 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("eog_tokens", [](const Model & s) { return id_list(specee_token_eog_ids, s.ptr); })
         .def_property_readonly("fim_tokens",
                                [](const Model & s) {
-                                   py::dict out; // name -> token id (-1: none), in specee-fim.h's order
+                                   py::dict out; // name -> token id (-1: none), in specee-vocab.h's order
                                    for (int32_t k = 0; k < SPECEE_FIM_COUNT; ++k) {
                                        out[specee_fim_name(k)] = specee_token_fim(s.ptr, k);
                                    }

@@ -2,6 +2,7 @@
 // reads; values are checked here, the decoding settings again by the library's generator
 #include "specee-cli-args.h"
 #include "specee-grammar-limits.h"
+#include "specee-options.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -162,6 +163,21 @@ static std::string grammar_limit_names() {
     return out;
 }
 
+// the library's --spec-type table in words: "draft-simple as --mode draft; ngram-simple, ... as --mode ngram"
+static std::string spec_type_text() {
+    std::string out;
+    for (int32_t i = 0; const specee_spec_type * st = specee_spec_type_row(i); ++i) {
+        const specee_spec_type * next = specee_spec_type_row(i + 1);
+        out += st->name;
+        if (!next || next->mode != st->mode) {
+            out += std::string(" as --mode ") + specee_mode_name(st->mode) + (next ? "; " : "");
+        } else {
+            out += ", ";
+        }
+    }
+    return out;
+}
+
 static std::vector<cli_option> make_options(cli_params & p) {
     auto             s = [](std::string & field) { return [&field](const std::string & v) { field = v; return true; }; };
     auto             i = [](int & field, long lo) { return [&field, lo](const std::string & v) { return parse_int(v, field, lo); }; };
@@ -214,17 +230,14 @@ static std::vector<cli_option> make_options(cli_params & p) {
              }
              return specee_grammar_set_limit(v.substr(0, eq).c_str(), (int64_t) n) == 0;
          }},
-        {{"--spec-type"}, "TYPE", "llama.cpp's speculation types: draft-simple as --mode draft (a draft model, -md); ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache as --mode ngram (this runtime's n-gram lookup serves them all)", "draft-simple or an n-gram type",
+        {{"--spec-type"}, "TYPE", "llama.cpp's speculation types, each as the mode that serves it here: " + spec_type_text() + " (--mode draft needs a draft model, -md)", "one of those types",
          [&p](const std::string & v) {
-             if (v == "draft-simple") {
-                 return specee_generator_params_set(&p.gen, "mode", "draft") == 0;
-             }
-             for (const char * t : {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}) {
-                 if (v == t) {
-                     return specee_generator_params_set(&p.gen, "mode", "ngram") == 0;
+             for (int32_t i = 0; const specee_spec_type * st = specee_spec_type_row(i); ++i) {
+                 if (v == st->name) {
+                     return specee_generator_params_set(&p.gen, "mode", specee_mode_name(st->mode)) == 0;
                  }
              }
-             g_why = "this runtime's --spec-type takes llama.cpp's draft-simple and n-gram types";
+             g_why = "this runtime's --spec-type takes " + spec_type_text();
              return false;
          }},
     };

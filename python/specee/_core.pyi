@@ -330,6 +330,10 @@ def poolings() -> list:
     """
     the poolings of embeddings (name, help, normalized), in enum specee_pooling's order: the library's table
     """
+def spec_types() -> dict:
+    """
+    llama.cpp's speculation types (--spec-type) and the mode that serves each here: the library's table
+    """
 def modes() -> list:
     """
     the mode table (name, help, needs_head, tree, exits, lossless, shared_pass, greedy_only, reads), by enum specee_mode

@@ -1,7 +1,9 @@
-"""Console-script shims for the native tools installed in specee/bin."""
+"""Console-script shims for the native tools installed in specee/bin, and what starting one as a server needs (a free
+port)."""
 
 import importlib.util
 import os
+import socket
 import sys
 import sysconfig
 from pathlib import Path
@@ -12,6 +14,14 @@ from specee.paths import default_draft_head_path, default_model_path
 BIN_DIR = Path(os.path.abspath(__file__)).parent / "bin"
 DEFAULT_MODEL_ENV = "SPECEE_DEFAULT_MODEL"
 DEFAULT_DRAFT_HEAD_ENV = "SPECEE_DEFAULT_DRAFT_HEAD"  # what `--draft-head default` loads
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the system's pick), for a server started next (specee-server's
+    router children, the bench's servers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def tool_path(name: str) -> Path:

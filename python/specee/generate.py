@@ -43,6 +43,8 @@ class Mode:
 # the modes by name, in the runtime's order (auto first), and the exit KV policies, as the runtime defines them
 MODES: dict[str, Mode] = {m["name"]: Mode(**{**m, "reads": tuple(m["reads"])}) for m in _core.modes()}
 EXIT_KV: tuple[str, ...] = tuple(next(o["choices"] for o in _core.generator_options() if o["name"] == "exit.kv"))
+# llama.cpp's speculation types (--spec-type) and the mode that serves each here, as the runtime's table says
+SPEC_TYPES: dict[str, str] = _core.spec_types()
 # GenerateOptions' fields of the frontends, not the runtime's: text (stop strings) and chat rendering
 FRONTEND_OPTIONS = ("stop", "chat_template", "grammar", "json_schema")
 
@@ -182,9 +184,8 @@ class GenerateOptions:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty str (an empty one would end every generation before its "
                              f"first token), not {list(self.stop)!r:.60}")
-        if self.json_schema is not None:
-            if self.grammar is not None:
-                raise ValueError("give grammar or json_schema, not both")
+        from specee.grammar import structured_output_of
+        if structured_output_of({"grammar": self.grammar, "json_schema": self.json_schema}) == "json_schema":
             if self.grammar_type not in ("none", "json_schema"):
                 raise ValueError(f"json_schema is a JSON Schema, not grammar_type {self.grammar_type}")
             self.grammar_type = "json_schema"

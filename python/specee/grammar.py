@@ -11,8 +11,29 @@ from typing import Any
 
 from specee import _core
 
-GRAMMAR_TYPES = {"gbnf": _core.GRAMMAR_GBNF, "json_schema": _core.GRAMMAR_JSON_SCHEMA, "lark": _core.GRAMMAR_LARK,
-                 "regex": _core.GRAMMAR_REGEX}
+# the grammar types by name (enum specee_grammar_type; "none" aside), as the runtime's option table names them
+GRAMMAR_TYPES: dict[str, int] = {
+    name: i for i, name in enumerate(next(o["choices"] for o in _core.generator_options() if o["name"] == "grammar_type"))
+    if name != "none"}
+
+
+class StructuredOutputConflict(ValueError):
+    """More than one field holds the output to a grammar; `names`: those fields, in the order given."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(f"give {' or '.join(names)}, not both")
+        self.names = names
+
+
+def structured_output_of(given: dict[str, Any]) -> str | None:
+    """The one rule of structured output, checked here only: at most one of grammar / json_schema / response_format /
+    tools (whichever a frontend has) holds a generation's output. `given`: field name -> its value, None where the
+    field is absent or asks for nothing; returns the name of the one given, None for none; StructuredOutputConflict
+    when more than one is."""
+    names = [name for name, value in given.items() if value is not None]
+    if len(names) > 1:
+        raise StructuredOutputConflict(names)
+    return names[0] if names else None
 
 
 def schema_text(schema: Any) -> str:
@@ -33,8 +54,7 @@ def schema_text(schema: Any) -> str:
 def grammar_spec(grammar: str | None, json_schema: Any) -> tuple[int, str] | None:
     """(type, text) for the runtime, None for no constraint; ValueError when both are given or one is malformed in
     a way found before compiling."""
-    if grammar is not None and json_schema is not None:
-        raise ValueError("give grammar or json_schema, not both")
+    structured_output_of({"grammar": grammar, "json_schema": json_schema})
     if json_schema is not None:
         use_library()
         return GRAMMAR_TYPES["json_schema"], schema_text(json_schema)
@@ -62,14 +82,14 @@ def check(model, grammar: str | None = None, json_schema: Any = None) -> None:
     passes a limit, ValueError for a malformed argument. Releases the GIL while it compiles."""
     spec = grammar_spec(grammar, json_schema)
     if spec is not None:
-        _core.grammar_check(model._model, *spec)
+        model.grammar_check(*spec)
 
 
 def check_spec(model, spec: tuple[int, str] | None) -> None:
     """check() of a (type, text) pair as GenerateOptions.grammar_spec gives it."""
     if spec is not None:
         use_library()
-        _core.grammar_check(model._model, *spec)
+        model.grammar_check(*spec)
 
 
 def limits() -> dict[str, int]:

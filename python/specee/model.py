@@ -355,13 +355,6 @@ class Model:
         """Drop cached positions [p0, p1) (p1 < 0: to the end); returns the number of cells removed."""
         return self._ctx.kv_remove(p0, p1)
 
-    def kv_remove_cells(self, cells: Sequence[int] | np.ndarray) -> int:
-        return self._ctx.kv_remove_cells(np.ascontiguousarray(cells, dtype=np.int32).reshape(-1))
-
-    def kv_batch_cells(self) -> np.ndarray:
-        """KV cells given to the tokens of the last batch."""
-        return self._ctx.kv_batch_cells()
-
     @property
     def kv_pos_max(self) -> int:
         return self._ctx.kv_pos_max()
@@ -379,11 +372,11 @@ class Model:
         """Forget the earlier calls' tokens (the next call drafts from its own sequence only)."""
         self._ctx.ngram_cache_clear()
 
-    def kv_cell_pos(self, cell: int) -> int:
-        return self._ctx.kv_cell_pos(cell)
-
-    def kv_cell_valid(self, cell: int, layer: int) -> bool:
-        return self._ctx.kv_cell_valid(cell, layer)
+    def grammar_check(self, grammar_type: int, text: str) -> None:
+        """Compiles a grammar (enum specee_grammar_type, its text) for this model's vocabulary through the runtime's
+        front door (specee.grammar.check says what it checks); SpecEEError when it does not compile or passes a limit.
+        Releases the GIL while it compiles."""
+        _core.grammar_check(self._model, grammar_type, text)
 
     # ---- text
 
@@ -425,7 +418,7 @@ class Model:
 
     @property
     def fim_tokens(self) -> dict[str, int]:
-        """The fill-in-the-middle tokens (csrc/specee-fim.h): {"pre", "suf", "mid", "pad", "rep", "sep": token id},
+        """The fill-in-the-middle tokens (csrc/specee-vocab.h): {"pre", "suf", "mid", "pad", "rep", "sep": token id},
         -1 where the vocabulary has none. Named by the file's tokenizer.ggml.fim_*_token_id keys, else found by their
         text (<|fim_prefix|>, <PRE>, ...) as llama.cpp finds them."""
         return self._model.fim_tokens

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from specee.context_options import CONTEXT_OPTIONS, add_context_flags, context_options_of
 from specee._core import SpecEEError
-from specee.generate import MODES, GenerateOptions
+from specee.generate import MODES, SPEC_TYPES, GenerateOptions
 from specee.grammar import set_limit as set_grammar_limit
 from specee.model import Model
 from specee.pooling import POOLINGS
@@ -240,9 +240,6 @@ ROUTER_SETTINGS = ("models_dir", "models_preset", "models_max", "models_autoload
 
 # every context option (llama.cpp's -fa is accepted and changes nothing: attention is always ggml's flash attention)
 CONTEXT_FLAGS = list(CONTEXT_OPTIONS)
-# llama.cpp's --spec-type values: the mode that serves each here
-SPEC_TYPES = {"draft-simple": "draft", "ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram",
-              "ngram-mod": "ngram", "ngram-cache": "ngram"}
 
 
 def make_parser() -> argparse.ArgumentParser:

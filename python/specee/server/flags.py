@@ -18,6 +18,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from specee.generate import SPEC_TYPES
+
 
 @dataclass(frozen=True)
 class LlamaFlag:
@@ -188,8 +190,9 @@ LLAMA_FLAGS: list[LlamaFlag] = [
       "placement only (-ngl, -dev, -ts): output is the same"),
     S("--mlock", None, "ignored", "memory locking: output is the same"),
     # ---- a draft model (-md, -ngld: the context table's); its settings are requests' defaults (with -md only)
-    S("--spec-type", "TYPE", "server", "draft-simple: mode draft (a draft model, -md); ngram-simple, ngram-map-k, "
-      "ngram-map-k4v, ngram-mod, ngram-cache: mode ngram (n-gram lookup serves them all)", "spec_type"),
+    S("--spec-type", "TYPE", "server", "llama.cpp's speculation types, each as the mode that serves it here: "
+      + "; ".join(f"{t}: mode {m}" for t, m in SPEC_TYPES.items()) + " (mode draft needs a draft model, -md)",
+      "spec_type"),
     S("--draft --draft-n --draft-max --spec-draft-n-max", "N", "sampling",
       "default draft tokens per step of requests with a draft model (3)", "draft.n_max"),
     S("--draft-min --draft-n-min --spec-draft-n-min", "N", "sampling",

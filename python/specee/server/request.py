@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 
 from specee import _core
 from specee.generate import MODES, DraftParams, ExitParams, GenerateOptions, NgramParams
+from specee.grammar import StructuredOutputConflict, structured_output_of
 from specee.model import Model
 from specee.server.reasoning import ThoughtBudget
 
@@ -316,10 +317,11 @@ def grammar_of(body: dict) -> dict[str, Any]:
                            f"{json.dumps(kind)[:40]}", param="response_format")
     grammar = body_field(body, "grammar", str, None, lambda v: v != "", "a non-empty GBNF grammar")
     schema = body_field(body, "json_schema", (dict, bool), None, expect="a JSON Schema object")
-    given = [k for k, v in (("response_format", found.get("json_schema")), ("grammar", grammar),
-                            ("json_schema", schema)) if v is not None]
-    if len(given) > 1:
-        raise ApiError(400, f"one structured-output field at a time, not {' and '.join(given)}", param=given[1])
+    try:
+        structured_output_of({"response_format": found.get("json_schema"), "grammar": grammar, "json_schema": schema})
+    except StructuredOutputConflict as e:
+        raise ApiError(400, f"one structured-output field at a time, not {' and '.join(e.names)}",
+                       param=e.names[1]) from None
     kind = body_field(body, "grammar_type", str, "gbnf", lambda v: v in ("gbnf", "lark"), "gbnf or lark")
     if grammar is not None:
         return {"grammar": grammar, "grammar_type": kind}

@@ -28,7 +28,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from specee._tools import free_port
 from specee.server.llama import BUILD_INFO
 from specee.server.request import ApiError, body_bytes
 
@@ -185,12 +185,6 @@ def exit_with_router() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=wait, name="specee-router-pipe", daemon=True).start()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the router -----------------------------------------------------------------------------------------

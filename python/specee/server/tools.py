@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from specee.grammar import StructuredOutputConflict, structured_output_of
 from specee.model import CHAT_ROLES, Model
 from specee.server.request import ApiError
 from specee.server.reasoning import (REASONING_FORMATS, ReasoningError, ReplyThoughts, ThoughtBudget, budget_of,
@@ -515,11 +516,14 @@ def chat_prompt(model: Model, template: ChatTemplate, body: dict, tokenize: bool
         raise ApiError(400, str(e), param="messages") from None
     extra: dict[str, Any] = tool_grammar(tools, model) if tools is not None else {}
     if tools is not None and extra:
-        taken = [k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None and
-                 not (k == "response_format" and isinstance(body[k], dict) and body[k].get("type") == "text")]
-        if taken:
+        fmt = body.get("response_format")
+        try:
+            structured_output_of({"tools": tools, "response_format": None if isinstance(fmt, dict) and
+                                  fmt.get("type") == "text" else fmt, "grammar": body.get("grammar"),
+                                  "json_schema": body.get("json_schema")})
+        except StructuredOutputConflict as e:
             raise ApiError(400, f"'tools' (under tool_choice {tools.choice}) hold the reply to a tool call's JSON: "
-                           f"not with {taken[0]} too", param=taken[0])
+                           f"not with {e.names[1]} too", param=e.names[1]) from None
     if tools is not None and tools.native and tools.choice != "none":  # the markers' text stays in the reply
         extra["preserved_tokens"] = list(PRESERVED[tools.format])
     fmt = body.get("response_format")

@@ -1,7 +1,7 @@
-// specee-slots-ext.h: the parallel slots' calls beside specee.h's (which is full): a request on a slot of the
-// caller's choice, the cache shared whole (unified), a slot's prompt progress, and a slot's cache (its cells:
-// tokens, positions, K/V) written to a file, read back into a slot, or erased. Every call locks the context, as
-// specee.h's slot calls do.
+// specee-slot-cache.h: the public C API of the parallel slots' caches (beside specee.h; specee-slot-cache.cpp
+// implements it): the cache shared whole (unified), a slot's cache (its cells: tokens, positions, K/V) written to a
+// file or to memory, read back into a slot, or erased, the slot a prompt's cached prefix chooses, and an embedding
+// between the slots' passes. Every call locks the context, as specee.h's slot calls do.
 #pragma once
 
 #include "specee.h"
@@ -12,19 +12,11 @@
 extern "C" {
 #endif
 
-// specee_slots_submit on slot `slot` (llama.cpp's id_slot) rather than the free slot with the longest cached prefix:
-// SPECEE_SLOTS_BUSY while that slot holds a request, -1 with specee_last_error() on a bad slot, prompt or options
-int32_t specee_slots_submit_to(specee_slots * slots, int32_t slot, const int32_t * tokens, int32_t n_tokens,
-                               struct specee_generator_params params, int32_t n_predict, int32_t n_probs);
 // unified != 0 (llama.cpp's --kv-unified): every slot may use the whole cache (n_ctx cells, not n_ctx / n_slots);
 // a request's submit drops the idle slots' caches, and a pass the running requests together overflow fails (-1,
 // "context overflow", as specee.h's calls do) instead of never running out. Only before the first request. Returns
 // the cells a slot may use now, -1 with specee_last_error()
 int32_t specee_slots_set_unified(specee_slots * slots, int32_t unified);
-// prompt tokens of the slot's request in its cache: the prefix reused at its submit, then each prefilled chunk's end
-// (the prompt's length once prefilled); -1 for a slot out of range
-int32_t specee_slots_n_past(const specee_slots * slots, int32_t slot);
-
 // A slot's cache file (specee_slots_save / specee_slots_restore), little-endian as the machine writes it:
 //   "SPKV", u32 version (1), u32 n_layer, u32 n_cells,
 //   per layer: u32 K row bytes, u32 V row bytes, i32 K ggml type, i32 V ggml type,
@@ -56,6 +48,11 @@ int32_t specee_slots_cache_tokens(specee_slots * slots, int32_t slot, int32_t * 
 // The slot specee_slots_submit would give this prompt now (the free slot whose cache holds its longest prefix), with
 // that prefix's length in *cached; SPECEE_SLOTS_BUSY when every slot holds a request
 int32_t specee_slots_choose(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, int32_t * cached);
+
+// One text's embedding (not normalised) between the parallel slots' passes, within a slot's share of the context (free
+// slots' cached prompts make room); 0, or -1 with specee_last_error()
+int32_t specee_slots_embed(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
+                           float * out);
 
 #ifdef __cplusplus
 }
