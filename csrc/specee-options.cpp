@@ -11,7 +11,7 @@
 #include "specee-lora.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
-#include "specee-speculative.h"
+#include "specee-tree-choices.h"
 #include "specee.h"
 
 #include <algorithm>

@@ -3,6 +3,7 @@
 
 #include "specee-draft-head.h"
 #include "specee-step.h"
+#include "specee-tree-choices.h"
 #include "specee.h"
 
 #include <cstdint>
@@ -10,11 +11,6 @@
 #include <utility>
 #include <vector>
 
-// a static tree: each node's parent (the root's: -1) and number of children
-struct tree_shape {
-    std::vector<int32_t> parent;     // -1 for the root
-    std::vector<int32_t> n_children; // children ranks 0 .. n_children - 1
-};
 
 using sparse_dist = std::vector<std::pair<int32_t, float>>; // (target token, p > 0)
 
@@ -111,5 +107,3 @@ void specee_tree_keep(specee_tree_decoder & dec, specee_step step, int32_t n, co
                       const std::vector<int32_t> & path, const float * feats, int32_t row0 = 0);
 // the verified child of node `parent` holding `token`, or -1
 int32_t specee_tree_verified_child(const specee_tree_decoder & dec, int32_t parent, int32_t token);
-// number of draft tokens of a choices list or preset; throws with the reason
-int32_t specee_tree_count_choices(const char * choices);

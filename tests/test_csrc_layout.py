@@ -197,7 +197,7 @@ FLOORS = [
     # generator
     ("decode", {"specee-options", "specee-grammar-limits", "specee-grammar-compile", "specee-gbnf", "specee-grammar",
                 "specee-sampling", "specee-draft-head", "specee-exit-check", "specee-exit", "specee-early-exit",
-                "specee-speculative", "specee-tree-exit", "specee-drafter", "specee-lookup", "specee-hybrid",
+                "specee-tree-choices", "specee-speculative", "specee-tree-exit", "specee-drafter", "specee-lookup", "specee-hybrid",
                 "specee-draft-model", "specee-stats", "specee-generate"}),
     # serving: parallel slots, their step, context shift and caches
     ("serve", {"specee-slots", "specee-context-shift", "specee-slot-step", "specee-slot-cache"}),
