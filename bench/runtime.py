@@ -41,6 +41,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from specee._tools import free_port
+
 TOOLS = ("llama.cpp", "specee")
 
 
@@ -120,12 +122,6 @@ def run_test(tool: str, exe: str, model: str, n_prompt: int, n_gen: int, ngl: in
     run.build = str(result.get("build_commit", ""))
     run.samples_ts += [float(x) for x in result["samples_ts"]]
     run.peak_rss_kib.append(rss_kib)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_rpc_server(stack: ExitStack, exe: str, threads: int) -> str:
