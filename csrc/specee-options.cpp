@@ -252,8 +252,9 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMM
       nullptr, "TYPE"},
      OFF(grammar_type), 0, specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, 0, 0},
     {{"jump_forward", SPECEE_OPTION_BOOL, nullptr, "true or false",
-      "structured output, plain decoding: tokens the grammar forces (keys, quotes, braces) are verified together in "
-      "the next pass instead of one pass each; the output is what it would be without (default: on)"},
+      "structured output: tokens the grammar forces (keys, quotes, braces) are verified together in the next pass "
+      "instead of one pass each (plain decoding; in the drafters' modes where their drafts reach no further); the "
+      "output is what it would be without (default: on)"},
      OFF(jump_forward), 0, nullptr, 0, 0, 0},
     {{"grammar_overlap", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "structured output: the grammar's mask for the position a pass computes depends only on the tokens before it, "

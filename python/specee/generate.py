@@ -148,7 +148,8 @@ class GenerateOptions:
     for message prompts, a name instead of the model's own. Structured output (docs/structured-output.md): grammar,
     a GBNF grammar's text (or Lark, or a regular expression, with grammar_type "lark" / "regex"), or json_schema, a
     JSON Schema (a dict, JSON text or a pydantic model class); grammar_type follows from which is given; jump_forward:
-    in plain decoding, the tokens the grammar forces are verified together in one pass (the output is the same);
+    the tokens the grammar forces are verified together in one pass (plain decoding, and the drafters' modes where
+    their drafts reach no further; the output is the same);
     grammar_overlap: the grammar's next mask is computed on a worker thread while the pass runs."""
 
     mode: str = "auto"
