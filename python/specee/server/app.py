@@ -457,7 +457,11 @@ def main(argv: list[str] | None = None) -> None:
     if gcp is not None and gcp.port is not None:
         args.port = gcp.port  # as llama-server: Vertex AI's port wins
     options = context_options_of(args, [name for name in CONTEXT_FLAGS if name != "flash_attn"])  # -fa: accepted
-    model = Model(options.pop("model", None), **options)
+    try:
+        model = Model(options.pop("model", None), **options)
+    except (SpecEEError, ValueError, OSError) as e:  # a bad model or adapter file: its reason, not a traceback
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
                     unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"),
