@@ -47,6 +47,17 @@ void trim() {
 #endif
 }
 
+// bytes malloc has handed out and not had back, all arenas together (0 where unknown): what a compile keeps is the
+// difference across it, where the change of RSS says nothing when the compile reuses freed pages
+int64_t heap_in_use() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+    const struct mallinfo2 mi = mallinfo2();
+    return (int64_t) (mi.uordblks + mi.hblkhd);
+#else
+    return 0;
+#endif
+}
+
 struct compile_job {
     std::mutex              mutex;
     std::condition_variable cv;
@@ -56,14 +67,14 @@ struct compile_job {
     std::string             kind, text;
     llg_matcher *           matcher = nullptr; // the result: a matcher, or
     std::string             error;             // the engine's refusal
-    int64_t                 grew = 0;          // bytes the process grew by meanwhile
+    int64_t                 held = 0;          // bytes the compile left allocated: the matcher's size
 };
 
 void * compile_main(void * arg) {
     std::shared_ptr<compile_job> job(std::move(*(std::shared_ptr<compile_job> *) arg));
     delete (std::shared_ptr<compile_job> *) arg;
     const llg_api & a     = specee_llg();
-    const int64_t   rss0  = rss_bytes();
+    const int64_t   used0 = heap_in_use();
     llg_matcher *   m     = a.new_matcher(&job->ci, job->kind.c_str(), job->text.c_str());
     std::string     error;
     if (a.matcher_is_error(m)) {
@@ -79,8 +90,9 @@ void * compile_main(void * arg) {
     if (!error.empty()) {
         a.free_matcher(m);
         m = nullptr;
-        trim();
     }
+    const int64_t held = heap_in_use() - used0;
+    trim(); // what the compile made and dropped (the engine's scratch, a refused grammar) leaves the process
     std::lock_guard<std::mutex> lock(job->mutex);
     if (job->abandoned) {
         if (m) {
@@ -92,7 +104,7 @@ void * compile_main(void * arg) {
     }
     job->matcher = m;
     job->error   = error;
-    job->grew    = rss_bytes() - rss0;
+    job->held    = held;
     job->done    = true;
     job->cv.notify_all();
     return nullptr;
@@ -122,7 +134,7 @@ void wait_within_budget(compile_job & job, const char * name) {
 }
 
 llg_matcher * compile_on_worker(const llg_tokenizer * tok, int32_t type, const char * kind,
-                                const std::string & engine_text, std::string & error, int64_t & grew) {
+                                const std::string & engine_text, std::string & error, int64_t & held) {
     const char * name = specee_grammar_type_name(type);
     if (g_abandoned.load() >= MAX_ABANDONED) {
         specee_fail("%s: the grammar engine is still busy with grammars that ran out of their budget; try again "
@@ -153,7 +165,7 @@ llg_matcher * compile_on_worker(const llg_tokenizer * tok, int32_t type, const c
     }
     wait_within_budget(*job, name);
     error = job->error;
-    grew  = job->grew;
+    held  = job->held;
     return job->matcher;
 }
 
@@ -166,7 +178,7 @@ struct cached {
     llg_matcher *         matcher; // start state; null with error
     std::string           error;
     uint64_t              used;
-    int64_t               cost = 0; // bytes the process grew by while it compiled
+    int64_t               cost = 0; // bytes it holds: the matcher (what its compile left allocated), the texts
 };
 
 std::mutex          g_cache_mutex;
@@ -200,6 +212,7 @@ void drop(cached & c) {
 void keep(cached && entry) {
     const size_t  cap  = (size_t) specee_grammar_limit_of("cache_entries");
     const int64_t room = specee_grammar_limit_of("cache_mb") << 20;
+    entry.cost += (int64_t) (sizeof(cached) + entry.text.size() + entry.error.size());
     int64_t       held = entry.cost;
     for (const cached & c : g_cache) {
         held += c.cost;
@@ -230,10 +243,10 @@ llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, co
         }
     }
     std::string error;
-    int64_t     grew = 0;
+    int64_t     held = 0;
     llg_matcher * m;
     try {
-        m = compile_on_worker(tok, type, kind, engine_text, error, grew);
+        m = compile_on_worker(tok, type, kind, engine_text, error, held);
     } catch (const specee_error & e) { // out of budget: kept as a refusal too
         std::lock_guard<std::mutex> lock(g_cache_mutex);
         keep({tok, type, text, nullptr, e.what(), 0, 0});
@@ -245,8 +258,8 @@ llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, co
         keep({tok, type, text, nullptr, message, 0, 0});
         specee_fail("%s", message.c_str());
     }
-    if (grew <= specee_grammar_limit_of("cache_mb") << 20) {
-        keep({tok, type, text, specee_llg().clone_matcher(m), "", 0, std::max<int64_t>(grew, 0)});
+    if (held + (int64_t) text.size() <= specee_grammar_limit_of("cache_mb") << 20) {
+        keep({tok, type, text, specee_llg().clone_matcher(m), "", 0, std::max<int64_t>(held, 0)});
     }
     return m;
 }

@@ -11,8 +11,10 @@
 //
 // Compiled grammars are cached by (vocabulary, type, text), at most cache_entries of them, least recently used
 // dropped; a failure is cached as its message, so a repeated hostile grammar costs nothing. A hit is a clone of the
-// cached matcher in its start state. What the kept grammars grew the process by is bounded by cache_mb in all (the
-// least recently used dropped first; one larger alone is not kept: its memory goes at the end of its request).
+// cached matcher in its start state. What the kept entries hold (a matcher: the bytes its compile left allocated,
+// malloc's count across all arenas; the grammar's text and a failure's message) is bounded by cache_mb in all (the
+// least recently used dropped first; one larger alone is not kept: its memory goes at the end of its request). Each
+// compile ends with malloc_trim, so the engine's scratch memory goes back to the system, not to an arena.
 #pragma once
 
 #include "specee-llg.h"

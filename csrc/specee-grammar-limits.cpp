@@ -37,7 +37,7 @@ static grammar_limit LIMITS[] = {
     {"compile_ms", 3000, "milliseconds one compile may take (on a worker thread; then it is abandoned)"},
     {"compile_mb", 256, "MiB the process may grow by while one grammar compiles"},
     {"cache_entries", 64, "compiled grammars kept by their text (failures too), the least recently used dropped"},
-    {"cache_mb", 32, "MiB the kept compiled grammars may have grown the process by, all together"},
+    {"cache_mb", 16, "MiB the kept compiled grammars and their texts may hold, all together"},
 };
 
 static constexpr int32_t N_LIMITS = (int32_t) (sizeof(LIMITS) / sizeof(LIMITS[0]));

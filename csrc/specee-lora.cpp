@@ -98,7 +98,10 @@ static void check_pair(const std::string & path, const std::string & name, const
                     (long long) w->ne[1], (long long) a->ne[0], (long long) a->ne[1], (long long) b->ne[0],
                     (long long) b->ne[1]);
     }
-    if (a->ne[1] != b->ne[0] || a->ne[1] < 1) {
+    if (a->ne[1] < 1) {
+        specee_fail("%s: '%s' has an adapter of rank %lld (at least 1)", path.c_str(), name.c_str(), (long long) a->ne[1]);
+    }
+    if (a->ne[1] != b->ne[0]) {
         specee_fail("%s: '%s' has lora_a of rank %lld but lora_b of rank %lld", path.c_str(), name.c_str(),
                     (long long) a->ne[1], (long long) b->ne[0]);
     }

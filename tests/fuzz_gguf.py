@@ -551,8 +551,10 @@ class Report:
 
 
 class Worker:
-    def __init__(self, folder: Path, limit_mb: int) -> None:
+    def __init__(self, folder: Path, limit_mb: int, command: list[str] | None = None) -> None:
+        """command: the worker process (default: this file's --worker); it reads paths, answers a line each."""
         self.folder, self.limit_mb = folder, limit_mb
+        self.command = command or [sys.executable, os.path.abspath(__file__), "--worker"]
         self.input = folder / "input.gguf"
         self.log = folder / "worker-stderr.txt"
         self.proc: subprocess.Popen | None = None
@@ -564,8 +566,7 @@ class Worker:
 
         env = dict(os.environ, GGML_NO_BACKTRACE="1")  # ggml's abort would run gdb
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
                                          preexec_fn=limits)
 
     def stop(self) -> None:
@@ -601,9 +602,9 @@ class Worker:
 
 
 def fuzz(inputs: Iterator[tuple[str, bytes]], out: Path, timeout: float, limit_mb: int,
-         progress: bool = True) -> Report:
+         progress: bool = True, command: list[str] | None = None) -> Report:
     out.mkdir(parents=True, exist_ok=True)
-    w = Worker(out, limit_mb)
+    w = Worker(out, limit_mb, command)
     rep = Report()
     t0 = time.time()
     try:

@@ -159,6 +159,9 @@ def limit(argv: list[str], work: Path) -> list[str]:
         return set_flag(set_flag(argv, "--random", "100"), "--out", str(work / "fuzz"))
     if argv[:2] in (["python", "tests/fuzz_rpc.py"], ["python3", "tests/fuzz_rpc.py"]):
         return set_flag(set_flag(argv, "--messages", "200"), "--out", str(work / "fuzz-rpc"))
+    if argv[:2] in (["python", "tests/fuzz_lora.py"], ["python3", "tests/fuzz_lora.py"]):  # 50 random inputs
+        out = set_flag(set_flag(argv, "--random", "50"), "--out", str(work / "fuzz-lora"))
+        return out if "--no-boundary" in out else [*out, "--no-boundary"]
     if argv[:2] in (["python", "tests/fuzz_grammar.py"], ["python3", "tests/fuzz_grammar.py"]):
         return set_flag(set_flag(argv, "--cases", "20"), "--out", str(work / "fuzz-grammar"))
     if module == "specee.bench.lookup":  # one prompt a dataset (code-edit: two), a few tokens, SpecEE's questions

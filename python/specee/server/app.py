@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import hmac
 import importlib.metadata
 import json
@@ -45,6 +46,8 @@ from specee.server.responses import responses, responses_input_tokens
 from specee.server.router import CHILD_ENV, ROUTER_ROUTES, RouterState, exit_with_router, make_router, router_lifespan
 from specee.server.sleep import READ_ONLY, Sleeper
 from specee.server.templates import ChatTemplate, chat_template_of
+
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters (malloc.h)
 
 
 CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
@@ -414,8 +417,23 @@ def prompt_cache_of(args: argparse.Namespace, log: Callable[[str], None]) -> Pro
     return PromptCache(mib, log)
 
 
+def tune_malloc() -> None:
+    """glibc's malloc set for a long-lived server (issue 46: after 2,384 hostile grammars the server kept +56 MB):
+    two arenas, not one per thread that ever allocated (grammar compiles run on threads of their own, each leaving a
+    partly used arena behind), and blocks of 256 KiB or more mapped on their own, so they go back to the system when
+    freed (glibc's adaptive threshold otherwise moves large blocks into the arenas after the first is freed). The
+    same run then keeps +25 MB, with a 35 MB lower peak (docs/hardening.md). Elsewhere: nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "gnu_get_libc_version"):
+        libc.mallopt(M_ARENA_MAX, 2)
+        libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    tune_malloc()
     if args.model is None and any(k in args.llama for k in ROUTER_SETTINGS):  # no model here, a child per model
         router = make_router(args, argv if argv is not None else sys.argv[1:], make_parser())
         app = Starlette(routes=ROUTER_ROUTES, middleware=[Middleware(Guard, state=router)], lifespan=router_lifespan)
@@ -436,7 +454,11 @@ def main(argv: list[str] | None = None) -> None:
     if gcp is not None and gcp.port is not None:
         args.port = gcp.port  # as llama-server: Vertex AI's port wins
     options = context_options_of(args, [name for name in CONTEXT_FLAGS if name != "flash_attn"])  # -fa: accepted
-    model = Model(options.pop("model", None), **options)
+    try:
+        model = Model(options.pop("model", None), **options)
+    except (SpecEEError, ValueError, OSError) as e:  # a bad model or adapter file: its reason, not a traceback
+        print(f"specee-server: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     template = template_of(model, args)
     engine = Engine(model, args.parallel, args.max_queue, args.prefill_chunk,
                     unified=args.llama.get("kv_unified") in ("-kvu", "--kv-unified"),

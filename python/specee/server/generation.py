@@ -199,15 +199,18 @@ async def generate_all(state: ServerState, request: Request, tokens: list[int], 
     return res
 
 
-async def compile_grammar(state: ServerState, spec: tuple[int, str] | None) -> None:
+async def compile_grammar(state: ServerState, spec: tuple[int, str] | None, tools: bool = False) -> None:
     """A request's grammar compiled before it reaches the batching thread: on a worker thread (off the event loop; the
     runtime compiles on a thread of its own within its budget), into the runtime's cache, where the slot's submit
-    finds it. 400 with the runtime's short message when it is refused."""
+    finds it. 400 with the runtime's short message when it is refused (with `tools`, said of the request's tools:
+    the grammar is the one that holds a reply to them)."""
     if spec is None or state.sleeping:
         return
     try:
         await asyncio.to_thread(check_spec, state.model, spec)
     except _core.SpecEEError as e:
+        if tools:
+            raise ApiError(400, f"tools: the grammar that holds a reply to them is refused: {e}", param="tools") from None
         raise ApiError(400, str(e), param="grammar") from None
 
 
@@ -222,7 +225,7 @@ async def respond(state: ServerState, request: Request, tokens: list[int], body:
     params = request_params(body, api, state.mode, state.n_predict, state.sampling, state.model,
                             state.engine.n_lora)
     params.budget = budget
-    await compile_grammar(state, params.options.grammar_spec)
+    await compile_grammar(state, params.options.grammar_spec, bool(body.get("tools")))
     stream = body_field(body, "stream", bool, False)
     stream_options = body_field(body, "stream_options", dict, {})
     include_usage = stream and bool(stream_options.get("include_usage"))

@@ -12,6 +12,11 @@ has its token:
 --spm-infill the suffix part comes before the prefix part). The context is shared as llama-server shares it: the
 last 3/4 of a batch (-b) of the prefix, the first 1/4 of a batch (less the prompt and two tokens) of the suffix, and
 of the extra files' tokens the last ones that fit in the slot's context less a batch and twice the server's -n.
+
+Only what can fit is tokenized: the prefix's end, the suffix's start and the extra files from the last one back,
+each text cut to MAX_TOKEN_CHARS characters per token that can still fit (plus CUT_SLACK) before it is tokenized, so
+a 4 MB `input_extra` costs the context's tokens, not seconds of tokenizing (it took 5 s before). The tokens kept are
+those of the whole text wherever no token is longer than MAX_TOKEN_CHARS characters.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ REPO_NAME = "myproject"  # the repository's name after the rep token (llama-serv
 FILE_NAME = "filename"  # the name of the file being filled in, after the last sep token (llama-server's)
 EXTRA_FILE_NAME = "tmp"  # an extra file's name when it gives none (llama-server's)
 SNIPPET = "\n\n--- snippet ---\n\n"  # before each extra file, without a sep token
+MAX_TOKEN_CHARS = 64  # characters one token is taken to cover at most, where text is cut before tokenizing
+CUT_SLACK = 1024  # characters kept beyond that, so the cut is far from the tokens kept
 
 
 def check_fim(model: Model) -> dict[str, int]:
@@ -46,18 +53,31 @@ def check_fim(model: Model) -> dict[str, int]:
     return fim
 
 
-def text_tokens(model: Model, value: Any, key: str) -> list[int]:
+def cut_tokens(model: Model, text: str, n: int, from_end: bool) -> list[int]:
+    """The last (from_end) or first n tokens of text's plain tokens, only the text that can hold them tokenized."""
+    keep = n * MAX_TOKEN_CHARS + CUT_SLACK
+    if len(text) > keep:
+        text = text[len(text) - keep:] if from_end else text[:keep]
+    ids = model.tokenize(text, add_special=False) if n > 0 else []
+    return ids[max(0, len(ids) - n):] if from_end else ids[:n]
+
+
+def text_tokens(model: Model, value: Any, key: str, n: int, from_end: bool) -> list[int]:
     """`input_prefix` / `input_suffix`: a string, or a list of token ids and strings (llama.cpp's mixed prompt), as
-    token ids; text is tokenized as plain text (special tokens' text stays text), without BOS."""
+    token ids, the last (from_end) or first n of them; text is tokenized as plain text (special tokens' text stays
+    text), without BOS, only as much of it as those n need."""
     if isinstance(value, str):
-        return model.tokenize(value, add_special=False)
+        return cut_tokens(model, value, n, from_end)
     if isinstance(value, list) and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in value):
+        if not all(0 <= p < model.n_vocab for p in value if isinstance(p, int)):
+            raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
         tokens: list[int] = []
-        for p in value:
-            tokens += model.tokenize(p, add_special=False) if isinstance(p, str) else [p]
-        if all(0 <= t < model.n_vocab for t in tokens):
-            return tokens
-        raise ApiError(400, f"token ids of '{key}' must be in [0, {model.n_vocab})", param=key)
+        for p in reversed(value) if from_end else value:
+            if len(tokens) >= n:
+                break
+            part = cut_tokens(model, p, n - len(tokens), from_end) if isinstance(p, str) else [p]
+            tokens = [*part, *tokens] if from_end else [*tokens, *part]
+        return tokens
     raise ApiError(400, f"'{key}' must be a string or a list of token ids and strings, not {shown(value)}", param=key)
 
 
@@ -91,17 +111,22 @@ def infill_prompt(model: Model, prefix: list[int], suffix: list[int], extra: lis
     def plain(text: str) -> list[int]:
         return model.tokenize(text, add_special=False)
 
-    context: list[int] = []
-    if fim["rep"] >= 0:
-        context += [fim["rep"], *plain(REPO_NAME + "\n")]
-    for name, text in extra:
-        context += [fim["sep"], *plain(name + "\n")] if fim["sep"] >= 0 else plain(SNIPPET)
-        context += plain(text)
-    if fim["sep"] >= 0:
-        context += [fim["sep"], *plain(FILE_NAME + "\n")]
+    # the context's parts from its end back, until they fill what it may take (the rest could not fit)
+    budget = max(0, n_ctx - n_batch - 2 * n_predict)
+    parts = [[fim["sep"], *plain(FILE_NAME + "\n")]] if fim["sep"] >= 0 else []
+    n_have = sum(map(len, parts))
+    for name, text in reversed(extra):
+        if n_have >= budget:
+            break
+        text_ids = cut_tokens(model, text, budget - n_have, from_end=True)
+        parts.append([*([fim["sep"], *plain(name + "\n")] if fim["sep"] >= 0 else plain(SNIPPET)), *text_ids])
+        n_have += len(parts[-1])
+    if fim["rep"] >= 0 and n_have < budget:
+        parts.append([fim["rep"], *plain(REPO_NAME + "\n")])
+    context = [t for part in reversed(parts) for t in part]
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
-    n_context = min(max(0, n_ctx - n_batch - 2 * n_predict), len(context))
+    n_context = min(budget, len(context))
     before = [fim["pre"], *prefix[len(prefix) - n_prefix:], *prompt]
     after = [fim["suf"], *suffix[:n_suffix]]
     if spm:
@@ -120,14 +145,18 @@ def infill_tokens(state: ServerState, body: dict) -> list[int]:
     for key in ("input_prefix", "input_suffix"):
         if key not in body:
             raise ApiError(400, f"'{key}' is required", param=key)
-    prefix = text_tokens(model, body["input_prefix"], "input_prefix")
-    suffix = text_tokens(model, body["input_suffix"], "input_suffix")
+    n_batch = state.n_batch
+    prefix = text_tokens(model, body["input_prefix"], "input_prefix", 3 * (n_batch // 4), from_end=True)
+    suffix = text_tokens(model, body["input_suffix"], "input_suffix", n_batch // 4, from_end=False)
     extra = extra_files(body)
+    if len(prompt) > state.engine.n_ctx_slot * MAX_TOKEN_CHARS:  # more tokens than a slot holds, surely
+        raise ApiError(400, f"'prompt' is {len(prompt)} characters: more tokens than a slot's context "
+                       f"({state.engine.n_ctx_slot})", param="prompt")
     try:
         prompt_ids = model.tokenize(prompt, add_special=False, parse_special=True)
     except ValueError as e:  # a lone surrogate (check_json refuses them first)
         raise ApiError(400, f"'prompt': {e}", param="prompt") from None
-    return infill_prompt(model, prefix, suffix, extra, prompt_ids, state.n_batch, state.n_predict,
+    return infill_prompt(model, prefix, suffix, extra, prompt_ids, n_batch, state.n_predict,
                          state.engine.n_ctx_slot, state.spm_infill)
 
 

@@ -11,18 +11,29 @@ in their order), and the variables `messages`, `tools`, `documents`, `add_genera
 `enable_thinking` (server/reasoning.py decides it), then the server's `--chat-template-kwargs` and a request's
 `chat_template_kwargs` over them. As llama.cpp's own Jinja engine does, `+` of a string and an undefined variable or
 null is the string (FireFunction-v2's template adds `functions`, which nothing defines).
+
+A template given by file is code from outside: a render is bounded (`RenderBudget`): at most MAX_RENDER_SECONDS
+of the template's own code (a trace on its frames stops endless nested loops), at most MAX_RENDER_CHARS of output
+and of any string or list it builds (`*`, `+`, `%`, a method's or a filter's result), numbers of at most
+MAX_NUMBER_BITS bits from `*` and `**`, and no call or filter given an integer above MAX_CALL_INT (jinja2's sandbox
+already caps `range` at 100,000 items). Past a bound the render is a TemplateError naming it: at start the server
+refuses the template, on a request it is that request's 400.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
+import re
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, SecurityError
 
 from specee import _core
 from specee.model import Model
@@ -73,12 +84,83 @@ class GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
+# ---- the render's bounds ----------------------------------------------------------------------------------------
+
+MAX_RENDER_SECONDS = 10.0  # of the template's own code, per render
+MAX_RENDER_CHARS = 16 << 20  # characters of output, and of any one string or list a template builds (4x MAX_BODY)
+MAX_NUMBER_BITS = 4096  # an integer a template makes with * or ** (10**1233)
+MAX_CALL_INT = 100_000  # an integer given to a call or a filter (a width, a count): jinja2's MAX_RANGE
+TEMPLATE_FILE = "<template>"  # the file name of code jinja2 compiled from a string
+WIDE_FORMAT = re.compile(r"[%:{][^%{}]*?[0-9]{6,}|%[^a-zA-Z%]*\*")  # a field width or precision of 6+ digits, or *
+
+
+def too_big(value: Any) -> bool:
+    return isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_RENDER_CHARS
+
+
+def check_result(value: Any, what: str) -> Any:
+    if too_big(value):
+        raise SecurityError(f"{what} made a value of {len(value)} items, more than {MAX_RENDER_CHARS}")
+    return value
+
+
+def shown_int(v: int) -> str:
+    return str(v) if v.bit_length() < 64 else f"an integer of {v.bit_length()} bits"
+
+
+def check_args(args: tuple, kwargs: dict, what: str) -> None:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_CALL_INT:
+            raise SecurityError(f"{what} was given {shown_int(v)}, more than {MAX_CALL_INT}")
+        if isinstance(v, str) and what in ("the filter format", "str.format") and WIDE_FORMAT.search(v):
+            raise SecurityError(f"{what}: a field width or precision over 99999")
+
+
+class RenderBudget:
+    """One render's time: a trace function on the template's own frames (the code jinja2 compiled) that raises
+    past the deadline, checked every 256 lines. The thread's earlier trace function comes back after."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.lines = 0
+
+    def local(self, frame: Any, event: str, arg: Any) -> Any:
+        self.lines += 1
+        if self.lines % 256 == 0 and time.monotonic() > self.deadline:
+            raise SecurityError(f"rendering took longer than {self.seconds:g} s")
+        return self.local
+
+    def call(self, frame: Any, event: str, arg: Any) -> Any:
+        return self.local if frame.f_code.co_filename == TEMPLATE_FILE else None
+
+    def __enter__(self) -> "RenderBudget":
+        self.before = sys.gettrace()
+        sys.settrace(self.call)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.settrace(self.before)
+
+
+def bounded_filter(name: str, fn: Any) -> Any:
+    what = f"the filter {name}"
+
+    @functools.wraps(fn)  # keeps jinja_pass_arg (pass_context, pass_environment, ...)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        check_args(args, kwargs, what)
+        return check_result(fn(*args, **kwargs), what)
+
+    return run
+
+
 class ChatEnvironment(SandboxedEnvironment):
     """Sandboxed (no attribute a template should not reach), not immutable: some templates build lists with .append
     (Kimi-K2's), as llama.cpp's own engine allows; the messages they see are the request's own copy. `+` of a string
-    and an undefined or null value gives the string, as in llama.cpp's engine (jinja2 would raise)."""
+    and an undefined or null value gives the string, as in llama.cpp's engine (jinja2 would raise). Operators and
+    calls are held to the render's bounds (the module's docstring)."""
 
-    intercepted_binops = frozenset(["+"])
+    intercepted_binops = frozenset(["+", "*", "**", "%"])
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         def empty(v: Any) -> bool:
@@ -86,12 +168,36 @@ class ChatEnvironment(SandboxedEnvironment):
 
         if operator == "+" and (empty(left) and isinstance(right, str) or isinstance(left, str) and empty(right)):
             return left if isinstance(left, str) else right
-        return super().call_binop(context, operator, left, right)
+        ints = isinstance(left, int) and isinstance(right, int)
+        if operator == "*":
+            seq, n = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(n, int) and isinstance(seq, (str, list, tuple)) and len(seq) * n > MAX_RENDER_CHARS:
+                raise SecurityError(f"'*' would make {len(seq) * n} items, more than {MAX_RENDER_CHARS}")
+            if ints and left.bit_length() + right.bit_length() > MAX_NUMBER_BITS:
+                raise SecurityError(f"'*' would make an integer of more than {MAX_NUMBER_BITS} bits")
+        if operator == "**" and ints and right > 0 and max(abs(left), 2).bit_length() * right > MAX_NUMBER_BITS:
+            raise SecurityError(f"'**' would make an integer of more than {MAX_NUMBER_BITS} bits")
+        if operator == "%" and isinstance(left, str) and WIDE_FORMAT.search(left):
+            raise SecurityError("'%': a field width or precision over 99999")
+        return check_result(super().call_binop(context, operator, left, right), f"'{operator}'")
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja2's names)
+        name = getattr(__obj, "__name__", "")
+        what = f"the call {name or 'of a value'}"
+        if name in ("format", "format_map"):  # the sandbox's wrapper of str.format: the text is the method's own
+            what = "str.format"
+            text = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+            if isinstance(text, str) and WIDE_FORMAT.search(text):
+                raise SecurityError(f"{what}: a field width or precision over 99999")
+        check_args(args, kwargs, what)
+        return check_result(super().call(__context, __obj, *args, **kwargs), what)
 
 
 def jinja_environment() -> SandboxedEnvironment:
     env = ChatEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", GenerationTag])
     env.filters["tojson"] = _tojson
+    env.filters = {name: bounded_filter(name, fn) for name, fn in env.filters.items()}
+    env.globals.pop("lipsum", None)  # paragraphs of filler text: no chat template's business, and slow when large
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -152,11 +258,12 @@ class ChatTemplate:
         if tools:
             values["tools"] = tools
         try:
-            return self.compiled.render(**values)
+            return bounded_render(self.compiled, values)
         except jinja2.exceptions.TemplateError as e:
             raise TemplateError(f"chat template: {e}") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
-            raise TemplateError(f"chat template: {type(e).__name__}: {e}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError,
+                MemoryError) as e:
+            raise TemplateError(f"chat template: {type(e).__name__}: {str(e)[:200]}") from None
 
     def tokens(self, model: Model, text: str) -> list[int]:
         """The rendered text's tokens: special-token text parsed, BOS as the vocabulary asks and not twice."""
@@ -164,6 +271,18 @@ class ChatTemplate:
         if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos:
             tokens = tokens[1:]
         return tokens
+
+
+def bounded_render(compiled: jinja2.Template, values: dict[str, Any]) -> str:
+    """The template's text for these values, within the render's bounds (SecurityError past one)."""
+    pieces, n = [], 0
+    with RenderBudget(MAX_RENDER_SECONDS):
+        for piece in compiled.generate(**values):
+            n += len(piece)
+            if n > MAX_RENDER_CHARS:
+                raise SecurityError(f"the rendered text passed {MAX_RENDER_CHARS} characters")
+            pieces.append(piece)
+    return "".join(pieces)
 
 
 def chat_template_of(model: Model, jinja: bool, template: str | None, template_file: str | None,
