@@ -34,8 +34,9 @@ from specee.bench.server import Server, post
 from specee.generate import MODES
 from specee.model import Model
 
-# (e)'s modes: the runtime's lossless modes that draft (the draft model's needs -md, which this benchmark does not load)
-SPECULATIVE = [m.name for m in MODES.values() if m.lossless and m.name not in ("plain", "draft")]
+# (e)'s modes: the runtime's lossless modes that draft from something (reads), but not from a draft model alone (it
+# needs -md, which this benchmark does not load)
+SPECULATIVE = [m.name for m in MODES.values() if m.lossless and m.reads and m.reads != ("draft",)]
 
 # schema-heavy outputs: many fixed keys, enums, nesting (the tokens a grammar forces are what jump-forward batches)
 CASES: dict[str, tuple[str, dict]] = {
