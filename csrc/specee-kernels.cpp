@@ -409,7 +409,7 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
 
 static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0};
 
-static const int64_t Q8_0_GGML_FROM = 64;
+static const int64_t Q8_0_GGML_FROM = 16;
 
 int64_t specee_kernels_built(int32_t type) {
     return type == GGML_TYPE_Q4_1 ? built_q4_1.load() : type == GGML_TYPE_Q8_0 ? built_q8_0.load() : 0;
