@@ -117,7 +117,8 @@ static bool ngram_settings_given(const specee_generator_params & p) {
            p.ngram.branches != d.branches || p.ngram.adaptive != d.adaptive;
 }
 
-// auto: early exit for a draft head with exit predictors at temperature 0 (SpecEE's merged files), EAGLE-2 for a
+// auto: plain decoding under a grammar with jump-forward (it batches what the grammar forces; drafting on top measured
+// slower), early exit for a draft head with exit predictors at temperature 0 (SpecEE's merged files), EAGLE-2 for a
 // draft head that can beat plain decoding here, n-gram lookup otherwise: early exit unless its predictors' file says
 // they cannot (specee.exit.speedup < 1), EAGLE-2 where eagle_speedup says >= 1. Lookup in place of plain decoding,
 // as it never loses by more than its bookkeeping: it drafts only where its acceptance observed on the sequence and
@@ -135,6 +136,14 @@ static int32_t resolve_auto(specee_context & ctx, const specee_generator_params 
     }
     if (m.draft || draft_settings_given(p)) {
         return SPECEE_MODE_DRAFT; // a draft model was loaded to draft (as llama.cpp's -md); settings without one: refused
+    }
+    if (p.grammar && p.grammar_type != SPECEE_GRAMMAR_NONE && p.jump_forward && !exit_set && !p.eagle.choices[0] &&
+        !dyn_set) {
+        // measured (bench.grammar --modes, issue 48): jump-forward leaves the drafters little to add, and their steps
+        // cost more: eagle2 and ngram with it ran 0.86-0.99x plain decoding with it on three schemas
+        why = "auto: plain: under a grammar jump-forward verifies the tokens it forces in one pass; drafting on top of it "
+              "measured slower (docs/structured-output.md)";
+        return SPECEE_MODE_PLAIN;
     }
     if (!has_head) {
         why = specee_format("%s (no draft head)", lookup);

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from specee import Model, SpecEEError, _core
 from specee._tools import tool_path
-from specee.generate import ExitParams, GenerateOptions, NgramParams
+from specee.generate import EagleParams, ExitParams, GenerateOptions, NgramParams
 from test_server import TIMEOUT, Server, call
 
 # ---- grammars -------------------------------------------------------------------------------------------
@@ -495,6 +495,21 @@ def test_slots_jump_forward_in_the_shared_pass(model: Model) -> None:
             else:
                 assert st["n_drafted"] == 0 and st["n_steps"] == st["n_decoded"], st
             assert slots.stats(b)["n_drafted"] == 0
+
+
+@pytest.mark.slow
+def test_auto_decodes_plainly_under_a_grammar_with_jump_forward(model_head: Model) -> None:
+    """auto under a schema with jump-forward: plain decoding (the forced tokens batched; drafting on top measured
+    slower, docs/structured-output.md), said in mode_why; without jump-forward, or with a tree given, auto decides as
+    without a grammar."""
+    prompt = chat(PROMPTS[1])
+    model_head.generate(prompt, 20, temp=0, json_schema=SCHEMAS[1])
+    st = model_head.last_stats
+    assert st.mode == "plain" and "under a grammar jump-forward" in st.mode_why, st.mode_why
+    model_head.generate(prompt, 20, temp=0, json_schema=SCHEMAS[1], jump_forward=False)
+    assert model_head.last_stats.mode != "plain"
+    model_head.generate(prompt, 20, temp=0, json_schema=SCHEMAS[1], eagle=EagleParams(total_tokens=2, depth=2, topk=1))
+    assert model_head.last_stats.mode == "eagle2"
 
 
 @pytest.mark.slow
