@@ -64,6 +64,16 @@ static std::vector<std::vector<int32_t>> read_paths(const std::string & text) {
         }
         ++i;
     };
+    // after an item of a list: a comma and the next, or the list's end
+    auto comma_or_end = [&]() {
+        skip();
+        if (i < text.size() && text[i] == ',') {
+            ++i;
+            skip();
+        } else if (i >= text.size() || text[i] != ']') {
+            fail("expected ',' or ']'");
+        }
+    };
 
     std::vector<std::vector<int32_t>> paths;
     expect('[');
@@ -84,26 +94,14 @@ static std::vector<std::vector<int32_t>> read_paths(const std::string & text) {
                 }
             }
             path.push_back((int32_t) v);
-            skip();
-            if (i < text.size() && text[i] == ',') {
-                ++i;
-                skip();
-            } else if (i >= text.size() || text[i] != ']') {
-                fail("expected ',' or ']'");
-            }
+            comma_or_end();
         }
         expect(']');
         if (path.empty()) {
             fail("empty path");
         }
         paths.push_back(path);
-        skip();
-        if (i < text.size() && text[i] == ',') {
-            ++i;
-            skip();
-        } else if (i >= text.size() || text[i] != ']') {
-            fail("expected ',' or ']'");
-        }
+        comma_or_end();
     }
     expect(']');
     skip();

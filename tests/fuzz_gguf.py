@@ -651,7 +651,12 @@ def main() -> None:
         inputs.append(random_inputs(seeds, args.random, args.seed, args.out / "structured.gguf"))
     t0 = time.time()
     rep = fuzz((x for it in inputs for x in it), args.out, args.timeout, args.limit_mb)
-    print(json.dumps(dict(rep.summary(), seconds=round(time.time() - t0, 1)), indent=1))
+    report(rep, time.time() - t0)
+
+
+def report(rep, seconds: float) -> None:
+    """A fuzzing run's summary, its most frequent errors and its findings; exit status 1 where there are findings."""
+    print(json.dumps(dict(rep.summary(), seconds=round(seconds, 1)), indent=1))
     print("most frequent errors:")
     for msg, n in rep.messages.most_common(15):
         print(f"  {n:6d}  {msg}")

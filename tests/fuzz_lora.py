@@ -17,7 +17,6 @@ hang (inputs saved); a SpecEEError / ValueError / OSError is a clean refusal, an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Iterator
 import gguf
 import numpy as np
 
-from fuzz_gguf import Q, Shape, boundary_inputs, fuzz, random_inputs, write_seeds
+from fuzz_gguf import Q, Shape, boundary_inputs, fuzz, random_inputs, report, write_seeds
 
 BASE = "spm-f32"
 PROMPT = "Hello world, the quick brown fox"
@@ -148,15 +147,7 @@ def main() -> None:
     t0 = time.time()
     rep = fuzz_lora(args.out, inputs(seeds, args.random, args.seed, args.out / "structured.gguf", not args.no_boundary),
                     base, args.timeout, progress=True)
-    print(json.dumps(dict(rep.summary(), seconds=round(time.time() - t0, 1)), indent=1))
-    print("most frequent errors:")
-    for msg, n in rep.messages.most_common(15):
-        print(f"  {n:6d}  {msg}")
-    for kind, items in (("crash", rep.crashes), ("hang", rep.hangs), ("python exception", rep.pyexc)):
-        for what, line in items[:20]:
-            print(f"{kind}: {what}: {line}")
-    if rep.crashes or rep.hangs or rep.pyexc:
-        raise SystemExit(1)
+    report(rep, time.time() - t0)
 
 
 if __name__ == "__main__":
