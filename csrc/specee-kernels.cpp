@@ -212,11 +212,17 @@ SPECEE_AVX2 static inline float hsum_8(__m256 x) {
 }
 
 // one token's step of a block: acc += (d_x*d_y) * the 8 lanes of the block's byte dot product
-SPECEE_AVX2 static inline __m256 token_step(__m256 acc, __m256i qx, const void * y, int64_t b, const float * dd) {
+// lane t of v in every lane (the tokens' d_x*d_y kept in a register: a store and reloads of single lanes stalled on
+// store forwarding, measured in the 2-token tile)
+template <int T> SPECEE_AVX2 static inline __m256 lane(__m256 v) {
+    return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(T));
+}
+
+SPECEE_AVX2 static inline __m256 token_step(__m256 acc, __m256i qx, const void * y, int64_t b, __m256 dd) {
     const q8_1_block & yb  = ((const q8_1_block *) y)[b];
     const __m256i qy  = _mm256_loadu_si256((const __m256i *) yb.qs);
     const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_broadcast_ss(dd), _mm256_cvtepi32_ps(dot), acc);
+    return _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), acc);
 }
 
 // NT tokens (1..8) at once: NT accumulators of 8 lanes, each its own variable (an array of them ends up in memory);
@@ -234,19 +240,18 @@ SPECEE_AVX2 static void tile_avx2_q4_1(const tile_args & ta) {
         const __m256i      qx  = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
         const __m256       dx  = _mm256_set1_ps(_cvtsh_ss(xb.d));
         const __m256       mx  = _mm256_set1_ps(_cvtsh_ss(xb.m));
-        // the 8 tokens' d_x*d_y in one multiply (lane t: token t, each rounded as ggml's scalar product), read back
-        // one at a time by broadcast loads, which take no vector port
-        alignas(32) float dd[8];
-        _mm256_store_ps(dd, _mm256_mul_ps(dx, _mm256_loadu_ps(d_y)));
-        summs = _mm256_fmadd_ps(mx, _mm256_loadu_ps(s_y), summs);
-        a0    = token_step(a0, qx, ta.y[0], b, dd + 0);
-        if (NT > 1) a1 = token_step(a1, qx, ta.y[1], b, dd + 1);
-        if (NT > 2) a2 = token_step(a2, qx, ta.y[2], b, dd + 2);
-        if (NT > 3) a3 = token_step(a3, qx, ta.y[3], b, dd + 3);
-        if (NT > 4) a4 = token_step(a4, qx, ta.y[4], b, dd + 4);
-        if (NT > 5) a5 = token_step(a5, qx, ta.y[5], b, dd + 5);
-        if (NT > 6) a6 = token_step(a6, qx, ta.y[6], b, dd + 6);
-        if (NT > 7) a7 = token_step(a7, qx, ta.y[7], b, dd + 7);
+        // the 8 tokens' d_x*d_y in one multiply (lane t: token t, each rounded as ggml's scalar product), each
+        // broadcast from the register (lane<t>)
+        const __m256 dd = _mm256_mul_ps(dx, _mm256_loadu_ps(d_y));
+        summs           = _mm256_fmadd_ps(mx, _mm256_loadu_ps(s_y), summs);
+        a0    = token_step(a0, qx, ta.y[0], b, lane<0>(dd));
+        if (NT > 1) a1 = token_step(a1, qx, ta.y[1], b, lane<1>(dd));
+        if (NT > 2) a2 = token_step(a2, qx, ta.y[2], b, lane<2>(dd));
+        if (NT > 3) a3 = token_step(a3, qx, ta.y[3], b, lane<3>(dd));
+        if (NT > 4) a4 = token_step(a4, qx, ta.y[4], b, lane<4>(dd));
+        if (NT > 5) a5 = token_step(a5, qx, ta.y[5], b, lane<5>(dd));
+        if (NT > 6) a6 = token_step(a6, qx, ta.y[6], b, lane<6>(dd));
+        if (NT > 7) a7 = token_step(a7, qx, ta.y[7], b, lane<7>(dd));
     }
     alignas(32) float sm[8];
     _mm256_store_ps(sm, summs);
@@ -259,11 +264,11 @@ SPECEE_AVX2 static void tile_avx2_q4_1(const tile_args & ta) {
 // Q8_0, one token's step of a block: acc += (d_x*d_y) * the 8 lanes of |x| . sign(y, x) (ggml's
 // mul_sum_i8_pairs_float); ax = |x| is computed once per block for all the tokens
 SPECEE_AVX2 static inline __m256 token_step_q8_0(__m256 acc, __m256i qx, __m256i ax, const void * y, int64_t b,
-                                                 const float * dd) {
+                                                 __m256 dd) {
     const __m256i qy  = _mm256_loadu_si256((const __m256i *) ((const q8_0_block *) y)[b].qs);
     const __m256i sy  = _mm256_sign_epi8(qy, qx);
     const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_broadcast_ss(dd), _mm256_cvtepi32_ps(dot), acc);
+    return _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), acc);
 }
 
 template <int NT>
@@ -274,16 +279,15 @@ SPECEE_AVX2 static void tile_avx2_q8_0(const tile_args & ta) {
         const q8_0_block & xb = ((const q8_0_block *) ta.x)[b];
         const __m256i      qx = _mm256_loadu_si256((const __m256i *) xb.qs);
         const __m256i      ax = _mm256_sign_epi8(qx, qx);
-        alignas(32) float dd[8];
-        _mm256_store_ps(dd, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(xb.d)), _mm256_loadu_ps(d_y)));
-        a0 = token_step_q8_0(a0, qx, ax, ta.y[0], b, dd + 0);
-        if (NT > 1) a1 = token_step_q8_0(a1, qx, ax, ta.y[1], b, dd + 1);
-        if (NT > 2) a2 = token_step_q8_0(a2, qx, ax, ta.y[2], b, dd + 2);
-        if (NT > 3) a3 = token_step_q8_0(a3, qx, ax, ta.y[3], b, dd + 3);
-        if (NT > 4) a4 = token_step_q8_0(a4, qx, ax, ta.y[4], b, dd + 4);
-        if (NT > 5) a5 = token_step_q8_0(a5, qx, ax, ta.y[5], b, dd + 5);
-        if (NT > 6) a6 = token_step_q8_0(a6, qx, ax, ta.y[6], b, dd + 6);
-        if (NT > 7) a7 = token_step_q8_0(a7, qx, ax, ta.y[7], b, dd + 7);
+        const __m256       dd = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(xb.d)), _mm256_loadu_ps(d_y));
+        a0 = token_step_q8_0(a0, qx, ax, ta.y[0], b, lane<0>(dd));
+        if (NT > 1) a1 = token_step_q8_0(a1, qx, ax, ta.y[1], b, lane<1>(dd));
+        if (NT > 2) a2 = token_step_q8_0(a2, qx, ax, ta.y[2], b, lane<2>(dd));
+        if (NT > 3) a3 = token_step_q8_0(a3, qx, ax, ta.y[3], b, lane<3>(dd));
+        if (NT > 4) a4 = token_step_q8_0(a4, qx, ax, ta.y[4], b, lane<4>(dd));
+        if (NT > 5) a5 = token_step_q8_0(a5, qx, ax, ta.y[5], b, lane<5>(dd));
+        if (NT > 6) a6 = token_step_q8_0(a6, qx, ax, ta.y[6], b, lane<6>(dd));
+        if (NT > 7) a7 = token_step_q8_0(a7, qx, ax, ta.y[7], b, lane<7>(dd));
     }
     const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
     for (int t = 0; t < NT; ++t) {
