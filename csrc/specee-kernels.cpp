@@ -295,30 +295,15 @@ SPECEE_AVX2 static void tile_avx2_q8_0(const tile_args & ta) {
     }
 }
 
+// each type's tile for 1..8 tokens (index nt - 1)
+using tile_fn = void (*)(const tile_args &);
+static const tile_fn TILES_Q4_1[8] = {tile_avx2_q4_1<1>, tile_avx2_q4_1<2>, tile_avx2_q4_1<3>, tile_avx2_q4_1<4>,
+                                      tile_avx2_q4_1<5>, tile_avx2_q4_1<6>, tile_avx2_q4_1<7>, tile_avx2_q4_1<8>};
+static const tile_fn TILES_Q8_0[8] = {tile_avx2_q8_0<1>, tile_avx2_q8_0<2>, tile_avx2_q8_0<3>, tile_avx2_q8_0<4>,
+                                      tile_avx2_q8_0<5>, tile_avx2_q8_0<6>, tile_avx2_q8_0<7>, tile_avx2_q8_0<8>};
+
 static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
-    if (w == GGML_TYPE_Q8_0) {
-        switch (nt) {
-            case 1: tile_avx2_q8_0<1>(ta); break;
-            case 2: tile_avx2_q8_0<2>(ta); break;
-            case 3: tile_avx2_q8_0<3>(ta); break;
-            case 4: tile_avx2_q8_0<4>(ta); break;
-            case 5: tile_avx2_q8_0<5>(ta); break;
-            case 6: tile_avx2_q8_0<6>(ta); break;
-            case 7: tile_avx2_q8_0<7>(ta); break;
-            default: tile_avx2_q8_0<8>(ta); break;
-        }
-        return;
-    }
-    switch (nt) {
-        case 1: tile_avx2_q4_1<1>(ta); break;
-        case 2: tile_avx2_q4_1<2>(ta); break;
-        case 3: tile_avx2_q4_1<3>(ta); break;
-        case 4: tile_avx2_q4_1<4>(ta); break;
-        case 5: tile_avx2_q4_1<5>(ta); break;
-        case 6: tile_avx2_q4_1<6>(ta); break;
-        case 7: tile_avx2_q4_1<7>(ta); break;
-        default: tile_avx2_q4_1<8>(ta); break;
-    }
+    (w == GGML_TYPE_Q8_0 ? TILES_Q8_0 : TILES_Q4_1)[nt - 1](ta);
 }
 
 #else
