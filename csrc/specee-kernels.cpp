@@ -238,8 +238,13 @@ SPECEE_AVX2 static void tile_avx2_q4_1(const tile_args & ta) {
         const q4_1_block & xb  = ((const q4_1_block *) ta.x)[b];
         const __m128i      raw = _mm_loadu_si128((const __m128i *) xb.qs);
         const __m256i      qx  = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-        const __m256       dx  = _mm256_set1_ps(_cvtsh_ss(xb.d));
-        const __m256       mx  = _mm256_set1_ps(_cvtsh_ss(xb.m));
+        // d and m (adjacent halves) converted in one instruction, then each broadcast (the same values as one at a
+        // time: fp16 to fp32 is exact)
+        int32_t dm_bits;
+        memcpy(&dm_bits, &xb.d, sizeof(dm_bits));
+        const __m128       dm  = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));
+        const __m256       dx  = _mm256_broadcastss_ps(dm);
+        const __m256       mx  = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
         // the 8 tokens' d_x*d_y in one multiply (lane t: token t, each rounded as ggml's scalar product), each
         // broadcast from the register (lane<t>)
         const __m256 dd = _mm256_mul_ps(dx, _mm256_loadu_ps(d_y));
