@@ -67,7 +67,7 @@ static ggml_type act_type_of(ggml_type w) {
 
 // ---- the quantized activations: one I8 tensor holding n rows of Q8_1 or Q8_0 blocks (ggml's layout, the
 // quantizer's output) and each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a tile reads 8 tokens'
-// d or s in one load
+// d or s in one load; then the matmul's chunk counter (set to 0 by the quantizer, taken from by the matmul's threads)
 
 struct act_layout {
     int64_t n      = 0; // tokens
@@ -76,6 +76,7 @@ struct act_layout {
     size_t  bsize  = 0; // bytes per block
     size_t  off_d  = 0;
     size_t  off_s  = 0;
+    size_t  off_next = 0; // the matmul's next chunk (an int64_t of its own cache line)
     size_t  nbytes = 0;
 };
 
@@ -88,8 +89,9 @@ static act_layout layout_of(int64_t k, int64_t n, ggml_type act) {
     const size_t rows   = (size_t) (n * a.nb) * a.bsize;
     const size_t floats = (size_t) (a.nb * a.n_pad) * sizeof(float);
     a.off_d  = (rows + 63) / 64 * 64;
-    a.off_s  = a.off_d + floats;
-    a.nbytes = a.off_s + floats;
+    a.off_s    = a.off_d + floats;
+    a.off_next = (a.off_s + floats + 63) / 64 * 64;
+    a.nbytes   = a.off_next + 64;
     return a;
 }
 
@@ -102,6 +104,9 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     uint8_t *           base = (uint8_t *) dst->data;
     float *             d    = (float *) (base + a.off_d);
     float *             s    = (float *) (base + a.off_s);
+    if (ith == 0) { // the matmul's threads start after ggml's barrier between the two ops, which orders this store
+        __atomic_store_n((int64_t *) (base + a.off_next), 0, __ATOMIC_RELAXED);
+    }
     for (int64_t t = ith; t < a.n_pad; t += nth) {
         if (t >= a.n) {
             for (int64_t b = 0; b < a.nb; ++b) {
@@ -319,8 +324,11 @@ static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
 
 #endif
 
-// ---- the matmul op: dst [m, n] <- src[0] (Q4_1 or Q8_0 [k, m]) x the quantized src[1]; threads split the weight's rows
-// into contiguous ranges, walked in chunks of ROW_CHUNK rows so a chunk stays in cache across the token tiles
+// ---- the matmul op: dst [m, n] <- src[0] (Q4_1 or Q8_0 [k, m]) x the quantized src[1]; the weight's rows in chunks
+// of ROW_CHUNK rows (a chunk stays in cache across the token tiles), each thread's first chunk its own and the rest
+// taken in turn from a counter, as ggml's mul_mat does: a thread that the OS holds back (another process, the
+// server's event loop) leaves its chunks to the others instead of stalling the pass at the barrier after the op. Each
+// output element is still computed by one tile call, the same arithmetic whichever thread runs it.
 
 enum kernel_path { PATH_PORTABLE = 0, PATH_SIMD = 1 };
 
@@ -333,14 +341,16 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const act_layout    a    = layout_of(w->ne[0], dst->ne[1], act_type_of(w->type));
     const bool          simd = (intptr_t) userdata == PATH_SIMD;
     const uint8_t *     base = (const uint8_t *) qa->data;
-    const int64_t       r0 = m * ith / nth, r1 = m * (ith + 1) / nth;
+    int64_t *           next = (int64_t *) (base + a.off_next);
+    const int64_t       n_chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
 
     tile_args ta;
     ta.nb     = a.nb;
     ta.n_pad  = a.n_pad;
     ta.stride = dst->nb[1] / sizeof(float);
-    for (int64_t c0 = r0; c0 < r1; c0 += ROW_CHUNK) {
-        const int64_t c1 = c0 + ROW_CHUNK < r1 ? c0 + ROW_CHUNK : r1;
+    for (int64_t c = ith; c < n_chunks; c = nth + __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) {
+        const int64_t c0 = c * ROW_CHUNK;
+        const int64_t c1 = c0 + ROW_CHUNK < m ? c0 + ROW_CHUNK : m;
         for (int64_t t0 = 0; t0 < a.n; t0 += 8) {
             const int nt = (int) (a.n - t0 < 8 ? a.n - t0 : 8);
             for (int t = 0; t < nt; ++t) {
