@@ -9,6 +9,7 @@
 // (specee_generator_set_params) and prompt-prefix reuse covers the head too.
 #include "specee-context.h"
 #include "specee-draft-head.h"
+#include "specee-draft-model.h"
 #include "specee-drafter.h"
 #include "specee-early-exit.h"
 #include "specee-generate.h"

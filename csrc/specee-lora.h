@@ -1,5 +1,5 @@
-// specee-lora.h: LoRA adapters, as llama.cpp has them (--lora, --lora-scaled). Part of the public API (specee.h
-// includes it).
+// specee-lora.h: LoRA adapters, as llama.cpp has them (--lora, --lora-scaled); their public C API is specee.h's LoRA
+// section.
 //
 // An adapter is a GGUF file (general.type "adapter", adapter.type "lora", general.architecture the model's,
 // adapter.lora.alpha) holding, for some of the model's matrices W "<name>.weight" [n_in, n_out], the pair
@@ -20,50 +20,6 @@
 // server's engine does).
 #pragma once
 
-#include <stdint.h>
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-struct specee_model;
-struct specee_context;
-struct specee_context_options;
-typedef struct specee_lora specee_lora;
-
-// the most adapters active on a context at once
-#define SPECEE_LORA_MAX 8
-
-// Loads the adapter at path for `model`: NULL with specee_last_error() when the file is not a LoRA adapter, is for
-// another architecture, names a matrix the model lacks, or has pairs of the wrong shapes or ranks. Free it with
-// specee_lora_free after the contexts that use it are freed or no longer use it.
-specee_lora * specee_lora_init(struct specee_model * model, const char * path);
-void          specee_lora_free(specee_lora * adapter);
-
-// The adapters the context options name (lora's files at scale 1, then lora_scaled's), loaded for `model` into
-// adapters[0..n) with the scales to apply first (0 each with lora_init_without_apply): n, or -1 with
-// specee_last_error() and none left loaded (a file that does not load, more than n_max).
-int32_t specee_lora_init_from_options(struct specee_model * model, const struct specee_context_options * o,
-                                      specee_lora ** adapters, float * scales, int32_t n_max);
-
-float        specee_lora_alpha(const specee_lora * adapter);     // adapter.lora.alpha (0: none given)
-int32_t      specee_lora_n_weights(const specee_lora * adapter); // the model matrices it adapts
-const char * specee_lora_path(const specee_lora * adapter);
-
-// Makes adapters[0..n) with scales[0..n) (finite) the context's active set, replacing the previous one (n = 0: none).
-// Every adapter must be loaded for the context's model; at most SPECEE_LORA_MAX, no adapter twice. 0, or -1 with
-// specee_last_error() (the set is left as it was). A set other than the current one clears the KV cache.
-int32_t specee_context_set_lora(struct specee_context * ctx, specee_lora * const * adapters, const float * scales,
-                                int32_t n);
-// the number of active adapters, and (i < n) the i-th with its scale in *scale
-int32_t       specee_context_n_lora(const struct specee_context * ctx);
-specee_lora * specee_context_lora(const struct specee_context * ctx, int32_t i, float * scale);
-
-#ifdef __cplusplus
-}
-#endif
-
-#ifdef __cplusplus
 #include <string>
 #include <vector>
 
@@ -72,4 +28,3 @@ specee_lora * specee_context_lora(const struct specee_context * ctx, int32_t i, 
 // empty name or scale); the context-option table checks the options with it
 bool specee_lora_list_parse(const char * text, bool scaled, std::vector<std::string> * files = nullptr,
                             std::vector<float> * scales = nullptr);
-#endif

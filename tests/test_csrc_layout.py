@@ -1,7 +1,8 @@
 """The shape of csrc/: no function over MAX_LINES lines (declaration tables aside), no file over MAX_FILE_LINES lines
-(the bindings' table aside), and its files in floors (FLOORS) with no arrow running back up: a file includes, or
-calls a function defined in, files of its own floor or below, and within a floor no circle. The checkers are tested
-on small made-up sources too, so each check is known to fail when it should."""
+(the declaration tables aside) and no continuation file, the whole public C API in specee.h, and its files in floors
+(FLOORS) with no arrow running back up: a file includes, or calls a function defined in, files of its own floor or
+below, and within a floor no circle. The checkers are tested on small made-up sources too, so each check is known to
+fail when it should."""
 
 from __future__ import annotations
 
@@ -22,8 +23,20 @@ ALLOWED = {
 
 MAX_FILE_LINES = 800
 
-# Files allowed to be longer: the Python module's declaration table, one binding per line
-ALLOWED_FILES = {"bindings/specee-bindings.cpp"}
+# Files allowed to be longer: declaration tables, one declaration per concept, whose length is the API's and not a file's
+# concepts grown together (split, they would be one table read in pieces):
+ALLOWED_FILES = {
+    # the Python module's table, one binding per line
+    "bindings/specee-bindings.cpp",
+    # the one public header (as llama.cpp's llama.h): the whole C API, one section per concept, one declaration each
+    "specee.h",
+}
+
+# The public header: every extern "C" declaration is here, none in another header
+PUBLIC_HEADER = "specee.h"
+
+# what names a continuation file: a concept's file cut at a line count, not where its concepts part
+_CONTINUATION = re.compile(r"-(?:ext|more|cont|part\d*|\d+)$")
 
 # What C++ text is not code: comments, string and character literals (raw strings included) and preprocessor
 # lines (with their continuations); each is blanked out, newlines kept, so braces inside them are not counted
@@ -134,6 +147,31 @@ def long_files(root: Path, max_lines: int = MAX_FILE_LINES) -> list[str]:
         n = len(path.read_text(errors="replace").splitlines())
         if n > max_lines:
             out.append(f"{rel}: {n} lines (at most {max_lines})")
+    return out
+
+
+def continuation_files(root: Path) -> list[str]:
+    """Every file whose name says it continues another (specee-slots-ext.h, specee-options-2.cpp)."""
+    return [f"{p.relative_to(root).as_posix()}: a continuation file (split where the concepts part, under their names)"
+            for p in sorted(root.rglob("*")) if p.suffix in (".cpp", ".h") and _CONTINUATION.search(p.stem)]
+
+
+def public_outside_header(root: Path) -> list[str]:
+    """Public C API outside PUBLIC_HEADER: an extern "C" in another header, or a function a .cpp defines extern "C"
+    that the public header does not declare."""
+    header = next(iter(sorted(root.rglob(PUBLIC_HEADER))), None)
+    declared = set(_CALL.findall(blank_non_code(header.read_text()))) if header else set()
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".cpp", ".h") or path.name == PUBLIC_HEADER:
+            continue
+        rel = path.relative_to(root).as_posix()
+        code = blank_non_code(path.read_text())
+        if path.suffix == ".h" and re.search(r'\bextern\s*""', code):
+            out.append(f'{rel}: extern "C" outside {PUBLIC_HEADER}')
+        for name in re.findall(r'\bextern\s*""\s*[^;{}()]*?\b(specee_\w+)\s*\(', code):
+            if name not in declared:
+                out.append(f'{rel}: {name} is defined extern "C" but {PUBLIC_HEADER} does not declare it')
     return out
 
 
@@ -273,7 +311,18 @@ def test_allowed_long_functions_exist() -> None:
 
 def test_no_file_is_too_long() -> None:
     long = long_files(CSRC)
-    assert not long, "split by concern into files of their own:\n" + "\n".join(long)
+    assert not long, ("split where the file's concepts part, into files named for them (never a continuation file):\n"
+                      + "\n".join(long))
+
+
+def test_no_continuation_file() -> None:
+    bad = continuation_files(CSRC)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_public_api_is_one_header() -> None:
+    bad = public_outside_header(CSRC)
+    assert not bad, f"declare the public C API in {PUBLIC_HEADER}, the rest in internal headers:\n" + "\n".join(bad)
 
 
 def test_allowed_long_files_exist() -> None:
@@ -346,6 +395,31 @@ def test_a_long_file_is_reported(tmp_path: Path) -> None:
     (tmp_path / "bindings").mkdir()
     (tmp_path / "bindings" / "specee-bindings.cpp").write_text(lines * 2)  # the table: allowed
     assert long_files(tmp_path) == [f"tools/specee-long.h: {MAX_FILE_LINES + 1} lines (at most {MAX_FILE_LINES})"]
+
+
+def test_a_continuation_file_is_found(tmp_path: Path) -> None:
+    (tmp_path / "specee-slots.h").write_text("")
+    (tmp_path / "specee-unicode-data.cpp").write_text("")
+    assert continuation_files(tmp_path) == []
+    (tmp_path / "specee-slots-ext.h").write_text("")
+    (tmp_path / "specee-options-2.cpp").write_text("")
+    assert continuation_files(tmp_path) == [
+        "specee-options-2.cpp: a continuation file (split where the concepts part, under their names)",
+        "specee-slots-ext.h: a continuation file (split where the concepts part, under their names)"]
+
+
+def test_a_public_declaration_outside_the_header_is_found(tmp_path: Path) -> None:
+    (tmp_path / "specee.h").write_text('#ifdef __cplusplus\nextern "C" {\n#endif\nint specee_a(void);\n'
+                                       '#ifdef __cplusplus\n}\n#endif\n')
+    (tmp_path / "specee-a.h").write_text('// not extern "C": a comment\nint specee_a_impl(int x);\n')
+    (tmp_path / "specee-a.cpp").write_text('#include "specee.h"\nextern "C" int specee_a(void) { return 0; }\n'
+                                           'int specee_a_impl(int x) { return x; }\n')
+    assert public_outside_header(tmp_path) == []
+    (tmp_path / "specee-b.h").write_text('extern "C" {\nint specee_b(void);\n}\n')
+    (tmp_path / "specee-b.cpp").write_text('#include "specee-b.h"\nextern "C" const char * specee_b(void) { return ""; }\n')
+    assert public_outside_header(tmp_path) == [
+        'specee-b.cpp: specee_b is defined extern "C" but specee.h does not declare it',
+        'specee-b.h: extern "C" outside specee.h']
 
 
 def test_an_include_circle_is_found(tmp_path: Path) -> None:

@@ -1,8 +1,6 @@
 // specee-cli-args.cpp: llama-cli's command line: every flag once in one table, which --help prints and the parser
 // reads; values are checked here, the decoding settings again by the library's generator
 #include "specee-cli-args.h"
-#include "specee-grammar-limits.h"
-#include "specee-options.h"
 
 #include <algorithm>
 #include <cerrno>

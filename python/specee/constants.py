@@ -124,7 +124,7 @@ KEY_SLIDING_WINDOW = "{arch}.attention.sliding_window"  # uint32: a sliding laye
 KEY_SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"  # uint32 n, or bool per layer: which slide
 KEY_ATTN_LOGIT_SOFTCAPPING = "{arch}.attn_logit_softcapping"  # float32: attention logits cap * tanh(x / cap)
 KEY_FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"  # float32: the output logits the same
-KEY_POOLING_TYPE = "{arch}.pooling_type"  # uint32: the embeddings' pooling, llama.cpp's numbers (specee-pooling.h)
+KEY_POOLING_TYPE = "{arch}.pooling_type"  # uint32: the embeddings' pooling, llama.cpp's numbers (specee.h)
 
 # ---- the draft head (EAGLE-1 or EAGLE-3) and the per-layer exit predictors, merged into a model file or alone in a draft
 # head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which

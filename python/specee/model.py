@@ -418,7 +418,7 @@ class Model:
 
     @property
     def fim_tokens(self) -> dict[str, int]:
-        """The fill-in-the-middle tokens (csrc/specee-vocab.h): {"pre", "suf", "mid", "pad", "rep", "sep": token id},
+        """The fill-in-the-middle tokens (csrc/specee.h): {"pre", "suf", "mid", "pad", "rep", "sep": token id},
         -1 where the vocabulary has none. Named by the file's tokenizer.ggml.fim_*_token_id keys, else found by their
         text (<|fim_prefix|>, <PRE>, ...) as llama.cpp finds them."""
         return self._model.fim_tokens
