@@ -1,4 +1,4 @@
-"""One options schema and one stats schema: the runtime's tables (csrc/specee-options.cpp) against the C header's
+"""One options schema and one stats schema: the runtime's tables (csrc/decode/specee-options.cpp) against the C header's
 structs, Python's GenerateOptions / GenerationStats and the CLI's flags."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from specee import _core
 from specee._tools import tool_path
 from specee.generate import FRONTEND_OPTIONS, MODES, EagleParams, ExitParams, GenerateOptions, GenerationStats
 
-HEADER = Path(__file__).resolve().parents[1] / "csrc" / "specee.h"
+HEADER = Path(__file__).resolve().parents[1] / "csrc" / "include" / "specee.h"
 OPTIONS = {o["name"]: o for o in _core.generator_options()}
 
 

@@ -696,7 +696,7 @@ static py::list option_rows(const specee_option * (*option)(int32_t),
 }
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "SpecEE native runtime (see csrc/specee.h)";
+    m.doc() = "SpecEE native runtime (see csrc/include/specee.h)";
     specee_log_set_verbose(false);
 
     static py::exception<std::runtime_error> error(m, "SpecEEError", PyExc_RuntimeError);

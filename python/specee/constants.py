@@ -1,5 +1,6 @@
 """GGUF names the runtime reads: the tensor-name table, the model families' table and the metadata keys ("{arch}" is
-the architecture name: "llama", "qwen2", ...); all mirror csrc/specee-arch, kept equal by tests/test_constants.py."""
+the architecture name: "llama", "qwen2", ...); all mirror csrc/base/specee-arch, kept equal by
+tests/test_constants.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """llama.cpp's /infill: fill in the middle of code. The request gives the text before and after the gap (`input_prefix`,
 `input_suffix`), optionally other files of the project (`input_extra`: [{filename, text}]) and the start of the
-middle (`prompt`); the server lays them out with the model's FIM tokens (csrc/specee.h) as llama-server 0.3.36
+middle (`prompt`); the server lays them out with the model's FIM tokens (csrc/include/specee.h) as llama-server 0.3.36
 does, and answers as /completion does (every /completion field, streamed or whole).
 
 The layout (repository-level FIM, as Qwen2.5-Coder was trained on), each part present only where the vocabulary
