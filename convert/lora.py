@@ -1,4 +1,4 @@
-"""A Hugging Face PEFT LoRA adapter folder -> a GGUF LoRA adapter (csrc/specee-lora.h), in the layout and keys
+"""A Hugging Face PEFT LoRA adapter folder -> a GGUF LoRA adapter (csrc/context/specee-lora.h), in the layout and keys
 upstream llama.cpp's convert_lora_to_gguf.py writes, so either runtime loads it:
 
     python -m specee.convert lora PEFT_DIR --base GGUF_OR_HF_DIR -o OUT.gguf [--outtype f32|f16|bf16|q8_0]

@@ -1,10 +1,10 @@
-"""Generate csrc/specee-unicode-data.cpp: Unicode category flags for every code point, as ranges.
+"""Generate csrc/base/specee-unicode-data.cpp: Unicode category flags for every code point, as ranges.
 
 The tables come from Python's `unicodedata` module (its Unicode version is written into the output).
 The output is deterministic; re-run this script and commit the result when Python's Unicode version
 changes:
 
-    python scripts/gen_unicode_data.py            # writes csrc/specee-unicode-data.cpp
+    python scripts/gen_unicode_data.py            # writes csrc/base/specee-unicode-data.cpp
     python scripts/gen_unicode_data.py --check    # exit 1 when the committed file is stale
 """
 
@@ -15,10 +15,10 @@ import sys
 import unicodedata
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "csrc" / "specee-unicode-data.cpp"
+OUT = Path(__file__).resolve().parent.parent / "csrc" / "base" / "specee-unicode-data.cpp"
 MAX_CPT = 0x110000
 
-# the bits of specee_unicode_flags (csrc/specee-unicode.h), by the first letter of the general category
+# the bits of specee_unicode_flags (csrc/base/specee-unicode.h), by the first letter of the general category
 CATEGORY_FLAGS = {"L": 0x01, "N": 0x02, "M": 0x04, "P": 0x08, "S": 0x10, "Z": 0x20, "C": 0x40}
 WHITESPACE = 0x80
 # \s of the regex engine Hugging Face tokenizers uses (Oniguruma): tab..carriage return, NEL and Z*

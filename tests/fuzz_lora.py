@@ -1,5 +1,5 @@
 """A LoRA adapter fuzzer (issue 46): adapter files mutated as tests/fuzz_gguf.py mutates models, loaded against a
-tiny base model through `Model(lora=[...])` (csrc/specee-lora.cpp's checks, then the graph that applies them).
+tiny base model through `Model(lora=[...])` (csrc/context/specee-lora.cpp's checks, then the graph that applies them).
 
 Seeds, written here without torch, for fuzz_gguf's "spm-f32" base (2 layers, n_embd 32, n_ff 64, 320 tokens):
 - lora-f32: every projection of both layers and the lm_head, rank 4, F32, alpha 8;

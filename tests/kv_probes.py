@@ -1,6 +1,6 @@
 """Probes of a Model's KV cache for the tests: a cell's position and the layers it holds valid K/V for, the cells the
-last batch was given, removing cells. The runtime's internals (specee_kv_* in csrc/specee.h, the bindings' Context),
-read here rather than carried by the public Model."""
+last batch was given, removing cells. The runtime's internals (specee_kv_* in csrc/include/specee.h, the bindings'
+Context), read here rather than carried by the public Model."""
 
 from __future__ import annotations
 

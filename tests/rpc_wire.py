@@ -1,4 +1,4 @@
-"""A small client of ggml's RPC protocol (version 5, as csrc/specee-rpc-proto.h describes it) for the RPC tests and
+"""A small client of ggml's RPC protocol (version 5, as csrc/rpc/specee-rpc-proto.h describes it) for the RPC tests and
 tests/fuzz_rpc.py: messages built field by field, so a test can break any of them, and a server started on
 127.0.0.1 with a time limit of its own."""
 

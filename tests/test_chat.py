@@ -1,4 +1,4 @@
-"""Chat templates: the native renderer (csrc/specee-chat.cpp) against jinja2 rendering of the original
+"""Chat templates: the native renderer (csrc/model/specee-chat.cpp) against jinja2 rendering of the original
 Jinja templates, byte for byte, the way Hugging Face's apply_chat_template renders them."""
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def test_help_lists_only_working_flags(cli: str, tmp_path: Path) -> None:
     assert res.returncode == 0
     flags = dict(help_flags(res.stdout))
     expected = ["-m", "--model", "-p", "--prompt", "-f", "--file", "-n", "--n-predict", "-c", "--ctx-size", "-b",
-                "--batch-size", "-ub", "--ubatch-size", "-t", "--threads", "-s", "--seed", "--temp", "--top-k",
+                "--batch-size", "-ub", "--ubatch-size", "-t", "--threads", "-s", "--seed", "--temp",
+                "--temperature", "--top-k",
                 "--top_k", "--top-p", "--top_p", "--min-p", "--min_p", "--repeat-penalty", "--repeat-last-n", "-e",
                 "--escape", "--no-escape", "-ngl", "--n-gpu-layers", "--gpu-layers", "-cnv", "--conversation",
                 "-no-cnv", "--no-conversation", "-st", "--single-turn", "-sys", "--system-prompt",

@@ -1,6 +1,6 @@
-"""The context-option table (csrc/specee.h `specee_context_options`, specee-options.cpp CONTEXT_OPTIONS): the CLI,
-specee-bench, specee-server and `Model(...)` take their model, context and placement settings from it, under its names
-and llama.cpp's flags, and the runtime checks each value once."""
+"""The context-option table (csrc/include/specee.h `specee_context_options`, specee-options.cpp CONTEXT_OPTIONS): the
+CLI, specee-bench, specee-server and `Model(...)` take their model, context and placement settings from it, under its
+names and llama.cpp's flags, and the runtime checks each value once."""
 
 from __future__ import annotations
 

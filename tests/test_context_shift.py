@@ -1,4 +1,4 @@
-"""Context shift (specee-context-shift.h, the server's --context-shift): a request whose generation fills its slot goes
+"""Context shift (specee.h's slots section, the server's --context-shift): a request whose generation fills its slot goes
 on; the shift turns the cached K by RoPE exactly as a fresh evaluation at the new positions would (checked on a
 one-layer model, where a layer's K/V depend on the token and its position only); off by default."""
 

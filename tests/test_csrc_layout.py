@@ -1,7 +1,8 @@
 """The shape of csrc/: no function over MAX_LINES lines (declaration tables aside), no file over MAX_FILE_LINES lines
-(the bindings' table aside), and its files in floors (FLOORS) with no arrow running back up: a file includes, or
-calls a function defined in, files of its own floor or below, and within a floor no circle. The checkers are tested
-on small made-up sources too, so each check is known to fail when it should."""
+(the declaration tables aside) and no continuation file, the whole public C API in specee.h, and its files in floors
+(FLOORS), each floor a folder of csrc/ saying in its README.md what it owns, with no arrow running back up: a file
+includes, or calls a function defined in, files of its own floor or below, and within a floor no circle. The checkers
+are tested on small made-up sources too, so each check is known to fail when it should."""
 
 from __future__ import annotations
 
@@ -22,8 +23,20 @@ ALLOWED = {
 
 MAX_FILE_LINES = 800
 
-# Files allowed to be longer: the Python module's declaration table, one binding per line
-ALLOWED_FILES = {"bindings/specee-bindings.cpp"}
+# Files allowed to be longer: declaration tables, one declaration per concept, whose length is the API's and not a file's
+# concepts grown together (split, they would be one table read in pieces):
+ALLOWED_FILES = {
+    # the Python module's table, one binding per line
+    "bindings/specee-bindings.cpp",
+    # the one public header (as llama.cpp's llama.h): the whole C API, one section per concept, one declaration each
+    "include/specee.h",
+}
+
+# The public header: every extern "C" declaration is here, none in another header
+PUBLIC_HEADER = "specee.h"
+
+# what names a continuation file: a concept's file cut at a line count, not where its concepts part
+_CONTINUATION = re.compile(r"-(?:ext|more|cont|part\d*|\d+)$")
 
 # What C++ text is not code: comments, string and character literals (raw strings included) and preprocessor
 # lines (with their continuations); each is blanked out, newlines kept, so braces inside them are not counted
@@ -137,18 +150,74 @@ def long_files(root: Path, max_lines: int = MAX_FILE_LINES) -> list[str]:
     return out
 
 
+def continuation_files(root: Path) -> list[str]:
+    """Every file whose name says it continues another (specee-slots-ext.h, specee-options-2.cpp)."""
+    return [f"{p.relative_to(root).as_posix()}: a continuation file (split where the concepts part, under their names)"
+            for p in sorted(root.rglob("*")) if p.suffix in (".cpp", ".h") and _CONTINUATION.search(p.stem)]
+
+
+def public_outside_header(root: Path) -> list[str]:
+    """Public C API outside PUBLIC_HEADER: an extern "C" in another header, or a function a .cpp defines extern "C"
+    that the public header does not declare."""
+    header = next(iter(sorted(root.rglob(PUBLIC_HEADER))), None)
+    declared = set(_CALL.findall(blank_non_code(header.read_text()))) if header else set()
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".cpp", ".h") or path.name == PUBLIC_HEADER:
+            continue
+        rel = path.relative_to(root).as_posix()
+        code = blank_non_code(path.read_text())
+        if path.suffix == ".h" and re.search(r'\bextern\s*""', code):
+            out.append(f'{rel}: extern "C" outside {PUBLIC_HEADER}')
+        for name in re.findall(r'\bextern\s*""\s*[^;{}()]*?\b(specee_\w+)\s*\(', code):
+            if name not in declared:
+                out.append(f'{rel}: {name} is defined extern "C" but {PUBLIC_HEADER} does not declare it')
+    return out
+
+
+def sources(root: Path) -> list[Path]:
+    return [p for p in sorted(root.rglob("*")) if p.suffix in (".cpp", ".h")]
+
+
+def unit_of(root: Path, path: Path) -> str:
+    """A file's unit: its path under root without the suffix ("model/specee-vocab"), so X.h and X.cpp of one folder are
+    one unit, and two files of one name in two folders (tools/ and rpc/ specee-rpc-server.cpp) are two."""
+    return path.relative_to(root).with_suffix("").as_posix()
+
+
+def header_units(root: Path) -> dict[str, str]:
+    """The unit an `#include "specee-Y.h"` names, by Y's stem: the one whose folder holds specee-Y.h, else the one unit
+    of that stem (includes name headers without their folder: the build puts each floor's folder on the path)."""
+    by_stem: dict[str, set[str]] = {}
+    for path in sources(root):
+        by_stem.setdefault(path.stem, set()).add(unit_of(root, path))
+    out = {stem: sorted(units)[0] for stem, units in by_stem.items() if len(units) == 1}
+    out.update({p.stem: unit_of(root, p) for p in sources(root) if p.suffix == ".h"})
+    return out
+
+
+def duplicate_headers(root: Path) -> list[str]:
+    """Headers of one name in two folders (an include names a header without its folder, so it would be ambiguous)."""
+    seen: dict[str, list[str]] = {}
+    for p in sources(root):
+        if p.suffix == ".h":
+            seen.setdefault(p.name, []).append(p.relative_to(root).as_posix())
+    return [" and ".join(paths) for name, paths in sorted(seen.items()) if len(paths) > 1]
+
+
 def include_graph(root: Path) -> dict[str, set[str]]:
-    """specee-X -> the specee-Y.h it includes, a file's .h and .cpp taken as one (so that X.cpp including Y.h
+    """unit -> the units whose specee-Y.h it includes, a file's .h and .cpp taken as one (so that X.cpp including Y.h
     while Y.cpp includes X.h is a circle: each needs the other)."""
     graph: dict[str, set[str]] = {}
-    for path in sorted(root.rglob("*")):
-        if path.suffix not in (".cpp", ".h"):
-            continue
+    header = header_units(root)
+    for path in sources(root):
         text = re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S)
-        deps = graph.setdefault(path.stem, set())
+        me = unit_of(root, path)
+        deps = graph.setdefault(me, set())
         for m in re.finditer(r'^[ \t]*#[ \t]*include[ \t]*"(?:[\w./-]*/)?(specee-[\w.-]+)\.h"', text, re.M):
-            if m.group(1) != path.stem:
-                deps.add(m.group(1))
+            dep = header.get(m.group(1), m.group(1))
+            if dep != me:
+                deps.add(dep)
     return graph
 
 
@@ -179,33 +248,39 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-# The floors of csrc/, bottom first; a unit is a file's stem (X.h and X.cpp are one). Each may include, and call the
-# functions of, units of its own floor or a lower one; never a higher one, and within a floor never in a circle.
+# The floors of csrc/, bottom first, each in a folder of csrc/ (the frontends in two) whose README.md says what it owns
+# and what it may include; a unit is a file in its folder without the suffix (X.h and X.cpp are one). Each may include,
+# and call the functions of, units of its own floor or a lower one; never a higher one, and within a floor never in a
+# circle. The table lists each floor's units by name, and a file must be in its floor's folder.
 FLOORS = [
     # what every floor stands on: errors and logging, the name tables, GGUF files, text's code points, the kernels,
-    # llguidance's loader, the n-gram cache's store, the RPC protocol and its client
-    ("base", {"specee-impl", "specee-hparams", "specee-arch", "specee-gguf", "specee-kernels", "specee-unicode",
-              "specee-unicode-data", "specee-llg", "specee-ngram-cache", "specee-step", "specee-rpc-proto",
-              "specee-rpc-graph", "specee-rpc-client", "specee-quantize"}),
+    # llguidance's loader, the n-gram cache's store, the state a step advances, quantizing
+    ("base", ("base",), {"specee-impl", "specee-hparams", "specee-arch", "specee-gguf", "specee-kernels",
+                         "specee-unicode", "specee-unicode-data", "specee-llg", "specee-ngram-cache", "specee-step",
+                         "specee-quantize"}),
+    # ggml's RPC protocol: its messages, the checks of a received graph, the client (a device for the placement), the
+    # server (the specee-rpc-server tool's engine)
+    ("rpc", ("rpc",), {"specee-rpc-proto", "specee-rpc-graph", "specee-rpc-client", "specee-rpc-server"}),
     # a model's weights and text: loading, placement, graphs, the KV cache, the vocabulary, chat templates, pooling
-    ("model", {"specee-model", "specee-kv-cache", "specee-graph", "specee-placement", "specee-head-weights",
-               "specee-vocab", "specee-chat", "specee-pooling", "specee-loader"}),
+    ("model", ("model",), {"specee-model", "specee-kv-cache", "specee-graph", "specee-placement",
+                           "specee-head-weights", "specee-vocab", "specee-chat", "specee-pooling", "specee-loader"}),
     # a model run: the context and its parameters, batches, what a pass costs, LoRA, embeddings, captures
-    ("context", {"specee-context-params", "specee-context", "specee-batch", "specee-pass-cost", "specee-lora",
-                 "specee-embed", "specee-capture"}),
+    ("context", ("context",), {"specee-context-params", "specee-context", "specee-batch", "specee-pass-cost",
+                               "specee-lora", "specee-embed", "specee-capture"}),
     # decoding: grammars, sampling, the draft head, exits, trees, the generation options and modes, drafters, the
     # generator
-    ("decode", {"specee-options", "specee-grammar-limits", "specee-grammar-compile", "specee-gbnf", "specee-grammar",
-                "specee-sampling", "specee-draft-head", "specee-exit-check", "specee-exit", "specee-early-exit",
-                "specee-tree-choices", "specee-speculative", "specee-tree-exit", "specee-drafter", "specee-lookup", "specee-hybrid",
-                "specee-draft-model", "specee-stats", "specee-generate"}),
+    ("decode", ("decode",), {"specee-options", "specee-grammar-limits", "specee-grammar-compile", "specee-gbnf",
+                             "specee-grammar", "specee-sampling", "specee-draft-head", "specee-exit-check",
+                             "specee-exit", "specee-early-exit", "specee-tree-choices", "specee-speculative",
+                             "specee-tree-exit", "specee-drafter", "specee-lookup", "specee-hybrid",
+                             "specee-draft-model", "specee-stats", "specee-generate"}),
     # serving: parallel slots, their step, context shift and caches
-    ("serve", {"specee-slots", "specee-context-shift", "specee-slot-step", "specee-slot-cache"}),
-    # the public API
-    ("api", {"specee"}),
-    # the frontends: the CLI, the bench, the RPC server, the Python module
-    ("frontends", {"specee-cli", "specee-cli-args", "specee-bench", "specee-openmp", "specee-rpc-server",
-                   "specee-bindings"}),
+    ("serve", ("serve",), {"specee-slots", "specee-context-shift", "specee-slot-step", "specee-slot-cache"}),
+    # the public API (as llama.cpp's include/llama.h)
+    ("api", ("include",), {"specee"}),
+    # the frontends: the CLI, the bench, the RPC server's command line, the Python module
+    ("frontends", ("tools", "bindings"), {"specee-cli", "specee-cli-args", "specee-bench", "specee-openmp",
+                                          "specee-rpc-server", "specee-bindings"}),
 ]
 
 _CALL = re.compile(r"\b(specee_\w+)\s*\(")
@@ -213,19 +288,18 @@ _CALL = re.compile(r"\b(specee_\w+)\s*\(")
 
 def unit_graph(root: Path) -> dict[str, dict[str, list[str]]]:
     """unit -> unit it depends on -> why: "#include" and/or the names of the other's functions it uses (calls them,
-    or declares them: a declaration belongs with its definition). A unit is a file's stem; a function is its unit's
+    or declares them: a declaration belongs with its definition). A unit is as unit_of says; a function is its unit's
     that defines it (in a .cpp, or inline in a .h), and a name the using unit defines itself is its own."""
     defs: dict[str, set[str]] = {}
     code: dict[str, str] = {}
-    for path in sorted(root.rglob("*")):
-        if path.suffix not in (".cpp", ".h"):
-            continue
+    for path in sources(root):
         text = path.read_text()
-        code[path.stem] = code.get(path.stem, "") + blank_non_code(text) + "\n"
+        unit = unit_of(root, path)
+        code[unit] = code.get(unit, "") + blank_non_code(text) + "\n"
         for name, _, _ in functions(text):
             name = name.split("::")[-1]
             if name.startswith("specee_"):
-                defs.setdefault(name, set()).add(path.stem)
+                defs.setdefault(name, set()).add(unit)
     graph: dict[str, dict[str, list[str]]] = {u: {} for u in code}
     for unit, deps in include_graph(root).items():
         for d in deps:
@@ -240,16 +314,40 @@ def unit_graph(root: Path) -> dict[str, dict[str, list[str]]]:
     return graph
 
 
-def back_edges(graph: dict[str, dict[str, list[str]]], floors: list[tuple[str, set[str]]]) -> list[str]:
-    """Every arrow that runs up a floor, every unit in no floor, and a circle within a floor, as messages."""
-    level = {u: i for i, (_, units) in enumerate(floors) for u in units}
-    out = [f"{u}: in no floor (add it to FLOORS)" for u in sorted(graph) if u not in level]
+Floors = list[tuple[str, tuple[str, ...], set[str]]]
+
+
+def floor_levels(units: list[str], floors: Floors) -> tuple[dict[str, int], list[str]]:
+    """unit -> its floor's index, by the folder it is in; and, as messages, every unit in no floor's folder or in a
+    floor that does not list it."""
+    by_folder = {folder: i for i, (_, folders, _) in enumerate(floors) for folder in folders}
+    listed = {name: i for i, (_, _, names) in enumerate(floors) for name in names}
+    level, bad = {}, []
+    for u in sorted(units):
+        folder, _, name = u.rpartition("/")
+        if folder not in by_folder:
+            where = f" (FLOORS: {floors[listed[name]][1][0]}/)" if name in listed else " (add it to FLOORS)"
+            bad.append(f"{u}: in no floor's folder{where}")
+            continue
+        level[u] = i = by_folder[folder]
+        if name not in floors[i][2]:
+            where = f"FLOORS puts it on floor {floors[listed[name]][0]}, folder {floors[listed[name]][1][0]}/" \
+                if name in listed else "FLOORS does not list it (add it)"
+            bad.append(f"{u}: in {folder}/, floor {floors[i][0]}, but {where}")
+    return level, bad
+
+
+def back_edges(graph: dict[str, dict[str, list[str]]], floors: Floors) -> list[str]:
+    """Every unit outside its floor's folder, every arrow that runs up a floor, and a circle within a floor, as
+    messages."""
+    level, out = floor_levels(list(graph), floors)
     for u in sorted(graph):
         for d, why in sorted(graph[u].items()):
             if u in level and d in level and level[d] > level[u]:
                 out.append(f"{u} ({floors[level[u]][0]}) -> {d} ({floors[level[d]][0]}), a floor up: "
                            + ", ".join(why))
-    for name, units in floors:
+    for i, (name, _, _) in enumerate(floors):
+        units = {u for u in graph if level.get(u) == i}
         cycle = find_cycle({u: {d for d in graph.get(u, {}) if d in units} for u in units})
         if cycle:
             steps = [f"{a} -> {b} ({', '.join(graph[a][b])})" for a, b in zip(cycle, cycle[1:])]
@@ -273,7 +371,18 @@ def test_allowed_long_functions_exist() -> None:
 
 def test_no_file_is_too_long() -> None:
     long = long_files(CSRC)
-    assert not long, "split by concern into files of their own:\n" + "\n".join(long)
+    assert not long, ("split where the file's concepts part, into files named for them (never a continuation file):\n"
+                      + "\n".join(long))
+
+
+def test_no_continuation_file() -> None:
+    bad = continuation_files(CSRC)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_public_api_is_one_header() -> None:
+    bad = public_outside_header(CSRC)
+    assert not bad, f"declare the public C API in {PUBLIC_HEADER}, the rest in internal headers:\n" + "\n".join(bad)
 
 
 def test_allowed_long_files_exist() -> None:
@@ -293,9 +402,23 @@ def test_no_arrow_runs_back_up() -> None:
 
 
 def test_floors_name_existing_units() -> None:
-    units = set(unit_graph(CSRC))
-    for name, members in FLOORS:
-        assert members <= units, (name, sorted(members - units))
+    names = {u.rpartition("/")[2] for u in unit_graph(CSRC)}
+    for name, _, members in FLOORS:
+        assert members <= names, (name, sorted(members - names))
+
+
+def test_each_folder_says_what_it_owns() -> None:
+    """Every folder of csrc/ is a floor's, and opens its README.md with what it owns and what it may include."""
+    folders = {f for _, fs, _ in FLOORS for f in fs}
+    assert {p.name for p in CSRC.iterdir() if p.is_dir()} == folders
+    for folder in sorted(folders):
+        readme = CSRC / folder / "README.md"
+        assert readme.is_file() and "include" in readme.read_text(), readme
+
+
+def test_header_names_are_unique() -> None:
+    dup = duplicate_headers(CSRC)
+    assert not dup, "includes name headers without their folder; rename one of:\n" + "\n".join(dup)
 
 
 # ---- the checkers themselves
@@ -348,6 +471,31 @@ def test_a_long_file_is_reported(tmp_path: Path) -> None:
     assert long_files(tmp_path) == [f"tools/specee-long.h: {MAX_FILE_LINES + 1} lines (at most {MAX_FILE_LINES})"]
 
 
+def test_a_continuation_file_is_found(tmp_path: Path) -> None:
+    (tmp_path / "specee-slots.h").write_text("")
+    (tmp_path / "specee-unicode-data.cpp").write_text("")
+    assert continuation_files(tmp_path) == []
+    (tmp_path / "specee-slots-ext.h").write_text("")
+    (tmp_path / "specee-options-2.cpp").write_text("")
+    assert continuation_files(tmp_path) == [
+        "specee-options-2.cpp: a continuation file (split where the concepts part, under their names)",
+        "specee-slots-ext.h: a continuation file (split where the concepts part, under their names)"]
+
+
+def test_a_public_declaration_outside_the_header_is_found(tmp_path: Path) -> None:
+    (tmp_path / "specee.h").write_text('#ifdef __cplusplus\nextern "C" {\n#endif\nint specee_a(void);\n'
+                                       '#ifdef __cplusplus\n}\n#endif\n')
+    (tmp_path / "specee-a.h").write_text('// not extern "C": a comment\nint specee_a_impl(int x);\n')
+    (tmp_path / "specee-a.cpp").write_text('#include "specee.h"\nextern "C" int specee_a(void) { return 0; }\n'
+                                           'int specee_a_impl(int x) { return x; }\n')
+    assert public_outside_header(tmp_path) == []
+    (tmp_path / "specee-b.h").write_text('extern "C" {\nint specee_b(void);\n}\n')
+    (tmp_path / "specee-b.cpp").write_text('#include "specee-b.h"\nextern "C" const char * specee_b(void) { return ""; }\n')
+    assert public_outside_header(tmp_path) == [
+        'specee-b.cpp: specee_b is defined extern "C" but specee.h does not declare it',
+        'specee-b.h: extern "C" outside specee.h']
+
+
 def test_an_include_circle_is_found(tmp_path: Path) -> None:
     (tmp_path / "specee-a.h").write_text('#include "specee-b.h"\n')
     (tmp_path / "specee-b.cpp").write_text('#include "specee-b.h"\n#include "specee-c.h"\n')
@@ -357,28 +505,55 @@ def test_an_include_circle_is_found(tmp_path: Path) -> None:
     assert find_cycle(include_graph(tmp_path)) == ["specee-a", "specee-b", "specee-c", "specee-a"]
 
 
+def test_includes_find_headers_in_their_folders(tmp_path: Path) -> None:
+    """An include names a header without its folder; a .cpp of the same name in another folder is another unit."""
+    for folder, name, text in [("rpc", "specee-x.h", ""), ("rpc", "specee-x.cpp", '#include "specee-x.h"\n'),
+                               ("tools", "specee-x.cpp", '#include "specee-x.h"\n#include "specee-y.h"\n'),
+                               ("tools", "specee-y.h", "")]:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / name).write_text(text)
+    assert include_graph(tmp_path) == {"rpc/specee-x": set(), "tools/specee-x": {"rpc/specee-x", "tools/specee-y"},
+                                       "tools/specee-y": set()}
+    assert duplicate_headers(tmp_path) == []
+    (tmp_path / "rpc" / "specee-y.h").write_text("")
+    assert duplicate_headers(tmp_path) == ["rpc/specee-y.h and tools/specee-y.h"]
+
+
 def test_a_call_back_up_is_found(tmp_path: Path) -> None:
-    floors = [("low", {"specee-a", "specee-b"}), ("high", {"specee-c"})]
-    (tmp_path / "specee-a.h").write_text("int specee_a_get(void);\n")
-    (tmp_path / "specee-a.cpp").write_text('#include "specee-a.h"\nint specee_a_get(void) { return 1; }\n')
-    (tmp_path / "specee-b.cpp").write_text('#include "specee-a.h"\nint specee_b_get(void) { return specee_a_get(); }\n')
-    (tmp_path / "specee-c.cpp").write_text('#include "specee-a.h"\n// specee_c_helper() is a comment\n'
-                                           'int specee_c_helper(void) { return specee_a_get() + 1; }\n')
+    floors = [("low", ("low",), {"specee-a", "specee-b"}), ("high", ("high", "top"), {"specee-c"})]
+    low, high = tmp_path / "low", tmp_path / "high"
+    low.mkdir()
+    high.mkdir()
+    (low / "specee-a.h").write_text("int specee_a_get(void);\n")
+    (low / "specee-a.cpp").write_text('#include "specee-a.h"\nint specee_a_get(void) { return 1; }\n')
+    (low / "specee-b.cpp").write_text('#include "specee-a.h"\nint specee_b_get(void) { return specee_a_get(); }\n')
+    (high / "specee-c.cpp").write_text('#include "specee-a.h"\n// specee_c_helper() is a comment\n'
+                                       'int specee_c_helper(void) { return specee_a_get() + 1; }\n')
     graph = unit_graph(tmp_path)
-    assert graph["specee-b"] == {"specee-a": ["#include", "specee_a_get"]}
+    assert graph["low/specee-b"] == {"low/specee-a": ["#include", "specee_a_get"]}
     assert back_edges(graph, floors) == []
     # a low unit calling a high one's function (no include: a declaration of its own) is an arrow up, named
-    (tmp_path / "specee-b.cpp").write_text("int specee_c_helper(void);\nint specee_b_get(void) { return specee_c_helper(); }\n")
+    (low / "specee-b.cpp").write_text("int specee_c_helper(void);\n"
+                                      "int specee_b_get(void) { return specee_c_helper(); }\n")
     assert back_edges(unit_graph(tmp_path), floors) == [
-        "specee-b (low) -> specee-c (high), a floor up: specee_c_helper"]
+        "low/specee-b (low) -> high/specee-c (high), a floor up: specee_c_helper"]
     # a header declaring what another unit defines is that unit's, and closes a circle within the floor
-    (tmp_path / "specee-b.cpp").write_text('#include "specee-a.h"\nint specee_b_get(void) { return 2; }\n')
-    (tmp_path / "specee-a.h").write_text("int specee_a_get(void);\nint specee_b_get(void);\n")
+    (low / "specee-b.cpp").write_text('#include "specee-a.h"\nint specee_b_get(void) { return 2; }\n')
+    (low / "specee-a.h").write_text("int specee_a_get(void);\nint specee_b_get(void);\n")
     assert back_edges(unit_graph(tmp_path), floors) == [
-        "circle in floor low: specee-a -> specee-b (specee_b_get); specee-b -> specee-a (#include)"]
-    # a unit no floor holds
-    (tmp_path / "specee-d.h").write_text("")
-    assert back_edges(unit_graph(tmp_path), floors)[0] == "specee-d: in no floor (add it to FLOORS)"
+        "circle in floor low: low/specee-a -> low/specee-b (specee_b_get); low/specee-b -> low/specee-a (#include)"]
+    (low / "specee-a.h").write_text("int specee_a_get(void);\n")
+    # a unit no floor lists, one in no floor's folder, and one in the folder of another floor than FLOORS gives it
+    (high / "specee-d.h").write_text("")
+    (tmp_path / "specee-a2.h").write_text("")
+    (tmp_path / "lost").mkdir()
+    (tmp_path / "lost" / "specee-c.h").write_text("")
+    (high / "specee-b.h").write_text("")
+    assert back_edges(unit_graph(tmp_path), floors) == [
+        "high/specee-b: in high/, floor high, but FLOORS puts it on floor low, folder low/",
+        "high/specee-d: in high/, floor high, but FLOORS does not list it (add it)",
+        "lost/specee-c: in no floor's folder (FLOORS: high/)",
+        "specee-a2: in no floor's folder (add it to FLOORS)"]
 
 
 # ---- the Python package: no circle in the graph of imports between the modules of python/specee (those under

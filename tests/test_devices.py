@@ -1,4 +1,4 @@
-"""Layers across devices (csrc/specee-placement.cpp) with a real second device: a specee-rpc-server process on
+"""Layers across devices (csrc/model/specee-placement.cpp) with a real second device: a specee-rpc-server process on
 127.0.0.1, started and stopped by the fixture. -ngl in both offload orders gives the CPU's logits and tokens;
 EAGLE and early exit (per-layer KV validity) work with layers on both sides; the errors are clear."""
 

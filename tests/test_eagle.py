@@ -1,4 +1,4 @@
-"""The EAGLE draft head and lossless tree speculative decoding (csrc/specee-speculative.cpp) on the tiny model:
+"""The EAGLE draft head and lossless tree speculative decoding (csrc/decode/specee-speculative.cpp) on the tiny model:
 the native head against a PyTorch implementation of the same head, greedy speculative output against plain
 greedy output (both tree kinds; a random head and a quickly trained one), the sampling distribution
 (chi-square), a head in its own file, a reduced draft vocabulary, and bad input. SmolLM2 runs are marked slow."""

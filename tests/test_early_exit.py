@@ -1,5 +1,5 @@
-"""SpecEE early exit in the runtime (csrc/specee-early-exit.cpp over csrc/specee-exit.cpp) on the tiny model:
-predictors loaded from a merged GGUF, the native features and predictor against a PyTorch reference on the same
+"""SpecEE early exit in the runtime (csrc/decode/specee-early-exit.cpp over csrc/decode/specee-exit.cpp) on the tiny
+model: predictors loaded from a merged GGUF, the native features and predictor against a PyTorch reference on the same
 weights and hidden states, the decode loop (never exiting equals plain decoding; every exit's token and the KV
 masking of the skipped layers against an explicit masked forward)."""
 

@@ -1,4 +1,4 @@
-"""Checked exits (exit.check, csrc/specee-exit-check.cpp): an exited token's skipped layers run with the next
+"""Checked exits (exit.check, csrc/decode/specee-exit-check.cpp): an exited token's skipped layers run with the next
 token's pass and a token the full model disagrees with is taken back, so greedy early exit equals plain greedy
 decoding, and the KV cache ends as plain decoding leaves it. The tiny model's random head and predictors make
 almost every exit wrong, so these runs roll back often; replayed exit layers force exits of every shape (single

@@ -1,5 +1,5 @@
-"""Model families beyond Llama (csrc/specee-arch.cpp's table): tiny random Qwen2, Qwen3, Phi-3, Mistral, Gemma 2 and
-Gemma 3 models made with transformers, converted by `python -m specee.convert hf` and by upstream llama.cpp's
+"""Model families beyond Llama (csrc/base/specee-arch.cpp's table): tiny random Qwen2, Qwen3, Phi-3, Mistral, Gemma 2
+and Gemma 3 models made with transformers, converted by `python -m specee.convert hf` and by upstream llama.cpp's
 convert_hf_to_gguf.py (when its source is here). Logits against transformers' (F32), the two converters' files against
 each other, EAGLE's greedy tokens against plain decoding, early exit's forced exits against a masked forward of the same
 weights, Gemma's sliding windows, tokenizer and chat template, and the errors a file or checkpoint of a family gets when

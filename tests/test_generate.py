@@ -1,5 +1,5 @@
-"""The one generator (csrc/specee-generate.cpp) behind the CLI and Python: every mode gives the same tokens through
-both, speculative greedy output equals plain greedy output with default settings, the perf lines count generated
+"""The one generator (csrc/decode/specee-generate.cpp) behind the CLI and Python: every mode gives the same tokens
+through both, speculative greedy output equals plain greedy output with default settings, the perf lines count generated
 tokens, a second chat turn evaluates only its new tokens, a stale iterator raises, an interrupt is reported, one
 Model serves several threads, and named intermediates are read through the scheduler's callback."""
 

@@ -1,5 +1,5 @@
-"""Structured output (csrc/specee-grammar.cpp, docs/structured-output.md): every output under a JSON Schema validates
-(jsonschema) over 52 schemas, greedy and sampled, on SmolLM2; GBNF grammars in llama.cpp's grammars/ style are
+"""Structured output (csrc/decode/specee-grammar.cpp, docs/structured-output.md): every output under a JSON Schema
+validates (jsonschema) over 52 schemas, greedy and sampled, on SmolLM2; GBNF grammars in llama.cpp's grammars/ style are
 accepted and bind the output, malformed ones are refused with the line and the reason; the lossless modes (eagle,
 eagle2, ngram) under a grammar give what plain decoding under it gives, early exit stays inside it, tree exit and
 checked exits refuse it; the CLI's and the server's spellings (response_format, the openai client's parse with a

@@ -1,4 +1,4 @@
-"""The grammar front door (issue 46; csrc/specee-grammar-limits.cpp, csrc/specee-grammar-compile.cpp,
+"""The grammar front door (issue 46; csrc/decode/specee-grammar-limits.cpp, csrc/decode/specee-grammar-compile.cpp,
 docs/hardening.md "Grammars"): grammars and schemas that crashed, stalled or bloated the engine are refused with a
 short message naming the limit, before the engine sees them; a compile runs on a worker within a budget (forced
 small here to show the mechanism); compiled grammars are cached by text; each class is also sent to specee-server,

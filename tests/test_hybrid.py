@@ -1,9 +1,9 @@
-"""Mode ngram+eagle2, hybrid trees (csrc/specee-hybrid.cpp): n-gram lookup's chain grafted onto the EAGLE-2 head's tree,
-verified in one pass; lookup alone (the head skipped) where it is confident. Greedy output equals plain decoding's (tiny
-fixtures with a trained and a random head; SmolLM2 with its shipped head over the evaluation datasets' prompts, slow);
-sampling keeps the target's distribution where the root has both the head's children and a lookup point node
-(chi-square, as tests/test_eagle.py); the lookup-only steps are seen by their size (a head step verifies its whole tree).
-The tiny random model does not copy its context, so lookup's drafts are accepted there only by sampling or by a
+"""Mode ngram+eagle2, hybrid trees (csrc/decode/specee-hybrid.cpp): n-gram lookup's chain grafted onto the EAGLE-2
+head's tree, verified in one pass; lookup alone (the head skipped) where it is confident. Greedy output equals plain
+decoding's (tiny fixtures with a trained and a random head; SmolLM2 with its shipped head over the evaluation datasets'
+prompts, slow); sampling keeps the target's distribution where the root has both the head's children and a lookup point
+node (chi-square, as tests/test_eagle.py); the lookup-only steps are seen by their size (a head step verifies its whole
+tree). The tiny random model does not copy its context, so lookup's drafts are accepted there only by sampling or by a
 replayed acceptance; SmolLM2 copies repeated text."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The CPU matmul kernels (csrc/specee-kernels.cpp, docs/kernels.md): Q4_1 and Q8_0 weights times 1..n token rows give
-ggml's own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count, odd shapes
-and K not a multiple of 256; a model's logits are the same with kernels auto, portable and off, and a token's logits
-do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless modes,
-perplexity) are marked slow."""
+"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1 and Q8_0 weights times 1..n token rows
+give ggml's own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count,
+odd shapes and K not a multiple of 256; a model's logits are the same with kernels auto, portable and off, and a token's
+logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless
+modes, perplexity) are marked slow."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Mode ngram (csrc/specee-lookup.cpp): drafts copied from earlier in the sequence, verified as an EAGLE tree. Greedy
-output equals plain decoding's; sampling keeps the target's distribution (chi-square, as tests/test_eagle.py); the
-CLI takes it under llama.cpp's --spec-type; the slots run it; SmolLM2 over the evaluation datasets' prompts is slow."""
+"""Mode ngram (csrc/decode/specee-lookup.cpp): drafts copied from earlier in the sequence, verified as an EAGLE tree.
+Greedy output equals plain decoding's; sampling keeps the target's distribution (chi-square, as tests/test_eagle.py);
+the CLI takes it under llama.cpp's --spec-type; the slots run it; SmolLM2 over the evaluation datasets' prompts is
+slow."""
 
 from __future__ import annotations
 
@@ -218,7 +219,7 @@ def test_smollm2_greedy_equals_plain_over_the_datasets(smollm2_path: Path) -> No
         assert drafted > 0
 
 
-# ---- the cross-request n-gram cache (csrc/specee-ngram-cache.cpp)
+# ---- the cross-request n-gram cache (csrc/base/specee-ngram-cache.cpp)
 
 
 def test_a_repeated_request_drafts_from_the_cache_and_equals_plain(tiny_gguf: Path) -> None:

@@ -1,9 +1,9 @@
-"""LoRA adapters (csrc/specee-lora.h, `python -m specee.convert lora`): a tiny random Llama made with transformers
-and a PEFT adapter written by hand (adapter_config.json + adapter_model.safetensors). The logits under an adapter at
-scale s equal transformers' with the merged weights W + s alpha / r B A; scale 0 is the base model; two adapters add;
-speculative greedy modes give plain greedy tokens under an adapter; bad files are refused with their reason; the
-converter matches upstream's convert_lora_to_gguf.py and upstream llama-completion --lora gives our greedy tokens
-(both skipped when upstream is not here)."""
+"""LoRA adapters (csrc/context/specee-lora.h, `python -m specee.convert lora`): a tiny random Llama made with
+transformers and a PEFT adapter written by hand (adapter_config.json + adapter_model.safetensors). The logits under an
+adapter at scale s equal transformers' with the merged weights W + s alpha / r B A; scale 0 is the base model; two
+adapters add; speculative greedy modes give plain greedy tokens under an adapter; bad files are refused with their
+reason; the converter matches upstream's convert_lora_to_gguf.py and upstream llama-completion --lora gives our greedy
+tokens (both skipped when upstream is not here)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The mode table (csrc/specee.h `specee_mode_info`, Python `specee.MODES`): every frontend asks it, none names a
-group of modes by hand. The checkers are tested on made-up sources too, so each is known to fail when it should."""
+"""The mode table (csrc/include/specee.h `specee_mode_info`, Python `specee.MODES`): every frontend asks it, none names
+a group of modes by hand. The checkers are tested on made-up sources too, so each is known to fail when it should."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from test_early_exit import predictors, with_head  # noqa: F401 (fixtures: the t
 
 ROOT = Path(__file__).resolve().parents[1]
 # where modes may be named: the table itself, and the decoder (its dispatch on the mode and auto's choice)
-TABLE = "csrc/specee-options.cpp"
-DECODER = "csrc/specee-generate.cpp"
+TABLE = "csrc/decode/specee-options.cpp"
+DECODER = "csrc/decode/specee-generate.cpp"
 # the Python frontends and tools
 PY_DIRS = ("python/specee", "evals", "bench", "autoee", "convert")
 MODE_NAMES = set(specee.MODES)

@@ -1,4 +1,4 @@
-"""One options schema and one stats schema: the runtime's tables (csrc/specee-options.cpp) against the C header's
+"""One options schema and one stats schema: the runtime's tables (csrc/decode/specee-options.cpp) against the C header's
 structs, Python's GenerateOptions / GenerationStats and the CLI's flags."""
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from specee import _core
 from specee._tools import tool_path
 from specee.generate import FRONTEND_OPTIONS, MODES, EagleParams, ExitParams, GenerateOptions, GenerationStats
 
-HEADER = Path(__file__).resolve().parents[1] / "csrc" / "specee.h"
-# the public headers: specee.h and the narrow ones it includes (the draft model's settings)
-HEADERS = (HEADER, HEADER.with_name("specee-draft-model.h"))
+HEADER = Path(__file__).resolve().parents[1] / "csrc" / "include" / "specee.h"
 OPTIONS = {o["name"]: o for o in _core.generator_options()}
 
 
 def struct_fields(name: str) -> list[tuple[str, str]]:
     """(type, field) of a struct in specee.h, in order."""
-    body = re.search(r"struct %s \{(.*?)\n\};" % name, "\n".join(h.read_text() for h in HEADERS), re.S)
+    body = re.search(r"struct %s \{(.*?)\n\};" % name, HEADER.read_text(), re.S)
     assert body, name
     fields = []
     for line in body.group(1).splitlines():

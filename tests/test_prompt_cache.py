@@ -1,5 +1,5 @@
 """llama.cpp's host-memory prompt cache (--cache-ram, server/prompt_cache.py, Slots.save_mem / restore_mem in
-csrc/specee-slot-cache.cpp): a slot's cells kept as bytes (the slot file's bytes) and restored give the tokens the
+csrc/serve/specee-slot-cache.cpp): a slot's cells kept as bytes (the slot file's bytes) and restored give the tokens the
 slot gave without the cache; the cache keeps to its budget, dropping the oldest entries first; 0 turns it off; the
 server restores a kept prompt for a later request and says so in its log with llama-server's test tags. Servers bind
 127.0.0.1 and are stopped here; every loop is bounded."""

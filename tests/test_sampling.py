@@ -1,4 +1,4 @@
-"""Samplers (csrc/specee-sampling.cpp): greedy, reproducible seeded draws, and the empirical distribution of
+"""Samplers (csrc/decode/specee-sampling.cpp): greedy, reproducible seeded draws, and the empirical distribution of
 each sampler on fixed logits against its definition (chi-square goodness of fit)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A slot's cache saved to a file, restored into a slot and erased (csrc/specee-slot-cache.cpp, specee-slot-cache.h), a
+"""A slot's cache saved to a file, restored into a slot and erased (csrc/serve/specee-slot-cache.cpp, specee.h), a
 request on a chosen slot, the prompt's progress, and the cache shared whole (unified): a restored cache is a prefix
 the next request reuses and gives the same tokens as the slot it came from; a bad file changes nothing."""
 

@@ -1,5 +1,5 @@
-"""Several sequences in one KV cache and the parallel slots that batch them (csrc/specee-slots.cpp): a token sees only
-its own sequence, a batched run gives each sequence the tokens it gets alone, requests join and leave between
+"""Several sequences in one KV cache and the parallel slots that batch them (csrc/serve/specee-slots.cpp): a token sees
+only its own sequence, a batched run gives each sequence the tokens it gets alone, requests join and leave between
 passes, removal frees cells, speculative requests stay what they are alone."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Tree exit (csrc/specee-tree-exit.cpp, mode tree-exit): SpecEE's early exit inside the EAGLE tree's verification
-pass, on the tiny model with a random head and random predictors. Replayed exits give the exit layer's logits
-(against an explicit masked forward and the runtime's own layer-range evaluation), the walk over them follows the
+"""Tree exit (csrc/decode/specee-tree-exit.cpp, mode tree-exit): SpecEE's early exit inside the EAGLE tree's
+verification pass, on the tiny model with a random head and random predictors. Replayed exits give the exit layer's
+logits (against an explicit masked forward and the runtime's own layer-range evaluation), the walk over them follows the
 tree down to its leaves (replayed acceptance), never exiting is EAGLE-2 and plain decoding, the skipped layers' cache
 follows the KV policy, bad use is refused, and the CLI runs it on the default model."""
 

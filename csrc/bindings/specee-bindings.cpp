@@ -1,14 +1,5 @@
 // specee-bindings.cpp: the _core Python module, a thin layer over specee.h
-#include "specee-context-shift.h"
-#include "specee-embed.h"
-#include "specee-grammar-compile.h"
-#include "specee-grammar-limits.h"
 #include "specee-kernels.h"
-#include "specee-options.h"
-#include "specee-pooling.h"
-#include "specee-slot-cache.h"
-#include "specee-slots.h"
-#include "specee-vocab.h"
 #include "specee.h"
 
 #include <pybind11/numpy.h>
@@ -556,7 +547,7 @@ struct Slots {
         return r;
     }
 
-    // a free slot's cache to a file, back, or dropped (specee-slot-cache.h): the cells; the GIL released for the I/O
+    // a free slot's cache to a file, back, or dropped (specee.h): the cells; the GIL released for the I/O
     int32_t cache(const std::string & action, int32_t slot, const std::string & path) {
         int32_t r;
         {
@@ -705,7 +696,7 @@ static py::list option_rows(const specee_option * (*option)(int32_t),
 }
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "SpecEE native runtime (see csrc/specee.h)";
+    m.doc() = "SpecEE native runtime (see csrc/include/specee.h)";
     specee_log_set_verbose(false);
 
     static py::exception<std::runtime_error> error(m, "SpecEEError", PyExc_RuntimeError);
@@ -937,7 +928,7 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("eog_tokens", [](const Model & s) { return id_list(specee_token_eog_ids, s.ptr); })
         .def_property_readonly("fim_tokens",
                                [](const Model & s) {
-                                   py::dict out; // name -> token id (-1: none), in specee-vocab.h's order
+                                   py::dict out; // name -> token id (-1: none), in specee.h's order
                                    for (int32_t k = 0; k < SPECEE_FIM_COUNT; ++k) {
                                        out[specee_fim_name(k)] = specee_token_fim(s.ptr, k);
                                    }

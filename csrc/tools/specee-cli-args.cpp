@@ -1,8 +1,6 @@
 // specee-cli-args.cpp: llama-cli's command line: every flag once in one table, which --help prints and the parser
 // reads; values are checked here, the decoding settings again by the library's generator
 #include "specee-cli-args.h"
-#include "specee-grammar-limits.h"
-#include "specee-options.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -81,18 +79,10 @@ static std::string str(float v) {
 }
 
 // The flags of a library table, one per option (specee.h: the generation options, specee_generator_option, and the
-// context options, specee_context_option): the option's own spellings when it has them (the context options, as
-// llama.cpp spells them), else "--" and its name with '-' for '.' and '_' ("exit.kv" -> --exit-kv) plus llama.cpp's
-// and EAGLE's spellings. A bool option that is off by default is a flag that turns it on, one that is on by default
-// "--no-..." that turns it off.
+// context options, specee_context_option): the option's own spellings when the table gives them (llama.cpp's and
+// EAGLE's, with this project's), else "--" and its name with '-' for '.' and '_' ("exit.kv" -> --exit-kv). A bool
+// option that is off by default is a flag that turns it on, one that is on by default "--no-..." that turns it off.
 static std::vector<std::string> flag_names(const specee_option & o) {
-    static const std::vector<std::pair<std::string, std::vector<std::string>>> ALIASES = {
-        {"seed", {"-s"}}, {"top_k", {"--top_k"}}, {"top_p", {"--top_p"}}, {"min_p", {"--min_p"}},
-        {"eagle.choices", {"--eagle_choices"}}, {"eagle.topk", {"--eagle_dynamic_tree_max_top_k"}},
-        {"ngram.draft_max", {"--spec-ngram-mod-n-max"}},
-        {"draft.n_max", {"--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"}},
-        {"draft.n_min", {"--draft-min", "--spec-draft-n-min"}}, {"draft.p_min", {"--spec-draft-p-min"}},
-        {"draft.synth_rates", {"--spec-synth-rates"}}};
     std::vector<std::string> names;
     if (o.flags) {
         std::stringstream ss(o.flags);
@@ -105,11 +95,6 @@ static std::vector<std::string> flag_names(const specee_option & o) {
     std::replace(flag.begin(), flag.end(), '.', '-');
     std::replace(flag.begin(), flag.end(), '_', '-');
     names.push_back(flag);
-    for (const auto & [option, aliases] : ALIASES) {
-        if (option == o.name) {
-            names.insert(option == "seed" ? names.begin() : names.end(), aliases.begin(), aliases.end());
-        }
-    }
     return names;
 }
 

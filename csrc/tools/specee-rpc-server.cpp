@@ -1,5 +1,5 @@
 // specee-rpc-server: this machine's CPU as a ggml RPC device for another process or machine (`specee-cli --rpc
-// HOST:PORT`, llama.cpp's --rpc too). Only parses flags; the server is csrc/specee-rpc-server.cpp.
+// HOST:PORT`, llama.cpp's --rpc too). Only parses flags; the server is csrc/rpc/specee-rpc-server.cpp.
 #include "specee-rpc-server.h"
 #include "specee-openmp.h"
 

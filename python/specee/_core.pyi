@@ -1,4 +1,4 @@
-"""Type stubs of specee._core, the native runtime (csrc/bindings/specee-bindings.cpp over csrc/specee.h).
+"""Type stubs of specee._core, the native runtime (csrc/bindings/specee-bindings.cpp over csrc/include/specee.h).
 
 Made with pybind11-stubgen (`pybind11-stubgen specee._core -o OUT`) and kept equal to the module by
 tests/test_stub.py.

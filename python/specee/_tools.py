@@ -54,7 +54,7 @@ def _exec(name: str) -> None:
 
 def _grammar_env() -> None:
     """Where the installed llguidance's library and this Python's libpython are, for the tools' grammars
-    (csrc/specee-grammar.cpp; the build's paths otherwise)."""
+    (csrc/decode/specee-grammar.cpp; the build's paths otherwise)."""
     spec = importlib.util.find_spec("llguidance")
     if spec is not None and spec.submodule_search_locations and not os.environ.get("SPECEE_LLGUIDANCE"):
         for folder in spec.submodule_search_locations:

@@ -1,5 +1,6 @@
 """GGUF names the runtime reads: the tensor-name table, the model families' table and the metadata keys ("{arch}" is
-the architecture name: "llama", "qwen2", ...); all mirror csrc/specee-arch, kept equal by tests/test_constants.py."""
+the architecture name: "llama", "qwen2", ...); all mirror csrc/base/specee-arch, kept equal by
+tests/test_constants.py."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ KEY_SLIDING_WINDOW = "{arch}.attention.sliding_window"  # uint32: a sliding laye
 KEY_SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"  # uint32 n, or bool per layer: which slide
 KEY_ATTN_LOGIT_SOFTCAPPING = "{arch}.attn_logit_softcapping"  # float32: attention logits cap * tanh(x / cap)
 KEY_FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"  # float32: the output logits the same
-KEY_POOLING_TYPE = "{arch}.pooling_type"  # uint32: the embeddings' pooling, llama.cpp's numbers (specee-pooling.h)
+KEY_POOLING_TYPE = "{arch}.pooling_type"  # uint32: the embeddings' pooling, llama.cpp's numbers (specee.h)
 
 # ---- the draft head (EAGLE-1 or EAGLE-3) and the per-layer exit predictors, merged into a model file or alone in a draft
 # head file (SpecEE's published GGUF names, so its `eauto` files load too). Not part of TENSOR_NAMES above, which

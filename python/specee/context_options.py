@@ -1,9 +1,9 @@
-"""The context options: what loading a model and making its context take (the runtime's table, csrc/specee.h
-`specee_context_options`, named once in csrc/specee-options.cpp): the files, the context (n_ctx, n_batch, n_ubatch,
-n_threads, n_threads_batch, type_v) and where the layers go (n_gpu_layers, offload_order, devices, rpc_servers,
-tensor_split). `Model(...)` takes them as keywords under these names; the Python frontends' command lines (specee-server)
-take them under llama.cpp's flags, as the CLI and specee-bench do. The runtime checks every value (ValueError with its
-message)."""
+"""The context options: what loading a model and making its context take (the runtime's table, csrc/include/specee.h
+`specee_context_options`, named once in csrc/decode/specee-options.cpp): the files, the context (n_ctx, n_batch,
+n_ubatch, n_threads, n_threads_batch, type_v) and where the layers go (n_gpu_layers, offload_order, devices,
+rpc_servers, tensor_split). `Model(...)` takes them as keywords under these names; the Python frontends' command lines
+(specee-server) take them under llama.cpp's flags, as the CLI and specee-bench do. The runtime checks every value
+(ValueError with its message)."""
 
 from __future__ import annotations
 

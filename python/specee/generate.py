@@ -1,7 +1,7 @@
 """What a generation takes and reports, and its text side.
 
-The options and stats are the runtime's (csrc/specee.h: `specee_generator_params`, `specee_generator_stats`,
-named once in csrc/specee-options.cpp): `GenerateOptions` has a field for every option of the runtime's table,
+The options and stats are the runtime's (csrc/include/specee.h: `specee_generator_params`, `specee_generator_stats`,
+named once in csrc/decode/specee-options.cpp): `GenerateOptions` has a field for every option of the runtime's table,
 under the same name ("temp", "eagle.topk" is `eagle.topk`, "exit.kv" is `exit.kv`), and the runtime checks every
 value (a refused one raises ValueError with its message); `GenerationStats` has the runtime's stats under their
 names. tests/test_options.py keeps both equal to the runtime's tables. `Model.generate`, `Model.stream` and
@@ -22,9 +22,9 @@ Prompt = Union[str, bytes, Sequence[Message]]
 
 @dataclass(frozen=True)
 class Mode:
-    """A row of the runtime's mode table (csrc/specee.h, specee_mode_info): what a mode does. needs_head: it drafts
-    with the EAGLE head; tree: a step verifies a drafted tree in one pass (stats: mean_accepted_tokens); exits: a pass
-    may stop at a checked layer (exit_ratio, mean_layers_run); lossless: greedy output equals plain decoding's and
+    """A row of the runtime's mode table (csrc/include/specee.h, specee_mode_info): what a mode does. needs_head: it
+    drafts with the EAGLE head; tree: a step verifies a drafted tree in one pass (stats: mean_accepted_tokens); exits: a
+    pass may stop at a checked layer (exit_ratio, mean_layers_run); lossless: greedy output equals plain decoding's and
     sampling keeps its distribution (a mode that exits: with exit.check); shared_pass: in `Slots` its steps join the
     shared pass; greedy_only: why it refuses temp > 0, or None; reads: the settings it takes besides sampling
     ("eagle1_tree": eagle.choices, "eagle2_tree": eagle.total_tokens/depth/topk, "exit": exit.*, "ngram": ngram.*)."""
@@ -210,8 +210,8 @@ class GenerateOptions:
 @dataclass
 class GenerationStats:
     """What the last generation call did: the runtime's counts and figures under the runtime's names (see
-    `specee_generator_stats` in csrc/specee.h; the CLI's timing lines and the evaluations' columns use them too),
-    then the call's own record."""
+    `specee_generator_stats` in csrc/include/specee.h; the CLI's timing lines and the evaluations' columns use them
+    too), then the call's own record."""
 
     n_prompt: int = 0  # prompt tokens evaluated (the reused prefix not counted)
     n_reused: int = 0  # prompt tokens found in the KV cache (kept from an earlier call)

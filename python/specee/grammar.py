@@ -1,6 +1,6 @@
 """Structured output: what a generation's `grammar=` / `json_schema=` become for the runtime.
 
-The runtime's sampler masks every draw with a grammar compiled by llguidance (csrc/specee-grammar.cpp,
+The runtime's sampler masks every draw with a grammar compiled by llguidance (csrc/decode/specee-grammar.cpp,
 docs/structured-output.md). This module turns the Python forms into the runtime's (type, text) pair: a GBNF or Lark
 grammar as text; a JSON Schema as a dict, a JSON string, or a pydantic model class (its `model_json_schema()`); and
 points the runtime at the installed llguidance package's library.
@@ -93,7 +93,7 @@ def check_spec(model, spec: tuple[int, str] | None) -> None:
 
 
 def limits() -> dict[str, int]:
-    """The grammar front door's limits (the runtime's one table: csrc/specee-grammar-limits.cpp), by name."""
+    """The grammar front door's limits (the runtime's one table: csrc/decode/specee-grammar-limits.cpp), by name."""
     return {name: value for name, (value, _help) in _core.grammar_limits().items()}
 
 

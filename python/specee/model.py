@@ -107,7 +107,7 @@ class Model:
         n_gpu_layers.
         lora: LoRA adapter files (GGUF, `python -m specee.convert lora`) applied at scale 1; lora_scaled: (file,
         scale) pairs or "FILE:SCALE" texts, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply:
-        loaded at scale 0. `lora_adapters` lists them, `set_lora` changes the scales (csrc/specee-lora.h).
+        loaded at scale 0. `lora_adapters` lists them, `set_lora` changes the scales (csrc/context/specee-lora.h).
         kernels: the matmul kernels for Q4_1 and Q8_0 weights on the CPU, "auto" (default), "portable" or "off" (ggml's
         mul_mat); the logits are the same bit for bit whichever (docs/kernels.md)."""
         self.path = str(path) if path is not None else default_model_path()
@@ -301,7 +301,7 @@ class Model:
         seq_id: per-token sequence ids, 0..63 (default: all 0): a token attends only to its own sequence's cells
         and batch tokens, and pos=None continues each sequence after its own last position.
         capture: names of graph nodes to keep ("l_out-12", "attn_norm-3", "result_norm"; every intermediate is
-        named, see csrc/specee-graph.cpp): their values land in `self.captured` [rows, ne0]. Capturing costs time.
+        named, see csrc/model/specee-graph.cpp): their values land in `self.captured` [rows, ne0]. Capturing costs time.
         """
         tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         n = tok.shape[0]
@@ -418,7 +418,7 @@ class Model:
 
     @property
     def fim_tokens(self) -> dict[str, int]:
-        """The fill-in-the-middle tokens (csrc/specee-vocab.h): {"pre", "suf", "mid", "pad", "rep", "sep": token id},
+        """The fill-in-the-middle tokens (csrc/include/specee.h): {"pre", "suf", "mid", "pad", "rep", "sep": token id},
         -1 where the vocabulary has none. Named by the file's tokenizer.ggml.fim_*_token_id keys, else found by their
         text (<|fim_prefix|>, <PRE>, ...) as llama.cpp finds them."""
         return self._model.fim_tokens

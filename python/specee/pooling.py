@@ -1,5 +1,5 @@
 """The poolings of embeddings, how a text's final-norm rows become what Model.embed, Slots.embed and the server give:
-the library's table (csrc/specee-pooling.h), read once here."""
+the library's table (csrc/include/specee.h), read once here."""
 
 from __future__ import annotations
 

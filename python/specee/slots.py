@@ -1,4 +1,4 @@
-"""Several requests decoded together on one model's context: the runtime's parallel slots (csrc/specee-slots.cpp).
+"""Several requests decoded together on one model's context: the runtime's parallel slots (csrc/serve/specee-slots.cpp).
 
 Each slot is a sequence of the KV cache. One `step()` is one pass of the model over the next token of every plain
 request that is decoding, the draft tree of every EAGLE request (eagle, eagle2) and a chunk of the prompts waiting to

@@ -2,7 +2,7 @@
 
     python -m specee.server -m model.gguf -np 4 --port 8080
 
-The batching loop is the library's (csrc/specee-slots.cpp): one thread here calls `Slots.step()` (one pass of the
+The batching loop is the library's (csrc/serve/specee-slots.cpp): one thread here calls `Slots.step()` (one pass of the
 model, the GIL released) while the event loop takes requests; each pass decodes the next token of every plain
 request at once, verifies the draft trees of EAGLE requests (eagle, eagle2: per request with the extra field "mode")
 and prefills a chunk of a new prompt beside them; early-exit and tree-exit requests (checked with the extra field

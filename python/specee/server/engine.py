@@ -1,8 +1,8 @@
 """The batching thread: jobs wait in a bounded queue for a free slot, one thread steps the slots.
 
-The batching loop itself is the library's (csrc/specee-slots.cpp); `Engine` only admits waiting jobs between passes,
-calls `Slots.step()` (one pass of the model, the GIL released) and hands each job its tokens through the event loop.
-LoRA adapters (--lora): the model's context has one set of scales, so requests run under one set at a time: a job
+The batching loop itself is the library's (csrc/serve/specee-slots.cpp); `Engine` only admits waiting jobs between
+passes, calls `Slots.step()` (one pass of the model, the GIL released) and hands each job its tokens through the event
+loop. LoRA adapters (--lora): the model's context has one set of scales, so requests run under one set at a time: a job
 whose scales (its `lora`, else the server's, POST /lora-adapters) differ from those applied waits, with the jobs
 behind it, until the running ones finish; then the new scales are applied, which empties every slot's cache and the
 prompt cache (their K/V were computed under the old scales), as llama.cpp clears a slot's cache when its adapters

@@ -2,7 +2,8 @@
 
 A script written for llama-server starts specee-server unchanged. Every row is one of:
 - `sampling`: a server-wide default of a GenerateOptions field (`--temp 0.2`: requests that name no temperature get
-  0.2), shown by /props;
+  0.2), shown by /props; these rows are the runtime's generation options named in SAMPLING, under the spellings of
+  the runtime's table (llama.cpp's), not typed here;
 - `server`: honoured by the server itself, under `dest` (e.g. `--no-slots`, `--cors-origins`);
 - `ignored`: accepted, and it cannot change anything here (scheduling, logging, the web UI's settings), said so in
   --help;
@@ -18,6 +19,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from specee import _core
 from specee.generate import SPEC_TYPES
 
 
@@ -40,16 +42,24 @@ NO_DOWNLOAD = "models are local files here (-m FILE); nothing is downloaded"
 NO_SAMPLER = "this sampler is not in the runtime's chain (temp, top-k, top-p, min-p, repeat penalty)"
 SCHEDULING = "CPU scheduling only: output is the same"
 
+# The generation options the server takes a default of for requests that name none (the draft model's and n-gram
+# lookup's with them); their flags are the runtime's table's rows, spellings and all
+SAMPLING = ("temp", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n", "ignore_eos", "logit_bias",
+            "draft.n_max", "draft.n_min", "draft.p_min", "ngram.draft_max", "draft.synth_rates")
+_OPTIONS = {o["name"]: o for o in _core.generator_options()}
+_BOOL, _FLOAT, _TEXT, _FLOATS = 2, 1, 4, 6  # enum specee_option_type
+
+
+def _sampling_row(name: str) -> LlamaFlag:
+    o = _OPTIONS[name]
+    assert o["flags"], f"{name}: the runtime's table gives no spellings"
+    hint = None if o["type"] == _BOOL else o["hint"] or "N"
+    return LlamaFlag(tuple(o["flags"]), hint, "sampling", "requests' default: " + o["help"], name)
+
+
 LLAMA_FLAGS: list[LlamaFlag] = [
-    # ---- sampling: server-wide defaults of requests
-    S("--temp --temperature", "N", "sampling", "default temperature of requests (0.80)", "temp"),
-    S("--top-k", "N", "sampling", "default top-k of requests (40)", "top_k"),
-    S("--top-p", "N", "sampling", "default top-p of requests (0.95)", "top_p"),
-    S("--min-p", "N", "sampling", "default min-p of requests (0.05)", "min_p"),
-    S("-s --seed", "SEED", "sampling", "default seed of requests (-1: random)", "seed"),
-    S("--repeat-penalty", "N", "sampling", "default repeat penalty of requests (1.0 = off)", "repeat_penalty"),
-    S("--repeat-last-n", "N", "sampling", "default window of the repeat penalty (64)", "repeat_last_n"),
-    S("--ignore-eos", None, "sampling", "requests never generate an end-of-generation token", "ignore_eos"),
+    # ---- sampling: server-wide defaults of requests, from the runtime's table
+    *(_sampling_row(name) for name in SAMPLING),
     S("--presence-penalty", "N", "refused", NO_SAMPLER, neutral=("0",)),
     S("--frequency-penalty", "N", "refused", NO_SAMPLER, neutral=("0",)),
     S("--typical --typical-p", "N", "refused", NO_SAMPLER, neutral=("1",)),
@@ -70,8 +80,6 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--mirostat-ent", "N", "refused", NO_SAMPLER, neutral=("5",)),
     S("--samplers", "SAMPLERS", "refused", "the sampler chain is fixed here (penalties, top-k, top-p, min-p, temp)"),
     S("--sampler-seq --sampling-seq", "SEQUENCE", "refused", "the sampler chain is fixed here"),
-    S("-l --logit-bias", "TOKEN_ID(+/-)BIAS", "sampling", "default logit bias of requests, e.g. 15043+1,2-inf",
-      "logit_bias"),
     S("--grammar --grammar-file -j --json-schema -jf --json-schema-file", "GRAMMAR", "refused",
       "a server-wide grammar is not supported: requests give `grammar`, `json_schema` or `response_format`"),
     S("-bs --backend-sampling --backend_sampling", None, "ignored", "sampling runs where it runs here (the CPU)"),
@@ -193,16 +201,6 @@ LLAMA_FLAGS: list[LlamaFlag] = [
     S("--spec-type", "TYPE", "server", "llama.cpp's speculation types, each as the mode that serves it here: "
       + "; ".join(f"{t}: mode {m}" for t, m in SPEC_TYPES.items()) + " (mode draft needs a draft model, -md)",
       "spec_type"),
-    S("--draft --draft-n --draft-max --spec-draft-n-max", "N", "sampling",
-      "default draft tokens per step of requests with a draft model (3)", "draft.n_max"),
-    S("--draft-min --draft-n-min --spec-draft-n-min", "N", "sampling",
-      "default shortest chain verified, of requests with a draft model (0)", "draft.n_min"),
-    S("--spec-draft-p-min --draft-p-min", "P", "sampling",
-      "default least probability of a drafted token, of requests with a draft model (0)", "draft.p_min"),
-    S("--spec-ngram-mod-n-max", "N", "sampling", "default most tokens an n-gram lookup drafts a step (mode ngram, "
-      "8)", "ngram.draft_max"),
-    S("--spec-synth-rates", "P0,P1,...", "sampling", "benchmarks only: drafted token i of a step accepted with "
-      "probability P_i whatever the model says (one per --draft-max)", "draft.synth_rates"),
     S("--spec-synth-len", "L", "refused", "give the synthetic acceptance as rates (--spec-synth-rates)"),
     S("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "VALUE", "refused", NO_DOWNLOAD),
     S("-devd --device-draft --spec-draft-device", "LIST", "refused",
@@ -244,8 +242,6 @@ LLAMA_FLAGS: list[LlamaFlag] = [
 ]
 
 USES = ("sampling", "server", "ignored", "refused")
-FLOAT_FIELDS = ("temp", "top_p", "min_p", "repeat_penalty", "draft.p_min")  # the other sampling rows are integers
-TEXT_FIELDS = ("logit_bias", "draft.synth_rates")
 
 
 def flag_name(row: LlamaFlag) -> str:
@@ -307,8 +303,9 @@ def llama_flags_of(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             if value is None:
                 sampling[row.dest] = True
                 continue
+            kind = _OPTIONS[row.dest]["type"]
             try:
-                sampling[row.dest] = (value if row.dest in TEXT_FIELDS else float(value) if row.dest in FLOAT_FIELDS
+                sampling[row.dest] = (value if kind in (_TEXT, _FLOATS) else float(value) if kind == _FLOAT
                                       else int(value))
             except ValueError:
                 parser.error(f"{flag}: expected a number, not {value!r}")

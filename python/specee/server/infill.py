@@ -1,6 +1,6 @@
 """llama.cpp's /infill: fill in the middle of code. The request gives the text before and after the gap (`input_prefix`,
 `input_suffix`), optionally other files of the project (`input_extra`: [{filename, text}]) and the start of the
-middle (`prompt`); the server lays them out with the model's FIM tokens (csrc/specee-vocab.h) as llama-server 0.3.36
+middle (`prompt`); the server lays them out with the model's FIM tokens (csrc/include/specee.h) as llama-server 0.3.36
 does, and answers as /completion does (every /completion field, streamed or whole).
 
 The layout (repository-level FIM, as Qwen2.5-Coder was trained on), each part present only where the vocabulary
@@ -31,7 +31,7 @@ from specee.server.engine import ServerState
 from specee.server.llama import llama_answer
 from specee.server.request import ApiError, json_object, off_loop, shown
 
-# the kinds a prompt needs (specee-vocab.h's FIM names) and how an error names them
+# the kinds a prompt needs (specee.h's FIM names) and how an error names them
 NEEDED = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
 REPO_NAME = "myproject"  # the repository's name after the rep token (llama-server's)
 FILE_NAME = "filename"  # the name of the file being filled in, after the last sep token (llama-server's)

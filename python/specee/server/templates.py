@@ -1,4 +1,4 @@
-"""How the server turns chat messages into a prompt: the runtime's built-in templates (csrc/specee-chat.cpp, the
+"""How the server turns chat messages into a prompt: the runtime's built-in templates (csrc/model/specee-chat.cpp, the
 default) or Jinja text rendered by jinja2 as Hugging Face's `apply_chat_template` renders it (`--jinja`).
 
 The choice is made once, at start (`chat_template_of`), and checked there by rendering a probe conversation: a

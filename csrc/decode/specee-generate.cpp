@@ -9,6 +9,7 @@
 // (specee_generator_set_params) and prompt-prefix reuse covers the head too.
 #include "specee-context.h"
 #include "specee-draft-head.h"
+#include "specee-draft-model.h"
 #include "specee-drafter.h"
 #include "specee-early-exit.h"
 #include "specee-generate.h"
@@ -96,25 +97,43 @@ static double eagle_speedup(specee_context & ctx, std::string & why) {
     return speedup;
 }
 
-// settings of a mode the caller gave: EAGLE-2's tree, early exit's
+// settings of a mode the caller gave: EAGLE-2's tree; early exit's, n-gram lookup's and a draft model's are the rows
+// of their group in the options table that differ from the defaults
 static bool eagle2_tree_given(const specee_generator_params & p) {
     return p.eagle.total_tokens > 0 || p.eagle.depth > 0 || p.eagle.topk > 0;
 }
 
+// a setting as the options table writes it (a number outside its row's range reads as the default's mark does:
+// exit.threshold -1 or -0.5)
+static std::string option_text(const specee_generator_params & p, const char * name) {
+    const int32_t n = -specee_generator_params_get(&p, name, nullptr, 0); // the length with its NUL
+    std::string   s(n, '\0');
+    specee_generator_params_get(&p, name, s.data(), n);
+    s.resize(n - 1);
+    return s;
+}
+
+// whether p gives a setting of a group of the table's rows ("exit."): one whose text differs from the default's
+static bool settings_given(const specee_generator_params & p, const char * group) {
+    static const specee_generator_params d = specee_generator_default_params();
+    for (int32_t i = 0; const specee_option * o = specee_generator_option(i); ++i) {
+        if (strncmp(o->name, group, strlen(group)) == 0 && option_text(p, o->name) != option_text(d, o->name)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static bool exit_settings_given(const specee_generator_params & p) {
-    return p.exit.threshold >= 0.0f || p.exit.n_layers > 0 || p.exit.kv != SPECEE_EXIT_KV_MASK || p.exit.n_replay > 0 ||
-           !p.exit.dynamic || p.exit.check;
+    return settings_given(p, "exit.");
 }
 
 static bool draft_settings_given(const specee_generator_params & p) {
-    const specee_draft_params d = specee_generator_default_params().draft;
-    return p.draft.n_max != d.n_max || p.draft.n_min != d.n_min || p.draft.p_min != d.p_min || p.draft.n_synth_rates > 0;
+    return settings_given(p, "draft.");
 }
 
 static bool ngram_settings_given(const specee_generator_params & p) {
-    const specee_ngram_params d = specee_generator_default_params().ngram;
-    return p.ngram.n_min != d.n_min || p.ngram.n_max != d.n_max || p.ngram.draft_max != d.draft_max ||
-           p.ngram.branches != d.branches || p.ngram.adaptive != d.adaptive;
+    return settings_given(p, "ngram.");
 }
 
 // auto: plain decoding under a grammar with jump-forward (it batches what the grammar forces; drafting on top measured

@@ -16,6 +16,7 @@
 // pass, with the generator of specee-generate.cpp on the slot's sequence. docs/server.md says why.
 #include "specee-context-shift.h"
 #include "specee-context.h"
+#include "specee-draft-model.h"
 #include "specee-drafter.h"
 #include "specee-generate.h"
 #include "specee-impl.h"

@@ -1,4 +1,7 @@
-// specee.h: the narrow public C API of the SpecEE runtime.
+// specee.h: the public C API of the SpecEE runtime, whole (as llama.cpp's llama.h), one section per concept: model,
+// vocabulary, context and evaluation, n-gram cache, KV cache, embeddings, sampling, draft head and exit predictors,
+// generation, grammars, parallel slots (their context shift and caches), generation options, context options, LoRA
+// adapters, chat templates. Internal (C++) declarations live in the headers beside their .cpp files.
 //
 // Used by the command-line tools, the Python bindings and the tests. Every function that can fail
 // returns NULL or a negative value and leaves a message in specee_last_error().
@@ -8,15 +11,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "specee-draft-model.h"
-#include "specee-lora.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct specee_model   specee_model;
 typedef struct specee_context specee_context;
+typedef struct specee_lora    specee_lora;
+
+struct specee_context_options;
 
 // the message of the last failed call on this thread ("" when none)
 const char * specee_last_error(void);
@@ -47,7 +50,8 @@ struct specee_model_params {
     const float * tensor_split;   // [n_tensor_split] share of the offloaded layers per device; NULL: by free memory
     int32_t       n_tensor_split;
     const char *  draft_head;     // a draft head file, as specee_model_load_eagle; NULL: the model file's own
-    const char *  draft_model;    // a draft model (specee-draft-model.h), NULL: none; its layers: n_gpu_layers_draft
+    const char *  draft_model;    // a draft model (mode draft, specee_draft_params), NULL: none; its layers:
+                                  // n_gpu_layers_draft
     int32_t       n_gpu_layers_draft;
 };
 
@@ -140,6 +144,24 @@ int32_t specee_token_to_piece(const specee_model * model, int32_t token, char * 
 // Token ids to text (with SentencePiece's leading-space handling). Same return convention.
 int32_t specee_detokenize(const specee_model * model, const int32_t * tokens, int32_t n_tokens, char * text,
                           int32_t text_len_max, bool remove_special, bool unparse_special);
+
+// Fill-in-the-middle (FIM) tokens: code models mark the prefix, suffix and middle of a fill-in-the-middle prompt with
+// tokens of their own; where a file names them in its metadata they are taken from there, else from their text in
+// the vocabulary. specee-server's /infill (llama.cpp's layout) and Model.fim_tokens read them here, nowhere else.
+enum specee_fim {
+    SPECEE_FIM_PRE = 0, // before the prefix
+    SPECEE_FIM_SUF = 1, // before the suffix
+    SPECEE_FIM_MID = 2, // after both: the model writes the middle
+    SPECEE_FIM_PAD = 3, // padding (ends generation)
+    SPECEE_FIM_REP = 4, // before a repository's name (ends generation)
+    SPECEE_FIM_SEP = 5, // before each file of a repository (ends generation)
+    SPECEE_FIM_COUNT = 6,
+};
+
+// the kind's name ("pre", "suf", "mid", "pad", "rep", "sep"), NULL out of range
+const char * specee_fim_name(int32_t kind);
+// the kind's token id in the model's vocabulary, -1 when it has none (or kind is out of range)
+int32_t specee_token_fim(const specee_model * model, int32_t kind);
 
 // ---- context and evaluation --------------------------------------------------------------------
 
@@ -281,7 +303,48 @@ int32_t specee_kv_seq_n_cells(const specee_context * ctx, int32_t seq);
 // whether a cell belongs to sequence seq
 bool    specee_kv_cell_has_seq(const specee_context * ctx, int32_t cell, int32_t seq);
 
-// ---- embeddings: specee-embed.h, specee-slot-cache.h, specee-pooling.h (the pooling table) -------------
+// ---- embeddings and pooling ----------------------------------------------------------------------
+//
+// How a text's final-norm rows become its embedding or reranking score is a pooling, one row of one table that every
+// frontend reads (Model.embed, specee-server's --pooling and /rerank); specee_embed and specee_slots_embed pool as it
+// says.
+
+// The poolings, numbered as llama.cpp numbers them (the GGUF key {arch}.pooling_type holds this number)
+enum specee_pooling {
+    SPECEE_POOLING_MODEL = -1, // the model's own: its file's {arch}.pooling_type, else mean
+    SPECEE_POOLING_NONE  = 0,  // every token's final-norm row: [n_tokens][n_embd] per text
+    SPECEE_POOLING_MEAN  = 1,  // the rows' mean: [n_embd]
+    SPECEE_POOLING_CLS   = 2,  // the first token's row: [n_embd]
+    SPECEE_POOLING_LAST  = 3,  // the last token's row: [n_embd]
+    SPECEE_POOLING_RANK  = 4,  // relevance scores: the last token's row through the file's classifier head (cls:
+                               // tanh(W h + b), then cls.output: [labels]; Qwen3: a softmax over them), else that
+                               // row's first element [1]
+};
+
+struct specee_pooling_info {
+    const char * name;       // "mean": Model.embed(pooling=...), specee-server's --pooling
+    const char * help;       // one line: what a text gives
+    bool         normalized; // what it gives is scaled to unit length when normalizing is asked for (none and rank:
+                             // never, as llama.cpp)
+};
+
+// pooling p's row (p >= 0), NULL past the end
+const struct specee_pooling_info * specee_pooling_row(int32_t pooling);
+// the pooling of a name, -1 when unknown
+int32_t specee_pooling_by_name(const char * name);
+// the model's own pooling: its file's {arch}.pooling_type, else SPECEE_POOLING_MEAN
+int32_t specee_model_pooling(const specee_model * model);
+// the floats one text of n_tokens tokens gives with a pooling (SPECEE_POOLING_MODEL: the model's); -1 when unknown
+int32_t specee_pooling_n_out(const specee_model * model, int32_t pooling, int32_t n_tokens);
+
+// Embeddings of n_seqs texts' token ids (tokens: the texts one after another, n_tokens[i] ids each) into out: each
+// text's specee_pooling_n_out floats, one text after another; a pooled vector is unit length when normalize (the
+// pooling's row says which are). Each text is evaluated alone, on a sequence of its own at positions 0.., and its
+// cells are removed afterwards: the cache's other sequences stay (sequence 0's cells make room when too few cells
+// are free). Returns 0, or -1 with specee_last_error() (an empty text, one longer than the context, a bad token id
+// or pooling; "text i: " before the message when n_seqs > 1).
+int32_t specee_embed(specee_context * ctx, const int32_t * tokens, const int32_t * n_tokens, int32_t n_seqs,
+                     int32_t pooling, bool normalize, float * out);
 
 // ---- sampling ----------------------------------------------------------------------------------
 
@@ -383,7 +446,7 @@ int32_t specee_draft_head_eval_chains(specee_context * ctx, const int32_t * toke
 enum specee_mode {
     SPECEE_MODE_AUTO = 0, SPECEE_MODE_PLAIN = 1, SPECEE_MODE_EAGLE = 2, SPECEE_MODE_EAGLE2 = 3,
     SPECEE_MODE_EARLY_EXIT = 4, SPECEE_MODE_TREE_EXIT = 5, SPECEE_MODE_NGRAM = 6, SPECEE_MODE_NGRAM_EAGLE2 = 7,
-    SPECEE_MODE_DRAFT = 8, // a draft model's chain (specee-draft-model.h)
+    SPECEE_MODE_DRAFT = 8, // a draft model's chain (specee_draft_params)
 };
 
 // the longest choices text, and the most entries in an exit schedule or a replay that the parameters hold
@@ -431,6 +494,26 @@ struct specee_ngram_params {
     int32_t draft_max; // most tokens drafted per step (the length adapts to acceptance and pass cost below it)
     int32_t branches;  // continuations of the match verified as children of the root (the best one as a chain)
     bool    adaptive;  // the chain's length from acceptance and pass cost (else draft_max wherever a match is found)
+};
+
+// A draft model (llama.cpp's default speculative decoding, -md; mode draft): a second, smaller model with the target's
+// vocabulary drafts a chain of tokens greedily, which one pass of the target verifies. Named by
+// specee_model_params.draft_model (context option draft_model): loaded with the target, refused unless its
+// vocabulary is the target's token for token; each context of the target gets a context of the draft model beside it
+// (its own KV cache, the same size), each sequence of the target its sequence there.
+
+// the most tokens a draft model drafts per step, and the most synthetic acceptance rates
+#define SPECEE_MAX_DRAFT 64
+
+struct specee_draft_params {
+    int32_t n_max; // most tokens drafted per step (llama.cpp's --draft-max / --spec-draft-n-max)
+    int32_t n_min; // a chain shorter than this is not verified (a plain step instead; --draft-min)
+    float   p_min; // drafting stops where the draft model's top probability falls below this (--draft-p-min)
+    // Benchmarks only (llama.cpp's --spec-synth-rates): drafted token i of a step is accepted with the unconditional
+    // probability synth_rates[i] (non-increasing, in [0, 1]) whatever the target says, from a generator seeded with
+    // the sampler's seed; the output is not the model's. 0 rates: off.
+    float   synth_rates[SPECEE_MAX_DRAFT];
+    int32_t n_synth_rates;
 };
 
 struct specee_generator_params {
@@ -593,6 +676,22 @@ const char *     specee_grammar_type_name(int32_t type); // "none", "gbnf", "jso
 // llguidance's library (before the first grammar; Python passes its package's; else $SPECEE_LLGUIDANCE, the build's)
 void             specee_grammar_set_library(const char * path);
 
+// The grammar front door's limits: every grammar, from every frontend, is screened against one table of them (size,
+// nesting depth, rules, alternatives, `$ref`s, repetition bounds; the compile's time and memory budget, the cache's
+// size) before the engine sees it. By row (i in [0, count)): its name, its help, its value by name (-1 with
+// specee_last_error() for an unknown name); set_limit changes one for the process (>= 1; -1 with specee_last_error()):
+// tests force a budget small
+int32_t      specee_grammar_limit_count(void);
+const char * specee_grammar_limit_name(int32_t i);
+const char * specee_grammar_limit_help(int32_t i);
+int64_t      specee_grammar_limit(const char * name);
+int32_t      specee_grammar_set_limit(const char * name, int64_t value);
+
+// compiled grammars (and refusals) kept by text: entries, and the compiles they saved; clear drops them all
+int32_t specee_grammar_cache_size(void);
+int64_t specee_grammar_cache_hits(void);
+void    specee_grammar_cache_clear(void);
+
 // ---- parallel slots: continuous batching of several sequences on one context -----------------------------
 //
 // A slots object serves up to n_slots requests at once on a context, each on a sequence of its own (slot i holds
@@ -656,6 +755,10 @@ int32_t        specee_slots_n_busy(const specee_slots * slots);
 // several passes and drafts); < 0: none (nothing computed).
 int32_t specee_slots_submit(specee_slots * slots, const int32_t * tokens, int32_t n_tokens,
                             struct specee_generator_params params, int32_t n_predict, int32_t n_probs);
+// specee_slots_submit on slot `slot` (llama.cpp's id_slot) rather than the free slot with the longest cached prefix:
+// SPECEE_SLOTS_BUSY while that slot holds a request, -1 with specee_last_error() on a bad slot, prompt or options
+int32_t specee_slots_submit_to(specee_slots * slots, int32_t slot, const int32_t * tokens, int32_t n_tokens,
+                               struct specee_generator_params params, int32_t n_predict, int32_t n_probs);
 // One pass (see above). Returns the slots still running, or -1 with specee_last_error() (a failure of the shared
 // pass; a speculative slot's own failure finishes that request with SPECEE_FINISH_ERROR).
 int32_t specee_slots_step(specee_slots * slots);
@@ -675,6 +778,67 @@ int32_t specee_slots_release(specee_slots * slots, int32_t slot);
 struct specee_generator_stats specee_slots_stats(const specee_slots * slots, int32_t slot);
 int32_t                       specee_slots_mode(const specee_slots * slots, int32_t slot);
 struct specee_slots_totals    specee_slots_get_totals(const specee_slots * slots);
+// prompt tokens of the slot's request in its cache: the prefix reused at its submit, then each prefilled chunk's end
+// (the prompt's length once prefilled); -1 for a slot out of range
+int32_t                       specee_slots_n_past(const specee_slots * slots, int32_t slot);
+
+// Context shift (llama-server's --context-shift): a request whose generation fills its slot's share of the context
+// goes on instead of ending. Its first n_keep tokens stay, half of the rest (after them) is dropped, and the cells
+// after the dropped ones move down to close the gap: their cached K turned by RoPE by the position difference (V does
+// not depend on positions), as llama.cpp's K-shift does. Off by default, as upstream.
+//
+// Context shift for the slots' requests from now on: n_keep leading tokens kept (< 0: the whole prompt); a request in
+// a mode whose state a shift keeps (plain, ngram, draft; not one with a draft head or exits) shifts, the others end
+// with SPECEE_FINISH_CONTEXT as without it. 0, or -1 with specee_last_error().
+int32_t specee_slots_set_context_shift(specee_slots * slots, bool enable, int32_t n_keep);
+// how often the slot's request was shifted (llama.cpp's `truncated` when > 0)
+int32_t specee_slots_n_shifted(const specee_slots * slots, int32_t slot);
+
+// The slots' caches: the cache shared whole (unified), a slot's cache (its cells: tokens, positions, K/V) written to
+// a file or to memory, read back into a slot, or erased, the slot a prompt's cached prefix chooses, and an embedding
+// between the slots' passes. Every call locks the context.
+//
+// unified != 0 (llama.cpp's --kv-unified): every slot may use the whole cache (n_ctx cells, not n_ctx / n_slots);
+// a request's submit drops the idle slots' caches, and a pass the running requests together overflow fails (-1,
+// "context overflow", as the other calls do) instead of never running out. Only before the first request. Returns
+// the cells a slot may use now, -1 with specee_last_error()
+int32_t specee_slots_set_unified(specee_slots * slots, int32_t unified);
+// A slot's cache file (specee_slots_save / specee_slots_restore), little-endian as the machine writes it:
+//   "SPKV", u32 version (1), u32 n_layer, u32 n_cells,
+//   per layer: u32 K row bytes, u32 V row bytes, i32 K ggml type, i32 V ggml type,
+//   i32 token[n_cells], i32 position[n_cells] (0, 1, 2, ... : the slot's cells in position order),
+//   u8 valid[n_cells * n_layer] (cell c holds real K/V in layer il; an early exit's skipped layers do not),
+//   per layer: K rows [n_cells], then V rows [n_cells].
+// Restore checks the file against the context (layers, row sizes and types, positions, token ids, the slot's share of
+// the cells) before it changes anything.
+
+// Writes the cells of a free slot to `path`; returns how many (0: an empty cache), -1 with specee_last_error() (the
+// slot holds a request, or the file cannot be written)
+int32_t specee_slots_save(specee_slots * slots, int32_t slot, const char * path);
+// Replaces a free slot's cache with the file's cells; returns how many, -1 with specee_last_error() (the slot holds a
+// request, the file cannot be read or does not fit this context)
+int32_t specee_slots_restore(specee_slots * slots, int32_t slot, const char * path);
+// Drops a free slot's cache; returns the cells it held, -1 with specee_last_error() (the slot holds a request)
+int32_t specee_slots_erase(specee_slots * slots, int32_t slot);
+
+// The same bytes as the file's, in memory (llama.cpp's host-memory prompt cache, --cache-ram): writes a free slot's
+// cells into `bytes` when `bytes` is not NULL and `size` holds them; returns their length (with bytes NULL: only the
+// length, nothing copied), -1 with specee_last_error()
+int64_t specee_slots_save_mem(specee_slots * slots, int32_t slot, uint8_t * bytes, int64_t size);
+// Replaces a free slot's cache with the cells of bytes specee_slots_save_mem wrote; returns how many, -1 with
+// specee_last_error() (the slot holds a request, the bytes are not a saved slot of this context)
+int32_t specee_slots_restore_mem(specee_slots * slots, int32_t slot, const uint8_t * bytes, int64_t size);
+// The tokens a slot's cache holds, in position order: copies at most n_max into `tokens` (may be NULL), returns how
+// many there are; -1 for a slot out of range
+int32_t specee_slots_cache_tokens(specee_slots * slots, int32_t slot, int32_t * tokens, int32_t n_max);
+// The slot specee_slots_submit would give this prompt now (the free slot whose cache holds its longest prefix), with
+// that prefix's length in *cached; SPECEE_SLOTS_BUSY when every slot holds a request
+int32_t specee_slots_choose(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, int32_t * cached);
+
+// One text's embedding (not normalised) between the parallel slots' passes, within a slot's share of the context (free
+// slots' cached prompts make room); 0, or -1 with specee_last_error()
+int32_t specee_slots_embed(specee_slots * slots, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
+                           float * out);
 
 // ---- generation options and stats: one table of names for every frontend ------------------------------------
 //
@@ -700,8 +864,9 @@ struct specee_option {
     const char * choices; // SPECEE_OPTION_CHOICE: the names, comma-separated ("mask,fill"); NULL otherwise
     const char * expect;  // what a value must be ("a number in [0, 1]"), for messages
     const char * help;    // one line, with the default
-    const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size"); NULL: "--" and the name
-                          // with '-' for '.' and '_' (the generation options)
+    const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size"; llama.cpp's and EAGLE's
+                          // among them); NULL: "--" and the name with '-' for '.' and '_' (a generation option that
+                          // only this project spells)
     const char * hint;    // the value's placeholder on a usage line ("FNAME"); NULL: the frontend's choice
     bool         repeatable; // TEXT: a comma-separated list that setting again extends ("" clears); flags repeat
 };
@@ -715,6 +880,19 @@ int32_t specee_generator_params_set(struct specee_generator_params * p, const ch
 // the length, -(length needed) when len is too small, or INT32_MIN for an unknown name.
 int32_t specee_generator_params_get(const struct specee_generator_params * p, const char * name, char * buf,
                                     int32_t len);
+// the names of the stats' fields, in order (NULL past the end), and a field's value as a double
+const char * specee_generator_stat_name(int32_t i);
+double       specee_generator_stat_value(const struct specee_generator_stats * st, int32_t i);
+
+// A row of llama.cpp's speculation types (--spec-type of llama-server and llama-cli) as this runtime takes them: the
+// type's name and the mode (enum specee_mode) that serves it. One table that every frontend reads (the CLI's
+// --spec-type, specee-server's, the benches: Python's specee.generate.SPEC_TYPES).
+struct specee_spec_type {
+    const char * name; // "ngram-mod"
+    int32_t      mode; // SPECEE_MODE_NGRAM
+};
+// row i (i >= 0), NULL past the end
+const struct specee_spec_type * specee_spec_type_row(int32_t i);
 
 // ---- context options: one table -----------------------------------------------------------------------
 //
@@ -748,7 +926,7 @@ struct specee_context_options {
     int32_t flash_attn;                  // 0 on, 1 off, 2 auto: accepted for llama.cpp's command lines (attention is
                                          // always flash attention here)
     int32_t ngram_cache;                 // as specee_context_params
-    char    lora[SPECEE_MAX_PATH];        // LoRA adapters (specee-lora.h): "FNAME,..." at scale 1, then
+    char    lora[SPECEE_MAX_PATH];        // LoRA adapters (the LoRA section): "FNAME,..." at scale 1, then
     char    lora_scaled[SPECEE_MAX_PATH]; //   "FNAME:SCALE,..."; setting either again appends; "" clears
     bool    lora_init_without_apply;      // loaded at scale 0, applied later (the server's POST /lora-adapters)
     int32_t kernels;                     // as specee_context_params
@@ -765,9 +943,44 @@ int32_t specee_context_options_get(const struct specee_context_options * o, cons
 struct specee_model_params   specee_context_options_model_params(const struct specee_context_options * o);
 struct specee_context_params specee_context_options_context_params(const struct specee_context_options * o);
 
-// the names of the stats' fields, in order (NULL past the end), and a field's value as a double
-const char * specee_generator_stat_name(int32_t i);
-double       specee_generator_stat_value(const struct specee_generator_stats * st, int32_t i);
+// ---- LoRA adapters (llama.cpp's --lora, --lora-scaled) ---------------------------------------------------
+//
+// An adapter is a GGUF file (general.type "adapter", adapter.type "lora", general.architecture the model's,
+// adapter.lora.alpha) holding, for some of the model's matrices W "<name>.weight", the pair "<name>.weight.lora_a"
+// and "<name>.weight.lora_b" (python -m specee.convert lora writes one from a PEFT folder). With adapters (a_i, s_i)
+// active on a context, every projection of the model's layers and its lm_head computes
+//     y = W x + sum_i s_i * alpha_i / r_i * B_i (A_i x)        (alpha_i 0: s_i alone, as llama.cpp)
+// The draft head, a draft model and the exit predictors are not adapted. Changing a context's set clears its KV cache
+// (cells hold K/V computed under the set active when they were written); sequences decoded together share the
+// context's one set. The rest of the contract: specee-lora.h.
+
+// the most adapters active on a context at once
+#define SPECEE_LORA_MAX 8
+
+// Loads the adapter at path for `model`: NULL with specee_last_error() when the file is not a LoRA adapter, is for
+// another architecture, names a matrix the model lacks, or has pairs of the wrong shapes or ranks. Free it with
+// specee_lora_free after the contexts that use it are freed or no longer use it.
+specee_lora * specee_lora_init(specee_model * model, const char * path);
+void          specee_lora_free(specee_lora * adapter);
+
+// The adapters the context options name (lora's files at scale 1, then lora_scaled's), loaded for `model` into
+// adapters[0..n) with the scales to apply first (0 each with lora_init_without_apply): n, or -1 with
+// specee_last_error() and none left loaded (a file that does not load, more than n_max).
+int32_t specee_lora_init_from_options(specee_model * model, const struct specee_context_options * o,
+                                      specee_lora ** adapters, float * scales, int32_t n_max);
+
+float        specee_lora_alpha(const specee_lora * adapter);     // adapter.lora.alpha (0: none given)
+int32_t      specee_lora_n_weights(const specee_lora * adapter); // the model matrices it adapts
+const char * specee_lora_path(const specee_lora * adapter);
+
+// Makes adapters[0..n) with scales[0..n) (finite) the context's active set, replacing the previous one (n = 0: none).
+// Every adapter must be loaded for the context's model; at most SPECEE_LORA_MAX, no adapter twice. 0, or -1 with
+// specee_last_error() (the set is left as it was). A set other than the current one clears the KV cache.
+int32_t specee_context_set_lora(specee_context * ctx, specee_lora * const * adapters, const float * scales,
+                                int32_t n);
+// the number of active adapters, and (i < n) the i-th with its scale in *scale
+int32_t       specee_context_n_lora(const specee_context * ctx);
+specee_lora * specee_context_lora(const specee_context * ctx, int32_t i, float * scale);
 
 // ---- chat templates ------------------------------------------------------------------------------
 

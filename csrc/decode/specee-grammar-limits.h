@@ -14,22 +14,6 @@
 
 #include <stdint.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-// The table, by row (i in [0, count)): its name, its help, its value by name (-1 with specee_last_error() for an
-// unknown name); set_limit changes one for the process (>= 1; -1 with specee_last_error()): tests force a budget small
-int32_t      specee_grammar_limit_count(void);
-const char * specee_grammar_limit_name(int32_t i);
-const char * specee_grammar_limit_help(int32_t i);
-int64_t      specee_grammar_limit(const char * name);
-int32_t      specee_grammar_set_limit(const char * name, int64_t value);
-
-#ifdef __cplusplus
-}
-#endif
-
 // the grammar types' names, by enum specee_grammar_type ("none", "gbnf", "json_schema", "lark", "regex"): what
 // messages and the option grammar_type call them (specee-grammar-limits.cpp)
 constexpr int32_t SPECEE_N_GRAMMAR_TYPES = SPECEE_GRAMMAR_REGEX + 1;

@@ -45,7 +45,7 @@ struct specee_vocab {
     std::unordered_map<uint64_t, bpe_merge>  merges;   // BPE: (left, right) token ids -> rank, merged token
     std::vector<int32_t>                     specials; // control, user-defined, unknown: longest text first
     std::vector<int32_t>                     eog;
-    int32_t     fim[SPECEE_FIM_COUNT] = {-1, -1, -1, -1, -1, -1}; // specee-vocab.h's tokens, -1: none
+    int32_t     fim[SPECEE_FIM_COUNT] = {-1, -1, -1, -1, -1, -1}; // specee.h's FIM tokens, -1: none
     int32_t     byte_ids[256];  // the token of each byte (SPM: <0xNN>, BPE: its GPT-2 character), -1 if none
     std::string byte_text[256]; // BPE: each byte as its GPT-2 character
 };
@@ -266,7 +266,7 @@ static void find_end_of_generation(specee_vocab & v) {
 
 // ---- fill-in-the-middle tokens -----------------------------------------------------------------
 
-// Each FIM token (specee-vocab.h's order): its name, the metadata keys that name it (the current key, then the older
+// Each FIM token (specee.h's order): its name, the metadata keys that name it (the current key, then the older
 // one), and the texts code models give it in their vocabularies, found when no key names it (the first in the
 // vocabulary wins). Pad, repository and file separator tokens end generation.
 struct fim_row {

@@ -1,6 +1,6 @@
 // specee-slot-cache.cpp: the slots' caches beyond a pass: shared whole (unified) or shared out, and a slot's cache
 // written to a file or to memory (the same bytes: the server's host-memory prompt cache keeps them), read back into
-// a slot, or erased (specee-slot-cache.h says the layout). Only a free slot's cache is touched: a slot holding a
+// a slot, or erased (specee.h says the layout). Only a free slot's cache is touched: a slot holding a
 // request changes its cells every pass. Restore reads and checks all the bytes first, so bad bytes change nothing;
 // the restored cells are the slot's own (a prefix another slot shares stays that slot's), and its next request reuses
 // them as any cached prefix. The prompt cache also asks which slot a prompt would take (specee_slots_choose). An
@@ -10,7 +10,7 @@
 #include "specee-impl.h"
 #include "specee-kv-cache.h"
 #include "specee-model.h"
-#include "specee-slot-cache.h"
+#include "specee.h"
 #include "specee-slots.h"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
-// specee-pooling.cpp: the pooling table (specee-pooling.h): each way of pooling a text's final-norm rows into an
+// specee-pooling.cpp: the pooling table (specee.h): each way of pooling a text's final-norm rows into an
 // embedding, its name and what it gives for a model; specee-embed.cpp pools as it says.
 #include "specee-model.h"
-#include "specee-pooling.h"
+#include "specee.h"
 
 #include <cstring>
 

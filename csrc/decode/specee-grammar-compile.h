@@ -30,11 +30,3 @@ llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, co
 
 // freed memory handed back to the system (glibc's malloc_trim): after a large grammar is freed
 void specee_grammar_release_memory();
-
-// compiled grammars (and refusals) kept by text: entries, and the compiles they saved; clear drops them all (public C
-// API beside specee.h)
-extern "C" {
-int32_t specee_grammar_cache_size(void);
-int64_t specee_grammar_cache_hits(void);
-void    specee_grammar_cache_clear(void);
-}

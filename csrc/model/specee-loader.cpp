@@ -10,7 +10,6 @@
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-placement.h"
-#include "specee-pooling.h"
 #include "specee-vocab.h"
 #include "specee.h"
 

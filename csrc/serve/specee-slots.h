@@ -59,14 +59,3 @@ void specee_slot_fail(specee_slot & sl, const char * what);
 // the free slot whose cache holds the longest prefix of the prompt (the least recently used of equals; its length in
 // `cached`), -1: every slot holds a request (specee-slots.cpp; specee_slots_choose asks it for the prompt cache)
 int32_t specee_slots_choose_impl(specee_slots & s, const int32_t * tokens, int32_t n, int32_t & cached);
-
-// ---- public C API beside specee.h's slot calls (specee-slots.cpp) ---------------------------------------------
-extern "C" {
-// specee_slots_submit on slot `slot` (llama.cpp's id_slot) rather than the free slot with the longest cached prefix:
-// SPECEE_SLOTS_BUSY while that slot holds a request, -1 with specee_last_error() on a bad slot, prompt or options
-int32_t specee_slots_submit_to(specee_slots * slots, int32_t slot, const int32_t * tokens, int32_t n_tokens,
-                               struct specee_generator_params params, int32_t n_predict, int32_t n_probs);
-// prompt tokens of the slot's request in its cache: the prefix reused at its submit, then each prefilled chunk's end
-// (the prompt's length once prefilled); -1 for a slot out of range
-int32_t specee_slots_n_past(const specee_slots * slots, int32_t slot);
-}

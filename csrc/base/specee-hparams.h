@@ -38,7 +38,7 @@ struct specee_hparams {
     uint32_t n_swa = 0;            // the sliding window: a token sees the last n_swa positions (itself included)
     std::vector<uint8_t> swa_layers; // [n_layer] layer il slides (empty: none does)
 
-    // embeddings (specee-pooling.h)
+    // embeddings (specee.h's pooling table)
     int32_t  pooling_type = -1;    // the file's {arch}.pooling_type (enum specee_pooling), -1: not given
     uint32_t n_cls_out    = 1;     // rank pooling's scores per text: cls.output's rows (1 without it)
     bool     rank_softmax = false; // rank pooling's scores go through a softmax (llama.cpp's Qwen3 rerankers)
