@@ -71,16 +71,16 @@ int64_t heap_in_use() {
 }
 
 struct compile_job {
-    std::mutex              mutex;
-    std::condition_variable cv;
-    bool                    done      = false;
-    bool                    abandoned = false; // the caller has gone: the worker frees what it made
+    std::mutex                            mutex;
+    std::condition_variable               cv;
+    bool                                  done      = false;
+    bool                                  abandoned = false; // the caller has gone: the worker frees what it made
     std::shared_ptr<specee_grammar_vocab> vocab; // what the engine reads (ci's tokenizer, its callback's data)
-    llg_constraint_init     ci{};
-    std::string             kind, text;
-    llg_matcher *           matcher = nullptr; // the result: a matcher, or
-    std::string             error;             // the engine's refusal
-    int64_t                 held = 0;          // bytes the compile left allocated: the matcher's size
+    llg_constraint_init                   ci{};
+    std::string                           kind, text;
+    llg_matcher *                         matcher = nullptr; // the result: a matcher, or
+    std::string                           error;             // the engine's refusal
+    int64_t                               held = 0;          // bytes the compile left allocated: the matcher's size
 };
 
 void * compile_main(void * arg) {
@@ -192,12 +192,13 @@ llg_matcher * compile_on_worker(const std::shared_ptr<specee_grammar_vocab> & vo
 
 struct cached {
     std::shared_ptr<specee_grammar_vocab> vocab; // its matcher's: kept while the matcher is
-    int32_t               type;
-    std::string           text;
-    llg_matcher *         matcher; // start state; null with error
-    std::string           error;
-    uint64_t              used;
-    int64_t               cost = 0; // bytes it holds: the matcher (what its compile left allocated), the texts
+    int32_t                               type;
+    std::string                           text;
+    llg_matcher *                         matcher; // start state; null with error
+    std::string                           error;
+    uint64_t                              used;
+    int64_t                               cost = 0; // bytes it holds: the matcher (what its compile left allocated),
+                                                    // the texts
 };
 
 std::mutex          g_cache_mutex;

@@ -117,8 +117,8 @@ def test_many_abandoned_compiles_keep_threads_and_memory_bounded() -> None:
     generates(last)  # a compile: the closed models' refusals are dropped, and with them their vocabularies
     last.close()
     gc.collect()
-    print(f"threads {threads0} at the start, at most {max(peaks)} in a round, {status('Threads')} after; RSS after each "
-          f"round (MB): {[round(r / 1024) for r in [rss0, *rss]]}, after the last compile {status('VmRSS') // 1024}")
+    print(f"threads {threads0} at the start, at most {max(peaks)} in a round, {status('Threads')} after; RSS after "
+          f"each round (MB): {[round(r / 1024) for r in [rss0, *rss]]}, after the last compile {status('VmRSS') // 1024}")
     assert max(peaks) <= threads0 + 2, (threads0, peaks)
     assert wait_until(lambda: status("Threads") <= threads0, 10), (threads0, status("Threads"))
     assert status("VmRSS") - rss0 < 40 * 1024, (rss0, rss, status("VmRSS"))
