@@ -1274,6 +1274,7 @@ PYBIND11_MODULE(_core, m) {
         return py::dict(py::arg("entries") = specee_grammar_cache_size(), py::arg("hits") = specee_grammar_cache_hits());
     });
     m.def("grammar_cache_clear", [] { specee_grammar_cache_clear(); });
+    m.def("grammar_n_abandoned", [] { return specee_grammar_n_abandoned(); });
     m.def("grammar_check",
           [](const Model & model, int32_t type, const std::string & text) {
               int32_t r;

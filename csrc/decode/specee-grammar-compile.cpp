@@ -3,6 +3,7 @@
 #include "specee-grammar-compile.h"
 #include "specee-grammar-limits.h"
 #include "specee-impl.h"
+#include "specee-vocab.h"
 #include "specee.h"
 
 #include <pthread.h>
@@ -19,6 +20,17 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+// ---- the vocabulary as the engine sees it --------------------------------------------------------------
+
+specee_grammar_vocab::~specee_grammar_vocab() {
+    if (tok) {
+        specee_llg().free_tokenizer(tok);
+    }
+    specee_vocab_free(vocab);
+}
+
+bool specee_grammar_vocab::orphaned() const { return specee_vocab_n_refs(vocab) <= 1; }
 
 namespace {
 
@@ -59,15 +71,16 @@ int64_t heap_in_use() {
 }
 
 struct compile_job {
-    std::mutex              mutex;
-    std::condition_variable cv;
-    bool                    done      = false;
-    bool                    abandoned = false; // the caller has gone: the worker frees what it made
-    llg_constraint_init     ci{};
-    std::string             kind, text;
-    llg_matcher *           matcher = nullptr; // the result: a matcher, or
-    std::string             error;             // the engine's refusal
-    int64_t                 held = 0;          // bytes the compile left allocated: the matcher's size
+    std::mutex                            mutex;
+    std::condition_variable               cv;
+    bool                                  done      = false;
+    bool                                  abandoned = false; // the caller has gone: the worker frees what it made
+    std::shared_ptr<specee_grammar_vocab> vocab; // what the engine reads (ci's tokenizer, its callback's data)
+    llg_constraint_init                   ci{};
+    std::string                           kind, text;
+    llg_matcher *                         matcher = nullptr; // the result: a matcher, or
+    std::string                           error;             // the engine's refusal
+    int64_t                               held = 0;          // bytes the compile left allocated: the matcher's size
 };
 
 void * compile_main(void * arg) {
@@ -93,20 +106,25 @@ void * compile_main(void * arg) {
     }
     const int64_t held = heap_in_use() - used0;
     trim(); // what the compile made and dropped (the engine's scratch, a refused grammar) leaves the process
-    std::lock_guard<std::mutex> lock(job->mutex);
-    if (job->abandoned) {
-        if (m) {
-            a.free_matcher(m);
+    {
+        std::lock_guard<std::mutex> lock(job->mutex);
+        if (!job->abandoned) {
+            job->matcher = m;
+            job->error   = error;
+            job->held    = held;
+            job->done    = true;
+            job->cv.notify_all();
+            return nullptr;
         }
-        trim();
-        g_abandoned -= 1;
-        return nullptr;
     }
-    job->matcher = m;
-    job->error   = error;
-    job->held    = held;
-    job->done    = true;
-    job->cv.notify_all();
+    // abandoned: the caller has gone. What the compile made goes, and with the job this worker's hold on the
+    // vocabulary (the last one when its model was freed meanwhile), all before the count says the worker is done.
+    if (m) {
+        a.free_matcher(m);
+    }
+    job.reset();
+    trim();
+    g_abandoned -= 1;
     return nullptr;
 }
 
@@ -133,18 +151,19 @@ void wait_within_budget(compile_job & job, const char * name) {
     }
 }
 
-llg_matcher * compile_on_worker(const llg_tokenizer * tok, int32_t type, const char * kind,
+llg_matcher * compile_on_worker(const std::shared_ptr<specee_grammar_vocab> & vocab, int32_t type, const char * kind,
                                 const std::string & engine_text, std::string & error, int64_t & held) {
     const char * name = specee_grammar_type_name(type);
     if (g_abandoned.load() >= MAX_ABANDONED) {
         specee_fail("%s: the grammar engine is still busy with grammars that ran out of their budget; try again "
                     "later", name);
     }
-    auto job  = std::make_shared<compile_job>();
-    job->kind = kind;
-    job->text = engine_text;
+    auto job   = std::make_shared<compile_job>();
+    job->vocab = vocab;
+    job->kind  = kind;
+    job->text  = engine_text;
     const llg_api & a = specee_llg();
-    a.constraint_init_set_defaults(&job->ci, tok);
+    a.constraint_init_set_defaults(&job->ci, vocab->tok);
     job->ci.log_stderr_level = 0; // its warnings come back as errors or not at all, never on the terminal
     job->ci.log_buffer_level = 0;
     job->ci.limits.verbose_errors = false; // no parser state, no grammar in its messages
@@ -172,13 +191,14 @@ llg_matcher * compile_on_worker(const llg_tokenizer * tok, int32_t type, const c
 // ---- the cache -------------------------------------------------------------------------------------------
 
 struct cached {
-    const llg_tokenizer * tok;
-    int32_t               type;
-    std::string           text;
-    llg_matcher *         matcher; // start state; null with error
-    std::string           error;
-    uint64_t              used;
-    int64_t               cost = 0; // bytes it holds: the matcher (what its compile left allocated), the texts
+    std::shared_ptr<specee_grammar_vocab> vocab; // its matcher's: kept while the matcher is
+    int32_t                               type;
+    std::string                           text;
+    llg_matcher *                         matcher; // start state; null with error
+    std::string                           error;
+    uint64_t                              used;
+    int64_t                               cost = 0; // bytes it holds: the matcher (what its compile left allocated),
+                                                    // the texts
 };
 
 std::mutex          g_cache_mutex;
@@ -187,9 +207,9 @@ uint64_t            g_tick = 0;
 int64_t             g_hits = 0;
 
 // the entry's matcher cloned (or its error thrown); false on a miss. Under g_cache_mutex.
-bool from_cache(const llg_tokenizer * tok, int32_t type, const std::string & text, llg_matcher *& out) {
+bool from_cache(const specee_grammar_vocab * vocab, int32_t type, const std::string & text, llg_matcher *& out) {
     for (cached & c : g_cache) {
-        if (c.tok == tok && c.type == type && c.text == text) {
+        if (c.vocab.get() == vocab && c.type == type && c.text == text) {
             c.used = ++g_tick;
             g_hits += 1;
             if (!c.matcher) {
@@ -205,6 +225,24 @@ bool from_cache(const llg_tokenizer * tok, int32_t type, const std::string & tex
 void drop(cached & c) {
     if (c.matcher) {
         specee_llg().free_matcher(c.matcher);
+    }
+}
+
+// drops the entries of orphaned vocabularies (their model is gone: no compile asks for them again), and with the
+// last of them the vocabulary, unless a grammar or an abandoned compile still holds it. Under g_cache_mutex.
+void drop_orphans() {
+    bool dropped = false;
+    for (size_t i = 0; i < g_cache.size();) {
+        if (g_cache[i].vocab->orphaned()) {
+            drop(g_cache[i]);
+            g_cache.erase(g_cache.begin() + (long) i);
+            dropped = true;
+        } else {
+            ++i;
+        }
+    }
+    if (dropped) {
+        trim();
     }
 }
 
@@ -233,12 +271,13 @@ void keep(cached && entry) {
 
 } // namespace
 
-llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, const std::string & text,
-                                     const char * kind, const std::string & engine_text) {
+llg_matcher * specee_grammar_compile(const std::shared_ptr<specee_grammar_vocab> & vocab, int32_t type,
+                                     const std::string & text, const char * kind, const std::string & engine_text) {
     {
         std::lock_guard<std::mutex> lock(g_cache_mutex);
-        llg_matcher *               m = nullptr;
-        if (from_cache(tok, type, text, m)) {
+        drop_orphans();
+        llg_matcher * m = nullptr;
+        if (from_cache(vocab.get(), type, text, m)) {
             return m;
         }
     }
@@ -246,20 +285,20 @@ llg_matcher * specee_grammar_compile(const llg_tokenizer * tok, int32_t type, co
     int64_t     held = 0;
     llg_matcher * m;
     try {
-        m = compile_on_worker(tok, type, kind, engine_text, error, held);
+        m = compile_on_worker(vocab, type, kind, engine_text, error, held);
     } catch (const specee_error & e) { // out of budget: kept as a refusal too
         std::lock_guard<std::mutex> lock(g_cache_mutex);
-        keep({tok, type, text, nullptr, e.what(), 0, 0});
+        keep({vocab, type, text, nullptr, e.what(), 0, 0});
         throw;
     }
     const std::string message = error.empty() ? "" : std::string(specee_grammar_type_name(type)) + ": " + error;
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     if (!m) {
-        keep({tok, type, text, nullptr, message, 0, 0});
+        keep({vocab, type, text, nullptr, message, 0, 0});
         specee_fail("%s", message.c_str());
     }
     if (held + (int64_t) text.size() <= specee_grammar_limit_of("cache_mb") << 20) {
-        keep({tok, type, text, specee_llg().clone_matcher(m), "", 0, std::max<int64_t>(held, 0)});
+        keep({vocab, type, text, specee_llg().clone_matcher(m), "", 0, std::max<int64_t>(held, 0)});
     }
     return m;
 }
@@ -284,3 +323,5 @@ extern "C" void specee_grammar_cache_clear(void) {
     g_cache.clear();
     trim();
 }
+
+extern "C" int32_t specee_grammar_n_abandoned(void) { return g_abandoned.load(); }

@@ -9,6 +9,8 @@
 #include "specee-grammar-limits.h"
 #include "specee-impl.h"
 #include "specee-llg.h"
+#include "specee-model.h"
+#include "specee-vocab.h"
 #include "specee.h"
 
 #include <algorithm>
@@ -22,25 +24,21 @@
 
 namespace {
 
-// the model's own tokenizer, for llguidance's checks of token boundaries (no BOS, special tokens as text)
+// the vocabulary's own tokenizer, for llguidance's checks of token boundaries (no BOS, special tokens as text). Its
+// user data is the vocabulary, held by the specee_grammar_vocab whose tokenizer calls this (the model may be gone);
+// nothing thrown crosses into the engine.
 size_t tokenize_cb(const void * user, const uint8_t * bytes, size_t n_bytes, uint32_t * out, size_t n_out) {
-    const specee_model * m = (const specee_model *) user;
-    if (n_bytes > (size_t) INT32_MAX / 2) {
+    std::vector<int32_t> ids;
+    try {
+        ids = specee_vocab_tokenize(*(const specee_vocab *) user, std::string((const char *) bytes, n_bytes), false,
+                                    false);
+    } catch (...) {
         return 0;
     }
-    std::vector<int32_t> ids(n_bytes + 8);
-    int32_t n = specee_tokenize(m, (const char *) bytes, (int32_t) n_bytes, ids.data(), (int32_t) ids.size(), false, false);
-    if (n < 0 && n != INT32_MIN) {
-        ids.resize(-n);
-        n = specee_tokenize(m, (const char *) bytes, (int32_t) n_bytes, ids.data(), (int32_t) ids.size(), false, false);
-    }
-    if (n < 0) {
-        return 0;
-    }
-    for (int32_t i = 0; i < n && (size_t) i < n_out; ++i) {
+    for (size_t i = 0; i < ids.size() && i < n_out; ++i) {
         out[i] = (uint32_t) ids[i];
     }
-    return (size_t) n;
+    return ids.size();
 }
 
 } // namespace
@@ -63,7 +61,7 @@ struct specee_grammar {
     const specee_model *  model = nullptr;
     int32_t               type  = SPECEE_GRAMMAR_NONE;
     std::string           text;
-    llg_tokenizer *       tok     = nullptr; // the model's (vocab_tokenizer), not owned
+    std::shared_ptr<specee_grammar_vocab> vocab; // its model's vocabulary (grammar_vocab): kept while matcher is
     llg_matcher *         matcher = nullptr;
     std::vector<uint32_t> mask;
     bool                  mask_ok = false; // mask is the current state's
@@ -122,38 +120,32 @@ static std::string compact_json(const char * text) {
     return s.substr(0, b + 1) + "\"x-guidance\":{\"whitespace_flexible\":false}" + (empty ? "" : ",") + s.substr(b + 1);
 }
 
-// The model's vocabulary for llguidance, built once per model (49k tokens take a noticeable fraction of a second) and
-// kept for the process: by the model's address and a hash of its tokens' texts and end-of-generation ids, so a model
-// loaded later at the same address with another vocabulary gets its own. The tokenizer calls back into the model of
-// that address, which a live grammar's generator keeps alive. Replaced entries are left allocated, as grammars of
-// the earlier model may still hold them.
-static llg_tokenizer * vocab_tokenizer(const specee_model & m, const std::vector<int32_t> & eog) {
-    struct entry {
-        uint64_t        hash;
-        llg_tokenizer * tok;
-    };
-    static std::mutex                                  mutex;
-    static std::vector<std::pair<const specee_model *, entry>> cache;
-    const int32_t n_vocab = specee_model_n_vocab(&m);
-    uint64_t      h       = 1469598103934665603ull ^ (uint64_t) n_vocab;
-    auto          mix     = [&h](const char * p, size_t n) {
-        for (size_t k = 0; k < n; ++k) {
-            h = (h ^ (uint8_t) p[k]) * 1099511628211ull;
-        }
-        h = (h ^ 0xff) * 1099511628211ull;
-    };
-    for (int32_t t = 0; t < n_vocab; ++t) {
-        const char * text = specee_token_text(&m, t);
-        mix(text ? text : "", text ? strlen(text) : 0);
+// The model's vocabulary as the engine sees it (specee-grammar-compile.h), built once per vocabulary (49k tokens take
+// a noticeable fraction of a second) and kept while its model keeps the vocabulary: found by the vocabulary's address,
+// which no other vocabulary can take while a view holds it. Orphans (their model freed) leave the list here; their
+// views go with the last grammar, compile or cached matcher that holds them.
+static std::shared_ptr<specee_grammar_vocab> grammar_vocab(const specee_model & m, const std::vector<int32_t> & eog) {
+    // never destroyed: nothing to free at exit, where compiles abandoned past their budget may still run
+    static auto &     views = *new std::vector<std::shared_ptr<specee_grammar_vocab>>;
+    static std::mutex mutex;
+    if (!m.vocab) {
+        specee_fail("structured output: the model file has no tokenizer");
     }
-    mix((const char *) eog.data(), eog.size() * sizeof(int32_t));
     std::lock_guard<std::mutex> lock(mutex);
-    for (auto & [model, e] : cache) {
-        if (model == &m && e.hash == h) {
-            return e.tok;
+    std::shared_ptr<specee_grammar_vocab> found;
+    for (size_t i = 0; i < views.size();) {
+        if (views[i]->orphaned()) {
+            views.erase(views.begin() + (long) i);
+            continue;
         }
+        found = views[i]->vocab == m.vocab ? views[i] : found;
+        ++i;
+    }
+    if (found) {
+        return found;
     }
 
+    const int32_t         n_vocab = specee_model_n_vocab(&m);
     std::vector<uint32_t> lens(n_vocab);
     std::string           all, piece;
     for (int32_t t = 0; t < n_vocab; ++t) {
@@ -161,6 +153,8 @@ static llg_tokenizer * vocab_tokenizer(const specee_model & m, const std::vector
         lens[t] = (uint32_t) piece.size();
         all += piece;
     }
+    auto view   = std::make_shared<specee_grammar_vocab>();
+    view->vocab = specee_vocab_retain(m.vocab);
     std::vector<uint32_t> eos_extra(eog.begin() + 1, eog.end());
     llg_tokenizer_init_v2 ti{};
     ti.struct_size         = sizeof(ti);
@@ -169,22 +163,16 @@ static llg_tokenizer * vocab_tokenizer(const specee_model & m, const std::vector
     ti.token_lens          = lens.data();
     ti.token_bytes         = (const uint8_t *) all.data();
     ti.tokenize_fn         = tokenize_cb;
-    ti.tokenize_user_data  = &m;
+    ti.tokenize_user_data  = view->vocab;
     ti.tok_eos_extra       = eos_extra.data();
     ti.tok_eos_extra_count = (uint32_t) eos_extra.size();
-    char            err[1024] = "";
-    llg_tokenizer * tok       = specee_llg().new_tokenizer_v2(&ti, err, sizeof(err));
-    if (!tok) {
+    char err[1024] = "";
+    view->tok      = specee_llg().new_tokenizer_v2(&ti, err, sizeof(err));
+    if (!view->tok) {
         specee_fail("structured output: llguidance refused the model's vocabulary: %s", err);
     }
-    for (auto & [model, e] : cache) {
-        if (model == &m) {
-            e = {h, tok};
-            return tok;
-        }
-    }
-    cache.push_back({&m, {h, tok}});
-    return tok;
+    views.push_back(view);
+    return view;
 }
 
 specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, const char * text) {
@@ -218,8 +206,8 @@ specee_grammar * specee_grammar_init_impl(const specee_model & m, int32_t type, 
     if (g->eog.empty()) {
         specee_fail("structured output: the model's vocabulary has no end-of-generation token");
     }
-    g->tok     = vocab_tokenizer(m, g->eog);
-    g->matcher = specee_grammar_compile(g->tok, type, text, kind,
+    g->vocab   = grammar_vocab(m, g->eog);
+    g->matcher = specee_grammar_compile(g->vocab, type, text, kind,
                                         type == SPECEE_GRAMMAR_GBNF ? lark : type == SPECEE_GRAMMAR_JSON_SCHEMA ? json : text);
     g->mask.assign(a.matcher_get_mask_byte_size(g->matcher) / 4, 0);
     return g.release();

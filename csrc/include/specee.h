@@ -691,6 +691,8 @@ int32_t      specee_grammar_set_limit(const char * name, int64_t value);
 int32_t specee_grammar_cache_size(void);
 int64_t specee_grammar_cache_hits(void);
 void    specee_grammar_cache_clear(void);
+// compiles abandoned past their budget (a 400 given) that still run on their workers
+int32_t specee_grammar_n_abandoned(void);
 
 // ---- parallel slots: continuous batching of several sequences on one context -----------------------------
 //

@@ -7,6 +7,7 @@
 #include "specee.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -48,6 +49,8 @@ struct specee_vocab {
     int32_t     fim[SPECEE_FIM_COUNT] = {-1, -1, -1, -1, -1, -1}; // specee.h's FIM tokens, -1: none
     int32_t     byte_ids[256];  // the token of each byte (SPM: <0xNN>, BPE: its GPT-2 character), -1 if none
     std::string byte_text[256]; // BPE: each byte as its GPT-2 character
+
+    std::atomic<int32_t> n_refs{1}; // the model's, and those retained (specee_vocab_retain)
 };
 
 static uint64_t pair_key(int32_t left, int32_t right) { return ((uint64_t) (uint32_t) left << 32) | (uint32_t) right; }
@@ -370,7 +373,20 @@ specee_vocab * specee_vocab_load(const gguf_context * g, uint32_t n_vocab, bool 
     return owned.release();
 }
 
-void specee_vocab_free(specee_vocab * vocab) { delete vocab; }
+specee_vocab * specee_vocab_retain(specee_vocab * vocab) {
+    if (vocab) {
+        vocab->n_refs.fetch_add(1);
+    }
+    return vocab;
+}
+
+void specee_vocab_free(specee_vocab * vocab) {
+    if (vocab && vocab->n_refs.fetch_sub(1) == 1) {
+        delete vocab;
+    }
+}
+
+int32_t specee_vocab_n_refs(const specee_vocab * vocab) { return vocab ? vocab->n_refs.load() : 0; }
 
 // ---- merging -----------------------------------------------------------------------------------
 // Both tokenizers start from small symbols and keep merging the adjacent pair that costs least, the
@@ -651,6 +667,11 @@ extern "C" const char * specee_token_text(const specee_model * m, int32_t token)
 std::vector<int32_t> specee_vocab_tokenize(const specee_model & m, const std::string & text, bool add_special,
                                            bool parse_special) {
     return tokenize(vocab_of(&m), text, add_special, parse_special);
+}
+
+std::vector<int32_t> specee_vocab_tokenize(const specee_vocab & vocab, const std::string & text, bool add_special,
+                                           bool parse_special) {
+    return tokenize(vocab, text, add_special, parse_special);
 }
 
 extern "C" int32_t specee_tokenize(const specee_model * m, const char * text, int32_t text_len, int32_t * tokens,

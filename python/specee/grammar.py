@@ -110,3 +110,9 @@ def cache_info() -> dict[str, int]:
 def cache_clear() -> None:
     """Drops every compiled grammar kept (their memory goes back to the system)."""
     _core.grammar_cache_clear()
+
+
+def n_abandoned() -> int:
+    """Compiles abandoned past their budget (compile_ms, compile_mb) whose workers still run: the engine cannot be
+    stopped, so each finishes on its own and frees what it made (while two run, new compiles are refused)."""
+    return _core.grammar_n_abandoned()
