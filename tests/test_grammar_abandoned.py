@@ -1,6 +1,6 @@
 """A grammar compile abandoned past its budget outlives its request, and may outlive its model (issue 46;
-csrc/specee-grammar-compile.h, docs/hardening.md "Grammars"). The engine cannot be stopped: the worker runs on, and
-calls back into the vocabulary's tokenizer while it does. These tests free the model under such a compile (the
+csrc/decode/specee-grammar-compile.h, docs/hardening.md "Grammars"). The engine cannot be stopped: the worker runs on,
+and calls back into the vocabulary's tokenizer while it does. These tests free the model under such a compile (the
 Python API's Model.close, a server's sleep and its shutdown) and check that the process goes on serving, another model
 loading and generating; that the vocabulary and what was cached for it go once the compile ends; and that threads and
 memory stay bounded after many abandoned compiles. Run them under scripts/sanitize.sh as well: there a read of the
