@@ -348,6 +348,22 @@ def test_logprobs_are_the_models_log_softmax(server: Server, client: OpenAI, cha
     assert plain.choices[0].logprobs is None  # not asked, not computed
 
 
+def test_post_sampling_probs_are_the_sampler_s(server: Server) -> None:
+    """/completion's post_sampling_probs (llama.cpp's): `prob` / `top_probs` of the distribution each token was drawn
+    from, after top-k, top-p, min-p and temperature: here top_k 2 keeps two, whose probabilities add up to one; a
+    greedy token is certain and alone."""
+    body = {"prompt": [5, 40, 7, 99, 12], "n_predict": 5, "ignore_eos": True, "n_probs": 4, "seed": 3,
+            "temperature": 0.9, "top_k": 2, "top_p": 1.0, "min_p": 0.0, "post_sampling_probs": True}
+    probs = call(server.port, "POST", "/completion", body).json()["completion_probabilities"]
+    assert len(probs) == 5
+    for p in probs:
+        top = p["top_probs"]
+        assert len(top) == 2 and abs(sum(t["prob"] for t in top) - 1.0) < 1e-5 and "logprob" not in p
+        assert p["id"] in [t["id"] for t in top] and top[0]["prob"] >= top[1]["prob"] > 0.0
+    greedy = call(server.port, "POST", "/completion", {**body, "temperature": 0}).json()["completion_probabilities"]
+    assert all(p["prob"] == 1.0 and [t["id"] for t in p["top_probs"]] == [p["id"]] for p in greedy)
+
+
 def test_logprobs_need_mode_plain(server: Server) -> None:
     for body in ({"prompt": "hi", "logprobs": 2, "mode": "eagle2", "temperature": 0},
                  {"prompt": "hi", "logprobs": 1000}, {"prompt": "hi", "logprobs": True}):

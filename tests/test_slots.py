@@ -256,6 +256,40 @@ def test_log_probabilities_per_token(tiny: specee.Model) -> None:
         slots.submit(prompt, 2, n_probs=101, temp=0)
 
 
+def test_post_sampling_probabilities(tiny: specee.Model) -> None:
+    """set_post_sampling_probs (llama.cpp's post_sampling_probs): each token with the distribution it was drawn from,
+    after top-k / top-p / min-p and temperature (recomputed here from its step's logits), fewer alternatives than
+    asked where fewer were kept; a greedy draw's token certain and alone; another request beside them unchanged."""
+    prompt, temp = PROMPTS[1], 0.7
+    tiny.kv_clear()
+    slots = tiny.slots(3)
+    a = slots.submit(prompt, 6, n_probs=5, temp=temp, top_k=3, top_p=1.0, min_p=0.0, seed=5, mode="plain")
+    slots.set_post_sampling_probs(a)
+    g = slots.submit(PROMPTS[2], 4, n_probs=2, temp=0, mode="plain")
+    slots.set_post_sampling_probs(g)
+    m = slots.submit(PROMPTS[3], 4, n_probs=2, temp=0, mode="plain")  # the model's, as before
+    for _ in range(50):
+        if slots.step() == 0:
+            break
+    ra, rg, rm = slots.read(a), slots.read(g), slots.read(m)
+    for s in (a, g, m):
+        slots.release(s)
+    tiny.kv_clear()
+    logits = tiny.eval(prompt + ra.tokens[:-1], output="all")[len(prompt) - 1:]
+    assert len(ra.tokens) == len(ra.logprobs) == 6
+    for tok, row, ref in zip(ra.tokens, ra.logprobs, logits):
+        kept = [int(i) for i in np.argsort(-ref, kind="stable")[:3]]
+        z = ref[kept] / temp
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        assert [t for t, _ in row[1:]] == kept  # the 3 kept of the 5 asked, most likely first
+        assert np.allclose(np.exp([lp for _, lp in row[1:]]), p, atol=1e-4)
+        assert row[0][0] == tok and tok in kept and abs(np.exp(row[0][1]) - p[kept.index(tok)]) < 1e-4
+    assert rg.tokens and all(row == [(t, 0.0), (t, 0.0)] for t, row in zip(rg.tokens, rg.logprobs))
+    assert all(len(row) == 3 and row[0][1] < 0.0 for row in rm.logprobs)  # log-softmax: below 0, 2 alternatives
+    with pytest.raises(specee.SpecEEError, match="no request on slot"):
+        slots.set_post_sampling_probs(a)
+
+
 def test_bad_requests(tiny: specee.Model) -> None:
     slots = tiny.slots(4)
     assert slots.n_ctx_slot == N_CTX // 4

@@ -532,7 +532,9 @@ struct Slots {
             py::list row;
             for (int32_t k = 0; k <= n_probs; ++k) {
                 const specee_token_logprob & e = probs[(size_t) i * (1 + n_probs) + k];
-                row.append(py::make_tuple(e.token, e.logprob));
+                if (e.token >= 0) { // (-1: fewer alternatives kept by the sampler's chain, post_sampling_probs)
+                    row.append(py::make_tuple(e.token, e.logprob));
+                }
             }
             logprobs.append(row);
         }
@@ -1138,6 +1140,12 @@ PYBIND11_MODULE(_core, m) {
         .def("choose", &Slots::choose, py::arg("tokens"))
         .def("step", &Slots::step)
         .def("read", &Slots::read, py::arg("slot"))
+        .def("set_post_sampling_probs",
+             [](Slots & s, int32_t slot, bool on) {
+                 if (specee_slots_set_post_sampling_probs(s.ptr, slot, on) < 0) {
+                     raise_last();
+                 }
+             }, py::arg("slot"), py::arg("on"))
         .def("release", &Slots::release, py::arg("slot"))
         .def("stats", [](const Slots & s, int32_t slot) { return stats_dict(specee_slots_stats(s.ptr, slot)); })
         .def("mode",

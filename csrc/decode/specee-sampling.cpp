@@ -38,6 +38,7 @@ struct specee_sampler {
     std::vector<std::pair<int32_t, float>> logit_bias; // (token, added to its logit) on target draws
     specee_grammar *      grammar      = nullptr; // owned
     bool                  grammar_live = false;   // a draw since the last reset: accepted tokens are generated ones
+    bool                  drawn        = false;   // the last draw was from cur's distribution (not greedy or forced)
     ~specee_sampler() { specee_grammar_free_impl(grammar); }
 };
 
@@ -241,6 +242,7 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
         specee_fail("no logits to sample from (n_vocab = %d)", n_vocab);
     }
     auto & cur = s.cur;
+    s.drawn    = false;
     cur.resize(n_vocab);
     for (int32_t i = 0; i < n_vocab; ++i) {
         if (std::isnan(logits[i])) {
@@ -305,7 +307,39 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
 
 int32_t specee_sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab) {
     const int32_t best = run_chain(s, logits, n_vocab, true);
-    return best >= 0 ? best : draw(s.cur, s.rng);
+    if (best >= 0) {
+        return best;
+    }
+    s.drawn = true;
+    return draw(s.cur, s.rng);
+}
+
+void specee_sampler_drawn_logprobs(const specee_sampler & s, int32_t t, int32_t n_top,
+                                   std::vector<specee_token_logprob> & out) {
+    std::vector<specee_candidate> kept;
+    if (s.drawn) {
+        for (const specee_candidate & c : s.cur) {
+            if (c.p > 0.0f) {
+                kept.push_back(c);
+            }
+        }
+        std::sort(kept.begin(), kept.end(), [](const specee_candidate & a, const specee_candidate & b) {
+            return a.p != b.p ? a.p > b.p : a.id < b.id;
+        });
+    } else {
+        kept.push_back({t, 0.0f, 1.0f}); // greedy, or the grammar's only token: t alone, certain
+    }
+    float lp_t = -INFINITY;
+    for (const specee_candidate & c : kept) {
+        if (c.id == t) {
+            lp_t = std::log(c.p);
+        }
+    }
+    out.push_back({t, lp_t});
+    for (int32_t i = 0; i < n_top; ++i) {
+        out.push_back(i < (int32_t) kept.size() ? specee_token_logprob{kept[i].id, std::log(kept[i].p)}
+                                                : specee_token_logprob{-1, -INFINITY});
+    }
 }
 
 void specee_sampler_dist(specee_sampler & s, const float * logits, int32_t n_vocab, bool penalty,

@@ -18,6 +18,12 @@ void   specee_sampler_dist(specee_sampler & s, const float * logits, int32_t n_v
 // equal logits by id, so the order is the same every time), appended to out
 void   specee_logprobs(const float * logits, int32_t n_vocab, int32_t t, int32_t n_top,
                        std::vector<specee_token_logprob> & out);
+// llama.cpp's post_sampling_probs: the distribution the sampler's last draw took t from, after its chain (top-k,
+// top-p, min-p, temperature): t's log-probability, then the n_top most likely of the tokens kept (most likely first,
+// equal ones by id), padded with token -1 (log-probability -inf) where fewer were kept; a greedy draw, or a token the
+// grammar left alone: t, certain. Call it before the sampler's next draw.
+void   specee_sampler_drawn_logprobs(const specee_sampler & s, int32_t t, int32_t n_top,
+                                     std::vector<specee_token_logprob> & out);
 // indices of the k largest of x[0..n), largest first; equal values by lower index (deterministic)
 std::vector<int32_t> specee_top_k(const float * x, int32_t n, int32_t k);
 // the next uniform in [0, 1) of the sampler's seeded generator

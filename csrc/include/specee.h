@@ -772,6 +772,12 @@ int32_t specee_slots_read(specee_slots * slots, int32_t slot, int32_t * tokens, 
                           struct specee_token_logprob * probs, int32_t n_max, int32_t * finish);
 // the n_probs of the slot's request (< 0: none)
 int32_t specee_slots_n_probs(const specee_slots * slots, int32_t slot);
+// on: the slot's request reports its tokens' probabilities after the sampler's chain (top-k, top-p, min-p,
+// temperature: the distribution each token was drawn from, llama.cpp's post_sampling_probs; certain for a greedy
+// draw) instead of the model's, with fewer than n_probs alternatives (token -1) where fewer were kept; its grammar's
+// forced tokens are then sampled one at a time (no jump-forward). After its submit, before its next step; 0, or -1
+// (no request on the slot).
+int32_t specee_slots_set_post_sampling_probs(specee_slots * slots, int32_t slot, bool on);
 // why the slot's request finished with SPECEE_FINISH_ERROR ("" otherwise)
 const char * specee_slots_error(const specee_slots * slots, int32_t slot);
 // End the slot's request, finished or not (a client gone): the slot is free at once, its cache kept for reuse

@@ -136,7 +136,9 @@ static void gather_decoding(specee_slots & s, shared_batch & sb) {
         }
         specee_generator &         g     = *sl.gen;
         const int32_t              n_max = slot_n_max(s, sl);
-        const std::vector<int32_t> nodes = specee_jump_forward_draft(g, std::min(room, n_max - 1));
+        // (a request that reports the sampler's probabilities takes each token from a draw: no forced chain)
+        const std::vector<int32_t> nodes =
+            sl.post_sampling ? std::vector<int32_t>{} : specee_jump_forward_draft(g, std::min(room, n_max - 1));
         if (nodes.empty()) {
             sb.add(g.root, g.root_pos, g.seq, true);
             sb.decoding.push_back(i);

@@ -13,6 +13,7 @@
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-options.h"
+#include "specee-sampling.h"
 #include "specee-slots.h"
 #include "specee-speculative.h"
 #include "specee.h"
@@ -139,6 +140,7 @@ static int32_t submit_impl(specee_slots & s, const int32_t * tokens, int32_t n, 
     }
     sl.n_probs = std::min(n_probs, n_vocab);
     sl.out_probs.clear();
+    sl.post_sampling = false;
     sl.prompt.assign(tokens, tokens + n);
     specee_ngram_cache_doc_begin(ctx.ngram_cache, g.doc, tokens, n);
     sl.n_predict   = n_predict;
@@ -193,7 +195,9 @@ void specee_slot_emit(specee_slots & s, specee_slot & sl, int32_t t, int32_t lay
     } else {
         sl.out.push_back(t);
         sl.out_layers.push_back(layers);
-        if (sl.n_probs >= 0 && logits) {
+        if (sl.n_probs >= 0 && logits && sl.post_sampling) { // t is the sampler's last draw (no jump-forward)
+            specee_sampler_drawn_logprobs(*g.smpl, t, sl.n_probs, sl.out_probs);
+        } else if (sl.n_probs >= 0 && logits) {
             specee_logprobs(logits, (int32_t) s.ctx->model->hparams.n_vocab, t, sl.n_probs, sl.out_probs);
         }
         sl.n_generated++;
@@ -369,6 +373,17 @@ extern "C" struct specee_generator_stats specee_slots_stats(const specee_slots *
 
 extern "C" int32_t specee_slots_n_probs(const specee_slots * s, int32_t slot) {
     return slot >= 0 && slot < (int32_t) s->slots.size() ? s->slots[slot].n_probs : -1;
+}
+
+extern "C" int32_t specee_slots_set_post_sampling_probs(specee_slots * s, int32_t slot, bool on) {
+    std::lock_guard<std::recursive_mutex> lock(s->ctx->mutex);
+    return specee_guard<int32_t>(-1, [&] {
+        if (slot < 0 || slot >= (int32_t) s->slots.size() || s->slots[slot].state == SLOT_FREE) {
+            specee_fail("no request on slot %d", slot);
+        }
+        s->slots[slot].post_sampling = on;
+        return 0;
+    });
 }
 
 extern "C" int32_t specee_slots_mode(const specee_slots * s, int32_t slot) {

@@ -28,6 +28,7 @@ struct specee_slot {
     std::vector<int32_t> out, out_layers; // generated, not read yet
     int32_t              n_probs = -1;   // alternatives per token; < 0: no log-probabilities
     std::vector<specee_token_logprob> out_probs; // 1 + n_probs per token of out
+    bool                 post_sampling = false; // out_probs after the sampler's chain (specee_slots_set_post_sampling_probs)
     int32_t              finish = SPECEE_FINISH_NONE;
     std::string          error;
     uint64_t             order = 0; // when the request came (prefill order), or was last used (slot choice)

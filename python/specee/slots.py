@@ -177,6 +177,13 @@ class Slots:
         toks, layers, finish, error, logprobs = self._slots.read(slot)
         return SlotOutput(toks, layers, FINISH_REASONS[finish], error, logprobs)
 
+    def set_post_sampling_probs(self, slot: int, on: bool = True) -> None:
+        """llama.cpp's post_sampling_probs for the slot's request (after its submit, with n_probs >= 0): each token's
+        probabilities are those of the distribution it was drawn from, after top-k / top-p / min-p and temperature
+        (certain for a greedy draw), with fewer alternatives where fewer were kept; its grammar's forced tokens are then
+        sampled one by one. Off: the model's (log-softmax of the logits)."""
+        self._slots.set_post_sampling_probs(slot, on)
+
     def release(self, slot: int) -> None:
         """End the slot's request, finished or not: the slot is free at once (its cache is kept for a prompt that
         begins the same way)."""

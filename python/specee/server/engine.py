@@ -192,6 +192,8 @@ class Engine:
                     continue
                 return
             self.waiting.remove(job)
+            if p.post_sampling and p.n_probs >= 0:
+                self.slots.set_post_sampling_probs(slot, True)
             job.slot = slot
             job.admitted = time.perf_counter()
             job.cached = self.slots.n_past(slot)
@@ -337,6 +339,8 @@ class Engine:
             job.send("done", "error", str(e), stats)
             return True
         assert again == slot  # just released
+        if p.post_sampling and p.n_probs >= 0:
+            self.slots.set_post_sampling_probs(slot, True)
         self.running[slot] = job
         return True
 

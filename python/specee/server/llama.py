@@ -34,7 +34,8 @@ GENERATION_FIELDS = ("n_predict", "seed", "temperature", "top_k", "top_p", "min_
 def llama_probs(probs: list[TokenProb], as_probs: bool = False) -> list[dict]:
     """llama.cpp's `completion_probabilities`: [{id, token, bytes, logprob, top_logprobs: [{id, token, bytes,
     logprob}]}]; as_probs (the request's post_sampling_probs): `prob` and `top_probs` instead, the probabilities
-    themselves (here the model's, before the sampler's top-k / top-p / min-p, not after them as in llama.cpp)."""
+    themselves, which the slot then gives after the sampler's chain (top-k / top-p / min-p, temperature), as
+    llama.cpp's."""
 
     def entry(tok: int, piece: bytes, lp: float) -> dict:
         value = {"prob": math.exp(lp)} if as_probs else {"logprob": lp}

@@ -249,6 +249,7 @@ class RequestParams:
     budget: ThoughtBudget | None = None  # a chat's thinking budget (server/reasoning.py; each job counts on a copy)
     lora: dict[int, float] | None = None  # llama.cpp's per-request `lora`: {adapter id: scale}; None: the server's
     preserved: frozenset[int] = frozenset()  # llama.cpp's preserved_tokens: special tokens whose text the reply keeps
+    post_sampling: bool = False  # llama.cpp's post_sampling_probs: the probabilities after the sampler's chain
 
 
 def probs_wanted(body: dict, api: str) -> int:
@@ -467,8 +468,9 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
     id_slot = body_field(body, "id_slot", int, -1, lambda v: v >= -1, "-1 (any slot) or a slot's id")
     progress = body_field(body, "return_progress", bool, False)
     timings = body_field(body, "timings_per_token", bool, False)
+    post_sampling = api == "llama" and body_field(body, "post_sampling_probs", bool, False)
     return RequestParams(options, n_predict, n_probs, stop, n_choices, id_slot, progress, timings,
-                         lora=lora_of(body, n_lora), preserved=preserved_of(model, body))
+                         lora=lora_of(body, n_lora), preserved=preserved_of(model, body), post_sampling=post_sampling)
 
 
 def preserved_of(model: Model | None, body: dict) -> frozenset[int]:
