@@ -1,0 +1,51 @@
+"""python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
+memory: a random Q4_1 (or Q8_0) matrix larger than the caches times n token rows, the cost of n rows in units of the
+same mode's one-row product (where `auto` runs ggml's own vec_dot), and the one-row product's read rate.
+
+    python -m specee.bench.kernels                      # 1536 x 73,728 Q4_1 (70.8 MB), 1 and 2 threads, n = 1, 2, 4, 8
+    python -m specee.bench.kernels --type q8_0 --rows 49152 -k 576 --threads 2     # SmolLM2's tied lm_head
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from specee import _core
+
+TYPES = {"q4_1": 3, "q8_0": 8}  # ggml type ids
+MODES = {"auto": 0, "off": 2}  # enum specee_kernels_mode
+
+
+def ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--type", choices=list(TYPES), default="q4_1")
+    ap.add_argument("-k", type=int, default=1536, help="row length (a multiple of 32; default 1536)")
+    ap.add_argument("--rows", type=int, default=73728, help="weight rows (default 73,728)")
+    ap.add_argument("-n", type=ints, default=[1, 2, 4, 8], help="token rows, comma-separated (default 1,2,4,8)")
+    ap.add_argument("--threads", type=ints, default=[1, 2], help="comma-separated (default 1,2)")
+    ap.add_argument("--repeats", type=int, default=15, help="computes per figure; the fastest is kept (default 15)")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    w = _core.quantize(TYPES[args.type], (rng.standard_normal((args.rows, args.k)) * 0.1).astype(np.float32))
+    xs = {n: rng.standard_normal((n, args.k)).astype(np.float32) for n in args.n}
+    print(f"{args.type} {args.k} x {args.rows} ({w.nbytes / 1e6:.1f} MB), fastest of {args.repeats}; cost = n rows in "
+          f"units of the same mode's one-row product\n")
+    print("| threads | mode | " + " | ".join(f"n = {n}" for n in args.n) + " | one row: ms, GB/s |")
+    print("| ---: | --- | " + " | ".join("---:" for _ in args.n) + " | ---: |")
+    for th in args.threads:
+        for name, mode in MODES.items():
+            s = {n: _core.kernels_mul_mat(w, args.k, xs[n], mode, th, repeats=args.repeats, type=TYPES[args.type])[1]
+                 for n in args.n}
+            one = s[args.n[0]]
+            cells = " | ".join(f"{s[n] / one:.2f}" for n in args.n)
+            print(f"| {th} | {name} | {cells} | {one * 1e3:.2f}, {w.nbytes / one / 1e9:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
