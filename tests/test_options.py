@@ -84,6 +84,8 @@ def test_names_are_defined_once_in_the_runtime() -> None:
     (dict(repeat_last_n=-2), "repeat_last_n must be >= -1"),
     (dict(seed=2**32), "seed must be -1 (random) or in 0..2**32-1"),
     (dict(eagle=dict(topk=0)), "eagle.topk must be >= 1"),
+    (dict(eagle=dict(topk=257)), "eagle.topk must be at most 256"),  # the table's range, the generator's limit
+    (dict(eagle=dict(depth=65)), "eagle.depth must be at most 64"),
     (dict(eagle=dict(choices="[[1]]")), "bad EAGLE choices"),
     (dict(exit=dict(kv="drop")), "exit.kv must be 'mask' or 'fill', not 'drop'"),
     (dict(exit=dict(threshold=1.5)), "exit.threshold must be a number in [0, 1]"),

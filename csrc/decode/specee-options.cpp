@@ -138,8 +138,9 @@ struct option_def {
     size_t              count_offset; // LIST: of its count
     const char * const * names;       // CHOICE: the names, by enum value
     int32_t             n_names;
-    double              lo, hi;       // INT / FLOAT: the accepted range of an explicit value
-    int32_t             cap = 0;      // FLOATS: the most values (0: SPECEE_MAX_DEVICES)
+    double              lo, hi;       // INT / FLOAT: the accepted range of a value; LIST / FLOATS: of each item
+    int32_t             cap   = 0;    // FLOATS: the most values (0: SPECEE_MAX_DEVICES)
+    double              unset = NAN;  // INT / FLOAT: the value outside the range that means "not set" (the default's)
 };
 
 #define OFF(f) offsetof(specee_generator_params, f)
@@ -184,24 +185,24 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMM
     {{"eagle.total_tokens", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
       "EAGLE-2: draft tokens verified per step (default: 3 where the CPU's layer matrices are repacked, e.g. Q4_0, "
       "else 1)"},
-     OFF(eagle.total_tokens), 0, nullptr, 0, 1, INT_MAX},
-    {{"eagle.depth", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
+     OFF(eagle.total_tokens), 0, nullptr, 0, 1, INT_MAX, 0, 0},
+    {{"eagle.depth", SPECEE_OPTION_INT, nullptr, "an integer in [1, 64]",
       "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices are repacked, else 1)"},
-     OFF(eagle.depth), 0, nullptr, 0, 1, INT_MAX},
-    {{"eagle.topk", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
+     OFF(eagle.depth), 0, nullptr, 0, 1, 64, 0, 0},
+    {{"eagle.topk", SPECEE_OPTION_INT, nullptr, "an integer in [1, 256]",
       "EAGLE-2: children per expanded node and nodes expanded per depth (default: 2 where the CPU's layer matrices "
       "are repacked, else 1)", "--eagle-topk,--eagle_dynamic_tree_max_top_k"},
-     OFF(eagle.topk), 0, nullptr, 0, 1, INT_MAX},
+     OFF(eagle.topk), 0, nullptr, 0, 1, 256, 0, 0},
     {{"eagle.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated counts like 3,2,4,1",
       "EAGLE for cost benchmarks: step i accepts COUNTS[i mod n] drafted tokens along the tree's best path whatever the "
       "target says (every pass, draft and check still runs; the output text is meaningless)"},
-     OFF(eagle.replay), OFF(eagle.n_replay), nullptr, 0, 0, 0},
+     OFF(eagle.replay), OFF(eagle.n_replay), nullptr, 0, 0, INT32_MAX},
     {{"exit.threshold", SPECEE_OPTION_FLOAT, nullptr, "a number in [0, 1]",
       "early exit: a predictor fires above it (default: the file's specee.exit.threshold, SpecEE's 0.5)"},
-     OFF(exit.threshold), 0, nullptr, 0, 0, 1},
+     OFF(exit.threshold), 0, nullptr, 0, 0, 1, 0, -1},
     {{"exit.layers", SPECEE_OPTION_LIST, nullptr, "comma-separated layer numbers like 16,20,24",
       "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)"},
-     OFF(exit.layers), OFF(exit.n_layers), nullptr, 0, 0, 0},
+     OFF(exit.layers), OFF(exit.n_layers), nullptr, 0, 0, INT32_MAX},
     {{"exit.dynamic", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "early exit: also check e-2, e, e+2 around each of the last 5 exit layers (default: on)"},
      OFF(exit.dynamic), 0, nullptr, 0, 0, 0},
@@ -212,7 +213,7 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMM
     {{"exit.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated layer numbers",
       "early exit for benchmarks: token i (tree-exit: step i) exits after block LAYERS[i mod n] whatever the "
       "predictors say (cost only: the tokens are the exit layers' argmax)"},
-     OFF(exit.replay), OFF(exit.n_replay), nullptr, 0, 0, 0},
+     OFF(exit.replay), OFF(exit.n_replay), nullptr, 0, 0, INT32_MAX},
     {{"ngram.n_min", SPECEE_OPTION_INT, nullptr, "an integer in [1, 16]",
       "n-gram lookup: the shortest match of the sequence's last tokens drafted from (default: 2)"},
      OFF(ngram.n_min), 0, nullptr, 0, 1, 16},
@@ -348,7 +349,7 @@ static const option_def CONTEXT_OPTIONS[] = {
      OFF(rpc_servers), 0, nullptr, 0, 0, 0},
     {{"tensor_split", SPECEE_OPTION_FLOATS, nullptr, "comma-separated numbers >= 0",
       "the share of the offloaded layers each device gets, e.g. 3,1 (default: by free memory)", "-ts,--tensor-split", "SPLIT"},
-     OFF(tensor_split), OFF(n_tensor_split), nullptr, 0, 0, 0},
+     OFF(tensor_split), OFF(n_tensor_split), nullptr, 0, 0, INFINITY},
     {{"ngram_cache", SPECEE_OPTION_INT, nullptr, "an integer >= 0",
       "tokens of earlier requests (their prompts and outputs) kept for n-gram lookup's drafts, per context: a server's "
       "requests, a reused Model's calls; the oldest requests are evicted (default: 65536; 0: off)",
@@ -398,25 +399,57 @@ static const option_def * find_option(const option_def * table, int32_t n, const
 
 // ---- checks that need no model --------------------------------------------------------------------------
 
-void specee_generator_check_values(const specee_generator_params & p) {
-    specee_sampler_check_params(p.sampling);
-    if (p.mode < SPECEE_MODE_AUTO || p.mode >= N_MODES) {
-        specee_fail("unknown mode %d (%s)", p.mode, MODE_CHOICES.c_str());
+static int32_t floats_cap(const option_def & o) { return o.cap > 0 ? o.cap : SPECEE_MAX_DEVICES; }
+
+static std::string choices_text(const option_def & o) {
+    if (o.n_names == 2) {
+        return std::string("'") + o.names[0] + "' or '" + o.names[1] + "'";
     }
-    if (p.eagle.total_tokens < 0 || p.eagle.depth < 0 || p.eagle.topk < 0) {
-        specee_fail("bad EAGLE-2 tree: total_tokens (%d), depth (%d) and topk (%d) must be >= 1 (0: the default)",
-                    p.eagle.total_tokens, p.eagle.depth, p.eagle.topk);
+    std::string s = "one of ";
+    for (int32_t i = 0; i < o.n_names; ++i) {
+        s += (i ? ", " : "") + std::string(o.names[i]);
     }
-    if (p.eagle.n_replay < 0 || p.eagle.n_replay > SPECEE_MAX_EXIT_LAYERS) {
-        specee_fail("eagle replay: %d counts (0..%d)", p.eagle.n_replay, SPECEE_MAX_EXIT_LAYERS);
-    }
-    for (int32_t i = 0; i < p.eagle.n_replay; ++i) {
-        if (p.eagle.replay[i] < 0) {
-            specee_fail("eagle replay: accepted counts must be >= 0, got %d", p.eagle.replay[i]);
+    return s;
+}
+
+// a value as set in the struct (not from text) held to its row: a number in the row's range (or its unset mark), a
+// choice one of its names, a list's items in the range and at most as many as it holds. The table's columns are the
+// one place a range is written: setting from text reads them too (set_value).
+static void check_row(const char * base, const option_def & o) {
+    const char * f = base + o.offset;
+    if (o.info.type == SPECEE_OPTION_INT || o.info.type == SPECEE_OPTION_FLOAT) {
+        if (strcmp(o.info.name, "seed") == 0) { // every uint32_t is a seed (SPECEE_DEFAULT_SEED: random)
+            return;
+        }
+        const double x = o.info.type == SPECEE_OPTION_INT ? *(const int32_t *) f : *(const float *) f;
+        if (!(x >= o.lo && x <= o.hi) && !(x == o.unset)) { // NAN too
+            specee_fail("%s must be %s, got %g", o.info.name, o.info.expect, x);
+        }
+    } else if (o.info.type == SPECEE_OPTION_CHOICE) {
+        const int32_t k = *(const int32_t *) f;
+        if (k < 0 || k >= o.n_names) {
+            specee_fail("%s must be %s, got %d", o.info.name, choices_text(o).c_str(), k);
+        }
+    } else if (o.info.type == SPECEE_OPTION_LIST || o.info.type == SPECEE_OPTION_FLOATS) {
+        const bool    ints = o.info.type == SPECEE_OPTION_LIST;
+        const int32_t n    = *(const int32_t *) (base + o.count_offset);
+        const int32_t cap  = ints ? SPECEE_MAX_EXIT_LAYERS : floats_cap(o);
+        if (n < 0 || n > cap) {
+            specee_fail("%s: %d values (0..%d)", o.info.name, n, cap);
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            const double x = ints ? ((const int32_t *) f)[i] : ((const float *) f)[i];
+            if (!(x >= o.lo && x <= o.hi)) {
+                specee_fail("%s must be %s, got %g", o.info.name, o.info.expect, x);
+            }
         }
     }
-    if (p.eagle.topk > 256 || p.eagle.depth > 64) {
-        specee_fail("bad EAGLE-2 tree: topk (%d) must be <= 256 and depth (%d) <= 64", p.eagle.topk, p.eagle.depth);
+}
+
+void specee_generator_check_values(const specee_generator_params & p) {
+    specee_sampler_check_params(p.sampling);
+    for (int32_t i = 0; i < N_OPTIONS; ++i) {
+        check_row((const char *) &p, OPTIONS[i]);
     }
     if (memchr(p.eagle.choices, '\0', sizeof(p.eagle.choices)) == nullptr) {
         specee_fail("eagle choices: the text is not terminated");
@@ -428,35 +461,12 @@ void specee_generator_check_values(const specee_generator_params & p) {
         specee_fail("logit_bias: the text is not terminated");
     }
     specee_parse_logit_bias(p.logit_bias); // throws with the item that is not TOKEN(+|-)BIAS
-    if (std::isnan(p.exit.threshold) || p.exit.threshold > 1.0f) {
-        specee_fail("exit threshold must be in [0, 1] (< 0: the model's), got %g", (double) p.exit.threshold);
-    }
-    if (p.exit.kv != SPECEE_EXIT_KV_MASK && p.exit.kv != SPECEE_EXIT_KV_FILL) {
-        specee_fail("unknown early-exit KV policy %d (0: mask, 1: fill)", p.exit.kv);
-    }
-    // The settings whose every value lies in the option table's range (no default outside it, as eagle's 0 or exit's
-    // threshold < 0 are): held to the table's columns, the range written there only. n_min <= n_max and a rate per
-    // drafted token are the generator's checks (check_params): here each value is checked alone, as it is set.
-    for (const char * name : {"ngram.n_min", "ngram.n_max", "ngram.draft_max", "ngram.branches", "draft.n_max",
-                              "draft.n_min", "draft.p_min"}) {
-        const option_def & o = *find_option(OPTIONS, N_OPTIONS, name);
-        const char *       f = (const char *) &p + o.offset;
-        const double       x = o.info.type == SPECEE_OPTION_INT ? *(const int32_t *) f : *(const float *) f;
-        if (!(x >= o.lo && x <= o.hi)) { // NAN too
-            specee_fail("%s must be %s, got %g", o.info.name, o.info.expect, x);
+    // what no row says alone (n_min <= n_max and a rate per drafted token are the generator's: check_params)
+    for (int32_t i = 1; i < p.draft.n_synth_rates; ++i) {
+        if (p.draft.synth_rates[i] > p.draft.synth_rates[i - 1]) {
+            specee_fail("draft synth_rates: the rates must be non-increasing, got %g after %g",
+                        (double) p.draft.synth_rates[i], (double) p.draft.synth_rates[i - 1]);
         }
-    }
-    for (int32_t i = 0; i < p.draft.n_synth_rates; ++i) {
-        const float r = p.draft.synth_rates[i];
-        if (!(r >= 0.0f && r <= 1.0f) || (i > 0 && r > p.draft.synth_rates[i - 1])) {
-            specee_fail("draft synth_rates: the rates must be in [0, 1] and non-increasing, got %g after %g", (double) r,
-                        i > 0 ? (double) p.draft.synth_rates[i - 1] : 1.0);
-        }
-    }
-    if (p.exit.n_layers < 0 || p.exit.n_layers > SPECEE_MAX_EXIT_LAYERS || p.exit.n_replay < 0 ||
-        p.exit.n_replay > SPECEE_MAX_EXIT_LAYERS) {
-        specee_fail("early exit: %d layers or %d replayed exit layers (0..%d)", p.exit.n_layers, p.exit.n_replay,
-                    SPECEE_MAX_EXIT_LAYERS);
     }
 }
 
@@ -484,14 +494,14 @@ static bool parse_bool(const char * v, bool & out) {
     return false;
 }
 
-// "16,20,24" into at most SPECEE_MAX_EXIT_LAYERS non-negative integers
-static bool parse_list(const char * v, int32_t * out, int32_t & n) {
+// "16,20,24" into at most SPECEE_MAX_EXIT_LAYERS integers in [lo, hi]
+static bool parse_list(const char * v, int32_t * out, int32_t & n, double lo, double hi) {
     n = 0;
     for (const char * s = v;;) {
         char *     end = nullptr;
         errno          = 0;
         const long x   = strtol(s, &end, 10);
-        if (end == s || errno == ERANGE || x < 0 || x > INT32_MAX || n == SPECEE_MAX_EXIT_LAYERS || *s == '+' ||
+        if (end == s || errno == ERANGE || x < lo || x > hi || n == SPECEE_MAX_EXIT_LAYERS || *s == '+' ||
             *s == ' ') {
             return false;
         }
@@ -506,14 +516,14 @@ static bool parse_list(const char * v, int32_t * out, int32_t & n) {
     }
 }
 
-// "3,1" into at most SPECEE_MAX_DEVICES finite numbers >= 0
-static bool parse_floats(const char * v, float * out, int32_t & n, int32_t cap) {
+// "3,1" into at most `cap` finite numbers in [lo, hi]
+static bool parse_floats(const char * v, float * out, int32_t & n, int32_t cap, double lo, double hi) {
     n = 0;
     for (const char * s = v;;) {
         const char * end = strchr(s, ',');
         std::string  item(s, end ? (size_t) (end - s) : strlen(s));
         double       x = 0.0;
-        if (n == cap || !parse_number(item.c_str(), x) || !std::isfinite(x) || x < 0.0) {
+        if (n == cap || !parse_number(item.c_str(), x) || !std::isfinite(x) || x < lo || x > hi) {
             return false;
         }
         out[n++] = (float) x;
@@ -524,19 +534,6 @@ static bool parse_floats(const char * v, float * out, int32_t & n, int32_t cap) 
     }
 }
 
-static int32_t floats_cap(const option_def & o) { return o.cap > 0 ? o.cap : SPECEE_MAX_DEVICES; }
-
-static std::string choices_text(const option_def & o) {
-    if (o.n_names == 2) {
-        return std::string("'") + o.names[0] + "' or '" + o.names[1] + "'";
-    }
-    std::string s = "one of ";
-    for (int32_t i = 0; i < o.n_names; ++i) {
-        s += (i ? ", " : "") + std::string(o.names[i]);
-    }
-    return s;
-}
-
 [[noreturn]] static void refuse(const option_def & o, const char * v) {
     if (o.info.type == SPECEE_OPTION_CHOICE) {
         specee_fail("%s must be %s, not '%s'", o.info.name, choices_text(o).c_str(), v);
@@ -544,10 +541,15 @@ static std::string choices_text(const option_def & o) {
     if (strcmp(o.info.name, "seed") == 0) {
         specee_fail("seed must be -1 (random) or in 0..2**32-1, not '%s'", v);
     }
-    double     x     = 0.0;
-    const bool above = o.info.type == SPECEE_OPTION_INT && parse_number(v, x) && x > o.hi; // say the limit passed
-    if (above || (o.info.type == SPECEE_OPTION_INT && o.lo > INT_MIN && o.hi == INT_MAX)) {
-        specee_fail("%s must be %s %.0f, not '%s'", o.info.name, above ? "at most" : ">=", above ? o.hi : o.lo, v);
+    // an integer past a limit: the limit passed said (and the whole range where it has two ends)
+    double     x      = 0.0;
+    const bool number = o.info.type == SPECEE_OPTION_INT && parse_number(v, x);
+    const bool above = number && x > o.hi, below = number && x < o.lo;
+    if (above || below || (o.info.type == SPECEE_OPTION_INT && o.lo > INT_MIN && o.hi == INT_MAX)) {
+        const bool        both  = o.lo > INT_MIN && o.hi < INT_MAX;
+        const std::string range = both ? std::string(" (") + o.info.expect + ")" : "";
+        specee_fail("%s must be %s %.0f%s, not '%s'", o.info.name, above ? "at most" : ">=", above ? o.hi : o.lo,
+                    range.c_str(), v);
     }
     specee_fail("%s must be %s, not '%s'", o.info.name, o.info.expect, v);
 }
@@ -601,12 +603,12 @@ static void set_value(char * base, const option_def & o, const char * v) {
             break;
         }
         case SPECEE_OPTION_LIST:
-            if (!parse_list(v, (int32_t *) field, *(int32_t *) (base + o.count_offset))) {
+            if (!parse_list(v, (int32_t *) field, *(int32_t *) (base + o.count_offset), o.lo, o.hi)) {
                 refuse(o, v);
             }
             break;
         case SPECEE_OPTION_FLOATS:
-            if (!parse_floats(v, (float *) field, *(int32_t *) (base + o.count_offset), floats_cap(o))) {
+            if (!parse_floats(v, (float *) field, *(int32_t *) (base + o.count_offset), floats_cap(o), o.lo, o.hi)) {
                 refuse(o, v);
             }
             break;

@@ -78,6 +78,18 @@ def body_field(body: dict, name: str, kind: type | tuple[type, ...], default: An
     return value
 
 
+def option_field(body: dict, name: str, kind: type | tuple[type, ...]) -> Any:
+    """body[name], a generation option of the same name: its type checked here, its range by the library's table (the
+    one place it is written), None when absent or null."""
+    value = body_field(body, name, kind)
+    if value is not None:
+        try:
+            GenerateOptions(**{name: value})
+        except (ValueError, _core.SpecEEError) as e:
+            raise ApiError(400, str(e), param=name) from None
+    return value
+
+
 # ---- the body -------------------------------------------------------------------------------------------
 
 
@@ -412,16 +424,17 @@ def request_params(body: dict, api: str, mode: str, n_predict: int = -1,
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     n_predict = tokens_wanted(body, api, n_predict)
-    # the API's own bounds on the sampling fields; a field not given keeps the library's default (GenerateOptions)
+    # the sampling fields: the API's own bounds where they are narrower than the library's (temperature, top_k,
+    # repeat_penalty), else the library's; a field not given keeps the library's default (GenerateOptions)
     given = {
         "temp": body_field(body, "temperature", (int, float), None, lambda v: 0 <= v <= 100, "a number >= 0"),
-        "top_p": body_field(body, "top_p", (int, float), None, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        "top_p": option_field(body, "top_p", (int, float)),
         "top_k": body_field(body, "top_k", int, None, lambda v: 0 <= v < 2**31, "an integer >= 0"),
-        "min_p": body_field(body, "min_p", (int, float), None, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        "min_p": option_field(body, "min_p", (int, float)),
         "repeat_penalty": body_field(body, "repeat_penalty", (int, float), None, lambda v: 0 < v <= 100,
                                      "a number in (0, 100]"),
-        "repeat_last_n": body_field(body, "repeat_last_n", int, None, lambda v: -1 <= v < 2**31, "an integer >= -1"),
-        "seed": body_field(body, "seed", int, None, lambda v: -1 <= v < 2**32, "an integer in [-1, 2**32)"),
+        "repeat_last_n": option_field(body, "repeat_last_n", int),
+        "seed": option_field(body, "seed", int),
         "ignore_eos": body_field(body, "ignore_eos", bool, None),
         "logit_bias": logit_bias_of(model, body),
         "mode": body_field(body, "mode", str, mode, lambda v: v in MODES, "one of " + ", ".join(MODES)),
