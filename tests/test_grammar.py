@@ -640,3 +640,19 @@ def test_malformed_grammars_get_a_400_and_the_server_keeps_serving(server: Serve
     ok = call(server.port, "POST", "/v1/chat/completions", {"messages": chat("hi"), "max_tokens": 4,
                                                             "response_format": {"type": "json_object"}})
     assert ok.status_code == 200, ok.text
+
+
+def test_the_type_of_a_structured_output_text_is_the_librarys_rule() -> None:
+    """A schema is json_schema, a grammar the type asked for (gbnf for none): one rule in the library
+    (specee_grammar_type_of) that the CLI and GenerateOptions both ask."""
+    none, gbnf, schema, lark = (_core.GRAMMAR_GBNF - 1, _core.GRAMMAR_GBNF, _core.GRAMMAR_JSON_SCHEMA,
+                                _core.GRAMMAR_LARK)
+    assert _core.grammar_type_of(none, True) == _core.grammar_type_of(schema, True) == schema
+    assert (_core.grammar_type_of(none, False), _core.grammar_type_of(lark, False)) == (gbnf, lark)
+    with pytest.raises(ValueError, match="not grammar_type lark"):
+        _core.grammar_type_of(lark, True)
+    with pytest.raises(ValueError, match="give the schema as one"):
+        _core.grammar_type_of(schema, False)
+    o = GenerateOptions(json_schema={"type": "object"})
+    assert (o.grammar_type, o.grammar_spec) == ("json_schema", (schema, '{"type": "object"}'))
+    assert GenerateOptions(grammar='root ::= "a"').grammar_spec == (gbnf, 'root ::= "a"')

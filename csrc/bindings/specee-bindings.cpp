@@ -1263,6 +1263,17 @@ PYBIND11_MODULE(_core, m) {
     m.attr("GRAMMAR_REGEX")       = (int) SPECEE_GRAMMAR_REGEX;
     m.def("grammar_set_library", [](const std::string & path) { specee_grammar_set_library(path.c_str()); },
           py::arg("path"));
+    m.def("grammar_type_of",
+          [](int32_t asked, bool schema) {
+              const int32_t t = specee_grammar_type_of(asked, schema);
+              if (t < 0) {
+                  throw py::value_error(specee_last_error());
+              }
+              return t;
+          },
+          py::arg("asked"), py::arg("schema"),
+          "the type a structured-output text is compiled as: a schema's json_schema, a grammar's the one asked (gbnf "
+          "for none): the library's rule");
     m.def("grammar_limits", [] {
               py::dict d;
               for (int32_t i = 0; i < specee_grammar_limit_count(); ++i) {

@@ -19,6 +19,27 @@ extern "C" const char * specee_grammar_type_name(int32_t type) {
     return type >= 0 && type < SPECEE_N_GRAMMAR_TYPES ? specee_grammar_type_names[type] : "?";
 }
 
+// the one rule of a structured-output text's type: a JSON Schema is json_schema; a grammar is the type asked for, gbnf
+// when none is
+extern "C" int32_t specee_grammar_type_of(int32_t asked, bool schema) {
+    return specee_guard<int32_t>(-1, [&] {
+        if (asked < 0 || asked >= SPECEE_N_GRAMMAR_TYPES) {
+            specee_fail("unknown grammar_type %d", asked);
+        }
+        if (schema) {
+            if (asked != SPECEE_GRAMMAR_NONE && asked != SPECEE_GRAMMAR_JSON_SCHEMA) {
+                specee_fail("json_schema is a JSON Schema, not grammar_type %s", specee_grammar_type_names[asked]);
+            }
+            return (int32_t) SPECEE_GRAMMAR_JSON_SCHEMA;
+        }
+        if (asked == SPECEE_GRAMMAR_JSON_SCHEMA) {
+            specee_fail("grammar_type json_schema: give the schema as one (--json-schema or --json-schema-file; "
+                        "Python: json_schema=)");
+        }
+        return asked == SPECEE_GRAMMAR_NONE ? (int32_t) SPECEE_GRAMMAR_GBNF : asked;
+    });
+}
+
 // ---- the table ---------------------------------------------------------------------------------------
 
 struct grammar_limit {

@@ -673,6 +673,10 @@ int32_t          specee_grammar_valid_prefix(specee_grammar * grammar, const int
 // 0 when the grammar compiles for the model, else -1 with the engine's message in specee_last_error()
 int32_t          specee_grammar_check(const specee_model * model, int32_t type, const char * text);
 const char *     specee_grammar_type_name(int32_t type); // "none", "gbnf", "json_schema", "lark", "regex"
+// The type a structured-output text is compiled as, the one rule every frontend asks: a JSON Schema's (schema) is
+// json_schema; a grammar's the type asked for (grammar_type), gbnf when SPECEE_GRAMMAR_NONE. -1 with
+// specee_last_error() for a schema asked to be another type, or a grammar asked to be json_schema.
+int32_t          specee_grammar_type_of(int32_t asked, bool schema);
 // llguidance's library (before the first grammar; Python passes its package's; else $SPECEE_LLGUIDANCE, the build's)
 void             specee_grammar_set_library(const char * path);
 

@@ -349,13 +349,11 @@ bool cli_parse(int argc, char ** argv, cli_params & p, bool & help) {
         return false;
     }
     if (!p.grammar.empty() || p.grammar_is_schema) {
-        // the text's type: a schema's, else --grammar-type's (gbnf when not given); compiled with the model
-        if (p.grammar_is_schema) {
-            p.gen.grammar_type = SPECEE_GRAMMAR_JSON_SCHEMA;
-        } else if (p.gen.grammar_type == SPECEE_GRAMMAR_NONE) {
-            p.gen.grammar_type = SPECEE_GRAMMAR_GBNF;
-        } else if (p.gen.grammar_type == SPECEE_GRAMMAR_JSON_SCHEMA) {
-            fprintf(stderr, "error: --grammar-type json_schema: give the schema with --json-schema or --json-schema-file\n");
+        // the text's type, the library's rule (a schema's, else --grammar-type's, gbnf when not given); compiled with
+        // the model
+        p.gen.grammar_type = specee_grammar_type_of(p.gen.grammar_type, p.grammar_is_schema);
+        if (p.gen.grammar_type < 0) {
+            fprintf(stderr, "error: %s\n", specee_last_error());
             return false;
         }
         p.gen.grammar = p.grammar.c_str();

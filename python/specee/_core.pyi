@@ -328,6 +328,10 @@ def grammar_n_abandoned() -> int:
     ...
 def grammar_set_library(path: str) -> None:
     ...
+def grammar_type_of(asked: typing.SupportsInt | typing.SupportsIndex, schema: bool) -> int:
+    """
+    the type a structured-output text is compiled as: a schema's json_schema, a grammar's the one asked (gbnf for none): the library's rule
+    """
 def eagle_check_choices(choices: str) -> int:
     ...
 def poolings() -> list:

@@ -150,7 +150,10 @@ class GenerateOptions:
     JSON Schema (a dict, JSON text or a pydantic model class); grammar_type follows from which is given; jump_forward:
     the tokens the grammar forces are verified together in one pass (plain decoding, and the drafters' modes where
     their drafts reach no further; the output is the same);
-    grammar_overlap: the grammar's next mask is computed on a worker thread while the pass runs."""
+    grammar_overlap: the grammar's next mask is computed on a worker thread while the pass runs.
+
+    grammar_spec (set here, not an argument): the runtime's (type, text) of the grammar, None without one, computed
+    once as the options are made and carried to the runtime (the bindings read it)."""
 
     mode: str = "auto"
     temp: float = 0.8
@@ -185,26 +188,16 @@ class GenerateOptions:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty str (an empty one would end every generation before its "
                              f"first token), not {list(self.stop)!r:.60}")
-        from specee.grammar import structured_output_of
-        if structured_output_of({"grammar": self.grammar, "json_schema": self.json_schema}) == "json_schema":
-            if self.grammar_type not in ("none", "json_schema"):
-                raise ValueError(f"json_schema is a JSON Schema, not grammar_type {self.grammar_type}")
-            self.grammar_type = "json_schema"
-        elif self.grammar is not None and self.grammar_type == "none":
-            self.grammar_type = "gbnf"
         for name, kind in (("eagle", EagleParams), ("exit", ExitParams), ("ngram", NgramParams),
                            ("draft", DraftParams)):
             if not isinstance(getattr(self, name), kind):
                 raise TypeError(f"{name} must be {kind.__name__}(...), not {type(getattr(self, name)).__name__}")
         _checked(self)  # the table's checks first: an unknown grammar_type is named there
-        _ = self.grammar_spec  # its ValueError here: the bindings read it where an error would be lost
-
-    @property
-    def grammar_spec(self) -> tuple[int, str] | None:
-        """The runtime's (type, text) of the grammar, None without one (read by the bindings)."""
-        from specee.grammar import GRAMMAR_TYPES, grammar_spec
-        spec = grammar_spec(self.grammar, self.json_schema)
-        return None if spec is None else (GRAMMAR_TYPES[self.grammar_type], spec[1])
+        from specee.grammar import GRAMMAR_TYPE_NAMES, grammar_spec
+        # once, here: its ValueError where the options are made, not where the bindings read it
+        self.grammar_spec: tuple[int, str] | None = grammar_spec(self.grammar, self.json_schema, self.grammar_type)
+        if self.grammar_spec is not None:
+            self.grammar_type = GRAMMAR_TYPE_NAMES[self.grammar_spec[0]]
 
 
 @dataclass

@@ -11,10 +11,11 @@ from typing import Any
 
 from specee import _core
 
-# the grammar types by name (enum specee_grammar_type; "none" aside), as the runtime's option table names them
-GRAMMAR_TYPES: dict[str, int] = {
-    name: i for i, name in enumerate(next(o["choices"] for o in _core.generator_options() if o["name"] == "grammar_type"))
-    if name != "none"}
+# the grammar types' names by enum specee_grammar_type, as the runtime's option table names them
+GRAMMAR_TYPE_NAMES: tuple[str, ...] = tuple(
+    next(o["choices"] for o in _core.generator_options() if o["name"] == "grammar_type"))
+# the grammar types by name ("none" aside)
+GRAMMAR_TYPES: dict[str, int] = {name: i for i, name in enumerate(GRAMMAR_TYPE_NAMES) if name != "none"}
 
 
 class StructuredOutputConflict(ValueError):
@@ -51,19 +52,22 @@ def schema_text(schema: Any) -> str:
     raise ValueError(f"json_schema: a dict, a JSON string or a pydantic model class, not {type(schema).__name__}")
 
 
-def grammar_spec(grammar: str | None, json_schema: Any) -> tuple[int, str] | None:
-    """(type, text) for the runtime, None for no constraint; ValueError when both are given or one is malformed in
-    a way found before compiling."""
+def grammar_spec(grammar: str | None, json_schema: Any, grammar_type: str = "none") -> tuple[int, str] | None:
+    """(type, text) for the runtime, None for no constraint; the type is the library's rule (a schema's json_schema,
+    a grammar's `grammar_type`, gbnf for "none": _core.grammar_type_of); ValueError when both are given, the type
+    does not fit, or one is malformed in a way found before compiling."""
     structured_output_of({"grammar": grammar, "json_schema": json_schema})
     if json_schema is not None:
-        use_library()
-        return GRAMMAR_TYPES["json_schema"], schema_text(json_schema)
-    if grammar is not None:
-        if not isinstance(grammar, str):
-            raise ValueError(f"grammar: GBNF or Lark text, not {type(grammar).__name__}")
-        use_library()
-        return GRAMMAR_TYPES["gbnf"], grammar
-    return None
+        text = schema_text(json_schema)
+    elif grammar is None:
+        return None
+    elif not isinstance(grammar, str):
+        raise ValueError(f"grammar: GBNF or Lark text, not {type(grammar).__name__}")
+    else:
+        text = grammar
+    kind = _core.grammar_type_of(GRAMMAR_TYPE_NAMES.index(grammar_type), json_schema is not None)
+    use_library()
+    return kind, text
 
 
 def use_library() -> None:
