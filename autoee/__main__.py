@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
-from specee._optional import missing_package_exits
+from specee._optional import missing_package_exits, run_subcommands
 
 with missing_package_exits("python -m specee.autoee"):
     from specee.autoee import collect, export, regenerate, select_layers, train, train_eagle
@@ -14,22 +12,10 @@ COMMANDS = {"regenerate": regenerate, "train-eagle": train_eagle, "collect": col
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m specee.autoee",
-        description="Training for SpecEE: the EAGLE draft head (regenerate, train-eagle) and the exit predictors "
+    run_subcommands("python -m specee.autoee",
+                    "Training for SpecEE: the EAGLE draft head (regenerate, train-eagle) and the exit predictors "
                     "(collect, train, select-layers, export)",
-    )
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
-    for name, module in COMMANDS.items():
-        module.add_arguments(sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION))
-    args = ap.parse_args()
-    try:
-        with missing_package_exits(f"python -m specee.autoee {args.command}"):
-            COMMANDS[args.command].run(args)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-    except KeyboardInterrupt:
-        raise SystemExit("interrupted: run again with the same arguments (and --resume) to continue")
+                    COMMANDS, "interrupted: run again with the same arguments (and --resume) to continue")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from specee._tools import free_port
+from specee._tools import free_port, stop_process
 
 TOOLS = ("llama.cpp", "specee")
 
@@ -131,15 +131,7 @@ def start_rpc_server(stack: ExitStack, exe: str, threads: int) -> str:
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    stack.callback(stop)
+    stack.callback(stop_process, proc, 10)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from specee._tools import free_port
+from specee._tools import free_port, stop_process
 from specee.model import Model
 
 CHATS: list[str] = []  # --category's user messages (empty: PROMPTS)
@@ -125,12 +125,7 @@ class Server:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+            stop_process(self.proc, 30)
             self.proc = None
 
     def measure(self, clients: int, per_client: int, max_tokens: int) -> None:

@@ -84,6 +84,19 @@ def tiny_gguf(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="session")
+def bpe_f32_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama with a byte-level BPE vocabulary and random F32 weights (the GGUF fuzzer's seed), for the runs
+    that tokenize."""
+    import gguf
+
+    from fuzz_gguf import write_seed
+
+    path = tmp_path_factory.mktemp("vocab") / "bpe.gguf"
+    write_seed(path, "bpe", gguf.GGMLQuantizationType.F32, parts=False, seed=1)
+    return path
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     try:
         return Path(specee.default_model_path())

@@ -360,11 +360,9 @@ def server_body(case: tuple[str, str, str]) -> bytes | None:
 
 class Server:
     def __init__(self, model: str | None, out: Path, *args: str) -> None:
-        import socket
+        from specee._tools import free_port
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         out.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "specee.server", "--host", "127.0.0.1", "--port", str(self.port), "-t", "1",
                "-c", "512", *(["-m", model] if model else []), *args]
@@ -382,12 +380,9 @@ class Server:
         raise RuntimeError("the server did not answer /health in 60 s")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=15)
+        from specee._tools import stop_process
+
+        stop_process(self.proc, 15)
 
 
 def fuzz_server(items: Iterator[tuple[str, str, str]], out: Path, timeout: float, model: str | None = None,

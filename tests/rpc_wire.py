@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import libggml
 
-from specee._tools import tool_path
+from specee._tools import free_port, tool_path
 
 # id, type, buffer, ne[4], nb[4], op, op_params[16], flags, src[10], view_src, view_offs, data, name[64], padding[4]
 TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64s4s")
@@ -151,12 +151,6 @@ class Conn:
             return True
         except socket.timeout:
             return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

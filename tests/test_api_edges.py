@@ -21,20 +21,8 @@ import specee
 
 
 @pytest.fixture(scope="module")
-def vocab_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny llama with a byte-level BPE vocabulary (the GGUF fuzzer's seed), for the runs that tokenize."""
-    import gguf
-
-    from fuzz_gguf import write_seed
-
-    path = tmp_path_factory.mktemp("vocab") / "bpe.gguf"
-    write_seed(path, "bpe", gguf.GGMLQuantizationType.F32, parts=False, seed=1)
-    return path
-
-
-@pytest.fixture(scope="module")
-def model(vocab_gguf: Path):
-    with specee.Model(vocab_gguf, n_ctx=64, n_threads=1) as m:
+def model(bpe_f32_gguf: Path):
+    with specee.Model(bpe_f32_gguf, n_ctx=64, n_threads=1) as m:
         yield m
 
 
@@ -48,11 +36,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def test_a_step_costs_the_same_whatever_max_tokens_is(vocab_gguf: Path) -> None:
+def test_a_step_costs_the_same_whatever_max_tokens_is(bpe_f32_gguf: Path) -> None:
     """Both runs end when the 64-cell context is full; 10^9 once allocated two vectors of 10^9 int32 per step (8 GB):
     its peak memory is the small run's (the allocation, not the time it takes, which depends on the machine's load)."""
     def peak_kib(n: int) -> int:
-        r = subprocess.run([sys.executable, "-c", PEAK_RSS, str(vocab_gguf), str(n)], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-c", PEAK_RSS, str(bpe_f32_gguf), str(n)], capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, r.stderr
         return int(r.stdout.split()[-1])
@@ -61,8 +49,8 @@ def test_a_step_costs_the_same_whatever_max_tokens_is(vocab_gguf: Path) -> None:
     assert peak_kib(10**9) < small + (64 << 10), small  # KiB
 
 
-def test_a_closed_model_says_so(vocab_gguf: Path) -> None:
-    m = specee.Model(vocab_gguf, n_ctx=64, n_threads=1)
+def test_a_closed_model_says_so(bpe_f32_gguf: Path) -> None:
+    m = specee.Model(bpe_f32_gguf, n_ctx=64, n_threads=1)
     stream = m.stream("Hello", max_tokens=20, mode="plain", ignore_eos=True)
     next(stream)
     m.close()
@@ -75,10 +63,10 @@ def test_a_closed_model_says_so(vocab_gguf: Path) -> None:
     m.close()  # twice is fine
 
 
-def test_slots_refuse_every_use_after_the_models_close(vocab_gguf: Path) -> None:
+def test_slots_refuse_every_use_after_the_models_close(bpe_f32_gguf: Path) -> None:
     """A Slots object kept decoding and taking requests after Model.close(); now it says "Model is closed", as every
     handle of the model does, and the native slots are freed with the model."""
-    m = specee.Model(vocab_gguf, n_ctx=64, n_threads=1)
+    m = specee.Model(bpe_f32_gguf, n_ctx=64, n_threads=1)
     slots = m.slots(2)
     slot = slots.submit([5, 6, 7], 4, mode="plain", temp=0.0, ignore_eos=True)
     assert slot is not None and slots.step() == 1
@@ -89,7 +77,7 @@ def test_slots_refuse_every_use_after_the_models_close(vocab_gguf: Path) -> None
                  slots.totals, lambda: slots.embed([5, 6]), lambda: m.slots(1), lambda: m.generate_batch([[5, 6]])):
         with pytest.raises(ValueError, match="Model is closed"):
             call()
-    with specee.Model(vocab_gguf, n_ctx=64, n_threads=1) as again:  # the process goes on: a new model works
+    with specee.Model(bpe_f32_gguf, n_ctx=64, n_threads=1) as again:  # the process goes on: a new model works
         with again.slots(1) as own:
             assert own.submit([5, 6, 7], 2, mode="plain", temp=0.0, ignore_eos=True) == 0
         with pytest.raises(ValueError, match="Slots are closed"):  # closed on their own
@@ -187,13 +175,13 @@ def test_chat_roles_and_contents_are_checked(model: specee.Model) -> None:
     assert model.generate(short, max_tokens=2, mode="plain", temp=0.0, ignore_eos=True)  # still answers
 
 
-def test_a_huge_thread_count_is_clamped_to_the_cpus_the_process_may_use(vocab_gguf: Path) -> None:
+def test_a_huge_thread_count_is_clamped_to_the_cpus_the_process_may_use(bpe_f32_gguf: Path) -> None:
     """n_threads=10000 was clamped to 8 on 2 cores (2 tokens took 118 s): now to the CPUs of the process's affinity
     mask, with a warning; forced to one CPU in a child process here, so the check does not depend on the machine."""
     one_cpu = functools.partial(os.sched_setaffinity, 0, {min(os.sched_getaffinity(0))})
     code = ("import warnings, specee\nwith warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
-            f"    m = specee.Model({str(vocab_gguf)!r}, n_ctx=64, n_threads=10000, n_threads_batch=2**31 - 1)\n"
+            f"    m = specee.Model({str(bpe_f32_gguf)!r}, n_ctx=64, n_threads=10000, n_threads_batch=2**31 - 1)\n"
             "out = m.generate_tokens([5, 6, 7], max_tokens=2, mode='plain', temp=0.0, ignore_eos=True)\n"
             "print(m.n_threads, len(out), '|'.join(str(x.message) for x in w))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=one_cpu, timeout=120)
@@ -203,7 +191,7 @@ def test_a_huge_thread_count_is_clamped_to_the_cpus_the_process_may_use(vocab_gg
     assert "10000 threads are more than the 1 CPU(s) this process may use: using 1" in warned
     assert "2147483647 threads are more than the 1 CPU(s)" in warned
     with pytest.raises(ValueError, match="n_threads"):  # beyond the option's integer range: refused, not wrapped
-        specee.Model(vocab_gguf, n_ctx=64, n_threads=2**31)
+        specee.Model(bpe_f32_gguf, n_ctx=64, n_threads=2**31)
 
 
 def test_bytes_prompts_are_utf8(model: specee.Model) -> None:

@@ -17,19 +17,13 @@ import pytest
 
 import specee
 from specee import EagleParams, ExitParams
-from specee._tools import tool_path
+from specee._tools import free_port, tool_path
 from specee.paths import default_draft_head_path
 from kv_probes import kv_cell_pos, kv_cell_valid
 
 # logits of the same graphs on the RPC server's CPU backend and on this process's: the same kernels, so equal but
 # for the order of a few sums (measured: 0.0 on SmolLM2 and the tiny model)
 ATOL = 1e-4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -49,18 +49,8 @@ def copy_gguf(src: Path, dst: Path, keys: dict[str, int] | None = None,
 
 
 @pytest.fixture(scope="module")
-def vocab_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny llama with a byte-level BPE vocabulary and random F32 weights (the GGUF fuzzer's seed)."""
-    from fuzz_gguf import write_seed
-
-    path = tmp_path_factory.mktemp("embed") / "bpe.gguf"
-    write_seed(path, "bpe", gguf.GGMLQuantizationType.F32, parts=False, seed=1)
-    return path
-
-
-@pytest.fixture(scope="module")
-def model(vocab_gguf: Path) -> Iterator[specee.Model]:
-    with specee.Model(vocab_gguf, n_ctx=128, n_batch=8, n_threads=1) as m:
+def model(bpe_f32_gguf: Path) -> Iterator[specee.Model]:
+    with specee.Model(bpe_f32_gguf, n_ctx=128, n_batch=8, n_threads=1) as m:
         yield m
 
 
@@ -115,20 +105,20 @@ def test_the_slots_pool_as_the_model_does(model: specee.Model) -> None:
         slots.embed([], "last")
 
 
-def test_the_file_s_pooling_type_is_the_default(vocab_gguf: Path, model: specee.Model, tmp_path: Path) -> None:
+def test_the_file_s_pooling_type_is_the_default(bpe_f32_gguf: Path, model: specee.Model, tmp_path: Path) -> None:
     assert model.pooling == "mean"
     np.testing.assert_array_equal(model.embed(TEXTS[0]), model.embed(TEXTS[0], pooling="mean"))
-    with specee.Model(copy_gguf(vocab_gguf, tmp_path / "last.gguf", {"llama.pooling_type": 3}), n_ctx=64,
+    with specee.Model(copy_gguf(bpe_f32_gguf, tmp_path / "last.gguf", {"llama.pooling_type": 3}), n_ctx=64,
                       n_threads=1) as m:
         assert m.pooling == "last"
         np.testing.assert_array_equal(m.embed(TEXTS), m.embed(TEXTS, pooling="last"))
         np.testing.assert_array_equal(m.slots(1).embed(m.tokenize(TEXTS[0])),
                                       m.embed(TEXTS[0], normalize=False, pooling="last"))
     with pytest.raises(specee.SpecEEError, match=r"llama.pooling_type = 9 is out of range"):
-        specee.Model(copy_gguf(vocab_gguf, tmp_path / "bad.gguf", {"llama.pooling_type": 9}), n_ctx=64, n_threads=1)
+        specee.Model(copy_gguf(bpe_f32_gguf, tmp_path / "bad.gguf", {"llama.pooling_type": 9}), n_ctx=64, n_threads=1)
 
 
-def test_rank_pooling_runs_the_file_s_classifier_head(vocab_gguf: Path, model: specee.Model, tmp_path: Path) -> None:
+def test_rank_pooling_runs_the_file_s_classifier_head(bpe_f32_gguf: Path, model: specee.Model, tmp_path: Path) -> None:
     """A reranker's head as llama.cpp's build_pooling runs it: tanh(cls h + b), then cls.output [labels] (+ b), on the
     last token's final-norm row h; cls.output alone is a projection of h. Other poolings do not read it."""
     n, rng = model.n_embd, np.random.default_rng(0)
@@ -138,13 +128,13 @@ def test_rank_pooling_runs_the_file_s_classifier_head(vocab_gguf: Path, model: s
                       w_out @ np.tanh(w @ h + b) + b_out),
              "out": ({"cls.output.weight": w_out[:1]}, w_out[:1] @ h)}
     for name, (tensors, want) in heads.items():
-        with specee.Model(copy_gguf(vocab_gguf, tmp_path / f"{name}.gguf", tensors=tensors), n_ctx=64,
+        with specee.Model(copy_gguf(bpe_f32_gguf, tmp_path / f"{name}.gguf", tensors=tensors), n_ctx=64,
                           n_threads=1) as m:
             np.testing.assert_allclose(m.embed(TEXTS[0], pooling="rank"), want, rtol=1e-4, atol=1e-4, err_msg=name)
             np.testing.assert_allclose(m.slots(1).embed(m.tokenize(TEXTS[0]), "rank"), want, rtol=1e-4, atol=1e-4)
             np.testing.assert_array_equal(m.embed("x", pooling="mean"), model.embed("x", pooling="mean"))
     with pytest.raises(specee.SpecEEError, match="classifier bias without its weight"):
-        specee.Model(copy_gguf(vocab_gguf, tmp_path / "bias.gguf", tensors={"cls.bias": b}), n_ctx=64, n_threads=1)
+        specee.Model(copy_gguf(bpe_f32_gguf, tmp_path / "bias.gguf", tensors={"cls.bias": b}), n_ctx=64, n_threads=1)
 
 
 # ---- specee-server
@@ -163,11 +153,11 @@ def post(server: Server, path: str, body: Any) -> tuple[int, Any]:
 
 
 @pytest.fixture
-def started(vocab_gguf: Path) -> Iterator[Any]:
+def started(bpe_f32_gguf: Path) -> Iterator[Any]:
     servers: list[Server] = []
 
     def start(*args: str) -> Server:
-        servers.append(Server(vocab_gguf, "-np", "2", "-c", "256", *args))
+        servers.append(Server(bpe_f32_gguf, "-np", "2", "-c", "256", *args))
         return servers[-1]
 
     yield start
@@ -210,7 +200,7 @@ def test_server_pooling_none_gives_every_row_at_slash_embeddings(started: Any, m
     np.testing.assert_allclose(body[0]["embedding"], rows_of(model, TEXTS[0]), rtol=1e-5, atol=1e-6)
 
 
-def test_server_reranks(started: Any, vocab_gguf: Path, model: specee.Model) -> None:
+def test_server_reranks(started: Any, bpe_f32_gguf: Path, model: specee.Model) -> None:
     s = started("--reranking")
     query, docs = "hello", ["world wide", "x", "a longer document than the others"]
     scores = rank_scores(model, query, docs)
@@ -234,7 +224,7 @@ def test_server_reranks(started: Any, vocab_gguf: Path, model: specee.Model) -> 
     assert post(s, "/v1/embeddings", {"input": "x"})[0] == 400  # a scoring server embeds nothing
 
 
-def test_server_flags_pooling_and_normalize(vocab_gguf: Path) -> None:
+def test_server_flags_pooling_and_normalize(bpe_f32_gguf: Path) -> None:
     from specee.server import parse_args
 
     args = parse_args(["--pooling", "cls", "--embd-normalize", "1"])
@@ -243,7 +233,7 @@ def test_server_flags_pooling_and_normalize(vocab_gguf: Path) -> None:
     assert parse_args(["--pooling", "none", "--rerank"]).pooling == "rank"
     for argv, message in ((["--pooling", "max"], "--pooling max: expected one of none, mean, cls, last, rank"),
                           (["--embd-normalize", "x"], "--embd-normalize x: expected an integer >= -1")):
-        r = subprocess.run([sys.executable, "-m", "specee.server", "-m", str(vocab_gguf), *argv],
+        r = subprocess.run([sys.executable, "-m", "specee.server", "-m", str(bpe_f32_gguf), *argv],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and message in r.stderr, r.stderr
 

@@ -21,7 +21,8 @@ from specee.paths import default_draft_head_path
 from test_eagle import (PROMPTS, base_weights, cfg, random_gguf, random_state,  # noqa: F401 (fixtures)
                         trained_gguf)
 from conftest import CHEAP_PASSES, SERIAL_PASSES, force_pass_costs
-from test_lookup import assert_first_two_tokens_follow_the_target, dataset_prompts, find_prompt, repetitive
+from test_lookup import (assert_first_two_tokens_follow_the_target, assert_greedy_equals_plain_over_the_datasets,
+                         find_prompt, repetitive)
 
 N_CTX = 512
 MODE = "ngram+eagle2"
@@ -168,13 +169,4 @@ def test_smollm2_copied_code(smollm2_path: Path, passes: str) -> None:
 def test_smollm2_greedy_equals_plain_over_the_datasets(smollm2_path: Path) -> None:
     """Every dataset's first prompts in the chat template, 32 tokens: the hybrid's output is plain decoding's."""
     with specee.Model(smollm2_path, n_ctx=2048, n_threads=2, draft_head=default_draft_head_path()) as m:
-        drafted = 0
-        for name in ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"):
-            for text in dataset_prompts(name, 2):
-                tokens = m.prompt_tokens([{"role": "user", "content": text}])
-                if len(tokens) > 1900:
-                    continue
-                plain = m.generate_tokens(tokens, 32, temp=0, mode="plain")
-                assert m.generate_tokens(tokens, 32, temp=0, mode=MODE) == plain, (name, text[:60])
-                drafted += m.last_stats.n_drafted
-        assert drafted > 0
+        assert_greedy_equals_plain_over_the_datasets(m, MODE)

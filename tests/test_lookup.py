@@ -184,6 +184,21 @@ def dataset_prompts(name: str, n: int) -> list[str]:
     return [r["turns"][0] for r in rows[:n]]
 
 
+def assert_greedy_equals_plain_over_the_datasets(m: specee.Model, mode: str) -> None:
+    """Every dataset's first two prompts in the chat template, 32 tokens: `mode`'s output is plain decoding's, and it
+    drafted somewhere."""
+    drafted = 0
+    for name in ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"):
+        for text in dataset_prompts(name, 2):
+            tokens = m.prompt_tokens([{"role": "user", "content": text}])
+            if len(tokens) > 1900:
+                continue
+            plain = m.generate_tokens(tokens, 32, temp=0, mode="plain")
+            assert m.generate_tokens(tokens, 32, temp=0, mode=mode) == plain, (name, text[:60])
+            drafted += m.last_stats.n_drafted
+    assert drafted > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("passes", ["cheap", "serial"])
 def test_smollm2_drafts_are_accepted_on_repeated_text(smollm2_path: Path, passes: str) -> None:
@@ -207,16 +222,7 @@ def test_smollm2_drafts_are_accepted_on_repeated_text(smollm2_path: Path, passes
 def test_smollm2_greedy_equals_plain_over_the_datasets(smollm2_path: Path) -> None:
     """Every dataset's first prompts in the chat template, 32 tokens: mode ngram's output is plain decoding's."""
     with specee.Model(smollm2_path, n_ctx=2048, n_threads=2) as m:
-        drafted = 0
-        for name in ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"):
-            for text in dataset_prompts(name, 2):
-                tokens = m.prompt_tokens([{"role": "user", "content": text}])
-                if len(tokens) > 1900:
-                    continue
-                plain = m.generate_tokens(tokens, 32, temp=0, mode="plain")
-                assert m.generate_tokens(tokens, 32, temp=0, mode="ngram") == plain, (name, text[:60])
-                drafted += m.last_stats.n_drafted
-        assert drafted > 0
+        assert_greedy_equals_plain_over_the_datasets(m, "ngram")
 
 
 # ---- the cross-request n-gram cache (csrc/base/specee-ngram-cache.cpp)

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import load_hf
+from specee._tools import free_port
 from specee.paths import default_model_path
 from test_convert_cli import bpe_dir, eagle_state, make_eauto, predictor_state, spm_dir  # noqa: F401 (fixtures)
 from test_lora import write_peft
@@ -53,12 +54,6 @@ def bash_blocks(path: Path) -> list[list[str]]:
             commands += [c.strip() for c in line.split("&&") if c.strip()]
         blocks.append([c for c in commands if c not in SET_UP and not c.startswith("./install.sh")])
     return blocks
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def set_flag(argv: list[str], flag: str, value: str) -> list[str]:

@@ -9,7 +9,6 @@ import concurrent.futures
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from openai import OpenAI
 from safetensors.torch import save_file
 
+from specee._tools import free_port, stop_process
 from specee.convert.hf import convert_hf_to_gguf
 from specee.convert.merge import merge_gguf
 from specee.generate import StopText
@@ -72,12 +72,6 @@ def call(port: int, method: str, path: str, body: Any = None, raw: bytes | None 
         return Reply(r.status, {k.lower(): v for k, v in r.getheaders()}, text)
     finally:
         conn.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_llama_server(procs: list[subprocess.Popen], model: Path, *args: str) -> int:
@@ -134,12 +128,7 @@ class Server:
         return 0
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=15)
+        stop_process(self.proc, 15)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import pytest
 
 import specee
 from specee import EagleParams, ExitParams
-from test_api_edges import vocab_gguf  # noqa: F401 (fixture: a tiny model with a vocabulary)
 from test_early_exit import merged, predictors, with_head  # noqa: F401 (fixtures: a tiny model with exit predictors)
 from test_eagle import cfg, random_gguf, random_state  # noqa: F401 (fixtures: a tiny model with an EAGLE-1 head)
 from test_lookup import repetitive
@@ -313,11 +312,11 @@ def test_embeddings_between_passes_equal_the_model_s(tiny: specee.Model) -> None
     np.testing.assert_allclose(vec, tiny.norm().mean(axis=0), rtol=1e-4, atol=1e-5)
 
 
-def test_model_embed_is_the_mean_final_norm_output_on_a_sequence_of_its_own(vocab_gguf: Path) -> None:  # noqa: F811
+def test_model_embed_is_the_mean_final_norm_output_on_a_sequence_of_its_own(bpe_f32_gguf: Path) -> None:
     """Model.embed, one runtime call for a text or a list: the mean of the final-norm rows the text's own evaluation
     gives (in chunks of n_batch), to the bit, unit length when normalize; the model's cache is kept unless its cells
     must make room; an empty text and one longer than the context are refused."""
-    m = specee.Model(vocab_gguf, n_ctx=64, n_batch=8, n_threads=1)
+    m = specee.Model(bpe_f32_gguf, n_ctx=64, n_batch=8, n_threads=1)
     texts = ["Hello world, a text of more than eight tokens", "x"]
     want = []
     for text in texts:

@@ -198,10 +198,18 @@ static void draft_expand(specee_tree_decoder & dec, specee_step step, const std:
     }
 }
 
+// the nodes from index `first` on, in order: a depth just drafted, or (from 1) every drafted node
+static std::vector<int32_t> nodes_from(const specee_tree_decoder & dec, size_t first) {
+    std::vector<int32_t> out;
+    for (size_t ni = first; ni < dec.nodes.size(); ++ni) {
+        out.push_back((int32_t) ni);
+    }
+    return out;
+}
+
 // EAGLE-1: the static shape's first `budget` nodes, drafted depth by depth; the drafted nodes in the choices' order
 static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_step step, int32_t budget,
                                          const float * root_logits) {
-    std::vector<int32_t> chosen;
     // the shape's first `budget` nodes (breadth-first, so a tree); node i of a depth is expanded when its
     // shape node has children inside the budget
     const tree_shape &   sh      = dec.shape;
@@ -237,15 +245,10 @@ static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_step 
         for (int32_t ni : expand) {
             assign_shapes(ni);
         }
-        level.clear();
-        for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
-            level.push_back((int32_t) ni);
-        }
+        level = nodes_from(dec, first_new);
     }
     // breadth-first by shape index = the order of the choices
-    for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
-        chosen.push_back(ni);
-    }
+    std::vector<int32_t> chosen = nodes_from(dec, 1);
     std::sort(chosen.begin(), chosen.end(),
               [&](int32_t a, int32_t b) { return dec.nodes[a].shape < dec.nodes[b].shape; });
     return chosen;
@@ -254,7 +257,6 @@ static std::vector<int32_t> draft_static(specee_tree_decoder & dec, specee_step 
 // EAGLE-2: the top_k best nodes of each depth expanded, then the best `budget` of all drafted nodes, by depth
 static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_step step, int32_t budget,
                                           const float * root_logits) {
-    std::vector<int32_t> chosen;
     const int32_t top_k = dec.params.topk;
     draft_children(dec, step, 0, root_logits, top_k);
     std::vector<int32_t> level = dec.nodes[0].children;
@@ -266,16 +268,11 @@ static std::vector<int32_t> draft_dynamic(specee_tree_decoder & dec, specee_step
         std::sort(level.begin(), level.end());
         const size_t first_new = dec.nodes.size();
         draft_expand(dec, step, level, [&](int32_t) { return top_k; });
-        level.clear();
-        for (size_t ni = first_new; ni < dec.nodes.size(); ++ni) {
-            level.push_back((int32_t) ni);
-        }
+        level = nodes_from(dec, first_new);
     }
     // rerank every drafted node: the best `budget` (scores do not increase from parent to child or
     // along siblings, and ties go to the earlier node, so the chosen set is a tree)
-    for (int32_t ni = 1; ni < (int32_t) dec.nodes.size(); ++ni) {
-        chosen.push_back(ni);
-    }
+    std::vector<int32_t> chosen = nodes_from(dec, 1);
     std::stable_sort(chosen.begin(), chosen.end(),
                      [&](int32_t a, int32_t b) { return dec.nodes[a].score > dec.nodes[b].score; });
     chosen.resize(std::min<size_t>(chosen.size(), (size_t) budget));

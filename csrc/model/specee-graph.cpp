@@ -224,6 +224,14 @@ static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_graph_mm & mm, 
     return cur;
 }
 
+// a graph input: a new tensor [ne0, ne1] of `type` (ne1 1: [ne0]), named, marked as an input
+static ggml_tensor * new_input(ggml_context * ctx0, const char * name, ggml_type type, int64_t ne0, int64_t ne1 = 1) {
+    ggml_tensor * t = ggml_new_tensor_2d(ctx0, type, ne0, ne1);
+    ggml_set_name(t, name);
+    ggml_set_input(t);
+    return t;
+}
+
 // the inputs of a layer range: token embeddings (layer_begin == 0) or the hidden state of the previous range, and
 // the positions, cache cells and masks
 static ggml_tensor * build_inputs(ggml_context * ctx0, const specee_model & model, const specee_graph_params & gp,
@@ -231,9 +239,7 @@ static ggml_tensor * build_inputs(ggml_context * ctx0, const specee_model & mode
     const specee_hparams & hp = model.hparams;
     ggml_tensor *          inpL;
     if (gp.layer_begin == 0) {
-        io.inp_tokens = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
-        ggml_set_name(io.inp_tokens, "inp_tokens");
-        ggml_set_input(io.inp_tokens);
+        io.inp_tokens = new_input(ctx0, "inp_tokens", GGML_TYPE_I32, gp.n_tokens);
         inpL = ggml_get_rows(ctx0, model.tok_embd, io.inp_tokens); // [n_embd, n_tokens]
         ggml_set_name(inpL, "inp_embd");
         if (hp.embd_scale) {
@@ -244,16 +250,10 @@ static ggml_tensor * build_inputs(ggml_context * ctx0, const specee_model & mode
         inpL = ggml_view_2d(ctx0, gp.state_in, hp.n_embd, gp.n_tokens, gp.state_in->nb[1], 0); // [n_embd, n_tokens]
         ggml_set_name(inpL, "inp_hidden");
     }
-    io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
-    ggml_set_name(io.inp_pos, "inp_pos");
-    ggml_set_input(io.inp_pos);
-    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, gp.n_tokens);
-    ggml_set_name(io.inp_kv_idxs, "inp_kv_idxs");
-    ggml_set_input(io.inp_kv_idxs);
+    io.inp_pos     = new_input(ctx0, "inp_pos", GGML_TYPE_I32, gp.n_tokens);
+    io.inp_kv_idxs = new_input(ctx0, "inp_kv_idxs", GGML_TYPE_I64, gp.n_tokens);
     if (gp.kv_order) {
-        io.inp_kv_order = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_kv);
-        ggml_set_name(io.inp_kv_order, "inp_kv_order");
-        ggml_set_input(io.inp_kv_order);
+        io.inp_kv_order = new_input(ctx0, "inp_kv_order", GGML_TYPE_I32, gp.n_kv);
     }
     io.inp_masks.resize(gp.n_masks);
     for (int i = 0; i < gp.n_masks; ++i) {
@@ -293,9 +293,7 @@ static ggml_tensor * build_output(ggml_context * ctx0, const specee_model & mode
     io.result_norm = cur;
     if (gp.n_outputs > 0) {
         if (gp.n_outputs < gp.n_tokens) {
-            io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
-            ggml_set_name(io.inp_out_ids, "inp_out_ids");
-            ggml_set_input(io.inp_out_ids);
+            io.inp_out_ids = new_input(ctx0, "inp_out_ids", GGML_TYPE_I32, gp.n_outputs);
             cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
         }
         cur = build_lm_head(ctx0, model, gp.mm, cur); // [n_vocab, n_outputs]
@@ -384,21 +382,11 @@ ggml_cgraph * specee_build_graph(ggml_context * ctx0, const specee_model & model
 // the inputs of a head's batch of pairs: tokens, features [n_feat, n_tokens], positions, cache cells, the mask
 static void build_eagle_inputs(ggml_context * ctx0, const specee_graph_params & gp, int64_t n_feat,
                                specee_graph_io & io) {
-    io.inp_tokens = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
-    ggml_set_name(io.inp_tokens, "eagle_inp_tokens");
-    ggml_set_input(io.inp_tokens);
-    io.inp_embd = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, n_feat, gp.n_tokens);
-    ggml_set_name(io.inp_embd, "eagle_inp_feature");
-    ggml_set_input(io.inp_embd);
-    io.inp_pos = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_tokens);
-    ggml_set_name(io.inp_pos, "eagle_inp_pos");
-    ggml_set_input(io.inp_pos);
-    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, gp.n_tokens);
-    ggml_set_name(io.inp_kv_idxs, "eagle_inp_kv_idxs");
-    ggml_set_input(io.inp_kv_idxs);
-    io.inp_masks.assign(1, ggml_new_tensor_2d(ctx0, GGML_TYPE_F16, gp.n_kv, gp.n_tokens));
-    ggml_set_name(io.inp_masks[0], "eagle_kq_mask");
-    ggml_set_input(io.inp_masks[0]);
+    io.inp_tokens  = new_input(ctx0, "eagle_inp_tokens", GGML_TYPE_I32, gp.n_tokens);
+    io.inp_embd    = new_input(ctx0, "eagle_inp_feature", GGML_TYPE_F32, n_feat, gp.n_tokens);
+    io.inp_pos     = new_input(ctx0, "eagle_inp_pos", GGML_TYPE_I32, gp.n_tokens);
+    io.inp_kv_idxs = new_input(ctx0, "eagle_inp_kv_idxs", GGML_TYPE_I64, gp.n_tokens);
+    io.inp_masks.assign(1, new_input(ctx0, "eagle_kq_mask", GGML_TYPE_F16, gp.n_kv, gp.n_tokens));
 }
 
 // a head's logits for the output rows: output(norm(rows)) (norm_w NULL: no norm, EAGLE-1)
@@ -406,9 +394,7 @@ static ggml_tensor * build_eagle_logits(ggml_context * ctx0, const specee_model 
                                         specee_graph_io & io, ggml_tensor * cur, ggml_tensor * norm_w) {
     const specee_eagle & eagle = model.eagle;
     if (gp.n_outputs < gp.n_tokens) {
-        io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, gp.n_outputs);
-        ggml_set_name(io.inp_out_ids, "eagle_inp_out_ids");
-        ggml_set_input(io.inp_out_ids);
+        io.inp_out_ids = new_input(ctx0, "eagle_inp_out_ids", GGML_TYPE_I32, gp.n_outputs);
         cur = ggml_get_rows(ctx0, cur, io.inp_out_ids); // [n_embd, n_outputs]
     }
     if (norm_w) {
@@ -515,9 +501,7 @@ static ggml_tensor * exit_rows(ggml_context * ctx0, const specee_hparams & hp, g
         ggml_set_name(h, "inp_hidden");
         return h;
     }
-    io.inp_out_ids = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_rows);
-    ggml_set_name(io.inp_out_ids, "inp_out_ids");
-    ggml_set_input(io.inp_out_ids);
+    io.inp_out_ids = new_input(ctx0, "inp_out_ids", GGML_TYPE_I32, n_rows);
     ggml_tensor * h = ggml_get_rows(ctx0, state, io.inp_out_ids);
     ggml_set_name(h, "inp_hidden");
     return h;
@@ -547,9 +531,7 @@ ggml_cgraph * specee_build_k_shift_graph(ggml_context * ctx0, const specee_model
                                          specee_graph_io & io, int32_t graph_size) {
     const specee_hparams & hp = model.hparams;
     ggml_cgraph *          gf = ggml_new_graph_custom(ctx0, graph_size, false);
-    io.inp_pos                = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, kv.size);
-    ggml_set_name(io.inp_pos, "inp_pos_shift");
-    ggml_set_input(io.inp_pos);
+    io.inp_pos                = new_input(ctx0, "inp_pos_shift", GGML_TYPE_I32, kv.size);
     for (int il = 0; il < (int) hp.n_layer; ++il) {
         ggml_tensor * k    = kv.k[il]; // [n_embd_k_gqa, size] as [head_k, n_head_kv, size]
         ggml_tensor * view = ggml_view_3d(ctx0, k, hp.n_embd_head_k, hp.n_head_kv, kv.size,
@@ -576,12 +558,8 @@ ggml_cgraph * specee_build_kv_fill_graph(ggml_context * ctx0, const specee_model
     const int64_t          n  = std::max(n_rows, 1);
 
     ggml_tensor * h = exit_rows(ctx0, hp, state, io, n_rows); // the exit layer's output [n_embd, n]
-    io.inp_pos      = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n);
-    ggml_set_name(io.inp_pos, "inp_pos");
-    ggml_set_input(io.inp_pos);
-    io.inp_kv_idxs = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, n);
-    ggml_set_name(io.inp_kv_idxs, "inp_kv_idxs");
-    ggml_set_input(io.inp_kv_idxs);
+    io.inp_pos      = new_input(ctx0, "inp_pos", GGML_TYPE_I32, n);
+    io.inp_kv_idxs  = new_input(ctx0, "inp_kv_idxs", GGML_TYPE_I64, n);
 
     for (int il = layer_begin; il < layer_end; ++il) {
         const specee_layer & layer = model.layers[il];

@@ -8,7 +8,9 @@ their main() in `missing_package_exits()`.
 
 from __future__ import annotations
 
+import argparse
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Iterator
 
 # import name -> how to install it
@@ -49,3 +51,21 @@ def missing_package_exits(what: str) -> Iterator[None]:
         if msg is None:
             raise
         raise SystemExit(msg) from None
+
+
+def run_subcommands(prog: str, description: str, commands: dict[str, ModuleType], interrupted: str) -> None:
+    """The main() of a command made of subcommands (python -m specee.convert, python -m specee.autoee): each a module
+    with DESCRIPTION, add_arguments(parser) and run(args), run inside missing_package_exits(); an OSError or
+    ValueError ends it with its one line, ^C with `interrupted`."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
+    for name, module in commands.items():
+        module.add_arguments(sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION))
+    args = ap.parse_args()
+    try:
+        with missing_package_exits(f"{prog} {args.command}"):
+            commands[args.command].run(args)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        raise SystemExit(interrupted)

@@ -1,9 +1,10 @@
 """Console-script shims for the native tools installed in specee/bin, and what starting one as a server needs (a free
-port)."""
+port) and stopping it."""
 
 import importlib.util
 import os
 import socket
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -22,6 +23,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """A server started as a subprocess stopped: SIGTERM, then SIGKILL when it has not exited within `timeout` s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
 
 
 def tool_path(name: str) -> Path:
