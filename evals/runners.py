@@ -16,7 +16,7 @@ import json
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -97,7 +97,8 @@ class NativeRunner:
         m, c = self.model, self.cfg
         tokens = m.tokenize(prompt, add_special=True, parse_special=True)
         m.kv_clear()
-        out = m.generate_tokens(tokens, c.max_tokens, **vars(self.options))
+        o = self.options
+        out = m.generate_tokens(tokens, c.max_tokens, **{f.name: getattr(o, f.name) for f in fields(o)})
         st = m.last_stats
         turn = Turn(m.detokenize(out), out, st.n_prompt, st.t_prompt_ms / 1e3,
                     decode_count(st.n_generated, st.stop_reason), st.t_decode_ms / 1e3, st.stop_reason,
