@@ -68,7 +68,7 @@ static ggml_type act_type_of(ggml_type w) {
 
 // ---- the quantized activations: one I8 tensor holding n rows of Q8_1 or Q8_0 blocks (ggml's layout, the
 // quantizer's output) and each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a tile reads 8 tokens'
-// d or s in one load; then the matmul's chunk counter (set to 0 by the quantizer, taken from by the matmul's threads)
+// d or s in one load; then the matmul's span counter (set to 0 by the quantizer, taken from by the matmul's threads)
 
 struct act_layout {
     int64_t n      = 0; // tokens
@@ -77,7 +77,7 @@ struct act_layout {
     size_t  bsize  = 0; // bytes per block
     size_t  off_d  = 0;
     size_t  off_s  = 0;
-    size_t  off_next = 0; // the matmul's next chunk (an int64_t of its own cache line)
+    size_t  off_next = 0; // the matmul's next span (an int64_t on a cache line of its own)
     size_t  nbytes = 0;
 };
 
