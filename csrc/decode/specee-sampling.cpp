@@ -241,8 +241,22 @@ static int32_t run_chain(specee_sampler & s, const float * logits, int32_t n_voc
     if (!logits || n_vocab <= 0) {
         specee_fail("no logits to sample from (n_vocab = %d)", n_vocab);
     }
+    s.drawn = false;
+    const bool plain = !penalty || (s.logit_bias.empty() && !s.grammar &&
+                                    (s.params.repeat_penalty == 1.0f || s.params.repeat_last_n == 0 || s.history.empty()));
+    if (s.params.temp <= 0.0f && plain) { // greedy on the logits as they are: the argmax, no candidate list
+        int32_t best = 0;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            if (std::isnan(logits[i])) {
+                specee_fail("logit %d is NaN", i);
+            }
+            if (logits[i] > logits[best]) {
+                best = i;
+            }
+        }
+        return best;
+    }
     auto & cur = s.cur;
-    s.drawn    = false;
     cur.resize(n_vocab);
     for (int32_t i = 0; i < n_vocab; ++i) {
         if (std::isnan(logits[i])) {
