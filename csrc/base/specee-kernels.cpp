@@ -68,7 +68,9 @@ static ggml_type act_type_of(ggml_type w) {
 
 // ---- the quantized activations: one I8 tensor holding n rows of Q8_1 or Q8_0 blocks (ggml's layout, the
 // quantizer's output) and each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a tile reads 8 tokens'
-// d or s in one load; then the matmul's span counter (set to 0 by the quantizer, taken from by the matmul's threads)
+// d or s in one load; then a span counter for each matmul that reads them (products of one input share its
+// quantization: Q/K/V, gate/up), each on a cache line of its own, set to 0 by the quantizer and taken from by that
+// matmul's threads
 
 struct act_layout {
     int64_t n      = 0; // tokens
@@ -77,7 +79,7 @@ struct act_layout {
     size_t  bsize  = 0; // bytes per block
     size_t  off_d  = 0;
     size_t  off_s  = 0;
-    size_t  off_next = 0; // the matmul's next span (an int64_t on a cache line of its own)
+    size_t  off_next = 0; // the first reader's next span (int64_t; reader i's at off_next + 64 i)
     size_t  nbytes = 0;
 };
 
@@ -92,7 +94,7 @@ static act_layout layout_of(int64_t k, int64_t n, ggml_type act) {
     a.off_d  = (rows + 63) / 64 * 64;
     a.off_s    = a.off_d + floats;
     a.off_next = (a.off_s + floats + 63) / 64 * 64;
-    a.nbytes   = a.off_next + 64;
+    a.nbytes   = a.off_next + 64 * SPECEE_KERNELS_MAX_READERS;
     return a;
 }
 
@@ -105,8 +107,10 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     uint8_t *           base = (uint8_t *) dst->data;
     float *             d    = (float *) (base + a.off_d);
     float *             s    = (float *) (base + a.off_s);
-    if (ith == 0) { // the matmul's threads start after ggml's barrier between the two ops, which orders this store
-        __atomic_store_n((int64_t *) (base + a.off_next), 0, __ATOMIC_RELAXED);
+    if (ith == 0) { // the matmuls' threads start after ggml's barrier between the ops, which orders these stores
+        for (int i = 0; i < SPECEE_KERNELS_MAX_READERS; ++i) {
+            __atomic_store_n((int64_t *) (base + a.off_next + 64 * i), 0, __ATOMIC_RELAXED);
+        }
     }
     for (int64_t t = ith; t < a.n_pad; t += nth) {
         if (t >= a.n) {
@@ -333,6 +337,9 @@ static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
 
 enum kernel_path { PATH_PORTABLE = 0, PATH_SIMD = 1 };
 
+// the matmul's userdata: its path and which of the quantization's readers it is (its span counter)
+static intptr_t matmul_userdata(kernel_path path, int reader) { return (intptr_t) path + 2 * (intptr_t) reader; }
+
 static const int64_t ROW_CHUNK = 16;
 
 static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -340,9 +347,9 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * qa   = dst->src[1];
     const int64_t       m    = dst->ne[0];
     const act_layout    a    = layout_of(w->ne[0], dst->ne[1], act_type_of(w->type));
-    const bool          simd = (intptr_t) userdata == PATH_SIMD;
+    const bool          simd = (intptr_t) userdata % 2 == PATH_SIMD;
     const uint8_t *     base = (const uint8_t *) qa->data;
-    int64_t *           next = (int64_t *) (base + a.off_next);
+    int64_t *           next = (int64_t *) (base + a.off_next + 64 * ((intptr_t) userdata / 2));
     // a span: an eighth of a thread's share of the rows, in whole ROW_CHUNKs, read from start to end (rows handed out
     // one ROW_CHUNK at a time interleaved the threads' reads and measured 10-25 % slower from memory)
     const int64_t span    = std::max<int64_t>(1, m / (nth * 8 * ROW_CHUNK)) * ROW_CHUNK;
@@ -417,7 +424,7 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
     return in_plain_cpu_buffer(w);
 }
 
-static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0};
+static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0}, built_quantizations{0};
 
 static const int64_t Q8_0_GGML_FROM = 16;
 
@@ -425,7 +432,10 @@ int64_t specee_kernels_built(int32_t type) {
     return type == GGML_TYPE_Q4_1 ? built_q4_1.load() : type == GGML_TYPE_Q8_0 ? built_q8_0.load() : 0;
 }
 
-ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode) {
+int64_t specee_kernels_built_quantizations(void) { return built_quantizations.load(); }
+
+ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode,
+                             specee_mm_shared * shared) {
     // one token: ggml's own vec_dot, whose results the kernel reproduces bit for bit (tests/test_kernels.py) and
     // which measured 10-20% faster than the kernel's one-token tile here (docs/kernels.md); the portable mode keeps
     // the kernel for every row count so that tests run it
@@ -435,19 +445,30 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
         (mode == SPECEE_KERNELS_AUTO && (cur->ne[1] == 1 || (w->type == GGML_TYPE_Q8_0 && cur->ne[1] >= Q8_0_GGML_FROM)))) {
         return ggml_mul_mat(ctx0, w, cur);
     }
-    const int64_t    n   = cur->ne[1];
-    const ggml_type  act = act_type_of(w->type);
-    const act_layout a   = layout_of(w->ne[0], n, act);
-    // w rides along as an unused source so that the scheduler runs the quantizer where the weight is (the CPU)
-    ggml_tensor * qargs[2] = {cur, w};
-    ggml_tensor * q = ggml_custom_4d(ctx0, GGML_TYPE_I8, (int64_t) a.nbytes, 1, 1, 1, qargs, 2, quantize_op,
-                                     GGML_N_TASKS_MAX, (void *) (intptr_t) act);
-    ggml_format_name(q, "%s-%s", cur->name, ggml_type_name(act));
+    const int64_t   n   = cur->ne[1];
+    const ggml_type act = act_type_of(w->type);
+    ggml_tensor *   q   = nullptr;
+    int             reader = 0;
+    if (shared && shared->cur == cur && shared->act == act && shared->n_readers < SPECEE_KERNELS_MAX_READERS) {
+        q      = shared->q; // this input is already quantized to this type: one more reader
+        reader = shared->n_readers++;
+    } else {
+        const act_layout a = layout_of(w->ne[0], n, act);
+        // w rides along as an unused source so that the scheduler runs the quantizer where the weight is (the CPU)
+        ggml_tensor * qargs[2] = {cur, w};
+        q = ggml_custom_4d(ctx0, GGML_TYPE_I8, (int64_t) a.nbytes, 1, 1, 1, qargs, 2, quantize_op, GGML_N_TASKS_MAX,
+                           (void *) (intptr_t) act);
+        ggml_format_name(q, "%s-%s", cur->name, ggml_type_name(act));
+        ++built_quantizations;
+        if (shared) {
+            *shared = {cur, act, q, 1};
+        }
+    }
     ++(w->type == GGML_TYPE_Q8_0 ? built_q8_0 : built_q4_1);
-    const intptr_t path    = mode == SPECEE_KERNELS_PORTABLE ? PATH_PORTABLE : PATH_SIMD;
-    ggml_tensor *  args[2] = {w, q};
+    const kernel_path path    = mode == SPECEE_KERNELS_PORTABLE ? PATH_PORTABLE : PATH_SIMD;
+    ggml_tensor *     args[2] = {w, q};
     return ggml_custom_4d(ctx0, GGML_TYPE_F32, w->ne[1], n, 1, 1, args, 2, matmul_op, GGML_N_TASKS_MAX,
-                          (void *) path);
+                          (void *) matmul_userdata(path, reader));
 }
 
 // ---- one matmul alone (tests, benchmarks)

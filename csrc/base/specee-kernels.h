@@ -14,10 +14,24 @@ enum specee_kernels_mode {
     SPECEE_KERNELS_OFF      = 2, // ggml's mul_mat everywhere
 };
 
+// how many products may read one quantization of their input
+#define SPECEE_KERNELS_MAX_READERS 4
+
+// the quantized activations of one input, shared by the products that read it (Q, K and V; gate and up): a graph
+// builder's local while it builds those products, never kept across graphs
+struct specee_mm_shared {
+    const ggml_tensor * cur       = nullptr; // the input quantized
+    ggml_type           act       = GGML_TYPE_COUNT;
+    ggml_tensor *       q         = nullptr; // its quantization (the quantizer's op)
+    int                 n_readers = 0;
+};
+
 // w x [n_out, n_tokens] for a weight w [n_in, n_out] and activations cur [n_in, n_tokens] F32: this runtime's kernel
 // (two custom ops: cur quantized once to Q8_1 or Q8_0, then the matmul) where w is Q4_1 or Q8_0 in a plain CPU buffer
-// and the mode allows it, ggml_mul_mat otherwise
-ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode);
+// and the mode allows it, ggml_mul_mat otherwise. With `shared`, a quantization of cur to the same type that an
+// earlier product of the same `shared` built is read again instead of quantizing cur once more (same values)
+ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode,
+                             specee_mm_shared * shared = nullptr);
 
 // whether specee_mul_mat(w, cur) uses this runtime's kernel under `mode`
 bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_t mode);
@@ -28,6 +42,9 @@ const char * specee_kernels_auto_path(void);
 // how many weight products of ggml type `type` this process has built with the kernel so far (tests: which weights
 // a model's graphs route through it)
 int64_t specee_kernels_built(int32_t type);
+
+// how many quantizations of activations those products have built (fewer than products where inputs are shared)
+int64_t specee_kernels_built_quantizations(void);
 
 // One matmul on ggml's CPU backend, for tests and benchmarks: out [n][m] <- the matrix w of ggml type `type` (Q4_1
 // or Q8_0; m rows of k, ggml's bytes) times the activations x [n][k] under `mode` (SPECEE_KERNELS_OFF: ggml's

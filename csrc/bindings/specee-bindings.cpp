@@ -831,6 +831,9 @@ PYBIND11_MODULE(_core, m) {
     m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");
     m.def("kernels_built", &specee_kernels_built, py::arg("type"),
           "how many weight products of ggml type `type` this process has built with the kernel so far");
+    m.def("kernels_built_quantizations", &specee_kernels_built_quantizations,
+          "how many quantizations of activations those products have built (an input read by several products, as "
+          "Q, K and V, is quantized once)");
     m.def("vocab_pre_names", [] { return name_list(specee_vocab_pre_name); },
           "the tokenizer.ggml.pre names of the BPE pre-tokenizers this runtime has");
     m.def("arch_pred_tensor_names", [] { return name_list(specee_arch_pred_tensor_name); });

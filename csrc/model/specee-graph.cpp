@@ -31,10 +31,11 @@ static int rope_type_of(const specee_model & model, int il) {
 
 // w x [n_out, n_tokens] for a matrix of the model w [n_in, n_out], plus s alpha / r B (A x) for each active LoRA
 // adapter that adapts w (s the user's scale; alpha 0: s alone): the one place adapters apply (specee-lora.h); w x by
-// this runtime's kernels where they apply (specee-kernels.h)
-static ggml_tensor * build_mm(ggml_context * ctx0, const specee_graph_mm & mm, ggml_tensor * w, ggml_tensor * cur) {
+// this runtime's kernels where they apply (specee-kernels.h; products of one input given one `shared` quantize it once)
+static ggml_tensor * build_mm(ggml_context * ctx0, const specee_graph_mm & mm, ggml_tensor * w, ggml_tensor * cur,
+                              specee_mm_shared * shared = nullptr) {
     const specee_lora_set * lora = mm.lora;
-    ggml_tensor *           out  = specee_mul_mat(ctx0, w, cur, mm.kernels);
+    ggml_tensor *           out  = specee_mul_mat(ctx0, w, cur, mm.kernels, shared);
     if (!lora) {
         return out;
     }
@@ -55,8 +56,8 @@ static ggml_tensor * build_mm(ggml_context * ctx0, const specee_graph_mm & mm, g
 
 // a projection of a normed input: w x (+ b) [rows, n_tokens]
 static ggml_tensor * build_proj(ggml_context * ctx0, const specee_graph_mm & mm, ggml_tensor * w, ggml_tensor * b,
-                                ggml_tensor * cur) {
-    ggml_tensor * out = build_mm(ctx0, mm, w, cur);
+                                ggml_tensor * cur, specee_mm_shared * shared = nullptr) {
+    ggml_tensor * out = build_mm(ctx0, mm, w, cur, shared);
     return b ? ggml_add(ctx0, out, b) : out;
 }
 
@@ -120,13 +121,14 @@ static qkv_cur build_qkv(ggml_context * ctx0, const specee_model & model, const 
         V = ggml_cont(ctx0, ggml_view_2d(ctx0, wx, hp.n_embd_v_gqa(), n_tokens, wx->nb[1],
                                          ggml_row_size(wx->type, n_q + hp.n_embd_k_gqa())));
     } else {
+        specee_mm_shared shared; // cur quantized once for Q, K and V
         if (want_q) {
-            Q = build_proj(ctx0, mm, layer.wq, layer.bq, cur); // [head_k * n_head, n_tokens]
+            Q = build_proj(ctx0, mm, layer.wq, layer.bq, cur, &shared); // [head_k * n_head, n_tokens]
             Q = ggml_reshape_3d(ctx0, Q, head_k, hp.n_head, n_tokens);
         }
-        K = build_proj(ctx0, mm, layer.wk, layer.bk, cur); // [n_embd_k_gqa, n_tokens]
+        K = build_proj(ctx0, mm, layer.wk, layer.bk, cur, &shared); // [n_embd_k_gqa, n_tokens]
         K = ggml_reshape_3d(ctx0, K, head_k, hp.n_head_kv, n_tokens);
-        V = build_proj(ctx0, mm, layer.wv, layer.bv, cur); // [n_embd_v_gqa, n_tokens]
+        V = build_proj(ctx0, mm, layer.wv, layer.bv, cur, &shared); // [n_embd_v_gqa, n_tokens]
     }
     if (Q) {
         name_il(Q, "Qcur", il);
@@ -208,9 +210,10 @@ static ggml_tensor * build_attn(ggml_context * ctx0, ggml_cgraph * gf, const spe
 static ggml_tensor * build_ffn(ggml_context * ctx0, const specee_graph_mm & mm, const specee_layer & layer,
                                ggml_tensor * cur, int il, int act = SPECEE_FFN_SILU) {
     if (layer.ffn_gate) {
-        ggml_tensor * gate = build_mm(ctx0, mm, layer.ffn_gate, cur); // [n_ff, n_tokens]
+        specee_mm_shared shared; // cur quantized once for gate and up
+        ggml_tensor *    gate = build_mm(ctx0, mm, layer.ffn_gate, cur, &shared); // [n_ff, n_tokens]
         name_il(gate, "ffn_gate", il);
-        ggml_tensor * up = build_mm(ctx0, mm, layer.ffn_up, cur); // [n_ff, n_tokens]
+        ggml_tensor * up = build_mm(ctx0, mm, layer.ffn_up, cur, &shared); // [n_ff, n_tokens]
         name_il(up, "ffn_up", il);
         cur = act == SPECEE_FFN_GELU ? ggml_geglu_split(ctx0, gate, up) : ggml_swiglu_split(ctx0, gate, up);
     } else {
