@@ -1,4 +1,4 @@
-"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1 and Q8_0 weights times 1..n token rows
+"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1, Q8_0 and Q6_K weights times 1..n token rows
 give ggml's own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count,
 odd shapes and K not a multiple of 256; a model's logits are the same with kernels auto, portable and off, and a token's
 logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless
@@ -15,7 +15,7 @@ import specee
 from specee import _core
 from specee.convert.quantize import quantize_gguf
 
-Q4_1, Q8_0 = 3, 8  # GGML_TYPE_Q4_1, GGML_TYPE_Q8_0
+Q4_1, Q8_0, Q6_K = 3, 8, 14  # GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K
 TYPES = [Q4_1, Q8_0]
 AUTO, PORTABLE, OFF = 0, 1, 2  # enum specee_kernels_mode
 
@@ -114,12 +114,61 @@ def test_q8_0_weights_of_minus_128_match_ggml() -> None:
         assert_same_bits(mul_mat(w, k, x, mode, wtype=Q8_0), one_at_a_time(w, k, x, OFF, Q8_0), f"mode {mode}")
 
 
+# ---- Q6_K (super-blocks of 256: K a multiple of 256)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("k,m", [(256, 37), (768, 5), (512, 1), (1536, 18)])
+def test_q6_k_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int) -> None:
+    """n = 1..16 and past a tile, against ggml's mul_mat for the same n (its vec_dot per pair: no repacked layout or
+    tinyBLAS for Q6_K on x86) and one token at a time."""
+    w = random_weights(k, m, seed=k + m, wtype=Q6_K)
+    rng = np.random.default_rng(17)
+    for n in list(range(1, 17)) + [17, 33]:
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        got = mul_mat(w, k, x, mode, wtype=Q6_K)
+        assert_same_bits(got, mul_mat(w, k, x, OFF, wtype=Q6_K), f"k={k} m={m} n={n}")
+        if n in (2, 9, 16):
+            assert_same_bits(got, one_at_a_time(w, k, x, OFF, Q6_K), f"k={k} m={m} n={n}, vs one token at a time")
+
+
+def test_q6_k_any_block_bits_match_ggml() -> None:
+    """Blocks of random bytes (every 6-bit quant, sub-block scales from -128 to 127) with a sane super-block scale:
+    the kernel's integer lanes stay exact as ggml's (no int16 overflow: |q| <= 63, |y| <= 128), for any file's
+    blocks, not only those ggml's quantizer writes."""
+    k, m = 512, 11
+    rng = np.random.default_rng(21)
+    w = rng.integers(0, 256, (m, k // 256, 210), dtype=np.uint8)
+    w[:, :, 208:210] = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)  # d
+    w = w.reshape(m, -1)
+    x = rng.standard_normal((9, k)).astype(np.float32) * 3
+    for mode in MODES:
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=Q6_K), one_at_a_time(w, k, x, OFF, Q6_K), f"mode {mode}")
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_q6_k_batch_and_threads_do_not_change_a_row(n_threads: int) -> None:
+    k, m = 256, 29
+    w = random_weights(k, m, seed=23, wtype=Q6_K)
+    x = np.random.default_rng(24).standard_normal((70, k)).astype(np.float32)
+    alone = one_at_a_time(w, k, x, OFF, Q6_K)
+    for mode in MODES:
+        for n in (2, 8, 13, 70):
+            got = _core.kernels_mul_mat(w, k, x[:n], mode, n_threads, type=Q6_K)[0]
+            assert_same_bits(got, alone[:n], f"mode {mode}, n={n}, {n_threads} threads")
+
+
 def test_bad_shapes_are_refused() -> None:
     w = random_weights(64, 4, seed=1)
     with pytest.raises(ValueError):
         _core.kernels_mul_mat(w, 64, np.zeros((2, 32), dtype=np.float32), AUTO)
     with pytest.raises(ValueError):  # a type without a kernel
         _core.kernels_mul_mat(w, 64, np.zeros((2, 64), dtype=np.float32), AUTO, type=2)
+    with pytest.raises(ValueError, match="bytes"):  # rows shorter than the type's
+        _core.kernels_mul_mat(w[:, :-4], 64, np.zeros((2, 64), dtype=np.float32), AUTO)
+    with pytest.raises(ValueError):  # Q6_K: K not a multiple of 256
+        _core.kernels_mul_mat(random_weights(256, 2, seed=1, wtype=Q6_K), 128, np.zeros((2, 128), np.float32), AUTO,
+                              type=Q6_K)
 
 
 # ---- a model: the tiny Llama quantized to Q4_1 and to Q8_0
@@ -146,13 +195,31 @@ def test_the_option_is_in_the_table() -> None:
         specee.context_options.context_options({"kernels": "fast"})
 
 
-@pytest.mark.parametrize("ftype", ["q4_1", "q8_0"])
+@pytest.fixture(scope="module")
+def tiny_q6_k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama whose every matrix is Q6_K (rows of 256 and 512: K-quants need multiples of 256)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specee.convert.hf import convert_hf_to_gguf
+
+    torch.manual_seed(6)
+    cfg = LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=512, vocab_size=256, tie_word_embeddings=False)
+    d = tmp_path_factory.mktemp("tiny_q6_k")
+    LlamaForCausalLM(cfg).save_pretrained(d / "hf")
+    convert_hf_to_gguf(d / "hf", d / "f32.gguf", "f32")
+    quantize_gguf(d / "f32.gguf", d / "q6_k.gguf", "q6_k", progress=False)
+    return d / "q6_k.gguf"
+
+
+@pytest.mark.parametrize("ftype", ["q4_1", "q8_0", "q6_k"])
 def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(f"tiny_{ftype}")
     rng = np.random.default_rng(4)
     tokens = rng.integers(0, 256, 23).tolist()
     want = None
-    wtype = {"q4_1": Q4_1, "q8_0": Q8_0}[ftype]
+    wtype = {"q4_1": Q4_1, "q8_0": Q8_0, "q6_k": Q6_K}[ftype]
     for kernels in ("off", "portable", "auto"):
         m = specee.Model(path, n_ctx=64, n_threads=2, kernels=kernels)
         built, quantized = _core.kernels_built(wtype), _core.kernels_built_quantizations()

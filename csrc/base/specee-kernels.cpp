@@ -56,15 +56,34 @@ struct q8_0_block {
     int8_t   qs[32];
 };
 
+// a super-block of 256: sixteen sub-blocks of 16, each with its int8 scale; element q - 32 with q the 6 bits
+struct q6_k_block {
+    uint8_t  ql[128];    // low 4 bits: in each half of 128, elements 0..63 the low nibbles of ql[0..63], 64..127 the high
+    uint8_t  qh[64];     // high 2 bits: in each half, qh[l] holds elements l, l + 32, l + 64, l + 96 (bits 0-1 .. 6-7)
+    int8_t   scales[16]; // sub-block scales
+    uint16_t d;          // super-block scale (fp16)
+};
+
+struct q8_k_block {
+    float   d;          // scale
+    int8_t  qs[256];
+    int16_t bsums[16];  // sum of each 16 quants
+};
+
 static_assert(sizeof(q4_1_block) == 20, "block_q4_1 is 20 bytes");
 static_assert(sizeof(q8_1_block) == 36, "block_q8_1 is 36 bytes");
 static_assert(sizeof(q8_0_block) == 34, "block_q8_0 is 34 bytes");
+static_assert(sizeof(q6_k_block) == 210, "block_q6_K is 210 bytes");
+static_assert(sizeof(q8_k_block) == 292, "block_q8_K is 292 bytes");
 
 // the activations' type for a weight type (ggml's vec_dot_type): Q8_1 for Q4_1 (its blocks carry d*sum for the
-// min), Q8_0 for Q8_0
+// min), Q8_0 for Q8_0, Q8_K for Q6_K (super-blocks of 256 with their sums of 16)
 static ggml_type act_type_of(ggml_type w) {
-    return w == GGML_TYPE_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q8_1;
+    return w == GGML_TYPE_Q8_0 ? GGML_TYPE_Q8_0 : w == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_K : GGML_TYPE_Q8_1;
 }
+
+// the elements of one weight (and activation) block
+static int64_t block_elems(ggml_type act) { return act == GGML_TYPE_Q8_K ? 256 : 32; }
 
 // ---- the quantized activations: one I8 tensor holding n rows of Q8_1 or Q8_0 blocks (ggml's layout, the
 // quantizer's output) and each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a tile reads 8 tokens'
@@ -86,9 +105,10 @@ struct act_layout {
 static act_layout layout_of(int64_t k, int64_t n, ggml_type act) {
     act_layout a;
     a.n     = n;
-    a.nb    = k / 32;
+    a.nb    = k / block_elems(act);
     a.n_pad = (n + 7) / 8 * 8;
-    a.bsize = act == GGML_TYPE_Q8_0 ? sizeof(q8_0_block) : sizeof(q8_1_block);
+    a.bsize = act == GGML_TYPE_Q8_0 ? sizeof(q8_0_block) : act == GGML_TYPE_Q8_K ? sizeof(q8_k_block)
+                                                                                : sizeof(q8_1_block);
     const size_t rows   = (size_t) (n * a.nb) * a.bsize;
     const size_t floats = (size_t) (a.nb * a.n_pad) * sizeof(float);
     a.off_d  = (rows + 63) / 64 * 64;
@@ -125,6 +145,9 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         for (int64_t b = 0; b < a.nb; ++b) {
             if (act == GGML_TYPE_Q8_0) {
                 d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_0_block *) row)[b].d);
+                s[b * a.n_pad + t] = 0.0f;
+            } else if (act == GGML_TYPE_Q8_K) {
+                d[b * a.n_pad + t] = ((const q8_k_block *) row)[b].d;
                 s[b * a.n_pad + t] = 0.0f;
             } else {
                 d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_1_block *) row)[b].d);
@@ -201,9 +224,59 @@ static void tile_portable_q8_0(const tile_args & ta, int nt) {
     }
 }
 
+// Q6_K (ggml's AVX2 ggml_vec_dot_q6_K_q8_K): per super-block, eight exact int32 lanes, lane j the sum over its
+// eight groups of 32 of the group's sub-block scale times the products of elements 4j..4j+3 of the group (q in 0..63,
+// maddubs + madd with the scales), minus 32 times the scale-weighted sums of two 16-element sub-blocks (the -32 of
+// every q, from the activations' block sums); each lane converted and fused-multiply-added with d_y*d_x into its own
+// accumulator, summed at the end as hsum_float_8
+static void q6_k_unpack(const q6_k_block & xb, uint8_t q[256]) {
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t * ql = xb.ql + 64 * h;
+        const uint8_t * qh = xb.qh + 32 * h;
+        uint8_t *       o  = q + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+            o[l]      = (uint8_t) ((ql[l] & 0x0F) | ((qh[l] & 0x03) << 4));
+            o[l + 32] = (uint8_t) ((ql[l + 32] & 0x0F) | ((qh[l] & 0x0C) << 2));
+            o[l + 64] = (uint8_t) ((ql[l] >> 4) | (qh[l] & 0x30));
+            o[l + 96] = (uint8_t) ((ql[l + 32] >> 4) | ((qh[l] & 0xC0) >> 2));
+        }
+    }
+}
+
+static void tile_portable_q6_k(const tile_args & ta, int nt) {
+    float acc[8][8] = {};
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q6_k_block & xb = ((const q6_k_block *) ta.x)[b];
+        uint8_t            q[256];
+        q6_k_unpack(xb, q);
+        const float dx = ggml_fp16_to_fp32(xb.d);
+        for (int t = 0; t < nt; ++t) {
+            const q8_k_block & yb = ((const q8_k_block *) ta.y[t])[b];
+            const float        d  = yb.d * dx;
+            for (int j = 0; j < 8; ++j) {
+                int32_t lane = 0;
+                for (int g = 0; g < 8; ++g) {
+                    const int e  = 32 * g + 4 * j;
+                    const int sc = xb.scales[2 * g + (j >= 4)];
+                    lane += sc * (q[e] * yb.qs[e] + q[e + 1] * yb.qs[e + 1] + q[e + 2] * yb.qs[e + 2] +
+                                  q[e + 3] * yb.qs[e + 3]);
+                }
+                lane -= 32 * (yb.bsums[2 * j] * xb.scales[2 * j] + yb.bsums[2 * j + 1] * xb.scales[2 * j + 1]);
+                acc[t][j] = std::fma(d, (float) lane, acc[t][j]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; ++t) {
+        const float * a = acc[t];
+        ta.out[t * ta.stride] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    }
+}
+
 static void tile_portable(const tile_args & ta, int nt, ggml_type w) {
     if (w == GGML_TYPE_Q8_0) {
         tile_portable_q8_0(ta, nt);
+    } else if (w == GGML_TYPE_Q6_K) {
+        tile_portable_q6_k(ta, nt);
     } else {
         tile_portable_q4_1(ta, nt);
     }
@@ -310,6 +383,65 @@ SPECEE_AVX2 static void tile_avx2_q8_0(const tile_args & ta) {
     }
 }
 
+// Q6_K: a super-block unpacked once (its 256 q in 0..63 and each group's scales widened to 16 bits, kept on the
+// stack where every token's step reads them), then per token ggml's integer lanes and one FMA a super-block
+SPECEE_AVX2 static inline __m256 token_step_q6_k(__m256 acc, const __m256i * q, const __m256i * sc, __m256i sc16,
+                                                 const void * y, int64_t b, __m256 dx) {
+    const q8_k_block & yb   = ((const q8_k_block *) y)[b];
+    __m256i            sumi = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) (yb.qs + 32 * g));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_load_si256(sc + g),
+                                                        _mm256_maddubs_epi16(_mm256_load_si256(q + g), qy)));
+    }
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *) yb.bsums);
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5));
+    const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yb.d), dx);
+    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+}
+
+template <int NT>
+SPECEE_AVX2 static void tile_avx2_q6_k(const tile_args & ta) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    __m256        a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    alignas(32) __m256i q[8], sc[8];
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q6_k_block & xb = ((const q6_k_block *) ta.x)[b];
+        for (int h = 0; h < 2; ++h) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *) (xb.ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *) (xb.ql + 64 * h + 32));
+            const __m256i hi = _mm256_loadu_si256((const __m256i *) (xb.qh + 32 * h));
+            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hi, m3), 4));
+            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                                           _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(12)), 2));
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
+                                           _mm256_and_si256(hi, _mm256_set1_epi8(48)));
+            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                                           _mm256_srli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(-64)), 2));
+        }
+        // group g: its first 16 elements (16-bit lanes 0..7) take scale 2g, the last 16 scale 2g + 1
+        for (int g = 0; g < 8; ++g) {
+            const __m128i lo = _mm_set1_epi16(xb.scales[2 * g]);
+            const __m128i up = _mm_set1_epi16(xb.scales[2 * g + 1]);
+            sc[g] = _mm256_set_m128i(up, lo);
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) xb.scales));
+        const __m256  dx   = _mm256_set1_ps(_cvtsh_ss(xb.d));
+        a0 = token_step_q6_k(a0, q, sc, sc16, ta.y[0], b, dx);
+        if (NT > 1) a1 = token_step_q6_k(a1, q, sc, sc16, ta.y[1], b, dx);
+        if (NT > 2) a2 = token_step_q6_k(a2, q, sc, sc16, ta.y[2], b, dx);
+        if (NT > 3) a3 = token_step_q6_k(a3, q, sc, sc16, ta.y[3], b, dx);
+        if (NT > 4) a4 = token_step_q6_k(a4, q, sc, sc16, ta.y[4], b, dx);
+        if (NT > 5) a5 = token_step_q6_k(a5, q, sc, sc16, ta.y[5], b, dx);
+        if (NT > 6) a6 = token_step_q6_k(a6, q, sc, sc16, ta.y[6], b, dx);
+        if (NT > 7) a7 = token_step_q6_k(a7, q, sc, sc16, ta.y[7], b, dx);
+    }
+    const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int t = 0; t < NT; ++t) {
+        ta.out[t * ta.stride] = hsum_8(acc[t]);
+    }
+}
+
 // each type's tile for 1..8 tokens (index nt - 1)
 using tile_fn = void (*)(const tile_args &);
 static const tile_fn TILES_Q4_1[8] = {tile_avx2_q4_1<1>, tile_avx2_q4_1<2>, tile_avx2_q4_1<3>, tile_avx2_q4_1<4>,
@@ -317,8 +449,11 @@ static const tile_fn TILES_Q4_1[8] = {tile_avx2_q4_1<1>, tile_avx2_q4_1<2>, tile
 static const tile_fn TILES_Q8_0[8] = {tile_avx2_q8_0<1>, tile_avx2_q8_0<2>, tile_avx2_q8_0<3>, tile_avx2_q8_0<4>,
                                       tile_avx2_q8_0<5>, tile_avx2_q8_0<6>, tile_avx2_q8_0<7>, tile_avx2_q8_0<8>};
 
+static const tile_fn TILES_Q6_K[8] = {tile_avx2_q6_k<1>, tile_avx2_q6_k<2>, tile_avx2_q6_k<3>, tile_avx2_q6_k<4>,
+                                      tile_avx2_q6_k<5>, tile_avx2_q6_k<6>, tile_avx2_q6_k<7>, tile_avx2_q6_k<8>};
+
 static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
-    (w == GGML_TYPE_Q8_0 ? TILES_Q8_0 : TILES_Q4_1)[nt - 1](ta);
+    (w == GGML_TYPE_Q8_0 ? TILES_Q8_0 : w == GGML_TYPE_Q6_K ? TILES_Q6_K : TILES_Q4_1)[nt - 1](ta);
 }
 
 #else
@@ -413,23 +548,27 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
     if (mode == SPECEE_KERNELS_OFF || (mode == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
         return false;
     }
-    if ((w->type != GGML_TYPE_Q4_1 && w->type != GGML_TYPE_Q8_0) || ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) ||
-        ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block) || ggml_type_size(GGML_TYPE_Q8_0) != sizeof(q8_0_block)) {
+    if ((w->type != GGML_TYPE_Q4_1 && w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q6_K) ||
+        ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) || ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block) ||
+        ggml_type_size(GGML_TYPE_Q8_0) != sizeof(q8_0_block) || ggml_type_size(GGML_TYPE_Q6_K) != sizeof(q6_k_block) ||
+        ggml_type_size(GGML_TYPE_Q8_K) != sizeof(q8_k_block)) {
         return false;
     }
     if (cur->type != GGML_TYPE_F32 || !ggml_is_contiguous(cur) || !ggml_is_contiguous(w) || cur->ne[2] != 1 ||
-        cur->ne[3] != 1 || w->ne[2] != 1 || w->ne[3] != 1 || cur->ne[0] != w->ne[0] || w->ne[0] % 32 != 0) {
+        cur->ne[3] != 1 || w->ne[2] != 1 || w->ne[3] != 1 || cur->ne[0] != w->ne[0] ||
+        w->ne[0] % block_elems(act_type_of(w->type)) != 0) {
         return false;
     }
     return in_plain_cpu_buffer(w);
 }
 
-static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0}, built_quantizations{0};
+static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0}, built_q6_k{0}, built_quantizations{0};
 
 static const int64_t Q8_0_GGML_FROM = 16;
 
 int64_t specee_kernels_built(int32_t type) {
-    return type == GGML_TYPE_Q4_1 ? built_q4_1.load() : type == GGML_TYPE_Q8_0 ? built_q8_0.load() : 0;
+    return type == GGML_TYPE_Q4_1 ? built_q4_1.load() : type == GGML_TYPE_Q8_0 ? built_q8_0.load()
+         : type == GGML_TYPE_Q6_K ? built_q6_k.load() : 0;
 }
 
 int64_t specee_kernels_built_quantizations(void) { return built_quantizations.load(); }
@@ -464,7 +603,7 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
             *shared = {cur, act, q, 1};
         }
     }
-    ++(w->type == GGML_TYPE_Q8_0 ? built_q8_0 : built_q4_1);
+    ++(w->type == GGML_TYPE_Q8_0 ? built_q8_0 : w->type == GGML_TYPE_Q6_K ? built_q6_k : built_q4_1);
     const kernel_path path    = mode == SPECEE_KERNELS_PORTABLE ? PATH_PORTABLE : PATH_SIMD;
     ggml_tensor *     args[2] = {w, q};
     return ggml_custom_4d(ctx0, GGML_TYPE_F32, w->ne[1], n, 1, 1, args, 2, matmul_op, GGML_N_TASKS_MAX,
@@ -475,8 +614,8 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
 
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
                               int32_t mode, int32_t n_threads, int32_t repeats, float * out) {
-    if ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q8_0) || k <= 0 || k % 32 != 0 || m <= 0 || n <= 0 ||
-        repeats <= 0) {
+    if ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q6_K) || k <= 0 ||
+        k % block_elems(act_type_of((ggml_type) type)) != 0 || m <= 0 || n <= 0 || repeats <= 0) {
         return -1.0;
     }
     ggml_init_params wp   = {4 * ggml_tensor_overhead(), nullptr, true};
