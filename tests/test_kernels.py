@@ -1,4 +1,4 @@
-"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1, Q8_0 and Q6_K weights times 1..n token rows
+"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1, Q8_0, Q4_K and Q6_K weights times 1..n rows
 give ggml's own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count,
 odd shapes and K not a multiple of 256; a model's logits are the same with kernels auto, portable and off, and a token's
 logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless
@@ -15,7 +15,9 @@ import specee
 from specee import _core
 from specee.convert.quantize import quantize_gguf
 
-Q4_1, Q8_0, Q6_K = 3, 8, 14  # GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K
+Q4_1, Q8_0, Q4_K, Q6_K = 3, 8, 12, 14  # GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K
+K_QUANTS = [Q4_K, Q6_K]
+BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}  # a super-block of 256
 TYPES = [Q4_1, Q8_0]
 AUTO, PORTABLE, OFF = 0, 1, 2  # enum specee_kernels_mode
 
@@ -114,47 +116,54 @@ def test_q8_0_weights_of_minus_128_match_ggml() -> None:
         assert_same_bits(mul_mat(w, k, x, mode, wtype=Q8_0), one_at_a_time(w, k, x, OFF, Q8_0), f"mode {mode}")
 
 
-# ---- Q6_K (super-blocks of 256: K a multiple of 256)
+# ---- the K-quants Q4_K and Q6_K (super-blocks of 256: K a multiple of 256)
 
 
+@pytest.mark.parametrize("wtype", K_QUANTS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k,m", [(256, 37), (768, 5), (512, 1), (1536, 18)])
-def test_q6_k_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int) -> None:
-    """n = 1..16 and past a tile, against ggml's mul_mat for the same n (its vec_dot per pair: no repacked layout or
-    tinyBLAS for Q6_K on x86) and one token at a time."""
-    w = random_weights(k, m, seed=k + m, wtype=Q6_K)
+def test_k_quant_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int, wtype: int) -> None:
+    """n = 1..16 and past a tile, against ggml's mul_mat for the same n on the file's layout (its vec_dot per pair:
+    no tinyBLAS for K-quants on x86) and one token at a time."""
+    w = random_weights(k, m, seed=k + m, wtype=wtype)
     rng = np.random.default_rng(17)
     for n in list(range(1, 17)) + [17, 33]:
         x = rng.standard_normal((n, k)).astype(np.float32)
-        got = mul_mat(w, k, x, mode, wtype=Q6_K)
-        assert_same_bits(got, mul_mat(w, k, x, OFF, wtype=Q6_K), f"k={k} m={m} n={n}")
+        got = mul_mat(w, k, x, mode, wtype=wtype)
+        assert_same_bits(got, mul_mat(w, k, x, OFF, wtype=wtype), f"k={k} m={m} n={n}")
         if n in (2, 9, 16):
-            assert_same_bits(got, one_at_a_time(w, k, x, OFF, Q6_K), f"k={k} m={m} n={n}, vs one token at a time")
+            assert_same_bits(got, one_at_a_time(w, k, x, OFF, wtype), f"k={k} m={m} n={n}, vs one token at a time")
 
 
-def test_q6_k_any_block_bits_match_ggml() -> None:
-    """Blocks of random bytes (every 6-bit quant, sub-block scales from -128 to 127) with a sane super-block scale:
-    the kernel's integer lanes stay exact as ggml's (no int16 overflow: |q| <= 63, |y| <= 128), for any file's
-    blocks, not only those ggml's quantizer writes."""
-    k, m = 512, 11
+@pytest.mark.parametrize("wtype", K_QUANTS)
+def test_k_quant_any_block_bits_match_ggml(wtype: int) -> None:
+    """Blocks of random bytes (every quant, every 6- or 8-bit sub-block scale and min) with sane super-block scales:
+    the kernel's integer lanes stay exact as ggml's, for any file's blocks, not only those ggml's quantizer writes."""
+    k, m, size = 512, 11, BLOCK_BYTES[wtype]
     rng = np.random.default_rng(21)
-    w = rng.integers(0, 256, (m, k // 256, 210), dtype=np.uint8)
-    w[:, :, 208:210] = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)  # d
+    w = rng.integers(0, 256, (m, k // 256, size), dtype=np.uint8)
+    half = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)
+    if wtype == Q6_K:
+        w[:, :, 208:210] = half  # d
+    else:
+        w[:, :, 0:2] = half  # d
+        w[:, :, 2:4] = half  # dmin
     w = w.reshape(m, -1)
     x = rng.standard_normal((9, k)).astype(np.float32) * 3
     for mode in MODES:
-        assert_same_bits(mul_mat(w, k, x, mode, wtype=Q6_K), one_at_a_time(w, k, x, OFF, Q6_K), f"mode {mode}")
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=wtype), one_at_a_time(w, k, x, OFF, wtype), f"mode {mode}")
 
 
+@pytest.mark.parametrize("wtype", K_QUANTS)
 @pytest.mark.parametrize("n_threads", [1, 3])
-def test_q6_k_batch_and_threads_do_not_change_a_row(n_threads: int) -> None:
+def test_k_quant_batch_and_threads_do_not_change_a_row(n_threads: int, wtype: int) -> None:
     k, m = 256, 29
-    w = random_weights(k, m, seed=23, wtype=Q6_K)
+    w = random_weights(k, m, seed=23, wtype=wtype)
     x = np.random.default_rng(24).standard_normal((70, k)).astype(np.float32)
-    alone = one_at_a_time(w, k, x, OFF, Q6_K)
+    alone = one_at_a_time(w, k, x, OFF, wtype)
     for mode in MODES:
         for n in (2, 8, 13, 70):
-            got = _core.kernels_mul_mat(w, k, x[:n], mode, n_threads, type=Q6_K)[0]
+            got = _core.kernels_mul_mat(w, k, x[:n], mode, n_threads, type=wtype)[0]
             assert_same_bits(got, alone[:n], f"mode {mode}, n={n}, {n_threads} threads")
 
 
@@ -196,8 +205,8 @@ def test_the_option_is_in_the_table() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_q6_k(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny llama whose every matrix is Q6_K (rows of 256 and 512: K-quants need multiples of 256)."""
+def tiny_k_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama with rows of 256 and 512 (K-quants need multiples of 256), F32."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -206,20 +215,33 @@ def tiny_q6_k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(6)
     cfg = LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=512, vocab_size=256, tie_word_embeddings=False)
-    d = tmp_path_factory.mktemp("tiny_q6_k")
+    d = tmp_path_factory.mktemp("tiny_k")
     LlamaForCausalLM(cfg).save_pretrained(d / "hf")
     convert_hf_to_gguf(d / "hf", d / "f32.gguf", "f32")
-    quantize_gguf(d / "f32.gguf", d / "q6_k.gguf", "q6_k", progress=False)
-    return d / "q6_k.gguf"
+    return d / "f32.gguf"
 
 
-@pytest.mark.parametrize("ftype", ["q4_1", "q8_0", "q6_k"])
+@pytest.fixture(scope="module")
+def tiny_q6_k(tiny_k_f32: Path) -> Path:
+    """Every matrix Q6_K."""
+    quantize_gguf(tiny_k_f32, tiny_k_f32.with_name("q6_k.gguf"), "q6_k", progress=False)
+    return tiny_k_f32.with_name("q6_k.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_q4_k(tiny_k_f32: Path) -> Path:
+    """Every matrix Q4_K (what ggml repacks on AVX2 and multiplies 4 tokens or more with a GEMM of other bits)."""
+    quantize_gguf(tiny_k_f32, tiny_k_f32.with_name("q4_k.gguf"), "q4_k_s", progress=False)
+    return tiny_k_f32.with_name("q4_k.gguf")
+
+
+@pytest.mark.parametrize("ftype", ["q4_1", "q8_0", "q6_k", "q4_k"])
 def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(f"tiny_{ftype}")
     rng = np.random.default_rng(4)
     tokens = rng.integers(0, 256, 23).tolist()
     want = None
-    wtype = {"q4_1": Q4_1, "q8_0": Q8_0, "q6_k": Q6_K}[ftype]
+    wtype = {"q4_1": Q4_1, "q8_0": Q8_0, "q6_k": Q6_K, "q4_k": Q4_K}[ftype]
     for kernels in ("off", "portable", "auto"):
         m = specee.Model(path, n_ctx=64, n_threads=2, kernels=kernels)
         built, quantized = _core.kernels_built(wtype), _core.kernels_built_quantizations()

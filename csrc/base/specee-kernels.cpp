@@ -56,6 +56,16 @@ struct q8_0_block {
     int8_t   qs[32];
 };
 
+// a super-block of 256: eight sub-blocks of 32, each with a 6-bit scale and min (packed in 12 bytes); element
+// d * scale * q - dmin * min with q the 4 bits
+struct q4_k_block {
+    uint16_t d;          // super-block scale for the scales (fp16)
+    uint16_t dmin;       // super-block scale for the mins (fp16)
+    uint8_t  scales[12]; // sub-block j < 4: scale scales[j] & 63, min scales[j + 4] & 63; j >= 4: the low nibbles
+                         // of scales[j + 4] (scale) and its high nibbles (min), their top bits those of j - 4
+    uint8_t  qs[128];    // in each 64 elements j: element l the low nibble of qs[32 j + l], element 32 + l its high
+};
+
 // a super-block of 256: sixteen sub-blocks of 16, each with its int8 scale; element q - 32 with q the 6 bits
 struct q6_k_block {
     uint8_t  ql[128];    // low 4 bits: in each half of 128, elements 0..63 the low nibbles of ql[0..63], 64..127 the high
@@ -73,13 +83,16 @@ struct q8_k_block {
 static_assert(sizeof(q4_1_block) == 20, "block_q4_1 is 20 bytes");
 static_assert(sizeof(q8_1_block) == 36, "block_q8_1 is 36 bytes");
 static_assert(sizeof(q8_0_block) == 34, "block_q8_0 is 34 bytes");
+static_assert(sizeof(q4_k_block) == 144, "block_q4_K is 144 bytes");
 static_assert(sizeof(q6_k_block) == 210, "block_q6_K is 210 bytes");
 static_assert(sizeof(q8_k_block) == 292, "block_q8_K is 292 bytes");
 
 // the activations' type for a weight type (ggml's vec_dot_type): Q8_1 for Q4_1 (its blocks carry d*sum for the
-// min), Q8_0 for Q8_0, Q8_K for Q6_K (super-blocks of 256 with their sums of 16)
+// min), Q8_0 for Q8_0, Q8_K for the K-quants (super-blocks of 256 with their sums of 16)
 static ggml_type act_type_of(ggml_type w) {
-    return w == GGML_TYPE_Q8_0 ? GGML_TYPE_Q8_0 : w == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_K : GGML_TYPE_Q8_1;
+    return w == GGML_TYPE_Q8_0                              ? GGML_TYPE_Q8_0
+         : w == GGML_TYPE_Q4_K || w == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_K
+                                                            : GGML_TYPE_Q8_1;
 }
 
 // the elements of one weight (and activation) block
@@ -272,9 +285,71 @@ static void tile_portable_q6_k(const tile_args & ta, int nt) {
     }
 }
 
+// Q4_K's eight 6-bit sub-block scales and mins
+static void q4_k_scales(const q4_k_block & xb, int32_t sc[8], int32_t mn[8]) {
+    const uint8_t * s = xb.scales;
+    for (int j = 0; j < 8; ++j) {
+        if (j < 4) {
+            sc[j] = s[j] & 63;
+            mn[j] = s[j + 4] & 63;
+        } else {
+            sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+            mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+    }
+}
+
+// Q4_K (ggml's AVX2 ggml_vec_dot_q4_K_q8_K): per super-block, eight exact int32 lanes, lane j the sum over the eight
+// sub-blocks of the sub-block's scale times the products of its elements 4j..4j+3, converted and fused-multiply-added
+// with d_y*d_x into the lane's accumulator; the mins in four lanes, lane i the exact min[2i] * sum(y of sub-block 2i)
+// + the same for 2i + 1, fused-multiply-added with (-d_y)*dmin_x; at the end hsum_float_8 of the eight, plus
+// (m0 + m2) + (m1 + m3)
+static void tile_portable_q4_k(const tile_args & ta, int nt) {
+    float acc[8][8] = {};
+    float accm[8][4] = {};
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q4_k_block & xb = ((const q4_k_block *) ta.x)[b];
+        int32_t            sc[8], mn[8];
+        q4_k_scales(xb, sc, mn);
+        const float dx = ggml_fp16_to_fp32(xb.d), mx = ggml_fp16_to_fp32(xb.dmin);
+        for (int t = 0; t < nt; ++t) {
+            const q8_k_block & yb = ((const q8_k_block *) ta.y[t])[b];
+            const float        d  = yb.d * dx;
+            const float        dm = -yb.d * mx;
+            for (int l = 0; l < 8; ++l) {
+                int32_t lane = 0;
+                for (int j = 0; j < 4; ++j) {
+                    const uint8_t * q  = xb.qs + 32 * j + 4 * l;
+                    const int8_t *  yl = yb.qs + 64 * j + 4 * l;
+                    const int8_t *  yh = yl + 32;
+                    int32_t         lo = 0, hi = 0;
+                    for (int i = 0; i < 4; ++i) {
+                        lo += (q[i] & 0x0F) * yl[i];
+                        hi += (q[i] >> 4) * yh[i];
+                    }
+                    lane += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+                }
+                acc[t][l] = std::fma(d, (float) lane, acc[t][l]);
+            }
+            for (int i = 0; i < 4; ++i) {
+                const int32_t s0 = yb.bsums[4 * i] + yb.bsums[4 * i + 1], s1 = yb.bsums[4 * i + 2] + yb.bsums[4 * i + 3];
+                accm[t][i] = std::fma(dm, (float) (mn[2 * i] * s0 + mn[2 * i + 1] * s1), accm[t][i]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; ++t) {
+        const float * a = acc[t];
+        const float * m = accm[t];
+        ta.out[t * ta.stride] =
+            (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + ((m[0] + m[2]) + (m[1] + m[3]));
+    }
+}
+
 static void tile_portable(const tile_args & ta, int nt, ggml_type w) {
     if (w == GGML_TYPE_Q8_0) {
         tile_portable_q8_0(ta, nt);
+    } else if (w == GGML_TYPE_Q4_K) {
+        tile_portable_q4_k(ta, nt);
     } else if (w == GGML_TYPE_Q6_K) {
         tile_portable_q6_k(ta, nt);
     } else {
@@ -383,6 +458,64 @@ SPECEE_AVX2 static void tile_avx2_q8_0(const tile_args & ta) {
     }
 }
 
+// Q4_K: a super-block's nibbles split once (low and high of each 64 elements) and its scales broadcast to 16-bit
+// lanes, kept on the stack for every token's step; per token ggml's integer lanes, the mins' four lanes, two FMAs
+SPECEE_AVX2 static inline void token_step_q4_k(__m256 & acc, __m128 & accm, const __m256i * q, const __m256i * sc,
+                                               __m128i mins, const void * y, int64_t b, float dx, float mx) {
+    const q8_k_block & yb   = ((const q8_k_block *) y)[b];
+    __m256i            sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+        const __m256i yl = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j));
+        const __m256i yh = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j + 32));
+        const __m256i pl = _mm256_madd_epi16(_mm256_load_si256(sc + 2 * j),
+                                             _mm256_maddubs_epi16(_mm256_load_si256(q + 2 * j), yl));
+        const __m256i ph = _mm256_madd_epi16(_mm256_load_si256(sc + 2 * j + 1),
+                                             _mm256_maddubs_epi16(_mm256_load_si256(q + 2 * j + 1), yh));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+    }
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *) yb.bsums);
+    const __m128i s32   = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+    const __m128i prod  = _mm_madd_epi16(mins, s32);
+    acc  = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * dx), _mm256_cvtepi32_ps(sumi), acc);
+    accm = _mm_fmadd_ps(_mm_set1_ps(-yb.d * mx), _mm_cvtepi32_ps(prod), accm);
+}
+
+template <int NT>
+SPECEE_AVX2 static void tile_avx2_q4_k(const tile_args & ta) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256        a[8];
+    __m128        m[8];
+    for (int t = 0; t < NT; ++t) {
+        a[t] = _mm256_setzero_ps();
+        m[t] = _mm_setzero_ps();
+    }
+    alignas(32) __m256i q[8], sc[8];
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q4_k_block & xb = ((const q4_k_block *) ta.x)[b];
+        for (int j = 0; j < 4; ++j) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *) (xb.qs + 32 * j));
+            q[2 * j]          = _mm256_and_si256(raw, low);
+            q[2 * j + 1]      = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        }
+        int32_t scv[8], mnv[8];
+        q4_k_scales(xb, scv, mnv);
+        for (int j = 0; j < 8; ++j) {
+            sc[j] = _mm256_set1_epi16((int16_t) scv[j]);
+        }
+        const __m128i mins = _mm_setr_epi16((int16_t) mnv[0], (int16_t) mnv[1], (int16_t) mnv[2], (int16_t) mnv[3],
+                                            (int16_t) mnv[4], (int16_t) mnv[5], (int16_t) mnv[6], (int16_t) mnv[7]);
+        const float dx = _cvtsh_ss(xb.d), mx = _cvtsh_ss(xb.dmin);
+        for (int t = 0; t < NT; ++t) {
+            token_step_q4_k(a[t], m[t], q, sc, mins, ta.y[t], b, dx, mx);
+        }
+    }
+    for (int t = 0; t < NT; ++t) {
+        __m128 r = _mm_add_ps(m[t], _mm_movehl_ps(m[t], m[t]));
+        r        = _mm_add_ss(r, _mm_movehdup_ps(r));
+        ta.out[t * ta.stride] = hsum_8(a[t]) + _mm_cvtss_f32(r);
+    }
+}
+
 // Q6_K: a super-block unpacked once (its 256 q in 0..63 and each group's scales widened to 16 bits, kept on the
 // stack where every token's step reads them), then per token ggml's integer lanes and one FMA a super-block
 SPECEE_AVX2 static inline __m256 token_step_q6_k(__m256 acc, const __m256i * q, const __m256i * sc, __m256i sc16,
@@ -452,8 +585,14 @@ static const tile_fn TILES_Q8_0[8] = {tile_avx2_q8_0<1>, tile_avx2_q8_0<2>, tile
 static const tile_fn TILES_Q6_K[8] = {tile_avx2_q6_k<1>, tile_avx2_q6_k<2>, tile_avx2_q6_k<3>, tile_avx2_q6_k<4>,
                                       tile_avx2_q6_k<5>, tile_avx2_q6_k<6>, tile_avx2_q6_k<7>, tile_avx2_q6_k<8>};
 
+static const tile_fn TILES_Q4_K[8] = {tile_avx2_q4_k<1>, tile_avx2_q4_k<2>, tile_avx2_q4_k<3>, tile_avx2_q4_k<4>,
+                                      tile_avx2_q4_k<5>, tile_avx2_q4_k<6>, tile_avx2_q4_k<7>, tile_avx2_q4_k<8>};
+
 static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
-    (w == GGML_TYPE_Q8_0 ? TILES_Q8_0 : w == GGML_TYPE_Q6_K ? TILES_Q6_K : TILES_Q4_1)[nt - 1](ta);
+    (w == GGML_TYPE_Q8_0   ? TILES_Q8_0
+     : w == GGML_TYPE_Q4_K ? TILES_Q4_K
+     : w == GGML_TYPE_Q6_K ? TILES_Q6_K
+                           : TILES_Q4_1)[nt - 1](ta);
 }
 
 #else
@@ -548,9 +687,9 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
     if (mode == SPECEE_KERNELS_OFF || (mode == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
         return false;
     }
-    if ((w->type != GGML_TYPE_Q4_1 && w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q6_K) ||
-        ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) || ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block) ||
-        ggml_type_size(GGML_TYPE_Q8_0) != sizeof(q8_0_block) || ggml_type_size(GGML_TYPE_Q6_K) != sizeof(q6_k_block) ||
+    if (!specee_kernels_type(w->type) || ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) ||
+        ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block) || ggml_type_size(GGML_TYPE_Q8_0) != sizeof(q8_0_block) ||
+        ggml_type_size(GGML_TYPE_Q4_K) != sizeof(q4_k_block) || ggml_type_size(GGML_TYPE_Q6_K) != sizeof(q6_k_block) ||
         ggml_type_size(GGML_TYPE_Q8_K) != sizeof(q8_k_block)) {
         return false;
     }
@@ -562,13 +701,16 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
     return in_plain_cpu_buffer(w);
 }
 
-static std::atomic<int64_t> built_q4_1{0}, built_q8_0{0}, built_q6_k{0}, built_quantizations{0};
+bool specee_kernels_type(int32_t type) {
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+}
+
+static std::atomic<int64_t> built[GGML_TYPE_COUNT], built_quantizations{0};
 
 static const int64_t Q8_0_GGML_FROM = 16;
 
 int64_t specee_kernels_built(int32_t type) {
-    return type == GGML_TYPE_Q4_1 ? built_q4_1.load() : type == GGML_TYPE_Q8_0 ? built_q8_0.load()
-         : type == GGML_TYPE_Q6_K ? built_q6_k.load() : 0;
+    return type >= 0 && type < GGML_TYPE_COUNT ? built[type].load() : 0;
 }
 
 int64_t specee_kernels_built_quantizations(void) { return built_quantizations.load(); }
@@ -603,7 +745,7 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
             *shared = {cur, act, q, 1};
         }
     }
-    ++(w->type == GGML_TYPE_Q8_0 ? built_q8_0 : w->type == GGML_TYPE_Q6_K ? built_q6_k : built_q4_1);
+    ++built[w->type];
     const kernel_path path    = mode == SPECEE_KERNELS_PORTABLE ? PATH_PORTABLE : PATH_SIMD;
     ggml_tensor *     args[2] = {w, q};
     return ggml_custom_4d(ctx0, GGML_TYPE_F32, w->ne[1], n, 1, 1, args, 2, matmul_op, GGML_N_TASKS_MAX,
@@ -614,7 +756,7 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
 
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
                               int32_t mode, int32_t n_threads, int32_t repeats, float * out) {
-    if ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q6_K) || k <= 0 ||
+    if (!specee_kernels_type(type) || k <= 0 ||
         k % block_elems(act_type_of((ggml_type) type)) != 0 || m <= 0 || n <= 0 || repeats <= 0) {
         return -1.0;
     }

@@ -811,8 +811,7 @@ PYBIND11_MODULE(_core, m) {
         if (w.ndim() != 2 || x.ndim() != 2 || x.shape(1) != k) {
             throw py::value_error("kernels_mul_mat: w [m, row bytes] uint8 and x [n, k] floats");
         }
-        const bool known = type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q6_K;
-        if (known && k % ggml_blck_size((ggml_type) type) == 0 &&
+        if (specee_kernels_type(type) && k % ggml_blck_size((ggml_type) type) == 0 &&
             (size_t) w.shape(1) != ggml_row_size((ggml_type) type, k)) {
             throw py::value_error("kernels_mul_mat: a row of w holds " + std::to_string(w.shape(1)) + " bytes, " +
                                   std::to_string(ggml_row_size((ggml_type) type, k)) + " expected");
@@ -831,7 +830,7 @@ PYBIND11_MODULE(_core, m) {
         return py::make_tuple(out, s);
     }, py::arg("w"), py::arg("k"), py::arg("x"), py::arg("mode"), py::arg("n_threads") = 1, py::arg("repeats") = 1,
        py::arg("type") = (int32_t) GGML_TYPE_Q4_1,
-       "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0 or Q6_K; from "
+       "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K or Q6_K; from "
        "quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat): (out [n, m], "
        "the fastest of `repeats` computes in seconds)");
     m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");

@@ -50,7 +50,7 @@ static const char * const CHOICES_ONE   = "[[0]]";
 static const char * const CHOICES_THREE = "[[0], [1], [0, 0]]";
 
 static specee_eagle_params resolve_eagle(const specee_model & m, const specee_eagle_params & p) {
-    const bool          three = m.cpu_layers_repacked;
+    const bool          three = m.cpu_layers_batched;
     specee_eagle_params r     = p;
     if (!p.choices[0]) {
         snprintf(r.choices, sizeof(r.choices), "%s", three ? CHOICES_THREE : CHOICES_ONE);

@@ -157,8 +157,10 @@ struct specee_model {
     specee_gguf_file file; // the model's GGUF: metadata, and the tensors' data in its mapping
     std::vector<ggml_context *>        ctx_repack; // weights copied into the CPU's repacking buffer types
     std::vector<ggml_backend_buffer_t> buf_repack;
-    bool cpu_layers_repacked = false; // the layers on the CPU have their matrices repacked (batches of 4 rows
-                                      // cost about what 2 do: the default EAGLE tree, specee-generate.cpp)
+    // the layers on the CPU have their matrices in a layout whose products batch tokens cheaply (ggml's repacked
+    // layouts, e.g. Q4_0; Q4_K kept for this runtime's kernels): a pass of 4 costs about what 2 do (the default EAGLE
+    // tree, specee-generate.cpp)
+    bool cpu_layers_batched = false;
     std::unique_ptr<specee_gguf_file> eagle_file; // a draft head file loaded next to the model
     std::unique_ptr<specee_model>     draft;      // a draft model loaded beside it (specee_model_params.draft_model)
 

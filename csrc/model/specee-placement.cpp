@@ -9,6 +9,7 @@
 #include "specee-placement.h"
 
 #include "specee-impl.h"
+#include "specee-kernels.h"
 #include "specee-model.h"
 #include "specee-rpc-client.h"
 
@@ -446,15 +447,24 @@ static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
     }
 }
 
-// every layer on the CPU (at least one) has its matrices in a repacking buffer
-static bool cpu_layers_repacked(const specee_model & m) {
+// Q4_K matrices stay in the file's layout where this runtime's kernel takes them (kernels auto on AVX2): ggml's
+// repacked Q4_K multiplies 4 tokens or more with a GEMM whose results differ in the last bits from its one-token
+// GEMV's, so a token's logits would depend on its batch (docs/kernels.md); the kernel gives ggml's vec_dot bits for
+// every row count
+static bool kept_for_kernels(const ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q4_K && strcmp(specee_kernels_auto_path(), "off") != 0;
+}
+
+// every layer on the CPU (at least one) has its matrices in a repacking buffer, or kept for the kernels
+static bool cpu_layers_batched(const specee_model & m) {
     bool any = false;
     for (size_t il = 0; il < m.layers.size(); ++il) {
         if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
             continue;
         }
         const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
-        if (std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
+        if (!kept_for_kernels(m.layers[il].ffn_up) &&
+            std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
             return false;
         }
         any = true;
@@ -465,8 +475,17 @@ static bool cpu_layers_repacked(const specee_model & m) {
 void specee_repack_weights(specee_model & m) {
     std::vector<ggml_tensor **> cands = cpu_matrices(m), head = eagle_matrices(m);
     cands.insert(cands.begin(), head.begin(), head.end());
+    size_t kept = 0;
+    for (size_t i = 0; i < cands.size();) {
+        if (kept_for_kernels(*cands[i])) {
+            kept += ggml_nbytes(*cands[i]);
+            cands.erase(cands.begin() + (ptrdiff_t) i);
+        } else {
+            ++i;
+        }
+    }
     repack(m, cands);
-    m.cpu_layers_repacked = cpu_layers_repacked(m);
+    m.cpu_layers_batched = cpu_layers_batched(m);
     size_t repacked       = 0;
     for (ggml_backend_buffer_t b : m.buf_repack) {
         repacked += ggml_backend_buffer_get_size(b);
@@ -474,8 +493,13 @@ void specee_repack_weights(specee_model & m) {
     if (repacked > 0) {
         m.placement += specee_format("\nCPU_REPACK: %.1f MiB of %s in the CPU's interleaved layouts%s",
                                      repacked / 1024.0 / 1024.0,
-                                     m.cpu_layers_repacked ? "the CPU layers' matrices" : "matrices",
-                                     m.cpu_layers_repacked ? " (default EAGLE tree: three draft tokens)" : "");
+                                     m.cpu_layers_batched ? "the CPU layers' matrices" : "matrices",
+                                     m.cpu_layers_batched ? " (default EAGLE tree: three draft tokens)" : "");
+    }
+    if (kept > 0) {
+        m.placement += specee_format("\nQ4_K: %.1f MiB kept in the file's layout for this runtime's kernels (the same "
+                                     "results for any batch)%s", kept / 1024.0 / 1024.0,
+                                     m.cpu_layers_batched ? " (default EAGLE tree: three draft tokens)" : "");
     }
 }
 
