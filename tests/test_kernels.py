@@ -1,4 +1,4 @@
-"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1, Q8_0, Q4_K and Q6_K weights times 1..n rows
+"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1, Q8_0, Q4_K, Q5_K, Q6_K weights times 1..n rows
 give ggml's own mul_mat results bit for bit, on the SIMD path and on the portable path forced on, for every row count,
 odd shapes and K not a multiple of 256; a model's logits are the same with kernels auto, portable and off, and a token's
 logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless
@@ -15,9 +15,9 @@ import specee
 from specee import _core
 from specee.convert.quantize import quantize_gguf
 
-Q4_1, Q8_0, Q4_K, Q6_K = 3, 8, 12, 14  # GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K
-K_QUANTS = [Q4_K, Q6_K]
-BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}  # a super-block of 256
+Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 3, 8, 12, 13, 14  # ggml's type ids
+K_QUANTS = [Q4_K, Q5_K, Q6_K]
+BLOCK_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # a super-block of 256
 TYPES = [Q4_1, Q8_0]
 AUTO, PORTABLE, OFF = 0, 1, 2  # enum specee_kernels_mode
 
@@ -235,13 +235,19 @@ def tiny_q4_k(tiny_k_f32: Path) -> Path:
     return tiny_k_f32.with_name("q4_k.gguf")
 
 
-@pytest.mark.parametrize("ftype", ["q4_1", "q8_0", "q6_k", "q4_k"])
+@pytest.fixture(scope="module")
+def tiny_q5_k(tiny_k_f32: Path) -> Path:
+    quantize_gguf(tiny_k_f32, tiny_k_f32.with_name("q5_k.gguf"), "q5_k_s", progress=False)
+    return tiny_k_f32.with_name("q5_k.gguf")
+
+
+@pytest.mark.parametrize("ftype", ["q4_1", "q8_0", "q4_k", "q5_k", "q6_k"])
 def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(f"tiny_{ftype}")
     rng = np.random.default_rng(4)
     tokens = rng.integers(0, 256, 23).tolist()
     want = None
-    wtype = {"q4_1": Q4_1, "q8_0": Q8_0, "q6_k": Q6_K, "q4_k": Q4_K}[ftype]
+    wtype = {"q4_1": Q4_1, "q8_0": Q8_0, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}[ftype]
     for kernels in ("off", "portable", "auto"):
         m = specee.Model(path, n_ctx=64, n_threads=2, kernels=kernels)
         built, quantized = _core.kernels_built(wtype), _core.kernels_built_quantizations()

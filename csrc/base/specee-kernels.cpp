@@ -66,6 +66,15 @@ struct q4_k_block {
     uint8_t  qs[128];    // in each 64 elements j: element l the low nibble of qs[32 j + l], element 32 + l its high
 };
 
+// Q4_K with a fifth bit: element j's bit 4 in qh (elements l and 32 + l of each 64 j: bits 2 j and 2 j + 1 of qh[l])
+struct q5_k_block {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t  scales[12]; // as Q4_K's
+    uint8_t  qh[32];
+    uint8_t  qs[128];    // as Q4_K's
+};
+
 // a super-block of 256: sixteen sub-blocks of 16, each with its int8 scale; element q - 32 with q the 6 bits
 struct q6_k_block {
     uint8_t  ql[128];    // low 4 bits: in each half of 128, elements 0..63 the low nibbles of ql[0..63], 64..127 the high
@@ -84,6 +93,7 @@ static_assert(sizeof(q4_1_block) == 20, "block_q4_1 is 20 bytes");
 static_assert(sizeof(q8_1_block) == 36, "block_q8_1 is 36 bytes");
 static_assert(sizeof(q8_0_block) == 34, "block_q8_0 is 34 bytes");
 static_assert(sizeof(q4_k_block) == 144, "block_q4_K is 144 bytes");
+static_assert(sizeof(q5_k_block) == 176, "block_q5_K is 176 bytes");
 static_assert(sizeof(q6_k_block) == 210, "block_q6_K is 210 bytes");
 static_assert(sizeof(q8_k_block) == 292, "block_q8_K is 292 bytes");
 
@@ -91,7 +101,7 @@ static_assert(sizeof(q8_k_block) == 292, "block_q8_K is 292 bytes");
 // min), Q8_0 for Q8_0, Q8_K for the K-quants (super-blocks of 256 with their sums of 16)
 static ggml_type act_type_of(ggml_type w) {
     return w == GGML_TYPE_Q8_0                              ? GGML_TYPE_Q8_0
-         : w == GGML_TYPE_Q4_K || w == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_K
+         : w == GGML_TYPE_Q4_K || w == GGML_TYPE_Q5_K || w == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_K
                                                             : GGML_TYPE_Q8_1;
 }
 
@@ -285,9 +295,8 @@ static void tile_portable_q6_k(const tile_args & ta, int nt) {
     }
 }
 
-// Q4_K's eight 6-bit sub-block scales and mins
-static void q4_k_scales(const q4_k_block & xb, int32_t sc[8], int32_t mn[8]) {
-    const uint8_t * s = xb.scales;
+// Q4_K's (and Q5_K's) eight 6-bit sub-block scales and mins from their 12 bytes
+static void k_scales(const uint8_t * s, int32_t sc[8], int32_t mn[8]) {
     for (int j = 0; j < 8; ++j) {
         if (j < 4) {
             sc[j] = s[j] & 63;
@@ -310,7 +319,7 @@ static void tile_portable_q4_k(const tile_args & ta, int nt) {
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q4_k_block & xb = ((const q4_k_block *) ta.x)[b];
         int32_t            sc[8], mn[8];
-        q4_k_scales(xb, sc, mn);
+        k_scales(xb.scales, sc, mn);
         const float dx = ggml_fp16_to_fp32(xb.d), mx = ggml_fp16_to_fp32(xb.dmin);
         for (int t = 0; t < nt; ++t) {
             const q8_k_block & yb = ((const q8_k_block *) ta.y[t])[b];
@@ -345,8 +354,52 @@ static void tile_portable_q4_k(const tile_args & ta, int nt) {
     }
 }
 
+// Q5_K (ggml's AVX2 ggml_vec_dot_q5_K_q8_K): Q4_K's eight lanes with 5-bit quants; the mins' four lanes summed to
+// one exact integer per super-block and fused-multiply-added with (-d_y)*dmin_x into a scalar (the compiler contracts
+// ggml's summs += dmin * sum, checked in its disassembly); at the end hsum_float_8 plus that scalar
+static void tile_portable_q5_k(const tile_args & ta, int nt) {
+    float acc[8][8] = {};
+    float summs[8]  = {};
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q5_k_block & xb = ((const q5_k_block *) ta.x)[b];
+        int32_t            sc[8], mn[8];
+        k_scales(xb.scales, sc, mn);
+        const float dx = ggml_fp16_to_fp32(xb.d), mx = ggml_fp16_to_fp32(xb.dmin);
+        for (int t = 0; t < nt; ++t) {
+            const q8_k_block & yb = ((const q8_k_block *) ta.y[t])[b];
+            const float        d  = yb.d * dx;
+            const float        dm = -yb.d * mx;
+            for (int l = 0; l < 8; ++l) {
+                int32_t lane = 0;
+                for (int j = 0; j < 4; ++j) {
+                    int32_t lo = 0, hi = 0;
+                    for (int i = 0; i < 4; ++i) {
+                        const int e = 4 * l + i;
+                        const int q = xb.qs[32 * j + e];
+                        lo += ((q & 0x0F) | (((xb.qh[e] >> (2 * j)) & 1) << 4)) * yb.qs[64 * j + e];
+                        hi += ((q >> 4) | (((xb.qh[e] >> (2 * j + 1)) & 1) << 4)) * yb.qs[64 * j + 32 + e];
+                    }
+                    lane += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+                }
+                acc[t][l] = std::fma(d, (float) lane, acc[t][l]);
+            }
+            int32_t m = 0;
+            for (int k = 0; k < 8; ++k) {
+                m += mn[k] * (yb.bsums[2 * k] + yb.bsums[2 * k + 1]);
+            }
+            summs[t] = std::fma(dm, (float) m, summs[t]);
+        }
+    }
+    for (int t = 0; t < nt; ++t) {
+        const float * a = acc[t];
+        ta.out[t * ta.stride] = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + summs[t];
+    }
+}
+
 static void tile_portable(const tile_args & ta, int nt, ggml_type w) {
-    if (w == GGML_TYPE_Q8_0) {
+    if (w == GGML_TYPE_Q5_K) {
+        tile_portable_q5_k(ta, nt);
+    } else if (w == GGML_TYPE_Q8_0) {
         tile_portable_q8_0(ta, nt);
     } else if (w == GGML_TYPE_Q4_K) {
         tile_portable_q4_k(ta, nt);
@@ -498,7 +551,7 @@ SPECEE_AVX2 static void tile_avx2_q4_k(const tile_args & ta) {
             q[2 * j + 1]      = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
         }
         int32_t scv[8], mnv[8];
-        q4_k_scales(xb, scv, mnv);
+        k_scales(xb.scales, scv, mnv);
         for (int j = 0; j < 8; ++j) {
             sc[j] = _mm256_set1_epi16((int16_t) scv[j]);
         }
@@ -513,6 +566,65 @@ SPECEE_AVX2 static void tile_avx2_q4_k(const tile_args & ta) {
         __m128 r = _mm_add_ps(m[t], _mm_movehl_ps(m[t], m[t]));
         r        = _mm_add_ss(r, _mm_movehdup_ps(r));
         ta.out[t * ta.stride] = hsum_8(a[t]) + _mm_cvtss_f32(r);
+    }
+}
+
+// Q5_K: Q4_K's tile with the fifth bit added at the unpacking, and the mins summed to one integer per token
+SPECEE_AVX2 static inline void token_step_q5_k(__m256 & acc, float & summs, const __m256i * q, const __m256i * sc,
+                                               __m128i mins, const void * y, int64_t b, float dx, float mx) {
+    const q8_k_block & yb   = ((const q8_k_block *) y)[b];
+    __m256i            sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+        const __m256i yl = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j));
+        const __m256i yh = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j + 32));
+        const __m256i pl = _mm256_madd_epi16(_mm256_load_si256(sc + 2 * j),
+                                             _mm256_maddubs_epi16(_mm256_load_si256(q + 2 * j), yl));
+        const __m256i ph = _mm256_madd_epi16(_mm256_load_si256(sc + 2 * j + 1),
+                                             _mm256_maddubs_epi16(_mm256_load_si256(q + 2 * j + 1), yh));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+    }
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *) yb.bsums);
+    const __m128i s32   = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+    __m128i       prod  = _mm_madd_epi16(mins, s32);
+    prod                = _mm_hadd_epi32(prod, prod);
+    prod                = _mm_hadd_epi32(prod, prod);
+    acc   = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * dx), _mm256_cvtepi32_ps(sumi), acc);
+    summs = std::fma(-yb.d * mx, (float) _mm_cvtsi128_si32(prod), summs);
+}
+
+template <int NT>
+SPECEE_AVX2 static void tile_avx2_q5_k(const tile_args & ta) {
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256        a[8];
+    float         summs[8] = {};
+    for (int t = 0; t < NT; ++t) {
+        a[t] = _mm256_setzero_ps();
+    }
+    alignas(32) __m256i q[8], sc[8];
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q5_k_block & xb = ((const q5_k_block *) ta.x)[b];
+        const __m256i      hb = _mm256_loadu_si256((const __m256i *) xb.qh);
+        for (int j = 0; j < 4; ++j) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *) (xb.qs + 32 * j));
+            const __m256i h0  = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one);     // bit 2 j of each byte
+            const __m256i h1  = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one); // bit 2 j + 1
+            q[2 * j]     = _mm256_or_si256(_mm256_and_si256(raw, low), _mm256_slli_epi16(h0, 4));
+            q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), _mm256_slli_epi16(h1, 4));
+        }
+        int32_t scv[8], mnv[8];
+        k_scales(xb.scales, scv, mnv);
+        for (int j = 0; j < 8; ++j) {
+            sc[j] = _mm256_set1_epi16((int16_t) scv[j]);
+        }
+        const __m128i mins = _mm_setr_epi16((int16_t) mnv[0], (int16_t) mnv[1], (int16_t) mnv[2], (int16_t) mnv[3],
+                                            (int16_t) mnv[4], (int16_t) mnv[5], (int16_t) mnv[6], (int16_t) mnv[7]);
+        const float dx = _cvtsh_ss(xb.d), mx = _cvtsh_ss(xb.dmin);
+        for (int t = 0; t < NT; ++t) {
+            token_step_q5_k(a[t], summs[t], q, sc, mins, ta.y[t], b, dx, mx);
+        }
+    }
+    for (int t = 0; t < NT; ++t) {
+        ta.out[t * ta.stride] = hsum_8(a[t]) + summs[t];
     }
 }
 
@@ -588,9 +700,13 @@ static const tile_fn TILES_Q6_K[8] = {tile_avx2_q6_k<1>, tile_avx2_q6_k<2>, tile
 static const tile_fn TILES_Q4_K[8] = {tile_avx2_q4_k<1>, tile_avx2_q4_k<2>, tile_avx2_q4_k<3>, tile_avx2_q4_k<4>,
                                       tile_avx2_q4_k<5>, tile_avx2_q4_k<6>, tile_avx2_q4_k<7>, tile_avx2_q4_k<8>};
 
+static const tile_fn TILES_Q5_K[8] = {tile_avx2_q5_k<1>, tile_avx2_q5_k<2>, tile_avx2_q5_k<3>, tile_avx2_q5_k<4>,
+                                      tile_avx2_q5_k<5>, tile_avx2_q5_k<6>, tile_avx2_q5_k<7>, tile_avx2_q5_k<8>};
+
 static void tile_simd(const tile_args & ta, int nt, ggml_type w) {
     (w == GGML_TYPE_Q8_0   ? TILES_Q8_0
      : w == GGML_TYPE_Q4_K ? TILES_Q4_K
+     : w == GGML_TYPE_Q5_K ? TILES_Q5_K
      : w == GGML_TYPE_Q6_K ? TILES_Q6_K
                            : TILES_Q4_1)[nt - 1](ta);
 }
@@ -689,7 +805,8 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
     }
     if (!specee_kernels_type(w->type) || ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) ||
         ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block) || ggml_type_size(GGML_TYPE_Q8_0) != sizeof(q8_0_block) ||
-        ggml_type_size(GGML_TYPE_Q4_K) != sizeof(q4_k_block) || ggml_type_size(GGML_TYPE_Q6_K) != sizeof(q6_k_block) ||
+        ggml_type_size(GGML_TYPE_Q4_K) != sizeof(q4_k_block) || ggml_type_size(GGML_TYPE_Q5_K) != sizeof(q5_k_block) ||
+        ggml_type_size(GGML_TYPE_Q6_K) != sizeof(q6_k_block) ||
         ggml_type_size(GGML_TYPE_Q8_K) != sizeof(q8_k_block)) {
         return false;
     }
@@ -702,7 +819,8 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
 }
 
 bool specee_kernels_type(int32_t type) {
-    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
+           type == GGML_TYPE_Q6_K;
 }
 
 static std::atomic<int64_t> built[GGML_TYPE_COUNT], built_quantizations{0};

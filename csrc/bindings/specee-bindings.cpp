@@ -830,7 +830,7 @@ PYBIND11_MODULE(_core, m) {
         return py::make_tuple(out, s);
     }, py::arg("w"), py::arg("k"), py::arg("x"), py::arg("mode"), py::arg("n_threads") = 1, py::arg("repeats") = 1,
        py::arg("type") = (int32_t) GGML_TYPE_Q4_1,
-       "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K or Q6_K; from "
+       "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K; from "
        "quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat): (out [n, m], "
        "the fastest of `repeats` computes in seconds)");
     m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");
