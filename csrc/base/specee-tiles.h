@@ -1,0 +1,102 @@
+// specee-tiles.h: what the tiles share: ggml's block layouts, a tile's arguments, the AVX2 helpers. A tile multiplies
+// one weight row by up to 8 token rows of quantized activations with the arithmetic of ggml's x86 vec_dot for the
+// weight's type (AVX2 build), the weight's block unpacked once for all the tokens; a portable path does the same
+// operations one scalar at a time (docs/kernels.md). Blocks of 32: specee-tiles-q.h; super-blocks of 256:
+// specee-tiles-k.h; the matmul op (specee-kernels.cpp) runs them on ggml's threads.
+#pragma once
+
+#include "ggml.h"
+
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define SPECEE_KERNELS_X86 1
+#endif
+
+// ---- ggml's block layouts (ggml-common.h; sizes checked against ggml_type_size at run time)
+
+struct q4_1_block {
+    uint16_t d;      // scale (fp16)
+    uint16_t m;      // min (fp16)
+    uint8_t  qs[16]; // element k < 16: low nibble of qs[k]; k >= 16: high nibble of qs[k - 16]
+};
+
+struct q8_1_block {
+    uint16_t d;      // scale (fp16)
+    uint16_t s;      // d * sum(qs) (fp16)
+    int8_t   qs[32];
+};
+
+struct q8_0_block {
+    uint16_t d;      // scale (fp16)
+    int8_t   qs[32];
+};
+
+// a super-block of 256: eight sub-blocks of 32, each with a 6-bit scale and min (packed in 12 bytes); element
+// d * scale * q - dmin * min with q the 4 bits
+struct q4_k_block {
+    uint16_t d;          // super-block scale for the scales (fp16)
+    uint16_t dmin;       // super-block scale for the mins (fp16)
+    uint8_t  scales[12]; // sub-block j < 4: scale scales[j] & 63, min scales[j + 4] & 63; j >= 4: the low nibbles
+                         // of scales[j + 4] (scale) and its high nibbles (min), their top bits those of j - 4
+    uint8_t  qs[128];    // in each 64 elements j: element l the low nibble of qs[32 j + l], element 32 + l its high
+};
+
+// Q4_K with a fifth bit: element j's bit 4 in qh (elements l and 32 + l of each 64 j: bits 2 j and 2 j + 1 of qh[l])
+struct q5_k_block {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t  scales[12]; // as Q4_K's
+    uint8_t  qh[32];
+    uint8_t  qs[128];    // as Q4_K's
+};
+
+// a super-block of 256: sixteen sub-blocks of 16, each with its int8 scale; element q - 32 with q the 6 bits
+struct q6_k_block {
+    uint8_t  ql[128];    // low 4 bits: in each half of 128, elements 0..63 the low nibbles of ql[0..63], 64..127 high
+    uint8_t  qh[64];     // high 2 bits: in each half, qh[l] holds elements l, l + 32, l + 64, l + 96 (bits 0-1 .. 6-7)
+    int8_t   scales[16]; // sub-block scales
+    uint16_t d;          // super-block scale (fp16)
+};
+
+struct q8_k_block {
+    float   d;          // scale
+    int8_t  qs[256];
+    int16_t bsums[16];  // sum of each 16 quants
+};
+
+static_assert(sizeof(q4_1_block) == 20, "block_q4_1 is 20 bytes");
+static_assert(sizeof(q8_1_block) == 36, "block_q8_1 is 36 bytes");
+static_assert(sizeof(q8_0_block) == 34, "block_q8_0 is 34 bytes");
+static_assert(sizeof(q4_k_block) == 144, "block_q4_K is 144 bytes");
+static_assert(sizeof(q5_k_block) == 176, "block_q5_K is 176 bytes");
+static_assert(sizeof(q6_k_block) == 210, "block_q6_K is 210 bytes");
+static_assert(sizeof(q8_k_block) == 292, "block_q8_K is 292 bytes");
+
+// ---- one weight row times the tokens [t0, t0 + nt) (nt <= 8) of the quantized activations: out[t * stride]
+
+struct specee_tile_args {
+    const void *       x;      // the weight row's blocks (q4_1_block or q8_0_block)
+    const void *       y[8];   // each token's blocks (q8_1_block or q8_0_block)
+    const float *      d_y;    // [nb][n_pad] from token t0
+    const float *      s_y;    // [nb][n_pad] from token t0
+    int64_t            nb;
+    int64_t            n_pad;
+    float *            out;    // token t's result at out[t * stride]
+    int64_t            stride;
+};
+
+#ifdef SPECEE_KERNELS_X86
+
+#define SPECEE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// ggml's hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))
+SPECEE_AVX2 inline float specee_hsum_8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r        = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r        = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+#endif
