@@ -1,6 +1,8 @@
 """python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
-memory: a random Q4_1 (or Q8_0, Q6_K) matrix larger than the caches times n token rows, the cost of n rows in units
-of the same mode's one-row product (where `auto` runs ggml's own vec_dot), and the one-row product's read rate.
+memory: a random Q4_1 (or Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
+rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot), and the one-row product's
+read rate. ggml's product here reads the file's layout (its vec_dot per pair); ggml's repacked Q4_K is measured
+whole-model, against llama-bench (python -m specee.bench.runtime).
 
     python -m specee.bench.kernels                      # 1536 x 73,728 Q4_1 (70.8 MB), 1 and 2 threads, n = 1, 2, 4, 8
     python -m specee.bench.kernels --type q8_0 --rows 49152 -k 576 --threads 2     # SmolLM2's tied lm_head
@@ -14,7 +16,7 @@ import numpy as np
 
 from specee import _core
 
-TYPES = {"q4_1": 3, "q8_0": 8, "q6_k": 14}  # ggml type ids
+TYPES = {"q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}  # ggml type ids
 MODES = {"auto": 0, "off": 2}  # enum specee_kernels_mode
 
 
@@ -25,7 +27,7 @@ def ints(text: str) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--type", choices=list(TYPES), default="q4_1")
-    ap.add_argument("-k", type=int, default=1536, help="row length (a multiple of 32, of 256 for q6_k; default 1536)")
+    ap.add_argument("-k", type=int, default=1536, help="row length (a multiple of 32, of 256 for the K-quants; default 1536)")
     ap.add_argument("--rows", type=int, default=73728, help="weight rows (default 73,728)")
     ap.add_argument("-n", type=ints, default=[1, 2, 4, 8], help="token rows, comma-separated (default 1,2,4,8)")
     ap.add_argument("--threads", type=ints, default=[1, 2], help="comma-separated (default 1,2)")
