@@ -268,13 +268,17 @@ def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.
         m.close()
 
 
-def test_greedy_lookup_equals_plain_with_kernels(tiny_q4_1: Path) -> None:
-    m = specee.Model(tiny_q4_1, n_ctx=256, n_threads=2, kernels="portable")
+@pytest.mark.parametrize("ftype", ["q4_1", "q4_k"])
+def test_greedy_lookup_equals_plain_with_kernels(ftype: str, request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(f"tiny_{ftype}")
     prompt = ([5, 17, 42, 9, 77, 3] * 6)[:30]
-    plain = m.generate_tokens(prompt, 40, temp=0, mode="plain", ignore_eos=True)
-    assert m.generate_tokens(prompt, 40, temp=0, mode="ngram", ignore_eos=True) == plain
-    off = specee.Model(tiny_q4_1, n_ctx=256, n_threads=2, kernels="off")
-    assert off.generate_tokens(prompt, 40, temp=0, mode="plain", ignore_eos=True) == plain
+    off = specee.Model(path, n_ctx=256, n_threads=2, kernels="off")
+    want = off.generate_tokens(prompt, 40, temp=0, mode="plain", ignore_eos=True)
+    for kernels in ("portable", "auto"):
+        m = specee.Model(path, n_ctx=256, n_threads=2, kernels=kernels)
+        for mode in ("plain", "ngram"):
+            assert m.generate_tokens(prompt, 40, temp=0, mode=mode, ignore_eos=True) == want, (kernels, mode)
+        m.close()
 
 
 # ---- SmolLM2 (slow)
