@@ -169,7 +169,7 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 
 const char * specee_kernels_auto_path(void) {
 #ifdef SPECEE_KERNELS_X86
-    // ggml's own Q4_1 and Q8_0 dot products must be its AVX2 ones (what the kernel reproduces): ggml built with AVX2
+    // ggml's own dot products must be its AVX2 ones (what the tiles reproduce): ggml built with AVX2
     // and FMA; with AVX-512 VNNI or AVX-VNNI-INT8 ggml's lanes come from vpdpbusd / vpdpbssd, the same integers
     // (untested here: docs/kernels.md)
     __builtin_cpu_init();

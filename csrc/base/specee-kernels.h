@@ -1,6 +1,6 @@
-// specee-kernels.h: the CPU matmul kernels of this runtime: Q4_1 and Q8_0 weights times a small batch of token rows, with
-// each weight block unpacked once for every row of a tile, and results bit-identical to ggml's own mul_mat (so a
-// token's logits do not depend on how many tokens share its pass)
+// specee-kernels.h: the CPU matmul kernels of this runtime: Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights times a small batch
+// of token rows, with each weight block unpacked once for every row of a tile, and results bit-identical to ggml's own
+// vec_dot (so a token's logits do not depend on how many tokens share its pass)
 #pragma once
 
 #include "ggml.h"
@@ -27,7 +27,7 @@ struct specee_mm_shared {
 };
 
 // w x [n_out, n_tokens] for a weight w [n_in, n_out] and activations cur [n_in, n_tokens] F32: this runtime's kernel
-// (two custom ops: cur quantized once to Q8_1 or Q8_0, then the matmul) where w is Q4_1 or Q8_0 in a plain CPU buffer
+// (two custom ops: cur quantized once to Q8_1, Q8_0 or Q8_K, then the matmul) where w has a tile in a plain CPU buffer
 // and the mode allows it, ggml_mul_mat otherwise. With `shared`, a quantization of cur to the same type that an
 // earlier product of the same `shared` built is read again instead of quantizing cur once more (same values)
 ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode,
