@@ -910,8 +910,9 @@ const struct specee_spec_type * specee_spec_type_row(int32_t i);
 //
 // What a frontend takes to load a model and make its context, under llama.cpp's flags: the files, the context
 // (-c -b -ub -t -tb -ctv) and where the layers go (-ngl --offload-order -dev --rpc -ts). One table
-// (specee-options.cpp) sets them from text and checks each value once; the CLI, specee-bench, specee-server and
-// Python's Model(...) read it (the option names are Model's keywords).
+// (specee-options.cpp) names them, and its rows set each value from text and check it once
+// (specee-option-values.cpp); the CLI, specee-bench, specee-server and Python's Model(...) read it (the option names
+// are Model's keywords).
 
 #define SPECEE_MAX_PATH    4096
 #define SPECEE_MAX_DEVICES 16
