@@ -144,14 +144,30 @@ def cli_flag(name: str) -> str:
     return "--" + name.replace(".", "-").replace("_", "-")
 
 
+def test_every_option_spells_its_flags_on_its_row() -> None:
+    """Both tables spell every option's flags (llama.cpp's and EAGLE's where they have one, this project's for its
+    own: "--exit-kv") and a value's placeholder (none for a switch) on its row; the frontends read them, none makes
+    them from the name. Each option keeps this project's spelling (--NAME, '-' for '.' and '_') among its flags."""
+    rows = list(OPTIONS.values()) + list(_core.context_options())
+    flags = [f for o in rows for f in o["flags"]]
+    assert len(flags) == len(set(flags)), sorted(f for f in flags if flags.count(f) > 1)
+    for o in rows:
+        assert o["flags"] and all(re.fullmatch(r"--?[a-z][\w-]*", f) for f in o["flags"]), o["name"]
+        assert (o["hint"] is None) == (o["type"] == 2), o["name"]  # SPECEE_OPTION_BOOL: a switch
+    for name, o in OPTIONS.items():
+        assert cli_flag(name) in o["flags"], name
+
+
 def test_every_option_is_a_cli_flag() -> None:
-    """The CLI's generation flags are the table's options (a bool on by default is --no-NAME)."""
+    """The CLI's generation flags are the table's rows' spellings (a bool on by default: its first as --no-NAME),
+    with the row's placeholder."""
     out = subprocess.run([str(tool_path("llama-cli")), "--help"], capture_output=True, text=True).stdout
     for name, o in OPTIONS.items():
-        flag = cli_flag(name)
+        flags = list(o["flags"])
         if o["type"] == 2 and o["default"] == "true":
-            flag = "--no-" + flag[2:]
-        assert re.search(r"^\s+(\S+, )*%s\b" % re.escape(flag), out, re.M), flag
+            flags[0] = "--no-" + flags[0][2:]
+        head = ", ".join(flags) + (" " + o["hint"] if o["hint"] else "")
+        assert re.search(r"^\s+%s(\s|$)" % re.escape(head), out, re.M), head
         assert o["help"].split()[0] in out
 
 

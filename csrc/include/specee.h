@@ -876,10 +876,9 @@ struct specee_option {
     const char * choices; // SPECEE_OPTION_CHOICE: the names, comma-separated ("mask,fill"); NULL otherwise
     const char * expect;  // what a value must be ("a number in [0, 1]"), for messages
     const char * help;    // one line, with the default
-    const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size"; llama.cpp's and EAGLE's
-                          // among them); NULL: "--" and the name with '-' for '.' and '_' (a generation option that
-                          // only this project spells)
-    const char * hint;    // the value's placeholder on a usage line ("FNAME"); NULL: the frontend's choice
+    const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size", "--exit-kv"; llama.cpp's
+                          // and EAGLE's among them, this project's for its own options); every row has them
+    const char * hint;    // the value's placeholder on a usage line ("FNAME", "N"); NULL for a bool (a switch)
     bool         repeatable; // TEXT: a comma-separated list that setting again extends ("" clears); flags repeat
 };
 
