@@ -19,17 +19,15 @@ from specee.autoee import regenerate as R
 from specee.autoee.__main__ import main as autoee_main
 from specee.autoee.eagle_features import collect, create_store, open_store, reply_prompt
 from specee.autoee.sharegpt import read_sharegpt
-from specee.convert.hf import convert_hf_to_gguf
-from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer and a chat template)
+from test_convert_cli import bpe_dir, bpe_gguf  # noqa: F401 (fixtures: a tiny BPE Llama with a chat template, its GGUF)
 
 WORDS = "the quick brown fox jumps over lazy dog hello world this is a tiny corpus for testing numbers".split()
 
 
 @pytest.fixture(scope="module")
-def chat_gguf(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
-    path = tmp_path_factory.mktemp("regen") / "chat-f32.gguf"
-    convert_hf_to_gguf(bpe_dir, path, "f32")
-    return path
+def chat_gguf(bpe_gguf: Path) -> Path:  # noqa: F811
+    """The tiny BPE Llama, whose chat template renders the conversations."""
+    return bpe_gguf
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specee import DraftParams, Model
 from specee.convert.hf import convert_hf_to_gguf
-from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_convert_cli import bpe_dir, bpe_gguf  # noqa: F401 (fixtures: a tiny Llama with a BPE tokenizer, its GGUF)
 from test_server import Server, call
 
 N_CTX = 64
@@ -80,9 +80,8 @@ def test_speculative_modes_shift_where_plain_decoding_does(one_layer: Path, mode
     assert run(m, 120, shift=True, mode=mode, **extra) == plain
 
 
-def test_server_context_shift(bpe_dir: Path, tmp_path: Path) -> None:  # noqa: F811
-    model = tmp_path / "bpe-f32.gguf"
-    convert_hf_to_gguf(bpe_dir, model, "f32")
+def test_server_context_shift(bpe_gguf: Path) -> None:  # noqa: F811
+    model = bpe_gguf
     body = {"prompt": "a b c a b c", "n_predict": 200, "ignore_eos": True}
     for flags, n, truncated in (([], None, True), (["--context-shift", "--keep", "2"], 200, True)):
         s = Server(model, "-np", "1", "-c", "64", "--mode", "plain", "--temp", "0", *flags)

@@ -135,6 +135,14 @@ def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def bpe_gguf(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bpe_dir as the runtime reads it: an F32 GGUF (its BPE tokenizer and chat template with it)."""
+    path = tmp_path_factory.mktemp("bpe_gguf") / "bpe-f32.gguf"
+    convert_hf_to_gguf(bpe_dir, path, "f32", progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
 def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama with a SentencePiece tokenizer.model (BPE with byte fallback, Llama's normalization)."""
     path = tmp_path_factory.mktemp("spm_hf")

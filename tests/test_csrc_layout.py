@@ -270,11 +270,12 @@ FLOORS = [
                                "specee-lora", "specee-embed", "specee-capture"}),
     # decoding: grammars, sampling, the draft head, exits, trees, the generation options and modes, drafters, the
     # generator
-    ("decode", ("decode",), {"specee-options", "specee-grammar-limits", "specee-grammar-compile", "specee-gbnf",
-                             "specee-grammar", "specee-sampling", "specee-draft-head", "specee-exit-check",
-                             "specee-exit", "specee-early-exit", "specee-tree-choices", "specee-speculative",
-                             "specee-tree-exit", "specee-drafter", "specee-lookup", "specee-hybrid",
-                             "specee-draft-model", "specee-stats", "specee-generate"}),
+    ("decode", ("decode",), {"specee-options", "specee-option-values", "specee-grammar-limits",
+                             "specee-grammar-compile", "specee-gbnf", "specee-grammar", "specee-sampling",
+                             "specee-draft-head", "specee-exit-check", "specee-exit", "specee-early-exit",
+                             "specee-tree-choices", "specee-speculative", "specee-tree-exit", "specee-drafter",
+                             "specee-lookup", "specee-hybrid", "specee-draft-model", "specee-stats",
+                             "specee-generate"}),
     # serving: parallel slots, their step, context shift and caches
     ("serve", ("serve",), {"specee-slots", "specee-context-shift", "specee-slot-step", "specee-slot-cache"}),
     # the public API (as llama.cpp's include/llama.h)

@@ -14,17 +14,16 @@ import specee
 from specee import DraftParams, Model, SpecEEError
 from specee._tools import tool_path
 from specee.convert.hf import convert_hf_to_gguf
-from test_convert_cli import bpe_dir, save_tiny_llama, spm_dir  # noqa: F401 (fixtures: tiny Llamas, BPE and SPM)
+from test_convert_cli import bpe_dir, bpe_gguf, save_tiny_llama, spm_dir  # noqa: F401 (fixtures: tiny Llamas)
 from test_server import Server, call
 
 PROMPTS = ["a b c a b c", "hello world, the", "x"]
 
 
 @pytest.fixture(scope="module")
-def target(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
-    out = tmp_path_factory.mktemp("draft") / "target-f32.gguf"
-    convert_hf_to_gguf(bpe_dir, out, "f32")
-    return out
+def target(bpe_gguf: Path) -> Path:  # noqa: F811
+    """The draft model's target: the tiny BPE Llama."""
+    return bpe_gguf
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from specee.server.request import MAX_BODY, MAX_DEPTH
-from test_convert_cli import bpe_dir, eagle_state  # noqa: F401 (fixtures of chat_gguf)
+from test_convert_cli import bpe_dir, bpe_gguf, eagle_state  # noqa: F401 (fixtures of chat_gguf)
 from test_server import Reply, Server, call, chat_gguf  # noqa: F401 (chat_gguf: a fixture)
 
 # each POST endpoint with a valid body of its own, which the cases below break

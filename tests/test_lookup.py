@@ -15,10 +15,9 @@ import pytest
 import specee
 from specee import _core
 from specee._tools import tool_path
-from specee.convert.hf import convert_hf_to_gguf
 from specee.generate import GenerateOptions, NgramParams
 from conftest import CHEAP_PASSES, SERIAL_PASSES, force_pass_costs
-from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_convert_cli import bpe_dir, bpe_gguf  # noqa: F401 (fixtures: a tiny Llama with a BPE tokenizer, its GGUF)
 from test_eagle import chi2_stat, target_probs
 from test_sampling import chi2_critical
 
@@ -152,12 +151,6 @@ def test_slots_run_ngram_requests_as_alone(tiny: specee.Model) -> None:
     batched = tiny.generate_batch(prompts, 24, temp=0, mode="ngram", ignore_eos=True)
     assert batched == alone == [tiny.generate_tokens(p, 24, temp=0, mode="plain", ignore_eos=True) for p in prompts]
 
-
-@pytest.fixture(scope="module")
-def bpe_gguf(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
-    out = tmp_path_factory.mktemp("lookup") / "bpe-f32.gguf"
-    convert_hf_to_gguf(bpe_dir, out, "f32")
-    return out
 
 
 def test_cli_spec_type(bpe_gguf: Path) -> None:

@@ -27,7 +27,7 @@ from specee.convert.lora import convert_lora
 from specee.convert.merge import merge_gguf
 from test_cli import cli  # noqa: F401 (a fixture: llama-cli)
 from test_cli import run as cli_run
-from test_convert_cli import bpe_dir, eagle_state, upstream_binary  # noqa: F401 (bpe_dir: a fixture)
+from test_convert_cli import bpe_dir, bpe_gguf, eagle_state, upstream_binary  # noqa: F401 (bpe_*: fixtures)
 from test_families import FAMILIES, llama_completion_tokens, save_family
 from test_devices import rpc_server  # noqa: F401 (a fixture: a specee-rpc-server on 127.0.0.1)
 from test_server import Server, call
@@ -84,10 +84,9 @@ def logits_of(model: torch.nn.Module, tokens: list[int]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def base(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
-    out = tmp_path_factory.mktemp("lora_base") / "base-f32.gguf"
-    convert_hf_to_gguf(bpe_dir, out, "f32", progress=False)
-    return out
+def base(bpe_gguf: Path) -> Path:  # noqa: F811
+    """The adapters' base model: the tiny BPE Llama."""
+    return bpe_gguf
 
 
 @pytest.fixture(scope="module")

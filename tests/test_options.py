@@ -77,11 +77,12 @@ def test_names_are_defined_once_in_the_runtime() -> None:
 
 @pytest.mark.parametrize("options,message", [
     (dict(mode="eagle3"), "mode must be one of auto, plain, eagle, eagle2, early-exit, tree-exit, ngram, ngram+eagle2, draft, not 'eagle3'"),
-    (dict(top_p=0.0), "top_p must be in (0, 1]"),
-    (dict(min_p=1.5), "min_p must be in [0, 1]"),
+    (dict(top_p=0.0), "top_p must be a number in (0, 1], not '0.0'"),  # the table's open lower bound
+    (dict(min_p=1.5), "min_p must be a number in [0, 1], not '1.5'"),
     (dict(top_k=2.5), "top_k must be an integer"),
-    (dict(repeat_penalty=float("inf")), "repeat_penalty must be finite"),
-    (dict(repeat_last_n=-2), "repeat_last_n must be >= -1"),
+    (dict(repeat_penalty=float("inf")), "repeat_penalty must be a finite number > 0, not 'inf'"),
+    (dict(repeat_penalty=1e39), "repeat_penalty must be a finite number > 0, got inf"),  # finite, not as a float
+    (dict(repeat_last_n=-2), "repeat_last_n must be >= -1, not '-2'"),
     (dict(seed=2**32), "seed must be -1 (random) or in 0..2**32-1"),
     (dict(eagle=dict(topk=0)), "eagle.topk must be >= 1"),
     (dict(eagle=dict(topk=257)), "eagle.topk must be at most 256"),  # the table's range, the generator's limit
@@ -99,6 +100,26 @@ def test_the_runtime_checks_each_value(options: dict, message: str) -> None:
             if group in kw:
                 kw[group] = cls(**kw[group])
         GenerateOptions(**kw)
+
+
+@pytest.mark.parametrize("name,accepted,refused", [
+    ("top_p", [1.0, 0.5, 1e-45], [0.0, -0.0, 1.5, -1.0, float("nan"), 1e-50]),  # (0, 1]: 1e-50 is 0 as a float
+    ("min_p", [0.0, 1.0, 0.05], [-0.1, 1.5, float("nan")]),
+    ("repeat_penalty", [1e-45, 1.0, 3.4028235e38], [0.0, -1.0, float("inf"), 1e39, float("nan")]),
+    ("repeat_last_n", [-1, 0, 64, 2**31 - 1], [-2, 2**31]),  # 2**31 - 1: held as an integer, not rounded to a float
+])
+def test_the_sampler_s_ranges_are_the_table_s(name: str, accepted: list, refused: list) -> None:
+    """The sampler's ranges are written once, in the option table's columns (an open bound included): the options
+    and a sampler made alone (specee_sampler_init) accept and refuse the same values, with the row's message."""
+    for v in accepted:
+        GenerateOptions(**{name: v})
+        _core.Sampler(**{name: v})
+    for v in refused:
+        with pytest.raises(ValueError, match=f"^{name} must be "):
+            GenerateOptions(**{name: v})
+        if isinstance(v, float) or -2**31 <= v < 2**31:  # the binding takes a float or an int32_t
+            with pytest.raises(_core.SpecEEError, match=f"^{name} must be {re.escape(OPTIONS[name]['expect'])}, got"):
+                _core.Sampler(**{name: v})
 
 
 def test_values_read_back_as_given() -> None:
@@ -123,14 +144,30 @@ def cli_flag(name: str) -> str:
     return "--" + name.replace(".", "-").replace("_", "-")
 
 
+def test_every_option_spells_its_flags_on_its_row() -> None:
+    """Both tables spell every option's flags (llama.cpp's and EAGLE's where they have one, this project's for its
+    own: "--exit-kv") and a value's placeholder (none for a switch) on its row; the frontends read them, none makes
+    them from the name. Each option keeps this project's spelling (--NAME, '-' for '.' and '_') among its flags."""
+    rows = list(OPTIONS.values()) + list(_core.context_options())
+    flags = [f for o in rows for f in o["flags"]]
+    assert len(flags) == len(set(flags)), sorted(f for f in flags if flags.count(f) > 1)
+    for o in rows:
+        assert o["flags"] and all(re.fullmatch(r"--?[a-z][\w-]*", f) for f in o["flags"]), o["name"]
+        assert (o["hint"] is None) == (o["type"] == 2), o["name"]  # SPECEE_OPTION_BOOL: a switch
+    for name, o in OPTIONS.items():
+        assert cli_flag(name) in o["flags"], name
+
+
 def test_every_option_is_a_cli_flag() -> None:
-    """The CLI's generation flags are the table's options (a bool on by default is --no-NAME)."""
+    """The CLI's generation flags are the table's rows' spellings (a bool on by default: its first as --no-NAME),
+    with the row's placeholder."""
     out = subprocess.run([str(tool_path("llama-cli")), "--help"], capture_output=True, text=True).stdout
     for name, o in OPTIONS.items():
-        flag = cli_flag(name)
+        flags = list(o["flags"])
         if o["type"] == 2 and o["default"] == "true":
-            flag = "--no-" + flag[2:]
-        assert re.search(r"^\s+(\S+, )*%s\b" % re.escape(flag), out, re.M), flag
+            flags[0] = "--no-" + flags[0][2:]
+        head = ", ".join(flags) + (" " + o["hint"] if o["hint"] else "")
+        assert re.search(r"^\s+%s(\s|$)" % re.escape(head), out, re.M), head
         assert o["help"].split()[0] in out
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import specee
 from specee.server.prompt_cache import MIB, PromptCache
-from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_convert_cli import bpe_dir, bpe_gguf  # noqa: F401 (fixtures of chat_gguf: a tiny BPE Llama, its GGUF)
 from test_server import Server, call, chat_gguf  # noqa: F401 (chat_gguf: a fixture)
 from test_slot_file import N_CTX, PROMPT, run
 

@@ -22,11 +22,10 @@ from openai import OpenAI
 from safetensors.torch import save_file
 
 from specee._tools import free_port, stop_process
-from specee.convert.hf import convert_hf_to_gguf
 from specee.convert.merge import merge_gguf
 from specee.generate import StopText
 from specee.model import Model
-from test_convert_cli import bpe_dir, eagle_state  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_convert_cli import bpe_dir, bpe_gguf, eagle_state  # noqa: F401 (fixtures: a tiny BPE Llama, its GGUF)
 from test_eagle import save_published
 from test_eagle3 import random_predictors
 
@@ -34,18 +33,16 @@ TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
-def chat_gguf(bpe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+def chat_gguf(bpe_dir: Path, bpe_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
     """The tiny BPE Llama with a random EAGLE-1 head merged in (its chat template renders messages)."""
     folder = tmp_path_factory.mktemp("server")
-    plain = folder / "chat-f32.gguf"
-    convert_hf_to_gguf(bpe_dir, plain, "f32")
     cfg = json.loads((bpe_dir / "config.json").read_text())
     head = save_published(eagle_state(cfg, seed=3), cfg, folder / "head")
     # and exit predictors that fire on every check (a token exits where the layer's argmax is a candidate)
     save_file(random_predictors([0]), folder / "pred.safetensors")  # the model has 2 layers
     (folder / "pred.json").write_text(json.dumps({"format": "specee-predictors", "exit_layers": [0]}))
     out = folder / "chat-eagle.gguf"
-    merge_gguf(plain, out, eagle=head, eagle_type="f32", predictors=folder / "pred.safetensors", progress=False)
+    merge_gguf(bpe_gguf, out, eagle=head, eagle_type="f32", predictors=folder / "pred.safetensors", progress=False)
     return out
 
 

@@ -21,7 +21,7 @@ import pytest
 from specee.generate import GenerateOptions
 from specee.server.app import make_parser, parse_args
 from specee.server.flags import LLAMA_FLAGS, USES
-from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_convert_cli import bpe_dir, bpe_gguf  # noqa: F401 (fixtures of chat_gguf: a tiny BPE Llama, its GGUF)
 from test_server import TIMEOUT, Server, call, chat_gguf  # noqa: F401 (chat_gguf: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]

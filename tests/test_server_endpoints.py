@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 from openai import OpenAI
 
-from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_convert_cli import bpe_dir, bpe_gguf  # noqa: F401 (fixtures of chat_gguf: a tiny BPE Llama, its GGUF)
 from test_server import TIMEOUT, Server, call, chat_gguf  # noqa: F401 (chat_gguf: a fixture)
 
 

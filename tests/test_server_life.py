@@ -19,7 +19,7 @@ import pytest
 from specee.paths import default_model_path
 from specee.server.app import make_parser, parse_args
 from specee.server.router import child_base_args, flag_args, models_dir_sources, preset_sources
-from test_convert_cli import bpe_dir  # noqa: F401 (fixture: a tiny Llama with a BPE tokenizer)
+from test_convert_cli import bpe_dir, bpe_gguf  # noqa: F401 (fixtures of chat_gguf: a tiny BPE Llama, its GGUF)
 from test_server import Server, call, chat_gguf  # noqa: F401 (chat_gguf: a fixture)
 
 KEY = {"Authorization": "Bearer k"}

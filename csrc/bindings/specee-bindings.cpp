@@ -689,7 +689,7 @@ static py::list option_rows(const specee_option * (*option)(int32_t),
         e["name"] = o->name, e["type"] = o->type, e["expect"] = o->expect, e["help"] = o->help;
         e["default"] = defaults[o->name];
         e["choices"] = o->choices ? py::object(py::str(o->choices).attr("split")(",")) : py::object(py::list());
-        e["flags"]   = o->flags ? py::object(py::str(o->flags).attr("split")(",")) : py::object(py::list());
+        e["flags"]   = py::str(o->flags).attr("split")(","); // every row has its spellings
         e["hint"]    = o->hint ? py::object(py::str(o->hint)) : py::object(py::none());
         e["repeatable"] = o->repeatable;
         out.append(e);

@@ -18,6 +18,7 @@
 #include "specee-impl.h"
 #include "specee-model.h"
 #include "specee-pass-cost.h"
+#include "specee-option-values.h"
 #include "specee-options.h"
 #include "specee-sampling.h"
 #include "specee-speculative.h"

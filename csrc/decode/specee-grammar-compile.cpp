@@ -246,8 +246,8 @@ void drop_orphans() {
     }
 }
 
-// keeps an entry (the least recently used dropped to make room). Under g_cache_mutex.
-void keep(cached && entry) {
+// remembers an entry (the least recently used dropped to make room). Under g_cache_mutex.
+void remember(cached && entry) {
     const size_t  cap  = (size_t) specee_grammar_limit_of("cache_entries");
     const int64_t room = specee_grammar_limit_of("cache_mb") << 20;
     entry.cost += (int64_t) (sizeof(cached) + entry.text.size() + entry.error.size());
@@ -288,17 +288,17 @@ llg_matcher * specee_grammar_compile(const std::shared_ptr<specee_grammar_vocab>
         m = compile_on_worker(vocab, type, kind, engine_text, error, held);
     } catch (const specee_error & e) { // out of budget: kept as a refusal too
         std::lock_guard<std::mutex> lock(g_cache_mutex);
-        keep({vocab, type, text, nullptr, e.what(), 0, 0});
+        remember({vocab, type, text, nullptr, e.what(), 0, 0});
         throw;
     }
     const std::string message = error.empty() ? "" : std::string(specee_grammar_type_name(type)) + ": " + error;
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     if (!m) {
-        keep({vocab, type, text, nullptr, message, 0, 0});
+        remember({vocab, type, text, nullptr, message, 0, 0});
         specee_fail("%s", message.c_str());
     }
     if (held + (int64_t) text.size() <= specee_grammar_limit_of("cache_mb") << 20) {
-        keep({vocab, type, text, specee_llg().clone_matcher(m), "", 0, std::max<int64_t>(held, 0)});
+        remember({vocab, type, text, specee_llg().clone_matcher(m), "", 0, std::max<int64_t>(held, 0)});
     }
     return m;
 }

@@ -1,31 +1,22 @@
 // specee-options.cpp: what a generation takes and reports, named once.
 //
-// Owns the option table of specee_generator_params (one name per setting, its type, what it accepts, its help) and
-// the context-option table of specee_context_options (the model, context and placement flags, with llama.cpp's
-// spellings); the text form every frontend sets both with (the CLI's flags, Python's GenerateOptions and Model,
-// specee-bench, specee-server, the evaluations); the value checks that need no model
-// (specee_generator_check_values; the generator adds the model's); the mode table (what each mode does and which
-// settings it reads); and the exit-KV names. The stats' field names are specee-stats.cpp's.
+// Owns the option table of specee_generator_params (one name per setting, its type, what it accepts, its flags, its
+// help) and the context-option table of specee_context_options (the model, context and placement flags, with
+// llama.cpp's spellings), and the context options' defaults and what they make of the model's and the context's
+// parameters; the mode table (what each mode does and which settings it reads), llama.cpp's speculation types, and
+// the exit-KV names. A value held to its row, and the text form every frontend sets the tables with, are
+// specee-option-values.cpp's; the stats' field names are specee-stats.cpp's.
 #include "specee-grammar-limits.h"
 #include "specee-impl.h"
-#include "specee-lora.h"
 #include "specee-options.h"
-#include "specee-sampling.h"
-#include "specee-tree-choices.h"
 #include "specee.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstddef>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
-
-#include <sched.h>
 
 // ---- the modes ----------------------------------------------------------------------------------------
 
@@ -108,16 +99,14 @@ extern "C" const char * specee_mode_name(int32_t mode) {
     return mode >= 0 && mode < N_MODES ? MODES[mode].name : "?";
 }
 
-static int32_t index_of(const char * const * names, int32_t n, const char * name) {
-    for (int32_t i = 0; name && i < n; ++i) {
-        if (strcmp(name, names[i]) == 0) {
+extern "C" int32_t specee_mode_by_name(const char * name) {
+    for (int32_t i = 0; name && i < N_MODES; ++i) {
+        if (strcmp(name, MODES[i].name) == 0) {
             return i;
         }
     }
     return -1;
 }
-
-extern "C" int32_t specee_mode_by_name(const char * name) { return index_of(MODE_NAMES, N_MODES, name); }
 
 // ---- llama.cpp's speculation types (--spec-type): the mode that serves each here ----------------------------
 
@@ -132,41 +121,31 @@ extern "C" const struct specee_spec_type * specee_spec_type_row(int32_t i) {
 
 // ---- the option table ---------------------------------------------------------------------------------
 
-struct option_def {
-    specee_option       info;
-    size_t              offset;       // of the value in specee_generator_params
-    size_t              count_offset; // LIST: of its count
-    const char * const * names;       // CHOICE: the names, by enum value
-    int32_t             n_names;
-    double              lo, hi;       // INT / FLOAT: the accepted range of a value; LIST / FLOATS: of each item
-    int32_t             cap   = 0;    // FLOATS: the most values (0: SPECEE_MAX_DEVICES)
-    double              unset = NAN;  // INT / FLOAT: the value outside the range that means "not set" (the default's)
-};
-
 #define OFF(f) offsetof(specee_generator_params, f)
 
-static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMMAR_TYPE_*: made from them
-    {{"mode", SPECEE_OPTION_CHOICE, MODE_CHOICES.c_str(), MODE_CHOICES.c_str(), MODE_HELP.c_str()},
+static const specee_option_row OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMMAR_TYPE_*: made from them
+    {{"mode", SPECEE_OPTION_CHOICE, MODE_CHOICES.c_str(), MODE_CHOICES.c_str(), MODE_HELP.c_str(), "--mode", "MODE"},
      OFF(mode), 0, MODE_NAMES, N_MODES, 0, 0},
     {{"temp", SPECEE_OPTION_FLOAT, nullptr, "a number", "temperature (default: 0.80, <= 0 = greedy)",
-      "--temp,--temperature"},
+      "--temp,--temperature", "N"},
      OFF(sampling.temp), 0, nullptr, 0, -INFINITY, INFINITY},
-    {{"top_k", SPECEE_OPTION_INT, nullptr, "an integer", "top-k sampling (default: 40, 0 = off)", "--top-k,--top_k"},
+    {{"top_k", SPECEE_OPTION_INT, nullptr, "an integer", "top-k sampling (default: 40, 0 = off)", "--top-k,--top_k",
+      "N"},
      OFF(sampling.top_k), 0, nullptr, 0, INT_MIN, INT_MAX},
     {{"top_p", SPECEE_OPTION_FLOAT, nullptr, "a number in (0, 1]", "top-p sampling, in (0, 1] (default: 0.95, 1.0 = off)",
-      "--top-p,--top_p"},
-     OFF(sampling.top_p), 0, nullptr, 0, -INFINITY, INFINITY},
+      "--top-p,--top_p", "N"},
+     OFF(sampling.top_p), 0, nullptr, 0, 0, 1, 0, NAN, SPECEE_OPEN_LO},
     {{"min_p", SPECEE_OPTION_FLOAT, nullptr, "a number in [0, 1]", "min-p sampling, in [0, 1] (default: 0.05, 0.0 = off)",
-      "--min-p,--min_p"},
-     OFF(sampling.min_p), 0, nullptr, 0, -INFINITY, INFINITY},
+      "--min-p,--min_p", "N"},
+     OFF(sampling.min_p), 0, nullptr, 0, 0, 1},
     {{"repeat_penalty", SPECEE_OPTION_FLOAT, nullptr, "a finite number > 0", "penalise repeated tokens (default: 1.00 = off)",
-      "--repeat-penalty"},
-     OFF(sampling.repeat_penalty), 0, nullptr, 0, -INFINITY, INFINITY},
+      "--repeat-penalty", "N"},
+     OFF(sampling.repeat_penalty), 0, nullptr, 0, 0, INFINITY, 0, NAN, SPECEE_OPEN_LO | SPECEE_OPEN_HI},
     {{"repeat_last_n", SPECEE_OPTION_INT, nullptr, "an integer >= -1",
-      "tokens the penalty looks back over (default: 64, 0 = off, -1 = the context size)", "--repeat-last-n"},
-     OFF(sampling.repeat_last_n), 0, nullptr, 0, INT_MIN, INT_MAX},
+      "tokens the penalty looks back over (default: 64, 0 = off, -1 = the context size)", "--repeat-last-n", "N"},
+     OFF(sampling.repeat_last_n), 0, nullptr, 0, -1, INT_MAX},
     {{"seed", SPECEE_OPTION_INT, nullptr, "an unsigned 32-bit integer or -1", "RNG seed (default: -1 = a random seed)",
-      "-s,--seed"},
+      "-s,--seed", "SEED"},
      OFF(sampling.seed), 0, nullptr, 0, -1, 4294967295.0},
     {{"ignore_eos", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "never generate an end-of-generation token (its logit is -inf), so a run goes on to the token limit or a full "
@@ -180,57 +159,62 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMM
       "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU "
       "default; default here: from the cost of a verification pass, [[0], [1], [0, 0]] where the CPU's layer "
       "matrices are repacked (e.g. Q4_0), else [[0]]); implies mode eagle under auto",
-      "--eagle-choices,--eagle_choices"},
+      "--eagle-choices,--eagle_choices", "CHOICES"},
      OFF(eagle.choices), 0, nullptr, 0, 0, 0},
     {{"eagle.total_tokens", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
       "EAGLE-2: draft tokens verified per step (default: 3 where the CPU's layer matrices are repacked, e.g. Q4_0, "
-      "else 1)"},
+      "else 1)", "--eagle-total-tokens", "N"},
      OFF(eagle.total_tokens), 0, nullptr, 0, 1, INT_MAX, 0, 0},
     {{"eagle.depth", SPECEE_OPTION_INT, nullptr, "an integer in [1, 64]",
-      "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices are repacked, else 1)"},
+      "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices are repacked, else 1)",
+      "--eagle-depth", "N"},
      OFF(eagle.depth), 0, nullptr, 0, 1, 64, 0, 0},
     {{"eagle.topk", SPECEE_OPTION_INT, nullptr, "an integer in [1, 256]",
       "EAGLE-2: children per expanded node and nodes expanded per depth (default: 2 where the CPU's layer matrices "
-      "are repacked, else 1)", "--eagle-topk,--eagle_dynamic_tree_max_top_k"},
+      "are repacked, else 1)", "--eagle-topk,--eagle_dynamic_tree_max_top_k", "N"},
      OFF(eagle.topk), 0, nullptr, 0, 1, 256, 0, 0},
     {{"eagle.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated counts like 3,2,4,1",
       "EAGLE for cost benchmarks: step i accepts COUNTS[i mod n] drafted tokens along the tree's best path whatever the "
-      "target says (every pass, draft and check still runs; the output text is meaningless)"},
+      "target says (every pass, draft and check still runs; the output text is meaningless)",
+      "--eagle-replay", "COUNTS"},
      OFF(eagle.replay), OFF(eagle.n_replay), nullptr, 0, 0, INT32_MAX},
     {{"exit.threshold", SPECEE_OPTION_FLOAT, nullptr, "a number in [0, 1]",
-      "early exit: a predictor fires above it (default: the file's specee.exit.threshold, SpecEE's 0.5)"},
+      "early exit: a predictor fires above it (default: the file's specee.exit.threshold, SpecEE's 0.5)",
+      "--exit-threshold", "N"},
      OFF(exit.threshold), 0, nullptr, 0, 0, 1, 0, -1},
     {{"exit.layers", SPECEE_OPTION_LIST, nullptr, "comma-separated layer numbers like 16,20,24",
-      "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)"},
+      "early exit: the static set of checked layers (block indices), e.g. 16,20,24 (default: the file's)",
+      "--exit-layers", "LAYERS"},
      OFF(exit.layers), OFF(exit.n_layers), nullptr, 0, 0, INT32_MAX},
     {{"exit.dynamic", SPECEE_OPTION_BOOL, nullptr, "true or false",
-      "early exit: also check e-2, e, e+2 around each of the last 5 exit layers (default: on)"},
+      "early exit: also check e-2, e, e+2 around each of the last 5 exit layers (default: on)", "--exit-dynamic"},
      OFF(exit.dynamic), 0, nullptr, 0, 0, 0},
     {{"exit.kv", SPECEE_OPTION_CHOICE, "mask,fill", "mask or fill",
       "early exit: the skipped layers' cache for an exited token: mask (nothing, later tokens do not see it there; "
-      "SpecEE's; default) or fill (K/V from the exit layer's output)"},
+      "SpecEE's; default) or fill (K/V from the exit layer's output)", "--exit-kv", "KV"},
      OFF(exit.kv), 0, EXIT_KV_NAMES, 2, 0, 0},
     {{"exit.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated layer numbers",
       "early exit for benchmarks: token i (tree-exit: step i) exits after block LAYERS[i mod n] whatever the "
-      "predictors say (cost only: the tokens are the exit layers' argmax)"},
+      "predictors say (cost only: the tokens are the exit layers' argmax)", "--exit-replay", "LAYERS"},
      OFF(exit.replay), OFF(exit.n_replay), nullptr, 0, 0, INT32_MAX},
     {{"ngram.n_min", SPECEE_OPTION_INT, nullptr, "an integer in [1, 16]",
-      "n-gram lookup: the shortest match of the sequence's last tokens drafted from (default: 2)"},
+      "n-gram lookup: the shortest match of the sequence's last tokens drafted from (default: 2)",
+      "--ngram-n-min", "N"},
      OFF(ngram.n_min), 0, nullptr, 0, 1, 16},
     {{"ngram.n_max", SPECEE_OPTION_INT, nullptr, "an integer in [1, 16]",
-      "n-gram lookup: the longest match, tried first (default: 4)"},
+      "n-gram lookup: the longest match, tried first (default: 4)", "--ngram-n-max", "N"},
      OFF(ngram.n_max), 0, nullptr, 0, 1, 16},
     {{"ngram.draft_max", SPECEE_OPTION_INT, nullptr, "an integer in [1, 64]",
       "n-gram lookup: most tokens drafted per step; how many are drafted adapts to their acceptance on the sequence "
-      "and this machine's cost of a pass (default: 8)", "--ngram-draft-max,--spec-ngram-mod-n-max"},
+      "and this machine's cost of a pass (default: 8)", "--ngram-draft-max,--spec-ngram-mod-n-max", "N"},
      OFF(ngram.draft_max), 0, nullptr, 0, 1, 64},
     {{"ngram.branches", SPECEE_OPTION_INT, nullptr, "an integer in [1, 8]",
       "n-gram lookup: continuations of the match verified as the root's children, the most frequent one drafted as a "
-      "chain (default: 1)"},
+      "chain (default: 1)", "--ngram-branches", "N"},
      OFF(ngram.branches), 0, nullptr, 0, 1, 8},
     {{"ngram.adaptive", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "n-gram lookup: choose how far to draft from the drafts' acceptance on the sequence and this machine's pass "
-      "cost (default: on; off: draft_max tokens wherever the sequence's end was seen before)"},
+      "cost (default: on; off: draft_max tokens wherever the sequence's end was seen before)", "--ngram-adaptive"},
      OFF(ngram.adaptive), 0, nullptr, 0, 0, 0},
     {{"draft.n_max", SPECEE_OPTION_INT, nullptr, "an integer in [1, 64]",
       "draft model: most tokens drafted per step (default: 3)",
@@ -252,21 +236,22 @@ static const option_def OPTIONS[] = { // after MODE_CHOICES, MODE_HELP and GRAMM
     {{"exit.check", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "early exit: check every exit: the exited token's skipped layers run with the next token's pass and a token "
       "the full model disagrees with is taken back, so greedy output equals plain decoding (tokens come out once "
-      "checked; default: off, it costs more than it saves on a CPU: docs/early-exit.md)"},
+      "checked; default: off, it costs more than it saves on a CPU: docs/early-exit.md)", "--exit-check"},
      OFF(exit.check), 0, nullptr, 0, 0, 0},
     {{"grammar_type", SPECEE_OPTION_CHOICE, GRAMMAR_TYPE_CHOICES.c_str(), GRAMMAR_TYPE_EXPECT.c_str(),
       "structured output: what the grammar's text is (default: none; --grammar and --grammar-file give gbnf unless "
       "this says lark or regex, --json-schema and --json-schema-file json_schema): docs/structured-output.md",
-      nullptr, "TYPE"},
+      "--grammar-type", "TYPE"},
      OFF(grammar_type), 0, specee_grammar_type_names, SPECEE_N_GRAMMAR_TYPES, 0, 0},
     {{"jump_forward", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "structured output: tokens the grammar forces (keys, quotes, braces) are verified together in the next pass "
       "instead of one pass each (plain decoding; in the drafters' modes where their drafts reach no further); the "
-      "output is what it would be without (default: on)"},
+      "output is what it would be without (default: on)", "--jump-forward"},
      OFF(jump_forward), 0, nullptr, 0, 0, 0},
     {{"grammar_overlap", SPECEE_OPTION_BOOL, nullptr, "true or false",
       "structured output: the grammar's mask for the position a pass computes depends only on the tokens before it, "
-      "so it is computed on a worker thread while the pass runs (default: on; off: after the pass, to measure it)"},
+      "so it is computed on a worker thread while the pass runs (default: on; off: after the pass, to measure it)",
+      "--grammar-overlap"},
      OFF(grammar_overlap), 0, nullptr, 0, 0, 0},
 };
 
@@ -283,7 +268,7 @@ static const char * const KERNELS_NAMES[]    = {"auto", "portable", "off"}; // b
 
 #define OFF(f) offsetof(specee_context_options, f)
 
-static const option_def CONTEXT_OPTIONS[] = {
+static const specee_option_row CONTEXT_OPTIONS[] = {
     {{"model", SPECEE_OPTION_TEXT, nullptr, "a GGUF file", "GGUF model (default: the embedded SmolLM2)", "-m,--model", "FNAME"},
      OFF(model), 0, nullptr, 0, 0, 0},
     {{"draft_head", SPECEE_OPTION_TEXT, nullptr, "a file name or 'default'",
@@ -388,362 +373,9 @@ extern "C" const struct specee_option * specee_context_option(int32_t i) {
     return i >= 0 && i < N_CONTEXT_OPTIONS ? &CONTEXT_OPTIONS[i].info : nullptr;
 }
 
-static const option_def * find_option(const option_def * table, int32_t n, const char * name) {
-    for (int32_t i = 0; name && i < n; ++i) {
-        if (strcmp(table[i].info.name, name) == 0) {
-            return &table[i];
-        }
-    }
-    return nullptr;
-}
+specee_option_table specee_generator_option_table() { return {OPTIONS, N_OPTIONS}; }
 
-// ---- checks that need no model --------------------------------------------------------------------------
-
-static int32_t floats_cap(const option_def & o) { return o.cap > 0 ? o.cap : SPECEE_MAX_DEVICES; }
-
-static std::string choices_text(const option_def & o) {
-    if (o.n_names == 2) {
-        return std::string("'") + o.names[0] + "' or '" + o.names[1] + "'";
-    }
-    std::string s = "one of ";
-    for (int32_t i = 0; i < o.n_names; ++i) {
-        s += (i ? ", " : "") + std::string(o.names[i]);
-    }
-    return s;
-}
-
-// a value as set in the struct (not from text) held to its row: a number in the row's range (or its unset mark), a
-// choice one of its names, a list's items in the range and at most as many as it holds. The table's columns are the
-// one place a range is written: setting from text reads them too (set_value).
-static void check_row(const char * base, const option_def & o) {
-    const char * f = base + o.offset;
-    if (o.info.type == SPECEE_OPTION_INT || o.info.type == SPECEE_OPTION_FLOAT) {
-        if (strcmp(o.info.name, "seed") == 0) { // every uint32_t is a seed (SPECEE_DEFAULT_SEED: random)
-            return;
-        }
-        const double x = o.info.type == SPECEE_OPTION_INT ? *(const int32_t *) f : *(const float *) f;
-        if (!(x >= o.lo && x <= o.hi) && !(x == o.unset)) { // NAN too
-            specee_fail("%s must be %s, got %g", o.info.name, o.info.expect, x);
-        }
-    } else if (o.info.type == SPECEE_OPTION_CHOICE) {
-        const int32_t k = *(const int32_t *) f;
-        if (k < 0 || k >= o.n_names) {
-            specee_fail("%s must be %s, got %d", o.info.name, choices_text(o).c_str(), k);
-        }
-    } else if (o.info.type == SPECEE_OPTION_LIST || o.info.type == SPECEE_OPTION_FLOATS) {
-        const bool    ints = o.info.type == SPECEE_OPTION_LIST;
-        const int32_t n    = *(const int32_t *) (base + o.count_offset);
-        const int32_t cap  = ints ? SPECEE_MAX_EXIT_LAYERS : floats_cap(o);
-        if (n < 0 || n > cap) {
-            specee_fail("%s: %d values (0..%d)", o.info.name, n, cap);
-        }
-        for (int32_t i = 0; i < n; ++i) {
-            const double x = ints ? ((const int32_t *) f)[i] : ((const float *) f)[i];
-            if (!(x >= o.lo && x <= o.hi)) {
-                specee_fail("%s must be %s, got %g", o.info.name, o.info.expect, x);
-            }
-        }
-    }
-}
-
-void specee_generator_check_values(const specee_generator_params & p) {
-    specee_sampler_check_params(p.sampling);
-    for (int32_t i = 0; i < N_OPTIONS; ++i) {
-        check_row((const char *) &p, OPTIONS[i]);
-    }
-    if (memchr(p.eagle.choices, '\0', sizeof(p.eagle.choices)) == nullptr) {
-        specee_fail("eagle choices: the text is not terminated");
-    }
-    if (p.eagle.choices[0]) {
-        specee_tree_count_choices(p.eagle.choices); // throws with the reason
-    }
-    if (memchr(p.logit_bias, '\0', sizeof(p.logit_bias)) == nullptr) {
-        specee_fail("logit_bias: the text is not terminated");
-    }
-    specee_parse_logit_bias(p.logit_bias); // throws with the item that is not TOKEN(+|-)BIAS
-    // what no row says alone (n_min <= n_max and a rate per drafted token are the generator's: check_params)
-    for (int32_t i = 1; i < p.draft.n_synth_rates; ++i) {
-        if (p.draft.synth_rates[i] > p.draft.synth_rates[i - 1]) {
-            specee_fail("draft synth_rates: the rates must be non-increasing, got %g after %g",
-                        (double) p.draft.synth_rates[i], (double) p.draft.synth_rates[i - 1]);
-        }
-    }
-}
-
-// ---- text in -------------------------------------------------------------------------------------------
-
-static bool parse_number(const char * v, double & out) {
-    errno      = 0;
-    char * end = nullptr;
-    out        = strtod(v, &end);
-    return *v && *end == '\0' && errno != ERANGE && !std::isnan(out);
-}
-
-static bool parse_bool(const char * v, bool & out) {
-    for (const char * t : {"true", "1", "on"}) {
-        if (strcmp(v, t) == 0) {
-            return out = true;
-        }
-    }
-    for (const char * f : {"false", "0", "off"}) {
-        if (strcmp(v, f) == 0) {
-            out = false;
-            return true;
-        }
-    }
-    return false;
-}
-
-// "16,20,24" into at most SPECEE_MAX_EXIT_LAYERS integers in [lo, hi]
-static bool parse_list(const char * v, int32_t * out, int32_t & n, double lo, double hi) {
-    n = 0;
-    for (const char * s = v;;) {
-        char *     end = nullptr;
-        errno          = 0;
-        const long x   = strtol(s, &end, 10);
-        if (end == s || errno == ERANGE || x < lo || x > hi || n == SPECEE_MAX_EXIT_LAYERS || *s == '+' ||
-            *s == ' ') {
-            return false;
-        }
-        out[n++] = (int32_t) x;
-        if (*end == '\0') {
-            return true;
-        }
-        if (*end != ',') {
-            return false;
-        }
-        s = end + 1;
-    }
-}
-
-// "3,1" into at most `cap` finite numbers in [lo, hi]
-static bool parse_floats(const char * v, float * out, int32_t & n, int32_t cap, double lo, double hi) {
-    n = 0;
-    for (const char * s = v;;) {
-        const char * end = strchr(s, ',');
-        std::string  item(s, end ? (size_t) (end - s) : strlen(s));
-        double       x = 0.0;
-        if (n == cap || !parse_number(item.c_str(), x) || !std::isfinite(x) || x < lo || x > hi) {
-            return false;
-        }
-        out[n++] = (float) x;
-        if (!end) {
-            return true;
-        }
-        s = end + 1;
-    }
-}
-
-[[noreturn]] static void refuse(const option_def & o, const char * v) {
-    if (o.info.type == SPECEE_OPTION_CHOICE) {
-        specee_fail("%s must be %s, not '%s'", o.info.name, choices_text(o).c_str(), v);
-    }
-    if (strcmp(o.info.name, "seed") == 0) {
-        specee_fail("seed must be -1 (random) or in 0..2**32-1, not '%s'", v);
-    }
-    // an integer past a limit: the limit passed said (and the whole range where it has two ends)
-    double     x      = 0.0;
-    const bool number = o.info.type == SPECEE_OPTION_INT && parse_number(v, x);
-    const bool above = number && x > o.hi, below = number && x < o.lo;
-    if (above || below || (o.info.type == SPECEE_OPTION_INT && o.lo > INT_MIN && o.hi == INT_MAX)) {
-        const bool        both  = o.lo > INT_MIN && o.hi < INT_MAX;
-        const std::string range = both ? std::string(" (") + o.info.expect + ")" : "";
-        specee_fail("%s must be %s %.0f%s, not '%s'", o.info.name, above ? "at most" : ">=", above ? o.hi : o.lo,
-                    range.c_str(), v);
-    }
-    specee_fail("%s must be %s, not '%s'", o.info.name, o.info.expect, v);
-}
-
-// a value into the struct at `base` (specee_generator_params or specee_context_options); throws when refused
-static void set_value(char * base, const option_def & o, const char * v) {
-    char * field = base + o.offset;
-    double x     = 0.0;
-    bool   b     = false;
-    switch (o.info.type) {
-        case SPECEE_OPTION_INT:
-            if (!parse_number(v, x) || x != std::floor(x) || x < o.lo || x > o.hi) {
-                refuse(o, v);
-            }
-            if (strcmp(o.info.name, "seed") == 0) {
-                *(uint32_t *) field = x < 0 ? SPECEE_DEFAULT_SEED : (uint32_t) x;
-            } else {
-                *(int32_t *) field = (int32_t) x;
-            }
-            break;
-        case SPECEE_OPTION_FLOAT:
-            if (!parse_number(v, x) || x < o.lo || x > o.hi) {
-                refuse(o, v);
-            }
-            *(float *) field = (float) x;
-            break;
-        case SPECEE_OPTION_BOOL:
-            if (!parse_bool(v, b)) {
-                refuse(o, v);
-            }
-            *(bool *) field = b;
-            break;
-        case SPECEE_OPTION_CHOICE: {
-            const int32_t k = index_of(o.names, o.n_names, v);
-            if (k < 0) {
-                refuse(o, v);
-            }
-            *(int32_t *) field = k;
-            break;
-        }
-        case SPECEE_OPTION_TEXT: {
-            const bool        more = o.info.repeatable && field[0] && v[0]; // a list set again: extended
-            const std::string text = more ? std::string(field) + "," + v : std::string(v);
-            if (text.size() >= SPECEE_MAX_CHOICES) {
-                specee_fail("%s is longer than %d bytes", o.info.name, SPECEE_MAX_CHOICES - 1);
-            }
-            if (o.info.repeatable && !specee_lora_list_parse(v, strcmp(o.info.name, "lora_scaled") == 0)) {
-                refuse(o, v);
-            }
-            snprintf(field, SPECEE_MAX_CHOICES, "%s", text.c_str());
-            break;
-        }
-        case SPECEE_OPTION_LIST:
-            if (!parse_list(v, (int32_t *) field, *(int32_t *) (base + o.count_offset), o.lo, o.hi)) {
-                refuse(o, v);
-            }
-            break;
-        case SPECEE_OPTION_FLOATS:
-            if (!parse_floats(v, (float *) field, *(int32_t *) (base + o.count_offset), floats_cap(o), o.lo, o.hi)) {
-                refuse(o, v);
-            }
-            break;
-    }
-}
-
-static size_t field_size(const option_def & o) {
-    switch (o.info.type) {
-        case SPECEE_OPTION_TEXT: return SPECEE_MAX_CHOICES;
-        case SPECEE_OPTION_LIST: return sizeof(int32_t) * SPECEE_MAX_EXIT_LAYERS;
-        case SPECEE_OPTION_FLOATS: return sizeof(float) * floats_cap(o);
-        case SPECEE_OPTION_BOOL: return sizeof(bool);
-        default: return 4;
-    }
-}
-
-// option `name` of `table` in *p set from text ("" or NULL: the default's value), then the whole struct checked by
-// `check`; p is unchanged when anything is refused
-template <typename T>
-static int32_t set_option(const option_def * table, int32_t n, T * p, const char * name, const char * value,
-                          const char * what, T (*defaults)(), void (*check)(const T &)) {
-    return specee_guard<int32_t>(-1, [&] {
-        const option_def * o = find_option(table, n, name);
-        if (!p || !o) {
-            specee_fail("unknown %s option '%s'", what, name ? name : "(null)");
-        }
-        T q = *p;
-        if (!value || !*value) { // the default
-            const T d = defaults();
-            memcpy((char *) &q + o->offset, (const char *) &d + o->offset, field_size(*o));
-            if (o->count_offset) {
-                *(int32_t *) ((char *) &q + o->count_offset) = 0;
-            }
-        } else {
-            set_value((char *) &q, *o, value);
-        }
-        if (check) {
-            check(q);
-        }
-        *p = q;
-        return 0;
-    });
-}
-
-extern "C" int32_t specee_generator_params_set(struct specee_generator_params * p, const char * name,
-                                               const char * value) {
-    return set_option(OPTIONS, N_OPTIONS, p, name, value, "generation", specee_generator_default_params,
-                      specee_generator_check_values);
-}
-
-extern "C" int32_t specee_context_options_set(struct specee_context_options * o, const char * name,
-                                              const char * value) {
-    return set_option<specee_context_options>(CONTEXT_OPTIONS, N_CONTEXT_OPTIONS, o, name, value, "context",
-                                              specee_context_options_default, nullptr);
-}
-
-// ---- text out ------------------------------------------------------------------------------------------
-
-// the shortest text that reads back as the same float
-static std::string float_text(float x) {
-    char b[64];
-    for (int digits = 6; digits <= 9; ++digits) {
-        snprintf(b, sizeof(b), "%.*g", digits, (double) x);
-        if (strtof(b, nullptr) == x) {
-            break;
-        }
-    }
-    return b;
-}
-
-// a value's text; "" for a number outside the range of explicit values (the default's mark: 0 trees, threshold -1)
-static std::string value_text(const char * base, const option_def & o) {
-    const char * field = base + o.offset;
-    switch (o.info.type) {
-        case SPECEE_OPTION_INT: {
-            if (strcmp(o.info.name, "seed") == 0) {
-                const uint32_t s = *(const uint32_t *) field;
-                return s == SPECEE_DEFAULT_SEED ? "-1" : std::to_string(s);
-            }
-            const int32_t v = *(const int32_t *) field;
-            return v < o.lo || v > o.hi ? "" : std::to_string(v);
-        }
-        case SPECEE_OPTION_FLOAT: {
-            const float v = *(const float *) field;
-            return v < o.lo || v > o.hi ? "" : float_text(v);
-        }
-        case SPECEE_OPTION_BOOL: return *(const bool *) field ? "true" : "false";
-        case SPECEE_OPTION_CHOICE: {
-            const int32_t k = *(const int32_t *) field;
-            return k >= 0 && k < o.n_names ? o.names[k] : "?";
-        }
-        case SPECEE_OPTION_TEXT: return field;
-        case SPECEE_OPTION_LIST: {
-            const int32_t n = *(const int32_t *) (base + o.count_offset);
-            std::string   s;
-            for (int32_t i = 0; i < n; ++i) {
-                s += (i ? "," : "") + std::to_string(((const int32_t *) field)[i]);
-            }
-            return s;
-        }
-        case SPECEE_OPTION_FLOATS: {
-            const int32_t n = *(const int32_t *) (base + o.count_offset);
-            std::string   s;
-            for (int32_t i = 0; i < n; ++i) {
-                s += (i ? "," : "") + float_text(((const float *) field)[i]);
-            }
-            return s;
-        }
-    }
-    return "";
-}
-
-static int32_t get_option(const option_def * table, int32_t n, const char * base, const char * name, char * buf,
-                          int32_t len) {
-    const option_def * o = find_option(table, n, name);
-    if (!base || !o) {
-        return INT32_MIN;
-    }
-    const std::string s = value_text(base, *o);
-    if ((int32_t) s.size() >= len || !buf) {
-        return -(int32_t) s.size() - 1;
-    }
-    memcpy(buf, s.c_str(), s.size() + 1);
-    return (int32_t) s.size();
-}
-
-extern "C" int32_t specee_generator_params_get(const struct specee_generator_params * p, const char * name, char * buf,
-                                               int32_t len) {
-    return get_option(OPTIONS, N_OPTIONS, (const char *) p, name, buf, len);
-}
-
-extern "C" int32_t specee_context_options_get(const struct specee_context_options * o, const char * name, char * buf,
-                                              int32_t len) {
-    return get_option(CONTEXT_OPTIONS, N_CONTEXT_OPTIONS, (const char *) o, name, buf, len);
-}
+specee_option_table specee_context_option_table() { return {CONTEXT_OPTIONS, N_CONTEXT_OPTIONS}; }
 
 // ---- context options into the model's and the context's parameters ---------------------------------------
 

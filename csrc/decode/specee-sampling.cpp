@@ -10,6 +10,7 @@
 // same tokens on every platform.
 #include "specee-grammar.h"
 #include "specee-impl.h"
+#include "specee-option-values.h"
 #include "specee-sampling.h"
 #include "specee.h"
 
@@ -189,25 +190,6 @@ extern "C" struct specee_sampler_params specee_sampler_default_params(void) {
     p.repeat_last_n  = 64;
     p.seed           = SPECEE_DEFAULT_SEED;
     return p;
-}
-
-void specee_sampler_check_params(const specee_sampler_params & params) {
-    if (std::isnan(params.temp)) {
-        specee_fail("temp must be a number (<= 0 means greedy)");
-    }
-    if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
-        specee_fail("top_p must be in (0, 1] (1 turns it off), got %g", (double) params.top_p);
-    }
-    if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
-        specee_fail("min_p must be in [0, 1] (0 turns it off), got %g", (double) params.min_p);
-    }
-    if (!(params.repeat_penalty > 0.0f && std::isfinite(params.repeat_penalty))) {
-        specee_fail("repeat_penalty must be finite and greater than 0 (1 turns it off), got %g",
-                    (double) params.repeat_penalty);
-    }
-    if (params.repeat_last_n < -1) {
-        specee_fail("repeat_last_n must be >= -1 (-1: the whole history, 0: off), got %d", params.repeat_last_n);
-    }
 }
 
 specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params) {
@@ -402,34 +384,6 @@ void specee_sampler_set_logit_bias_impl(specee_sampler & s, int32_t token, float
         }
     }
     s.logit_bias.emplace_back(token, bias);
-}
-
-std::vector<std::pair<int32_t, float>> specee_parse_logit_bias(const char * text) {
-    std::vector<std::pair<int32_t, float>> out;
-    const std::string                      all(text ? text : "");
-    for (size_t a = 0; a < all.size();) {
-        size_t            b    = all.find(',', a);
-        const std::string item = all.substr(a, b == std::string::npos ? std::string::npos : b - a);
-        a                      = b == std::string::npos ? all.size() : b + 1;
-        const size_t      sign = item.find_first_of("+-", 1);
-        char *            end  = nullptr;
-        const long        tok  = sign == std::string::npos ? -1 : strtol(item.c_str(), &end, 10);
-        if (tok < 0 || tok > INT32_MAX || end != item.c_str() + sign) {
-            specee_fail("logit_bias: '%s' is not TOKEN(+|-)BIAS, e.g. 15043+1 or 2-inf", item.c_str());
-        }
-        const std::string value = item.substr(sign + 1);
-        float             bias  = 0.0f;
-        if (value == "inf") {
-            bias = INFINITY;
-        } else {
-            bias = strtof(value.c_str(), &end);
-            if (value.empty() || *end != '\0' || !std::isfinite(bias)) {
-                specee_fail("logit_bias: '%s' is not TOKEN(+|-)BIAS, e.g. 15043+1 or 2-inf", item.c_str());
-            }
-        }
-        out.emplace_back((int32_t) tok, item[sign] == '-' ? -bias : bias);
-    }
-    return out;
 }
 
 extern "C" int32_t specee_sampler_set_logit_bias(specee_sampler * smpl, int32_t token, float bias) {

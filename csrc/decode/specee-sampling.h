@@ -30,17 +30,12 @@ std::vector<int32_t> specee_top_k(const float * x, int32_t n, int32_t k);
 double specee_sampler_uniform(specee_sampler & s);
 bool   specee_sampler_greedy(const specee_sampler & s);
 
-// throws when a parameter is out of range
-void             specee_sampler_check_params(const specee_sampler_params & params);
 specee_sampler * specee_sampler_init_impl(const specee_sampler_params & params);
 // the next token from one row of the target's logits [n_vocab] (logit biases and penalties applied)
 int32_t          specee_sampler_sample_impl(specee_sampler & s, const float * logits, int32_t n_vocab);
 void             specee_sampler_accept_impl(specee_sampler & s, int32_t token);
 void             specee_sampler_reset_impl(specee_sampler & s);
 void             specee_sampler_set_logit_bias_impl(specee_sampler & s, int32_t token, float bias);
-// llama.cpp's --logit-bias text "TOKEN(+|-)BIAS,..." ("15043+1,2-inf") as (token, bias) pairs; throws naming the
-// item that is not one
-std::vector<std::pair<int32_t, float>> specee_parse_logit_bias(const char * text);
 // the seed in use (the params' seed, or the random one drawn for SPECEE_DEFAULT_SEED)
 uint32_t         specee_sampler_seed(const specee_sampler & s);
 // dst's history (repetition penalties) becomes src's

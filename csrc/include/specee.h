@@ -876,10 +876,9 @@ struct specee_option {
     const char * choices; // SPECEE_OPTION_CHOICE: the names, comma-separated ("mask,fill"); NULL otherwise
     const char * expect;  // what a value must be ("a number in [0, 1]"), for messages
     const char * help;    // one line, with the default
-    const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size"; llama.cpp's and EAGLE's
-                          // among them); NULL: "--" and the name with '-' for '.' and '_' (a generation option that
-                          // only this project spells)
-    const char * hint;    // the value's placeholder on a usage line ("FNAME"); NULL: the frontend's choice
+    const char * flags;   // the command line's spellings, comma-separated ("-c,--ctx-size", "--exit-kv"; llama.cpp's
+                          // and EAGLE's among them, this project's for its own options); every row has them
+    const char * hint;    // the value's placeholder on a usage line ("FNAME", "N"); NULL for a bool (a switch)
     bool         repeatable; // TEXT: a comma-separated list that setting again extends ("" clears); flags repeat
 };
 
@@ -910,8 +909,9 @@ const struct specee_spec_type * specee_spec_type_row(int32_t i);
 //
 // What a frontend takes to load a model and make its context, under llama.cpp's flags: the files, the context
 // (-c -b -ub -t -tb -ctv) and where the layers go (-ngl --offload-order -dev --rpc -ts). One table
-// (specee-options.cpp) sets them from text and checks each value once; the CLI, specee-bench, specee-server and
-// Python's Model(...) read it (the option names are Model's keywords).
+// (specee-options.cpp) names them, and its rows set each value from text and check it once
+// (specee-option-values.cpp); the CLI, specee-bench, specee-server and Python's Model(...) read it (the option names
+// are Model's keywords).
 
 #define SPECEE_MAX_PATH    4096
 #define SPECEE_MAX_DEVICES 16

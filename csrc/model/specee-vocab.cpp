@@ -542,15 +542,15 @@ static std::vector<fragment> split_specials(const specee_vocab & v, const std::s
                 next.push_back(f);
                 continue;
             }
-            const std::string_view view(text.data(), f.off + f.len);
+            const std::string_view upto(text.data(), f.off + f.len);
             size_t                 pos = f.off;
-            for (size_t m; (m = view.find(s, pos)) != std::string_view::npos;) {
+            for (size_t m; (m = upto.find(s, pos)) != std::string_view::npos;) {
                 if (m > pos) {
                     next.push_back({-1, pos, m - pos});
                 }
                 next.push_back({id, m, s.size()});
                 pos = m + s.size();
-                while (v.tokens[id].rstrip && pos < view.size() && is_ascii_space(view[pos])) {
+                while (v.tokens[id].rstrip && pos < upto.size() && is_ascii_space(upto[pos])) {
                     ++pos;
                 }
             }

@@ -79,40 +79,16 @@ static std::string str(float v) {
 }
 
 // The flags of a library table, one per option (specee.h: the generation options, specee_generator_option, and the
-// context options, specee_context_option): the option's own spellings when the table gives them (llama.cpp's and
-// EAGLE's, with this project's), else "--" and its name with '-' for '.' and '_' ("exit.kv" -> --exit-kv). A bool
-// option that is off by default is a flag that turns it on, one that is on by default "--no-..." that turns it off.
+// context options, specee_context_option): the spellings on the option's row (llama.cpp's and EAGLE's, with this
+// project's). A bool option that is off by default is a flag that turns it on, one that is on by default "--no-..."
+// that turns it off.
 static std::vector<std::string> flag_names(const specee_option & o) {
     std::vector<std::string> names;
-    if (o.flags) {
-        std::stringstream ss(o.flags);
-        for (std::string f; std::getline(ss, f, ',');) {
-            names.push_back(f);
-        }
-        return names;
+    std::stringstream        ss(o.flags);
+    for (std::string f; std::getline(ss, f, ',');) {
+        names.push_back(f);
     }
-    std::string flag = std::string("--") + o.name;
-    std::replace(flag.begin(), flag.end(), '.', '-');
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    names.push_back(flag);
     return names;
-}
-
-// a value's placeholder in --help: the table's, else from the type and name
-static std::string placeholder(const specee_option & o) {
-    const std::string name = o.name;
-    if (o.hint) {
-        return o.hint;
-    }
-    if (o.type == SPECEE_OPTION_INT || o.type == SPECEE_OPTION_FLOAT) {
-        return name == "seed" ? "SEED" : "N";
-    }
-    if (o.type == SPECEE_OPTION_LIST) {
-        return name == "eagle.replay" ? "COUNTS" : "LAYERS";
-    }
-    std::string value = name.substr(name.rfind('.') + 1);
-    std::transform(value.begin(), value.end(), value.begin(), ::toupper);
-    return value;
 }
 
 // `set(name, value)` sets option `name` from text (0 on success); `on_by_default(name)`: a bool option's default
@@ -134,7 +110,7 @@ static void add_table_options(std::vector<cli_option> & opts, const specee_optio
                             [setter, by_default](const std::string &) { return setter(by_default ? "false" : "true"); }});
             continue;
         }
-        opts.push_back({names, placeholder(*o), o->help, o->expect, setter});
+        opts.push_back({names, o->hint, o->help, o->expect, setter}); // a value's placeholder: the row's
     }
 }
 

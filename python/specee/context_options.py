@@ -39,7 +39,7 @@ def add_context_flags(parser: argparse.ArgumentParser, names: Sequence[str], def
                                 default=None, help=help_text)
             continue
         kind = {0: int, 1: float}.get(o["type"], str)  # INT, FLOAT; the rest as text
-        parser.add_argument(*o["flags"], dest=name, metavar=o["hint"] or name.upper(), type=kind,
+        parser.add_argument(*o["flags"], dest=name, metavar=o["hint"], type=kind,
                             default=None if default is None else kind(default), help=help_text,
                             action="append" if o["repeatable"] else "store")  # a list: given again, it extends
 

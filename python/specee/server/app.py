@@ -32,7 +32,7 @@ from specee.pooling import POOLINGS
 from specee.server.engine import Engine, ServerState
 from specee.server.anthropic import count_tokens
 from specee.server.anthropic import messages as anthropic_messages
-from specee.server.flags import add_llama_flags, llama_flags_of
+from specee.server.flags import GENERATION_OPTIONS, add_llama_flags, llama_flags_of
 from specee.server.embed import embeddings, rerank
 from specee.server.gcp import GcpSettings, gcp_routes, gcp_settings
 from specee.server.infill import infill
@@ -260,7 +260,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port (8080)")
     p.add_argument("--api-key", default=os.environ.get("SPECEE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECEE_API_KEY; none)")
-    p.add_argument("--mode", default="auto", choices=MODES, help="decoding mode of requests that name none (auto)")
+    p.add_argument(*GENERATION_OPTIONS["mode"]["flags"], default="auto", choices=MODES,
+                   help="decoding mode of requests that name none (auto)")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
                    help="most tokens a request generates when it gives no max_tokens / n_predict (or -1); a request's "

@@ -46,15 +46,14 @@ SCHEDULING = "CPU scheduling only: output is the same"
 # lookup's with them); their flags are the runtime's table's rows, spellings and all
 SAMPLING = ("temp", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n", "ignore_eos", "logit_bias",
             "draft.n_max", "draft.n_min", "draft.p_min", "ngram.draft_max", "draft.synth_rates")
-_OPTIONS = {o["name"]: o for o in _core.generator_options()}
-_BOOL, _FLOAT, _TEXT, _FLOATS = 2, 1, 4, 6  # enum specee_option_type
+# the runtime's generation options by name: each row's flags and value placeholder (hint: None for a switch) with them
+GENERATION_OPTIONS: dict[str, dict[str, Any]] = {o["name"]: o for o in _core.generator_options()}
+_FLOAT, _TEXT, _FLOATS = 1, 4, 6  # enum specee_option_type
 
 
 def _sampling_row(name: str) -> LlamaFlag:
-    o = _OPTIONS[name]
-    assert o["flags"], f"{name}: the runtime's table gives no spellings"
-    hint = None if o["type"] == _BOOL else o["hint"] or "N"
-    return LlamaFlag(tuple(o["flags"]), hint, "sampling", "requests' default: " + o["help"], name)
+    o = GENERATION_OPTIONS[name]
+    return LlamaFlag(tuple(o["flags"]), o["hint"], "sampling", "requests' default: " + o["help"], name)
 
 
 LLAMA_FLAGS: list[LlamaFlag] = [
@@ -303,7 +302,7 @@ def llama_flags_of(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             if value is None:
                 sampling[row.dest] = True
                 continue
-            kind = _OPTIONS[row.dest]["type"]
+            kind = GENERATION_OPTIONS[row.dest]["type"]
             try:
                 sampling[row.dest] = (value if kind in (_TEXT, _FLOATS) else float(value) if kind == _FLOAT
                                       else int(value))
