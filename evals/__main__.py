@@ -27,8 +27,12 @@ from specee.eval.metrics import SCORE_NAMES, task_score
 from specee.eval.report import (append_record, load_records, markdown_table, plot_all, record_key, repair_records,
                                 sample_rates, summarize)
 from specee.eval.runners import MODES, ModeError, RunConfig, Runner, make_runner
-from specee.generate import EXIT_KV, ExitParams
+from specee import _core
+from specee.context_options import add_option_flags
+from specee.generate import ExitParams
 from specee.paths import DEFAULT_DRAFT_HEAD, DEFAULT_EAGLE_HEAD_VOCAB8192, is_default_model, weights_path
+
+GENERATION_ROWS = {o["name"]: o for o in _core.generator_options()}  # the runtime's table of generation options
 
 DEFAULT_MODES = ["plain", "eagle", "eagle2"]
 # settings a resumed run must share with the records already in --out
@@ -70,11 +74,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--data-dir", help="folder with SpecEE's layout: NAME/question.jsonl per dataset")
     ap.add_argument("--limit", type=int, default=0, help="first N samples of each dataset (default: all)")
     ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens generated per turn (default: 128)")
-    ap.add_argument("--temp", type=float, default=0.0, help="temperature, 0 is greedy (default: 0)")
-    ap.add_argument("--top-k", type=int, default=40, help="with --temp > 0 (default: 40)")
-    ap.add_argument("--top-p", type=float, default=0.95, help="with --temp > 0 (default: 0.95)")
-    ap.add_argument("--min-p", type=float, default=0.05, help="with --temp > 0 (default: 0.05)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    # the generation options under the runtime's table's flags, with an evaluation's defaults: greedy, seed 0, the
+    # runtime's trees and the draft head file's exits
+    add_option_flags(ap, GENERATION_ROWS, ["temp", "top_k", "top_p", "min_p", "seed"],
+                     {"temp": "0", "top_k": "40", "top_p": "0.95", "min_p": "0.05", "seed": "0"})
+    add_option_flags(ap, GENERATION_ROWS, ["eagle.choices", "eagle.total_tokens", "eagle.depth", "eagle.topk",
+                                           "exit.threshold", "exit.layers"])
+    add_option_flags(ap, GENERATION_ROWS, ["exit.kv"], {"exit.kv": ExitParams().kv})
     ap.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="threads for every mode (default: the CPUs this process may use)")
     ap.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size for every mode (default: 4096)")
@@ -82,18 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="V cache type for every mode, upstream included (default: f32, the runtime's default, with "
                          "which speculative greedy output is plain greedy output bit for bit)")
     ap.add_argument("--chat-template", help="template name when the GGUF has none (chatml, llama2, llama3, ...)")
-    ap.add_argument("--eagle-choices", help="EAGLE-1 tree: child-rank paths or the preset mc_sim_7b_63 (default: the "
-                                            "runtime's)")
-    ap.add_argument("--eagle-total-tokens", type=int, help="EAGLE-2: draft tokens verified per step (default: the runtime's)")
-    ap.add_argument("--eagle-depth", type=int, help="EAGLE-2: longest draft path (default: the runtime's)")
-    ap.add_argument("--eagle-topk", type=int, help="EAGLE-2: children per expanded node (default: the runtime's)")
     ap.add_argument("--exit-draft-head", help="draft head file with exit predictors for modes early-exit and "
                                               "tree-exit (default: --draft-head when given, else the model file's "
                                               f"own; for the default model the shipped {DEFAULT_DRAFT_HEAD})")
-    ap.add_argument("--exit-threshold", type=float, help="early-exit: predictor threshold (default: the file's)")
-    ap.add_argument("--exit-layers", help="early-exit: comma-separated static exit layers (default: the file's)")
-    ap.add_argument("--exit-kv", choices=EXIT_KV, default=ExitParams().kv,
-                    help="early-exit: the skipped layers' cache of an exited token (default: mask, SpecEE's)")
     ap.add_argument("--exit-replay", help="early-exit, cost only: comma-separated exit layers that token i takes in "
                                           "turn whatever the predictors say")
     ap.add_argument("--exit-check", action="store_true",

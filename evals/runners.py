@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 import specee
+from specee import _core
 from specee.bench.perf import parse_perf
 
 
@@ -229,8 +230,15 @@ class LlamaCppPythonRunner:
 
 
 # the evaluations' flags that set what each group of the runtime's settings reads (specee.MODES[...].reads)
-FLAGS = {"eagle1_tree": "--eagle-choices", "eagle2_tree": "--eagle-total-tokens/--eagle-depth/--eagle-topk",
-         "exit": "--exit-draft-head, --exit-threshold/--exit-layers/--exit-kv/--exit-replay/--exit-check",
+def _flags(*names: str) -> str:
+    """The options' first flags as the runtime's table spells them."""
+    rows = {o["name"]: o for o in _core.generator_options()}
+    return "/".join(rows[name]["flags"][0] for name in names)
+
+
+FLAGS = {"eagle1_tree": _flags("eagle.choices"),
+         "eagle2_tree": _flags("eagle.total_tokens", "eagle.depth", "eagle.topk"),
+         "exit": "--exit-draft-head, " + _flags("exit.threshold", "exit.layers", "exit.kv") + "/--exit-replay/--exit-check",
          "ngram": "the runtime's n-gram defaults"}
 
 

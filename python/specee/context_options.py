@@ -28,18 +28,27 @@ def add_context_flags(parser: argparse.ArgumentParser, names: Sequence[str], def
     """The table's flags of `names` on an argparse command line, each setting args.<name> (an int or float for a
     number, else text; None: not given; `defaults` overrides the table's default for this frontend, shown in its
     help). The runtime checks the values when the model is made."""
+    add_option_flags(parser, CONTEXT_OPTIONS, names, defaults)
+
+
+def add_option_flags(parser: argparse.ArgumentParser, rows: dict[str, dict[str, Any]], names: Sequence[str],
+                     defaults: dict[str, str] | None = None) -> None:
+    """The flags of `names` as one of the runtime's option tables spells them (`rows`: {name: row}, the context's
+    above or `{o["name"]: o for o in _core.generator_options()}`), each setting args.<name, a dot as an underscore>;
+    the rest as `add_context_flags`."""
     defaults = defaults or {}
     for name in names:
-        o = CONTEXT_OPTIONS[name]
+        o = rows[name]
+        dest = name.replace(".", "_")
         default = defaults.get(name)
         help_text = o["help"] + (f" (here: {default})" if default is not None else "")
         if o["type"] == 2:  # a bool on by default: llama.cpp's --no-NAME turns it off
             flags = ["--no-" + f.lstrip("-") for f in o["flags"]] if o["default"] == "true" else o["flags"]
-            parser.add_argument(*flags, dest=name, action="store_const", const=o["default"] != "true",
+            parser.add_argument(*flags, dest=dest, action="store_const", const=o["default"] != "true",
                                 default=None, help=help_text)
             continue
         kind = {0: int, 1: float}.get(o["type"], str)  # INT, FLOAT; the rest as text
-        parser.add_argument(*o["flags"], dest=name, metavar=o["hint"], type=kind,
+        parser.add_argument(*o["flags"], dest=dest, metavar=o["hint"], type=kind,
                             default=None if default is None else kind(default), help=help_text,
                             action="append" if o["repeatable"] else "store")  # a list: given again, it extends
 
