@@ -356,7 +356,8 @@ static const specee_option_row CONTEXT_OPTIONS[] = {
       "matmul kernels for Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights on the CPU, a weight block unpacked once for all of a "
       "pass's tokens, "
       "results bit-identical to ggml's: auto (default: AVX2 where ggml's build and this CPU have it, else off), "
-      "portable (the same arithmetic in plain C, slow: tests) or off (ggml's mul_mat): docs/kernels.md", "--kernels",
+      "portable (the same arithmetic in plain C, slow: tests) or off (ggml's mul_mat, and ggml's repacked Q4_K: "
+      "faster prefill, a token's logits depending on its batch): docs/kernels.md", "--kernels",
       "MODE"},
      OFF(kernels), 0, KERNELS_NAMES, 3, 0, 0},
 };
@@ -407,6 +408,7 @@ extern "C" struct specee_model_params specee_context_options_model_params(const 
     p.draft_head          = o->draft_head[0] ? o->draft_head : nullptr;
     p.draft_model         = o->draft_model[0] ? o->draft_model : nullptr;
     p.n_gpu_layers_draft  = o->n_gpu_layers_draft;
+    p.kernels             = o->kernels;
     return p;
 }
 

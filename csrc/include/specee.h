@@ -53,6 +53,10 @@ struct specee_model_params {
     const char *  draft_model;    // a draft model (mode draft, specee_draft_params), NULL: none; its layers:
                                   // n_gpu_layers_draft
     int32_t       n_gpu_layers_draft;
+    int32_t       kernels;        // the contexts' matmul kernels, as specee_context_params.kernels: where they take Q4_K
+                                  // (auto on AVX2, portable), its matrices stay in the file's layout (the same bits for
+                                  // any batch); off: ggml repacks them (its GEMM, faster prefill; a token's logits then
+                                  // depend on its batch, as upstream's)
 };
 
 struct specee_model_params specee_model_default_params(void);
@@ -175,7 +179,8 @@ struct specee_context_params {
                               // it is in (speculative == plain, bit for bit), or SPECEE_KV_F16 (half the memory)
     int32_t  ngram_cache;     // tokens of earlier requests kept for n-gram lookup's drafts (the context's cross-request
                               // cache: the oldest requests evicted), 0: off
-    int32_t  kernels;         // matmul kernels for Q4_1 weights on the CPU: 0 auto, 1 portable, 2 off (specee-kernels.h)
+    int32_t  kernels;         // matmul kernels for Q4_1, Q8_0 and K-quant weights on the CPU: 0 auto, 1 portable, 2 off
+                              // (specee-kernels.h)
 };
 
 enum specee_kv_type { SPECEE_KV_F16 = 0, SPECEE_KV_F32 = 1 };

@@ -425,6 +425,7 @@ static void draft_model_load(specee_model & target, const specee_model_params & 
     dp.devices             = params.devices;
     dp.tensor_split        = params.tensor_split;
     dp.n_tensor_split      = params.n_tensor_split;
+    dp.kernels             = params.kernels;
     specee_model * d       = specee_model_load(params.draft_model, dp);
     if (!d) {
         specee_fail("draft model %s: %s", params.draft_model, specee_last_error());
@@ -475,7 +476,7 @@ static specee_model * load_impl(const char * path, const specee_model_params & p
         note = specee_load_draft_head_file(*m, params.draft_head, params.use_mmap);
     }
     specee_place_weights(*m, params);
-    specee_repack_weights(*m);
+    specee_repack_weights(*m, params.kernels);
     add_note(*m, note);
     describe(*m, arch);
     if (params.draft_model) {
@@ -498,6 +499,7 @@ extern "C" struct specee_model_params specee_model_default_params(void) {
     p.draft_head     = nullptr;
     p.draft_model    = nullptr;
     p.n_gpu_layers_draft = -1;
+    p.kernels            = 0; // auto
     return p;
 }
 

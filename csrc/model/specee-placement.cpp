@@ -450,20 +450,22 @@ static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
 // Q4_K matrices stay in the file's layout where this runtime's kernel takes them (kernels auto on AVX2): ggml's
 // repacked Q4_K multiplies 4 tokens or more with a GEMM whose results differ in the last bits from its one-token
 // GEMV's, so a token's logits would depend on its batch (docs/kernels.md); the kernel gives ggml's vec_dot bits for
-// every row count
-static bool kept_for_kernels(const ggml_tensor * w) {
-    return w->type == GGML_TYPE_Q4_K && strcmp(specee_kernels_auto_path(), "off") != 0;
+// every row count. With kernels off, ggml repacks them as upstream does (its GEMM prefills faster: docs/kernels.md)
+static bool kept_for_kernels(const ggml_tensor * w, int32_t kernels) {
+    return w->type == GGML_TYPE_Q4_K &&
+           (kernels == SPECEE_KERNELS_PORTABLE ||
+            (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") != 0));
 }
 
 // every layer on the CPU (at least one) has its matrices in a repacking buffer, or kept for the kernels
-static bool cpu_layers_batched(const specee_model & m) {
+static bool cpu_layers_batched(const specee_model & m, int32_t kernels) {
     bool any = false;
     for (size_t il = 0; il < m.layers.size(); ++il) {
         if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
             continue;
         }
         const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
-        if (!kept_for_kernels(m.layers[il].ffn_up) &&
+        if (!kept_for_kernels(m.layers[il].ffn_up, kernels) &&
             std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
             return false;
         }
@@ -472,12 +474,12 @@ static bool cpu_layers_batched(const specee_model & m) {
     return any;
 }
 
-void specee_repack_weights(specee_model & m) {
+void specee_repack_weights(specee_model & m, int32_t kernels) {
     std::vector<ggml_tensor **> cands = cpu_matrices(m), head = eagle_matrices(m);
     cands.insert(cands.begin(), head.begin(), head.end());
     size_t kept = 0;
     for (size_t i = 0; i < cands.size();) {
-        if (kept_for_kernels(*cands[i])) {
+        if (kept_for_kernels(*cands[i], kernels)) {
             kept += ggml_nbytes(*cands[i]);
             cands.erase(cands.begin() + (ptrdiff_t) i);
         } else {
@@ -485,7 +487,7 @@ void specee_repack_weights(specee_model & m) {
         }
     }
     repack(m, cands);
-    m.cpu_layers_batched = cpu_layers_batched(m);
+    m.cpu_layers_batched = cpu_layers_batched(m, kernels);
     size_t repacked       = 0;
     for (ggml_backend_buffer_t b : m.buf_repack) {
         repacked += ggml_backend_buffer_get_size(b);

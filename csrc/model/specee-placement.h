@@ -18,6 +18,6 @@ std::vector<ggml_backend_dev_t> specee_rpc_add(const char * servers);
 void specee_place_weights(specee_model & m, const specee_model_params & p);
 // Copies the matrices on the CPU (the layers', the output's, the draft head's) that one of the CPU backend's extra
 // buffer types runs faster into it, repacked (after specee_place_weights); adds a CPU_REPACK line to model.placement.
-void specee_repack_weights(specee_model & m);
+void specee_repack_weights(specee_model & m, int32_t kernels);
 // the draft head's tensors onto the output's device, or repacked on the CPU (a head loaded after the model)
 void specee_place_eagle(specee_model & m);
