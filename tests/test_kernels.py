@@ -1,8 +1,8 @@
 """The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights
 times 1..n token rows give ggml's own vec_dot results bit for bit, on the SIMD path and on the portable path forced on,
 for every row count, odd shapes and K not a multiple of 256; a model's logits are the same with kernels auto, portable
-and off (Q4_K: ggml's repacked layout with off), and a token's logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of the lossless
-modes, perplexity) are marked slow."""
+and off (Q4_K: ggml's repacked layout with off), and a token's logits do not depend on how many tokens share its
+pass. SmolLM2 runs (real weights, greedy identity of the lossless modes, perplexity) are marked slow."""
 
 from __future__ import annotations
 
@@ -51,12 +51,17 @@ def one_at_a_time(w: np.ndarray, k: int, x: np.ndarray, mode: int, wtype: int) -
 # ---- one matmul against ggml's
 
 
-@pytest.mark.parametrize("wtype", TYPES)
+# blocks of 32: K = 96, 288, 608 not multiples of 256; the K-quants' super-blocks of 256: K a multiple of 256
+SHAPES = [(t, k, m) for t in TYPES for k, m in [(64, 37), (96, 5), (288, 33), (608, 64), (32, 1)]] + [
+    (t, k, m) for t in K_QUANTS for k, m in [(256, 37), (768, 5), (512, 1), (1536, 18)]]
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("k,m", [(64, 37), (96, 5), (288, 33), (608, 64), (32, 1)])
+@pytest.mark.parametrize("wtype,k,m", SHAPES)
 def test_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int, wtype: int) -> None:
-    """n = 1..16 and past a tile (17, 33), rows not a multiple of anything, K = 96, 288, 608 (not multiples of 256);
-    against ggml's mul_mat for the same n (Q8_0: llamafile's tinyBLAS from 2 rows) and ggml's one-token vec_dot."""
+    """n = 1..16 and past a tile (17, 33), rows not a multiple of anything; against ggml's mul_mat for the same n (Q8_0:
+    llamafile's tinyBLAS from 2 rows; the K-quants: its vec_dot per pair, on the file's layout) and ggml's one-token
+    vec_dot."""
     w = random_weights(k, m, seed=k + m, wtype=wtype)
     rng = np.random.default_rng(7)
     for n in list(range(1, 17)) + [17, 33]:
@@ -116,23 +121,7 @@ def test_q8_0_weights_of_minus_128_match_ggml() -> None:
         assert_same_bits(mul_mat(w, k, x, mode, wtype=Q8_0), one_at_a_time(w, k, x, OFF, Q8_0), f"mode {mode}")
 
 
-# ---- the K-quants Q4_K and Q6_K (super-blocks of 256: K a multiple of 256)
-
-
-@pytest.mark.parametrize("wtype", K_QUANTS)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("k,m", [(256, 37), (768, 5), (512, 1), (1536, 18)])
-def test_k_quant_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int, wtype: int) -> None:
-    """n = 1..16 and past a tile, against ggml's mul_mat for the same n on the file's layout (its vec_dot per pair:
-    no tinyBLAS for K-quants on x86) and one token at a time."""
-    w = random_weights(k, m, seed=k + m, wtype=wtype)
-    rng = np.random.default_rng(17)
-    for n in list(range(1, 17)) + [17, 33]:
-        x = rng.standard_normal((n, k)).astype(np.float32)
-        got = mul_mat(w, k, x, mode, wtype=wtype)
-        assert_same_bits(got, mul_mat(w, k, x, OFF, wtype=wtype), f"k={k} m={m} n={n}")
-        if n in (2, 9, 16):
-            assert_same_bits(got, one_at_a_time(w, k, x, OFF, wtype), f"k={k} m={m} n={n}, vs one token at a time")
+# ---- the K-quants (super-blocks of 256: K a multiple of 256)
 
 
 @pytest.mark.parametrize("wtype", K_QUANTS)

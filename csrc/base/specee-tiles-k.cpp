@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 // Q6_K (ggml's AVX2 ggml_vec_dot_q6_K_q8_K): per super-block, eight exact int32 lanes, lane j the sum over its
 // eight groups of 32 of the group's sub-block scale times the products of elements 4j..4j+3 of the group (q in 0..63,
@@ -76,14 +77,33 @@ static void k_scales(const uint8_t * s, int32_t sc[8], int32_t mn[8]) {
 // sub-blocks of the sub-block's scale times the products of its elements 4j..4j+3, converted and fused-multiply-added
 // with d_y*d_x into the lane's accumulator; the mins in four lanes, lane i the exact min[2i] * sum(y of sub-block 2i)
 // + the same for 2i + 1, fused-multiply-added with (-d_y)*dmin_x; at the end hsum_float_8 of the eight, plus
-// (m0 + m2) + (m1 + m3)
-static void tile_portable_q4_k(const specee_tile_args & ta, int nt) {
-    float acc[8][8] = {};
-    float accm[8][4] = {};
+// (m0 + m2) + (m1 + m3).
+// Q5_K (ggml_vec_dot_q5_K_q8_K): the same eight lanes of 5-bit quants; the mins' four lanes summed to one exact
+// integer per super-block and fused-multiply-added with (-d_y)*dmin_x into a scalar (the compiler contracts ggml's
+// summs += dmin * sum, checked in its disassembly); at the end hsum_float_8 plus that scalar.
+// Both unpack a super-block to its 256 quants in element order: sub-block s is elements 32 s .. 32 s + 31
+template <bool FIVE> static void tile_portable_q45_k(const specee_tile_args & ta, int nt) {
+    using block       = typename std::conditional<FIVE, q5_k_block, q4_k_block>::type;
+    float acc[8][8]   = {};
+    float accm[8][4]  = {};
+    float summs[8]    = {};
     for (int64_t b = 0; b < ta.nb; ++b) {
-        const q4_k_block & xb = ((const q4_k_block *) ta.x)[b];
-        int32_t            sc[8], mn[8];
+        const block & xb = ((const block *) ta.x)[b];
+        int32_t       sc[8], mn[8];
         k_scales(xb.scales, sc, mn);
+        uint8_t q[256];
+        for (int j = 0; j < 4; ++j) {
+            for (int l = 0; l < 32; ++l) {
+                const int v      = xb.qs[32 * j + l];
+                q[64 * j + l]      = (uint8_t) (v & 0x0F);
+                q[64 * j + 32 + l] = (uint8_t) (v >> 4);
+                if (FIVE) {
+                    const uint8_t * qh = ((const q5_k_block &) xb).qh;
+                    q[64 * j + l] |= (uint8_t) (((qh[l] >> (2 * j)) & 1) << 4);
+                    q[64 * j + 32 + l] |= (uint8_t) (((qh[l] >> (2 * j + 1)) & 1) << 4);
+                }
+            }
+        }
         const float dx = ggml_fp16_to_fp32(xb.d), mx = ggml_fp16_to_fp32(xb.dmin);
         for (int t = 0; t < nt; ++t) {
             const q8_k_block & yb = ((const q8_k_block *) ta.y[t])[b];
@@ -91,84 +111,39 @@ static void tile_portable_q4_k(const specee_tile_args & ta, int nt) {
             const float        dm = -yb.d * mx;
             for (int l = 0; l < 8; ++l) {
                 int32_t lane = 0;
-                for (int j = 0; j < 4; ++j) {
-                    const uint8_t * q  = xb.qs + 32 * j + 4 * l;
-                    const int8_t *  yl = yb.qs + 64 * j + 4 * l;
-                    const int8_t *  yh = yl + 32;
-                    int32_t         lo = 0, hi = 0;
+                for (int s = 0; s < 8; ++s) {
+                    const int e   = 32 * s + 4 * l;
+                    int32_t   dot = 0;
                     for (int i = 0; i < 4; ++i) {
-                        lo += (q[i] & 0x0F) * yl[i];
-                        hi += (q[i] >> 4) * yh[i];
+                        dot += q[e + i] * yb.qs[e + i];
                     }
-                    lane += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+                    lane += sc[s] * dot;
                 }
                 acc[t][l] = std::fma(d, (float) lane, acc[t][l]);
             }
+            int32_t m[4];
             for (int i = 0; i < 4; ++i) {
-                const int32_t s0 = yb.bsums[4 * i] + yb.bsums[4 * i + 1];
-                const int32_t s1 = yb.bsums[4 * i + 2] + yb.bsums[4 * i + 3];
-                accm[t][i] = std::fma(dm, (float) (mn[2 * i] * s0 + mn[2 * i + 1] * s1), accm[t][i]);
+                m[i] = mn[2 * i] * (yb.bsums[4 * i] + yb.bsums[4 * i + 1]) +
+                       mn[2 * i + 1] * (yb.bsums[4 * i + 2] + yb.bsums[4 * i + 3]);
+                accm[t][i] = std::fma(dm, (float) m[i], accm[t][i]);
             }
+            summs[t] = std::fma(dm, (float) ((m[0] + m[1]) + (m[2] + m[3])), summs[t]);
         }
     }
     for (int t = 0; t < nt; ++t) {
-        const float * a = acc[t];
-        const float * m = accm[t];
-        ta.out[t * ta.stride] =
-            (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + ((m[0] + m[2]) + (m[1] + m[3]));
-    }
-}
-
-// Q5_K (ggml's AVX2 ggml_vec_dot_q5_K_q8_K): Q4_K's eight lanes with 5-bit quants; the mins' four lanes summed to
-// one exact integer per super-block and fused-multiply-added with (-d_y)*dmin_x into a scalar (the compiler contracts
-// ggml's summs += dmin * sum, checked in its disassembly); at the end hsum_float_8 plus that scalar
-static void tile_portable_q5_k(const specee_tile_args & ta, int nt) {
-    float acc[8][8] = {};
-    float summs[8]  = {};
-    for (int64_t b = 0; b < ta.nb; ++b) {
-        const q5_k_block & xb = ((const q5_k_block *) ta.x)[b];
-        int32_t            sc[8], mn[8];
-        k_scales(xb.scales, sc, mn);
-        const float dx = ggml_fp16_to_fp32(xb.d), mx = ggml_fp16_to_fp32(xb.dmin);
-        for (int t = 0; t < nt; ++t) {
-            const q8_k_block & yb = ((const q8_k_block *) ta.y[t])[b];
-            const float        d  = yb.d * dx;
-            const float        dm = -yb.d * mx;
-            for (int l = 0; l < 8; ++l) {
-                int32_t lane = 0;
-                for (int j = 0; j < 4; ++j) {
-                    int32_t lo = 0, hi = 0;
-                    for (int i = 0; i < 4; ++i) {
-                        const int e = 4 * l + i;
-                        const int q = xb.qs[32 * j + e];
-                        lo += ((q & 0x0F) | (((xb.qh[e] >> (2 * j)) & 1) << 4)) * yb.qs[64 * j + e];
-                        hi += ((q >> 4) | (((xb.qh[e] >> (2 * j + 1)) & 1) << 4)) * yb.qs[64 * j + 32 + e];
-                    }
-                    lane += sc[2 * j] * lo + sc[2 * j + 1] * hi;
-                }
-                acc[t][l] = std::fma(d, (float) lane, acc[t][l]);
-            }
-            int32_t m = 0;
-            for (int k = 0; k < 8; ++k) {
-                m += mn[k] * (yb.bsums[2 * k] + yb.bsums[2 * k + 1]);
-            }
-            summs[t] = std::fma(dm, (float) m, summs[t]);
-        }
-    }
-    for (int t = 0; t < nt; ++t) {
-        const float * a = acc[t];
-        ta.out[t * ta.stride] = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + summs[t];
+        const float * a   = acc[t];
+        const float * am  = accm[t];
+        const float   sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        ta.out[t * ta.stride] = sum + (FIVE ? summs[t] : (am[0] + am[2]) + (am[1] + am[3]));
     }
 }
 
 #ifdef SPECEE_KERNELS_X86
 
-// Q4_K: a super-block's nibbles split once (low and high of each 64 elements) and its scales broadcast to 16-bit
-// lanes, kept on the stack for every token's step; per token ggml's integer lanes, the mins' four lanes, two FMAs
-SPECEE_AVX2 static inline void token_step_q4_k(__m256 & acc, __m128 & accm, const __m256i * q, const __m256i * sc,
-                                               __m128i mins, const void * y, int64_t b, float dx, float mx) {
-    const q8_k_block & yb   = ((const q8_k_block *) y)[b];
-    __m256i            sumi = _mm256_setzero_si256();
+// Q4_K's and Q5_K's eight exact int32 lanes of a super-block for one token: the unpacked quants q (low and high half
+// of each 64 elements) times the token's bytes, each 32 weighted by its sub-block's scale (sc, broadcast to 16 bits)
+SPECEE_AVX2 static inline __m256i k_lanes(const __m256i * q, const __m256i * sc, const q8_k_block & yb) {
+    __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
         const __m256i yl = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j));
         const __m256i yh = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j + 32));
@@ -178,9 +153,33 @@ SPECEE_AVX2 static inline void token_step_q4_k(__m256 & acc, __m128 & accm, cons
                                              _mm256_maddubs_epi16(_mm256_load_si256(q + 2 * j + 1), yh));
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
     }
+    return sumi;
+}
+
+// their mins' four exact lanes: lane i = min[2i] * (the token's sum of sub-block 2i) + the same for 2i + 1
+SPECEE_AVX2 static inline __m128i k_mins(__m128i mins, const q8_k_block & yb) {
     const __m256i bsums = _mm256_loadu_si256((const __m256i *) yb.bsums);
-    const __m128i s32   = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-    const __m128i prod  = _mm_madd_epi16(mins, s32);
+    return _mm_madd_epi16(mins, _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
+}
+
+// a super-block's scales broadcast to 16-bit lanes (sc[8]) and its mins in one vector
+SPECEE_AVX2 static inline __m128i k_scale_vectors(const uint8_t * scales, __m256i * sc) {
+    int32_t scv[8], mnv[8];
+    k_scales(scales, scv, mnv);
+    for (int j = 0; j < 8; ++j) {
+        sc[j] = _mm256_set1_epi16((int16_t) scv[j]);
+    }
+    return _mm_setr_epi16((int16_t) mnv[0], (int16_t) mnv[1], (int16_t) mnv[2], (int16_t) mnv[3], (int16_t) mnv[4],
+                          (int16_t) mnv[5], (int16_t) mnv[6], (int16_t) mnv[7]);
+}
+
+// Q4_K: a super-block's nibbles split once (low and high of each 64 elements) and its scales broadcast to 16-bit
+// lanes, kept on the stack for every token's step; per token ggml's integer lanes, the mins' four lanes, two FMAs
+SPECEE_AVX2 static inline void token_step_q4_k(__m256 & acc, __m128 & accm, const __m256i * q, const __m256i * sc,
+                                               __m128i mins, const void * y, int64_t b, float dx, float mx) {
+    const q8_k_block & yb   = ((const q8_k_block *) y)[b];
+    const __m256i      sumi = k_lanes(q, sc, yb);
+    const __m128i prod = k_mins(mins, yb);
     acc  = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * dx), _mm256_cvtepi32_ps(sumi), acc);
     accm = _mm_fmadd_ps(_mm_set1_ps(-yb.d * mx), _mm_cvtepi32_ps(prod), accm);
 }
@@ -202,13 +201,7 @@ SPECEE_AVX2 static void tile_avx2_q4_k(const specee_tile_args & ta) {
             q[2 * j]          = _mm256_and_si256(raw, low);
             q[2 * j + 1]      = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
         }
-        int32_t scv[8], mnv[8];
-        k_scales(xb.scales, scv, mnv);
-        for (int j = 0; j < 8; ++j) {
-            sc[j] = _mm256_set1_epi16((int16_t) scv[j]);
-        }
-        const __m128i mins = _mm_setr_epi16((int16_t) mnv[0], (int16_t) mnv[1], (int16_t) mnv[2], (int16_t) mnv[3],
-                                            (int16_t) mnv[4], (int16_t) mnv[5], (int16_t) mnv[6], (int16_t) mnv[7]);
+        const __m128i mins = k_scale_vectors(xb.scales, sc);
         const float dx = _cvtsh_ss(xb.d), mx = _cvtsh_ss(xb.dmin);
         for (int t = 0; t < NT; ++t) {
             token_step_q4_k(a[t], m[t], q, sc, mins, ta.y[t], b, dx, mx);
@@ -225,21 +218,10 @@ SPECEE_AVX2 static void tile_avx2_q4_k(const specee_tile_args & ta) {
 SPECEE_AVX2 static inline void token_step_q5_k(__m256 & acc, float & summs, const __m256i * q, const __m256i * sc,
                                                __m128i mins, const void * y, int64_t b, float dx, float mx) {
     const q8_k_block & yb   = ((const q8_k_block *) y)[b];
-    __m256i            sumi = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-        const __m256i yl = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j));
-        const __m256i yh = _mm256_loadu_si256((const __m256i *) (yb.qs + 64 * j + 32));
-        const __m256i pl = _mm256_madd_epi16(_mm256_load_si256(sc + 2 * j),
-                                             _mm256_maddubs_epi16(_mm256_load_si256(q + 2 * j), yl));
-        const __m256i ph = _mm256_madd_epi16(_mm256_load_si256(sc + 2 * j + 1),
-                                             _mm256_maddubs_epi16(_mm256_load_si256(q + 2 * j + 1), yh));
-        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-    }
-    const __m256i bsums = _mm256_loadu_si256((const __m256i *) yb.bsums);
-    const __m128i s32   = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-    __m128i       prod  = _mm_madd_epi16(mins, s32);
-    prod                = _mm_hadd_epi32(prod, prod);
-    prod                = _mm_hadd_epi32(prod, prod);
+    const __m256i      sumi = k_lanes(q, sc, yb);
+    __m128i prod = k_mins(mins, yb);
+    prod         = _mm_hadd_epi32(prod, prod);
+    prod         = _mm_hadd_epi32(prod, prod);
     acc   = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * dx), _mm256_cvtepi32_ps(sumi), acc);
     summs = std::fma(-yb.d * mx, (float) _mm_cvtsi128_si32(prod), summs);
 }
@@ -263,13 +245,7 @@ SPECEE_AVX2 static void tile_avx2_q5_k(const specee_tile_args & ta) {
             q[2 * j]     = _mm256_or_si256(_mm256_and_si256(raw, low), _mm256_slli_epi16(h0, 4));
             q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), _mm256_slli_epi16(h1, 4));
         }
-        int32_t scv[8], mnv[8];
-        k_scales(xb.scales, scv, mnv);
-        for (int j = 0; j < 8; ++j) {
-            sc[j] = _mm256_set1_epi16((int16_t) scv[j]);
-        }
-        const __m128i mins = _mm_setr_epi16((int16_t) mnv[0], (int16_t) mnv[1], (int16_t) mnv[2], (int16_t) mnv[3],
-                                            (int16_t) mnv[4], (int16_t) mnv[5], (int16_t) mnv[6], (int16_t) mnv[7]);
+        const __m128i mins = k_scale_vectors(xb.scales, sc);
         const float dx = _cvtsh_ss(xb.d), mx = _cvtsh_ss(xb.dmin);
         for (int t = 0; t < NT; ++t) {
             token_step_q5_k(a[t], summs[t], q, sc, mins, ta.y[t], b, dx, mx);
@@ -358,9 +334,9 @@ void specee_tile_k(const specee_tile_args & ta, int nt, ggml_type w, bool simd) 
 #endif
     (void) simd;
     if (w == GGML_TYPE_Q4_K) {
-        tile_portable_q4_k(ta, nt);
+        tile_portable_q45_k<false>(ta, nt);
     } else if (w == GGML_TYPE_Q5_K) {
-        tile_portable_q5_k(ta, nt);
+        tile_portable_q45_k<true>(ta, nt);
     } else {
         tile_portable_q6_k(ta, nt);
     }
