@@ -158,20 +158,21 @@ static const specee_option_row OPTIONS[] = { // after MODE_CHOICES, MODE_HELP an
     {{"eagle.choices", SPECEE_OPTION_TEXT, nullptr, "a choices list like [[0], [1], [0, 0]] or mc_sim_7b_63",
       "EAGLE-1 tree: child-rank paths \"[[0], [1], [0, 0], ...]\" or the preset mc_sim_7b_63 (TensorRT-LLM's GPU "
       "default; default here: from the cost of a verification pass, [[0], [1], [0, 0]] where the CPU's layer "
-      "matrices are repacked (e.g. Q4_0), else [[0]]); implies mode eagle under auto",
+      "matrices batch cheaply (Q4_0 repacked by ggml, Q4_K under the kernels), else [[0]]); implies mode eagle under "
+      "auto",
       "--eagle-choices,--eagle_choices", "CHOICES"},
      OFF(eagle.choices), 0, nullptr, 0, 0, 0},
     {{"eagle.total_tokens", SPECEE_OPTION_INT, nullptr, "an integer >= 1",
-      "EAGLE-2: draft tokens verified per step (default: 3 where the CPU's layer matrices are repacked, e.g. Q4_0, "
-      "else 1)", "--eagle-total-tokens", "N"},
+      "EAGLE-2: draft tokens verified per step (default: 3 where the CPU's layer matrices batch cheaply, e.g. "
+      "Q4_0, Q4_K, else 1)", "--eagle-total-tokens", "N"},
      OFF(eagle.total_tokens), 0, nullptr, 0, 1, INT_MAX, 0, 0},
     {{"eagle.depth", SPECEE_OPTION_INT, nullptr, "an integer in [1, 64]",
-      "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices are repacked, else 1)",
+      "EAGLE-2: most draft tokens on one path (default: 2 where the CPU's layer matrices batch cheaply, else 1)",
       "--eagle-depth", "N"},
      OFF(eagle.depth), 0, nullptr, 0, 1, 64, 0, 0},
     {{"eagle.topk", SPECEE_OPTION_INT, nullptr, "an integer in [1, 256]",
       "EAGLE-2: children per expanded node and nodes expanded per depth (default: 2 where the CPU's layer matrices "
-      "are repacked, else 1)", "--eagle-topk,--eagle_dynamic_tree_max_top_k", "N"},
+      "batch cheaply, else 1)", "--eagle-topk,--eagle_dynamic_tree_max_top_k", "N"},
      OFF(eagle.topk), 0, nullptr, 0, 1, 256, 0, 0},
     {{"eagle.replay", SPECEE_OPTION_LIST, nullptr, "comma-separated counts like 3,2,4,1",
       "EAGLE for cost benchmarks: step i accepts COUNTS[i mod n] drafted tokens along the tree's best path whatever the "
