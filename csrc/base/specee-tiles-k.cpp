@@ -162,15 +162,23 @@ SPECEE_AVX2 static inline __m128i k_mins(__m128i mins, const q8_k_block & yb) {
     return _mm_madd_epi16(mins, _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
 }
 
-// a super-block's scales broadcast to 16-bit lanes (sc[8]) and its mins in one vector
+// a super-block's scales broadcast to 16-bit lanes (sc[8]) and its mins in one vector: k_scales four bytes at a time
+// (scales 0-3 and mins 0-3 the low 6 bits of bytes 0-3 and 4-7; scales and mins 4-7 the low and high nibbles of
+// bytes 8-11 under the top 2 bits of bytes 0-3 and 4-7), widened to 16 bits, each scale then broadcast by a shuffle
 SPECEE_AVX2 static inline __m128i k_scale_vectors(const uint8_t * scales, __m256i * sc) {
-    int32_t scv[8], mnv[8];
-    k_scales(scales, scv, mnv);
+    uint32_t w[3];
+    memcpy(w, scales, sizeof(w));
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const uint32_t sc03 = w[0] & low6, mn03 = w[1] & low6;
+    const uint32_t sc47 = (w[2] & low4) | (((w[0] >> 6) & low2) << 4);
+    const uint32_t mn47 = ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4);
+    // 16-bit lanes: scales 0-7, then mins 0-7
+    const __m256i v16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int) sc03, (int) sc47, (int) mn03, (int) mn47));
+    const __m256i scs = _mm256_permute2x128_si256(v16, v16, 0x00); // the scales in both halves
     for (int j = 0; j < 8; ++j) {
-        sc[j] = _mm256_set1_epi16((int16_t) scv[j]);
+        sc[j] = _mm256_shuffle_epi8(scs, _mm256_set1_epi16((int16_t) (((2 * j + 1) << 8) | (2 * j))));
     }
-    return _mm_setr_epi16((int16_t) mnv[0], (int16_t) mnv[1], (int16_t) mnv[2], (int16_t) mnv[3], (int16_t) mnv[4],
-                          (int16_t) mnv[5], (int16_t) mnv[6], (int16_t) mnv[7]);
+    return _mm256_extracti128_si256(v16, 1);
 }
 
 // Q4_K: a super-block's nibbles split once (low and high of each 64 elements) and its scales broadcast to 16-bit
