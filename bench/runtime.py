@@ -226,7 +226,7 @@ def default_tree_pass(model: str) -> int:
     from specee.model import Model
 
     with Model(model, n_ctx=64, n_threads=1) as m:
-        return 4 if "the CPU layers' matrices" in m.placement else 2
+        return 4 if "default EAGLE tree: three draft tokens" in m.placement else 2  # the loader's own words
 
 
 def format_pass_cost(runs: list[TestRun], sizes: list[int]) -> str:
