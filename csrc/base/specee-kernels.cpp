@@ -32,9 +32,13 @@ static ggml_type act_type_of(ggml_type w) {
 // the elements of one weight (and activation) block
 static int64_t block_elems(ggml_type act) { return act == GGML_TYPE_Q8_K ? 256 : 32; }
 
-// ---- the quantized activations: one I8 tensor holding n rows of Q8_1 or Q8_0 blocks (ggml's layout, the
-// quantizer's output) and each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a tile reads 8 tokens'
-// d or s in one load; then a span counter for each matmul that reads them (products of one input share its
+// whether the tiles read each block's d and s from the arrays beside the blocks (Q8_1, Q8_0); Q8_K's tiles read the
+// block's own float d
+static bool scales_apart(ggml_type act) { return act != GGML_TYPE_Q8_K; }
+
+// ---- the quantized activations: one I8 tensor holding n rows of Q8_1, Q8_0 or Q8_K blocks (ggml's layout, the
+// quantizer's output) and, for Q8_1 and Q8_0, each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a
+// tile reads 8 tokens' d or s in one load; then a span counter for each matmul that reads them (products of one input share its
 // quantization: Q/K/V, gate/up), each on a cache line of its own, set to 0 by the quantizer and taken from by that
 // matmul's threads
 
@@ -57,7 +61,7 @@ static act_layout layout_of(int64_t k, int64_t n, ggml_type act) {
     a.bsize = act == GGML_TYPE_Q8_0 ? sizeof(q8_0_block) : act == GGML_TYPE_Q8_K ? sizeof(q8_k_block)
                                                                                 : sizeof(q8_1_block);
     const size_t rows   = (size_t) (n * a.nb) * a.bsize;
-    const size_t floats = (size_t) (a.nb * a.n_pad) * sizeof(float);
+    const size_t floats = scales_apart(act) ? (size_t) (a.nb * a.n_pad) * sizeof(float) : 0;
     a.off_d  = (rows + 63) / 64 * 64;
     a.off_s    = a.off_d + floats;
     a.off_next = (a.off_s + floats + 63) / 64 * 64;
@@ -79,7 +83,7 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
             __atomic_store_n((int64_t *) (base + a.off_next + 64 * i), 0, __ATOMIC_RELAXED);
         }
     }
-    for (int64_t t = ith; t < a.n_pad; t += nth) {
+    for (int64_t t = ith; t < (scales_apart(act) ? a.n_pad : a.n); t += nth) {
         if (t >= a.n) {
             for (int64_t b = 0; b < a.nb; ++b) {
                 d[b * a.n_pad + t] = 0.0f;
@@ -89,12 +93,9 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         }
         uint8_t * row = base + (size_t) (t * a.nb) * a.bsize;
         q((const float *) ((const char *) x->data + t * x->nb[1]), row, x->ne[0]);
-        for (int64_t b = 0; b < a.nb; ++b) {
+        for (int64_t b = 0; scales_apart(act) && b < a.nb; ++b) {
             if (act == GGML_TYPE_Q8_0) {
                 d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_0_block *) row)[b].d);
-                s[b * a.n_pad + t] = 0.0f;
-            } else if (act == GGML_TYPE_Q8_K) {
-                d[b * a.n_pad + t] = ((const q8_k_block *) row)[b].d;
                 s[b * a.n_pad + t] = 0.0f;
             } else {
                 d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_1_block *) row)[b].d);
@@ -115,7 +116,7 @@ enum kernel_path { PATH_PORTABLE = 0, PATH_SIMD = 1 };
 
 // the tile of weight type w (specee-tiles.h)
 static void tile(const specee_tile_args & ta, int nt, ggml_type w, bool simd) {
-    if (w == GGML_TYPE_Q4_K || w == GGML_TYPE_Q5_K || w == GGML_TYPE_Q6_K) {
+    if (act_type_of(w) == GGML_TYPE_Q8_K) { // the K-quants
         specee_tile_k(ta, nt, w, simd);
     } else {
         specee_tile_q(ta, nt, w, simd);

@@ -79,7 +79,7 @@ static_assert(sizeof(q8_k_block) == 292, "block_q8_K is 292 bytes");
 struct specee_tile_args {
     const void *       x;      // the weight row's blocks (q4_1_block or q8_0_block)
     const void *       y[8];   // each token's blocks (q8_1_block or q8_0_block)
-    const float *      d_y;    // [nb][n_pad] from token t0
+    const float *      d_y;    // [nb][n_pad] from token t0 (Q8_1, Q8_0; the K-quants read the block's own d)
     const float *      s_y;    // [nb][n_pad] from token t0
     int64_t            nb;
     int64_t            n_pad;
