@@ -38,9 +38,9 @@ static bool scales_apart(ggml_type act) { return act != GGML_TYPE_Q8_K; }
 
 // ---- the quantized activations: one I8 tensor holding n rows of Q8_1, Q8_0 or Q8_K blocks (ggml's layout, the
 // quantizer's output) and, for Q8_1 and Q8_0, each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a
-// tile reads 8 tokens' d or s in one load; then a span counter for each matmul that reads them (products of one input share its
-// quantization: Q/K/V, gate/up), each on a cache line of its own, set to 0 by the quantizer and taken from by that
-// matmul's threads
+// tile reads 8 tokens' d or s in one load; then a span counter for each matmul that reads them (products of one
+// input share its quantization: Q/K/V, gate/up), each on a cache line of its own, set to 0 by the quantizer and
+// taken from by that matmul's threads
 
 struct act_layout {
     int64_t n      = 0; // tokens
