@@ -1,8 +1,10 @@
-"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md): Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights
-times 1..n token rows give ggml's own vec_dot results bit for bit, on the SIMD path and on the portable path forced on,
-for every row count, odd shapes and K not a multiple of 256; a model's logits are the same with kernels auto, portable
-and off (Q4_K: ggml's repacked layout with off), and a token's logits do not depend on how many tokens share its
-pass. SmolLM2 runs (real weights, greedy identity of the lossless modes, perplexity) are marked slow."""
+"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md). Q8_0, Q4_K, Q5_K and Q6_K weights times
+1..n token rows give ggml's own vec_dot results bit for bit, on the SIMD path and on the portable path forced on, for
+every row count, odd shapes and K not a multiple of 256. Q4_1 has this runtime's own accumulation: the same bits for
+every row count, thread count, path and layout (the file's, the loader's eight-row one), and within the float rounding
+of ggml's results. A model's logits are the same with kernels auto and portable (and off, where the bits are ggml's),
+and a token's logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of
+the lossless modes, perplexity) are marked slow."""
 
 from __future__ import annotations
 
@@ -39,8 +41,9 @@ def random_weights(k: int, m: int, seed: int, wtype: int = Q4_1) -> np.ndarray:
     return _core.quantize(wtype, (rng.standard_normal((m, k)) * 0.1 + 0.02).astype(np.float32))
 
 
-def mul_mat(w: np.ndarray, k: int, x: np.ndarray, mode: int, n_threads: int = 2, wtype: int = Q4_1) -> np.ndarray:
-    return _core.kernels_mul_mat(w, k, x, mode, n_threads, type=wtype)[0]
+def mul_mat(w: np.ndarray, k: int, x: np.ndarray, mode: int, n_threads: int = 2, wtype: int = Q4_1,
+            rows8: bool = False) -> np.ndarray:
+    return _core.kernels_mul_mat(w, k, x, mode, n_threads, type=wtype, rows8=rows8)[0]
 
 
 def one_at_a_time(w: np.ndarray, k: int, x: np.ndarray, mode: int, wtype: int) -> np.ndarray:
@@ -48,11 +51,30 @@ def one_at_a_time(w: np.ndarray, k: int, x: np.ndarray, mode: int, wtype: int) -
     return np.concatenate([mul_mat(w, k, x[i:i + 1], mode, wtype=wtype) for i in range(x.shape[0])])
 
 
+def dequantize_q4_1(w: np.ndarray, k: int) -> np.ndarray:
+    """The weights a Q4_1 matrix stands for, in float64: per block of 32 d * q + m (ggml's block: d, m as fp16, then
+    16 bytes, element i < 16 the low nibble of byte i, element 16 + i its high one)."""
+    b = w.reshape(w.shape[0], k // 32, 20)
+    d = b[:, :, 0:2].copy().view(np.float16).astype(np.float64)
+    m = b[:, :, 2:4].copy().view(np.float16).astype(np.float64)
+    q = np.concatenate([b[:, :, 4:] & 15, b[:, :, 4:] >> 4], axis=2).astype(np.float64)
+    return (q * d + m).reshape(w.shape[0], k)
+
+
+def assert_within_rounding(got: np.ndarray, ggml: np.ndarray, w: np.ndarray, k: int, x: np.ndarray, what: str) -> None:
+    """Q4_1's kernel sums in another order than ggml's vec_dot: the results differ in the float rounding only, about
+    1e-7 of sum |x| |w| (measured: at most 1.1e-7 on random weights, K = 64..4096); a wrong block, scale or min term
+    moves them by about 1e-2 of it."""
+    scale = np.abs(x.astype(np.float64)) @ np.abs(dequantize_q4_1(w, k)).T
+    worst = float((np.abs(got.astype(np.float64) - ggml) / scale).max())
+    assert worst < 1e-6, f"{what}: {worst:.2e} of sum |x| |w| from ggml's result"
+
+
 # ---- one matmul against ggml's
 
 
 # blocks of 32: K = 96, 288, 608 not multiples of 256; the K-quants' super-blocks of 256: K a multiple of 256
-SHAPES = [(t, k, m) for t in TYPES for k, m in [(64, 37), (96, 5), (288, 33), (608, 64), (32, 1)]] + [
+SHAPES = [(Q8_0, k, m) for k, m in [(64, 37), (96, 5), (288, 33), (608, 64), (32, 1)]] + [
     (t, k, m) for t in K_QUANTS for k, m in [(256, 37), (768, 5), (512, 1), (1536, 18)]]
 
 
@@ -72,15 +94,49 @@ def test_every_row_count_equals_ggml_bit_for_bit(mode: int, k: int, m: int, wtyp
             assert_same_bits(got, one_at_a_time(w, k, x, OFF, wtype), f"k={k} m={m} n={n}, vs one token at a time")
 
 
+# Q4_1: rows not a multiple of 8 (the file's layout only: a tile's last rows repeated), and multiples of 8 (also held
+# in the eight-row layout)
+Q4_1_SHAPES = [(64, 37), (96, 5), (288, 33), (608, 64), (32, 1), (64, 8), (160, 24)]
+
+
+@pytest.mark.parametrize("k,m", Q4_1_SHAPES)
+def test_q4_1_every_row_count_path_and_layout_give_the_same_bits(k: int, m: int) -> None:
+    """n = 1..16 and past a tile (17, 33): the SIMD and portable paths, the file's layout and the eight-row one, each
+    token's result bit for bit the portable path's for that token alone, and within rounding of ggml's."""
+    w = random_weights(k, m, seed=k + m)
+    rng = np.random.default_rng(7)
+    x_all = rng.standard_normal((33, k)).astype(np.float32)
+    alone = one_at_a_time(w, k, x_all, PORTABLE, Q4_1)
+    layouts = [False, True] if m % 8 == 0 else [False]
+    for n in list(range(1, 17)) + [17, 33]:
+        x = x_all[:n]
+        for mode in MODES:
+            for rows8 in layouts:
+                assert_same_bits(mul_mat(w, k, x, mode, rows8=rows8), alone[:n], f"k={k} m={m} n={n} mode {mode} "
+                                 f"rows8 {rows8}")
+        assert_within_rounding(alone[:n], mul_mat(w, k, x, OFF), w, k, x, f"k={k} m={m} n={n}")
+
+
+def test_q4_1_eight_row_layout_goes_to_the_kernel_whatever_the_mode() -> None:
+    """ggml's mul_mat cannot read the layout: with kernels off a matrix held in it still goes to the kernel."""
+    k, m = 96, 16
+    w = random_weights(k, m, seed=31)
+    x = np.random.default_rng(32).standard_normal((3, k)).astype(np.float32)
+    assert_same_bits(mul_mat(w, k, x, OFF, rows8=True), mul_mat(w, k, x, PORTABLE), "off, eight-row layout")
+    with pytest.raises(ValueError):  # rows not a multiple of 8
+        mul_mat(random_weights(k, 12, seed=1), k, x, AUTO, rows8=True)
+
+
 @pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("mode", MODES)
 def test_a_row_s_result_does_not_depend_on_its_batch(mode: int, wtype: int) -> None:
-    """Against ggml's one-token vec_dot, from 2 rows past the switches: from 16 tokens auto hands Q8_0 to ggml's
-    tinyBLAS (faster there), whose results, like the kernel's, are vec_dot's bit for bit."""
+    """Against one token at a time (Q8_0: ggml's one-token vec_dot; Q4_1: the kernel's portable path), from 2 rows
+    past the switches: from 16 tokens auto hands Q8_0 to ggml's tinyBLAS (faster there), whose results, like the
+    kernel's, are vec_dot's bit for bit."""
     k, m = 160, 21
     w = random_weights(k, m, seed=3, wtype=wtype)
     x = np.random.default_rng(11).standard_normal((130, k)).astype(np.float32)
-    alone = one_at_a_time(w, k, x, OFF, wtype)
+    alone = one_at_a_time(w, k, x, OFF if wtype == Q8_0 else PORTABLE, wtype)
     for n in (2, 5, 8, 9, 15, 16, 17, 64, 130):
         assert_same_bits(mul_mat(w, k, x[:n], mode, wtype=wtype), alone[:n], f"n={n}")
 
@@ -91,7 +147,7 @@ def test_threads_split_rows_without_changing_results(n_threads: int, wtype: int)
     k, m = 128, 19
     w = random_weights(k, m, seed=5, wtype=wtype)
     x = np.random.default_rng(2).standard_normal((6, k)).astype(np.float32)
-    want = mul_mat(w, k, x, OFF, 1, wtype=wtype)
+    want = mul_mat(w, k, x, OFF if wtype == Q8_0 else PORTABLE, 1, wtype=wtype)
     for mode in MODES:
         assert_same_bits(mul_mat(w, k, x, mode, n_threads, wtype=wtype), want, f"mode {mode}, {n_threads} threads")
 
@@ -105,8 +161,13 @@ def test_extreme_activations_match_ggml(wtype: int) -> None:
     x[1, ::32] = 1e4
     x[2] = 3.0
     x[3] = -np.linspace(0, 50, k, dtype=np.float32)
+    want = mul_mat(w, k, x, OFF if wtype == Q8_0 else PORTABLE, wtype=wtype)
     for mode in MODES:
-        assert_same_bits(mul_mat(w, k, x, mode, wtype=wtype), mul_mat(w, k, x, OFF, wtype=wtype), f"mode {mode}")
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=wtype), want, f"mode {mode}")
+    if wtype == Q4_1:
+        nonzero = np.abs(x).sum(axis=1) > 0
+        assert_within_rounding(want[nonzero], mul_mat(w, k, x, OFF)[nonzero], w, k, x[nonzero], "extremes")
+        assert (want[~nonzero] == 0).all()
 
 
 def test_q8_0_weights_of_minus_128_match_ggml() -> None:
@@ -238,8 +299,10 @@ def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.
     want = None
     wtype = {"q4_1": Q4_1, "q8_0": Q8_0, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}[ftype]
     # with kernels off ggml repacks Q4_K (where it has AVX2) and its GEMM's bits differ from its GEMV's: off is no
-    # reference there (test_q4_k_stays_in_the_file_s_layout_unless_kernels_are_off)
-    for kernels in ("off", "portable", "auto") if wtype != Q4_K else ("portable", "auto"):
+    # reference there (test_q4_k_stays_in_the_file_s_layout_unless_kernels_are_off); Q4_1's kernel has its own
+    # accumulation: off is within rounding of it, after the portable path and auto agree bit for bit
+    order = {Q4_K: ("portable", "auto"), Q4_1: ("portable", "auto", "off")}.get(wtype, ("off", "portable", "auto"))
+    for kernels in order:
         m = specee.Model(path, n_ctx=64, n_threads=2, kernels=kernels)
         built, quantized = _core.kernels_built(wtype), _core.kernels_built_quantizations()
         batch = m.eval(tokens, output="all")
@@ -255,7 +318,11 @@ def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.
         assert_same_bits(batch, single, f"kernels={kernels}: batch vs one token at a time")
         if want is None:
             want = batch
-        assert_same_bits(batch, want, f"kernels={kernels} vs off")
+        if wtype == Q4_1 and kernels == "off":  # ggml's sums, in another order
+            worst = float(np.abs(batch - want).max() / np.abs(want).max())
+            assert 0 < worst < 1e-4, f"ggml's logits {worst:.2e} of the largest from the kernel's"
+        else:
+            assert_same_bits(batch, want, f"kernels={kernels} vs {order[0]}")
         m.close()
 
 
@@ -271,12 +338,25 @@ def test_q4_k_stays_in_the_file_s_layout_unless_kernels_are_off(tiny_q4_k: Path)
     off.close()
 
 
+def test_q4_1_is_held_in_the_eight_row_layout_unless_kernels_are_off(tiny_q4_1: Path) -> None:
+    """The loader moves Q4_1 matrices of a multiple of 8 rows out of the mapping into the kernel's layout (auto and
+    portable); with kernels off they stay mapped for ggml's mul_mat."""
+    for kernels in ("auto", "portable"):
+        m = specee.Model(tiny_q4_1, n_ctx=64, n_threads=2, kernels=kernels)
+        assert "Q4_1: " in m.placement and "eight-row layout" in m.placement, m.placement
+        m.close()
+    off = specee.Model(tiny_q4_1, n_ctx=64, n_threads=2, kernels="off")
+    assert "eight-row layout" not in off.placement, off.placement
+    off.close()
+
+
 @pytest.mark.parametrize("ftype", ["q4_1", "q4_k"])
 def test_greedy_lookup_equals_plain_with_kernels(ftype: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(f"tiny_{ftype}")
     prompt = ([5, 17, 42, 9, 77, 3] * 6)[:30]
-    # ggml's plain decoding is the reference for Q4_1; for Q4_K (repacked by ggml with kernels off) the kernel's own
-    want = specee.Model(path, n_ctx=256, n_threads=2, kernels="off" if ftype == "q4_1" else "portable").generate_tokens(
+    # the kernel's own plain decoding is the reference (Q4_K with kernels off is repacked by ggml, Q4_1's kernel has
+    # its own sums)
+    want = specee.Model(path, n_ctx=256, n_threads=2, kernels="portable").generate_tokens(
         prompt, 40, temp=0, mode="plain", ignore_eos=True)
     for kernels in ("portable", "auto"):
         m = specee.Model(path, n_ctx=256, n_threads=2, kernels=kernels)
@@ -291,8 +371,9 @@ def test_greedy_lookup_equals_plain_with_kernels(ftype: str, request: pytest.Fix
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.3.attn_k.weight", "blk.7.ffn_down.weight",
                                   "blk.29.ffn_up.weight", "token_embd.weight"])
-def test_smollm2_weights_equal_ggml_bit_for_bit(smollm2_path: Path, name: str) -> None:
-    """The file's Q4_1 projections and its Q8_0 token embeddings (the tied lm_head: 49,152 rows)."""
+def test_smollm2_weights_against_ggml(smollm2_path: Path, name: str) -> None:
+    """The file's Q8_0 token embeddings (the tied lm_head: 49,152 rows): ggml's bits. Its Q4_1 projections: the same
+    bits for every row count, path and layout, within rounding of ggml's."""
     import gguf
 
     t = next(t for t in gguf.GGUFReader(smollm2_path).tensors if t.name == name)
@@ -303,43 +384,58 @@ def test_smollm2_weights_equal_ggml_bit_for_bit(smollm2_path: Path, name: str) -
     rng = np.random.default_rng(1)
     for n in range(1, 17):
         x = rng.standard_normal((n, k)).astype(np.float32)
-        want = mul_mat(w, k, x, OFF, wtype=wtype)
-        for mode in MODES:
-            if mode == PORTABLE and n not in (1, 7, 16):
-                continue  # the portable path is slow; three row counts on real weights
-            assert_same_bits(mul_mat(w, k, x, mode, wtype=wtype), want, f"{name} n={n} mode {mode}")
+        ggml = mul_mat(w, k, x, OFF, wtype=wtype)
+        if wtype == Q8_0:
+            for mode in MODES:
+                if mode == PORTABLE and n not in (1, 7, 16):
+                    continue  # the portable path is slow; three row counts on real weights
+                assert_same_bits(mul_mat(w, k, x, mode, wtype=wtype), ggml, f"{name} n={n} mode {mode}")
+            continue
+        got = mul_mat(w, k, x, AUTO if AUTO in MODES else PORTABLE, rows8=True)
+        assert_within_rounding(got, ggml, w, k, x, f"{name} n={n}")
+        assert_same_bits(mul_mat(w, k, x, MODES[-1]), got, f"{name} n={n}, the file's layout")
+        if n in (1, 7, 16):
+            assert_same_bits(mul_mat(w, k, x, PORTABLE), got, f"{name} n={n}, the portable path")
+            assert_same_bits(mul_mat(w, k, x[-1:], MODES[-1], rows8=True), got[-1:], f"{name} n={n}, its last alone")
 
 
 @pytest.mark.slow
 def test_smollm2_greedy_identity_with_kernels(smollm2_path: Path) -> None:
-    """plain, ngram and eagle2 with kernels on give the tokens plain decoding gives with ggml's mul_mat."""
+    """ngram and eagle2 with kernels on give the tokens plain decoding gives with them (as a user runs it); plain with
+    ggml's mul_mat mostly agrees too (the sums' order differs: a near-tie may go the other way)."""
     from specee.bench.spec import default_head
 
     prompts = ["The capital of France is", "def fibonacci(n):", "List three colours: red, green,"]
-    off = specee.Model(smollm2_path, n_ctx=256, n_threads=2, kernels="off", draft_head=default_head())
-    want = [off.generate_tokens(off.tokenize(p), 32, temp=0, mode="plain", ignore_eos=True) for p in prompts]
-    off.close()
     on = specee.Model(smollm2_path, n_ctx=256, n_threads=2, kernels="auto", draft_head=default_head())
+    want = [on.generate_tokens(on.tokenize(p), 32, temp=0, mode="plain", ignore_eos=True) for p in prompts]
     for p, w in zip(prompts, want):
-        for mode in ("plain", "ngram", "eagle2"):
+        for mode in ("ngram", "eagle2"):
             assert on.generate_tokens(on.tokenize(p), 32, temp=0, mode=mode, ignore_eos=True) == w, (p, mode)
+    on.close()
+    off = specee.Model(smollm2_path, n_ctx=256, n_threads=2, kernels="off")
+    same = sum(off.generate_tokens(off.tokenize(p), 32, temp=0, mode="plain", ignore_eos=True) == w
+               for p, w in zip(prompts, want))
+    off.close()
+    assert same >= 2, f"only {same} of 3 greedy continuations agree with ggml's mul_mat"
 
 
 @pytest.mark.slow
 def test_smollm2_perplexity_with_kernels_on_and_off(smollm2_path: Path) -> None:
-    """Teacher-forced on held-out text: the logits are the same bits, so perplexity is too (within 0.1% asked)."""
+    """Teacher-forced on held-out text: Q4_1's own sums change the logits in the last bits, and the activations'
+    quantization in every layer (a value rounded to another Q8 step) carries that to the quantization's own noise, a
+    text's perplexity moving by up to 0.7 % either way (docs/kernels.md); over ten texts, 3,473 tokens, within 0.1 %."""
     from specee.bench.filetype import held_out_texts, log_probs
 
     ppl = {}
     for kernels in ("off", "auto"):
-        m = specee.Model(smollm2_path, n_ctx=200, n_threads=2, kernels=kernels)
+        m = specee.Model(smollm2_path, n_ctx=520, n_threads=2, kernels=kernels)
         nll, n = 0.0, 0
-        for text in held_out_texts(3):
-            d = m.tokenize(text)[:160]
+        for text in held_out_texts(10):
+            d = m.tokenize(text)[:512]
             lp = log_probs(m, d)
             nll -= lp[np.arange(len(d) - 1), d[1:]].sum()
             n += len(d) - 1
         ppl[kernels] = float(np.exp(nll / n))
         m.close()
+    print(f"perplexity: kernels off {ppl['off']:.6f}, auto {ppl['auto']:.6f}")
     assert ppl["auto"] == pytest.approx(ppl["off"], rel=1e-3)
-    assert ppl["auto"] == ppl["off"]

@@ -1,6 +1,7 @@
 // specee-kernels.cpp: this runtime's CPU matmul of Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights times 1..n token rows, in
-// ggml's graph (docs/kernels.md): the tiles (specee-tiles.h) give ggml's own vec_dot results bit for bit for every
-// number of tokens, so a token's logits do not depend on its batch.
+// ggml's graph (docs/kernels.md): the tiles (specee-tiles.h) give the same results for every number of tokens, so a
+// token's logits do not depend on its batch: ggml's own vec_dot bits for Q8_0 and the K-quants, this runtime's own
+// accumulation for Q4_1 (which plain decoding uses too).
 //
 // Two custom ops on ggml's own threads (ggml_custom_4d: the graph's threadpool, no threads of ours): the
 // activations quantized once with ggml's own quantizer for the weight type (the values ggml's mul_mat would use;
@@ -8,7 +9,8 @@
 #include "specee-kernels.h"
 
 #include "specee-tiles-k.h"
-#include "specee-tiles-q.h"
+#include "specee-tiles-q8_0.h"
+#include "specee-tiles-q4_1.h"
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -20,6 +22,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 // the activations' type for a weight type (ggml's vec_dot_type): Q8_1 for Q4_1 (its blocks carry d*sum for the
 // min), Q8_0 for Q8_0, Q8_K for the K-quants (super-blocks of 256 with their sums of 16)
@@ -114,28 +118,33 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 
 enum kernel_path { PATH_PORTABLE = 0, PATH_SIMD = 1 };
 
-// the tile of weight type w (specee-tiles.h)
+// the one-row tile of weight type w, Q8_0 or a K-quant (specee-tiles.h)
 static void tile(const specee_tile_args & ta, int nt, ggml_type w, bool simd) {
     if (act_type_of(w) == GGML_TYPE_Q8_K) { // the K-quants
         specee_tile_k(ta, nt, w, simd);
     } else {
-        specee_tile_q(ta, nt, w, simd);
+        specee_tile_q8_0(ta, nt, simd);
     }
 }
 
-// the matmul's userdata: its path and which of the quantization's readers it is (its span counter)
-static intptr_t matmul_userdata(kernel_path path, int reader) { return (intptr_t) path + 2 * (intptr_t) reader; }
+// the matmul's userdata: its path, whether the weight holds the eight-row layout, and which of the quantization's
+// readers it is (its span counter)
+static intptr_t matmul_userdata(kernel_path path, bool rows8, int reader) {
+    return (intptr_t) path + 2 * (intptr_t) rows8 + 4 * (intptr_t) reader;
+}
 
 static const int64_t ROW_CHUNK = 16;
+static const int64_t ROWS_TOKENS = 8;
 
 static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * w    = dst->src[0];
     const ggml_tensor * qa   = dst->src[1];
     const int64_t       m    = dst->ne[0];
     const act_layout    a    = layout_of(w->ne[0], dst->ne[1], act_type_of(w->type));
-    const bool          simd = (intptr_t) userdata % 2 == PATH_SIMD;
-    const uint8_t *     base = (const uint8_t *) qa->data;
-    int64_t *           next = (int64_t *) (base + a.off_next + 64 * ((intptr_t) userdata / 2));
+    const bool          simd  = (intptr_t) userdata % 2 == PATH_SIMD;
+    const bool          rows8 = (intptr_t) userdata / 2 % 2 == 1;
+    const uint8_t *     base  = (const uint8_t *) qa->data;
+    int64_t *           next  = (int64_t *) (base + a.off_next + 64 * ((intptr_t) userdata / 4));
     // a span: an eighth of a thread's share of the rows, in whole ROW_CHUNKs, read from start to end (rows handed out
     // one ROW_CHUNK at a time interleaved the threads' reads and measured 10-25 % slower from memory)
     const int64_t span    = std::max<int64_t>(1, m / (nth * 8 * ROW_CHUNK)) * ROW_CHUNK;
@@ -149,13 +158,28 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         const int64_t end = std::min(m, (sp + 1) * span);
         for (int64_t c0 = sp * span; c0 < end; c0 += ROW_CHUNK) {
             const int64_t c1 = std::min(end, c0 + ROW_CHUNK);
-            for (int64_t t0 = 0; t0 < a.n; t0 += 8) {
-                const int nt = (int) std::min<int64_t>(a.n - t0, 8);
+            const int64_t tokens = w->type == GGML_TYPE_Q4_1 ? ROWS_TOKENS : 8; // a tile's tokens
+            for (int64_t t0 = 0; t0 < a.n; t0 += tokens) {
+                const int nt = (int) std::min<int64_t>(a.n - t0, tokens);
                 for (int t = 0; t < nt; ++t) {
                     ta.y[t] = base + (size_t) ((t0 + t) * a.nb) * a.bsize;
                 }
                 ta.d_y = (const float *) (base + a.off_d) + t0;
                 ta.s_y = (const float *) (base + a.off_s) + t0;
+                if (w->type == GGML_TYPE_Q4_1) { // eight rows at a time, the last of a chunk repeated where fewer
+                    for (int64_t r0 = c0; r0 < c1; r0 += 8) {
+                        specee_rows_args ra;
+                        ra.nr     = (int) std::min<int64_t>(c1 - r0, 8);
+                        ra.packed = rows8;
+                        ra.ahead  = !rows8 && ra.nr == 8 && r0 + 16 <= m ? 8 * w->nb[1] : 0;
+                        for (int i = 0; i < 8; ++i) { // rows8: the group's bytes start where its first row's would
+                            ra.x[i] = (const char *) w->data + std::min(r0 + i, c1 - 1) * w->nb[1];
+                        }
+                        ta.out = (float *) dst->data + t0 * ta.stride + r0;
+                        specee_tile_rows_q4_1(ta, ra, nt, simd);
+                    }
+                    continue;
+                }
                 for (int64_t r = c0; r < c1; ++r) {
                     ta.x   = (const char *) w->data + r * w->nb[1];
                     ta.out = (float *) dst->data + t0 * ta.stride + r;
@@ -191,7 +215,39 @@ static bool in_plain_cpu_buffer(const ggml_tensor * w) {
     return !dev || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
 }
 
+// ---- the eight-row layout's buffers
+
+static std::mutex                                rows8_mutex;
+static std::vector<ggml_backend_buffer_t> rows8_buffers;
+
+bool specee_kernels_rows_fit(const ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q4_1 && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 &&
+           w->ne[0] % 32 == 0 && w->ne[1] % 8 == 0 && ggml_type_size(GGML_TYPE_Q4_1) == sizeof(q4_1_block);
+}
+
+void specee_kernels_rows_pack(const ggml_tensor * w, const void * src, void * dst) {
+    specee_rows_pack_q4_1(src, dst, w->ne[0], w->ne[1]);
+}
+
+void specee_kernels_rows_hold(ggml_backend_buffer_t buf) {
+    std::lock_guard<std::mutex> lock(rows8_mutex);
+    rows8_buffers.push_back(buf);
+}
+
+void specee_kernels_rows_release(ggml_backend_buffer_t buf) {
+    std::lock_guard<std::mutex> lock(rows8_mutex);
+    rows8_buffers.erase(std::remove(rows8_buffers.begin(), rows8_buffers.end(), buf), rows8_buffers.end());
+}
+
+static bool held_in_rows8(const ggml_tensor * w) {
+    std::lock_guard<std::mutex> lock(rows8_mutex);
+    return w->buffer && std::find(rows8_buffers.begin(), rows8_buffers.end(), w->buffer) != rows8_buffers.end();
+}
+
 bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_t mode) {
+    if (held_in_rows8(w)) {
+        return true; // only the kernel reads that layout
+    }
     if (mode == SPECEE_KERNELS_OFF || (mode == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
         return false;
     }
@@ -227,14 +283,21 @@ int64_t specee_kernels_built_quantizations(void) { return built_quantizations.lo
 
 ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode,
                              specee_mm_shared * shared) {
-    // one token: ggml's own vec_dot, whose results the kernel reproduces bit for bit (tests/test_kernels.py) and
-    // which measured 10-20% faster than the kernel's one-token tile here (docs/kernels.md); the portable mode keeps
-    // the kernel for every row count so that tests run it
+    // one token of Q8_0 or a K-quant: ggml's own vec_dot, whose results the kernel reproduces bit for bit
+    // (tests/test_kernels.py) and which measured 10-20% faster than the kernel's one-token tile here
+    // (docs/kernels.md); Q4_1 takes the kernel for every row count (its own sums; faster for one token too); the
+    // portable mode keeps the kernel for every row count so that tests run it
     // Q8_0 from Q8_0_GGML_FROM tokens: ggml's tinyBLAS, whose 4 x 3 register tiles beat the kernel's 1 x 8 on large
     // batches and whose results equal its one-token vec_dot's bit for bit (tests/test_kernels.py checks 2..512 rows)
+    const bool rows8 = held_in_rows8(w);
     if (!specee_kernels_apply(w, cur, mode) ||
-        (mode == SPECEE_KERNELS_AUTO && (cur->ne[1] == 1 || (w->type == GGML_TYPE_Q8_0 && cur->ne[1] >= Q8_0_GGML_FROM)))) {
+        (mode == SPECEE_KERNELS_AUTO && ((cur->ne[1] == 1 && w->type != GGML_TYPE_Q4_1) ||
+                                         (w->type == GGML_TYPE_Q8_0 && cur->ne[1] >= Q8_0_GGML_FROM)))) {
         return ggml_mul_mat(ctx0, w, cur);
+    }
+    if (rows8 && (cur->type != GGML_TYPE_F32 || !ggml_is_contiguous(cur) || cur->ne[0] != w->ne[0] ||
+                  cur->ne[2] != 1 || cur->ne[3] != 1)) {
+        GGML_ABORT("a Q4_1 matrix in the eight-row layout times activations the kernel does not take");
     }
     const int64_t   n   = cur->ne[1];
     const ggml_type act = act_type_of(w->type);
@@ -256,18 +319,20 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
         }
     }
     ++built[w->type];
-    const kernel_path path    = mode == SPECEE_KERNELS_PORTABLE ? PATH_PORTABLE : PATH_SIMD;
+    const bool        simd = mode != SPECEE_KERNELS_PORTABLE && strcmp(specee_kernels_auto_path(), "off") != 0;
+    const kernel_path path    = simd ? PATH_SIMD : PATH_PORTABLE;
     ggml_tensor *     args[2] = {w, q};
     return ggml_custom_4d(ctx0, GGML_TYPE_F32, w->ne[1], n, 1, 1, args, 2, matmul_op, GGML_N_TASKS_MAX,
-                          (void *) matmul_userdata(path, reader));
+                          (void *) matmul_userdata(path, rows8, reader));
 }
 
 // ---- one matmul alone (tests, benchmarks)
 
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
-                              int32_t mode, int32_t n_threads, int32_t repeats, float * out) {
+                              int32_t mode, int32_t n_threads, int32_t repeats, bool rows8, float * out) {
     if (!specee_kernels_type(type) || k <= 0 ||
-        k % block_elems(act_type_of((ggml_type) type)) != 0 || m <= 0 || n <= 0 || repeats <= 0) {
+        k % block_elems(act_type_of((ggml_type) type)) != 0 || m <= 0 || n <= 0 || repeats <= 0 ||
+        (rows8 && (type != GGML_TYPE_Q4_1 || m % 8 != 0))) {
         return -1.0;
     }
     ggml_init_params wp   = {4 * ggml_tensor_overhead(), nullptr, true};
@@ -277,7 +342,12 @@ double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m
     ggml_backend_t   cpu  = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(cpu, n_threads > 0 ? n_threads : 1);
     ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors(wctx, cpu);
-    ggml_backend_tensor_set(wt, w, 0, ggml_nbytes(wt));
+    if (rows8) {
+        specee_kernels_rows_pack(wt, w, wt->data);
+        specee_kernels_rows_hold(wbuf);
+    } else {
+        ggml_backend_tensor_set(wt, w, 0, ggml_nbytes(wt));
+    }
     ggml_backend_tensor_set(xt, x, 0, ggml_nbytes(xt));
 
     ggml_init_params gp   = {16 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
@@ -299,6 +369,7 @@ double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m
 
     ggml_gallocr_free(galloc);
     ggml_free(gctx);
+    specee_kernels_rows_release(wbuf);
     ggml_backend_buffer_free(wbuf);
     ggml_backend_free(cpu);
     ggml_free(wctx);

@@ -1,9 +1,10 @@
 // specee-kernels.h: the CPU matmul kernels of this runtime: Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights times a small batch
-// of token rows, with each weight block unpacked once for every row of a tile, and results bit-identical to ggml's own
-// vec_dot (so a token's logits do not depend on how many tokens share its pass)
+// of token rows, with each weight block unpacked once for every row of a tile, and results that do not depend on how
+// many tokens share a pass: ggml's own vec_dot bits (Q8_0, the K-quants) or this runtime's own sums (Q4_1)
 #pragma once
 
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <cstdint>
 
@@ -11,7 +12,7 @@
 enum specee_kernels_mode {
     SPECEE_KERNELS_AUTO     = 0, // the SIMD path where this CPU and ggml's build match it, else ggml's mul_mat
     SPECEE_KERNELS_PORTABLE = 1, // the portable C path (same arithmetic, slower): tests, and CPUs without AVX2
-    SPECEE_KERNELS_OFF      = 2, // ggml's mul_mat everywhere
+    SPECEE_KERNELS_OFF      = 2, // ggml's mul_mat everywhere (the loader leaves Q4_1 in the file's layout then)
 };
 
 // how many products may read one quantization of their input
@@ -49,8 +50,22 @@ int64_t specee_kernels_built(int32_t type);
 // how many quantizations of activations those products have built (fewer than products where inputs are shared)
 int64_t specee_kernels_built_quantizations(void);
 
-// One matmul on ggml's CPU backend, for tests and benchmarks: out [n][m] <- the matrix w of ggml type `type` (Q4_1
-// or Q8_0; m rows of k, ggml's bytes) times the activations x [n][k] under `mode` (SPECEE_KERNELS_OFF: ggml's
-// mul_mat), computed `repeats` times with n_threads threads; returns the fastest compute's seconds (-1: bad arguments)
+// ---- Q4_1 in this runtime's eight-row layout (the tile's transposition done once, at load; docs/kernels.md)
+
+// whether w can be held in it: Q4_1, 2-D, contiguous, its rows a multiple of 8
+bool specee_kernels_rows_fit(const ggml_tensor * w);
+
+// w's bytes in the file's layout (src) written to dst in the eight-row layout (ggml_nbytes(w) bytes)
+void specee_kernels_rows_pack(const ggml_tensor * w, const void * src, void * dst);
+
+// a buffer whose Q4_1 tensors hold the eight-row layout: every product of them goes to the kernel whatever the
+// mode (ggml's mul_mat cannot read it); released before the buffer is freed
+void specee_kernels_rows_hold(ggml_backend_buffer_t buf);
+void specee_kernels_rows_release(ggml_backend_buffer_t buf);
+
+// One matmul on ggml's CPU backend, for tests and benchmarks: out [n][m] <- the matrix w of ggml type `type` (one
+// with a kernel; m rows of k, ggml's bytes) times the activations x [n][k] under `mode` (SPECEE_KERNELS_OFF: ggml's
+// mul_mat), computed `repeats` times with n_threads threads; with `rows8` a Q4_1 matrix (m a multiple of 8) is held in
+// the eight-row layout as the loader holds it; returns the fastest compute's seconds (-1: bad arguments)
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
-                              int32_t mode, int32_t n_threads, int32_t repeats, float * out);
+                              int32_t mode, int32_t n_threads, int32_t repeats, bool rows8, float * out);

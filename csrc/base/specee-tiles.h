@@ -1,8 +1,9 @@
 // specee-tiles.h: what the tiles share: ggml's block layouts, a tile's arguments, the AVX2 helpers. A tile multiplies
-// one weight row by up to 8 token rows of quantized activations with the arithmetic of ggml's x86 vec_dot for the
-// weight's type (AVX2 build), the weight's block unpacked once for all the tokens; a portable path does the same
-// operations one scalar at a time (docs/kernels.md). Blocks of 32: specee-tiles-q.h; super-blocks of 256:
-// specee-tiles-k.h; the matmul op (specee-kernels.cpp) runs them on ggml's threads.
+// weight rows by up to 8 token rows of quantized activations, the weight's block unpacked once for all the tokens:
+// for Q8_0 and the K-quants one row with the arithmetic of ggml's x86 vec_dot for the type (AVX2 build), for Q4_1
+// eight rows with this runtime's own accumulation; a portable path does the same operations one scalar at a time
+// (docs/kernels.md). Q8_0: specee-tiles-q8_0.h; Q4_1: specee-tiles-q4_1.h; super-blocks of 256: specee-tiles-k.h;
+// the matmul op (specee-kernels.cpp) runs them on ggml's threads.
 #pragma once
 
 #include "ggml.h"
@@ -74,10 +75,10 @@ static_assert(sizeof(q5_k_block) == 176, "block_q5_K is 176 bytes");
 static_assert(sizeof(q6_k_block) == 210, "block_q6_K is 210 bytes");
 static_assert(sizeof(q8_k_block) == 292, "block_q8_K is 292 bytes");
 
-// ---- one weight row times the tokens [t0, t0 + nt) (nt <= 8) of the quantized activations: out[t * stride]
+// ---- weight rows times the tokens [t0, t0 + nt) (nt <= 8) of the quantized activations: out[t * stride]
 
 struct specee_tile_args {
-    const void *       x;      // the weight row's blocks (q4_1_block or q8_0_block)
+    const void *       x;      // the weight row's blocks (Q8_0, K-quants; Q4_1's rows: specee_rows_args)
     const void *       y[8];   // each token's blocks (q8_1_block or q8_0_block)
     const float *      d_y;    // [nb][n_pad] from token t0 (Q8_1, Q8_0; the K-quants read the block's own d)
     const float *      s_y;    // [nb][n_pad] from token t0

@@ -807,7 +807,7 @@ PYBIND11_MODULE(_core, m) {
        "rows [n_rows, n_per_row] of floats as ggml type `type`: [n_rows, row bytes] uint8, as llama-quantize makes "
        "them; imatrix: None or [n_per_row] importance weights (an importance matrix's entry for the tensor)");
     m.def("kernels_mul_mat", [](const py::array_t<uint8_t, py::array::c_style> & w, int64_t k, const f32_array & x,
-                                int32_t mode, int32_t n_threads, int32_t repeats, int32_t type) {
+                                int32_t mode, int32_t n_threads, int32_t repeats, int32_t type, bool rows8) {
         if (w.ndim() != 2 || x.ndim() != 2 || x.shape(1) != k) {
             throw py::value_error("kernels_mul_mat: w [m, row bytes] uint8 and x [n, k] floats");
         }
@@ -821,7 +821,7 @@ PYBIND11_MODULE(_core, m) {
         double             s;
         {
             py::gil_scoped_release release;
-            s = specee_kernels_mul_mat(type, w.data(), k, m, x.data(), n, mode, n_threads, repeats,
+            s = specee_kernels_mul_mat(type, w.data(), k, m, x.data(), n, mode, n_threads, repeats, rows8,
                                        out.mutable_data());
         }
         if (s < 0) {
@@ -829,9 +829,10 @@ PYBIND11_MODULE(_core, m) {
         }
         return py::make_tuple(out, s);
     }, py::arg("w"), py::arg("k"), py::arg("x"), py::arg("mode"), py::arg("n_threads") = 1, py::arg("repeats") = 1,
-       py::arg("type") = (int32_t) GGML_TYPE_Q4_1,
+       py::arg("type") = (int32_t) GGML_TYPE_Q4_1, py::arg("rows8") = false,
        "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K; from "
-       "quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat): (out [n, m], "
+       "quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat); rows8: a Q4_1 "
+       "matrix of a multiple of 8 rows held in the loader's eight-row layout (the kernel whatever the mode): (out [n, m], "
        "the fastest of `repeats` computes in seconds)");
     m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");
     m.def("kernels_built", &specee_kernels_built, py::arg("type"),

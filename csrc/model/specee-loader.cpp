@@ -8,6 +8,7 @@
 #include "specee-gguf.h"
 #include "specee-head-weights.h"
 #include "specee-impl.h"
+#include "specee-kernels.h"
 #include "specee-model.h"
 #include "specee-placement.h"
 #include "specee-vocab.h"
@@ -34,6 +35,7 @@ specee_model::~specee_model() {
         ggml_free(c);
     }
     for (ggml_backend_buffer_t b : buf_repack) {
+        specee_kernels_rows_release(b);
         ggml_backend_buffer_free(b);
     }
     for (ggml_context * c : ctx_repack) {

@@ -14,6 +14,7 @@
 #include "specee-rpc-client.h"
 
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -447,6 +448,48 @@ static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
     }
 }
 
+// Q4_1 matrices of a multiple of 8 rows are copied out of the mapping into this runtime's eight-row layout where its
+// kernel takes them (kernels auto or portable): the kernel's transposition of eight rows' blocks done once, at load,
+// and the rows read in one stream (docs/kernels.md). Returns their buffer (nullptr: none).
+static ggml_backend_buffer_t hold_in_rows8(specee_model & m, std::vector<ggml_tensor **> & cands, int32_t kernels) {
+    if (kernels == SPECEE_KERNELS_OFF || (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
+        return nullptr;
+    }
+    std::vector<ggml_tensor **> fit;
+    for (size_t i = 0; i < cands.size();) {
+        if (specee_kernels_rows_fit(*cands[i]) && (*cands[i])->data) {
+            fit.push_back(cands[i]);
+            cands.erase(cands.begin() + (ptrdiff_t) i);
+        } else {
+            ++i;
+        }
+    }
+    if (fit.empty()) {
+        return nullptr;
+    }
+    ggml_init_params rp   = {fit.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    ggml_context *   rctx = ggml_init(rp);
+    m.ctx_repack.push_back(rctx);
+    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
+    for (ggml_tensor ** c : fit) {
+        ggml_tensor * dst = ggml_dup_tensor(rctx, *c);
+        ggml_set_name(dst, ggml_get_name(*c));
+        pairs.emplace_back(*c, dst);
+        *c = dst;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, ggml_backend_cpu_buffer_type());
+    if (!buf) {
+        specee_fail("cannot allocate %zu Q4_1 matrices in the kernel's layout", fit.size());
+    }
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    m.buf_repack.push_back(buf);
+    specee_kernels_rows_hold(buf);
+    for (auto & p : pairs) {
+        specee_kernels_rows_pack(p.first, p.first->data, p.second->data);
+    }
+    return buf;
+}
+
 // Q4_K matrices stay in the file's layout where this runtime's kernel takes them (kernels auto on AVX2): ggml's
 // repacked Q4_K multiplies 4 tokens or more with a GEMM whose results differ in the last bits from its one-token
 // GEMV's, so a token's logits would depend on its batch (docs/kernels.md); the kernel gives ggml's vec_dot bits for
@@ -486,11 +529,17 @@ void specee_repack_weights(specee_model & m, int32_t kernels) {
             ++i;
         }
     }
+    const ggml_backend_buffer_t rows8 = hold_in_rows8(m, cands, kernels);
     repack(m, cands);
     m.cpu_layers_batched = cpu_layers_batched(m, kernels);
     size_t repacked       = 0;
     for (ggml_backend_buffer_t b : m.buf_repack) {
-        repacked += ggml_backend_buffer_get_size(b);
+        repacked += b != rows8 ? ggml_backend_buffer_get_size(b) : 0;
+    }
+    if (rows8) {
+        m.placement += specee_format("\nQ4_1: %.1f MiB in this runtime's eight-row layout (its kernel's)%s",
+                                     ggml_backend_buffer_get_size(rows8) / 1024.0 / 1024.0,
+                                     m.cpu_layers_batched ? " (default EAGLE tree: three draft tokens)" : "");
     }
     if (repacked > 0) {
         m.placement += specee_format("\nCPU_REPACK: %.1f MiB of %s in the CPU's interleaved layouts%s",
