@@ -1,8 +1,10 @@
 """python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
 memory: a random Q4_1 (or Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
-rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot), and the one-row product's
-read rate. ggml's product here reads the file's layout (its vec_dot per pair); ggml's repacked Q4_K is measured
-whole-model, against llama-bench (python -m specee.bench.runtime).
+rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot for one token of Q8_0 and the
+K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1 also in the
+loader's eight-row layout (`auto rows8`, what a model's Q4_1 matrices use). ggml's product here reads the file's
+layout (its vec_dot per pair); ggml's repacked Q4_K is measured whole-model, against llama-bench (python -m
+specee.bench.runtime).
 
     python -m specee.bench.kernels                      # 1536 x 73,728 Q4_1 (70.8 MB), 1 and 2 threads, n = 1, 2, 4, 8
     python -m specee.bench.kernels --type q8_0 --rows 49152 -k 576 --threads 2     # SmolLM2's tied lm_head
@@ -17,7 +19,7 @@ import numpy as np
 from specee import _core
 
 TYPES = {"q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}  # ggml type ids
-MODES = {"auto": 0, "off": 2}  # enum specee_kernels_mode
+MODES = {"auto": (0, False), "auto rows8": (0, True), "off": (2, False)}  # enum specee_kernels_mode, eight-row layout
 
 
 def ints(text: str) -> list[int]:
@@ -38,16 +40,21 @@ def main() -> None:
     xs = {n: rng.standard_normal((n, args.k)).astype(np.float32) for n in args.n}
     print(f"{args.type} {args.k} x {args.rows} ({w.nbytes / 1e6:.1f} MB), fastest of {args.repeats}; cost = n rows in "
           f"units of the same mode's one-row product\n")
-    print("| threads | mode | " + " | ".join(f"n = {n}" for n in args.n) + " | one row: ms, GB/s |")
-    print("| ---: | --- | " + " | ".join("---:" for _ in args.n) + " | ---: |")
+    print("| threads | mode | " + " | ".join(f"n = {n}" for n in args.n) + f" | one row: ms, GB/s | off / mode at "
+          f"n = {args.n[-1]} |")
+    print("| ---: | --- | " + " | ".join("---:" for _ in args.n) + " | ---: | ---: |")
     for th in args.threads:
-        for name, mode in MODES.items():
-            s = {n: _core.kernels_mul_mat(w, args.k, xs[n], mode, th, repeats=args.repeats, type=TYPES[args.type])[1]
-                 for n in args.n}
+        rows = {}
+        for name, (mode, rows8) in MODES.items():
+            if rows8 and (args.type != "q4_1" or args.rows % 8):
+                continue
+            rows[name] = {n: _core.kernels_mul_mat(w, args.k, xs[n], mode, th, repeats=args.repeats,
+                                                   type=TYPES[args.type], rows8=rows8)[1] for n in args.n}
+        for name, s in rows.items():
             one = s[args.n[0]]
             cells = " | ".join(f"{s[n] / one:.2f}" for n in args.n)
-            print(f"| {th} | {name} | {cells} | {one * 1e3:.2f}, {w.nbytes / one / 1e9:.1f} |")
-
+            print(f"| {th} | {name} | {cells} | {one * 1e3:.2f}, {w.nbytes / one / 1e9:.1f} | "
+                  f"{rows['off'][args.n[-1]] / s[args.n[-1]]:.2f} |")
 
 if __name__ == "__main__":
     main()
