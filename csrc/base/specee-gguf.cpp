@@ -273,6 +273,20 @@ void specee_gguf_map(specee_gguf_file & f, const std::string & path, bool use_mm
     close(fd);
 }
 
+void specee_gguf_release(const specee_gguf_file & f, const void * data, size_t n) {
+    const uintptr_t lo = (uintptr_t) data, hi = lo + n, base = (uintptr_t) f.addr;
+    if (!f.addr || lo < base || hi > base + f.size) {
+        return;
+    }
+    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+    // a mapping's neighbours on the edge pages fault back in from the file; an owned copy keeps its edge pages
+    const uintptr_t from = f.mapped ? lo / page * page : (lo + page - 1) / page * page;
+    const uintptr_t to   = f.mapped ? (hi + page - 1) / page * page : hi / page * page;
+    if (to > from) {
+        madvise((void *) from, to - from, MADV_DONTNEED);
+    }
+}
+
 void specee_gguf_bind_tensors(specee_gguf_file & f, const std::string & path) {
     const size_t data_offset = gguf_get_data_offset(f.gguf);
     for (int64_t i = 0; i < gguf_get_n_tensors(f.gguf); ++i) {

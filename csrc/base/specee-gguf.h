@@ -49,6 +49,10 @@ ggml_tensor * specee_gguf_tensor(ggml_context * cm, const std::string & path, sp
 
 // maps (or reads, without mmap) the file at path into f.addr / f.size
 void specee_gguf_map(specee_gguf_file & f, const std::string & path, bool use_mmap);
+// the pages of f holding [data, data + n), once their bytes were copied elsewhere and are not read again: handed back
+// to the OS (a mapping's pages drop out of the process's resident memory and fault in again from the file if read; an
+// owned copy's whole pages inside the range are freed and read as zeros). Nothing when the range is not f's.
+void specee_gguf_release(const specee_gguf_file & f, const void * data, size_t n);
 // checks every tensor of f lies inside the file, then points them into the mapping through one CPU buffer
 void specee_gguf_bind_tensors(specee_gguf_file & f, const std::string & path);
 
