@@ -512,8 +512,9 @@ static bool kept_for_kernels(const ggml_tensor * w, int32_t kernels) {
             (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") != 0));
 }
 
-// every layer on the CPU (at least one) has its matrices in a repacking buffer, or kept for the kernels
-static bool cpu_layers_batched(const specee_model & m, int32_t kernels) {
+// every layer on the CPU (at least one) has its matrices in one of ggml's repacking buffers, or kept for the kernels
+// (Q4_K); Q4_1's eight-row layout does not count: with it one draft token measured best on SmolLM2 (docs/speculative.md)
+static bool cpu_layers_batched(const specee_model & m, int32_t kernels, ggml_backend_buffer_t rows8) {
     bool any = false;
     for (size_t il = 0; il < m.layers.size(); ++il) {
         if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
@@ -521,7 +522,7 @@ static bool cpu_layers_batched(const specee_model & m, int32_t kernels) {
         }
         const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
         if (!kept_for_kernels(m.layers[il].ffn_up, kernels) &&
-            std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end()) {
+            (b == rows8 || std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end())) {
             return false;
         }
         any = true;
@@ -543,7 +544,7 @@ void specee_repack_weights(specee_model & m, int32_t kernels) {
     }
     const ggml_backend_buffer_t rows8 = hold_in_rows8(m, cands, kernels);
     repack(m, cands);
-    m.cpu_layers_batched = cpu_layers_batched(m, kernels);
+    m.cpu_layers_batched = cpu_layers_batched(m, kernels, rows8);
     size_t repacked       = 0;
     for (ggml_backend_buffer_t b : m.buf_repack) {
         repacked += b != rows8 ? ggml_backend_buffer_get_size(b) : 0;
