@@ -217,6 +217,58 @@ def test_k_quant_batch_and_threads_do_not_change_a_row(n_threads: int, wtype: in
             assert_same_bits(got, alone[:n], f"mode {mode}, n={n}, {n_threads} threads")
 
 
+def dequantize_q4_k(w: np.ndarray, k: int) -> np.ndarray:
+    """The weights a Q4_K matrix stands for, in float64: per sub-block s of 32, d * sc[s] * q - dmin * mn[s] (ggml's
+    super-block: d, dmin as fp16, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles, sub-block 2j the low nibbles
+    of bytes 32j..32j+31, 2j + 1 their high ones)."""
+    b = w.reshape(w.shape[0], k // 256, 144)
+    d = b[:, :, 0:2].copy().view(np.float16).astype(np.float64)
+    dmin = b[:, :, 2:4].copy().view(np.float16).astype(np.float64)
+    s = b[:, :, 4:16].astype(np.int64)
+    sc = np.concatenate([s[:, :, 0:4] & 63, (s[:, :, 8:12] & 15) | ((s[:, :, 0:4] >> 6) << 4)], axis=2)
+    mn = np.concatenate([s[:, :, 4:8] & 63, (s[:, :, 8:12] >> 4) | ((s[:, :, 4:8] >> 6) << 4)], axis=2)
+    qs = b[:, :, 16:].reshape(w.shape[0], k // 256, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(w.shape[0], k // 256, 8, 32).astype(np.float64)
+    return (d[..., None] * sc[..., None] * q - dmin[..., None] * mn[..., None]).reshape(w.shape[0], k)
+
+
+@pytest.mark.parametrize("k,m", [(256, 8), (512, 24), (1536, 16)])
+def test_q4_k_eight_row_layout_every_row_count_path_and_thread_give_the_same_bits(k: int, m: int) -> None:
+    """Q4_K held in the eight-row layout (this runtime's own sums): n = 1..16 and 17, the SIMD and portable paths,
+    1 and 3 threads, each token's result bit for bit the portable path's for that token alone, and within rounding
+    of ggml's vec_dot."""
+    w = random_weights(k, m, seed=k + m, wtype=Q4_K)
+    rng = np.random.default_rng(8)
+    x_all = rng.standard_normal((17, k)).astype(np.float32)
+    alone = np.concatenate([mul_mat(w, k, x_all[i:i + 1], PORTABLE, wtype=Q4_K, rows8=True) for i in range(17)])
+    scale = np.abs(x_all.astype(np.float64)) @ np.abs(dequantize_q4_k(w, k)).T
+    for n in list(range(1, 17)) + [17]:
+        x = x_all[:n]
+        for mode in MODES + [OFF]:  # a matrix in the layout goes to the kernel whatever the mode
+            for n_threads in (1, 3):
+                got = _core.kernels_mul_mat(w, k, x, mode, n_threads, type=Q4_K, rows8=True)[0]
+                assert_same_bits(got, alone[:n], f"k={k} m={m} n={n} mode {mode}, {n_threads} threads")
+        worst = float((np.abs(alone[:n] - mul_mat(w, k, x, OFF, wtype=Q4_K)) / scale[:n]).max())
+        assert worst < 1e-6, f"k={k} m={m} n={n}: {worst:.2e} of sum |x| |w| from ggml's result"
+
+
+def test_q4_k_eight_row_layout_takes_any_block() -> None:
+    """Blocks of random bytes (every nibble, every 6-bit scale and min) with sane super-block scales: the integer sums
+    stay exact (the SIMD path's int16 sums of eight byte products bounded by 8 * 2 * 15 * 128 < 2^15)."""
+    k, m = 512, 16
+    rng = np.random.default_rng(22)
+    w = rng.integers(0, 256, (m, k // 256, 144), dtype=np.uint8)
+    w[:, :, 0:2] = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)
+    w[:, :, 2:4] = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+    w = w.reshape(m, -1)
+    x = rng.standard_normal((9, k)).astype(np.float32) * 3
+    want = mul_mat(w, k, x, PORTABLE, wtype=Q4_K, rows8=True)
+    for mode in MODES:
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=Q4_K, rows8=True), want, f"mode {mode}")
+    scale = np.abs(x.astype(np.float64)) @ np.abs(dequantize_q4_k(w, k)).T
+    assert float((np.abs(want - mul_mat(w, k, x, OFF, wtype=Q4_K)) / scale).max()) < 1e-6
+
+
 def test_bad_shapes_are_refused() -> None:
     w = random_weights(64, 4, seed=1)
     with pytest.raises(ValueError):
@@ -327,14 +379,16 @@ def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.
 
 
 @pytest.mark.skipif(_core.kernels_auto_path() == "off", reason="ggml repacks Q4_K only with AVX2, as auto's path needs")
-def test_q4_k_stays_in_the_file_s_layout_unless_kernels_are_off(tiny_q4_k: Path) -> None:
-    """Under auto the loader keeps Q4_K out of ggml's repacking (the kernel reads the file's layout, the same bits for
-    any batch); with kernels off ggml repacks it as upstream does (its GEMM for prefill)."""
+def test_q4_k_is_held_in_the_eight_row_layout_unless_kernels_are_off(tiny_q4_k: Path) -> None:
+    """Under auto the loader keeps Q4_K out of ggml's repacking and holds its matrices (all of a multiple of 8 rows
+    here) in the kernel's eight-row layout (the same bits for any batch); with kernels off ggml repacks them as upstream
+    does (its GEMM for prefill)."""
     on = specee.Model(tiny_q4_k, n_ctx=64, n_threads=2)
-    assert "kept in the file's layout" in on.placement and "CPU_REPACK" not in on.placement, on.placement
+    assert "Q4_K: " in on.placement and "eight-row layout" in on.placement, on.placement
+    assert "CPU_REPACK" not in on.placement, on.placement
     on.close()
     off = specee.Model(tiny_q4_k, n_ctx=64, n_threads=2, kernels="off")
-    assert "CPU_REPACK" in off.placement and "kept in the file's layout" not in off.placement, off.placement
+    assert "CPU_REPACK" in off.placement and "eight-row layout" not in off.placement, off.placement
     off.close()
 
 

@@ -11,6 +11,7 @@
 #include "specee-tiles-k.h"
 #include "specee-tiles-q8_0.h"
 #include "specee-tiles-q4_1.h"
+#include "specee-tiles-q4_k.h"
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -158,7 +159,7 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         const int64_t end = std::min(m, (sp + 1) * span);
         for (int64_t c0 = sp * span; c0 < end; c0 += ROW_CHUNK) {
             const int64_t c1 = std::min(end, c0 + ROW_CHUNK);
-            const int64_t tokens = w->type == GGML_TYPE_Q4_1 ? ROWS_TOKENS : 8; // a tile's tokens
+            const int64_t tokens = w->type == GGML_TYPE_Q4_1 || rows8 ? ROWS_TOKENS : 8; // a tile's tokens
             for (int64_t t0 = 0; t0 < a.n; t0 += tokens) {
                 const int nt = (int) std::min<int64_t>(a.n - t0, tokens);
                 for (int t = 0; t < nt; ++t) {
@@ -166,7 +167,7 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
                 }
                 ta.d_y = (const float *) (base + a.off_d) + t0;
                 ta.s_y = (const float *) (base + a.off_s) + t0;
-                if (w->type == GGML_TYPE_Q4_1) { // eight rows at a time, the last of a chunk repeated where fewer
+                if (w->type == GGML_TYPE_Q4_1 || rows8) { // eight rows at a time, the last of a chunk repeated
                     for (int64_t r0 = c0; r0 < c1; r0 += 8) {
                         specee_rows_args ra;
                         ra.nr     = (int) std::min<int64_t>(c1 - r0, 8);
@@ -176,7 +177,11 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
                             ra.x[i] = (const char *) w->data + std::min(r0 + i, c1 - 1) * w->nb[1];
                         }
                         ta.out = (float *) dst->data + t0 * ta.stride + r0;
-                        specee_tile_rows_q4_1(ta, ra, nt, simd);
+                        if (w->type == GGML_TYPE_Q4_K) {
+                            specee_tile_rows_q4_k(ta, ra, nt, simd);
+                        } else {
+                            specee_tile_rows_q4_1(ta, ra, nt, simd);
+                        }
                     }
                     continue;
                 }
@@ -221,12 +226,17 @@ static std::mutex                                rows8_mutex;
 static std::vector<ggml_backend_buffer_t> rows8_buffers;
 
 bool specee_kernels_rows_fit(const ggml_tensor * w) {
-    return w->type == GGML_TYPE_Q4_1 && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 &&
-           w->ne[0] % 32 == 0 && w->ne[1] % 8 == 0 && ggml_type_size(GGML_TYPE_Q4_1) == sizeof(q4_1_block);
+    const bool q4_1 = w->type == GGML_TYPE_Q4_1 && w->ne[0] % 32 == 0 && ggml_type_size(w->type) == sizeof(q4_1_block);
+    const bool q4_k = w->type == GGML_TYPE_Q4_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q4_k_block);
+    return (q4_1 || q4_k) && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 && w->ne[1] % 8 == 0;
 }
 
 void specee_kernels_rows_pack(const ggml_tensor * w, const void * src, void * dst) {
-    specee_rows_pack_q4_1(src, dst, w->ne[0], w->ne[1]);
+    if (w->type == GGML_TYPE_Q4_K) {
+        specee_rows_pack_q4_k(src, dst, w->ne[0], w->ne[1]);
+    } else {
+        specee_rows_pack_q4_1(src, dst, w->ne[0], w->ne[1]);
+    }
 }
 
 void specee_kernels_rows_hold(ggml_backend_buffer_t buf) {
@@ -291,8 +301,8 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
     // batches and whose results equal its one-token vec_dot's bit for bit (tests/test_kernels.py checks 2..512 rows)
     const bool rows8 = held_in_rows8(w);
     if (!specee_kernels_apply(w, cur, mode) ||
-        (mode == SPECEE_KERNELS_AUTO && ((cur->ne[1] == 1 && w->type != GGML_TYPE_Q4_1) ||
-                                         (w->type == GGML_TYPE_Q8_0 && cur->ne[1] >= Q8_0_GGML_FROM)))) {
+        (mode == SPECEE_KERNELS_AUTO && !rows8 && ((cur->ne[1] == 1 && w->type != GGML_TYPE_Q4_1) ||
+                                                   (w->type == GGML_TYPE_Q8_0 && cur->ne[1] >= Q8_0_GGML_FROM)))) {
         return ggml_mul_mat(ctx0, w, cur);
     }
     if (rows8 && (cur->type != GGML_TYPE_F32 || !ggml_is_contiguous(cur) || cur->ne[0] != w->ne[0] ||
@@ -332,7 +342,7 @@ double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m
                               int32_t mode, int32_t n_threads, int32_t repeats, bool rows8, float * out) {
     if (!specee_kernels_type(type) || k <= 0 ||
         k % block_elems(act_type_of((ggml_type) type)) != 0 || m <= 0 || n <= 0 || repeats <= 0 ||
-        (rows8 && (type != GGML_TYPE_Q4_1 || m % 8 != 0))) {
+        (rows8 && ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q4_K) || m % 8 != 0))) {
         return -1.0;
     }
     ggml_init_params wp   = {4 * ggml_tensor_overhead(), nullptr, true};

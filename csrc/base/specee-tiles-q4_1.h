@@ -15,15 +15,6 @@ struct q4_1_rows8 {
 };
 static_assert(sizeof(q4_1_rows8) == 8 * 20, "eight Q4_1 blocks");
 
-// rows x[0..7] in the file's layout (a row repeated where fewer than eight are real), or with `packed` the eight
-// rows' group in the eight-row layout at x[0], times the tokens y[0..nt) of ta; token t's result for row r (r < nr)
-// at out[t * stride + r]; ta.x is unused
-struct specee_rows_args {
-    const void * x[8];
-    int          nr;
-    bool         packed;
-    int64_t      ahead; // the file's layout: bytes from each row to the same block of the rows read next, or 0
-};
 
 // the SIMD path (AVX2, where the caller checked this CPU has it) or the portable one; nt in 1..8
 void specee_tile_rows_q4_1(const specee_tile_args & ta, const specee_rows_args & ra, int nt, bool simd);

@@ -88,6 +88,17 @@ struct specee_tile_args {
     int64_t            stride;
 };
 
+// ---- the tiles of eight weight rows (Q4_1, Q4_K; this runtime's own sums): rows x[0..7] in the file's layout (a
+// row repeated where fewer than eight are real), or with `packed` the eight rows' group in the type's eight-row
+// layout at x[0], times the tokens y[0..nt) of a specee_tile_args; token t's result for row r (r < nr) at
+// out[t * stride + r]; the specee_tile_args' x is unused
+struct specee_rows_args {
+    const void * x[8];
+    int          nr;
+    bool         packed;
+    int64_t      ahead; // the file's layout: bytes from each row to the same block of the rows read next, or 0
+};
+
 #ifdef SPECEE_KERNELS_X86
 
 #define SPECEE_AVX2 __attribute__((target("avx2,fma,f16c")))

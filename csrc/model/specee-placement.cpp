@@ -459,16 +459,23 @@ static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
     }
 }
 
-// Q4_1 matrices of a multiple of 8 rows are copied out of the mapping into this runtime's eight-row layout where its
-// kernel takes them (kernels auto or portable): the kernel's transposition of eight rows' blocks done once, at load,
-// and the rows read in one stream (docs/kernels.md). Returns their buffer (nullptr: none).
-static ggml_backend_buffer_t hold_in_rows8(specee_model & m, std::vector<ggml_tensor **> & cands, int32_t kernels) {
+// Q4_1 and Q4_K matrices of a multiple of 8 rows are copied out of the mapping into this runtime's eight-row layouts
+// where its kernels take them (kernels auto or portable): the kernel's transposition of eight rows' blocks done once,
+// at load, and the rows read in one stream (docs/kernels.md). Returns their buffer (nullptr: none) and their types'
+// names ("Q4_1", "Q4_1, Q4_K").
+static ggml_backend_buffer_t hold_in_rows8(specee_model & m, std::vector<ggml_tensor **> & cands, int32_t kernels,
+                                           std::string & types) {
     if (kernels == SPECEE_KERNELS_OFF || (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
         return nullptr;
     }
     std::vector<ggml_tensor **> fit;
     for (size_t i = 0; i < cands.size();) {
         if (specee_kernels_rows_fit(*cands[i]) && (*cands[i])->data) {
+            std::string name = ggml_type_name((*cands[i])->type); // q4_1, q4_K: as the placement's other lines, Q4_K
+            std::transform(name.begin(), name.end(), name.begin(), ::toupper);
+            if (types.find(name) == std::string::npos) {
+                types += (types.empty() ? "" : ", ") + name;
+            }
             fit.push_back(cands[i]);
             cands.erase(cands.begin() + (ptrdiff_t) i);
         } else {
@@ -490,7 +497,7 @@ static ggml_backend_buffer_t hold_in_rows8(specee_model & m, std::vector<ggml_te
     }
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, ggml_backend_cpu_buffer_type());
     if (!buf) {
-        specee_fail("cannot allocate %zu Q4_1 matrices in the kernel's layout", fit.size());
+        specee_fail("cannot allocate %zu matrices (%s) in the kernels' eight-row layout", fit.size(), types.c_str());
     }
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     m.buf_repack.push_back(buf);
@@ -533,7 +540,9 @@ static bool cpu_layers_batched(const specee_model & m, int32_t kernels, ggml_bac
 void specee_repack_weights(specee_model & m, int32_t kernels) {
     std::vector<ggml_tensor **> cands = cpu_matrices(m), head = eagle_matrices(m);
     cands.insert(cands.begin(), head.begin(), head.end());
-    size_t kept = 0;
+    std::string                 rows8_types;
+    const ggml_backend_buffer_t rows8 = hold_in_rows8(m, cands, kernels, rows8_types);
+    size_t                      kept  = 0;
     for (size_t i = 0; i < cands.size();) {
         if (kept_for_kernels(*cands[i], kernels)) {
             kept += ggml_nbytes(*cands[i]);
@@ -542,7 +551,6 @@ void specee_repack_weights(specee_model & m, int32_t kernels) {
             ++i;
         }
     }
-    const ggml_backend_buffer_t rows8 = hold_in_rows8(m, cands, kernels);
     repack(m, cands);
     m.cpu_layers_batched = cpu_layers_batched(m, kernels, rows8);
     size_t repacked       = 0;
@@ -550,8 +558,8 @@ void specee_repack_weights(specee_model & m, int32_t kernels) {
         repacked += b != rows8 ? ggml_backend_buffer_get_size(b) : 0;
     }
     if (rows8) {
-        m.placement += specee_format("\nQ4_1: %.1f MiB in this runtime's eight-row layout (its kernel's)%s",
-                                     ggml_backend_buffer_get_size(rows8) / 1024.0 / 1024.0,
+        m.placement += specee_format("\n%s: %.1f MiB in this runtime's eight-row layout (its kernel's)%s",
+                                     rows8_types.c_str(), ggml_backend_buffer_get_size(rows8) / 1024.0 / 1024.0,
                                      m.cpu_layers_batched ? " (default EAGLE tree: three draft tokens)" : "");
     }
     if (repacked > 0) {

@@ -1,0 +1,182 @@
+// specee-tiles-q4_k.cpp: Q4_K weights times a pass's tokens, eight weight rows at a time, in the loader's eight-row
+// layout (docs/kernels.md).
+//
+// As Q4_1's tile (specee-tiles-q4_1.cpp): each output element has one float accumulator, and per super-block of 256
+//
+//     acc = fma(d_x * d_y, (float) sumi, acc);  acc = fma(-(dmin_x * d_y), (float) summ, acc)
+//
+// with sumi = sum over the eight sub-blocks of the sub-block's 6-bit scale times its exact integer dot product of
+// the nibbles and the token's Q8_K quants (ggml's quantizer), summ = sum of the sub-blocks' 6-bit mins times the
+// token's sums of their 32 quants; both exact integers, converted once (rounded to nearest, as a scalar conversion
+// does). Every float operation is defined per (row, token, super-block) in super-block order, so the result does not
+// depend on how many rows or tokens share a tile, the thread or the path: a token's logits do not depend on its
+// batch. They differ from ggml's vec_dot in the last bits (it keeps eight float lanes); plain decoding uses this
+// kernel too.
+//
+// The SIMD path puts eight rows in the lanes: per token and sub-block eight byte products with the token's four
+// quants broadcast, summed in int16 (each pair sum at most 2 * 15 * 128, eight of them 30,720 < 2^15: exact), then
+// one vpmaddwd with the eight rows' scale of that sub-block gives scale * dot per row, summed in int32.
+#include "specee-tiles-q4_k.h"
+
+#include <cmath>
+#include <cstring>
+
+static const q4_k_block & block_of(const void * row, int64_t b) { return ((const q4_k_block *) row)[b]; }
+
+static const q4_k_rows8 & group_of(const void * rows, int64_t b) { return ((const q4_k_rows8 *) rows)[b]; }
+
+void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
+    const int64_t nb = k / 256;
+    for (int64_t r0 = 0; r0 < m; r0 += 8) {
+        q4_k_rows8 * out = (q4_k_rows8 *) dst + r0 / 8 * nb;
+        for (int64_t b = 0; b < nb; ++b) {
+            for (int r = 0; r < 8; ++r) {
+                const q4_k_block & x = block_of((const q4_k_block *) src + (r0 + r) * nb, b);
+                out[b].d[r]          = x.d;
+                out[b].dmin[r]       = x.dmin;
+                memcpy(out[b].scales[r], x.scales, 12);
+                for (int j = 0; j < 4; ++j) {
+                    for (int q = 0; q < 8; ++q) {
+                        memcpy(out[b].w[j][q] + 4 * r, x.qs + 32 * j + 4 * q, 4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Q4_K's eight 6-bit sub-block scales and mins from their 12 bytes (ggml's get_scale_min_k4)
+static void k_scales(const uint8_t * s, int32_t sc[8], int32_t mn[8]) {
+    for (int j = 0; j < 8; ++j) {
+        if (j < 4) {
+            sc[j] = s[j] & 63;
+            mn[j] = s[j + 4] & 63;
+        } else {
+            sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+            mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+    }
+}
+
+// the portable path: the same operations in the same order, one scalar at a time (this file is built with
+// -ffp-contract=off; std::fma rounds once as the hardware's FMA does)
+static void rows_portable(const specee_tile_args & ta, const specee_rows_args & ra, int nt) {
+    for (int r = 0; r < ra.nr; ++r) {
+        for (int t = 0; t < nt; ++t) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < ta.nb; ++b) {
+                const q4_k_rows8 & g = group_of(ra.x[0], b);
+                const q8_k_block & y = ((const q8_k_block *) ta.y[t])[b];
+                int32_t            sc[8], mn[8];
+                k_scales(g.scales[r], sc, mn);
+                int32_t sumi = 0, summ = 0;
+                for (int s = 0; s < 8; ++s) {
+                    int32_t dot = 0;
+                    for (int q = 0; q < 8; ++q) {
+                        for (int i = 0; i < 4; ++i) {
+                            const uint8_t v = g.w[s / 2][q][4 * r + i];
+                            dot += ((s % 2 ? v >> 4 : v & 0x0F)) * y.qs[32 * s + 4 * q + i];
+                        }
+                    }
+                    sumi += sc[s] * dot;
+                    summ += mn[s] * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+                }
+                const float dd = ggml_fp16_to_fp32(g.d[r]) * y.d;
+                const float dm = ggml_fp16_to_fp32(g.dmin[r]) * y.d;
+                acc            = std::fma(dd, (float) sumi, acc);
+                acc            = std::fma(-dm, (float) summ, acc);
+            }
+            ta.out[t * ta.stride + r] = acc;
+        }
+    }
+}
+
+#ifdef SPECEE_KERNELS_X86
+
+template <int NT>
+SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
+    const __m256i low  = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256        acc[NT];
+    for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    alignas(32) uint8_t q[2][4][8][32]; // the nibbles split once per tile: [high][j][k], lane r row r's four
+    alignas(32) int16_t scv[8][16];     // sub-block s's scale of row r in 16-bit lanes 2r and 2r + 1
+    alignas(32) int16_t mnp[4][16];     // the mins of sub-blocks 2k and 2k + 1 of row r in lanes 2r, 2r + 1
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q4_k_rows8 & g  = group_of(ra.x[0], b);
+        const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
+        const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
+        for (int r = 0; r < 8; ++r) {
+            int32_t sc[8], mn[8];
+            k_scales(g.scales[r], sc, mn);
+            for (int s = 0; s < 8; ++s) {
+                scv[s][2 * r] = scv[s][2 * r + 1] = (int16_t) sc[s];
+            }
+            for (int k = 0; k < 4; ++k) {
+                mnp[k][2 * r]     = (int16_t) mn[2 * k];
+                mnp[k][2 * r + 1] = (int16_t) mn[2 * k + 1];
+            }
+        }
+        for (int j = 0; j < 4; ++j) {
+            for (int k = 0; k < 8; ++k) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[j][k]);
+                _mm256_store_si256((__m256i *) q[0][j][k], _mm256_and_si256(w, low));
+                _mm256_store_si256((__m256i *) q[1][j][k], _mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+            }
+        }
+        for (int t = 0; t < NT; ++t) {
+            const q8_k_block & y    = ((const q8_k_block *) ta.y[t])[b];
+            __m256i            sumi = _mm256_setzero_si256();
+            for (int s = 0; s < 8; ++s) {
+                const int8_t * ys = y.qs + 32 * s;
+                __m256i        d  = _mm256_setzero_si256();
+                for (int k = 0; k < 8; ++k) {
+                    int32_t four;
+                    memcpy(&four, ys + 4 * k, sizeof(four));
+                    d = _mm256_add_epi16(d, _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *) q[s % 2][s / 2][k]),
+                                                                 _mm256_set1_epi32(four)));
+                }
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(d, _mm256_load_si256((const __m256i *) scv[s])));
+            }
+            // the sub-blocks' sums (pairs of ggml's sums of 16) as 16-bit pairs (2k, 2k + 1), each pair broadcast
+            const __m256i bs   = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) y.bsums), ones);
+            const __m256i bp   = _mm256_packs_epi32(bs, bs); // [B0..B3 B0..B3 | B4..B7 B4..B7]
+            __m256i       summ = _mm256_setzero_si256();
+            for (int k = 0; k < 4; ++k) {
+                const __m256i pair = _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(k < 2 ? k : k + 2));
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_load_si256((const __m256i *) mnp[k]), pair));
+            }
+            const __m256 dy = _mm256_set1_ps(y.d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(sumi), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(summ), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; ++t) {
+        if (ra.nr == 8) {
+            _mm256_storeu_ps(ta.out + t * ta.stride, acc[t]);
+        } else {
+            alignas(32) float res[8];
+            _mm256_store_ps(res, acc[t]);
+            memcpy(ta.out + t * ta.stride, res, sizeof(float) * ra.nr);
+        }
+    }
+}
+
+using rows_fn = void (*)(const specee_tile_args &, const specee_rows_args &);
+static const rows_fn ROWS_Q4_K[8] = {rows_avx2<1>, rows_avx2<2>, rows_avx2<3>, rows_avx2<4>,
+                                     rows_avx2<5>, rows_avx2<6>, rows_avx2<7>, rows_avx2<8>};
+
+#endif
+
+void specee_tile_rows_q4_k(const specee_tile_args & ta, const specee_rows_args & ra, int nt, bool simd) {
+#ifdef SPECEE_KERNELS_X86
+    if (simd) {
+        ROWS_Q4_K[nt - 1](ta, ra);
+        return;
+    }
+#endif
+    (void) simd;
+    rows_portable(ta, ra, nt);
+}
