@@ -93,6 +93,48 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
 
 #ifdef SPECEE_KERNELS_X86
 
+// the eight rows' scales and mins of a super-block as the tile multiplies them: scv[s] row r's scale of sub-block s in
+// 16-bit lanes 2r and 2r + 1, mnp[k] row r's mins of sub-blocks 2k and 2k + 1 in lanes 2r and 2r + 1. Each row's
+// 12 bytes decoded four at a time as k_scales does (scales 0-3 and mins 0-3 the low 6 bits of bytes 0-3 and 4-7;
+// 4-7 the nibbles of bytes 8-11 under the top 2 bits of bytes 0-3 and 4-7) into [scales | mins] in 16 bits, then the
+// eight rows transposed within each 128-bit half (an 8 x 8 transpose: column s = sub-block s of the eight rows)
+SPECEE_AVX2 static inline void rows_scales(const q4_k_rows8 & g, __m256i scv[8], __m256i mnp[4]) {
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    __m256i        v[8];
+    for (int r = 0; r < 8; ++r) {
+        uint32_t w[3];
+        memcpy(w, g.scales[r], sizeof(w));
+        const uint32_t sc03 = w[0] & low6, mn03 = w[1] & low6;
+        const uint32_t sc47 = (w[2] & low4) | (((w[0] >> 6) & low2) << 4);
+        const uint32_t mn47 = ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4);
+        v[r] = _mm256_cvtepu8_epi16(_mm_setr_epi32((int) sc03, (int) sc47, (int) mn03, (int) mn47));
+    }
+    __m256i t[8], u[8], c[8];
+    for (int i = 0; i < 4; ++i) { // t[2i], t[2i + 1]: rows 2i, 2i + 1 interleaved, elements 0-3 and 4-7
+        t[2 * i]     = _mm256_unpacklo_epi16(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi16(v[2 * i], v[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; ++h) { // rows 4h..4h+3: u[4h + e] elements 2e, 2e + 1 of the four rows
+        const __m256i * a = t + 4 * h;
+        u[4 * h]     = _mm256_unpacklo_epi32(a[0], a[2]);
+        u[4 * h + 1] = _mm256_unpackhi_epi32(a[0], a[2]);
+        u[4 * h + 2] = _mm256_unpacklo_epi32(a[1], a[3]);
+        u[4 * h + 3] = _mm256_unpackhi_epi32(a[1], a[3]);
+    }
+    for (int e = 0; e < 4; ++e) { // c[s]: element s of the eight rows
+        c[2 * e]     = _mm256_unpacklo_epi64(u[e], u[4 + e]);
+        c[2 * e + 1] = _mm256_unpackhi_epi64(u[e], u[4 + e]);
+    }
+    for (int s = 0; s < 8; ++s) {
+        const __m256i e = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(c[s]));
+        scv[s]          = _mm256_or_si256(e, _mm256_slli_epi32(e, 16));
+    }
+    for (int k = 0; k < 4; ++k) {
+        const __m128i a = _mm256_extracti128_si256(c[2 * k], 1), b = _mm256_extracti128_si256(c[2 * k + 1], 1);
+        mnp[k]          = _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+    }
+}
+
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
     const __m256i low  = _mm256_set1_epi8(0x0F);
@@ -102,23 +144,12 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         acc[t] = _mm256_setzero_ps();
     }
     alignas(32) uint8_t q[2][4][8][32]; // the nibbles split once per tile: [high][j][k], lane r row r's four
-    alignas(32) int16_t scv[8][16];     // sub-block s's scale of row r in 16-bit lanes 2r and 2r + 1
-    alignas(32) int16_t mnp[4][16];     // the mins of sub-blocks 2k and 2k + 1 of row r in lanes 2r, 2r + 1
+    __m256i             scv[8], mnp[4];  // rows_scales
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q4_k_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
-        for (int r = 0; r < 8; ++r) {
-            int32_t sc[8], mn[8];
-            k_scales(g.scales[r], sc, mn);
-            for (int s = 0; s < 8; ++s) {
-                scv[s][2 * r] = scv[s][2 * r + 1] = (int16_t) sc[s];
-            }
-            for (int k = 0; k < 4; ++k) {
-                mnp[k][2 * r]     = (int16_t) mn[2 * k];
-                mnp[k][2 * r + 1] = (int16_t) mn[2 * k + 1];
-            }
-        }
+        rows_scales(g, scv, mnp);
         for (int j = 0; j < 4; ++j) {
             for (int k = 0; k < 8; ++k) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[j][k]);
@@ -138,7 +169,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
                     d = _mm256_add_epi16(d, _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *) q[s % 2][s / 2][k]),
                                                                  _mm256_set1_epi32(four)));
                 }
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(d, _mm256_load_si256((const __m256i *) scv[s])));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(d, scv[s]));
             }
             // the sub-blocks' sums (pairs of ggml's sums of 16) as 16-bit pairs (2k, 2k + 1), each pair broadcast
             const __m256i bs   = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) y.bsums), ones);
@@ -146,7 +177,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
             __m256i       summ = _mm256_setzero_si256();
             for (int k = 0; k < 4; ++k) {
                 const __m256i pair = _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(k < 2 ? k : k + 2));
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_load_si256((const __m256i *) mnp[k]), pair));
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mnp[k], pair));
             }
             const __m256 dy = _mm256_set1_ps(y.d);
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(sumi), acc[t]);
