@@ -1,8 +1,8 @@
 """python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
 memory: a random Q4_1 (or Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
 rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot for one token of Q8_0 and the
-K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1 also in the
-loader's eight-row layout (`auto rows8`, what a model's Q4_1 matrices use). ggml's product here reads the file's
+K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1 and Q4_K also in the
+loader's eight-row layout (`auto rows8`, what a model's Q4_1 and Q4_K matrices use). ggml's product here reads the file's
 layout (its vec_dot per pair); ggml's repacked Q4_K is measured whole-model, against llama-bench (python -m
 specee.bench.runtime).
 
@@ -46,7 +46,7 @@ def main() -> None:
     for th in args.threads:
         rows = {}
         for name, (mode, rows8) in MODES.items():
-            if rows8 and (args.type != "q4_1" or args.rows % 8):
+            if rows8 and (args.type not in ("q4_1", "q4_k") or args.rows % 8):
                 continue
             rows[name] = {n: _core.kernels_mul_mat(w, args.k, xs[n], mode, th, repeats=args.repeats,
                                                    type=TYPES[args.type], rows8=rows8)[1] for n in args.n}
