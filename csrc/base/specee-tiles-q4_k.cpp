@@ -135,6 +135,9 @@ SPECEE_AVX2 static inline void rows_scales(const q4_k_rows8 & g, __m256i scv[8],
     }
 }
 
+// up to this many tokens a tile splits the nibbles where it uses them, not once into a buffer on the stack
+static const int ONTHEFLY = 2;
+
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
     const __m256i low  = _mm256_set1_epi8(0x0F);
@@ -150,7 +153,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
         rows_scales(g, scv, mnp);
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; NT > ONTHEFLY && j < 4; ++j) {
             for (int k = 0; k < 8; ++k) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[j][k]);
                 _mm256_store_si256((__m256i *) q[0][j][k], _mm256_and_si256(w, low));
@@ -166,8 +169,14 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
                 for (int k = 0; k < 8; ++k) {
                     int32_t four;
                     memcpy(&four, ys + 4 * k, sizeof(four));
-                    d = _mm256_add_epi16(d, _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *) q[s % 2][s / 2][k]),
-                                                                 _mm256_set1_epi32(four)));
+                    __m256i v;
+                    if (NT > ONTHEFLY) {
+                        v = _mm256_load_si256((const __m256i *) q[s % 2][s / 2][k]);
+                    } else { // one or two tokens: the nibbles taken from the layout where they are used
+                        const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[s / 2][k]);
+                        v = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(w, 4) : w, low);
+                    }
+                    d = _mm256_add_epi16(d, _mm256_maddubs_epi16(v, _mm256_set1_epi32(four)));
                 }
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(d, scv[s]));
             }
