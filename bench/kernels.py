@@ -1,10 +1,10 @@
 """python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
 memory: a random Q4_1 (or Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
 rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot for one token of Q8_0 and the
-K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1 and Q4_K also in the
-loader's eight-row layout (`auto rows8`, what a model's Q4_1 and Q4_K matrices use). ggml's product here reads the file's
-layout (its vec_dot per pair); ggml's repacked Q4_K is measured whole-model, against llama-bench (python -m
-specee.bench.runtime).
+K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1 and Q4_K also in
+the loader's eight-row layout (`auto rows8`, what a model's Q4_1 and Q4_K matrices use). ggml's product here reads
+the file's layout (its vec_dot per pair); ggml's repacked Q4_K is measured whole-model, against llama-bench (python
+-m specee.bench.runtime).
 
     python -m specee.bench.kernels                      # 1536 x 73,728 Q4_1 (70.8 MB), 1 and 2 threads, n = 1, 2, 4, 8
     python -m specee.bench.kernels --type q8_0 --rows 49152 -k 576 --threads 2     # SmolLM2's tied lm_head

@@ -60,19 +60,6 @@ static void tile_portable_q6_k(const specee_tile_args & ta, int nt) {
     }
 }
 
-// Q4_K's (and Q5_K's) eight 6-bit sub-block scales and mins from their 12 bytes
-static void k_scales(const uint8_t * s, int32_t sc[8], int32_t mn[8]) {
-    for (int j = 0; j < 8; ++j) {
-        if (j < 4) {
-            sc[j] = s[j] & 63;
-            mn[j] = s[j + 4] & 63;
-        } else {
-            sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-            mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-    }
-}
-
 // Q4_K (ggml's AVX2 ggml_vec_dot_q4_K_q8_K): per super-block, eight exact int32 lanes, lane j the sum over the eight
 // sub-blocks of the sub-block's scale times the products of its elements 4j..4j+3, converted and fused-multiply-added
 // with d_y*d_x into the lane's accumulator; the mins in four lanes, lane i the exact min[2i] * sum(y of sub-block 2i)
@@ -90,7 +77,7 @@ template <bool FIVE> static void tile_portable_q45_k(const specee_tile_args & ta
     for (int64_t b = 0; b < ta.nb; ++b) {
         const block & xb = ((const block *) ta.x)[b];
         int32_t       sc[8], mn[8];
-        k_scales(xb.scales, sc, mn);
+        specee_k_scales(xb.scales, sc, mn);
         uint8_t q[256];
         for (int j = 0; j < 4; ++j) {
             for (int l = 0; l < 32; ++l) {
@@ -162,9 +149,9 @@ SPECEE_AVX2 static inline __m128i k_mins(__m128i mins, const q8_k_block & yb) {
     return _mm_madd_epi16(mins, _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
 }
 
-// a super-block's scales broadcast to 16-bit lanes (sc[8]) and its mins in one vector: k_scales four bytes at a time
-// (scales 0-3 and mins 0-3 the low 6 bits of bytes 0-3 and 4-7; scales and mins 4-7 the low and high nibbles of
-// bytes 8-11 under the top 2 bits of bytes 0-3 and 4-7), widened to 16 bits, each scale then broadcast by a shuffle
+// a super-block's scales broadcast to 16-bit lanes (sc[8]) and its mins in one vector: specee_k_scales four bytes at
+// a time (scales 0-3 and mins 0-3 the low 6 bits of bytes 0-3 and 4-7; scales and mins 4-7 the low and high nibbles
+// of bytes 8-11 under the top 2 bits of bytes 0-3 and 4-7), widened to 16 bits, each scale then broadcast by a shuffle
 SPECEE_AVX2 static inline __m128i k_scale_vectors(const uint8_t * scales, __m256i * sc) {
     uint32_t w[3];
     memcpy(w, scales, sizeof(w));

@@ -159,19 +159,10 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
             acc[t] = _mm256_fmadd_ps(mx, _mm256_broadcast_ss(s_y + t), acc[t]);
         }
     }
-    for (int t = 0; t < NT; ++t) {
-        if (ra.nr == 8) {
-            _mm256_storeu_ps(ta.out + t * ta.stride, acc[t]);
-        } else {
-            alignas(32) float res[8];
-            _mm256_store_ps(res, acc[t]);
-            memcpy(ta.out + t * ta.stride, res, sizeof(float) * ra.nr);
-        }
-    }
+    specee_rows_store(acc, NT, ta, ra);
 }
 
-using rows_fn = void (*)(const specee_tile_args &, const specee_rows_args &);
-static const rows_fn ROWS_Q4_1[2][8] = {
+static const specee_rows_fn ROWS_Q4_1[2][8] = {
     {rows_avx2<1, false>, rows_avx2<2, false>, rows_avx2<3, false>, rows_avx2<4, false>, rows_avx2<5, false>,
      rows_avx2<6, false>, rows_avx2<7, false>, rows_avx2<8, false>},
     {rows_avx2<1, true>, rows_avx2<2, true>, rows_avx2<3, true>, rows_avx2<4, true>, rows_avx2<5, true>,

@@ -45,19 +45,6 @@ void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
     }
 }
 
-// Q4_K's eight 6-bit sub-block scales and mins from their 12 bytes (ggml's get_scale_min_k4)
-static void k_scales(const uint8_t * s, int32_t sc[8], int32_t mn[8]) {
-    for (int j = 0; j < 8; ++j) {
-        if (j < 4) {
-            sc[j] = s[j] & 63;
-            mn[j] = s[j + 4] & 63;
-        } else {
-            sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-            mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-    }
-}
-
 // the portable path: the same operations in the same order, one scalar at a time (this file is built with
 // -ffp-contract=off; std::fma rounds once as the hardware's FMA does)
 static void rows_portable(const specee_tile_args & ta, const specee_rows_args & ra, int nt) {
@@ -68,7 +55,7 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
                 const q4_k_rows8 & g = group_of(ra.x[0], b);
                 const q8_k_block & y = ((const q8_k_block *) ta.y[t])[b];
                 int32_t            sc[8], mn[8];
-                k_scales(g.scales[r], sc, mn);
+                specee_k_scales(g.scales[r], sc, mn);
                 int32_t sumi = 0, summ = 0;
                 for (int s = 0; s < 8; ++s) {
                     int32_t dot = 0;
@@ -95,7 +82,7 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
 
 // the eight rows' scales and mins of a super-block as the tile multiplies them: scv[s] row r's scale of sub-block s in
 // 16-bit lanes 2r and 2r + 1, mnp[k] row r's mins of sub-blocks 2k and 2k + 1 in lanes 2r and 2r + 1. Each row's
-// 12 bytes decoded four at a time as k_scales does (scales 0-3 and mins 0-3 the low 6 bits of bytes 0-3 and 4-7;
+// 12 bytes decoded four at a time as specee_k_scales does (scales 0-3 and mins 0-3 the low 6 bits of bytes 0-3 and 4-7;
 // 4-7 the nibbles of bytes 8-11 under the top 2 bits of bytes 0-3 and 4-7) into [scales | mins] in 16 bits, then the
 // eight rows transposed within each 128-bit half (an 8 x 8 transpose: column s = sub-block s of the eight rows)
 SPECEE_AVX2 static inline void rows_scales(const q4_k_rows8 & g, __m256i scv[8], __m256i mnp[4]) {
@@ -193,19 +180,10 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
             acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(summ), acc[t]);
         }
     }
-    for (int t = 0; t < NT; ++t) {
-        if (ra.nr == 8) {
-            _mm256_storeu_ps(ta.out + t * ta.stride, acc[t]);
-        } else {
-            alignas(32) float res[8];
-            _mm256_store_ps(res, acc[t]);
-            memcpy(ta.out + t * ta.stride, res, sizeof(float) * ra.nr);
-        }
-    }
+    specee_rows_store(acc, NT, ta, ra);
 }
 
-using rows_fn = void (*)(const specee_tile_args &, const specee_rows_args &);
-static const rows_fn ROWS_Q4_K[8] = {rows_avx2<1>, rows_avx2<2>, rows_avx2<3>, rows_avx2<4>,
+static const specee_rows_fn ROWS_Q4_K[8] = {rows_avx2<1>, rows_avx2<2>, rows_avx2<3>, rows_avx2<4>,
                                      rows_avx2<5>, rows_avx2<6>, rows_avx2<7>, rows_avx2<8>};
 
 #endif

@@ -3,5 +3,6 @@
 
 #include "specee-tiles.h"
 
-// the Q8_0 tile for nt tokens (1..8): the SIMD path (AVX2, where the caller checked this CPU has it) or the portable one
+// the Q8_0 tile for nt tokens (1..8): the SIMD path (AVX2, where the caller checked this CPU has it) or the portable
+// one
 void specee_tile_q8_0(const specee_tile_args & ta, int nt, bool simd);

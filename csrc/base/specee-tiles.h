@@ -9,6 +9,7 @@
 #include "ggml.h"
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -99,9 +100,39 @@ struct specee_rows_args {
     int64_t      ahead; // the file's layout: bytes from each row to the same block of the rows read next, or 0
 };
 
+// Q4_K's (and Q5_K's) eight 6-bit sub-block scales and mins from their 12 bytes (ggml's get_scale_min_k4)
+inline void specee_k_scales(const uint8_t * s, int32_t sc[8], int32_t mn[8]) {
+    for (int j = 0; j < 8; ++j) {
+        if (j < 4) {
+            sc[j] = s[j] & 63;
+            mn[j] = s[j + 4] & 63;
+        } else {
+            sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+            mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+    }
+}
+
 #ifdef SPECEE_KERNELS_X86
 
 #define SPECEE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// an eight-row tile's SIMD path, one per token count
+using specee_rows_fn = void (*)(const specee_tile_args &, const specee_rows_args &);
+
+// an eight-row tile's accumulators (lane r: row r) to token t's outputs, the first nr rows
+SPECEE_AVX2 inline void specee_rows_store(const __m256 * acc, int nt, const specee_tile_args & ta,
+                                          const specee_rows_args & ra) {
+    for (int t = 0; t < nt; ++t) {
+        if (ra.nr == 8) {
+            _mm256_storeu_ps(ta.out + t * ta.stride, acc[t]);
+        } else {
+            alignas(32) float res[8];
+            _mm256_store_ps(res, acc[t]);
+            memcpy(ta.out + t * ta.stride, res, sizeof(float) * ra.nr);
+        }
+    }
+}
 
 // ggml's hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))
 SPECEE_AVX2 inline float specee_hsum_8(__m256 x) {

@@ -832,8 +832,8 @@ PYBIND11_MODULE(_core, m) {
        py::arg("type") = (int32_t) GGML_TYPE_Q4_1, py::arg("rows8") = false,
        "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K; from "
        "quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat); rows8: a Q4_1 "
-       "matrix of a multiple of 8 rows held in the loader's eight-row layout (the kernel whatever the mode): (out [n, m], "
-       "the fastest of `repeats` computes in seconds)");
+       "or Q4_K matrix of a multiple of 8 rows held in the loader's eight-row layout (the kernel whatever the mode): "
+       "(out [n, m], the fastest of `repeats` computes in seconds)");
     m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");
     m.def("kernels_built", &specee_kernels_built, py::arg("type"),
           "how many weight products of ggml type `type` this process has built with the kernel so far");

@@ -465,7 +465,8 @@ static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
 // names ("Q4_1", "Q4_1, Q4_K").
 static ggml_backend_buffer_t hold_in_rows8(specee_model & m, std::vector<ggml_tensor **> & cands, int32_t kernels,
                                            std::string & types) {
-    if (kernels == SPECEE_KERNELS_OFF || (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
+    if (kernels == SPECEE_KERNELS_OFF ||
+        (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") == 0)) {
         return nullptr;
     }
     std::vector<ggml_tensor **> fit;
@@ -519,8 +520,9 @@ static bool kept_for_kernels(const ggml_tensor * w, int32_t kernels) {
             (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") != 0));
 }
 
-// every layer on the CPU (at least one) has its matrices in one of ggml's repacking buffers, or kept for the kernels
-// (Q4_K); Q4_1's eight-row layout does not count: with it one draft token measured best on SmolLM2 (docs/speculative.md)
+// every layer on the CPU (at least one) has its matrices in one of ggml's repacking buffers, or is Q4_K under the
+// kernels; Q4_1's eight-row layout does not count: with it one draft token measured best on SmolLM2
+// (docs/speculative.md)
 static bool cpu_layers_batched(const specee_model & m, int32_t kernels, ggml_backend_buffer_t rows8) {
     bool any = false;
     for (size_t il = 0; il < m.layers.size(); ++il) {
