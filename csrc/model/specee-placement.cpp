@@ -8,6 +8,7 @@
 // devices.
 #include "specee-placement.h"
 
+#include "specee-arch.h"
 #include "specee-impl.h"
 #include "specee-kernels.h"
 #include "specee-model.h"
@@ -346,6 +347,11 @@ void specee_place_weights(specee_model & m, const specee_model_params & p) {
 // handed back (a mapping's leave the resident memory, as upstream unmaps what it copied; peak RSS on the 7B-shaped Q4_1
 // file was 1.93x llama.cpp's before this)
 static void release_source(const specee_model & m, const ggml_tensor * src) {
+    // the file's lm_head is read from the file again for the exit predictors' features (specee-exit.cpp): a mapping's
+    // pages fault back in, an owned copy's freed pages would read as zeros, so that copy keeps them
+    if (!m.file.mapped && src == ggml_get_tensor(m.file.ctx_meta, specee_tensor_name(SPECEE_TENSOR_OUTPUT).c_str())) {
+        return;
+    }
     specee_gguf_release(m.file, src->data, ggml_nbytes(src));
     if (m.eagle_file) {
         specee_gguf_release(*m.eagle_file, src->data, ggml_nbytes(src));
