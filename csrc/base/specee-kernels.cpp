@@ -135,7 +135,6 @@ static intptr_t matmul_userdata(kernel_path path, bool rows8, int reader) {
 }
 
 static const int64_t ROW_CHUNK = 16;
-static const int64_t ROWS_TOKENS = 8;
 
 static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * w    = dst->src[0];
@@ -159,9 +158,8 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         const int64_t end = std::min(m, (sp + 1) * span);
         for (int64_t c0 = sp * span; c0 < end; c0 += ROW_CHUNK) {
             const int64_t c1 = std::min(end, c0 + ROW_CHUNK);
-            const int64_t tokens = w->type == GGML_TYPE_Q4_1 || rows8 ? ROWS_TOKENS : 8; // a tile's tokens
-            for (int64_t t0 = 0; t0 < a.n; t0 += tokens) {
-                const int nt = (int) std::min<int64_t>(a.n - t0, tokens);
+            for (int64_t t0 = 0; t0 < a.n; t0 += 8) {
+                const int nt = (int) std::min<int64_t>(a.n - t0, 8);
                 for (int t = 0; t < nt; ++t) {
                     ta.y[t] = base + (size_t) ((t0 + t) * a.nb) * a.bsize;
                 }
