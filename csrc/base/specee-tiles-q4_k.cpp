@@ -30,11 +30,20 @@ void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
     for (int64_t r0 = 0; r0 < m; r0 += 8) {
         q4_k_rows8 * out = (q4_k_rows8 *) dst + r0 / 8 * nb;
         for (int64_t b = 0; b < nb; ++b) {
+            memset(&out[b], 0, sizeof(out[b]) - sizeof(out[b].w));
             for (int r = 0; r < 8; ++r) {
                 const q4_k_block & x = block_of((const q4_k_block *) src + (r0 + r) * nb, b);
                 out[b].d[r]          = x.d;
                 out[b].dmin[r]       = x.dmin;
-                memcpy(out[b].scales[r], x.scales, 12);
+                int32_t sc[8], mn[8];
+                specee_k_scales(x.scales, sc, mn);
+                for (int s = 0; s < 8; ++s) { // q4_k_rows8's order
+                    const int i = 8 * (s % 4) + r, h = s / 4, up = 2 * (i / 16) + 4 * h;
+                    out[b].sc_lo[i] |= (uint8_t) ((sc[s] & 0x0F) << (4 * h));
+                    out[b].mn_lo[i] |= (uint8_t) ((mn[s] & 0x0F) << (4 * h));
+                    out[b].sc_hi[i % 16] |= (uint8_t) ((sc[s] >> 4) << up);
+                    out[b].mn_hi[i % 16] |= (uint8_t) ((mn[s] >> 4) << up);
+                }
                 for (int j = 0; j < 4; ++j) {
                     for (int q = 0; q < 8; ++q) {
                         memcpy(out[b].w[j][q] + 4 * r, x.qs + 32 * j + 4 * q, 4);
@@ -54,9 +63,7 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
             for (int64_t b = 0; b < ta.nb; ++b) {
                 const q4_k_rows8 & g = group_of(ra.x[0], b);
                 const q8_k_block & y = ((const q8_k_block *) ta.y[t])[b];
-                int32_t            sc[8], mn[8];
-                specee_k_scales(g.scales[r], sc, mn);
-                int32_t sumi = 0, summ = 0;
+                int32_t            sumi = 0, summ = 0;
                 for (int s = 0; s < 8; ++s) {
                     int32_t dot = 0;
                     for (int q = 0; q < 8; ++q) {
@@ -65,8 +72,8 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
                             dot += ((s % 2 ? v >> 4 : v & 0x0F)) * y.qs[32 * s + 4 * q + i];
                         }
                     }
-                    sumi += sc[s] * dot;
-                    summ += mn[s] * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+                    sumi += q4_k_rows8_scale(g.sc_lo, g.sc_hi, s, r) * dot;
+                    summ += q4_k_rows8_scale(g.mn_lo, g.mn_hi, s, r) * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
                 }
                 const float dd = ggml_fp16_to_fp32(g.d[r]) * y.d;
                 const float dm = ggml_fp16_to_fp32(g.dmin[r]) * y.d;
@@ -81,44 +88,37 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
 #ifdef SPECEE_KERNELS_X86
 
 // the eight rows' scales and mins of a super-block as the tile multiplies them: scv[s] row r's scale of sub-block s in
-// 16-bit lanes 2r and 2r + 1, mnp[k] row r's mins of sub-blocks 2k and 2k + 1 in lanes 2r and 2r + 1. Each row's
-// 12 bytes decoded four at a time as specee_k_scales does (scales 0-3 and mins 0-3 the low 6 bits of bytes 0-3 and 4-7;
-// 4-7 the nibbles of bytes 8-11 under the top 2 bits of bytes 0-3 and 4-7) into [scales | mins] in 16 bits, then the
-// eight rows transposed within each 128-bit half (an 8 x 8 transpose: column s = sub-block s of the eight rows)
+// 16-bit lanes 2r and 2r + 1, mnp[k] row r's mins of sub-blocks 2k and 2k + 1 in lanes 2r and 2r + 1. The 6-bit
+// values of sub-blocks 0-3 and 4-7 as bytes [s][r] (the low nibbles, the top bits shifted to bits 4-5 per half: the
+// positions 0-15 keep theirs in bits 0-1 / 4-5 of sc_hi, 16-31 in bits 2-3 / 6-7), then each vector one broadcast of
+// the 8 (or 16) bytes it takes and one byte shuffle into its lanes
+SPECEE_AVX2 static inline void rows_sixbits(const uint8_t * lo, const uint8_t * hi, __m256i & a, __m256i & b) {
+    const __m256i l   = _mm256_loadu_si256((const __m256i *) lo);
+    const __m256i h   = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) hi));
+    const __m256i n4  = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i up4 = _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2), dn = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    a = _mm256_or_si256(_mm256_and_si256(l, n4), _mm256_and_si256(_mm256_sllv_epi32(h, up4), top));
+    b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), n4), _mm256_and_si256(_mm256_srlv_epi32(h, dn), top));
+}
+
 SPECEE_AVX2 static inline void rows_scales(const q4_k_rows8 & g, __m256i scv[8], __m256i mnp[4]) {
-    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
-    __m256i        v[8];
-    for (int r = 0; r < 8; ++r) {
-        uint32_t w[3];
-        memcpy(w, g.scales[r], sizeof(w));
-        const uint32_t sc03 = w[0] & low6, mn03 = w[1] & low6;
-        const uint32_t sc47 = (w[2] & low4) | (((w[0] >> 6) & low2) << 4);
-        const uint32_t mn47 = ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4);
-        v[r] = _mm256_cvtepu8_epi16(_mm_setr_epi32((int) sc03, (int) sc47, (int) mn03, (int) mn47));
-    }
-    __m256i t[8], u[8], c[8];
-    for (int i = 0; i < 4; ++i) { // t[2i], t[2i + 1]: rows 2i, 2i + 1 interleaved, elements 0-3 and 4-7
-        t[2 * i]     = _mm256_unpacklo_epi16(v[2 * i], v[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi16(v[2 * i], v[2 * i + 1]);
-    }
-    for (int h = 0; h < 2; ++h) { // rows 4h..4h+3: u[4h + e] elements 2e, 2e + 1 of the four rows
-        const __m256i * a = t + 4 * h;
-        u[4 * h]     = _mm256_unpacklo_epi32(a[0], a[2]);
-        u[4 * h + 1] = _mm256_unpackhi_epi32(a[0], a[2]);
-        u[4 * h + 2] = _mm256_unpacklo_epi32(a[1], a[3]);
-        u[4 * h + 3] = _mm256_unpackhi_epi32(a[1], a[3]);
-    }
-    for (int e = 0; e < 4; ++e) { // c[s]: element s of the eight rows
-        c[2 * e]     = _mm256_unpacklo_epi64(u[e], u[4 + e]);
-        c[2 * e + 1] = _mm256_unpackhi_epi64(u[e], u[4 + e]);
-    }
+    __m256i sc[2], mn[2];
+    rows_sixbits(g.sc_lo, g.sc_hi, sc[0], sc[1]);
+    rows_sixbits(g.mn_lo, g.mn_hi, mn[0], mn[1]);
+    // scale s of rows 0-3 (low half) and 4-7 (high half) to 16-bit lanes 2r, 2r + 1; mins 2k, 2k + 1 to 2r and 2r + 1
+    const __m256i dup  = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, //
+                                          4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+    const __m256i pair = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1, //
+                                          4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
     for (int s = 0; s < 8; ++s) {
-        const __m256i e = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(c[s]));
-        scv[s]          = _mm256_or_si256(e, _mm256_slli_epi32(e, 16));
+        const int     q = 2 * (s % 4);
+        const __m256i v = _mm256_permutevar8x32_epi32(sc[s / 4], _mm256_setr_epi32(q, q + 1, q, q + 1, q, q + 1, q, q + 1));
+        scv[s]          = _mm256_shuffle_epi8(v, dup);
     }
     for (int k = 0; k < 4; ++k) {
-        const __m128i a = _mm256_extracti128_si256(c[2 * k], 1), b = _mm256_extracti128_si256(c[2 * k + 1], 1);
-        mnp[k]          = _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+        const int     q = 4 * (k % 2);
+        const __m256i v = _mm256_permutevar8x32_epi32(mn[k / 2], _mm256_setr_epi32(q, q + 1, q + 2, q + 3, q, q + 1, q + 2, q + 3));
+        mnp[k]          = _mm256_shuffle_epi8(v, pair);
     }
 }
 
