@@ -2,7 +2,7 @@
 1..n token rows give ggml's own vec_dot results bit for bit, on the SIMD path and on the portable path forced on, for
 every row count, odd shapes and K not a multiple of 256. Q4_1 has this runtime's own accumulation: the same bits for
 every row count, thread count, path and layout (the file's, the loader's eight-row one), and within the float rounding
-of ggml's results. A model's logits are the same with kernels auto and portable (and off, where the bits are ggml's),
+of ggml's results. Q4_0 in the eight-row layout gives ggml's repacked GEMV's and GEMM's bits for every row count. A model's logits are the same with kernels auto and portable (and off, where the bits are ggml's),
 and a token's logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of
 the lossless modes, perplexity) are marked slow."""
 
@@ -17,7 +17,7 @@ import specee
 from specee import _core
 from specee.convert.quantize import quantize_gguf
 
-Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 3, 8, 12, 13, 14  # ggml's type ids
+Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14  # ggml's type ids
 K_QUANTS = [Q4_K, Q5_K, Q6_K]
 BLOCK_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # a super-block of 256
 TYPES = [Q4_1, Q8_0]
@@ -269,12 +269,52 @@ def test_q4_k_eight_row_layout_takes_any_block() -> None:
     assert float((np.abs(want - mul_mat(w, k, x, OFF, wtype=Q4_K)) / scale).max()) < 1e-6
 
 
+REPACKS_Q4_0 = _core.kernels_auto_path() != "off"  # ggml's 8x8 Q4_0 layout needs AVX2, as auto's path does
+
+
+@pytest.mark.parametrize("k,m", [(64, 8), (288, 24), (1536, 16)])
+def test_q4_0_eight_row_layout_gives_ggml_s_repacked_bits(k: int, m: int) -> None:
+    """Q4_0 held in the eight-row layout: n = 1..17 and 33, the SIMD and portable paths, 1 and 3 threads, bit for bit
+    ggml's repacked Q4_0 (its one-token GEMV and its GEMM from 4 tokens, which agree), so a token's result does not
+    depend on its batch and plain decoding keeps upstream's bits."""
+    w = random_weights(k, m, seed=k + m, wtype=Q4_0)
+    x_all = np.random.default_rng(9).standard_normal((33, k)).astype(np.float32)
+    alone = np.concatenate([mul_mat(w, k, x_all[i:i + 1], PORTABLE, wtype=Q4_0, rows8=True) for i in range(33)])
+    for n in list(range(1, 18)) + [33]:
+        x = x_all[:n]
+        for mode in MODES + [OFF]:  # a matrix in the layout goes to the kernel whatever the mode
+            for n_threads in (1, 3):
+                got = _core.kernels_mul_mat(w, k, x, mode, n_threads, type=Q4_0, rows8=True)[0]
+                assert_same_bits(got, alone[:n], f"k={k} m={m} n={n} mode {mode}, {n_threads} threads")
+        if REPACKS_Q4_0:
+            assert_same_bits(alone[:n], mul_mat(w, k, x, OFF, wtype=Q4_0), f"k={k} m={m} n={n}: ggml's repacked")
+
+
+def test_q4_0_eight_row_layout_takes_any_block() -> None:
+    """Blocks of random bytes (every nibble) and large activations: the int16 sums of eight byte products stay exact
+    (at most 8 * 2 * 15 * 127) and so does the nibbles' dot minus 8 times the quants' sum."""
+    k, m = 256, 16
+    rng = np.random.default_rng(23)
+    w = rng.integers(0, 256, (m, k // 32, 18), dtype=np.uint8)
+    w[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    w = w.reshape(m, -1)
+    x = rng.standard_normal((9, k)).astype(np.float32) * 50
+    want = mul_mat(w, k, x, PORTABLE, wtype=Q4_0, rows8=True)
+    for mode in MODES:
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=Q4_0, rows8=True), want, f"mode {mode}")
+    if REPACKS_Q4_0:
+        assert_same_bits(want, mul_mat(w, k, x, OFF, wtype=Q4_0), "ggml's repacked")
+
+
 def test_bad_shapes_are_refused() -> None:
     w = random_weights(64, 4, seed=1)
     with pytest.raises(ValueError):
         _core.kernels_mul_mat(w, 64, np.zeros((2, 32), dtype=np.float32), AUTO)
     with pytest.raises(ValueError):  # a type without a kernel
-        _core.kernels_mul_mat(w, 64, np.zeros((2, 64), dtype=np.float32), AUTO, type=2)
+        _core.kernels_mul_mat(w, 64, np.zeros((2, 64), dtype=np.float32), AUTO, type=6)
+    with pytest.raises(ValueError):  # Q4_0: only in the eight-row layout (or ggml's, mode off)
+        _core.kernels_mul_mat(random_weights(64, 8, seed=1, wtype=Q4_0), 64, np.zeros((2, 64), np.float32), AUTO,
+                              type=Q4_0)
     with pytest.raises(ValueError, match="bytes"):  # rows shorter than the type's
         _core.kernels_mul_mat(w[:, :-4], 64, np.zeros((2, 64), dtype=np.float32), AUTO)
     with pytest.raises(ValueError):  # Q6_K: K not a multiple of 256
@@ -289,6 +329,13 @@ def test_bad_shapes_are_refused() -> None:
 def tiny_q4_1(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny_q4_1") / "tiny-q4_1.gguf"
     quantize_gguf(tiny_gguf, out, "q4_1", progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_q4_0(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_q4_0") / "tiny-q4_0.gguf"
+    quantize_gguf(tiny_gguf, out, "q4_0", progress=False)
     return out
 
 
@@ -343,17 +390,20 @@ def tiny_q5_k(tiny_k_f32: Path) -> Path:
     return tiny_k_f32.with_name("q5_k.gguf")
 
 
-@pytest.mark.parametrize("ftype", ["q4_1", "q8_0", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("ftype", ["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"])
 def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(f"tiny_{ftype}")
     rng = np.random.default_rng(4)
     tokens = rng.integers(0, 256, 23).tolist()
     want = None
-    wtype = {"q4_1": Q4_1, "q8_0": Q8_0, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}[ftype]
+    wtype = {"q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}[ftype]
     # with kernels off ggml repacks Q4_K (where it has AVX2) and its GEMM's bits differ from its GEMV's: off is no
     # reference there (test_q4_k_stays_in_the_file_s_layout_unless_kernels_are_off); Q4_1's kernel has its own
     # accumulation: off is within rounding of it, after the portable path and auto agree bit for bit
-    order = {Q4_K: ("portable", "auto"), Q4_1: ("portable", "auto", "off")}.get(wtype, ("off", "portable", "auto"))
+    # accumulation: off is within rounding of it, after the portable path and auto agree bit for bit; Q4_0's kernel
+    # gives the bits of ggml's repacked Q4_0, which it uses with kernels off where it has AVX2
+    order = {Q4_K: ("portable", "auto"), Q4_1: ("portable", "auto", "off"),
+             Q4_0: ("portable", "auto", "off") if REPACKS_Q4_0 else ("portable",)}.get(wtype, ("off", "portable", "auto"))
     for kernels in order:
         m = specee.Model(path, n_ctx=64, n_threads=2, kernels=kernels)
         built, quantized = _core.kernels_built(wtype), _core.kernels_built_quantizations()
@@ -392,6 +442,18 @@ def test_q4_k_is_held_in_the_eight_row_layout_unless_kernels_are_off(tiny_q4_k: 
     off.close()
 
 
+@pytest.mark.skipif(not REPACKS_Q4_0, reason="ggml repacks Q4_0 into its 8x8 layout only with AVX2")
+def test_q4_0_is_held_in_the_eight_row_layout_unless_kernels_are_off(tiny_q4_0: Path) -> None:
+    """Under auto the loader holds Q4_0 in the kernel's eight-row layout instead of ggml's repacked one (the same bits:
+    the kernel's are ggml's); with kernels off ggml repacks it as upstream does."""
+    on = specee.Model(tiny_q4_0, n_ctx=64, n_threads=2)
+    assert "Q4_0" in on.placement and "eight-row layout" in on.placement, on.placement
+    on.close()
+    off = specee.Model(tiny_q4_0, n_ctx=64, n_threads=2, kernels="off")
+    assert "CPU_REPACK" in off.placement and "eight-row layout" not in off.placement, off.placement
+    off.close()
+
+
 def test_q4_1_is_held_in_the_eight_row_layout_unless_kernels_are_off(tiny_q4_1: Path) -> None:
     """The loader moves Q4_1 matrices of a multiple of 8 rows out of the mapping into the kernel's layout (auto and
     portable); with kernels off they stay mapped for ggml's mul_mat."""
@@ -404,7 +466,7 @@ def test_q4_1_is_held_in_the_eight_row_layout_unless_kernels_are_off(tiny_q4_1: 
     off.close()
 
 
-@pytest.mark.parametrize("ftype", ["q4_1", "q4_k"])
+@pytest.mark.parametrize("ftype", ["q4_0", "q4_1", "q4_k"])
 def test_greedy_lookup_equals_plain_with_kernels(ftype: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(f"tiny_{ftype}")
     prompt = ([5, 17, 42, 9, 77, 3] * 6)[:30]

@@ -10,6 +10,7 @@
 
 #include "specee-tiles-k.h"
 #include "specee-tiles-q8_0.h"
+#include "specee-tiles-q4_0.h"
 #include "specee-tiles-q4_1.h"
 #include "specee-tiles-q4_k.h"
 
@@ -27,9 +28,9 @@
 #include <vector>
 
 // the activations' type for a weight type (ggml's vec_dot_type): Q8_1 for Q4_1 (its blocks carry d*sum for the
-// min), Q8_0 for Q8_0, Q8_K for the K-quants (super-blocks of 256 with their sums of 16)
+// min), Q8_0 for Q8_0 and Q4_0, Q8_K for the K-quants (super-blocks of 256 with their sums of 16)
 static ggml_type act_type_of(ggml_type w) {
-    return w == GGML_TYPE_Q8_0                              ? GGML_TYPE_Q8_0
+    return w == GGML_TYPE_Q8_0 || w == GGML_TYPE_Q4_0       ? GGML_TYPE_Q8_0
          : w == GGML_TYPE_Q4_K || w == GGML_TYPE_Q5_K || w == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_K
                                                             : GGML_TYPE_Q8_1;
 }
@@ -42,7 +43,8 @@ static int64_t block_elems(ggml_type act) { return act == GGML_TYPE_Q8_K ? 256 :
 static bool scales_apart(ggml_type act) { return act != GGML_TYPE_Q8_K; }
 
 // ---- the quantized activations: one I8 tensor holding n rows of Q8_1, Q8_0 or Q8_K blocks (ggml's layout, the
-// quantizer's output) and, for Q8_1 and Q8_0, each block's d and s (Q8_1; 0 for Q8_0) as floats, [nb][n_pad], so a
+// quantizer's output) and, for Q8_1 and Q8_0, each block's d and s (Q8_1's; for Q8_0 the exact sum of its quants,
+// which Q4_0's tile takes) as floats, [nb][n_pad], so a
 // tile reads 8 tokens' d or s in one load; then a span counter for each matmul that reads them (products of one
 // input share its quantization: Q/K/V, gate/up), each on a cache line of its own, set to 0 by the quantizer and
 // taken from by that matmul's threads
@@ -100,8 +102,13 @@ static void quantize_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         q((const float *) ((const char *) x->data + t * x->nb[1]), row, x->ne[0]);
         for (int64_t b = 0; scales_apart(act) && b < a.nb; ++b) {
             if (act == GGML_TYPE_Q8_0) {
-                d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_0_block *) row)[b].d);
-                s[b * a.n_pad + t] = 0.0f;
+                const q8_0_block & y   = ((const q8_0_block *) row)[b];
+                int32_t            sum = 0;
+                for (int i = 0; i < 32; ++i) {
+                    sum += y.qs[i];
+                }
+                d[b * a.n_pad + t] = ggml_fp16_to_fp32(y.d);
+                s[b * a.n_pad + t] = (float) sum;
             } else {
                 d[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_1_block *) row)[b].d);
                 s[b * a.n_pad + t] = ggml_fp16_to_fp32(((const q8_1_block *) row)[b].s);
@@ -166,6 +173,7 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
                 ta.d_y = (const float *) (base + a.off_d) + t0;
                 ta.s_y = (const float *) (base + a.off_s) + t0;
                 if (w->type == GGML_TYPE_Q4_1 || rows8) { // eight rows at a time, the last of a chunk repeated
+                    // (Q4_0 reaches the kernel only held in the eight-row layout)
                     for (int64_t r0 = c0; r0 < c1; r0 += 8) {
                         specee_rows_args ra;
                         ra.nr     = (int) std::min<int64_t>(c1 - r0, 8);
@@ -177,6 +185,8 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
                         ta.out = (float *) dst->data + t0 * ta.stride + r0;
                         if (w->type == GGML_TYPE_Q4_K) {
                             specee_tile_rows_q4_k(ta, ra, nt, simd);
+                        } else if (w->type == GGML_TYPE_Q4_0) {
+                            specee_tile_rows_q4_0(ta, ra, nt, simd);
                         } else {
                             specee_tile_rows_q4_1(ta, ra, nt, simd);
                         }
@@ -226,12 +236,15 @@ static std::vector<ggml_backend_buffer_t> rows8_buffers;
 bool specee_kernels_rows_fit(const ggml_tensor * w) {
     const bool q4_1 = w->type == GGML_TYPE_Q4_1 && w->ne[0] % 32 == 0 && ggml_type_size(w->type) == sizeof(q4_1_block);
     const bool q4_k = w->type == GGML_TYPE_Q4_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q4_k_block);
-    return (q4_1 || q4_k) && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 && w->ne[1] % 8 == 0;
+    const bool q4_0 = w->type == GGML_TYPE_Q4_0 && w->ne[0] % 32 == 0 && ggml_type_size(w->type) == sizeof(q4_0_rows8) / 8;
+    return (q4_1 || q4_k || q4_0) && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 && w->ne[1] % 8 == 0;
 }
 
 void specee_kernels_rows_pack(const ggml_tensor * w, const void * src, void * dst) {
     if (w->type == GGML_TYPE_Q4_K) {
         specee_rows_pack_q4_k(src, dst, w->ne[0], w->ne[1]);
+    } else if (w->type == GGML_TYPE_Q4_0) {
+        specee_rows_pack_q4_0(src, dst, w->ne[0], w->ne[1]);
     } else {
         specee_rows_pack_q4_1(src, dst, w->ne[0], w->ne[1]);
     }
@@ -305,7 +318,7 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
     }
     if (rows8 && (cur->type != GGML_TYPE_F32 || !ggml_is_contiguous(cur) || cur->ne[0] != w->ne[0] ||
                   cur->ne[2] != 1 || cur->ne[3] != 1)) {
-        GGML_ABORT("a Q4_1 matrix in the eight-row layout times activations the kernel does not take");
+        GGML_ABORT("a matrix in the eight-row layout times activations the kernel does not take");
     }
     const int64_t   n   = cur->ne[1];
     const ggml_type act = act_type_of(w->type);
@@ -338,9 +351,11 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
 
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
                               int32_t mode, int32_t n_threads, int32_t repeats, bool rows8, float * out) {
-    if (!specee_kernels_type(type) || k <= 0 ||
+    // Q4_0: in the eight-row layout (the kernel), or with mode off in ggml's repacked layout as its loader holds it
+    const bool q4_0 = type == GGML_TYPE_Q4_0 && (rows8 || mode == SPECEE_KERNELS_OFF);
+    if ((!specee_kernels_type(type) && !q4_0) || k <= 0 ||
         k % block_elems(act_type_of((ggml_type) type)) != 0 || m <= 0 || n <= 0 || repeats <= 0 ||
-        (rows8 && ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q4_K) || m % 8 != 0))) {
+        (rows8 && ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q4_K && !q4_0) || m % 8 != 0))) {
         return -1.0;
     }
     ggml_init_params wp   = {4 * ggml_tensor_overhead(), nullptr, true};
@@ -349,6 +364,18 @@ double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m
     ggml_tensor *    xt   = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, k, n);
     ggml_backend_t   cpu  = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(cpu, n_threads > 0 ? n_threads : 1);
+    ggml_backend_buffer_t repacked = nullptr; // Q4_0 under ggml: its repacked layout (GEMV and GEMM), m a multiple of 8
+    if (q4_0 && !rows8 && m % 8 == 0) {
+        ggml_backend_dev_t dev       = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        auto               get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+        for (ggml_backend_buffer_type_t * b = get_extra ? get_extra(dev) : nullptr; b && *b && !repacked; ++b) {
+            if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) {
+                repacked = ggml_backend_buft_alloc_buffer(*b, ggml_backend_buft_get_alloc_size(*b, wt));
+                ggml_backend_tensor_alloc(repacked, wt, ggml_backend_buffer_get_base(repacked));
+            }
+        }
+    }
     ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors(wctx, cpu);
     if (rows8) {
         specee_kernels_rows_pack(wt, w, wt->data);
@@ -379,6 +406,9 @@ double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m
     ggml_free(gctx);
     specee_kernels_rows_release(wbuf);
     ggml_backend_buffer_free(wbuf);
+    if (repacked) {
+        ggml_backend_buffer_free(repacked);
+    }
     ggml_backend_free(cpu);
     ggml_free(wctx);
     return best;
