@@ -1,10 +1,11 @@
 """python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
-memory: a random Q4_1 (or Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
+memory: a random Q4_1 (or Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
 rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot for one token of Q8_0 and the
-K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1 and Q4_K also in
-the loader's eight-row layout (`auto rows8`, what a model's Q4_1 and Q4_K matrices use). ggml's product here reads
-the file's layout (its vec_dot per pair); ggml's repacked Q4_K is measured whole-model, against llama-bench (python
--m specee.bench.runtime).
+K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1, Q4_K and Q4_0 also
+in the loader's eight-row layout (`auto rows8`, what a model's matrices of those types use; Q4_0 only there). ggml's
+product here reads the file's layout (its vec_dot per pair), except Q4_0's, which ggml's repacked layout holds as its
+loader does (its one-token GEMV, its GEMM from 4 tokens); ggml's repacked Q4_K is measured whole-model, against
+llama-bench (python -m specee.bench.runtime).
 
     python -m specee.bench.kernels                      # 1536 x 73,728 Q4_1 (70.8 MB), 1 and 2 threads, n = 1, 2, 4, 8
     python -m specee.bench.kernels --type q8_0 --rows 49152 -k 576 --threads 2     # SmolLM2's tied lm_head
@@ -18,7 +19,7 @@ import numpy as np
 
 from specee import _core
 
-TYPES = {"q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}  # ggml type ids
+TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}  # ggml type ids
 MODES = {"auto": (0, False), "auto rows8": (0, True), "off": (2, False)}  # enum specee_kernels_mode, eight-row layout
 
 
@@ -46,7 +47,8 @@ def main() -> None:
     for th in args.threads:
         rows = {}
         for name, (mode, rows8) in MODES.items():
-            if rows8 and (args.type not in ("q4_1", "q4_k") or args.rows % 8):
+            if (rows8 and (args.type not in ("q4_0", "q4_1", "q4_k") or args.rows % 8)) or (
+                    args.type == "q4_0" and not rows8 and mode != 2):
                 continue
             rows[name] = {n: _core.kernels_mul_mat(w, args.k, xs[n], mode, th, repeats=args.repeats,
                                                    type=TYPES[args.type], rows8=rows8)[1] for n in args.n}

@@ -497,3 +497,25 @@ def test_the_default_draft_head_is_the_shipped_head_and_predictors(smollm2_path:
     out = m.generate("The capital of France is", max_tokens=8, temp=0, mode="early-exit")
     assert out.strip() and m.last_stats.n_generated == 8 and m.last_stats.mode == "early-exit"
     assert len(m.last_stats.layers_run) == 7  # one per decode step (the first token comes from the prompt pass)
+
+
+@pytest.mark.parametrize("ftype", ["q4_1", "q4_0"])
+def test_exit_features_read_the_lm_head_of_an_owned_copy(merged: Path, tmp_path: Path, ftype: str) -> None:
+    """The exit predictors' features read the file's lm_head again (csrc/decode/specee-exit.cpp). A Q4_1 or Q4_0
+    lm_head goes to the kernels' eight-row layout, and the loader hands back the pages it was copied from: a mapping's
+    fault back in, but a --no-mmap copy's would read as zeros, so the loader keeps those: the features (the candidates'
+    logits first) are the same from the copy as from the mapping, and not zeros."""
+    from specee.convert.quantize import quantize_gguf
+
+    path = tmp_path / f"exit-{ftype}.gguf"
+    quantize_gguf(merged, path, ftype, progress=False)
+    feats = []
+    for use_mmap in (True, False):
+        m = specee.Model(str(path), n_ctx=64, n_threads=1, use_mmap=use_mmap)
+        if _core.kernels_auto_path() != "off":
+            assert "eight-row layout" in m.placement, m.placement
+        m.eval([1, 5, 9, 3, 7], layers=(0, m.n_layer), hidden_all=True)
+        feats.append(m._model.exit_features(m.hidden(1)[-1], np.array([3, 11, 0, 42], dtype=np.int32), None)[0])
+        m.close()
+    assert np.abs(feats[0][:N_CAND]).min() > 0
+    np.testing.assert_array_equal(feats[0], feats[1])

@@ -1,7 +1,8 @@
-// specee-kernels.cpp: this runtime's CPU matmul of Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights times 1..n token rows, in
-// ggml's graph (docs/kernels.md): the tiles (specee-tiles.h) give the same results for every number of tokens, so a
-// token's logits do not depend on its batch: ggml's own vec_dot bits for Q8_0 and the K-quants in the file's layout,
-// this runtime's own sums for Q4_1 and for Q4_K in the eight-row layout (which plain decoding uses too).
+// specee-kernels.cpp: this runtime's CPU matmul of Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights times 1..n token
+// rows, in ggml's graph (docs/kernels.md): the tiles (specee-tiles.h) give the same results for every number of
+// tokens, so a token's logits do not depend on its batch: ggml's own vec_dot bits for Q8_0 and the K-quants in the
+// file's layout, ggml's repacked Q4_0's bits for Q4_0 in the eight-row layout, this runtime's own sums for Q4_1 and
+// for Q4_K in the eight-row layout (which plain decoding uses too).
 //
 // Two custom ops on ggml's own threads (ggml_custom_4d: the graph's threadpool, no threads of ours): the
 // activations quantized once with ggml's own quantizer for the weight type (the values ggml's mul_mat would use;

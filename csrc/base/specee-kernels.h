@@ -35,7 +35,8 @@ struct specee_mm_shared {
 ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode,
                              specee_mm_shared * shared = nullptr);
 
-// whether this runtime has a kernel for weights of ggml type `type` (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
+// whether this runtime has a kernel for weights of ggml type `type` in their file's layout (Q4_1, Q8_0, Q4_K, Q5_K,
+// Q6_K; Q4_0's takes only the eight-row layout)
 bool specee_kernels_type(int32_t type);
 
 // whether specee_mul_mat(w, cur) uses this runtime's kernel under `mode`
@@ -51,9 +52,10 @@ int64_t specee_kernels_built(int32_t type);
 // how many quantizations of activations those products have built (fewer than products where inputs are shared)
 int64_t specee_kernels_built_quantizations(void);
 
-// ---- Q4_1 in this runtime's eight-row layout (the tile's transposition done once, at load; docs/kernels.md)
+// ---- Q4_1, Q4_K and Q4_0 in this runtime's eight-row layouts (the tile's transposition done once, at load;
+// docs/kernels.md)
 
-// whether w can be held in it: Q4_1, 2-D, contiguous, its rows a multiple of 8
+// whether w can be held in one: Q4_1, Q4_K or Q4_0, 2-D, contiguous, its rows a multiple of 8
 bool specee_kernels_rows_fit(const ggml_tensor * w);
 
 // w's bytes in the file's layout (src) written to dst in the eight-row layout (ggml_nbytes(w) bytes)

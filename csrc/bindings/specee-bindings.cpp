@@ -830,7 +830,7 @@ PYBIND11_MODULE(_core, m) {
         return py::make_tuple(out, s);
     }, py::arg("w"), py::arg("k"), py::arg("x"), py::arg("mode"), py::arg("n_threads") = 1, py::arg("repeats") = 1,
        py::arg("type") = (int32_t) GGML_TYPE_Q4_1, py::arg("rows8") = false,
-       "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K; from "
+       "one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K, Q4_0 with rows8 or mode off; from "
        "quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat); rows8: a Q4_1 "
        "or Q4_K matrix of a multiple of 8 rows held in the loader's eight-row layout (the kernel whatever the mode): "
        "(out [n, m], the fastest of `repeats` computes in seconds)");

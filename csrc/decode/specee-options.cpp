@@ -354,9 +354,9 @@ static const specee_option_row CONTEXT_OPTIONS[] = {
       "applied later by POST /lora-adapters (default: off)", "--lora-init-without-apply", nullptr},
      OFF(lora_init_without_apply), 0, nullptr, 0, 0, 0},
     {{"kernels", SPECEE_OPTION_CHOICE, "auto,portable,off", "auto, portable or off",
-      "matmul kernels for Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights on the CPU, a weight block unpacked once for all of a "
-      "pass's tokens, a token's logits the same whatever its batch (ggml's bits; Q4_1, Q4_K: this runtime's own sums, "
-      "within rounding of ggml's): auto (default: AVX2 where ggml's build and this CPU have it, else off), "
+      "matmul kernels for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights on the CPU, a weight block unpacked once for "
+      "all of a pass's tokens, a token's logits the same whatever its batch (ggml's bits; Q4_1, Q4_K: this runtime's "
+      "own sums, within rounding of ggml's): auto (default: AVX2 where ggml's build and this CPU have it, else off), "
       "portable (the same arithmetic in plain C, slow: tests) or off (ggml's mul_mat: upstream's bits, and ggml's "
       "repacked Q4_K: faster prefill, a token's logits depending on its batch): docs/kernels.md", "--kernels",
       "MODE"},

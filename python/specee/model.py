@@ -108,7 +108,7 @@ class Model:
         lora: LoRA adapter files (GGUF, `python -m specee.convert lora`) applied at scale 1; lora_scaled: (file,
         scale) pairs or "FILE:SCALE" texts, after them (llama.cpp's --lora / --lora-scaled); lora_init_without_apply:
         loaded at scale 0. `lora_adapters` lists them, `set_lora` changes the scales (csrc/context/specee-lora.h).
-        kernels: the matmul kernels for Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights on the CPU, "auto" (default),
+        kernels: the matmul kernels for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights on the CPU, "auto" (default),
         "portable" or "off" (ggml's mul_mat); the logits are the same bit for bit whichever (docs/kernels.md)."""
         self.path = str(path) if path is not None else default_model_path()
         self.draft_model = os.fspath(draft_model) if draft_model else None  # the draft model's file, or None
