@@ -1,10 +1,11 @@
-"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md). Q8_0, Q4_K, Q5_K and Q6_K weights times
-1..n token rows give ggml's own vec_dot results bit for bit, on the SIMD path and on the portable path forced on, for
-every row count, odd shapes and K not a multiple of 256. Q4_1 has this runtime's own accumulation: the same bits for
-every row count, thread count, path and layout (the file's, the loader's eight-row one), and within the float rounding
-of ggml's results. Q4_0 in the eight-row layout gives ggml's repacked GEMV's and GEMM's bits for every row count. A model's logits are the same with kernels auto and portable (and off, where the bits are ggml's),
-and a token's logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy identity of
-the lossless modes, perplexity) are marked slow."""
+"""The CPU matmul kernels (csrc/base/specee-kernels.cpp, docs/kernels.md). Q8_0, Q4_K, Q5_K and Q6_K weights in the
+file's layout times 1..n token rows give ggml's own vec_dot results bit for bit, on the SIMD path and on the portable
+path forced on, for every row count, odd shapes and K not a multiple of 256. Q4_1, and Q4_K and Q6_K in the loader's
+eight-row layout, have this runtime's own sums: the same bits for every row count, thread count, path and layout, and
+within the float rounding of ggml's results. Q4_0 in the eight-row layout gives ggml's repacked GEMV's and GEMM's
+bits for every row count. A model's logits are the same with kernels auto and portable (and off, where the bits are
+ggml's), and a token's logits do not depend on how many tokens share its pass. SmolLM2 runs (real weights, greedy
+identity of the lossless modes, perplexity) are marked slow."""
 
 from __future__ import annotations
 
@@ -306,6 +307,48 @@ def test_q4_0_eight_row_layout_takes_any_block() -> None:
         assert_same_bits(want, mul_mat(w, k, x, OFF, wtype=Q4_0), "ggml's repacked")
 
 
+def dequantize_q6_k(w: np.ndarray, k: int) -> np.ndarray:
+    """The weights a Q6_K matrix stands for, in float64, by the gguf package's own dequantizer (an independent one)."""
+    import gguf
+
+    return gguf.quants.dequantize(w, gguf.GGMLQuantizationType.Q6_K).astype(np.float64).reshape(w.shape[0], k)
+
+
+@pytest.mark.parametrize("k,m", [(256, 8), (512, 24), (1536, 16)])
+def test_q6_k_eight_row_layout_every_row_count_path_and_thread_give_the_same_bits(k: int, m: int) -> None:
+    """Q6_K held in the eight-row layout (this runtime's own sums): n = 1..17, the SIMD and portable paths, 1 and 3
+    threads, each token's result bit for bit the portable path's for that token alone, and within rounding of ggml's
+    vec_dot."""
+    w = random_weights(k, m, seed=k + m, wtype=Q6_K)
+    x_all = np.random.default_rng(10).standard_normal((17, k)).astype(np.float32)
+    alone = np.concatenate([mul_mat(w, k, x_all[i:i + 1], PORTABLE, wtype=Q6_K, rows8=True) for i in range(17)])
+    scale = np.abs(x_all.astype(np.float64)) @ np.abs(dequantize_q6_k(w, k)).T
+    for n in range(1, 18):
+        x = x_all[:n]
+        for mode in MODES + [OFF]:  # a matrix in the layout goes to the kernel whatever the mode
+            for n_threads in (1, 3):
+                got = _core.kernels_mul_mat(w, k, x, mode, n_threads, type=Q6_K, rows8=True)[0]
+                assert_same_bits(got, alone[:n], f"k={k} m={m} n={n} mode {mode}, {n_threads} threads")
+        worst = float((np.abs(alone[:n] - mul_mat(w, k, x, OFF, wtype=Q6_K)) / scale[:n]).max())
+        assert worst < 1e-6, f"k={k} m={m} n={n}: {worst:.2e} of sum |x| |w| from ggml's result"
+
+
+def test_q6_k_eight_row_layout_takes_any_block() -> None:
+    """Blocks of random bytes (every six-bit value, every int8 scale) with a sane super-block scale and large
+    activations: the int16 sums of two quads (at most 2 * 2 * 63 * 128) and the int32 sums stay exact."""
+    k, m = 512, 16
+    rng = np.random.default_rng(24)
+    w = rng.integers(0, 256, (m, k // 256, 210), dtype=np.uint8)
+    w[:, :, 208:210] = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)
+    w = w.reshape(m, -1)
+    x = rng.standard_normal((9, k)).astype(np.float32) * 50
+    want = mul_mat(w, k, x, PORTABLE, wtype=Q6_K, rows8=True)
+    for mode in MODES:
+        assert_same_bits(mul_mat(w, k, x, mode, wtype=Q6_K, rows8=True), want, f"mode {mode}")
+    scale = np.abs(x.astype(np.float64)) @ np.abs(dequantize_q6_k(w, k)).T
+    assert float((np.abs(want - mul_mat(w, k, x, OFF, wtype=Q6_K)) / scale).max()) < 1e-6
+
+
 def test_bad_shapes_are_refused() -> None:
     w = random_weights(64, 4, seed=1)
     with pytest.raises(ValueError):
@@ -398,11 +441,11 @@ def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.
     want = None
     wtype = {"q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}[ftype]
     # with kernels off ggml repacks Q4_K (where it has AVX2) and its GEMM's bits differ from its GEMV's: off is no
-    # reference there (test_q4_k_stays_in_the_file_s_layout_unless_kernels_are_off); Q4_1's kernel has its own
-    # accumulation: off is within rounding of it, after the portable path and auto agree bit for bit
-    # accumulation: off is within rounding of it, after the portable path and auto agree bit for bit; Q4_0's kernel
-    # gives the bits of ggml's repacked Q4_0, which it uses with kernels off where it has AVX2
-    order = {Q4_K: ("portable", "auto"), Q4_1: ("portable", "auto", "off"),
+    # reference there (test_q4_k_is_held_in_the_eight_row_layout_unless_kernels_are_off); Q4_1's and Q6_K's kernels
+    # have their own sums in the eight-row layout: off is within rounding of them, after the portable path and auto
+    # agree bit for bit; Q4_0's kernel gives the bits of ggml's repacked Q4_0, which it uses with kernels off where
+    # it has AVX2
+    order = {Q4_K: ("portable", "auto"), Q4_1: ("portable", "auto", "off"), Q6_K: ("portable", "auto", "off"),
              Q4_0: ("portable", "auto", "off") if REPACKS_Q4_0 else ("portable",)}.get(wtype, ("off", "portable", "auto"))
     for kernels in order:
         m = specee.Model(path, n_ctx=64, n_threads=2, kernels=kernels)
@@ -420,7 +463,7 @@ def test_model_logits_equal_with_kernels_on_and_off(ftype: str, request: pytest.
         assert_same_bits(batch, single, f"kernels={kernels}: batch vs one token at a time")
         if want is None:
             want = batch
-        if wtype == Q4_1 and kernels == "off":  # ggml's sums, in another order
+        if wtype in (Q4_1, Q6_K) and kernels == "off":  # ggml's sums, in another order
             worst = float(np.abs(batch - want).max() / np.abs(want).max())
             assert 0 < worst < 1e-4, f"ggml's logits {worst:.2e} of the largest from the kernel's"
         else:
