@@ -14,6 +14,7 @@
 #include "specee-tiles-q4_0.h"
 #include "specee-tiles-q4_1.h"
 #include "specee-tiles-q4_k.h"
+#include "specee-tiles-q5_k.h"
 #include "specee-tiles-q6_k.h"
 
 #include "ggml-alloc.h"
@@ -187,6 +188,8 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
                         ta.out = (float *) dst->data + t0 * ta.stride + r0;
                         if (w->type == GGML_TYPE_Q4_K) {
                             specee_tile_rows_q4_k(ta, ra, nt, simd);
+                        } else if (w->type == GGML_TYPE_Q5_K) {
+                            specee_tile_rows_q5_k(ta, ra, nt, simd);
                         } else if (w->type == GGML_TYPE_Q6_K) {
                             specee_tile_rows_q6_k(ta, ra, nt, simd);
                         } else if (w->type == GGML_TYPE_Q4_0) {
@@ -242,7 +245,9 @@ bool specee_kernels_rows_fit(const ggml_tensor * w) {
     const bool q4_k = w->type == GGML_TYPE_Q4_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q4_k_block);
     const bool q4_0 = w->type == GGML_TYPE_Q4_0 && w->ne[0] % 32 == 0 && ggml_type_size(w->type) == sizeof(q4_0_rows8) / 8;
     const bool q6_k = w->type == GGML_TYPE_Q6_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q6_k_block);
-    return (q4_1 || q4_k || q4_0 || q6_k) && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 && w->ne[1] % 8 == 0;
+    const bool q5_k = w->type == GGML_TYPE_Q5_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q5_k_block);
+    return (q4_1 || q4_k || q4_0 || q5_k || q6_k) && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 &&
+           w->ne[1] % 8 == 0;
 }
 
 void specee_kernels_rows_pack(const ggml_tensor * w, const void * src, void * dst) {
@@ -250,6 +255,8 @@ void specee_kernels_rows_pack(const ggml_tensor * w, const void * src, void * ds
         specee_rows_pack_q4_k(src, dst, w->ne[0], w->ne[1]);
     } else if (w->type == GGML_TYPE_Q4_0) {
         specee_rows_pack_q4_0(src, dst, w->ne[0], w->ne[1]);
+    } else if (w->type == GGML_TYPE_Q5_K) {
+        specee_rows_pack_q5_k(src, dst, w->ne[0], w->ne[1]);
     } else if (w->type == GGML_TYPE_Q6_K) {
         specee_rows_pack_q6_k(src, dst, w->ne[0], w->ne[1]);
     } else {
@@ -362,7 +369,8 @@ double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m
     const bool q4_0 = type == GGML_TYPE_Q4_0 && (rows8 || mode == SPECEE_KERNELS_OFF);
     if ((!specee_kernels_type(type) && !q4_0) || k <= 0 ||
         k % block_elems(act_type_of((ggml_type) type)) != 0 || m <= 0 || n <= 0 || repeats <= 0 ||
-        (rows8 && ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q6_K && !q4_0) ||
+        (rows8 && ((type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q5_K &&
+                    type != GGML_TYPE_Q6_K && !q4_0) ||
                    m % 8 != 0))) {
         return -1.0;
     }

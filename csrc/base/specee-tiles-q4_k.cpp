@@ -30,20 +30,14 @@ void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
     for (int64_t r0 = 0; r0 < m; r0 += 8) {
         q4_k_rows8 * out = (q4_k_rows8 *) dst + r0 / 8 * nb;
         for (int64_t b = 0; b < nb; ++b) {
-            memset(&out[b], 0, sizeof(out[b]) - sizeof(out[b].w));
+            memset(&out[b].six, 0, sizeof(out[b].six));
             for (int r = 0; r < 8; ++r) {
                 const q4_k_block & x = block_of((const q4_k_block *) src + (r0 + r) * nb, b);
                 out[b].d[r]          = x.d;
                 out[b].dmin[r]       = x.dmin;
                 int32_t sc[8], mn[8];
                 specee_k_scales(x.scales, sc, mn);
-                for (int s = 0; s < 8; ++s) { // q4_k_rows8's order
-                    const int i = 8 * (s % 4) + r, h = s / 4, up = 2 * (i / 16) + 4 * h;
-                    out[b].sc_lo[i] |= (uint8_t) ((sc[s] & 0x0F) << (4 * h));
-                    out[b].mn_lo[i] |= (uint8_t) ((mn[s] & 0x0F) << (4 * h));
-                    out[b].sc_hi[i % 16] |= (uint8_t) ((sc[s] >> 4) << up);
-                    out[b].mn_hi[i % 16] |= (uint8_t) ((mn[s] >> 4) << up);
-                }
+                specee_k_six8_put(out[b].six, r, sc, mn);
                 for (int j = 0; j < 4; ++j) {
                     for (int q = 0; q < 8; ++q) {
                         memcpy(out[b].w[j][q] + 4 * r, x.qs + 32 * j + 4 * q, 4);
@@ -72,8 +66,8 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
                             dot += ((s % 2 ? v >> 4 : v & 0x0F)) * y.qs[32 * s + 4 * q + i];
                         }
                     }
-                    sumi += q4_k_rows8_scale(g.sc_lo, g.sc_hi, s, r) * dot;
-                    summ += q4_k_rows8_scale(g.mn_lo, g.mn_hi, s, r) * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+                    sumi += specee_k_six8_get(g.six.sc_lo, g.six.sc_hi, s, r) * dot;
+                    summ += specee_k_six8_get(g.six.mn_lo, g.six.mn_hi, s, r) * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
                 }
                 const float dd = ggml_fp16_to_fp32(g.d[r]) * y.d;
                 const float dm = ggml_fp16_to_fp32(g.dmin[r]) * y.d;
@@ -86,41 +80,6 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
 }
 
 #ifdef SPECEE_KERNELS_X86
-
-// the eight rows' scales and mins of a super-block as the tile multiplies them: scv[s] row r's scale of sub-block s in
-// 16-bit lanes 2r and 2r + 1, mnp[k] row r's mins of sub-blocks 2k and 2k + 1 in lanes 2r and 2r + 1. The 6-bit
-// values of sub-blocks 0-3 and 4-7 as bytes [s][r] (the low nibbles, the top bits shifted to bits 4-5 per half: the
-// positions 0-15 keep theirs in bits 0-1 / 4-5 of sc_hi, 16-31 in bits 2-3 / 6-7), then each vector one broadcast of
-// the 8 (or 16) bytes it takes and one byte shuffle into its lanes
-SPECEE_AVX2 static inline void rows_sixbits(const uint8_t * lo, const uint8_t * hi, __m256i & a, __m256i & b) {
-    const __m256i l   = _mm256_loadu_si256((const __m256i *) lo);
-    const __m256i h   = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) hi));
-    const __m256i n4  = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
-    const __m256i up4 = _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2), dn = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
-    a = _mm256_or_si256(_mm256_and_si256(l, n4), _mm256_and_si256(_mm256_sllv_epi32(h, up4), top));
-    b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), n4), _mm256_and_si256(_mm256_srlv_epi32(h, dn), top));
-}
-
-SPECEE_AVX2 static inline void rows_scales(const q4_k_rows8 & g, __m256i scv[8], __m256i mnp[4]) {
-    __m256i sc[2], mn[2];
-    rows_sixbits(g.sc_lo, g.sc_hi, sc[0], sc[1]);
-    rows_sixbits(g.mn_lo, g.mn_hi, mn[0], mn[1]);
-    // scale s of rows 0-3 (low half) and 4-7 (high half) to 16-bit lanes 2r, 2r + 1; mins 2k, 2k + 1 to 2r and 2r + 1
-    const __m256i dup  = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, //
-                                          4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
-    const __m256i pair = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1, //
-                                          4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
-    for (int s = 0; s < 8; ++s) {
-        const int     q = 2 * (s % 4);
-        const __m256i v = _mm256_permutevar8x32_epi32(sc[s / 4], _mm256_setr_epi32(q, q + 1, q, q + 1, q, q + 1, q, q + 1));
-        scv[s]          = _mm256_shuffle_epi8(v, dup);
-    }
-    for (int k = 0; k < 4; ++k) {
-        const int     q = 4 * (k % 2);
-        const __m256i v = _mm256_permutevar8x32_epi32(mn[k / 2], _mm256_setr_epi32(q, q + 1, q + 2, q + 3, q, q + 1, q + 2, q + 3));
-        mnp[k]          = _mm256_shuffle_epi8(v, pair);
-    }
-}
 
 // up to this many tokens a tile splits the nibbles where it uses them, not once into a buffer on the stack
 static const int ONTHEFLY = 2;
@@ -139,7 +98,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         const q4_k_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
-        rows_scales(g, scv, mnp);
+        specee_k_six8_lanes(g.six, scv, mnp);
         for (int j = 0; NT > ONTHEFLY && j < 4; ++j) {
             for (int k = 0; k < 8; ++k) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[j][k]);

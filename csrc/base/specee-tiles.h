@@ -113,6 +113,34 @@ inline void specee_k_scales(const uint8_t * s, int32_t sc[8], int32_t mn[8]) {
     }
 }
 
+// ---- the eight-row layouts' 6-bit scales and mins (Q4_K, Q5_K): each row's sixteen decoded once, at load, the eight
+// rows' in 96 bytes in an order a tile reads with a few shuffles (docs/kernels.md). Position i = 8 s + r (s in 0..3,
+// r the row) holds sub-blocks s and s + 4: sc_lo[i] the low 4 bits of s's scale in bits 0-3 and of s + 4's in bits
+// 4-7, sc_hi[i % 16] their top 2 bits in bits 2 (i / 16) and 4 + 2 (i / 16); the mins the same way
+struct specee_k_six8 {
+    uint8_t sc_lo[32];
+    uint8_t sc_hi[16];
+    uint8_t mn_lo[32];
+    uint8_t mn_hi[16];
+};
+
+// row r's scales and mins (specee_k_scales') into g, zeroed before its first row
+inline void specee_k_six8_put(specee_k_six8 & g, int r, const int32_t sc[8], const int32_t mn[8]) {
+    for (int s = 0; s < 8; ++s) {
+        const int i = 8 * (s % 4) + r, h = s / 4, up = 2 * (i / 16) + 4 * h;
+        g.sc_lo[i] |= (uint8_t) ((sc[s] & 0x0F) << (4 * h));
+        g.mn_lo[i] |= (uint8_t) ((mn[s] & 0x0F) << (4 * h));
+        g.sc_hi[i % 16] |= (uint8_t) ((sc[s] >> 4) << up);
+        g.mn_hi[i % 16] |= (uint8_t) ((mn[s] >> 4) << up);
+    }
+}
+
+// row r's scale (lo, hi: sc_lo, sc_hi) or min (mn_lo, mn_hi) of sub-block s
+inline int32_t specee_k_six8_get(const uint8_t * lo, const uint8_t * hi, int s, int r) {
+    const int i = 8 * (s % 4) + r, h = s / 4;
+    return ((lo[i] >> (4 * h)) & 0x0F) | (((hi[i % 16] >> (2 * (i / 16) + 4 * h)) & 3) << 4);
+}
+
 #ifdef SPECEE_KERNELS_X86
 
 #define SPECEE_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -140,6 +168,41 @@ SPECEE_AVX2 inline float specee_hsum_8(__m256 x) {
     r        = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r        = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
+}
+
+// the 6-bit values of sub-blocks 0-3 (a) and 4-7 (b) as bytes [s][r]: the low nibbles, the top bits shifted to bits
+// 4-5 per half (positions 0-15 keep theirs in bits 0-1 / 4-5 of hi, 16-31 in bits 2-3 / 6-7)
+SPECEE_AVX2 inline void specee_k_six8_bytes(const uint8_t * lo, const uint8_t * hi, __m256i & a, __m256i & b) {
+    const __m256i l   = _mm256_loadu_si256((const __m256i *) lo);
+    const __m256i h   = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) hi));
+    const __m256i n4  = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i up4 = _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2), dn = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    a = _mm256_or_si256(_mm256_and_si256(l, n4), _mm256_and_si256(_mm256_sllv_epi32(h, up4), top));
+    b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), n4), _mm256_and_si256(_mm256_srlv_epi32(h, dn), top));
+}
+
+// the eight rows' scales and mins of a super-block as a tile multiplies them: scv[s] row r's scale of sub-block s in
+// 16-bit lanes 2r and 2r + 1, mnp[k] row r's mins of sub-blocks 2k and 2k + 1 in lanes 2r and 2r + 1; each vector one
+// cross-lane permute of the 8 (or 16) bytes it takes and one byte shuffle into its lanes
+SPECEE_AVX2 inline void specee_k_six8_lanes(const specee_k_six8 & g, __m256i scv[8], __m256i mnp[4]) {
+    __m256i sc[2], mn[2];
+    specee_k_six8_bytes(g.sc_lo, g.sc_hi, sc[0], sc[1]);
+    specee_k_six8_bytes(g.mn_lo, g.mn_hi, mn[0], mn[1]);
+    // scale s of rows 0-3 (low half) and 4-7 (high half) to 16-bit lanes 2r, 2r + 1; mins 2k, 2k + 1 to 2r and 2r + 1
+    const __m256i dup  = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, //
+                                          4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+    const __m256i pair = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1, //
+                                          4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
+    for (int s = 0; s < 8; ++s) {
+        const int     q = 2 * (s % 4);
+        const __m256i v = _mm256_permutevar8x32_epi32(sc[s / 4], _mm256_setr_epi32(q, q + 1, q, q + 1, q, q + 1, q, q + 1));
+        scv[s]          = _mm256_shuffle_epi8(v, dup);
+    }
+    for (int k = 0; k < 4; ++k) {
+        const int     q = 4 * (k % 2);
+        const __m256i v = _mm256_permutevar8x32_epi32(mn[k / 2], _mm256_setr_epi32(q, q + 1, q + 2, q + 3, q, q + 1, q + 2, q + 3));
+        mnp[k]          = _mm256_shuffle_epi8(v, pair);
+    }
 }
 
 #endif

@@ -1,0 +1,159 @@
+// specee-tiles-q5_k.cpp: Q5_K weights times a pass's tokens, eight weight rows at a time, in the loader's eight-row
+// layout (docs/kernels.md).
+//
+// Q4_K's tile (specee-tiles-q4_k.cpp) with five-bit values: per (row, token, super-block)
+//
+//     acc = fma(d_x * d_y, (float) sumi, acc);  acc = fma(-(dmin_x * d_y), (float) summ, acc)
+//
+// sumi = sum over the eight sub-blocks of the 6-bit scale times the exact integer dot product of the five-bit values
+// and the token's Q8_K quants, summ = sum of the mins times the token's sums of 32: exact integers, converted once, in
+// super-block order, so a result does not depend on its batch, thread or path. On the SIMD path four byte products
+// are summed in int16 (each pair sum at most 2 * 31 * 128, four of them 31,744 < 2^15), two vpmaddwd per sub-block.
+#include "specee-tiles-q5_k.h"
+
+#include <cmath>
+#include <cstring>
+
+static const q5_k_rows8 & group_of(const void * rows, int64_t b) { return ((const q5_k_rows8 *) rows)[b]; }
+
+void specee_rows_pack_q5_k(const void * src, void * dst, int64_t k, int64_t m) {
+    const int64_t nb = k / 256;
+    for (int64_t r0 = 0; r0 < m; r0 += 8) {
+        q5_k_rows8 * out = (q5_k_rows8 *) dst + r0 / 8 * nb;
+        for (int64_t b = 0; b < nb; ++b) {
+            memset(&out[b].six, 0, sizeof(out[b].six));
+            for (int r = 0; r < 8; ++r) {
+                const q5_k_block & x = ((const q5_k_block *) src)[(r0 + r) * nb + b];
+                out[b].d[r]          = x.d;
+                out[b].dmin[r]       = x.dmin;
+                int32_t sc[8], mn[8];
+                specee_k_scales(x.scales, sc, mn);
+                specee_k_six8_put(out[b].six, r, sc, mn);
+                for (int q = 0; q < 8; ++q) {
+                    memcpy(out[b].h[q] + 4 * r, x.qh + 4 * q, 4);
+                    for (int j = 0; j < 4; ++j) {
+                        memcpy(out[b].w[j][q] + 4 * r, x.qs + 32 * j + 4 * q, 4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// the portable path: the same operations in the same order, one scalar at a time (this file is built with
+// -ffp-contract=off; std::fma rounds once as the hardware's FMA does)
+static void rows_portable(const specee_tile_args & ta, const specee_rows_args & ra, int nt) {
+    for (int r = 0; r < ra.nr; ++r) {
+        for (int t = 0; t < nt; ++t) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < ta.nb; ++b) {
+                const q5_k_rows8 & g    = group_of(ra.x[0], b);
+                const q8_k_block & y    = ((const q8_k_block *) ta.y[t])[b];
+                int32_t            sumi = 0, summ = 0;
+                for (int s = 0; s < 8; ++s) {
+                    int32_t dot = 0;
+                    for (int q = 0; q < 8; ++q) {
+                        for (int i = 0; i < 4; ++i) {
+                            const uint8_t v  = g.w[s / 2][q][4 * r + i];
+                            const int     lo = s % 2 ? v >> 4 : v & 0x0F;
+                            const int     up = (g.h[q][4 * r + i] >> s) & 1;
+                            dot += (lo | up << 4) * y.qs[32 * s + 4 * q + i];
+                        }
+                    }
+                    sumi += specee_k_six8_get(g.six.sc_lo, g.six.sc_hi, s, r) * dot;
+                    summ += specee_k_six8_get(g.six.mn_lo, g.six.mn_hi, s, r) * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+                }
+                const float dd = ggml_fp16_to_fp32(g.d[r]) * y.d;
+                const float dm = ggml_fp16_to_fp32(g.dmin[r]) * y.d;
+                acc            = std::fma(dd, (float) sumi, acc);
+                acc            = std::fma(-dm, (float) summ, acc);
+            }
+            ta.out[t * ta.stride + r] = acc;
+        }
+    }
+}
+
+#ifdef SPECEE_KERNELS_X86
+
+// sub-block s's four-element group k of the eight rows as five-bit values: the nibbles of w[s / 2][k] (low for even
+// s) with bit s of h[k] moved to bit 4
+SPECEE_AVX2 static inline __m256i rows_fives(const q5_k_rows8 & g, int s, int k) {
+    const __m256i w  = _mm256_loadu_si256((const __m256i *) g.w[s / 2][k]);
+    const __m256i h  = _mm256_loadu_si256((const __m256i *) g.h[k]);
+    const __m256i lo = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(w, 4) : w, _mm256_set1_epi8(0x0F));
+    // bit s to bit 4 within each byte (16-bit shifts; the mask keeps only what came from the same byte)
+    const __m256i up = s <= 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - s)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(s - 4));
+    return _mm256_or_si256(lo, _mm256_and_si256(up, _mm256_set1_epi8(0x10)));
+}
+
+// up to this many tokens a tile builds the five-bit values where it uses them, not once into a buffer on the stack
+static const int ONTHEFLY = 2;
+
+template <int NT>
+SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256        acc[NT];
+    for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    alignas(32) uint8_t q[8][8][32]; // the five-bit values built once per tile: [sub-block][k], lane r row r's four
+    __m256i             scv[8], mnp[4];
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const q5_k_rows8 & g  = group_of(ra.x[0], b);
+        const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
+        const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
+        specee_k_six8_lanes(g.six, scv, mnp);
+        for (int s = 0; NT > ONTHEFLY && s < 8; ++s) {
+            for (int k = 0; k < 8; ++k) {
+                _mm256_store_si256((__m256i *) q[s][k], rows_fives(g, s, k));
+            }
+        }
+        for (int t = 0; t < NT; ++t) {
+            const q8_k_block & y    = ((const q8_k_block *) ta.y[t])[b];
+            __m256i            sumi = _mm256_setzero_si256();
+            for (int s = 0; s < 8; ++s) {
+                const int8_t * ys = y.qs + 32 * s;
+                __m256i        d[2];
+                for (int half = 0; half < 2; ++half) { // four byte products at a time: exact in int16
+                    d[half] = _mm256_setzero_si256();
+                    for (int k = 4 * half; k < 4 * half + 4; ++k) {
+                        int32_t four;
+                        memcpy(&four, ys + 4 * k, sizeof(four));
+                        const __m256i v = NT > ONTHEFLY ? _mm256_load_si256((const __m256i *) q[s][k]) : rows_fives(g, s, k);
+                        d[half] = _mm256_add_epi16(d[half], _mm256_maddubs_epi16(v, _mm256_set1_epi32(four)));
+                    }
+                }
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(d[0], scv[s]),
+                                                               _mm256_madd_epi16(d[1], scv[s])));
+            }
+            // the sub-blocks' sums (pairs of ggml's sums of 16) as 16-bit pairs (2k, 2k + 1), each pair broadcast
+            const __m256i bs   = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) y.bsums), ones);
+            const __m256i bp   = _mm256_packs_epi32(bs, bs); // [B0..B3 B0..B3 | B4..B7 B4..B7]
+            __m256i       summ = _mm256_setzero_si256();
+            for (int k = 0; k < 4; ++k) {
+                const __m256i pair = _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(k < 2 ? k : k + 2));
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mnp[k], pair));
+            }
+            const __m256 dy = _mm256_set1_ps(y.d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(sumi), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(summ), acc[t]);
+        }
+    }
+    specee_rows_store(acc, NT, ta, ra);
+}
+
+static const specee_rows_fn ROWS_Q5_K[8] = {rows_avx2<1>, rows_avx2<2>, rows_avx2<3>, rows_avx2<4>,
+                                            rows_avx2<5>, rows_avx2<6>, rows_avx2<7>, rows_avx2<8>};
+
+#endif
+
+void specee_tile_rows_q5_k(const specee_tile_args & ta, const specee_rows_args & ra, int nt, bool simd) {
+#ifdef SPECEE_KERNELS_X86
+    if (simd) {
+        ROWS_Q5_K[nt - 1](ta, ra);
+        return;
+    }
+#endif
+    (void) simd;
+    rows_portable(ta, ra, nt);
+}
