@@ -1,7 +1,7 @@
 """python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
 memory: a random Q4_1 (or Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
 rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot for one token of Q8_0 and the
-K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1, Q4_K and Q4_0 also
+K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1, Q4_0 and the K-quants also
 in the loader's eight-row layout (`auto rows8`, what a model's matrices of those types use; Q4_0 only there). ggml's
 product here reads the file's layout (its vec_dot per pair), except Q4_0's, which ggml's repacked layout holds as its
 loader does (its one-token GEMV, its GEMM from 4 tokens); ggml's repacked Q4_K is measured whole-model, against
@@ -47,7 +47,7 @@ def main() -> None:
     for th in args.threads:
         rows = {}
         for name, (mode, rows8) in MODES.items():
-            if (rows8 and (args.type not in ("q4_0", "q4_1", "q4_k") or args.rows % 8)) or (
+            if (rows8 and (args.type not in ("q4_0", "q4_1", "q4_k", "q5_k", "q6_k") or args.rows % 8)) or (
                     args.type == "q4_0" and not rows8 and mode != 2):
                 continue
             rows[name] = {n: _core.kernels_mul_mat(w, args.k, xs[n], mode, th, repeats=args.repeats,

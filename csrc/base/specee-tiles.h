@@ -162,6 +162,15 @@ SPECEE_AVX2 inline void specee_rows_store(const __m256 * acc, int nt, const spec
     }
 }
 
+// the cache lines of [p, p + bytes) asked for ahead of use: the eight-row layouts are read as one stream, but a
+// tile's reads within a group jump between its parts (nibbles, top bits, scales), which trained the hardware's
+// prefetcher late: a one-token Q6_K tile read 9.3 GB/s without this, 18-19 with it
+SPECEE_AVX2 inline void specee_prefetch(const void * p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) {
+        _mm_prefetch((const char *) p + off, _MM_HINT_T0);
+    }
+}
+
 // ggml's hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))
 SPECEE_AVX2 inline float specee_hsum_8(__m256 x) {
     __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
