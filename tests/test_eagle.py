@@ -289,7 +289,7 @@ def test_greedy_speculative_equals_plain(mode: str, eagle: EagleParams, head: st
 
 DEFAULT_TREE_PROBE = """
 import sys, specee
-m = specee.Model(sys.argv[1], n_ctx=128, n_threads=1)
+m = specee.Model(sys.argv[1], n_ctx=128, n_threads=1, kernels=sys.argv[2])
 for mode in ("eagle", "eagle2"):
     m.generate_tokens([1, 2, 3, 4], 24, mode=mode, temp=0)
     st = m.last_stats
@@ -299,23 +299,25 @@ print("batched" if "default EAGLE tree: three draft tokens" in m.placement else 
 
 
 def test_default_tree_follows_the_cost_of_a_pass(trained_gguf: Path, tmp_path: Path) -> None:
-    """Three draft tokens per step where the CPU's layer matrices are repacked (a pass of 4 costs about what a
-    pass of 2 does), one elsewhere; the layout is forced off with SPECEE_NO_REPACK, so both rules run on any CPU
-    (the repacked one where ggml's CPU backend repacks Q4_0, as on x86 with AVX2)."""
+    """Three draft tokens per step where the CPU's layer matrices are in ggml's repacked layout (a pass of 4 costs
+    about what a pass of 2 does: Q4_0 with kernels off), one elsewhere: mapped (SPECEE_NO_REPACK) or in this
+    runtime's eight-row layout (Q4_0 under the kernels, where a pass of 4 costs 1.2-1.7 single passes)."""
     from specee.convert.quantize import quantize_gguf
 
     q4 = tmp_path / "tiny-q4_0.gguf"
     quantize_gguf(trained_gguf, q4, "q4_0", progress=False)
     seen = set()
-    for env in ({}, {"SPECEE_NO_REPACK": "1"}):
-        out = subprocess.run([sys.executable, "-c", DEFAULT_TREE_PROBE, str(q4)], capture_output=True, text=True,
-                             env={**os.environ, **env}, timeout=120, check=True).stdout.split("\n")
+    for env, kernels in (({}, "off"), ({"SPECEE_NO_REPACK": "1"}, "off"), ({}, "auto")):
+        out = subprocess.run([sys.executable, "-c", DEFAULT_TREE_PROBE, str(q4), kernels], capture_output=True,
+                             text=True, env={**os.environ, **env}, timeout=120, check=True).stdout.split("\n")
         layout = out[2]
         seen.add(layout)
         for line in out[:2]:  # (steps near the token limit draft fewer)
             drafted, steps = map(int, line.split()[1:])
             assert steps > 0 and (2 * steps < drafted <= 3 * steps if layout == "batched" else drafted <= steps)
     assert "mapped" in seen
+    if _core.kernels_auto_path() != "off":  # ggml repacks Q4_0 into its 8x8 layout with AVX2, as auto's path needs
+        assert "batched" in seen
 
 
 def test_greedy_with_cut_steps_and_repeat_penalty(trained_gguf: Path) -> None:

@@ -46,9 +46,10 @@ specee_seq_scope::~specee_seq_scope() { kv.seq_cur = saved; }
 // Q4_0 or Q8_0 on AVX2), its matmul takes rows in groups of 4: a pass of 4 tokens costs about what a pass
 // of 2 does (1.74 vs 1.78 single passes on the 7B-shaped Q4_0 file), so three draft tokens come at the price
 // of one. Elsewhere the smallest tree, one draft token: with F16 an extra token costs about 0.65 of a plain step
-// on SmolLM2-135M; with Q4_1 through this runtime's kernel a pass of 2 costs 1.16 single passes and one of 4
-// 1.18, but the shipped head's drafts are accepted about a third of the time and its two draft levels cost
-// more than the extra tokens give (greedy, 4 prompts: one draft token 1.05x plain, three 0.88x, 2026-11-29).
+// on SmolLM2-135M; in this runtime's eight-row layouts (Q4_0, Q4_1, the K-quants under the kernels) a pass of 2
+// costs 1.0-1.2 single passes and one of 4 1.2-1.7, and the shipped head's second level is accepted too rarely to
+// pay for them (greedy, 6 MT-Bench prompts, 2026-11-29: one draft token 1.10x plain, 1.49 tokens a step; a chain of
+// two 0.92x, 2/2 0.85x, 5/3/2 0.68x on Q4_1; on Q4_0 one 0.92x, three 0.68x).
 static const char * const CHOICES_ONE   = "[[0]]";
 static const char * const CHOICES_THREE = "[[0], [1], [0, 0]]";
 

@@ -527,9 +527,9 @@ static bool kept_for_kernels(const ggml_tensor * w, int32_t kernels) {
             (kernels == SPECEE_KERNELS_AUTO && strcmp(specee_kernels_auto_path(), "off") != 0));
 }
 
-// every layer on the CPU (at least one) has its matrices in one of ggml's repacking buffers, or is Q4_K under the
-// kernels; Q4_1's eight-row layout does not count: with it one draft token measured best on SmolLM2
-// (docs/speculative.md)
+// every layer on the CPU (at least one) has its matrices in one of ggml's repacking buffers, or is Q4_K in the file's
+// layout under the kernels; the eight-row layouts do not count: a pass of 4 tokens costs 1.2-1.7 single passes there,
+// and one draft token measured best on SmolLM2 (Q4_1 and Q4_0: docs/speculative.md)
 static bool cpu_layers_batched(const specee_model & m, int32_t kernels, ggml_backend_buffer_t rows8) {
     bool any = false;
     for (size_t il = 0; il < m.layers.size(); ++il) {
@@ -537,8 +537,8 @@ static bool cpu_layers_batched(const specee_model & m, int32_t kernels, ggml_bac
             continue;
         }
         const ggml_backend_buffer_t b = m.layers[il].ffn_up->buffer;
-        if (!kept_for_kernels(m.layers[il].ffn_up, kernels) &&
-            (b == rows8 || std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end())) {
+        if (b == rows8 || (!kept_for_kernels(m.layers[il].ffn_up, kernels) &&
+                           std::find(m.buf_repack.begin(), m.buf_repack.end(), b) == m.buf_repack.end())) {
             return false;
         }
         any = true;
