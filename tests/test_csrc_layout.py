@@ -256,7 +256,8 @@ FLOORS = [
     # what every floor stands on: errors and logging, the name tables, GGUF files, text's code points, the kernels,
     # llguidance's loader, the n-gram cache's store, the state a step advances, quantizing
     ("base", ("base",), {"specee-impl", "specee-hparams", "specee-arch", "specee-gguf", "specee-tiles",
-                         "specee-tiles-q8_0", "specee-tiles-q4_1", "specee-tiles-q4_k", "specee-tiles-k",
+                         "specee-tiles-q8_0", "specee-tiles-q4_0", "specee-tiles-q4_1", "specee-tiles-q4_k",
+                         "specee-tiles-q5_k", "specee-tiles-q6_k", "specee-tiles-k",
                          "specee-kernels",
                          "specee-unicode", "specee-unicode-data", "specee-llg", "specee-ngram-cache", "specee-step",
                          "specee-quantize"}),
