@@ -87,7 +87,6 @@ static const int ONTHEFLY = 2;
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
     const __m256i low  = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256        acc[NT];
     for (int t = 0; t < NT; ++t) {
         acc[t] = _mm256_setzero_ps();
@@ -127,17 +126,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
                 }
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(d, scv[s]));
             }
-            // the sub-blocks' sums (pairs of ggml's sums of 16) as 16-bit pairs (2k, 2k + 1), each pair broadcast
-            const __m256i bs   = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) y.bsums), ones);
-            const __m256i bp   = _mm256_packs_epi32(bs, bs); // [B0..B3 B0..B3 | B4..B7 B4..B7]
-            __m256i       summ = _mm256_setzero_si256();
-            for (int k = 0; k < 4; ++k) {
-                const __m256i pair = _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(k < 2 ? k : k + 2));
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mnp[k], pair));
-            }
-            const __m256 dy = _mm256_set1_ps(y.d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(sumi), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(summ), acc[t]);
+            acc[t] = specee_k_acc(acc[t], dx, mx, y, sumi, mnp);
         }
     }
     specee_rows_store(acc, NT, ta, ra);

@@ -162,6 +162,23 @@ SPECEE_AVX2 inline void specee_rows_store(const __m256 * acc, int nt, const spec
     }
 }
 
+// Q4_K's and Q5_K's step of one token and super-block for the eight rows: acc + (d_x * d_y) * sumi - (dmin_x * d_y) *
+// summ, summ the rows' mins (specee_k_six8_lanes' mnp) times the token's sums of the sub-blocks (pairs of ggml's sums
+// of 16, as 16-bit pairs (2k, 2k + 1), each pair broadcast)
+SPECEE_AVX2 inline __m256 specee_k_acc(__m256 acc, __m256 dx, __m256 mx, const q8_k_block & y, __m256i sumi,
+                                       const __m256i mnp[4]) {
+    const __m256i bs   = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) y.bsums), _mm256_set1_epi16(1));
+    const __m256i bp   = _mm256_packs_epi32(bs, bs); // [B0..B3 B0..B3 | B4..B7 B4..B7]
+    __m256i       summ = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+        const __m256i pair = _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(k < 2 ? k : k + 2));
+        summ               = _mm256_add_epi32(summ, _mm256_madd_epi16(mnp[k], pair));
+    }
+    const __m256 dy = _mm256_set1_ps(y.d);
+    acc             = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(sumi), acc);
+    return _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(summ), acc);
+}
+
 // the cache lines of [p, p + bytes) asked for ahead of use: the eight-row layouts are read as one stream, but a
 // tile's reads within a group jump between its parts (nibbles, top bits, scales), which trained the hardware's
 // prefetcher late: a one-token Q6_K tile read 9.3 GB/s without this, 18-19 with it
