@@ -48,37 +48,6 @@ void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
     }
 }
 
-// the portable path: the same operations in the same order, one scalar at a time (this file is built with
-// -ffp-contract=off; std::fma rounds once as the hardware's FMA does)
-static void rows_portable(const specee_tile_args & ta, const specee_rows_args & ra, int nt) {
-    for (int r = 0; r < ra.nr; ++r) {
-        for (int t = 0; t < nt; ++t) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < ta.nb; ++b) {
-                const q4_k_rows8 & g = group_of(ra.x[0], b);
-                const q8_k_block & y = ((const q8_k_block *) ta.y[t])[b];
-                int32_t            sumi = 0, summ = 0;
-                for (int s = 0; s < 8; ++s) {
-                    int32_t dot = 0;
-                    for (int q = 0; q < 8; ++q) {
-                        for (int i = 0; i < 4; ++i) {
-                            const uint8_t v = g.w[s / 2][q][4 * r + i];
-                            dot += ((s % 2 ? v >> 4 : v & 0x0F)) * y.qs[32 * s + 4 * q + i];
-                        }
-                    }
-                    sumi += specee_k_six8_get(g.six.sc_lo, g.six.sc_hi, s, r) * dot;
-                    summ += specee_k_six8_get(g.six.mn_lo, g.six.mn_hi, s, r) * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
-                }
-                const float dd = ggml_fp16_to_fp32(g.d[r]) * y.d;
-                const float dm = ggml_fp16_to_fp32(g.dmin[r]) * y.d;
-                acc            = std::fma(dd, (float) sumi, acc);
-                acc            = std::fma(-dm, (float) summ, acc);
-            }
-            ta.out[t * ta.stride + r] = acc;
-        }
-    }
-}
-
 #ifdef SPECEE_KERNELS_X86
 
 // up to this many tokens a tile splits the nibbles where it uses them, not once into a buffer on the stack
@@ -145,5 +114,8 @@ void specee_tile_rows_q4_k(const specee_tile_args & ta, const specee_rows_args &
     }
 #endif
     (void) simd;
-    rows_portable(ta, ra, nt);
+    specee_k_rows_portable<q4_k_rows8>(ta, ra, nt, [](const q4_k_rows8 & g, int r, int s, int e) {
+        const uint8_t v = g.w[s / 2][e / 4][4 * r + e % 4];
+        return s % 2 ? v >> 4 : v & 0x0F;
+    });
 }

@@ -8,6 +8,7 @@
 
 #include "ggml.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -139,6 +140,36 @@ inline void specee_k_six8_put(specee_k_six8 & g, int r, const int32_t sc[8], con
 inline int32_t specee_k_six8_get(const uint8_t * lo, const uint8_t * hi, int s, int r) {
     const int i = 8 * (s % 4) + r, h = s / 4;
     return ((lo[i] >> (4 * h)) & 0x0F) | (((hi[i % 16] >> (2 * (i / 16) + 4 * h)) & 3) << 4);
+}
+
+// Q4_K's and Q5_K's portable path over their eight-row group type G (d, dmin, six): the SIMD path's operations in
+// its order, one scalar at a time (the tiles' files are built with -ffp-contract=off; std::fma rounds once as the
+// hardware's FMA does); quant(g, r, s, e) is row r's unsigned quant e (0..31) of sub-block s
+template <typename G, typename Quant>
+inline void specee_k_rows_portable(const specee_tile_args & ta, const specee_rows_args & ra, int nt, Quant quant) {
+    for (int r = 0; r < ra.nr; ++r) {
+        for (int t = 0; t < nt; ++t) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < ta.nb; ++b) {
+                const G &          g    = ((const G *) ra.x[0])[b];
+                const q8_k_block & y    = ((const q8_k_block *) ta.y[t])[b];
+                int32_t            sumi = 0, summ = 0;
+                for (int s = 0; s < 8; ++s) {
+                    int32_t dot = 0;
+                    for (int e = 0; e < 32; ++e) {
+                        dot += quant(g, r, s, e) * y.qs[32 * s + e];
+                    }
+                    sumi += specee_k_six8_get(g.six.sc_lo, g.six.sc_hi, s, r) * dot;
+                    summ += specee_k_six8_get(g.six.mn_lo, g.six.mn_hi, s, r) * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+                }
+                const float dd = ggml_fp16_to_fp32(g.d[r]) * y.d;
+                const float dm = ggml_fp16_to_fp32(g.dmin[r]) * y.d;
+                acc            = std::fma(dd, (float) sumi, acc);
+                acc            = std::fma(-dm, (float) summ, acc);
+            }
+            ta.out[t * ta.stride + r] = acc;
+        }
+    }
 }
 
 #ifdef SPECEE_KERNELS_X86
