@@ -2,7 +2,7 @@
 // rows, in ggml's graph (docs/kernels.md): the tiles (specee-tiles.h) give the same results for every number of
 // tokens, so a token's logits do not depend on its batch: ggml's own vec_dot bits for Q8_0 and the K-quants in the
 // file's layout, ggml's repacked Q4_0's bits for Q4_0 in the eight-row layout, this runtime's own sums for Q4_1 and
-// for Q4_K in the eight-row layout (which plain decoding uses too).
+// for the K-quants in the eight-row layouts (which plain decoding uses too).
 //
 // Two custom ops on ggml's own threads (ggml_custom_4d: the graph's threadpool, no threads of ours): the
 // activations quantized once with ggml's own quantizer for the weight type (the values ggml's mul_mat would use;
@@ -47,10 +47,9 @@ static bool scales_apart(ggml_type act) { return act != GGML_TYPE_Q8_K; }
 
 // ---- the quantized activations: one I8 tensor holding n rows of Q8_1, Q8_0 or Q8_K blocks (ggml's layout, the
 // quantizer's output) and, for Q8_1 and Q8_0, each block's d and s (Q8_1's; for Q8_0 the exact sum of its quants,
-// which Q4_0's tile takes) as floats, [nb][n_pad], so a
-// tile reads 8 tokens' d or s in one load; then a span counter for each matmul that reads them (products of one
-// input share its quantization: Q/K/V, gate/up), each on a cache line of its own, set to 0 by the quantizer and
-// taken from by that matmul's threads
+// which Q4_0's tile takes) as floats, [nb][n_pad], so a tile reads 8 tokens' d or s in one load; then a span counter
+// for each matmul that reads them (products of one input share its quantization: Q/K/V, gate/up), each on a cache
+// line of its own, set to 0 by the quantizer and taken from by that matmul's threads
 
 struct act_layout {
     int64_t n      = 0; // tokens

@@ -68,7 +68,8 @@ void specee_kernels_rows_release(ggml_backend_buffer_t buf);
 
 // One matmul on ggml's CPU backend, for tests and benchmarks: out [n][m] <- the matrix w of ggml type `type` (one
 // with a kernel; m rows of k, ggml's bytes) times the activations x [n][k] under `mode` (SPECEE_KERNELS_OFF: ggml's
-// mul_mat), computed `repeats` times with n_threads threads; with `rows8` a Q4_1 matrix (m a multiple of 8) is held in
-// the eight-row layout as the loader holds it; returns the fastest compute's seconds (-1: bad arguments)
+// mul_mat; Q4_0 then in ggml's repacked layout), computed `repeats` times with n_threads threads; with `rows8` a
+// Q4_1, Q4_0 or K-quant matrix (m a multiple of 8) is held in its eight-row layout as the loader holds it; returns
+// the fastest compute's seconds (-1: bad arguments)
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
                               int32_t mode, int32_t n_threads, int32_t repeats, bool rows8, float * out);

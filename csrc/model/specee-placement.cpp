@@ -465,11 +465,10 @@ static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
     }
 }
 
-// Q4_1, Q4_K and Q4_0 matrices of a multiple of 8 rows are copied out of the mapping into this runtime's eight-row
+// Q4_1, Q4_0 and K-quant matrices of a multiple of 8 rows are copied out of the mapping into this runtime's eight-row
 // layouts where its kernels take them (kernels auto or portable; Q4_0 instead of ggml's repacked layout, whose bits
 // its tile gives): the kernel's transposition of eight rows' blocks done once, at load, and the rows read in one
-// stream (docs/kernels.md). Returns their buffer (nullptr: none) and their types'
-// names ("Q4_1", "Q4_1, Q4_K").
+// stream (docs/kernels.md). Returns their buffer (nullptr: none) and their types' names ("Q4_1", "Q4_K, Q6_K").
 static ggml_backend_buffer_t hold_in_rows8(specee_model & m, std::vector<ggml_tensor **> & cands, int32_t kernels,
                                            std::string & types) {
     if (kernels == SPECEE_KERNELS_OFF ||
