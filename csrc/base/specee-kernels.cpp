@@ -242,7 +242,8 @@ static std::vector<ggml_backend_buffer_t> rows8_buffers;
 bool specee_kernels_rows_fit(const ggml_tensor * w) {
     const bool q4_1 = w->type == GGML_TYPE_Q4_1 && w->ne[0] % 32 == 0 && ggml_type_size(w->type) == sizeof(q4_1_block);
     const bool q4_k = w->type == GGML_TYPE_Q4_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q4_k_block);
-    const bool q4_0 = w->type == GGML_TYPE_Q4_0 && w->ne[0] % 32 == 0 && ggml_type_size(w->type) == sizeof(q4_0_rows8) / 8;
+    const bool q4_0 =
+        w->type == GGML_TYPE_Q4_0 && w->ne[0] % 32 == 0 && ggml_type_size(w->type) == sizeof(q4_0_rows8) / 8;
     const bool q6_k = w->type == GGML_TYPE_Q6_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q6_k_block);
     const bool q5_k = w->type == GGML_TYPE_Q5_K && w->ne[0] % 256 == 0 && ggml_type_size(w->type) == sizeof(q5_k_block);
     return (q4_1 || q4_k || q4_0 || q5_k || q6_k) && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 &&

@@ -66,9 +66,6 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
 
 #ifdef SPECEE_KERNELS_X86
 
-// the group this many blocks ahead is asked for while a block computes (specee_prefetch)
-static const int64_t AHEAD = 8;
-
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
     const __m256i low   = _mm256_set1_epi8(0x0F);
@@ -81,7 +78,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q4_0_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
-        specee_prefetch(&g + AHEAD, b + AHEAD < ta.nb ? sizeof(g) : 0);
+        specee_prefetch(&g + SPECEE_ROWS_AHEAD, b + SPECEE_ROWS_AHEAD < ta.nb ? sizeof(g) : 0);
         __m256i            v[8];
         for (int k = 0; k < 4; ++k) {
             const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[k]);

@@ -96,9 +96,6 @@ SPECEE_AVX2 static inline __m256i rows_dot(const __m256i v[8], const int8_t * q)
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
-// the group this many blocks ahead is asked for while a block computes (specee_prefetch)
-static const int64_t AHEAD = 8;
-
 template <int NT, bool PACKED>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -114,7 +111,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         __m256i w[4];
         if (PACKED) { // the layout the code below builds, written at load
             const q4_1_rows8 & g = group_of(ra.x[0], b);
-            specee_prefetch(&g + AHEAD, b + AHEAD < ta.nb ? sizeof(g) : 0);
+            specee_prefetch(&g + SPECEE_ROWS_AHEAD, b + SPECEE_ROWS_AHEAD < ta.nb ? sizeof(g) : 0);
             dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
             mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.m));
             for (int k = 0; k < 4; ++k) {

@@ -50,9 +50,6 @@ void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
 
 #ifdef SPECEE_KERNELS_X86
 
-// up to this many tokens a tile splits the nibbles where it uses them, not once into a buffer on the stack
-static const int ONTHEFLY = 2;
-
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
     const __m256i low  = _mm256_set1_epi8(0x0F);
@@ -68,7 +65,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
         specee_k_six8_lanes(g.six, scv, mnp);
         specee_prefetch(&g + 1, b + 1 < ta.nb ? sizeof(g) : 0); // the next group while this one computes
-        for (int j = 0; NT > ONTHEFLY && j < 4; ++j) {
+        for (int j = 0; NT > SPECEE_K_ONTHEFLY && j < 4; ++j) {
             for (int k = 0; k < 8; ++k) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[j][k]);
                 _mm256_store_si256((__m256i *) q[0][j][k], _mm256_and_si256(w, low));
@@ -85,7 +82,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
                     int32_t four;
                     memcpy(&four, ys + 4 * k, sizeof(four));
                     __m256i v;
-                    if (NT > ONTHEFLY) {
+                    if (NT > SPECEE_K_ONTHEFLY) {
                         v = _mm256_load_si256((const __m256i *) q[s % 2][s / 2][k]);
                     } else { // one or two tokens: the nibbles taken from the layout where they are used
                         const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[s / 2][k]);

@@ -49,12 +49,10 @@ SPECEE_AVX2 static inline __m256i rows_fives(const q5_k_rows8 & g, int s, int k)
     const __m256i h  = _mm256_loadu_si256((const __m256i *) g.h[k]);
     const __m256i lo = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(w, 4) : w, _mm256_set1_epi8(0x0F));
     // bit s to bit 4 within each byte (16-bit shifts; the mask keeps only what came from the same byte)
-    const __m256i up = s <= 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - s)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(s - 4));
+    const __m256i up = s <= 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - s))
+                              : _mm256_srl_epi16(h, _mm_cvtsi32_si128(s - 4));
     return _mm256_or_si256(lo, _mm256_and_si256(up, _mm256_set1_epi8(0x10)));
 }
-
-// up to this many tokens a tile builds the five-bit values where it uses them, not once into a buffer on the stack
-static const int ONTHEFLY = 2;
 
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
@@ -70,7 +68,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
         specee_k_six8_lanes(g.six, scv, mnp);
         specee_prefetch(&g + 1, b + 1 < ta.nb ? sizeof(g) : 0); // the next group while this one computes
-        for (int s = 0; NT > ONTHEFLY && s < 8; ++s) {
+        for (int s = 0; NT > SPECEE_K_ONTHEFLY && s < 8; ++s) {
             for (int k = 0; k < 8; ++k) {
                 _mm256_store_si256((__m256i *) q[s][k], rows_fives(g, s, k));
             }
@@ -86,7 +84,8 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
                     for (int k = 4 * half; k < 4 * half + 4; ++k) {
                         int32_t four;
                         memcpy(&four, ys + 4 * k, sizeof(four));
-                        const __m256i v = NT > ONTHEFLY ? _mm256_load_si256((const __m256i *) q[s][k]) : rows_fives(g, s, k);
+                        const __m256i v = NT > SPECEE_K_ONTHEFLY ? _mm256_load_si256((const __m256i *) q[s][k])
+                                                                 : rows_fives(g, s, k);
                         d[half] = _mm256_add_epi16(d[half], _mm256_maddubs_epi16(v, _mm256_set1_epi32(four)));
                     }
                 }

@@ -90,13 +90,11 @@ SPECEE_AVX2 static inline void rows_quads(const q6_k_rows8 & g, int n, __m256i &
     const __m256i l   = _mm256_loadu_si256((const __m256i *) g.lo[n]);
     const __m256i h   = _mm256_loadu_si256((const __m256i *) g.hi[n % 16]);
     const bool    up  = n >= 16; // quad n's top bits at 2-3 (else 0-1), quad n + 32's at 6-7 (else 4-5)
-    a = _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(up ? _mm256_slli_epi16(h, 2) : _mm256_slli_epi16(h, 4), top));
+    a = _mm256_or_si256(_mm256_and_si256(l, low),
+                        _mm256_and_si256(up ? _mm256_slli_epi16(h, 2) : _mm256_slli_epi16(h, 4), top));
     b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), low),
                         _mm256_and_si256(up ? _mm256_srli_epi16(h, 2) : h, top));
 }
-
-// up to this many tokens a tile splits the quads where it uses them, not once into a buffer on the stack
-static const int ONTHEFLY = 2;
 
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
@@ -104,7 +102,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
     for (int t = 0; t < NT; ++t) {
         acc[t] = _mm256_setzero_ps();
     }
-    alignas(32) uint8_t buf[64][32]; // the quads split once per tile (NT > ONTHEFLY): buf[q] lane r row r's quad q
+    alignas(32) uint8_t buf[64][32]; // the quads split once per tile (NT > SPECEE_K_ONTHEFLY): buf[q] lane r: row r's
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q6_k_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
@@ -120,7 +118,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
             const __m128i a = _mm256_castsi256_si128(s), c = _mm256_extracti128_si256(s, 1);
             pr[p]           = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
         }
-        for (int n = 0; NT > ONTHEFLY && n < 32; ++n) {
+        for (int n = 0; NT > SPECEE_K_ONTHEFLY && n < 32; ++n) {
             __m256i a, c;
             rows_quads(g, n, a, c);
             _mm256_store_si256((__m256i *) buf[n], a);
@@ -133,7 +131,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         for (int jj = 0; jj < 8; ++jj) { // sub-blocks jj and jj + 8: quads 4 jj.. and 32 + 4 jj..
             __m256i v[8];
             for (int k = 0; k < 4; ++k) {
-                if (NT > ONTHEFLY) {
+                if (NT > SPECEE_K_ONTHEFLY) {
                     v[k]     = _mm256_load_si256((const __m256i *) buf[4 * jj + k]);
                     v[4 + k] = _mm256_load_si256((const __m256i *) buf[32 + 4 * jj + k]);
                 } else {
@@ -163,7 +161,8 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
             const __m256i      bs   = _mm256_loadu_si256((const __m256i *) y.bsums); // 32-bit lane p: sums 2p, 2p + 1
             __m256i            summ = _mm256_setzero_si256();
             for (int p = 0; p < 8; ++p) {
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pr[p], _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(p))));
+                const __m256i pair = _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(p));
+                summ               = _mm256_add_epi32(summ, _mm256_madd_epi16(pr[p], pair));
             }
             const __m256i total = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(summ, 5));
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(y.d)), _mm256_cvtepi32_ps(total), acc[t]);

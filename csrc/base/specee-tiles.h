@@ -210,6 +210,14 @@ SPECEE_AVX2 inline __m256 specee_k_acc(__m256 acc, __m256 dx, __m256 mx, const q
     return _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(summ), acc);
 }
 
+// Q4_0's and Q4_1's tiles ask for the group this many blocks of 32 ahead while a block computes (specee_prefetch); the
+// K-quants' tiles for the next super-block's group
+static const int64_t SPECEE_ROWS_AHEAD = 8;
+
+// up to this many tokens a K-quant tile unpacks a super-block's quants where it uses them, not once into a buffer on
+// the stack
+static const int SPECEE_K_ONTHEFLY = 2;
+
 // the cache lines of [p, p + bytes) asked for ahead of use: the eight-row layouts are read as one stream, but a
 // tile's reads within a group jump between its parts (nibbles, top bits, scales), which trained the hardware's
 // prefetcher late: a one-token Q6_K tile read 9.3 GB/s without this, 18-19 with it
@@ -252,12 +260,14 @@ SPECEE_AVX2 inline void specee_k_six8_lanes(const specee_k_six8 & g, __m256i scv
                                           4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
     for (int s = 0; s < 8; ++s) {
         const int     q = 2 * (s % 4);
-        const __m256i v = _mm256_permutevar8x32_epi32(sc[s / 4], _mm256_setr_epi32(q, q + 1, q, q + 1, q, q + 1, q, q + 1));
+        const __m256i at = _mm256_setr_epi32(q, q + 1, q, q + 1, q, q + 1, q, q + 1);
+        const __m256i v  = _mm256_permutevar8x32_epi32(sc[s / 4], at);
         scv[s]          = _mm256_shuffle_epi8(v, dup);
     }
     for (int k = 0; k < 4; ++k) {
         const int     q = 4 * (k % 2);
-        const __m256i v = _mm256_permutevar8x32_epi32(mn[k / 2], _mm256_setr_epi32(q, q + 1, q + 2, q + 3, q, q + 1, q + 2, q + 3));
+        const __m256i at = _mm256_setr_epi32(q, q + 1, q + 2, q + 3, q, q + 1, q + 2, q + 3);
+        const __m256i v  = _mm256_permutevar8x32_epi32(mn[k / 2], at);
         mnp[k]          = _mm256_shuffle_epi8(v, pair);
     }
 }
