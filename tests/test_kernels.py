@@ -291,6 +291,26 @@ def test_q4_0_eight_row_layout_gives_ggml_s_repacked_bits(k: int, m: int) -> Non
             assert_same_bits(alone[:n], mul_mat(w, k, x, OFF, wtype=Q4_0), f"k={k} m={m} n={n}: ggml's repacked")
 
 
+@pytest.mark.parametrize("k,m", [(64, 37), (288, 24), (576, 9)])
+def test_q4_0_in_the_file_s_layout_gives_the_eight_row_layout_s_bits(k: int, m: int) -> None:
+    """Q4_0 left in the file's layout (a tied embedding the lm_head reads, rows not a multiple of 8): the tile
+    transposes eight rows' blocks as it goes and gives the same bits as the eight-row layout and ggml's repacked Q4_0
+    (m a multiple of 8), for n = 1..17, both paths, 1 and 3 threads; rows beyond the last multiple of 8 too."""
+    w = random_weights(k, m, seed=k * m, wtype=Q4_0)
+    x_all = np.random.default_rng(11).standard_normal((17, k)).astype(np.float32)
+    alone = np.concatenate([mul_mat(w, k, x_all[i:i + 1], PORTABLE, wtype=Q4_0) for i in range(17)])
+    m8 = m // 8 * 8
+    if m8:  # the rows of whole groups of eight: the eight-row layout's bits
+        assert_same_bits(alone[:, :m8], mul_mat(w[:m8], k, x_all, PORTABLE, wtype=Q4_0, rows8=True), "rows8")
+    for n in range(1, 18):
+        for mode in MODES:
+            for n_threads in (1, 3):
+                got = _core.kernels_mul_mat(w, k, x_all[:n], mode, n_threads, type=Q4_0, rows8=False)[0]
+                assert_same_bits(got, alone[:n], f"k={k} m={m} n={n} mode {mode}, {n_threads} threads")
+    if REPACKS_Q4_0 and m == m8:
+        assert_same_bits(alone, mul_mat(w, k, x_all, OFF, wtype=Q4_0), "ggml's repacked")
+
+
 def test_q4_0_eight_row_layout_takes_any_block() -> None:
     """Blocks of random bytes (every nibble) and large activations: the int16 sums of eight byte products stay exact
     (at most 8 * 2 * 15 * 127) and so does the nibbles' dot minus 8 times the quants' sum."""

@@ -174,8 +174,8 @@ static void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
                 }
                 ta.d_y = (const float *) (base + a.off_d) + t0;
                 ta.s_y = (const float *) (base + a.off_s) + t0;
-                if (w->type == GGML_TYPE_Q4_1 || rows8) { // eight rows at a time, the last of a chunk repeated
-                    // (Q4_0 reaches the kernel only held in the eight-row layout)
+                if (w->type == GGML_TYPE_Q4_1 || w->type == GGML_TYPE_Q4_0 || rows8) { // eight rows at a time, the
+                    // last of a chunk repeated
                     for (int64_t r0 = c0; r0 < c1; r0 += 8) {
                         specee_rows_args ra;
                         ra.nr     = (int) std::min<int64_t>(c1 - r0, 8);
@@ -287,6 +287,7 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
         return false;
     }
     if (!specee_kernels_type(w->type) || ggml_type_size(GGML_TYPE_Q4_1) != sizeof(q4_1_block) ||
+        ggml_type_size(GGML_TYPE_Q4_0) != sizeof(q4_0_rows8) / 8 ||
         ggml_type_size(GGML_TYPE_Q8_1) != sizeof(q8_1_block) || ggml_type_size(GGML_TYPE_Q8_0) != sizeof(q8_0_block) ||
         ggml_type_size(GGML_TYPE_Q4_K) != sizeof(q4_k_block) || ggml_type_size(GGML_TYPE_Q5_K) != sizeof(q5_k_block) ||
         ggml_type_size(GGML_TYPE_Q6_K) != sizeof(q6_k_block) ||
@@ -302,7 +303,7 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
 }
 
 bool specee_kernels_type(int32_t type) {
-    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
            type == GGML_TYPE_Q6_K;
 }
 
@@ -320,13 +321,15 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
                              specee_mm_shared * shared) {
     // one token of Q8_0 or a K-quant: ggml's own vec_dot, whose results the kernel reproduces bit for bit
     // (tests/test_kernels.py) and which measured 10-20% faster than the kernel's one-token tile here
-    // (docs/kernels.md); Q4_1 takes the kernel for every row count (its own sums; faster for one token too); the
+    // (docs/kernels.md); Q4_1 takes the kernel for every row count (its own sums; faster for one token too), and Q4_0
+    // (a tied embedding the loader leaves in the file's layout: ggml's repacked bits, as upstream's lm_head); the
     // portable mode keeps the kernel for every row count so that tests run it
     // Q8_0 from Q8_0_GGML_FROM tokens: ggml's tinyBLAS, whose 4 x 3 register tiles beat the kernel's 1 x 8 on large
     // batches and whose results equal its one-token vec_dot's bit for bit (tests/test_kernels.py checks 2..512 rows)
     const bool rows8 = held_in_rows8(w);
     if (!specee_kernels_apply(w, cur, mode) ||
-        (mode == SPECEE_KERNELS_AUTO && !rows8 && ((cur->ne[1] == 1 && w->type != GGML_TYPE_Q4_1) ||
+        (mode == SPECEE_KERNELS_AUTO && !rows8 &&
+         ((cur->ne[1] == 1 && w->type != GGML_TYPE_Q4_1 && w->type != GGML_TYPE_Q4_0) ||
                                                    (w->type == GGML_TYPE_Q8_0 && cur->ne[1] >= Q8_0_GGML_FROM)))) {
         return ggml_mul_mat(ctx0, w, cur);
     }

@@ -35,8 +35,8 @@ struct specee_mm_shared {
 ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor * cur, int32_t mode,
                              specee_mm_shared * shared = nullptr);
 
-// whether this runtime has a kernel for weights of ggml type `type` in their file's layout (Q4_1, Q8_0, Q4_K, Q5_K,
-// Q6_K; Q4_0's takes only the eight-row layout)
+// whether this runtime has a kernel for weights of ggml type `type` in their file's layout (Q4_0, Q4_1, Q8_0, Q4_K,
+// Q5_K, Q6_K)
 bool specee_kernels_type(int32_t type);
 
 // whether specee_mul_mat(w, cur) uses this runtime's kernel under `mode`

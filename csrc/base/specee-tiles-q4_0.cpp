@@ -12,7 +12,9 @@
 // row count, with the weights read once per tile: I = (the nibbles' dot product) - 8 * (the quants' sum), both exact
 // integers (the sum kept by the quantizer), their difference exact in float (|I| < 2^24). Eight rows sit in the eight
 // lanes as in Q4_1's tile (specee-tiles-q4_1.cpp): per token eight byte products summed in int16 (at most
-// 8 * 2 * 15 * 127 = 30,480), one pairwise sum to int32.
+// 8 * 2 * 15 * 127 = 30,480), one pairwise sum to int32. Matrices the loader leaves in the file's layout (a tied
+// embedding, which its row lookups read, or rows not a multiple of 8) take the same tile, their eight rows' blocks
+// transposed as it goes, as upstream repacks such an lm_head for its GEMV.
 #include "specee-tiles-q4_0.h"
 
 #include <cmath>
@@ -25,6 +27,17 @@ struct q4_0_block {
 static_assert(sizeof(q4_0_block) == 18, "block_q4_0 is 18 bytes");
 
 static const q4_0_rows8 & group_of(const void * rows, int64_t b) { return ((const q4_0_rows8 *) rows)[b]; }
+
+static const q4_0_block & block_of(const void * row, int64_t b) { return ((const q4_0_block *) row)[b]; }
+
+// row r's d and byte k (elements k and 16 + k) of block b, in either layout
+static uint16_t d_at(const specee_rows_args & ra, int r, int64_t b) {
+    return ra.packed ? group_of(ra.x[0], b).d[r] : block_of(ra.x[r], b).d;
+}
+
+static uint8_t byte_at(const specee_rows_args & ra, int r, int64_t b, int k) {
+    return ra.packed ? group_of(ra.x[0], b).w[k / 4][4 * r + k % 4] : block_of(ra.x[r], b).qs[k];
+}
 
 void specee_rows_pack_q4_0(const void * src, void * dst, int64_t k, int64_t m) {
     const int64_t nb = k / 32;
@@ -49,14 +62,13 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
         for (int t = 0; t < nt; ++t) {
             float acc = 0.0f;
             for (int64_t b = 0; b < ta.nb; ++b) {
-                const q4_0_rows8 & g   = group_of(ra.x[0], b);
-                const int8_t *     q   = ((const q8_0_block *) ta.y[t])[b].qs;
-                int32_t            dot = 0;
+                const int8_t * q   = ((const q8_0_block *) ta.y[t])[b].qs;
+                int32_t        dot = 0;
                 for (int k = 0; k < 16; ++k) {
-                    const uint8_t v = g.w[k / 4][4 * r + k % 4];
+                    const uint8_t v = byte_at(ra, r, b, k);
                     dot += ((v & 0x0F) - 8) * q[k] + ((v >> 4) - 8) * q[k + 16];
                 }
-                const float dd = ggml_fp16_to_fp32(g.d[r]) * ta.d_y[b * ta.n_pad + t];
+                const float dd = ggml_fp16_to_fp32(d_at(ra, r, b)) * ta.d_y[b * ta.n_pad + t];
                 acc            = std::fma((float) dot, dd, acc);
             }
             ta.out[t * ta.stride + r] = acc;
@@ -66,7 +78,7 @@ static void rows_portable(const specee_tile_args & ta, const specee_rows_args & 
 
 #ifdef SPECEE_KERNELS_X86
 
-template <int NT>
+template <int NT, bool PACKED>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
     const __m256i low   = _mm256_set1_epi8(0x0F);
     const __m256i ones  = _mm256_set1_epi16(1);
@@ -76,14 +88,40 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         acc[t] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < ta.nb; ++b) {
-        const q4_0_rows8 & g  = group_of(ra.x[0], b);
-        const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
-        specee_prefetch(&g + SPECEE_ROWS_AHEAD, b + SPECEE_ROWS_AHEAD < ta.nb ? sizeof(g) : 0);
-        __m256i            v[8];
+        __m256  dx;
+        __m256i w[4];
+        if (PACKED) {
+            const q4_0_rows8 & g = group_of(ra.x[0], b);
+            dx                   = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
+            specee_prefetch(&g + SPECEE_ROWS_AHEAD, b + SPECEE_ROWS_AHEAD < ta.nb ? sizeof(g) : 0);
+            for (int k = 0; k < 4; ++k) {
+                w[k] = _mm256_loadu_si256((const __m256i *) g.w[k]);
+            }
+        } else { // the file's layout: as Q4_1's tile transposes it (specee-tiles-q4_1.cpp)
+            for (int r = 0; ra.ahead && r < 8; ++r) {
+                _mm_prefetch((const char *) &block_of(ra.x[r], b) + ra.ahead, _MM_HINT_T0);
+            }
+            uint16_t h[8];
+            for (int r = 0; r < 8; ++r) {
+                h[r] = block_of(ra.x[r], b).d;
+            }
+            dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) h));
+            __m256i a[4];
+            for (int r = 0; r < 4; ++r) {
+                a[r] = _mm256_loadu2_m128i((const __m128i *) block_of(ra.x[r + 4], b).qs,
+                                           (const __m128i *) block_of(ra.x[r], b).qs);
+            }
+            const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpacklo_epi32(a[2], a[3]);
+            const __m256i t2 = _mm256_unpackhi_epi32(a[0], a[1]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+            w[0] = _mm256_unpacklo_epi64(t0, t1);
+            w[1] = _mm256_unpackhi_epi64(t0, t1);
+            w[2] = _mm256_unpacklo_epi64(t2, t3);
+            w[3] = _mm256_unpackhi_epi64(t2, t3);
+        }
+        __m256i v[8];
         for (int k = 0; k < 4; ++k) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[k]);
-            v[k]            = _mm256_and_si256(w, low);
-            v[k + 4]        = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+            v[k]     = _mm256_and_si256(w[k], low);
+            v[k + 4] = _mm256_and_si256(_mm256_srli_epi16(w[k], 4), low);
         }
         const float * d_y = ta.d_y + b * ta.n_pad;
         const float * s_y = ta.s_y + b * ta.n_pad;
@@ -104,15 +142,18 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
     specee_rows_store(acc, NT, ta, ra);
 }
 
-static const specee_rows_fn ROWS_Q4_0[8] = {rows_avx2<1>, rows_avx2<2>, rows_avx2<3>, rows_avx2<4>,
-                                            rows_avx2<5>, rows_avx2<6>, rows_avx2<7>, rows_avx2<8>};
+static const specee_rows_fn ROWS_Q4_0[2][8] = {
+    {rows_avx2<1, false>, rows_avx2<2, false>, rows_avx2<3, false>, rows_avx2<4, false>, rows_avx2<5, false>,
+     rows_avx2<6, false>, rows_avx2<7, false>, rows_avx2<8, false>},
+    {rows_avx2<1, true>, rows_avx2<2, true>, rows_avx2<3, true>, rows_avx2<4, true>, rows_avx2<5, true>,
+     rows_avx2<6, true>, rows_avx2<7, true>, rows_avx2<8, true>}};
 
 #endif
 
 void specee_tile_rows_q4_0(const specee_tile_args & ta, const specee_rows_args & ra, int nt, bool simd) {
 #ifdef SPECEE_KERNELS_X86
     if (simd) {
-        ROWS_Q4_0[nt - 1](ta, ra);
+        ROWS_Q4_0[ra.packed][nt - 1](ta, ra);
         return;
     }
 #endif
