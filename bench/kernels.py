@@ -1,8 +1,10 @@
 """python -m specee.bench.kernels: one matmul alone, this runtime's kernel (`auto`) against ggml's (`off`), from
 memory: a random Q4_1 (or Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) matrix larger than the caches times n token rows, the cost of n
 rows in units of the same mode's one-row product (where `auto` runs ggml's own vec_dot for one token of Q8_0 and the
-K-quants), the one-row product's read rate, and ggml's time over the mode's at the largest n. Q4_1, Q4_0 and the K-quants also
-in the loader's eight-row layout (`auto rows8`, what a model's matrices of those types use; Q4_0 only there). ggml's
+K-quants), the one-row product's read rate, the largest n's rate of byte products against this CPU's peak (one
+thread's vpmaddubsw chains, times the threads: the compute roofline) and ggml's time over the mode's at the largest n.
+Q4_1, Q4_0 and the K-quants also in the loader's eight-row layout (`auto rows8`, what a model's matrices of those
+types use; Q4_0's `auto` is its file's layout, what a tied lm_head keeps). ggml's
 product here reads the file's layout (its vec_dot per pair), except Q4_0's, which ggml's repacked layout holds as its
 loader does (its one-token GEMV, its GEMM from 4 tokens); ggml's repacked Q4_K is measured whole-model, against
 llama-bench (python -m specee.bench.runtime).
@@ -39,24 +41,27 @@ def main() -> None:
     rng = np.random.default_rng(0)
     w = _core.quantize(TYPES[args.type], (rng.standard_normal((args.rows, args.k)) * 0.1).astype(np.float32))
     xs = {n: rng.standard_normal((n, args.k)).astype(np.float32) for n in args.n}
+    peak = _core.kernels_int8_peak()
     print(f"{args.type} {args.k} x {args.rows} ({w.nbytes / 1e6:.1f} MB), fastest of {args.repeats}; cost = n rows in "
-          f"units of the same mode's one-row product\n")
-    print("| threads | mode | " + " | ".join(f"n = {n}" for n in args.n) + f" | one row: ms, GB/s | off / mode at "
-          f"n = {args.n[-1]} |")
-    print("| ---: | --- | " + " | ".join("---:" for _ in args.n) + " | ---: | ---: |")
+          f"units of the same mode's one-row product; this CPU's peak: "
+          + (f"{peak / 1e9:.1f} G byte products/s a thread (vpmaddubsw)\n" if peak > 0 else "unknown (no AVX2)\n"))
+    print("| threads | mode | " + " | ".join(f"n = {n}" for n in args.n) + f" | one row: ms, GB/s | n = {args.n[-1]}: "
+          f"G products/s, of peak | off / mode at n = {args.n[-1]} |")
+    print("| ---: | --- | " + " | ".join("---:" for _ in args.n) + " | ---: | ---: | ---: |")
     for th in args.threads:
         rows = {}
         for name, (mode, rows8) in MODES.items():
-            if (rows8 and (args.type not in ("q4_0", "q4_1", "q4_k", "q5_k", "q6_k") or args.rows % 8)) or (
-                    args.type == "q4_0" and not rows8 and mode != 2):
+            if rows8 and (args.type not in ("q4_0", "q4_1", "q4_k", "q5_k", "q6_k") or args.rows % 8):
                 continue
             rows[name] = {n: _core.kernels_mul_mat(w, args.k, xs[n], mode, th, repeats=args.repeats,
                                                    type=TYPES[args.type], rows8=rows8)[1] for n in args.n}
         for name, s in rows.items():
             one = s[args.n[0]]
             cells = " | ".join(f"{s[n] / one:.2f}" for n in args.n)
-            print(f"| {th} | {name} | {cells} | {one * 1e3:.2f}, {w.nbytes / one / 1e9:.1f} | "
-                  f"{rows['off'][args.n[-1]] / s[args.n[-1]]:.2f} |")
+            rate = args.n[-1] * args.rows * args.k / s[args.n[-1]]
+            of_peak = f"{rate / (peak * th):.0%}" if peak > 0 else "-"
+            print(f"| {th} | {name} | {cells} | {one * 1e3:.2f}, {w.nbytes / one / 1e9:.1f} | {rate / 1e9:.0f}, "
+                  f"{of_peak} | {rows['off'][args.n[-1]] / s[args.n[-1]]:.2f} |")
 
 if __name__ == "__main__":
     main()

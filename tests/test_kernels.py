@@ -655,3 +655,35 @@ def test_smollm2_q4_1_copied_into_the_layout_leaves_the_mapping(smollm2_path: Pa
     rss = mapped_rss_kib(smollm2_path.resolve())
     m.close()
     assert rss < 8 * 1024, f"{rss} KiB of the file's mapping resident after the copy (its Q4_1 matrices: ~62 MiB)"
+
+
+def test_the_int8_peak_is_measured_where_the_tiles_run() -> None:
+    """bench.kernels holds the tiles against this CPU's peak: a positive rate of byte products where the SIMD path
+    runs (between 1 and 1,000 G/s a thread on any CPU of this decade), -1 where it does not."""
+    peak = _core.kernels_int8_peak(2_000_000)
+    if _core.kernels_auto_path() == "off":
+        assert peak == -1.0
+    else:
+        assert 1e9 < peak < 1e12, peak
+    assert _core.kernels_int8_peak(0) == -1.0
+
+
+def test_the_kernels_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """python -m specee.bench.kernels on a small Q4_0 matrix: a row per layout (the file's layout now runs the kernel
+    too), each with its cost per n and its rate against the peak."""
+    import sys
+
+    from specee.bench import kernels
+
+    argv = sys.argv
+    sys.argv = ["kernels", "--type", "q4_0", "-k", "256", "--rows", "64", "-n", "1,3", "--threads", "1",
+                "--repeats", "2"]
+    try:
+        kernels.main()
+    finally:
+        sys.argv = argv
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |")]
+    assert [r.split(" | ")[1] for r in rows] == ["auto", "auto rows8", "off"], rows
+    for r in rows:
+        cells = r.strip("| ").split(" | ")
+        assert cells[2] == "1.00" and float(cells[3]) > 0, r

@@ -364,6 +364,46 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
                           (void *) matmul_userdata(path, rows8, reader));
 }
 
+// ---- this CPU's int8 peak (benchmarks: the roofline a tile is held against)
+
+#ifdef SPECEE_KERNELS_X86
+// `iters` rounds of eight independent vpmaddubsw + vpaddw chains on one thread; the inputs pass through an empty asm
+// each round so that the compiler can neither hoist nor merge the products
+SPECEE_AVX2 static double int8_peak_avx2(int64_t iters) {
+    __m256i x = _mm256_set1_epi8(3), y[8], a[8];
+    for (int i = 0; i < 8; ++i) {
+        y[i] = _mm256_set1_epi8((char) (i + 1));
+        a[i] = _mm256_setzero_si256();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t it = 0; it < iters; ++it) {
+        for (int i = 0; i < 8; ++i) {
+            a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(x, y[i]));
+        }
+        __asm__ volatile("" : "+x"(x), "+x"(y[0]), "+x"(y[1]), "+x"(y[2]), "+x"(y[3]), "+x"(y[4]), "+x"(y[5]),
+                         "+x"(y[6]), "+x"(y[7]));
+    }
+    const double s   = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    __m256i      sum = a[0];
+    for (int i = 1; i < 8; ++i) {
+        sum = _mm256_add_epi16(sum, a[i]);
+    }
+    volatile int keep = _mm256_extract_epi16(sum, 0); // the chains' results are used
+    (void) keep;
+    return (double) iters * 8.0 * 32.0 / s;
+}
+#endif
+
+double specee_kernels_int8_peak(int64_t iters) {
+#ifdef SPECEE_KERNELS_X86
+    if (iters > 0 && strcmp(specee_kernels_auto_path(), "off") != 0) {
+        return int8_peak_avx2(iters);
+    }
+#endif
+    (void) iters;
+    return -1.0;
+}
+
 // ---- one matmul alone (tests, benchmarks)
 
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,

@@ -73,3 +73,7 @@ void specee_kernels_rows_release(ggml_backend_buffer_t buf);
 // the fastest compute's seconds (-1: bad arguments)
 double specee_kernels_mul_mat(int32_t type, const void * w, int64_t k, int64_t m, const float * x, int64_t n,
                               int32_t mode, int32_t n_threads, int32_t repeats, bool rows8, float * out);
+
+// This CPU's peak rate of the tiles' integer products on one thread, byte products per second: `iters` rounds of eight
+// independent vpmaddubsw (32 byte products each) and vpaddw chains (benchmarks: a tile's roofline; -1 without AVX2)
+double specee_kernels_int8_peak(int64_t iters);

@@ -835,6 +835,11 @@ PYBIND11_MODULE(_core, m) {
        "or Q4_K matrix of a multiple of 8 rows held in the loader's eight-row layout (the kernel whatever the mode): "
        "(out [n, m], the fastest of `repeats` computes in seconds)");
     m.def("kernels_auto_path", &specee_kernels_auto_path, "the path kernels=auto takes here: avx2 or off");
+    m.def("kernels_int8_peak", [](int64_t iters) {
+        py::gil_scoped_release release;
+        return specee_kernels_int8_peak(iters);
+    }, py::arg("iters") = 50000000,
+       "this CPU's peak rate of the tiles' byte products on one thread, per second (vpmaddubsw chains; -1 without AVX2)");
     m.def("kernels_built", &specee_kernels_built, py::arg("type"),
           "how many weight products of ggml type `type` this process has built with the kernel so far");
     m.def("kernels_built_quantizations", &specee_kernels_built_quantizations,

@@ -370,6 +370,8 @@ def kernels_built(type: typing.SupportsInt) -> int:
     """how many weight products of ggml type `type` this process has built with the kernel so far"""
 def kernels_built_quantizations() -> int:
     """how many quantizations of activations those products have built (an input read by several products, as Q, K and V, is quantized once)"""
+def kernels_int8_peak(iters: typing.SupportsInt = 50000000) -> float:
+    """this CPU's peak rate of the tiles' byte products on one thread, per second (vpmaddubsw chains; -1 without AVX2)"""
 def kernels_mul_mat(w: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], k: typing.SupportsInt, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], mode: typing.SupportsInt, n_threads: typing.SupportsInt = 1, repeats: typing.SupportsInt = 1, type: typing.SupportsInt = 3) -> tuple:
     """one matmul on ggml's CPU backend: the rows w [m, row bytes] of ggml type `type` (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K; from quantize) times x [n, k] under kernels mode `mode` (0 auto, 1 portable, 2 off = ggml's mul_mat): (out [n, m], the fastest of `repeats` computes in seconds)"""
 def max_threads() -> int:
