@@ -383,9 +383,9 @@ def test_bad_shapes_are_refused() -> None:
         _core.kernels_mul_mat(w, 64, np.zeros((2, 32), dtype=np.float32), AUTO)
     with pytest.raises(ValueError):  # a type without a kernel
         _core.kernels_mul_mat(w, 64, np.zeros((2, 64), dtype=np.float32), AUTO, type=6)
-    with pytest.raises(ValueError):  # Q4_0: only in the eight-row layout (or ggml's, mode off)
-        _core.kernels_mul_mat(random_weights(64, 8, seed=1, wtype=Q4_0), 64, np.zeros((2, 64), np.float32), AUTO,
-                              type=Q4_0)
+    with pytest.raises(ValueError):  # the eight-row layout of rows not a multiple of 8
+        _core.kernels_mul_mat(random_weights(64, 4, seed=1, wtype=Q4_0), 64, np.zeros((2, 64), np.float32), AUTO,
+                              type=Q4_0, rows8=True)
     with pytest.raises(ValueError, match="bytes"):  # rows shorter than the type's
         _core.kernels_mul_mat(w[:, :-4], 64, np.zeros((2, 64), dtype=np.float32), AUTO)
     with pytest.raises(ValueError):  # Q6_K: K not a multiple of 256
