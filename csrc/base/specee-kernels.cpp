@@ -367,21 +367,25 @@ ggml_tensor * specee_mul_mat(ggml_context * ctx0, ggml_tensor * w, ggml_tensor *
 // ---- this CPU's int8 peak (benchmarks: the roofline a tile is held against)
 
 #ifdef SPECEE_KERNELS_X86
-// `iters` rounds of eight independent vpmaddubsw + vpaddw chains on one thread; the inputs pass through an empty asm
-// each round so that the compiler can neither hoist nor merge the products
+// `iters` rounds of eight independent vpmaddubsw + vpaddw chains: x passes through an empty asm each round and the
+// eight y are read from memory through a pointer that does too, so that the compiler can neither hoist nor merge the
+// products, and the nine chains' registers fit the sixteen
 SPECEE_AVX2 static double int8_peak_avx2(int64_t iters) {
-    __m256i x = _mm256_set1_epi8(3), y[8], a[8];
+    alignas(32) int8_t ys[8][32];
     for (int i = 0; i < 8; ++i) {
-        y[i] = _mm256_set1_epi8((char) (i + 1));
+        memset(ys[i], i + 1, sizeof(ys[i]));
+    }
+    const int8_t * py = &ys[0][0];
+    __m256i        x  = _mm256_set1_epi8(3), a[8];
+    for (int i = 0; i < 8; ++i) {
         a[i] = _mm256_setzero_si256();
     }
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t it = 0; it < iters; ++it) {
+        __asm__ volatile("" : "+x"(x), "+r"(py));
         for (int i = 0; i < 8; ++i) {
-            a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(x, y[i]));
+            a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(x, _mm256_load_si256((const __m256i *) (py + 32 * i))));
         }
-        __asm__ volatile("" : "+x"(x), "+x"(y[0]), "+x"(y[1]), "+x"(y[2]), "+x"(y[3]), "+x"(y[4]), "+x"(y[5]),
-                         "+x"(y[6]), "+x"(y[7]));
     }
     const double s   = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     __m256i      sum = a[0];
