@@ -97,26 +97,18 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
             for (int k = 0; k < 4; ++k) {
                 w[k] = _mm256_loadu_si256((const __m256i *) g.w[k]);
             }
-        } else { // the file's layout: as Q4_1's tile transposes it (specee-tiles-q4_1.cpp)
+        } else { // the file's layout, transposed as it goes (specee_rows_nibbles)
             for (int r = 0; ra.ahead && r < 8; ++r) {
                 _mm_prefetch((const char *) &block_of(ra.x[r], b) + ra.ahead, _MM_HINT_T0);
             }
-            uint16_t h[8];
+            uint16_t        h[8];
+            const uint8_t * qs[8];
             for (int r = 0; r < 8; ++r) {
-                h[r] = block_of(ra.x[r], b).d;
+                h[r]  = block_of(ra.x[r], b).d;
+                qs[r] = block_of(ra.x[r], b).qs;
             }
             dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) h));
-            __m256i a[4];
-            for (int r = 0; r < 4; ++r) {
-                a[r] = _mm256_loadu2_m128i((const __m128i *) block_of(ra.x[r + 4], b).qs,
-                                           (const __m128i *) block_of(ra.x[r], b).qs);
-            }
-            const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpacklo_epi32(a[2], a[3]);
-            const __m256i t2 = _mm256_unpackhi_epi32(a[0], a[1]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
-            w[0] = _mm256_unpacklo_epi64(t0, t1);
-            w[1] = _mm256_unpackhi_epi64(t0, t1);
-            w[2] = _mm256_unpacklo_epi64(t2, t3);
-            w[3] = _mm256_unpackhi_epi64(t2, t3);
+            specee_rows_nibbles(qs, w);
         }
         __m256i v[8];
         for (int k = 0; k < 4; ++k) {

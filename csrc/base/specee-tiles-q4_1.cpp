@@ -133,19 +133,12 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
                 _MM_SHUFFLE(3, 1, 2, 0));
             dx = _mm256_cvtph_ps(_mm256_castsi256_si128(hdr));
             mx = _mm256_cvtph_ps(_mm256_extracti128_si256(hdr, 1));
-            // rows r and r + 4 in one vector's halves; then a 4 x 4 transpose of 32-bit groups within each half:
-            // w[k] lane r = row r's bytes 4k..4k+3 (elements 4k..4k+3 in the low nibbles, 16 + 4k.. in the high)
-            __m256i a[4];
-            for (int r = 0; r < 4; ++r) {
-                a[r] = _mm256_loadu2_m128i((const __m128i *) block_of(ra.x[r + 4], b).qs,
-                                           (const __m128i *) block_of(ra.x[r], b).qs);
+            // w[k] lane r = row r's bytes 4k..4k+3 (specee_rows_nibbles)
+            const uint8_t * qs[8];
+            for (int r = 0; r < 8; ++r) {
+                qs[r] = block_of(ra.x[r], b).qs;
             }
-            const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpacklo_epi32(a[2], a[3]);
-            const __m256i t2 = _mm256_unpackhi_epi32(a[0], a[1]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
-            w[0] = _mm256_unpacklo_epi64(t0, t1);
-            w[1] = _mm256_unpackhi_epi64(t0, t1);
-            w[2] = _mm256_unpacklo_epi64(t2, t3);
-            w[3] = _mm256_unpackhi_epi64(t2, t3);
+            specee_rows_nibbles(qs, w);
         }
         __m256i v[8];
         for (int k = 0; k < 4; ++k) {

@@ -193,6 +193,22 @@ SPECEE_AVX2 inline void specee_rows_store(const __m256 * acc, int nt, const spec
     }
 }
 
+// the 16 bytes of nibbles of one block of eight rows (row r's at qs[r], the file's layout) as four vectors, vector k
+// holding row r's bytes 4k..4k+3 at 4r (elements 4k..4k+3 in their low nibbles, 16 + 4k.. in the high), the eight-row
+// layouts' order: rows r and r + 4 in one vector's halves, then a 4 x 4 transpose of 32-bit groups within each half
+SPECEE_AVX2 inline void specee_rows_nibbles(const uint8_t * const qs[8], __m256i w[4]) {
+    __m256i a[4];
+    for (int r = 0; r < 4; ++r) {
+        a[r] = _mm256_loadu2_m128i((const __m128i *) qs[r + 4], (const __m128i *) qs[r]);
+    }
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpacklo_epi32(a[2], a[3]);
+    const __m256i t2 = _mm256_unpackhi_epi32(a[0], a[1]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    w[0] = _mm256_unpacklo_epi64(t0, t1);
+    w[1] = _mm256_unpackhi_epi64(t0, t1);
+    w[2] = _mm256_unpacklo_epi64(t2, t3);
+    w[3] = _mm256_unpackhi_epi64(t2, t3);
+}
+
 // Q4_K's and Q5_K's step of one token and super-block for the eight rows: acc + (d_x * d_y) * sumi - (dmin_x * d_y) *
 // summ, summ the rows' mins (specee_k_six8_lanes' mnp) times the token's sums of the sub-blocks (pairs of ggml's sums
 // of 16, as 16-bit pairs (2k, 2k + 1), each pair broadcast)
