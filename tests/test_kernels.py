@@ -649,12 +649,23 @@ def mapped_rss_kib(path: Path) -> int:
 @pytest.mark.slow
 def test_smollm2_q4_1_copied_into_the_layout_leaves_the_mapping(smollm2_path: Path) -> None:
     """The loader reads the mapped Q4_1 bytes once to write the eight-row layout, then hands their pages back: the
-    file's mapping does not stay resident beside the copy (before: peak RSS 1.9x llama.cpp's on a 7B Q4_1 file)."""
+    file's mapping does not stay resident beside the copy (before: peak RSS 1.9x llama.cpp's on a 7B Q4_1 file). Nor
+    does decoding map them again: the layers' norms are copied out of the mapping too, whose pages they share with
+    the matrices (before: a decode mapped 35 MB of the released matrices' pages again where the page cache holds large
+    folios, about 4 MB where it does not); the tied Q8_0 token embedding, which the lm_head reads, stays mapped."""
+    import gguf
+
+    embd = next(t for t in gguf.GGUFReader(smollm2_path).tensors if t.name == "token_embd.weight")
     m = specee.Model(smollm2_path, n_ctx=64, n_threads=2)
     assert "eight-row layout" in m.placement
     rss = mapped_rss_kib(smollm2_path.resolve())
+    m.eval([1, 2, 3, 4])
+    m.eval([5])
+    decoded = mapped_rss_kib(smollm2_path.resolve())
     m.close()
     assert rss < 8 * 1024, f"{rss} KiB of the file's mapping resident after the copy (its Q4_1 matrices: ~62 MiB)"
+    beyond = decoded - int(embd.n_bytes) // 1024
+    assert beyond < 2 * 1024, f"{beyond} KiB of the file's mapping resident beyond the token embedding after a decode"
 
 
 def test_the_int8_peak_is_measured_where_the_tiles_run() -> None:

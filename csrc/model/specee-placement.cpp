@@ -545,6 +545,69 @@ static bool cpu_layers_batched(const specee_model & m, int32_t kernels, ggml_bac
     return any;
 }
 
+// The small tensors the CPU layers still read from the file's mapping once their matrices are held elsewhere (norms,
+// biases: a few KB each) copied into a buffer of their own and their pages released: each shares its pages with its
+// neighbours' bytes, and where the kernel keeps the page cache in large folios one read of it maps the whole folio
+// into the process (measured: a decode of SmolLM2 Q4_1 mapped 35 MB of the released matrices' pages again, its peak
+// RSS read 132-172 MiB by the page cache's state). Returns the buffer (nullptr: nothing copied).
+static ggml_backend_buffer_t own_small_tensors(specee_model & m) {
+    if (!m.file.mapped || m.buf_repack.empty()) {
+        return nullptr; // an owned copy's pages hold nothing else; without moved matrices the mapping is read anyway
+    }
+    std::vector<ggml_tensor **> small;
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        if (specee_model_device_of_layer(m, (int32_t) il) >= 0) {
+            continue;
+        }
+        for (ggml_tensor ** t : specee_layer_weights(m.layers[il])) {
+            if (*t && (*t)->buffer == m.file.buf && ggml_n_dims(*t) == 1) {
+                small.push_back(t);
+            }
+        }
+    }
+    if (m.output_device < 0 && m.output_norm && m.output_norm->buffer == m.file.buf) {
+        small.push_back(&m.output_norm);
+    }
+    if (small.empty()) {
+        return nullptr;
+    }
+    ggml_init_params rp   = {small.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    ggml_context *   rctx = ggml_init(rp);
+    m.ctx_repack.push_back(rctx);
+    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
+    for (ggml_tensor ** t : small) {
+        ggml_tensor * dst = ggml_dup_tensor(rctx, *t);
+        ggml_set_name(dst, ggml_get_name(*t));
+        pairs.emplace_back(*t, dst);
+        *t = dst;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, ggml_backend_cpu_buffer_type());
+    if (!buf) {
+        specee_fail("cannot allocate %zu small tensors (norms, biases) out of the mapping", small.size());
+    }
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    m.buf_repack.push_back(buf);
+    for (auto & p : pairs) {
+        ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
+        release_source(m, p.first);
+    }
+    return buf;
+}
+
+// every CPU layer's tensor that now lives outside the mapping has its file bytes released once more at the end: each
+// was released as soon as it was copied (the load's peak), but where the page cache holds large folios reading the
+// next one (or a norm) mapped its neighbours' pages again (12 MB of SmolLM2's released Q4_1 matrices)
+static void release_moved(specee_model & m) {
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+        for (ggml_tensor ** t : specee_layer_weights(m.layers[il])) {
+            const ggml_tensor * src = *t ? ggml_get_tensor(m.file.ctx_meta, ggml_get_name(*t)) : nullptr;
+            if (src && src != *t && (*t)->buffer != m.file.buf) {
+                release_source(m, src);
+            }
+        }
+    }
+}
+
 void specee_repack_weights(specee_model & m, int32_t kernels) {
     std::vector<ggml_tensor **> cands = cpu_matrices(m), head = eagle_matrices(m);
     cands.insert(cands.begin(), head.begin(), head.end());
@@ -565,6 +628,8 @@ void specee_repack_weights(specee_model & m, int32_t kernels) {
     for (ggml_backend_buffer_t b : m.buf_repack) {
         repacked += b != rows8 ? ggml_backend_buffer_get_size(b) : 0;
     }
+    own_small_tensors(m);
+    release_moved(m);
     if (rows8) {
         m.placement += specee_format("\n%s: %.1f MiB in this runtime's eight-row layout (its kernel's)%s",
                                      rows8_types.c_str(), ggml_backend_buffer_get_size(rows8) / 1024.0 / 1024.0,
