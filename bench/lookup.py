@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx-size", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the fastest of them is kept (2)")
-    ap.add_argument("--llama-server", help="upstream llama-server (default: from PATH; 'none', or none on PATH: this runtime only)")
+    ap.add_argument("--llama-server",
+                    help="upstream llama-server (default: from PATH; 'none', or none on PATH: this runtime only)")
     ap.add_argument("--specee-cli", help="this runtime's llama-cli (default: the installed one)")
     ap.add_argument("--upstream-types", default=UPSTREAM_TYPES, help=f"upstream --spec-type values ({UPSTREAM_TYPES})")
     ap.add_argument("--hybrid", action="store_true",

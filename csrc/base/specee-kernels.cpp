@@ -303,8 +303,8 @@ bool specee_kernels_apply(const ggml_tensor * w, const ggml_tensor * cur, int32_
 }
 
 bool specee_kernels_type(int32_t type) {
-    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
-           type == GGML_TYPE_Q6_K;
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K ||
+           type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
 }
 
 static std::atomic<int64_t> built[GGML_TYPE_COUNT], built_quantizations{0};

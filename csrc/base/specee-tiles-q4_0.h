@@ -17,6 +17,7 @@ static_assert(sizeof(q4_0_rows8) == 8 * 18, "eight Q4_0 blocks");
 // the eight-row layout of a Q4_0 matrix of m rows (a multiple of 8) of k elements: src in the file's layout
 void specee_rows_pack_q4_0(const void * src, void * dst, int64_t k, int64_t m);
 
-// rows in the eight-row layout (ra.packed) or the file's times the tokens' Q8_0 blocks, whose integer sums the quantizer keeps in
-// ta.s_y: the SIMD path (AVX2, where the caller checked this CPU has it) or the portable one; nt in 1..8
+// rows in the eight-row layout (ra.packed) or the file's times the tokens' Q8_0 blocks, whose integer sums the
+// quantizer keeps in ta.s_y: the SIMD path (AVX2, where the caller checked this CPU has it) or the portable one; nt in
+// 1..8
 void specee_tile_rows_q4_0(const specee_tile_args & ta, const specee_rows_args & ra, int nt, bool simd);

@@ -839,7 +839,8 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release release;
         return specee_kernels_int8_peak(iters);
     }, py::arg("iters") = 50000000,
-       "this CPU's peak rate of the tiles' byte products on one thread, per second (vpmaddubsw chains; -1 without AVX2)");
+       "this CPU's peak rate of the tiles' byte products on one thread, per second (vpmaddubsw chains; -1 without "
+       "AVX2)");
     m.def("kernels_built", &specee_kernels_built, py::arg("type"),
           "how many weight products of ggml type `type` this process has built with the kernel so far");
     m.def("kernels_built_quantizations", &specee_kernels_built_quantizations,

@@ -391,6 +391,41 @@ static std::vector<ggml_tensor **> cpu_matrices(specee_model & m) {
     return w;
 }
 
+// (source, copy) pairs of tensors moved out of the file's mapping
+using moved_tensors = std::vector<std::pair<ggml_tensor *, ggml_tensor *>>;
+
+// new tensors like each *t in a buffer of type buft that the model owns, the model's pointers moved to them (their data
+// not written yet); `what` names them where the buffer cannot be allocated
+static moved_tensors move_into(specee_model & m, const std::vector<ggml_tensor **> & ts,
+                               ggml_backend_buffer_type_t buft, const std::string & what) {
+    ggml_init_params rp   = {ts.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    ggml_context *   rctx = ggml_init(rp);
+    m.ctx_repack.push_back(rctx);
+    moved_tensors pairs;
+    for (ggml_tensor ** t : ts) {
+        ggml_tensor * dst = ggml_dup_tensor(rctx, *t);
+        ggml_set_name(dst, ggml_get_name(*t));
+        pairs.emplace_back(*t, dst);
+        *t = dst;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, buft);
+    if (!buf) {
+        specee_fail("cannot allocate %s", what.c_str());
+    }
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    m.buf_repack.push_back(buf);
+    return pairs;
+}
+
+// the sources' bytes written to the copies (the buffer type converts them: ggml's repacking), each source released
+// as soon as it is copied (the load's peak)
+static void copy_and_release(const specee_model & m, const moved_tensors & pairs) {
+    for (const auto & p : pairs) {
+        ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
+        release_source(m, p.first);
+    }
+}
+
 // The CPU backend's extra buffer types hold some quantized matrices in a repacked, interleaved layout
 // that its matmul kernels run faster on (e.g. Q4_0 as 8x8 blocks on AVX2), as upstream llama.cpp does by
 // default. Weights of `cands` that one of them supports for their mul_mat are copied (and repacked) out of the
@@ -441,27 +476,12 @@ static void repack(specee_model & m, std::vector<ggml_tensor **> cands) {
         if (idx.empty()) {
             continue;
         }
-        ggml_init_params rp = {idx.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
-        ggml_context *   rctx = ggml_init(rp);
-        m.ctx_repack.push_back(rctx);
-        std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
+        std::vector<ggml_tensor **> moved;
         for (size_t i : idx) {
-            ggml_tensor * src = *cands[i];
-            ggml_tensor * dst = ggml_dup_tensor(rctx, src);
-            ggml_set_name(dst, ggml_get_name(src));
-            pairs.emplace_back(src, dst);
-            *cands[i] = dst;
+            moved.push_back(cands[i]);
         }
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, *buft);
-        if (!buf) {
-            specee_fail("cannot allocate %s for repacked weights", ggml_backend_buft_name(*buft));
-        }
-        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        m.buf_repack.push_back(buf);
-        for (auto & p : pairs) {
-            ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
-            release_source(m, p.first);
-        }
+        const std::string what = std::string(ggml_backend_buft_name(*buft)) + " for repacked weights";
+        copy_and_release(m, move_into(m, moved, *buft, what));
     }
 }
 
@@ -492,22 +512,10 @@ static ggml_backend_buffer_t hold_in_rows8(specee_model & m, std::vector<ggml_te
     if (fit.empty()) {
         return nullptr;
     }
-    ggml_init_params rp   = {fit.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
-    ggml_context *   rctx = ggml_init(rp);
-    m.ctx_repack.push_back(rctx);
-    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
-    for (ggml_tensor ** c : fit) {
-        ggml_tensor * dst = ggml_dup_tensor(rctx, *c);
-        ggml_set_name(dst, ggml_get_name(*c));
-        pairs.emplace_back(*c, dst);
-        *c = dst;
-    }
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, ggml_backend_cpu_buffer_type());
-    if (!buf) {
-        specee_fail("cannot allocate %zu matrices (%s) in the kernels' eight-row layout", fit.size(), types.c_str());
-    }
-    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    m.buf_repack.push_back(buf);
+    const std::string   what  = specee_format("%zu matrices (%s) in the kernels' eight-row layout", fit.size(),
+                                              types.c_str());
+    const moved_tensors pairs = move_into(m, fit, ggml_backend_cpu_buffer_type(), what);
+    ggml_backend_buffer_t buf = m.buf_repack.back();
     specee_kernels_rows_hold(buf);
     for (auto & p : pairs) {
         specee_kernels_rows_pack(p.first, p.first->data, p.second->data);
@@ -549,10 +557,10 @@ static bool cpu_layers_batched(const specee_model & m, int32_t kernels, ggml_bac
 // biases: a few KB each) copied into a buffer of their own and their pages released: each shares its pages with its
 // neighbours' bytes, and where the kernel keeps the page cache in large folios one read of it maps the whole folio
 // into the process (measured: a decode of SmolLM2 Q4_1 mapped 35 MB of the released matrices' pages again, its peak
-// RSS read 132-172 MiB by the page cache's state). Returns the buffer (nullptr: nothing copied).
-static ggml_backend_buffer_t own_small_tensors(specee_model & m) {
+// RSS read 132-172 MiB by the page cache's state).
+static void own_small_tensors(specee_model & m) {
     if (!m.file.mapped || m.buf_repack.empty()) {
-        return nullptr; // an owned copy's pages hold nothing else; without moved matrices the mapping is read anyway
+        return; // an owned copy's pages hold nothing else; without moved matrices the mapping is read anyway
     }
     std::vector<ggml_tensor **> small;
     for (size_t il = 0; il < m.layers.size(); ++il) {
@@ -568,30 +576,10 @@ static ggml_backend_buffer_t own_small_tensors(specee_model & m) {
     if (m.output_device < 0 && m.output_norm && m.output_norm->buffer == m.file.buf) {
         small.push_back(&m.output_norm);
     }
-    if (small.empty()) {
-        return nullptr;
+    if (!small.empty()) {
+        const std::string what = specee_format("%zu small tensors (norms, biases) out of the mapping", small.size());
+        copy_and_release(m, move_into(m, small, ggml_backend_cpu_buffer_type(), what));
     }
-    ggml_init_params rp   = {small.size() * ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
-    ggml_context *   rctx = ggml_init(rp);
-    m.ctx_repack.push_back(rctx);
-    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
-    for (ggml_tensor ** t : small) {
-        ggml_tensor * dst = ggml_dup_tensor(rctx, *t);
-        ggml_set_name(dst, ggml_get_name(*t));
-        pairs.emplace_back(*t, dst);
-        *t = dst;
-    }
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, ggml_backend_cpu_buffer_type());
-    if (!buf) {
-        specee_fail("cannot allocate %zu small tensors (norms, biases) out of the mapping", small.size());
-    }
-    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    m.buf_repack.push_back(buf);
-    for (auto & p : pairs) {
-        ggml_backend_tensor_set(p.second, p.first->data, 0, ggml_nbytes(p.first));
-        release_source(m, p.first);
-    }
-    return buf;
 }
 
 // every CPU layer's tensor that now lives outside the mapping has its file bytes released once more at the end: each
