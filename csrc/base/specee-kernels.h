@@ -1,7 +1,7 @@
-// specee-kernels.h: the CPU matmul kernels of this runtime: Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights times a small batch
-// of token rows, with each weight block unpacked once for every row of a tile, and results that do not depend on how
-// many tokens share a pass: ggml's own vec_dot bits (Q8_0, Q5_K, Q6_K) or this runtime's own sums (Q4_1, and Q4_K in
-// the eight-row layout)
+// specee-kernels.h: the CPU matmul kernels of this runtime: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights times a small
+// batch of token rows, with each weight block unpacked once for every row of a tile, and results that do not depend on
+// how many tokens share a pass: ggml's own bits (Q8_0 and the K-quants in the file's layout: its vec_dot; Q4_0: its
+// repacked GEMV's) or this runtime's own sums (Q4_1, and the K-quants in the eight-row layouts)
 #pragma once
 
 #include "ggml.h"
