@@ -29,7 +29,7 @@ def ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--type", choices=list(TYPES), default="q4_1")
     ap.add_argument("-k", type=int, default=1536, help="row length (a multiple of 32, of 256 for the K-quants; default 1536)")
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("-n", type=ints, default=[1, 2, 4, 8], help="token rows, comma-separated (default 1,2,4,8)")
     ap.add_argument("--threads", type=ints, default=[1, 2], help="comma-separated (default 1,2)")
     ap.add_argument("--repeats", type=int, default=15, help="computes per figure; the fastest is kept (default 15)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     w = _core.quantize(TYPES[args.type], (rng.standard_normal((args.rows, args.k)) * 0.1).astype(np.float32))
     xs = {n: rng.standard_normal((n, args.k)).astype(np.float32) for n in args.n}

@@ -684,17 +684,9 @@ def test_the_int8_peak_is_measured_where_the_tiles_run() -> None:
 def test_the_kernels_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     """python -m specee.bench.kernels on a small Q4_0 matrix: a row per layout (the file's layout now runs the kernel
     too), each with its cost per n and its rate against the peak."""
-    import sys
-
     from specee.bench import kernels
 
-    argv = sys.argv
-    sys.argv = ["kernels", "--type", "q4_0", "-k", "256", "--rows", "64", "-n", "1,3", "--threads", "1",
-                "--repeats", "2"]
-    try:
-        kernels.main()
-    finally:
-        sys.argv = argv
+    kernels.main(["--type", "q4_0", "-k", "256", "--rows", "64", "-n", "1,3", "--threads", "1", "--repeats", "2"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |")]
     assert [r.split(" | ")[1] for r in rows] == ["auto", "auto rows8", "off"], rows
     for r in rows:
