@@ -93,7 +93,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         if (PACKED) {
             const q4_0_rows8 & g = group_of(ra.x[0], b);
             dx                   = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
-            specee_prefetch(&g + SPECEE_ROWS_AHEAD, b + SPECEE_ROWS_AHEAD < ta.nb ? sizeof(g) : 0);
+            specee_prefetch(&g + SPECEE_ROWS_AHEAD, sizeof(g)); // past a row group's end too (specee-tiles.h)
             for (int k = 0; k < 4; ++k) {
                 w[k] = _mm256_loadu_si256((const __m256i *) g.w[k]);
             }

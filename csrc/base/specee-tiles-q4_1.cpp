@@ -111,7 +111,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         __m256i w[4];
         if (PACKED) { // the layout the code below builds, written at load
             const q4_1_rows8 & g = group_of(ra.x[0], b);
-            specee_prefetch(&g + SPECEE_ROWS_AHEAD, b + SPECEE_ROWS_AHEAD < ta.nb ? sizeof(g) : 0);
+            specee_prefetch(&g + SPECEE_ROWS_AHEAD, sizeof(g)); // past a row group's end too (specee-tiles.h)
             dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
             mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.m));
             for (int k = 0; k < 4; ++k) {

@@ -64,7 +64,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
         specee_k_six8_lanes(g.six, scv, mnp);
-        specee_prefetch(&g + 1, b + 1 < ta.nb ? sizeof(g) : 0); // the next group while this one computes
+        specee_prefetch(&g + 1, sizeof(g)); // the next group while this one computes, past a row group's end too
         for (int j = 0; NT > SPECEE_K_ONTHEFLY && j < 4; ++j) {
             for (int k = 0; k < 8; ++k) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[j][k]);

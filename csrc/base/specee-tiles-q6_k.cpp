@@ -106,7 +106,7 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q6_k_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
-        specee_prefetch(&g + 1, b + 1 < ta.nb ? sizeof(g) : 0); // the next group while this one computes
+        specee_prefetch(&g + 1, sizeof(g)); // the next group while this one computes, past a row group's end too
         // sc[j]: row r's scale of sub-block j in 16-bit lanes 2r and 2r + 1; pr[p]: row r's scales of sub-blocks 2p
         // and 2p + 1 in lanes 2r and 2r + 1
         __m256i sc[16], pr[8];

@@ -236,7 +236,10 @@ static const int SPECEE_K_ONTHEFLY = 2;
 
 // the cache lines of [p, p + bytes) asked for ahead of use: the eight-row layouts are read as one stream, but a
 // tile's reads within a group jump between its parts (nibbles, top bits, scales), which trained the hardware's
-// prefetcher late: a one-token Q6_K tile read 9.3 GB/s without this, 18-19 with it
+// prefetcher late: a one-token Q6_K tile read 9.3 GB/s without this, 18-19 with it. Asked past the end of a row
+// group too: the next eight rows' groups follow it in the layout, so the stream does not stall where each row group
+// begins (with a matrix's row of 18 blocks, SmolLM2's K = 576, a Q4_1 product of one token from memory took 3.4
+// instead of 4.8 ms; docs/kernels.md). Past the matrix's end the hint reads nothing: x86 prefetches never fault.
 SPECEE_AVX2 inline void specee_prefetch(const void * p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) {
         _mm_prefetch((const char *) p + off, _MM_HINT_T0);
