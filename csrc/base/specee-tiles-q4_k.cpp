@@ -50,49 +50,50 @@ void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
 
 #ifdef SPECEE_KERNELS_X86
 
+// sumi + sub-block s's sum for one token: the eight rows' nibbles v[k] (elements 4k..4k+3) times the token's quants
+// ys, the pair sums of eight vpmaddubsw added in int16 (each at most 2 * 15 * 128, eight 30,720 < 2^15: exact), then
+// weighted by the scales (vpmaddwd)
+SPECEE_AVX2 static inline __m256i sub_block_step(__m256i sumi, const __m256i v[8], const int8_t * ys, __m256i scale) {
+    __m256i d = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+        int32_t four;
+        memcpy(&four, ys + 4 * k, sizeof(four));
+        d = _mm256_add_epi16(d, _mm256_maddubs_epi16(v[k], _mm256_set1_epi32(four)));
+    }
+    return _mm256_add_epi32(sumi, _mm256_madd_epi16(d, scale));
+}
+
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
-    const __m256i low  = _mm256_set1_epi8(0x0F);
-    __m256        acc[NT];
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256  acc[NT];
     for (int t = 0; t < NT; ++t) {
         acc[t] = _mm256_setzero_ps();
     }
-    alignas(32) uint8_t q[2][4][8][32]; // the nibbles split once per tile: [high][j][k], lane r row r's four
-    __m256i             scv[8], mnp[4];  // rows_scales
+    __m256i scv[8], mnp[4]; // specee_k_six8_lanes
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q4_k_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
         specee_k_six8_lanes(g.six, scv, mnp);
         specee_prefetch(&g + 1, sizeof(g)); // the next group while this one computes, past a row group's end too
-        for (int j = 0; NT > SPECEE_K_ONTHEFLY && j < 4; ++j) {
+        // a sub-block's nibbles taken from the layout where they are used, once for every token of the tile
+        __m256i sumi[NT];
+        for (int t = 0; t < NT; ++t) {
+            sumi[t] = _mm256_setzero_si256();
+        }
+        for (int s = 0; s < 8; ++s) {
+            __m256i v[8];
             for (int k = 0; k < 8; ++k) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[j][k]);
-                _mm256_store_si256((__m256i *) q[0][j][k], _mm256_and_si256(w, low));
-                _mm256_store_si256((__m256i *) q[1][j][k], _mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+                const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[s / 2][k]);
+                v[k]            = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(w, 4) : w, low);
+            }
+            for (int t = 0; t < NT; ++t) {
+                sumi[t] = sub_block_step(sumi[t], v, ((const q8_k_block *) ta.y[t])[b].qs + 32 * s, scv[s]);
             }
         }
         for (int t = 0; t < NT; ++t) {
-            const q8_k_block & y    = ((const q8_k_block *) ta.y[t])[b];
-            __m256i            sumi = _mm256_setzero_si256();
-            for (int s = 0; s < 8; ++s) {
-                const int8_t * ys = y.qs + 32 * s;
-                __m256i        d  = _mm256_setzero_si256();
-                for (int k = 0; k < 8; ++k) {
-                    int32_t four;
-                    memcpy(&four, ys + 4 * k, sizeof(four));
-                    __m256i v;
-                    if (NT > SPECEE_K_ONTHEFLY) {
-                        v = _mm256_load_si256((const __m256i *) q[s % 2][s / 2][k]);
-                    } else { // one or two tokens: the nibbles taken from the layout where they are used
-                        const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[s / 2][k]);
-                        v = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(w, 4) : w, low);
-                    }
-                    d = _mm256_add_epi16(d, _mm256_maddubs_epi16(v, _mm256_set1_epi32(four)));
-                }
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(d, scv[s]));
-            }
-            acc[t] = specee_k_acc(acc[t], dx, mx, y, sumi, mnp);
+            acc[t] = specee_k_acc(acc[t], dx, mx, ((const q8_k_block *) ta.y[t])[b], sumi[t], mnp);
         }
     }
     specee_rows_store(acc, NT, ta, ra);

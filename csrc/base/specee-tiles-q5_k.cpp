@@ -54,45 +54,50 @@ SPECEE_AVX2 static inline __m256i rows_fives(const q5_k_rows8 & g, int s, int k)
     return _mm256_or_si256(lo, _mm256_and_si256(up, _mm256_set1_epi8(0x10)));
 }
 
+// sumi + sub-block s's sum for one token: the eight rows' five-bit values v[k] (elements 4k..4k+3) times the token's
+// quants ys, four byte products summed at a time in int16 (exact), then weighted by the scales (vpmaddwd)
+SPECEE_AVX2 static inline __m256i sub_block_step(__m256i sumi, const __m256i v[8], const int8_t * ys, __m256i scale) {
+    __m256i d[2];
+    for (int half = 0; half < 2; ++half) {
+        d[half] = _mm256_setzero_si256();
+        for (int k = 4 * half; k < 4 * half + 4; ++k) {
+            int32_t four;
+            memcpy(&four, ys + 4 * k, sizeof(four));
+            d[half] = _mm256_add_epi16(d[half], _mm256_maddubs_epi16(v[k], _mm256_set1_epi32(four)));
+        }
+    }
+    return _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(d[0], scale), _mm256_madd_epi16(d[1], scale)));
+}
+
 template <int NT>
 SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
-    __m256        acc[NT];
+    __m256  acc[NT];
     for (int t = 0; t < NT; ++t) {
         acc[t] = _mm256_setzero_ps();
     }
-    alignas(32) uint8_t q[8][8][32]; // the five-bit values built once per tile: [sub-block][k], lane r row r's four
-    __m256i             scv[8], mnp[4];
+    __m256i scv[8], mnp[4]; // specee_k_six8_lanes
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q5_k_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
         const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
         specee_k_six8_lanes(g.six, scv, mnp);
         specee_prefetch(&g + 1, sizeof(g)); // the next group while this one computes, past a row group's end too
-        for (int s = 0; NT > SPECEE_K_ONTHEFLY && s < 8; ++s) {
+        // a sub-block's values built where they are used, once for every token of the tile
+        __m256i sumi[NT];
+        for (int t = 0; t < NT; ++t) {
+            sumi[t] = _mm256_setzero_si256();
+        }
+        for (int s = 0; s < 8; ++s) {
+            __m256i v[8];
             for (int k = 0; k < 8; ++k) {
-                _mm256_store_si256((__m256i *) q[s][k], rows_fives(g, s, k));
+                v[k] = rows_fives(g, s, k);
+            }
+            for (int t = 0; t < NT; ++t) {
+                sumi[t] = sub_block_step(sumi[t], v, ((const q8_k_block *) ta.y[t])[b].qs + 32 * s, scv[s]);
             }
         }
         for (int t = 0; t < NT; ++t) {
-            const q8_k_block & y    = ((const q8_k_block *) ta.y[t])[b];
-            __m256i            sumi = _mm256_setzero_si256();
-            for (int s = 0; s < 8; ++s) {
-                const int8_t * ys = y.qs + 32 * s;
-                __m256i        d[2];
-                for (int half = 0; half < 2; ++half) { // four byte products at a time: exact in int16
-                    d[half] = _mm256_setzero_si256();
-                    for (int k = 4 * half; k < 4 * half + 4; ++k) {
-                        int32_t four;
-                        memcpy(&four, ys + 4 * k, sizeof(four));
-                        const __m256i v = NT > SPECEE_K_ONTHEFLY ? _mm256_load_si256((const __m256i *) q[s][k])
-                                                                 : rows_fives(g, s, k);
-                        d[half] = _mm256_add_epi16(d[half], _mm256_maddubs_epi16(v, _mm256_set1_epi32(four)));
-                    }
-                }
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(d[0], scv[s]),
-                                                               _mm256_madd_epi16(d[1], scv[s])));
-            }
-            acc[t] = specee_k_acc(acc[t], dx, mx, y, sumi, mnp);
+            acc[t] = specee_k_acc(acc[t], dx, mx, ((const q8_k_block *) ta.y[t])[b], sumi[t], mnp);
         }
     }
     specee_rows_store(acc, NT, ta, ra);

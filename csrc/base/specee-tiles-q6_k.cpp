@@ -102,7 +102,6 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
     for (int t = 0; t < NT; ++t) {
         acc[t] = _mm256_setzero_ps();
     }
-    alignas(32) uint8_t buf[64][32]; // the quads split once per tile (NT > SPECEE_K_ONTHEFLY): buf[q] lane r: row r's
     for (int64_t b = 0; b < ta.nb; ++b) {
         const q6_k_rows8 & g  = group_of(ra.x[0], b);
         const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
@@ -118,25 +117,14 @@ SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows
             const __m128i a = _mm256_castsi256_si128(s), c = _mm256_extracti128_si256(s, 1);
             pr[p]           = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
         }
-        for (int n = 0; NT > SPECEE_K_ONTHEFLY && n < 32; ++n) {
-            __m256i a, c;
-            rows_quads(g, n, a, c);
-            _mm256_store_si256((__m256i *) buf[n], a);
-            _mm256_store_si256((__m256i *) buf[n + 32], c);
-        }
         __m256i sumi[NT];
         for (int t = 0; t < NT; ++t) {
             sumi[t] = _mm256_setzero_si256();
         }
         for (int jj = 0; jj < 8; ++jj) { // sub-blocks jj and jj + 8: quads 4 jj.. and 32 + 4 jj..
             __m256i v[8];
-            for (int k = 0; k < 4; ++k) {
-                if (NT > SPECEE_K_ONTHEFLY) {
-                    v[k]     = _mm256_load_si256((const __m256i *) buf[4 * jj + k]);
-                    v[4 + k] = _mm256_load_si256((const __m256i *) buf[32 + 4 * jj + k]);
-                } else {
-                    rows_quads(g, 4 * jj + k, v[k], v[4 + k]);
-                }
+            for (int k = 0; k < 4; ++k) { // built where they are used, once for every token of the tile
+                rows_quads(g, 4 * jj + k, v[k], v[4 + k]);
             }
             for (int t = 0; t < NT; ++t) {
                 const int8_t * ys = ((const q8_k_block *) ta.y[t])[b].qs;

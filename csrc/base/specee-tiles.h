@@ -230,10 +230,6 @@ SPECEE_AVX2 inline __m256 specee_k_acc(__m256 acc, __m256 dx, __m256 mx, const q
 // K-quants' tiles for the next super-block's group
 static const int64_t SPECEE_ROWS_AHEAD = 8;
 
-// up to this many tokens a K-quant tile unpacks a super-block's quants where it uses them, not once into a buffer on
-// the stack
-static const int SPECEE_K_ONTHEFLY = 2;
-
 // the cache lines of [p, p + bytes) asked for ahead of use: the eight-row layouts are read as one stream, but a
 // tile's reads within a group jump between its parts (nibbles, top bits, scales), which trained the hardware's
 // prefetcher late: a one-token Q6_K tile read 9.3 GB/s without this, 18-19 with it. Asked past the end of a row
