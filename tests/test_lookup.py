@@ -455,3 +455,21 @@ def test_the_exit_measurement_replays_the_lookup_rule() -> None:
     assert out[1] == (3, 2, False) and out[2] == (4, 3, False) and out[3] == (5, 4, False)  # prior 0.8: not confident
     assert out[4] == (1, 4, True)  # the match of 4 was right once: (1 + 1.6) / (1 + 2) > 0.85
     assert out[-1] == (5, 4, True) and seq[-1] == 9  # confident, and wrong
+
+
+def test_the_lookup_bound_s_oracle_drafts_the_best_earlier_continuation() -> None:
+    """bench/lookup_bound.py: at each step, of every earlier place of the last n_min tokens, the continuation that
+    matches the most tokens to come (seen so far only, at most draft_max); a step emits those plus one."""
+    from specee.bench.lookup_bound import oracle_steps
+
+    prompt = [1, 2, 3, 4, 1, 2, 5, 6, 7]
+    # after the first reply token 1 (from the prompt's pass) the key (7, 1) never occurred: a plain step emits 2; then
+    # the key (1, 2) stood at 0 (continuation 3, 4, 1, 2, 5, ...) and at 4 (5, 6, 7, 1, 2, ...): the reply's 5, 6, 7,
+    # 9 takes 3 of the latter's, then the bonus 9; then (7, 9) is new: plain steps
+    reply = [1, 2, 5, 6, 7, 9, 8, 8]
+    steps = oracle_steps(prompt, reply, n_min=2, draft_max=8)
+    assert steps == [0, 3, 0, 0]
+    assert sum(a + 1 for a in steps) == len(reply) - 1
+    assert oracle_steps(prompt, reply, n_min=2, draft_max=2) == [0, 2, 0, 0, 0]  # capped: 5, 6 then 7 as the bonus
+    # the continuation is only what the sequence holds so far: a repeat of the reply's own tokens drafts as they arrive
+    assert oracle_steps([], [4, 4, 4, 4, 4, 4], n_min=1, draft_max=8) == [0, 1, 1]
