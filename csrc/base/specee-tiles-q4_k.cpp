@@ -63,44 +63,19 @@ SPECEE_AVX2 static inline __m256i sub_block_step(__m256i sumi, const __m256i v[8
     return _mm256_add_epi32(sumi, _mm256_madd_epi16(d, scale));
 }
 
-template <int NT>
-SPECEE_AVX2 static void rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256  acc[NT];
-    for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm256_setzero_ps();
+// sub-block s's nibbles of the eight rows: w[s / 2][k], the low nibbles for even s
+SPECEE_AVX2 static inline void rows_values(const q4_k_rows8 & g, int s, __m256i v[8]) {
+    for (int k = 0; k < 8; ++k) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[s / 2][k]);
+        v[k]            = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(w, 4) : w, _mm256_set1_epi8(0x0F));
     }
-    __m256i scv[8], mnp[4]; // specee_k_six8_lanes
-    for (int64_t b = 0; b < ta.nb; ++b) {
-        const q4_k_rows8 & g  = group_of(ra.x[0], b);
-        const __m256       dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
-        const __m256       mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
-        specee_k_six8_lanes(g.six, scv, mnp);
-        specee_prefetch(&g + 1, sizeof(g)); // the next group while this one computes, past a row group's end too
-        // a sub-block's nibbles taken from the layout where they are used, once for every token of the tile
-        __m256i sumi[NT];
-        for (int t = 0; t < NT; ++t) {
-            sumi[t] = _mm256_setzero_si256();
-        }
-        for (int s = 0; s < 8; ++s) {
-            __m256i v[8];
-            for (int k = 0; k < 8; ++k) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *) g.w[s / 2][k]);
-                v[k]            = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(w, 4) : w, low);
-            }
-            for (int t = 0; t < NT; ++t) {
-                sumi[t] = sub_block_step(sumi[t], v, ((const q8_k_block *) ta.y[t])[b].qs + 32 * s, scv[s]);
-            }
-        }
-        for (int t = 0; t < NT; ++t) {
-            acc[t] = specee_k_acc(acc[t], dx, mx, ((const q8_k_block *) ta.y[t])[b], sumi[t], mnp);
-        }
-    }
-    specee_rows_store(acc, NT, ta, ra);
 }
 
+template <int NT>
+constexpr specee_rows_fn rows_avx2 = specee_k_rows_avx2<NT, q4_k_rows8, rows_values, sub_block_step>;
+
 static const specee_rows_fn ROWS_Q4_K[8] = {rows_avx2<1>, rows_avx2<2>, rows_avx2<3>, rows_avx2<4>,
-                                     rows_avx2<5>, rows_avx2<6>, rows_avx2<7>, rows_avx2<8>};
+                                            rows_avx2<5>, rows_avx2<6>, rows_avx2<7>, rows_avx2<8>};
 
 #endif
 

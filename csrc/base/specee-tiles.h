@@ -287,4 +287,40 @@ SPECEE_AVX2 inline void specee_k_six8_lanes(const specee_k_six8 & g, __m256i scv
     }
 }
 
+// the Q4_K and Q5_K eight-row tiles (their files give the group type G with d, dmin and six; VALUES: sub-block s's
+// values of the eight rows, elements 4k..4k+3 in v[k]; STEP: sumi plus one token's sum of a sub-block, weighted by its
+// scales): per super-block the scales and the next group's prefetch, then the sub-blocks outside and the tokens
+// inside, so a sub-block's eight vectors are built once for all the tile's tokens
+template <int NT, typename G, void (*VALUES)(const G &, int, __m256i *),
+          __m256i (*STEP)(__m256i, const __m256i *, const int8_t *, __m256i)>
+SPECEE_AVX2 void specee_k_rows_avx2(const specee_tile_args & ta, const specee_rows_args & ra) {
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    __m256i scv[8], mnp[4]; // specee_k_six8_lanes
+    for (int64_t b = 0; b < ta.nb; ++b) {
+        const G &    g  = ((const G *) ra.x[0])[b];
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.d));
+        const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g.dmin));
+        specee_k_six8_lanes(g.six, scv, mnp);
+        specee_prefetch(&g + 1, sizeof(g)); // the next group while this one computes, past a row group's end too
+        __m256i sumi[NT];
+        for (int t = 0; t < NT; ++t) {
+            sumi[t] = _mm256_setzero_si256();
+        }
+        for (int s = 0; s < 8; ++s) {
+            __m256i v[8];
+            VALUES(g, s, v);
+            for (int t = 0; t < NT; ++t) {
+                sumi[t] = STEP(sumi[t], v, ((const q8_k_block *) ta.y[t])[b].qs + 32 * s, scv[s]);
+            }
+        }
+        for (int t = 0; t < NT; ++t) {
+            acc[t] = specee_k_acc(acc[t], dx, mx, ((const q8_k_block *) ta.y[t])[b], sumi[t], mnp);
+        }
+    }
+    specee_rows_store(acc, NT, ta, ra);
+}
+
 #endif
