@@ -164,6 +164,11 @@ def limit(argv: list[str], work: Path) -> list[str]:
             pytest.skip(f"SpecEE's question files are absent ({QUESTIONS})")
         out = set_flag(set_flag(set_flag(argv, "-n", "8"), "-t", "1"), "--rounds", "1")
         return set_flag(set_flag(out, "--per-category", "1"), "--data-dir", str(work / "questions"))
+    if module == "specee.bench.lookup_bound":  # one summary and two code edits, a few tokens, one round
+        if not (work / "questions").exists():
+            pytest.skip(f"SpecEE's question files are absent ({QUESTIONS})")
+        out = set_flag(set_flag(set_flag(argv, "-n", "8"), "-t", "1"), "--rounds", "1")
+        return set_flag(set_flag(out, "--per-category", "1"), "--data-dir", str(work / "questions"))
     if module == "specee.bench.filetype":  # two short texts, one type
         return set_flag(set_flag(set_flag(argv, "--texts", "2"), "--tokens", "32"), "--types", "q8_0")
     if module == "specee.bench.load":  # one round at -t 1 beside one busy process, a few tokens
