@@ -23,7 +23,6 @@
 
 static const q4_k_block & block_of(const void * row, int64_t b) { return ((const q4_k_block *) row)[b]; }
 
-static const q4_k_rows8 & group_of(const void * rows, int64_t b) { return ((const q4_k_rows8 *) rows)[b]; }
 
 void specee_rows_pack_q4_k(const void * src, void * dst, int64_t k, int64_t m) {
     const int64_t nb = k / 256;

@@ -14,8 +14,6 @@
 #include <cmath>
 #include <cstring>
 
-static const q5_k_rows8 & group_of(const void * rows, int64_t b) { return ((const q5_k_rows8 *) rows)[b]; }
-
 void specee_rows_pack_q5_k(const void * src, void * dst, int64_t k, int64_t m) {
     const int64_t nb = k / 256;
     for (int64_t r0 = 0; r0 < m; r0 += 8) {
